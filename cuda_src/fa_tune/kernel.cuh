@@ -1,0 +1,98 @@
+// The kernel: one producer warpgroup (TMA) and block_m/64 consumer warpgroups (WGMMA +
+// softmax), specialized by setmaxnreg, connected by the Q, K and V mbarrier rings.
+#pragma once
+
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "epilogue.cuh"
+#include "mainloop.cuh"
+#include "params.cuh"
+#include "producer.cuh"
+#include "scheduler.cuh"
+#include "traits.cuh"
+
+namespace fa_tune {
+
+template <class Cfg>
+using SchedulerFor = GridScheduler<Cfg>;
+
+template <class Cfg>
+struct Consumer {
+  using T = Traits<Cfg>;
+  using Sched = SchedulerFor<Cfg>;
+  using Element = typename T::Element;
+
+  __device__ static void run(const Params& p, SharedStorage<T>& ss, int wg) {
+    using namespace cute;
+    const int tid = threadIdx.x - kWarpgroupThreads;  // index among consumer threads
+    typename T::MmaQK mma_qk;
+    typename T::MmaPV mma_pv;
+    auto thr_qk = mma_qk.get_thread_slice(tid);
+    auto thr_pv = mma_pv.get_thread_slice(tid);
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename T::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(ss.k), typename T::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(ss.v), typename T::SmemLayoutVt{});
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+    Tensor tSrK = thr_qk.partition_fragment_B(sK);
+    Tensor tOrV = thr_pv.partition_fragment_B(sVt);
+    Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<T::kBlockM>, Int<T::kBlockN>>{});
+    Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<T::kBlockM>, Int<kHeadDim>>{});
+    Tensor tOrP = make_tensor<Element>(typename T::LayoutP{});
+    PipeState kst, vst, qst;
+    typename Mainloop<Cfg>::template State<decltype(tSrQ), decltype(tSrK), decltype(tOrV),
+                                           decltype(tSrS), decltype(tOrO), decltype(tOrP)>
+        st{mma_qk, mma_pv, tSrQ, tSrK, tOrV, tSrS, tOrO, tOrP, kst, vst};
+
+    Pingpong<T>::start(wg);
+    const int lane = tid % 32, warp_in_wg = (tid / 32) % 4;
+    TileCoord t = Sched::first(p.shape, ss.tile_slot);
+    while (t.valid) {
+      const TileCoord next = Sched::next(p.shape, t, ss.tile_slot);
+      const int row0 = t.m_block * T::kBlockM + wg * 64 + warp_in_wg * 16 + lane / 4;
+      ss.q_ring.wait_full(qst);
+      auto release_q = [&] {
+        if constexpr (Cfg::q_release == QRelease::AfterLastQk) ss.q_ring.release(qst);
+      };
+      OnlineSoftmax sm;
+      float inv_sum[2];
+      Mainloop<Cfg>::run(st, ss, sm, p.shape, t.m_block, row0, p.scale_log2, wg, !next.valid,
+                         release_q, inv_sum);
+      Epilogue<Cfg>::run(p, ss, mma_pv, tOrO, sm, inv_sum, t, row0, wg, tid);
+      if constexpr (Cfg::q_release == QRelease::AtEnd) ss.q_ring.release(qst);
+      qst.advance<1>();
+      t = next;
+    }
+  }
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Derived<Cfg>::kThreads, 1)
+    attention_fwd_kernel(const __grid_constant__ Params p) {
+  using T = Traits<Cfg>;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  auto& ss = *reinterpret_cast<SharedStorage<T>*>(smem_raw);
+  const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);
+
+  if (threadIdx.x == 0) {
+    ss.q_ring.init(T::kConsumerWarps);
+    ss.k_ring.init(T::kConsumerWarps);
+    ss.v_ring.init(T::kConsumerWarps);
+    prefetch_tma_map(&p.tma_q);
+    prefetch_tma_map(&p.tma_k);
+    prefetch_tma_map(&p.tma_v);
+    prefetch_tma_map(&p.tma_o);
+  }
+  cutlass::arch::fence_barrier_init();
+  __syncthreads();
+
+  // Each role is one branch, as setmaxnreg requires.
+  if (warp < 4) {
+    cutlass::arch::warpgroup_reg_dealloc<Cfg::producer_regs>();
+    if (warp == 0) Producer<Cfg, SchedulerFor<Cfg>>::run(p, ss);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<Cfg::consumer_regs>();
+    Consumer<Cfg>::run(p, ss, warp / 4 - 1);
+  }
+}
+
+}  // namespace fa_tune

@@ -1,0 +1,199 @@
+// The consumer mainloop of one warpgroup over one query tile: S = Q K^T, mask, online
+// softmax, O += P V, walking KV tiles from the diagonal toward key 0.
+//
+// With intra-warpgroup overlap (FA3's two-stage pipeline):
+//   prologue   QK[first] -> mask + softmax -> P
+//   steady     issue QK[n] and PV[n+1]; wait QK; softmax[n] while PV runs; wait PV
+//   drain      PV[last]; the row-sum quad reduction runs while it is in flight
+// Without overlap each tile is QK -> softmax -> PV in sequence.
+#pragma once
+
+#include "params.cuh"
+#include "softmax.cuh"
+#include "traits.cuh"
+#include "wgmma.cuh"
+
+namespace fa_tune {
+
+template <class Cfg>
+struct Mainloop {
+  using T = Traits<Cfg>;
+  using PP = Pingpong<T>;
+  using Element = typename T::Element;
+
+  // Per-warpgroup state that lives across tiles: MMA fragments and ring cursors.
+  template <class TSrQ, class TSrK, class TOrV, class TSrS, class TOrO, class TOrP>
+  struct State {
+    typename T::MmaQK& mma_qk;
+    typename T::MmaPV& mma_pv;
+    TSrQ& tSrQ;
+    TSrK& tSrK;
+    TOrV& tOrV;
+    TSrS& tSrS;
+    TOrO& tOrO;
+    TOrP& tOrP;
+    PipeState& kst;
+    PipeState& vst;
+  };
+
+  // Runs every KV tile of one query tile; returns with the last PV complete, O unnormalized
+  // in tOrO, every K/V stage released and inv_sum = 1 / row sum. `release_q` is called once
+  // the last QK has read Q.
+  template <class St, class ReleaseQ>
+  __device__ static void run(St& st, SharedStorage<T>& ss, OnlineSoftmax& sm, const ShapeInfo& shape,
+                             int m_block, int row0, float scale_log2, int wg, bool last_tile,
+                             ReleaseQ&& release_q, float (&inv_sum)[2]) {
+    const int n_blocks = num_kv_blocks<T>(shape, m_block);
+    const int n_unmasked = num_unmasked_kv_blocks<T>(shape, m_block);
+    if constexpr (T::kOverlap) {
+      overlapped(st, ss, sm, n_blocks, n_unmasked, row0, scale_log2, wg, last_tile, release_q,
+                 inv_sum);
+    } else {
+      serial(st, ss, sm, n_blocks, n_unmasked, row0, scale_log2, wg, last_tile, release_q,
+             inv_sum);
+    }
+  }
+
+  template <class St>
+  __device__ static void release_k(St& st, SharedStorage<T>& ss) { ss.k_ring.release(st.kst); }
+
+  template <class St, class ReleaseQ>
+  __device__ static void overlapped(St& st, SharedStorage<T>& ss, OnlineSoftmax& sm, int n_blocks,
+                                    int n_unmasked, int row0, float scale_log2, int wg,
+                                    bool last_tile, ReleaseQ& release_q, float (&inv_sum)[2]) {
+    using namespace cute;
+    float rescale[2];
+    float pending_rescale[2] = {1.f, 1.f};  // rescale_o = before_pv: applied before the next PV
+    PipeState v_prev;                        // v_release = deferred: the stage PV[n+1] read
+
+    // Prologue: QK of the diagonal tile.
+    int n = n_blocks - 1;
+    ss.k_ring.wait_full(st.kst);
+    PP::wait_turn(wg);
+    warpgroup_gemm<-1>(st.mma_qk, st.tSrQ, st.tSrK(_, _, _, st.kst.index), st.tSrS, true);
+    PP::pass_turn(wg, false);
+    warpgroup_wait_for<0>(st.tSrS);
+    if (n_blocks == 1) release_q();
+    if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
+    apply_causal_mask(st.tSrS, row0, n * T::kBlockN);
+    sm.template update<true>(st.tSrS, scale_log2, rescale);
+    if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
+    st.kst.template advance<T::kKStages>();
+    convert_to_bf16(st.tSrS, st.tOrP);
+
+    bool first_pv = true;
+    auto step = [&](auto mask_tag, int n) {
+      constexpr bool kMask = decltype(mask_tag)::value;
+      ss.k_ring.wait_full(st.kst);
+      PP::wait_turn(wg);
+      warpgroup_gemm<-1>(st.mma_qk, st.tSrQ, st.tSrK(_, _, _, st.kst.index), st.tSrS, true);
+      if constexpr (T::kRescaleBeforePv) {
+        if (!first_pv) scale_rows(st.tOrO, pending_rescale);
+      }
+      ss.v_ring.wait_full(st.vst);
+      warpgroup_gemm<-1>(st.mma_pv, st.tOrP, st.tOrV(_, _, _, st.vst.index), st.tOrO, first_pv);
+      PP::pass_turn(wg, false);
+      warpgroup_wait_for<1>(st.tSrS);  // QK[n] done, PV[n+1] may still run
+      if (n == 0) release_q();
+      if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
+      if constexpr (kMask) apply_causal_mask(st.tSrS, row0, n * T::kBlockN);
+      sm.template update<false>(st.tSrS, scale_log2, rescale);
+      if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
+      st.kst.template advance<T::kKStages>();
+      warpgroup_wait_for<0>(st.tOrO);  // PV[n+1] done: V stage and P registers are free
+      release_v(st, ss, v_prev, first_pv);
+      if constexpr (T::kRescaleBeforePv) {
+        pending_rescale[0] = rescale[0];
+        pending_rescale[1] = rescale[1];
+      } else {
+        scale_rows(st.tOrO, rescale);
+      }
+      convert_to_bf16(st.tSrS, st.tOrP);
+      first_pv = false;
+    };
+    for (n = n_blocks - 2; n >= n_unmasked; --n) step(cute::true_type{}, n);
+    for (; n >= 0; --n) step(cute::false_type{}, n);
+
+    // Drain: the last PV.
+    ss.v_ring.wait_full(st.vst);
+    PP::wait_turn(wg);
+    if constexpr (T::kRescaleBeforePv) {
+      if (!first_pv) scale_rows(st.tOrO, pending_rescale);
+    }
+    warpgroup_gemm<-1>(st.mma_pv, st.tOrP, st.tOrV(_, _, _, st.vst.index), st.tOrO, first_pv);
+    PP::pass_turn(wg, last_tile);
+    sm.finalize(inv_sum);  // the row-sum reduction hides under the last PV
+    warpgroup_wait_for<0>(st.tOrO);
+    finish_v(st, ss, v_prev, !first_pv);
+  }
+
+  template <class St, class ReleaseQ>
+  __device__ static void serial(St& st, SharedStorage<T>& ss, OnlineSoftmax& sm, int n_blocks,
+                                int n_unmasked, int row0, float scale_log2, int wg, bool last_tile,
+                                ReleaseQ& release_q, float (&inv_sum)[2]) {
+    using namespace cute;
+    PipeState v_prev;
+    bool first = true;
+    auto step = [&](auto mask_tag, int n) {
+      constexpr bool kMask = decltype(mask_tag)::value;
+      float rescale[2];
+      ss.k_ring.wait_full(st.kst);
+      PP::wait_turn(wg);
+      warpgroup_gemm<-1>(st.mma_qk, st.tSrQ, st.tSrK(_, _, _, st.kst.index), st.tSrS, true);
+      PP::pass_turn(wg, false);
+      warpgroup_wait_for<0>(st.tSrS);
+      if (n == 0) release_q();
+      if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
+      if constexpr (kMask) apply_causal_mask(st.tSrS, row0, n * T::kBlockN);
+      if (first) {
+        sm.template update<true>(st.tSrS, scale_log2, rescale);
+      } else {
+        sm.template update<false>(st.tSrS, scale_log2, rescale);
+        scale_rows(st.tOrO, rescale);
+      }
+      if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
+      st.kst.template advance<T::kKStages>();
+      convert_to_bf16(st.tSrS, st.tOrP);
+      ss.v_ring.wait_full(st.vst);
+      PP::wait_turn(wg);
+      warpgroup_gemm<-1>(st.mma_pv, st.tOrP, st.tOrV(_, _, _, st.vst.index), st.tOrO, first);
+      PP::pass_turn(wg, last_tile && n == 0);
+      if (n != 0) {  // the last PV is drained by the epilogue, overlapped with finalize()
+        warpgroup_wait_for<0>(st.tOrO);
+        release_v(st, ss, v_prev, first);
+      }
+      first = false;
+    };
+    int n = n_blocks - 1;
+    for (; n >= n_unmasked; --n) step(cute::true_type{}, n);
+    for (; n >= 0; --n) step(cute::false_type{}, n);
+    sm.finalize(inv_sum);  // the row-sum reduction hides under the last PV
+    warpgroup_wait_for<0>(st.tOrO);
+    finish_v(st, ss, v_prev, n_blocks > 1);
+  }
+
+  // Release the V stage the just-finished PV read (after_pv), or the one before it
+  // (deferred: the producer refills it one PV later).
+  template <class St>
+  __device__ static void release_v(St& st, SharedStorage<T>& ss, PipeState& v_prev, bool first_pv) {
+    if constexpr (Cfg::v_release == VRelease::AfterPv) {
+      ss.v_ring.release(st.vst);
+    } else {
+      if (!first_pv) ss.v_ring.release(v_prev);
+      v_prev = st.vst;
+    }
+    st.vst.template advance<T::kVStages>();
+  }
+
+  // After the last PV of a tile completes: free the remaining V stage(s).
+  template <class St>
+  __device__ static void finish_v(St& st, SharedStorage<T>& ss, PipeState& v_prev, bool had_prev) {
+    if constexpr (Cfg::v_release == VRelease::Deferred) {
+      if (had_prev) ss.v_ring.release(v_prev);
+    }
+    ss.v_ring.release(st.vst);
+    st.vst.template advance<T::kVStages>();
+  }
+};
+
+}  // namespace fa_tune

@@ -1,0 +1,34 @@
+// Kernel parameters (passed as a __grid_constant__, so TMA reads the maps in place) and
+// the causal tile arithmetic both roles share.
+#pragma once
+
+#include <cuda.h>
+
+#include "scheduler.cuh"
+
+namespace fa_tune {
+
+struct Params {
+  CUtensorMap tma_q;  // boxes of (64 cols, block_m rows)
+  CUtensorMap tma_k;  // boxes of (64 cols, block_n rows)
+  CUtensorMap tma_v;
+  CUtensorMap tma_o;  // boxes of (64 cols, 64 rows): each warpgroup stores its own rows
+  float* lse;         // [B, H, S] or null
+  ShapeInfo shape;
+  float scale_log2;   // log2(e) / sqrt(head_dim)
+};
+
+// KV tiles a causal query tile visits: every key <= its last valid query row.
+template <class T>
+__host__ __device__ __forceinline__ int num_kv_blocks(const ShapeInfo& s, int m_block) {
+  const int last_row = min((m_block + 1) * T::kBlockM, s.S);
+  return (last_row + T::kBlockN - 1) / T::kBlockN;
+}
+
+// KV tiles [0, this) lie entirely at or below the tile's first query row: no mask needed.
+template <class T>
+__host__ __device__ __forceinline__ int num_unmasked_kv_blocks(const ShapeInfo& s, int m_block) {
+  return min(num_kv_blocks<T>(s, m_block), (m_block * T::kBlockM + 1) / T::kBlockN);
+}
+
+}  // namespace fa_tune

@@ -1,0 +1,52 @@
+// Full/empty mbarrier rings between the TMA producer and the consumer warpgroups.
+//
+// A stage is readable once its full barrier's phase completes (TMA transaction bytes), and
+// reusable once every consumer warp has arrived on its empty barrier. Cursors carry the
+// stage index and the phase parity; wrapping flips the parity, so a wait cannot be satisfied
+// by an earlier use of the same slot. Cursors are never reset between tiles.
+#pragma once
+
+#include <cutlass/arch/barrier.h>
+
+namespace fa_tune {
+
+struct PipeState {
+  int index = 0;
+  uint32_t phase = 0;
+  template <int Stages>
+  __device__ __forceinline__ void advance() {
+    if (++index == Stages) {
+      index = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+template <int Stages>
+struct StageRing {
+  uint64_t full[Stages];
+  uint64_t empty[Stages];
+
+  __device__ void init(int consumer_arrivals) {
+    for (int s = 0; s < Stages; ++s) {
+      cutlass::arch::ClusterTransactionBarrier::init(&full[s], 1);
+      cutlass::arch::ClusterBarrier::init(&empty[s], consumer_arrivals);
+    }
+  }
+  // Producer: wait until the slot is free (the first pass over the ring never blocks),
+  // then announce how many bytes TMA will deliver into it.
+  __device__ __forceinline__ uint64_t* acquire(const PipeState& st, uint32_t bytes) {
+    cutlass::arch::ClusterBarrier::wait(&empty[st.index], st.phase ^ 1u);
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[st.index], bytes);
+    return &full[st.index];
+  }
+  __device__ __forceinline__ void wait_full(const PipeState& st) {
+    cutlass::arch::ClusterBarrier::wait(&full[st.index], st.phase);
+  }
+  // Consumers: one arrival per warp, made after a wgmma wait proved the reads finished.
+  __device__ __forceinline__ void release(const PipeState& st) {
+    if ((threadIdx.x & 31) == 0) cutlass::arch::ClusterBarrier::arrive(&empty[st.index]);
+  }
+};
+
+}  // namespace fa_tune

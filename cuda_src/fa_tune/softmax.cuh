@@ -1,0 +1,111 @@
+// Online softmax on a warpgroup's S accumulator fragment, in base 2 with the scale folded in.
+//
+// Fragment layout of a 64xN FP32 wgmma accumulator, per thread: N/2 floats, flat index
+// e = i0 + 2*i1 + 4*i2 with i0 in {0,1}, i1 in {0,1}, i2 in [0, N/8):
+//   row (within the warpgroup's 64) = 16*warp + 8*i1 + lane/4
+//   col                             = 8*i2 + 2*(lane%4) + i0
+// So each thread owns two rows (i1 = 0, 1); the four lanes of a quad share a row.
+#pragma once
+
+#include <cmath>
+#include <cuda_bf16.h>
+#include <cute/tensor.hpp>
+
+namespace fa_tune {
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Set scores with key > query to -inf. row0: query index of this thread's i1 = 0 row;
+// col0: key index of this tile's first column.
+template <class Frag>
+__device__ __forceinline__ void apply_causal_mask(Frag& s, int row0, int col0) {
+  constexpr int N = decltype(cute::size(s))::value;
+  const int lane_col = col0 + 2 * (threadIdx.x % 4);
+  CUTE_UNROLL
+  for (int e = 0; e < N; ++e) {
+    const int i0 = e % 2, i1 = (e / 2) % 2, i2 = e / 4;
+    if (lane_col + 8 * i2 + i0 > row0 + 8 * i1) s(e) = -INFINITY;
+  }
+}
+
+struct OnlineSoftmax {
+  float row_max[2];
+  float row_sum[2];  // this lane's partial sums; the quad reduction waits for finalize()
+
+  // Fold a new score tile in: update maxima, turn scores into probabilities in place, and
+  // return the factor by which earlier O and sums must be multiplied.
+  template <bool kFirst, class Frag>
+  __device__ __forceinline__ void update(Frag& s, float scale_log2, float (&rescale)[2]) {
+    constexpr int N = decltype(cute::size(s))::value;
+    float m[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) m[r] = kFirst ? -INFINITY : row_max[r];
+    CUTE_UNROLL
+    for (int e = 0; e < N; ++e) m[(e / 2) % 2] = fmaxf(m[(e / 2) % 2], s(e));
+    float m_scaled[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      m[r] = quad_max(m[r]);
+      // A row with every key masked so far has max -inf; shifting by 0 keeps exp2 at 0
+      // instead of NaN (-inf - -inf).
+      m_scaled[r] = m[r] == -INFINITY ? 0.f : m[r] * scale_log2;
+      rescale[r] = kFirst ? 1.f : exp2f(row_max[r] * scale_log2 - m_scaled[r]);
+      row_max[r] = m[r];
+    }
+    float sum[2] = {0.f, 0.f};
+    CUTE_UNROLL
+    for (int e = 0; e < N; ++e) {
+      const int r = (e / 2) % 2;
+      s(e) = exp2f(fmaf(s(e), scale_log2, -m_scaled[r]));
+      sum[r] += s(e);
+    }
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) row_sum[r] = kFirst ? sum[r] : fmaf(row_sum[r], rescale[r], sum[r]);
+  }
+
+  // After the last tile: complete the row sums across the quad; returns 1/sum per row.
+  __device__ __forceinline__ void finalize(float (&inv_sum)[2]) {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      row_sum[r] = quad_sum(row_sum[r]);
+      inv_sum[r] = (row_sum[r] == 0.f || row_sum[r] != row_sum[r]) ? 0.f : 1.f / row_sum[r];
+    }
+  }
+
+  // Natural-log LSE of row r (valid after finalize()).
+  __device__ __forceinline__ float lse(int r, float scale_log2) const {
+    if (row_sum[r] == 0.f || row_max[r] == -INFINITY) return -INFINITY;
+    return (row_max[r] * scale_log2 + __log2f(row_sum[r])) * 0.69314718055994531f;
+  }
+};
+
+// Multiply each of this thread's two rows of an accumulator fragment by its factor.
+template <class Frag>
+__device__ __forceinline__ void scale_rows(Frag& acc, const float (&f)[2]) {
+  constexpr int N = decltype(cute::size(acc))::value;
+  CUTE_UNROLL
+  for (int e = 0; e < N; ++e) acc(e) *= f[(e / 2) % 2];
+}
+
+// FP32 fragment -> BF16 fragment with the same flat order: one cvt.rn.bf16x2 per pair,
+// stored as one 32-bit register.
+template <class Src, class Dst>
+__device__ __forceinline__ void convert_to_bf16(const Src& src, Dst& dst) {
+  constexpr int N = decltype(cute::size(src))::value;
+  static_assert(N % 2 == 0);
+  auto dst32 = cute::recast<uint32_t>(dst);
+  CUTE_UNROLL
+  for (int e = 0; e < N; e += 2) {
+    __nv_bfloat162 p = __floats2bfloat162_rn(src(e), src(e + 1));
+    dst32(e / 2) = reinterpret_cast<uint32_t&>(p);
+  }
+}
+
+}  // namespace fa_tune

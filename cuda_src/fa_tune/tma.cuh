@@ -1,0 +1,114 @@
+// TMA (bulk tensor copy) for BSHD tiles, with the L2 cache hint as a compile-time knob.
+//
+// CuTe's SM90_TMA_LOAD always emits `.L2::cache_hint` and its TMA store never does; the
+// cache-hint knobs need both forms (and a store with a hint), so the four instructions are
+// written here. Tensor maps are encoded on the host through the driver entry point, which
+// avoids linking libcuda.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cute/arch/copy_sm90_desc.hpp>
+
+#include "config.cuh"
+
+namespace fa_tune {
+
+template <CacheHint H>
+__device__ constexpr uint64_t cache_policy() {
+  // The encoded createpolicy values CUTLASS uses for its TMA cache hints.
+  if constexpr (H == CacheHint::EvictFirst) return uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST);
+  if constexpr (H == CacheHint::EvictLast) return uint64_t(cute::TMA::CacheHintSm90::EVICT_LAST);
+  return uint64_t(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Load one box at (d, s, h, b) into shared memory; completion adds bytes to `mbar`.
+template <CacheHint H>
+__device__ __forceinline__ void tma_load_4d(const CUtensorMap* map, uint64_t* mbar, void* dst,
+                                            int d, int s, int h, int b) {
+  if constexpr (H == CacheHint::None) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5, %6}], [%2];"
+        :
+        : "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(mbar)), "r"(d), "r"(s), "r"(h), "r"(b)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%3, %4, %5, %6}], [%2], %7;"
+        :
+        : "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(mbar)), "r"(d), "r"(s), "r"(h), "r"(b),
+          "l"(cache_policy<H>())
+        : "memory");
+  }
+}
+
+// Store one box from shared memory to (d, s, h, b); rows past the tensor's end are clipped.
+template <CacheHint H>
+__device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* src,
+                                             int d, int s, int h, int b) {
+  if constexpr (H == CacheHint::None) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];"
+        :
+        : "l"(map), "r"(smem_u32(src)), "r"(d), "r"(s), "r"(h), "r"(b)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group.L2::cache_hint"
+        " [%0, {%2, %3, %4, %5}], [%1], %6;"
+        :
+        : "l"(map), "r"(smem_u32(src)), "r"(d), "r"(s), "r"(h), "r"(b), "l"(cache_policy<H>())
+        : "memory");
+  }
+}
+
+__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;"); }
+// Waits until the stores have finished READING shared memory (enough to reuse or exit).
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+__device__ __forceinline__ void prefetch_tma_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
+}
+// Generic-proxy smem writes (the O tile) must be visible to the TMA engine (async proxy).
+__device__ __forceinline__ void fence_view_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+// Host: a BSHD BF16 tensor [B, S, H, 128] viewed as 4-D (d, s, h, b), read in boxes of
+// 64 head-dim elements (128 bytes, the 128-byte swizzle's span) by `rows` sequence rows.
+inline cudaError_t encode_bshd_map(CUtensorMap* map, const void* base, int B, int S, int H,
+                                   int rows) {
+  using EncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+  static EncodeFn encode = nullptr;
+  if (encode == nullptr) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                     cudaEnableDefault, &q);
+    if (e != cudaSuccess) return e;
+    if (q != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorNotSupported;
+    encode = reinterpret_cast<EncodeFn>(fn);
+  }
+  const cuuint64_t dims[4] = {cuuint64_t(kHeadDim), cuuint64_t(S), cuuint64_t(H), cuuint64_t(B)};
+  const cuuint64_t strides[3] = {cuuint64_t(H) * kHeadDim * 2, cuuint64_t(kHeadDim) * 2,
+                                 cuuint64_t(S) * H * kHeadDim * 2};
+  const cuuint32_t box[4] = {64, cuuint32_t(rows), 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims,
+                      strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+}  // namespace fa_tune

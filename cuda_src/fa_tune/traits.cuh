@@ -1,0 +1,72 @@
+// CuTe types for one config: the two warpgroup MMAs, the swizzled shared-memory layouts,
+// and the shared-memory plan.
+#pragma once
+
+#include "config.cuh"  // first: it enables the extended wgmma shapes
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/copy_atom.hpp>
+#include <cute/arch/mma_sm90.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "pipeline.cuh"
+
+namespace fa_tune {
+
+using namespace cute;
+
+template <class Cfg>
+struct Traits : Derived<Cfg> {
+  using D = Derived<Cfg>;
+  using Element = cutlass::bfloat16_t;
+  static constexpr int kBlockM = D::kBlockM;
+  static constexpr int kBlockN = D::kBlockN;
+
+  // One 64-row MMA atom per consumer warpgroup; each warpgroup owns 64 query rows.
+  using AtomLayout = Layout<Shape<Int<D::kConsumerWGs>, _1, _1>>;
+  // S = Q K^T: both operands from shared memory, both K-major (head dim contiguous).
+  using MmaQK = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
+      AtomLayout{}));
+  // O += P V: P from registers (no smem round trip), V read MN-major through a transposed view.
+  using MmaPV = decltype(make_tiled_mma(
+      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  // 128-byte swizzle, K-major: the layout TMA's SWIZZLE_128B writes for 64-element boxes.
+  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+  using SmemLayoutK =
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<D::kKStages>>{}));
+  using SmemLayoutV =
+      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<D::kVStages>>{}));
+  // V^T as (head dim, keys, stage): same bytes, modes reordered for the MN-major B operand.
+  using SmemLayoutVt = decltype(composition(
+      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<D::kVStages>>{},
+                                         Step<_2, _1, _3>{})));
+  using SmemLayoutO = SmemLayoutQ;
+
+  // Register fragment of P as the A operand of the PV MMA: the S accumulator's values in
+  // the same order, regrouped 8 per 16-key k-block (see softmax.cuh for the layout).
+  using LayoutP = Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockN / 16>>>;
+
+  // With Q released after the last QK, the next tile's Q may land while O is being staged,
+  // so O needs its own buffer; otherwise O reuses Q's.
+  static constexpr bool kSeparateO = Cfg::q_release == QRelease::AfterLastQk;
+  static constexpr int kOElems = kSeparateO ? kBlockM * kHeadDim : 1;
+};
+
+template <class T>
+struct SharedStorage {
+  alignas(1024) typename T::Element q[T::kBlockM * kHeadDim];
+  alignas(1024) typename T::Element k[T::kKStages * T::kBlockN * kHeadDim];
+  alignas(1024) typename T::Element v[T::kVStages * T::kBlockN * kHeadDim];
+  alignas(1024) typename T::Element o[T::kOElems];
+  StageRing<1> q_ring;
+  StageRing<T::kKStages> k_ring;
+  StageRing<T::kVStages> v_ring;
+  int tile_slot[2];  // dynamic scheduler: the producer publishes the next tile here
+};
+
+}  // namespace fa_tune

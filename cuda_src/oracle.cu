@@ -1,0 +1,684 @@
+// fa-tune oracle: the correctness gate's engine. Self-contained (CUDA runtime only, no CUTLASS).
+//
+// Build: nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -shared -Xcompiler -fPIC
+//        -o oracle.so oracle.cu
+// Never build with --use_fast_math: the reference relies on IEEE expf/logf and on un-fused,
+// correctly rounded arithmetic in the input generators (see "Bit-exact generators").
+//
+// ----------------------------------------------------------------------------------------------
+// C ABI. Every function returns an int that is a cudaError_t (0 = cudaSuccess). Each launch is
+// followed by cudaGetLastError(), so a bad launch is reported by the call that made it; kernel
+// faults surface at the caller's next synchronisation. All work is enqueued on `stream`
+// (a cudaStream_t == CUstream; NULL = legacy default stream). Pointers are device pointers.
+// Layouts: Q, K, V, O are [B, S, H, 128] BF16 (BSHD, contiguous); O_ref is [B, S, H, 128] FP32;
+// LSE and LSE_ref are [B, H, S] FP32 in natural-log units: lse = log(sum_j exp(s_j)), with
+// s_j = q.k_j / sqrt(128).
+//
+//   int oracle_abi_version(void);            // ORACLE_ABI_VERSION below
+//   int oracle_stats_size(void);             // sizeof(OracleStats), for the caller's layout check
+//
+//   int oracle_fill_uniform(void* dst_bf16, long long n, unsigned long long seed,
+//                           unsigned long long stream_id, float lo, float hi, cudaStream_t s);
+//       dst[i] = bf16_rn(lo + (hi - lo) * u(seed, stream_id, i)), u in [0, 1).
+//
+//   int oracle_gen_seed(void* q, void* k, void* v, int B, int H, int S,
+//                       unsigned long long seed, cudaStream_t s);
+//       Input set "seed": Q, K uniform in [-2, 2], V uniform in [-1, 1] (streams 1, 2, 3).
+//
+//   int oracle_gen_rising(void* q, void* k, void* v, int B, int H, int S,
+//                         unsigned long long seed, int direction, cudaStream_t s);
+//       Input set "rising" (direction = -1: scores grow as the key index DEcreases, so the
+//       running row max rises at every KV tile of a REVERSE walk: diagonal tile first, then
+//       toward key 0) or "rising_fwd" (direction = +1: grows with the key index, so a FORWARD
+//       walk rises). S <= 32768 (see construction). Construction below.
+//
+//   int oracle_poison(void* o_bf16, long long n_o, float* lse, long long n_lse, cudaStream_t s);
+//       o[i] bits = 0x7FBF (ORACLE_POISON_BF16), lse[i] bits = 0x7FBADBAD (ORACLE_POISON_F32).
+//       Both are NaNs no arithmetic produces (hardware NaNs are 0x7FFF/0x7FC0 and 0x7FFFFFFF),
+//       so compare() counts them as "unwritten", separately from computed NaN/Inf. lse may be
+//       NULL (n_lse ignored).
+//
+//   int oracle_reference(const void* q, const void* k, const void* v, float* o_ref,
+//                        float* lse_ref, int B, int H, int S, int flags, cudaStream_t s);
+//       Independent FP32 causal attention, scale 1/sqrt(128), exact softmax with IEEE expf/logf
+//       (online form: per-tile max and rescale, all FP32). lse_ref may be NULL. flags = 0 for
+//       the reference. Test-only bits (to prove the gate catches real kernel bugs):
+//         1 = walk KV tiles in reverse (diagonal first), like the FA3 mainloop;
+//         2 = BUG: do not rescale O when the running max rises;
+//         4 = BUG: do not rescale the running sum l when the running max rises.
+//       One CTA (256 threads) per (64 query rows, h, b); Q, K/V and P tiles staged in shared
+//       memory as FP32 (85 KB, 2 CTAs/SM); each thread owns a 4x4 score block and a 4x8 output
+//       block (register blocking, float4 shared loads). Cost B*H*S^2*128 FMA (causal half of QK
+//       plus PV): 4.4e12 FMA at B=4, H=32, S=16384. Expected ~15-25 TFLOPS FP32 on an H200,
+//       i.e. ~0.4-0.6 s at S=16384, ~0.1 s at S=8192, ~0.03 s at S=4096 (the GPU self-test
+//       prints the measured time).
+//
+//   int oracle_f32_to_bf16(const float* src, void* dst_bf16, long long n, cudaStream_t s);
+//       dst = bf16_rn(src): a "perfect kernel" for gate self-tests.
+//
+//   int oracle_compare(const void* o_bf16, const float* o_ref, long long n,
+//                      const float* lse, const float* lse_ref, long long n_lse,
+//                      float o_atol, float o_rtol, float lse_atol, float lse_rtol,
+//                      OracleStats* stats_dev, cudaStream_t s);
+//       Fills *stats_dev (a device buffer of oracle_stats_size() bytes; zeroed here first).
+//       Per O element: unwritten if its bits are the poison; else non-finite if NaN/Inf; else
+//       err = |o - ref| (FP32) feeds max_abs_err and sum_sq_err. A violation is any element that
+//       does NOT satisfy err <= o_atol + o_rtol*|ref| (so poison, NaN, Inf and a non-finite ref
+//       are violations too); first_violation = lowest flat index of a violation (atomicMin),
+//       ~0ull if none. sum_sq_ref sums ref^2 over finite refs. The gate uses o_atol = 0.05,
+//       o_rtol = 0.1 (the seeds' rule). LSE (when lse != NULL) uses the same scheme with
+//       lse_atol/lse_rtol (the gate: 1e-2 and 1e-4: the "rising" set has |lse| up to ~400 at
+//       S=16384, where FP32 score rounding alone is ~1e-4). Counts are exact; sums are FP64.
+//
+// ----------------------------------------------------------------------------------------------
+// Bit-exact generators. u(seed, stream, i) = (hash(seed, stream, i) >> 40) * 2^-24, with
+//   hash(seed, stream, i) = splitmix64(splitmix64(seed ^ (stream * 0xD1B54A32D192ED03)) ^ i)
+// (splitmix64 = the finalizer of Steele et al.). Affine maps use __fmul_rn/__fadd_rn (never an
+// FMA) and BF16 conversion is round-to-nearest-even, so tuner/oracle.py's NumPy twin
+// reproduces every input bit for bit (tested on the GPU).
+//
+// "rising" construction (direction d = -1; d = +1 mirrors the key order). Per (b, h):
+//   t(j) = 4*(S/2 - j) + jit(j) for d = -1, t(j) = 4*(j - S/2) + jit(j) for d = +1, with
+//          S/2 an integer division and jit(j) in {0,1,2,3} (stream 15, index (b*H + h)*S + j).
+//          Consecutive keys differ by >= 1, so t is strictly monotone; |t| <= 2S + 3.
+//   K[j, 0] = hi(j) = floor(t / 256), K[j, 1] = lo(j) = t - 256*hi in [0, 255]: small integers,
+//          exact in BF16 while |hi| <= 256 (hence S <= 32768).
+//   Q[i, 0] = 256*c2(i), Q[i, 1] = c2(i), c2(i) = bf16(0.09 + 0.045*u) in [0.0898, 0.1348]
+//          (stream 14, per row): exact, so q.k over dims 0-1 is exactly c2(i) * t(j).
+//   Dims 2..9 ("strong noise"): Q, K uniform in [-1, 1] (streams 11, 12); dims 10..127: Q uniform
+//          [-1, 1], K uniform [-0.01, 0.01]. V uniform [-1, 1] (stream 13).
+//   Logit s(i, j) = c2(i) t(j) / sqrt(128) + e(i, j) with |e| <= (8 + 118 * 0.010009765625) /
+//          sqrt(128) = 0.812 (worst case; typically ~0.2).
+//   Any KV tile of N >= 64 keys vs the next tile of the walk: the trend gains at least
+//          c2 (4N - 3) / sqrt(128) >= 0.0898 * 253 / 11.314 = 2.01 logits, more than 2 * 0.812,
+//          so every tile's max beats the running max by >= 0.38 logits, for every row and every
+//          tile size and alignment (a partial diagonal tile included). The trend rises by
+//          2-3 logits per 64 keys; logits span about +-0.024*S (+-391 at S=16384): finite, and
+//          the rescale factor exp(m_old - m_new) is well below 1 at every tile, so a kernel that
+//          skips (or misapplies) the rescale of O or of the running sum fails the gate.
+//   "rising_fwd" (d = +1) gives the same guarantee to a FORWARD walk for every step into a full
+//          tile; only a final diagonal tile holding a few keys may fail to raise the max (it is
+//          visited last there). Use it for kernels that walk KV tiles forward.
+// ----------------------------------------------------------------------------------------------
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#define ORACLE_API extern "C" __attribute__((visibility("default")))
+
+#define ORACLE_ABI_VERSION 1
+#define ORACLE_POISON_BF16 0x7FBFu
+#define ORACLE_POISON_F32 0x7FBADBADu
+
+// Layout mirrored by tuner/oracle.py (_STATS_DTYPE); 18 x 8 bytes, no padding.
+struct OracleStats {
+    unsigned long long o_count;
+    unsigned long long o_violations;
+    unsigned long long o_nonfinite;       // computed NaN/Inf (poison excluded)
+    unsigned long long o_unwritten;       // poison pattern still there
+    unsigned long long o_first_violation; // lowest flat index, ~0ull if none
+    unsigned long long o_ref_nonfinite;   // must be 0: the reference itself is broken otherwise
+    unsigned long long o_max_abs_err_bits;  // float bits (low 32) of max |err| over finite o
+    unsigned long long o_reserved;
+    double o_sum_sq_err;
+    double o_sum_sq_ref;
+    unsigned long long l_count;
+    unsigned long long l_violations;
+    unsigned long long l_nonfinite;
+    unsigned long long l_unwritten;
+    unsigned long long l_first_violation;
+    unsigned long long l_ref_nonfinite;
+    unsigned long long l_max_abs_err_bits;
+    unsigned long long l_reserved;
+};
+static_assert(sizeof(OracleStats) == 144, "OracleStats layout changed: update tuner/oracle.py");
+
+namespace {
+
+constexpr int kD = 128;
+
+// Input streams (documented above; the NumPy twin uses the same numbers).
+constexpr unsigned long long kStreamQ = 1, kStreamK = 2, kStreamV = 3;
+constexpr unsigned long long kStreamRisingQ = 11, kStreamRisingK = 12, kStreamRisingV = 13;
+constexpr unsigned long long kStreamRisingC2 = 14, kStreamRisingJit = 15;
+
+#define ORACLE_CHECK(expr)                          \
+    do {                                            \
+        cudaError_t e_ = (expr);                    \
+        if (e_ != cudaSuccess) return (int)e_;      \
+    } while (0)
+
+__host__ __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+__device__ __forceinline__ uint64_t hash3(uint64_t seed, uint64_t stream, uint64_t idx) {
+    return splitmix64(splitmix64(seed ^ (stream * 0xD1B54A32D192ED03ull)) ^ idx);
+}
+
+__device__ __forceinline__ float uniform01(uint64_t seed, uint64_t stream, uint64_t idx) {
+    const uint64_t h = hash3(seed, stream, idx);
+    return (float)(uint32_t)(h >> 40) * 0x1p-24f;  // exact: 24-bit integer times 2^-24
+}
+
+__device__ __forceinline__ float uniform_in(uint64_t seed, uint64_t stream, uint64_t idx,
+                                            float lo, float hi) {
+    // Explicitly rounded ops: nvcc must not contract this into an FMA, or the NumPy twin
+    // (separately rounded float32 ops) would differ in the last bit.
+    return __fadd_rn(lo, __fmul_rn(__fsub_rn(hi, lo), uniform01(seed, stream, idx)));
+}
+
+__device__ __forceinline__ __nv_bfloat16 to_bf16(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float bf16_round(float x) {
+    return __bfloat162float(__float2bfloat16_rn(x));
+}
+
+int grid_for(long long n, int threads) {
+    long long blocks = (n + threads - 1) / threads;
+    if (blocks > 8192) blocks = 8192;  // grid-stride loops cover the rest
+    if (blocks < 1) blocks = 1;
+    return (int)blocks;
+}
+
+// ------------------------------------------------------------------------------ generators
+
+__global__ void fill_uniform_kernel(__nv_bfloat16* __restrict__ dst, long long n, uint64_t seed,
+                                    uint64_t stream, float lo, float hi) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        dst[i] = to_bf16(uniform_in(seed, stream, (uint64_t)i, lo, hi));
+    }
+}
+
+__device__ __forceinline__ int rising_t(int j, int S, int direction, uint64_t seed,
+                                        uint64_t row_key) {
+    const uint64_t h = hash3(seed, kStreamRisingJit, row_key + (uint64_t)j);
+    const int jit = (int)(h >> 62);  // 0..3
+    const int half = S / 2;
+    return (direction < 0 ? 4 * (half - j) : 4 * (j - half)) + jit;
+}
+
+// One kernel writes Q, K and V of the rising set; element i is a flat BSHD index.
+__global__ void gen_rising_kernel(__nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ k,
+                                  __nv_bfloat16* __restrict__ v, int B, int H, int S,
+                                  uint64_t seed, int direction) {
+    const long long n = (long long)B * S * H * kD;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int d = (int)(i % kD);
+        const long long row = i / kD;  // (b, s, h)
+        const int h = (int)(row % H);
+        const int s = (int)((row / H) % S);
+        const int b = (int)(row / ((long long)H * S));
+        const uint64_t row_key = ((uint64_t)b * H + h) * (uint64_t)S;  // + s: per-(b,h,s) key
+
+        // Q
+        float qv;
+        if (d < 2) {
+            const float c2 = bf16_round(__fadd_rn(
+                0.09f, __fmul_rn(0.045f, uniform01(seed, kStreamRisingC2, row_key + s))));
+            qv = d == 0 ? c2 * 256.0f : c2;  // exact: power-of-two scaling of a BF16 value
+        } else {
+            qv = uniform_in(seed, kStreamRisingQ, (uint64_t)i, -1.0f, 1.0f);
+        }
+        q[i] = to_bf16(qv);
+
+        // K
+        float kv;
+        if (d < 2) {
+            const int t = rising_t(s, S, direction, seed, row_key);
+            const int hi = t >= 0 ? t / 256 : -((-t + 255) / 256);  // floor(t / 256)
+            kv = d == 0 ? (float)hi : (float)(t - 256 * hi);
+        } else if (d < 10) {
+            kv = uniform_in(seed, kStreamRisingK, (uint64_t)i, -1.0f, 1.0f);
+        } else {
+            kv = uniform_in(seed, kStreamRisingK, (uint64_t)i, -0.01f, 0.01f);
+        }
+        k[i] = to_bf16(kv);
+
+        v[i] = to_bf16(uniform_in(seed, kStreamRisingV, (uint64_t)i, -1.0f, 1.0f));
+    }
+}
+
+__global__ void poison_kernel(uint16_t* __restrict__ o, long long n_o, uint32_t* __restrict__ lse,
+                              long long n_lse) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_o; i += stride)
+        o[i] = (uint16_t)ORACLE_POISON_BF16;
+    if (lse != nullptr) {
+        for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_lse;
+             i += stride)
+            lse[i] = ORACLE_POISON_F32;
+    }
+}
+
+__global__ void f32_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst,
+                                   long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        dst[i] = to_bf16(src[i]);
+}
+
+// ------------------------------------------------------------------------------ reference
+
+constexpr int kRefM = 64;             // query rows per CTA
+constexpr int kRefN = 64;             // keys per KV tile
+constexpr int kRefThreads = 256;      // 16 x 16 threads; each owns 4 rows
+constexpr int kQLd = kD + 4;          // padded rows: float4 reads of 16 different rows hit
+constexpr int kKVLd = kD + 4;         //   distinct banks (row stride = 4 banks mod 32)
+constexpr int kPLd = kRefN + 4;
+constexpr int kRefSmemFloats = kRefM * kQLd + kRefN * kKVLd + kRefM * kPLd;
+constexpr size_t kRefSmemBytes = kRefSmemFloats * sizeof(float);  // 84992 bytes
+
+constexpr int kFlagReverse = 1, kFlagBugNoRescaleO = 2, kFlagBugNoRescaleL = 4;
+
+// Stage rows [row0, row0 + 64) of one (b, h) slice of a BSHD BF16 tensor into shared memory as
+// FP32 (rows >= S become zeros). 16-byte global loads: 8 BF16 per load, 16 loads per row.
+__device__ __forceinline__ void stage_tile(float* __restrict__ dst, int ld,
+                                           const __nv_bfloat16* __restrict__ src, int b, int h,
+                                           int row0, int H, int S) {
+    for (int c = threadIdx.x; c < 64 * 16; c += kRefThreads) {
+        const int r = c >> 4;
+        const int c8 = (c & 15) * 8;
+        const int s = row0 + r;
+        float* out = dst + r * ld + c8;
+        if (s < S) {
+            const uint4 w = __ldg(reinterpret_cast<const uint4*>(
+                src + (((long long)b * S + s) * H + h) * kD + c8));
+            // BF16 -> FP32 is a 16-bit shift; the low half of each word is the lower element.
+            const float4 lo4 = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xFFFF0000u),
+                                           __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xFFFF0000u));
+            const float4 hi4 = make_float4(__uint_as_float(w.z << 16), __uint_as_float(w.z & 0xFFFF0000u),
+                                           __uint_as_float(w.w << 16), __uint_as_float(w.w & 0xFFFF0000u));
+            *reinterpret_cast<float4*>(out) = lo4;
+            *reinterpret_cast<float4*>(out + 4) = hi4;
+        } else {
+            const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+            *reinterpret_cast<float4*>(out) = z;
+            *reinterpret_cast<float4*>(out + 4) = z;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(kRefThreads, 2)
+reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                 const __nv_bfloat16* __restrict__ v, float* __restrict__ o_ref,
+                 float* __restrict__ lse_ref, int H, int S, int flags) {
+    extern __shared__ float4 smem_f4[];  // float4 type: 16-byte alignment for vector access
+    float* Qs = reinterpret_cast<float*>(smem_f4);
+    float* KVs = Qs + kRefM * kQLd;  // holds K, then V, of the current tile
+    float* Ps = KVs + kRefN * kKVLd;
+
+    const int n_qblocks = (S + kRefM - 1) / kRefM;
+    const int qb = n_qblocks - 1 - (int)blockIdx.x;  // longest rows first: shorter tail
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    const int q0 = qb * kRefM;
+    const int tid = threadIdx.x;
+    const int ty = tid >> 4;  // rows ty*4 .. ty*4+3
+    const int tx = tid & 15;  // score cols tx + 16*j; output dims tx*4+{0..3}, 64+tx*4+{0..3}
+    const float scale = 0.088388347648318440f;  // 1/sqrt(128)
+
+    stage_tile(Qs, kQLd, q, b, h, q0, H, S);
+
+    float m[4], l[4], acc_o[4][8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        m[i] = -INFINITY;
+        l[i] = 0.f;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc_o[i][c] = 0.f;
+    }
+
+    const int last_row = min(q0 + kRefM - 1, S - 1);
+    const int n_tiles = last_row / kRefN + 1;
+    for (int it = 0; it < n_tiles; ++it) {
+        const int tile = (flags & kFlagReverse) ? n_tiles - 1 - it : it;
+        const int kv0 = tile * kRefN;
+
+        __syncthreads();  // previous tile's readers of KVs/Ps are done (and Qs is staged)
+        stage_tile(KVs, kKVLd, k, b, h, kv0, H, S);
+        __syncthreads();
+
+        // S = Q K^T for this thread's 4x4 block.
+        float sc[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) sc[i][j] = 0.f;
+#pragma unroll 4
+        for (int d = 0; d < kD; d += 4) {
+            float4 a[4], bb[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                a[i] = *reinterpret_cast<const float4*>(Qs + (ty * 4 + i) * kQLd + d);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                bb[j] = *reinterpret_cast<const float4*>(KVs + (tx + 16 * j) * kKVLd + d);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    float t = sc[i][j];
+                    t = fmaf(a[i].x, bb[j].x, t);
+                    t = fmaf(a[i].y, bb[j].y, t);
+                    t = fmaf(a[i].z, bb[j].z, t);
+                    t = fmaf(a[i].w, bb[j].w, t);
+                    sc[i][j] = t;
+                }
+        }
+
+        // Online softmax, FP32 with IEEE expf. A row's 64 scores live on the 16 lanes that
+        // share ty (one half-warp), so xor-shuffles with offsets < 16 reduce exactly one row.
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int row = q0 + ty * 4 + i;
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int key = kv0 + tx + 16 * j;
+                const bool valid = key <= row && key < S;
+                sc[i][j] = valid ? sc[i][j] * scale : -INFINITY;
+                mx = fmaxf(mx, sc[i][j]);
+            }
+#pragma unroll
+            for (int off = 1; off < 16; off <<= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            const float m_new = fmaxf(m[i], mx);
+            // m_new == -inf only when every key seen so far is masked (possible in reverse
+            // walks or for rows >= S); then nothing has been accumulated and nothing scales.
+            const float alpha = m_new == -INFINITY ? 1.f : expf(m[i] - m_new);
+            const float m_use = m_new == -INFINITY ? 0.f : m_new;
+            float rs = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float p = sc[i][j] == -INFINITY ? 0.f : expf(sc[i][j] - m_use);
+                rs += p;
+                Ps[(ty * 4 + i) * kPLd + tx + 16 * j] = p;
+            }
+#pragma unroll
+            for (int off = 1; off < 16; off <<= 1) rs += __shfl_xor_sync(0xffffffffu, rs, off);
+            l[i] = ((flags & kFlagBugNoRescaleL) ? l[i] : l[i] * alpha) + rs;
+            m[i] = m_new;
+            if (!(flags & kFlagBugNoRescaleO)) {
+#pragma unroll
+                for (int c = 0; c < 8; ++c) acc_o[i][c] *= alpha;
+            }
+        }
+
+        __syncthreads();  // everyone is done with K and has written P
+        stage_tile(KVs, kKVLd, v, b, h, kv0, H, S);
+        __syncthreads();
+
+        // O += P V for this thread's 4 rows x 8 dims.
+#pragma unroll 2
+        for (int c = 0; c < kRefN; c += 4) {
+            float4 p4[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                p4[i] = *reinterpret_cast<const float4*>(Ps + (ty * 4 + i) * kPLd + c);
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) {
+                const float4 v0 = *reinterpret_cast<const float4*>(KVs + (c + cc) * kKVLd + tx * 4);
+                const float4 v1 =
+                    *reinterpret_cast<const float4*>(KVs + (c + cc) * kKVLd + 64 + tx * 4);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const float p = cc == 0 ? p4[i].x : cc == 1 ? p4[i].y : cc == 2 ? p4[i].z : p4[i].w;
+                    acc_o[i][0] = fmaf(p, v0.x, acc_o[i][0]);
+                    acc_o[i][1] = fmaf(p, v0.y, acc_o[i][1]);
+                    acc_o[i][2] = fmaf(p, v0.z, acc_o[i][2]);
+                    acc_o[i][3] = fmaf(p, v0.w, acc_o[i][3]);
+                    acc_o[i][4] = fmaf(p, v1.x, acc_o[i][4]);
+                    acc_o[i][5] = fmaf(p, v1.y, acc_o[i][5]);
+                    acc_o[i][6] = fmaf(p, v1.z, acc_o[i][6]);
+                    acc_o[i][7] = fmaf(p, v1.w, acc_o[i][7]);
+                }
+            }
+        }
+    }
+
+    // Epilogue: O / l (l >= 1 for every real row: its max term contributes exp(0) = 1).
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int s = q0 + ty * 4 + i;
+        if (s >= S) continue;
+        const float inv = 1.f / l[i];
+        float* out = o_ref + (((long long)b * S + s) * H + h) * kD;
+        *reinterpret_cast<float4*>(out + tx * 4) =
+            make_float4(acc_o[i][0] * inv, acc_o[i][1] * inv, acc_o[i][2] * inv, acc_o[i][3] * inv);
+        *reinterpret_cast<float4*>(out + 64 + tx * 4) =
+            make_float4(acc_o[i][4] * inv, acc_o[i][5] * inv, acc_o[i][6] * inv, acc_o[i][7] * inv);
+        if (lse_ref != nullptr && tx == 0)
+            lse_ref[((long long)b * H + h) * S + s] = m[i] + logf(l[i]);
+    }
+}
+
+// ------------------------------------------------------------------------------ compare
+
+struct LocalStats {
+    unsigned long long count, violations, nonfinite, unwritten, first, ref_nonfinite;
+    float max_err;
+    double sum_sq_err, sum_sq_ref;
+};
+
+__device__ __forceinline__ void init_local(LocalStats& s) {
+    s.count = s.violations = s.nonfinite = s.unwritten = s.ref_nonfinite = 0;
+    s.first = ~0ull;
+    s.max_err = 0.f;
+    s.sum_sq_err = s.sum_sq_ref = 0.0;
+}
+
+// One element. `poisoned`: the raw bits are the poison pattern; `x`: the value as FP32.
+__device__ __forceinline__ void account(LocalStats& s, long long i, bool poisoned, float x,
+                                        float ref, float atol, float rtol) {
+    s.count += 1;
+    bool ok = true;
+    if (!isfinite(ref)) {
+        s.ref_nonfinite += 1;
+        ok = false;
+    } else {
+        s.sum_sq_ref += (double)ref * (double)ref;
+    }
+    if (poisoned) {
+        s.unwritten += 1;
+        ok = false;
+    } else if (!isfinite(x)) {
+        s.nonfinite += 1;
+        ok = false;
+    } else if (isfinite(ref)) {
+        const float err = fabsf(x - ref);
+        s.max_err = fmaxf(s.max_err, err);
+        s.sum_sq_err += (double)err * (double)err;
+        if (!(err <= atol + rtol * fabsf(ref))) ok = false;
+    }
+    if (!ok) {
+        s.violations += 1;
+        if ((unsigned long long)i < s.first) s.first = (unsigned long long)i;
+    }
+}
+
+// Block-reduce LocalStats and fold it into the global fields with one set of atomics per block.
+// g: the 8 consecutive u64 fields (count .. reserved) of O or of LSE; sums: O's two doubles
+// (sum_sq_err, sum_sq_ref), or nullptr for LSE.
+__device__ void flush(LocalStats& s, unsigned long long* g, double* sums) {
+    __shared__ LocalStats warp_stats[32];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        s.count += __shfl_down_sync(0xffffffffu, s.count, off);
+        s.violations += __shfl_down_sync(0xffffffffu, s.violations, off);
+        s.nonfinite += __shfl_down_sync(0xffffffffu, s.nonfinite, off);
+        s.unwritten += __shfl_down_sync(0xffffffffu, s.unwritten, off);
+        s.ref_nonfinite += __shfl_down_sync(0xffffffffu, s.ref_nonfinite, off);
+        const unsigned long long f = __shfl_down_sync(0xffffffffu, s.first, off);
+        s.first = f < s.first ? f : s.first;
+        s.max_err = fmaxf(s.max_err, __shfl_down_sync(0xffffffffu, s.max_err, off));
+        s.sum_sq_err += __shfl_down_sync(0xffffffffu, s.sum_sq_err, off);
+        s.sum_sq_ref += __shfl_down_sync(0xffffffffu, s.sum_sq_ref, off);
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) warp_stats[warp] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        LocalStats t = warp_stats[0];
+        for (int w = 1; w < (int)(blockDim.x >> 5); ++w) {
+            const LocalStats& u = warp_stats[w];
+            t.count += u.count;
+            t.violations += u.violations;
+            t.nonfinite += u.nonfinite;
+            t.unwritten += u.unwritten;
+            t.ref_nonfinite += u.ref_nonfinite;
+            t.first = u.first < t.first ? u.first : t.first;
+            t.max_err = fmaxf(t.max_err, u.max_err);
+            t.sum_sq_err += u.sum_sq_err;
+            t.sum_sq_ref += u.sum_sq_ref;
+        }
+        atomicAdd(&g[0], t.count);
+        atomicAdd(&g[1], t.violations);
+        atomicAdd(&g[2], t.nonfinite);
+        atomicAdd(&g[3], t.unwritten);
+        if (t.first != ~0ull) atomicMin(&g[4], t.first);
+        atomicAdd(&g[5], t.ref_nonfinite);
+        // Non-negative floats order like their bit patterns, so an integer max is a float max.
+        atomicMax(&g[6], (unsigned long long)__float_as_uint(t.max_err));
+        if (sums != nullptr) {
+            atomicAdd(&sums[0], t.sum_sq_err);
+            atomicAdd(&sums[1], t.sum_sq_ref);
+        }
+    }
+}
+
+__global__ void compare_o_kernel(const uint16_t* __restrict__ o, const float* __restrict__ ref,
+                                 long long n, float atol, float rtol, OracleStats* stats) {
+    LocalStats s;
+    init_local(s);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const uint16_t bits = o[i];
+        account(s, i, bits == ORACLE_POISON_BF16, __uint_as_float((uint32_t)bits << 16), ref[i],
+                atol, rtol);
+    }
+    flush(s, &stats->o_count, &stats->o_sum_sq_err);
+}
+
+__global__ void compare_lse_kernel(const uint32_t* __restrict__ lse, const float* __restrict__ ref,
+                                   long long n, float atol, float rtol, OracleStats* stats) {
+    LocalStats s;
+    init_local(s);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const uint32_t bits = lse[i];
+        account(s, i, bits == ORACLE_POISON_F32, __uint_as_float(bits), ref[i], atol, rtol);
+    }
+    flush(s, &stats->l_count, nullptr);  // LSE has no L2 sums
+}
+
+__global__ void init_stats_kernel(OracleStats* stats) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) {
+        OracleStats z = {};
+        z.o_first_violation = ~0ull;
+        z.l_first_violation = ~0ull;
+        *stats = z;
+    }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------ C ABI
+
+ORACLE_API int oracle_abi_version(void) { return ORACLE_ABI_VERSION; }
+
+ORACLE_API int oracle_stats_size(void) { return (int)sizeof(OracleStats); }
+
+ORACLE_API int oracle_fill_uniform(void* dst, long long n, unsigned long long seed,
+                                   unsigned long long stream_id, float lo, float hi,
+                                   cudaStream_t s) {
+    if (dst == nullptr || n < 0) return (int)cudaErrorInvalidValue;
+    if (n == 0) return 0;
+    fill_uniform_kernel<<<grid_for(n, 256), 256, 0, s>>>(static_cast<__nv_bfloat16*>(dst), n,
+                                                         seed, stream_id, lo, hi);
+    return (int)cudaGetLastError();
+}
+
+ORACLE_API int oracle_gen_seed(void* q, void* k, void* v, int B, int H, int S,
+                               unsigned long long seed, cudaStream_t s) {
+    if (q == nullptr || k == nullptr || v == nullptr || B < 1 || H < 1 || S < 1)
+        return (int)cudaErrorInvalidValue;
+    const long long n = (long long)B * S * H * kD;
+    ORACLE_CHECK((cudaError_t)oracle_fill_uniform(q, n, seed, kStreamQ, -2.0f, 2.0f, s));
+    ORACLE_CHECK((cudaError_t)oracle_fill_uniform(k, n, seed, kStreamK, -2.0f, 2.0f, s));
+    ORACLE_CHECK((cudaError_t)oracle_fill_uniform(v, n, seed, kStreamV, -1.0f, 1.0f, s));
+    return 0;
+}
+
+ORACLE_API int oracle_gen_rising(void* q, void* k, void* v, int B, int H, int S,
+                                 unsigned long long seed, int direction, cudaStream_t s) {
+    if (q == nullptr || k == nullptr || v == nullptr || B < 1 || H < 1 || S < 1 || S > 32768 ||
+        (direction != 1 && direction != -1))
+        return (int)cudaErrorInvalidValue;
+    const long long n = (long long)B * S * H * kD;
+    gen_rising_kernel<<<grid_for(n, 256), 256, 0, s>>>(
+        static_cast<__nv_bfloat16*>(q), static_cast<__nv_bfloat16*>(k),
+        static_cast<__nv_bfloat16*>(v), B, H, S, seed, direction);
+    return (int)cudaGetLastError();
+}
+
+ORACLE_API int oracle_poison(void* o, long long n_o, float* lse, long long n_lse, cudaStream_t s) {
+    if (o == nullptr || n_o < 0 || (lse != nullptr && n_lse < 0)) return (int)cudaErrorInvalidValue;
+    const long long n = n_o > n_lse || lse == nullptr ? n_o : n_lse;
+    if (n == 0) return 0;
+    poison_kernel<<<grid_for(n, 256), 256, 0, s>>>(static_cast<uint16_t*>(o), n_o,
+                                                   reinterpret_cast<uint32_t*>(lse), n_lse);
+    return (int)cudaGetLastError();
+}
+
+ORACLE_API int oracle_reference(const void* q, const void* k, const void* v, float* o_ref,
+                                float* lse_ref, int B, int H, int S, int flags, cudaStream_t s) {
+    if (q == nullptr || k == nullptr || v == nullptr || o_ref == nullptr || B < 1 || H < 1 ||
+        S < 1 || H > 65535 || B > 65535 || (flags & ~7) != 0)
+        return (int)cudaErrorInvalidValue;
+    // > 48 KB of dynamic shared memory needs an explicit opt-in (cheap; done every call so the
+    // attribute is set in whatever context is current).
+    ORACLE_CHECK(cudaFuncSetAttribute(reference_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      (int)kRefSmemBytes));
+    const dim3 grid((S + kRefM - 1) / kRefM, H, B);
+    reference_kernel<<<grid, kRefThreads, kRefSmemBytes, s>>>(
+        static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k),
+        static_cast<const __nv_bfloat16*>(v), o_ref, lse_ref, H, S, flags);
+    return (int)cudaGetLastError();
+}
+
+ORACLE_API int oracle_f32_to_bf16(const float* src, void* dst, long long n, cudaStream_t s) {
+    if (src == nullptr || dst == nullptr || n < 0) return (int)cudaErrorInvalidValue;
+    if (n == 0) return 0;
+    f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, s>>>(src, static_cast<__nv_bfloat16*>(dst), n);
+    return (int)cudaGetLastError();
+}
+
+ORACLE_API int oracle_compare(const void* o, const float* o_ref, long long n, const float* lse,
+                              const float* lse_ref, long long n_lse, float o_atol, float o_rtol,
+                              float lse_atol, float lse_rtol, OracleStats* stats,
+                              cudaStream_t s) {
+    if (o == nullptr || o_ref == nullptr || n < 0 || stats == nullptr ||
+        (lse != nullptr && (lse_ref == nullptr || n_lse < 0)))
+        return (int)cudaErrorInvalidValue;
+    init_stats_kernel<<<1, 32, 0, s>>>(stats);
+    ORACLE_CHECK(cudaGetLastError());
+    if (n > 0) {
+        compare_o_kernel<<<grid_for(n, 256), 256, 0, s>>>(static_cast<const uint16_t*>(o), o_ref,
+                                                          n, o_atol, o_rtol, stats);
+        ORACLE_CHECK(cudaGetLastError());
+    }
+    if (lse != nullptr && n_lse > 0) {
+        compare_lse_kernel<<<grid_for(n_lse, 256), 256, 0, s>>>(
+            reinterpret_cast<const uint32_t*>(lse), lse_ref, n_lse, lse_atol, lse_rtol, stats);
+        ORACLE_CHECK(cudaGetLastError());
+    }
+    return 0;
+}

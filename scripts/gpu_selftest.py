@@ -1,0 +1,368 @@
+#!/usr/bin/env python3
+"""GPU self-test of the correctness gate and the timing protocol (no torch needed).
+
+Run on the H200 from the repository root:
+
+    python scripts/gpu_selftest.py [--quick] [--json OUT.json]
+
+Checks, in order: device and NVML; oracle.so builds; the GPU input generators equal the NumPy
+twin bit for bit; the "rising" set rises on GPU-made inputs; the FP32 reference matches NumPy
+float64 on sampled rows (row 0, S-1, tile boundaries); the gate passes a perfect kernel and
+catches injected bugs (no O rescale, no running-sum rescale, one wrong element, one unwritten
+element, one NaN, one wrong LSE, LSE never written); the reference's runtime at the seed shapes;
+time_kernel on a trivial kernel. Prints a table last; exit code 1 if any check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tuner import oracle as O  # noqa: E402
+from tuner import timing as T  # noqa: E402
+from tuner.errors import FaTuneError  # noqa: E402
+from tuner.runtime import AttnBuffers, Device, Event, OracleModule  # noqa: E402
+
+ROWS: list[tuple[str, str, str]] = []  # (check, PASS/FAIL, detail)
+DETAILS: dict[str, Any] = {}
+
+
+def Shape(B: int, H: int, S: int) -> SimpleNamespace:  # noqa: N802 - like tuner.config.Shape
+    return SimpleNamespace(B=B, H=H, S=S)
+
+
+def check(name: str, fn: Callable[[], tuple[bool, str]]) -> bool:
+    t0 = time.monotonic()
+    try:
+        ok, detail = fn()
+    except Exception as e:  # noqa: BLE001 - report every failure, keep going
+        ok, detail = False, f"{type(e).__name__}: {' '.join(str(e).split())}"
+        traceback.print_exc()
+    dt = time.monotonic() - t0
+    ROWS.append((name, "PASS" if ok else "FAIL", f"{detail} [{dt:.1f}s]"))
+    print(f"[{'PASS' if ok else 'FAIL'}] {name}: {detail} [{dt:.1f}s]", flush=True)
+    return ok
+
+
+def sample_rows(shape: SimpleNamespace, n_bh: int = 3) -> list[tuple[int, int, int]]:
+    S = shape.S
+    ss = sorted({0, 1, 63, 64, 65, 127, 128, 129, 191, 192, S // 2 - 1, S // 2, S - 65, S - 64,
+                 S - 2, S - 1} & set(range(S)))
+    bhs = sorted({(0, 0), (shape.B - 1, shape.H - 1), (shape.B // 2, shape.H // 2)})[:n_bh]
+    return [(b, h, s) for b, h in bhs for s in ss]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="skip the S=16384 runs")
+    ap.add_argument("--json", type=Path, help="also write the results here")
+    ap.add_argument("--oracle-so", type=Path, help="use this oracle.so instead of building")
+    args = ap.parse_args()
+
+    try:
+        dev = Device.open(0)
+    except FaTuneError as e:
+        print(f"gpu_selftest: {e}", file=sys.stderr)
+        return 2
+    nv = T.nvml_for(dev)
+    print(f"device: {dev.name} cc {dev.cc} SMs {dev.sm_count} L2 {dev.l2_bytes >> 20} MiB "
+          f"CUDA driver {dev.info.cuda_driver_version_str} NVIDIA driver {nv.driver_version()} "
+          f"NVML {'ok' if nv.available else nv.note}", flush=True)
+    DETAILS["device"] = dev.properties()
+    DETAILS["nvidia_driver"] = nv.driver_version()
+
+    # -- build
+    holder: dict[str, OracleModule] = {}
+
+    def build() -> tuple[bool, str]:
+        if args.oracle_so:
+            holder["o"] = O.get_oracle(args.oracle_so)
+            return True, f"loaded {args.oracle_so}"
+        from tuner import build as B
+
+        res = B.build_oracle()
+        holder["o"] = O.get_oracle(res.so_path)
+        ref = next((v for k, v in res.ptxas.get("entries", {}).items() if "reference" in k), {})
+        return (not res.any_spills), f"{res.so_path} reference kernel ptxas {ref}"
+
+    if not check("oracle.so builds and loads", build):
+        return finish(args)
+    orc = holder["o"]
+    stream = dev.stream()
+
+    # -- generators == NumPy twin
+    def twin() -> tuple[bool, str]:
+        shape = Shape(2, 3, 256)
+        bad = []
+        with AttnBuffers(dev, shape) as bufs:
+            for name in O.INPUT_SETS:
+                O.fill_inputs(orc, bufs, name, 42, stream)
+                stream.synchronize()
+                got = O.inputs_to_host(bufs)
+                want = O.host_inputs(shape, name, 42)
+                for t, g, w in zip("qkv", got, want, strict=True):
+                    if not np.array_equal(g, w):
+                        bad.append(f"{name}.{t}: {int((g != w).sum())} differ")
+        return not bad, "; ".join(bad) or "seed, rising, rising_fwd identical at 2x3x256"
+
+    check("GPU generators == NumPy twin (bit-exact)", twin)
+
+    def rising_gpu() -> tuple[bool, str]:
+        shape = Shape(1, 2, 1024)
+        with AttnBuffers(dev, shape) as bufs:
+            O.fill_inputs(orc, bufs, "rising", 42, stream)
+            stream.synchronize()
+            q, k, _ = O.inputs_to_host(bufs)
+        fails = {bn: O.rising_failures(q, k, bn, reverse=True, min_rise=0.38)
+                 for bn in (64, 128, 192)}
+        sc = O.scores_f64(q, k, 0, 0)
+        tri = sc[np.tril_indices(shape.S)]
+        return all(v == 0 for v in fails.values()), (
+            f"reverse-walk failures per block_n {fails}; logits in [{tri.min():.1f}, "
+            f"{tri.max():.1f}]")
+
+    check("rising set rises (GPU inputs, 1x2x1024, float64)", rising_gpu)
+
+    # -- reference vs NumPy float64
+    def ref_vs_numpy(shape: SimpleNamespace, input_set: str, n_bh: int) -> tuple[bool, str]:
+        with AttnBuffers(dev, shape) as bufs:
+            o_ref = dev.alloc(bufs.n * 4)
+            lse_ref = dev.alloc(bufs.n_lse * 4)
+            try:
+                O.fill_inputs(orc, bufs, input_set, 42, stream)
+                orc.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref.ptr, lse_ref.ptr,
+                              shape.B, shape.H, shape.S, stream)
+                stream.synchronize()
+                q, k, v = O.inputs_to_host(bufs)
+                o_gpu = o_ref.copy_to_host(np.float32).reshape(shape.B, shape.S, shape.H, 128)
+                l_gpu = lse_ref.copy_to_host(np.float32).reshape(shape.B, shape.H, shape.S)
+            finally:
+                o_ref.free()
+                lse_ref.free()
+        rows = sample_rows(shape, n_bh)
+        o_np, l_np = O.numpy_reference_rows(q, k, v, rows)
+        o_err = max(float(np.abs(o_gpu[b, s, h] - o_np[i]).max()) for i, (b, h, s) in
+                    enumerate(rows))
+        l_err = max(abs(float(l_gpu[b, h, s]) - l_np[i]) / (1 + abs(l_np[i]))
+                    for i, (b, h, s) in enumerate(rows))
+        finite = bool(np.isfinite(o_gpu).all() and np.isfinite(l_gpu).all())
+        ok = finite and o_err <= 1e-4 and l_err <= 1e-5
+        DETAILS.setdefault("reference_vs_numpy", []).append(
+            dict(shape=[shape.B, shape.H, shape.S], set=input_set, rows=len(rows),
+                 o_max_abs_err=o_err, lse_max_rel_err=l_err, finite=finite))
+        return ok, f"{len(rows)} rows: O max|err| {o_err:.2e}, LSE max rel err {l_err:.2e}"
+
+    for shape, n_bh in ((Shape(1, 2, 256), 2), (Shape(2, 3, 1024), 3), (Shape(1, 2, 200), 2),
+                        (Shape(1, 2, 4096), 1)):
+        for input_set in ("seed", "rising"):
+            check(f"reference vs float64 {shape.B}x{shape.H}x{shape.S} {input_set}",
+                  lambda s=shape, n=n_bh, i=input_set: ref_vs_numpy(s, i, n))
+
+    # -- gate self-checks
+    shape = Shape(2, 4, 1024)
+    gbufs = AttnBuffers(dev, shape)
+
+    def run_gate(kern: Any, sets: tuple[str, ...] = ("seed", "rising")) -> O.GateResult:
+        try:
+            return O.gate(dev, kern, shape, gbufs, 42, sets, oracle=orc, stream=stream)
+        finally:
+            if hasattr(kern, "free"):
+                kern.free()
+
+    def perfect() -> tuple[bool, str]:
+        g = run_gate(O.ReferenceKernel(dev, orc))
+        DETAILS["gate_perfect"] = g.to_dict()
+        return g.passed, g.summary()
+
+    def reverse_ok() -> tuple[bool, str]:
+        g = run_gate(O.ReferenceKernel(dev, orc, O.REF_REVERSE))
+        return g.passed, g.summary()
+
+    def bug(flags: int) -> Callable[[], tuple[bool, str]]:
+        # A reverse walk must be caught by "rising", a forward walk by "rising_fwd".
+        want = "rising" if flags & O.REF_REVERSE else "rising_fwd"
+
+        def f() -> tuple[bool, str]:
+            g = run_gate(O.ReferenceKernel(dev, orc, flags), ("seed", "rising", "rising_fwd"))
+            r = g.by_set[want]
+            DETAILS[f"gate_bug_{flags}"] = g.to_dict()
+            others = ", ".join(f"{m.input_set} {'passed' if m.passed else 'failed'}"
+                               for m in g.sets if m.input_set != want)
+            return (not r.passed and r.violations > 0), (
+                f"{want}: {r.violations} violations, max|err| {r.max_abs_err:.3g}, rel L2 "
+                f"{r.rel_l2:.3g}; {others}")
+        return f
+
+    def poke(where: str, flat: int, bits: int, dtype: Any) -> Callable[[Any, Any], None]:
+        def after(bufs: AttnBuffers, st: Any) -> None:
+            st.synchronize()
+            buf = bufs.o if where == "o" else bufs.lse
+            item = np.dtype(dtype).itemsize
+            buf.copy_from_host(np.array([bits], dtype=dtype), offset=flat * item)
+        return after
+
+    flat = ((1 * shape.S + 777) * shape.H + 2) * 128 + 5  # (b=1, s=777, h=2, d=5)
+
+    def one_wrong() -> tuple[bool, str]:
+        g = run_gate(O.ReferenceKernel(dev, orc, after=poke("o", flat, 0x4120, np.uint16)),
+                     ("seed",))  # 10.0: far beyond tolerance for |ref| <= 1
+        m = g.sets[0]
+        ok = (not g.passed and m.violations == 1 and m.first_violation == (1, 777, 2, 5)
+              and m.unwritten == 0 and m.nan_count == 0)
+        return ok, f"violations {m.violations} first {m.first_violation}"
+
+    def one_unwritten() -> tuple[bool, str]:
+        g = run_gate(O.ReferenceKernel(dev, orc, after=poke("o", flat, O.POISON_BF16, np.uint16)),
+                     ("seed",))
+        m = g.sets[0]
+        ok = m.unwritten == 1 and m.violations == 1 and m.first_violation == (1, 777, 2, 5)
+        return ok and not g.passed, f"unwritten {m.unwritten} nan {m.nan_count} first " \
+            f"{m.first_violation}"
+
+    def one_nan() -> tuple[bool, str]:
+        g = run_gate(O.ReferenceKernel(dev, orc, after=poke("o", flat, 0x7FC0, np.uint16)),
+                     ("seed",))
+        m = g.sets[0]
+        ok = m.nan_count == 1 and m.unwritten == 0 and m.violations == 1
+        return ok and not g.passed, f"nan {m.nan_count} unwritten {m.unwritten}"
+
+    lse_flat = (1 * shape.H + 3) * shape.S + 500  # (b=1, h=3, s=500)
+
+    def one_lse() -> tuple[bool, str]:
+        bits = int(np.array([1234.5], np.float32).view(np.uint32)[0])
+        g = run_gate(O.ReferenceKernel(dev, orc, after=poke("lse", lse_flat, bits, np.uint32)),
+                     ("seed",))
+        m = g.sets[0]
+        ok = m.lse_violations == 1 and m.lse_first_violation == (1, 3, 500) and m.violations == 0
+        return ok and not g.passed, f"LSE violations {m.lse_violations} first " \
+            f"{m.lse_first_violation}"
+
+    def lse_missing() -> tuple[bool, str]:
+        g = run_gate(O.ReferenceKernel(dev, orc, lse_target="none"), ("seed",))
+        m = g.sets[0]
+        return (not g.passed and m.lse_unwritten == elems(shape, lse=True)), \
+            f"LSE unwritten {m.lse_unwritten}"
+
+    def lse_not_written_not_checked() -> tuple[bool, str]:
+        g = run_gate(O.ReferenceKernel(dev, orc, writes_lse=False), ("seed",))
+        return g.passed and not g.sets[0].lse_checked, g.summary()
+
+    check("gate passes the reference kernel (2x4x1024)", perfect)
+    check("gate passes a reverse-walking reference", reverse_ok)
+    check("gate catches: no O rescale (reverse walk)", bug(O.REF_REVERSE | O.REF_BUG_NO_RESCALE_O))
+    check("gate catches: no running-sum rescale", bug(O.REF_REVERSE | O.REF_BUG_NO_RESCALE_L))
+    check("gate catches: no O rescale (forward walk)", bug(O.REF_BUG_NO_RESCALE_O))
+    check("gate catches: one wrong element at (1,777,2,5)", one_wrong)
+    check("gate catches: one unwritten element", one_unwritten)
+    check("gate catches: one NaN", one_nan)
+    check("gate catches: one wrong LSE at (1,3,500)", one_lse)
+    check("gate catches: LSE never written", lse_missing)
+    check("gate skips LSE for write_lse=false", lse_not_written_not_checked)
+    gbufs.free()
+
+    # -- reference runtime and the full gate at the seed shapes
+    def ref_time(S: int) -> tuple[bool, str]:
+        shp = Shape(4, 32, S)
+        with AttnBuffers(dev, shp) as bufs:
+            o_ref = dev.alloc(bufs.n * 4)
+            try:
+                O.fill_inputs(orc, bufs, "seed", 42, stream)
+                e0, e1 = Event(dev), Event(dev)
+                e0.record(stream)
+                orc.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref.ptr, bufs.lse.ptr,
+                              shp.B, shp.H, shp.S, stream)
+                e1.record(stream)
+                stream.synchronize()
+                ms = Event.elapsed_ms(e0, e1)
+            finally:
+                o_ref.free()
+        fl = 4.0 * shp.B * shp.H * shp.S * shp.S * 128 / 2  # causal QK + PV, 2 flop per FMA
+        DETAILS.setdefault("reference_ms", {})[S] = ms
+        return True, f"{ms:.1f} ms ({fl / (ms * 1e9):.1f} TFLOPS FP32 causal)"
+
+    for S in (4096, 8192) if args.quick else (4096, 8192, 16384):
+        check(f"reference runtime 4x32x{S}", lambda S=S: ref_time(S))
+
+    def full_gate(S: int) -> tuple[bool, str]:
+        shp = Shape(4, 32, S)
+        with AttnBuffers(dev, shp) as bufs:
+            kern = O.ReferenceKernel(dev, orc)
+            t0 = time.monotonic()
+            try:
+                g = O.gate(dev, kern, shp, bufs, 42, oracle=orc, stream=stream)
+            finally:
+                kern.free()
+            dt = time.monotonic() - t0
+            t1 = time.monotonic()
+            g2 = O.gate(dev, O.ReferenceKernel(dev, orc), shp, bufs, 42, oracle=orc,
+                        stream=stream)  # reference now cached
+            dt2 = time.monotonic() - t1
+        O.clear_reference_cache()
+        DETAILS.setdefault("full_gate", {})[S] = dict(result=g.to_dict(), seconds=dt,
+                                                     seconds_cached=dt2)
+        return g.passed and g2.passed, f"{g.summary()} ({dt:.1f}s, {dt2:.1f}s with cached ref)"
+
+    check("full gate, reference kernel, 4x32x4096", lambda: full_gate(4096))
+    if not args.quick:
+        check("full gate, reference kernel, 4x32x16384", lambda: full_gate(16384))
+
+    # -- timing a trivial kernel
+    class FillKernel:
+        writes_lse = False
+
+        def prepare(self, shape: Any, st: Any) -> float:
+            return 0.0
+
+        def forward(self, bufs: AttnBuffers, st: Any) -> None:
+            orc.poison(bufs.o.ptr, bufs.n, None, 0, st)
+
+    def timing() -> tuple[bool, str]:
+        shp = Shape(4, 32, 4096)
+        with AttnBuffers(dev, shp) as bufs:
+            r = T.time_kernel(dev, FillKernel(), shp, bufs, T.Protocol(10, 50, 2), stream=stream)
+        DETAILS["timing_fill"] = r.to_dict()
+        gbps = bufs.n * 2 / (r.median_ms * 1e-3) / 1e9
+        sane = (0.005 < r.median_ms < 5 and r.min_ms <= r.median_ms <= r.max_ms
+                and len(r.samples_ms) == 100 and math.isfinite(r.tflops))
+        sb, sa = r.state_before, r.state_after
+        return sane, (f"{r.summary()}; fill {gbps:.0f} GB/s; before {sb.temperature_c}C "
+                      f"{sb.sm_clock_mhz}MHz {sb.power_w}W/{sb.power_limit_w}W "
+                      f"{sb.throttle_reasons}; after {sa.temperature_c}C {sa.sm_clock_mhz}MHz "
+                      f"{sa.throttle_reasons}; note {r.nvml_note}")
+
+    check("time_kernel on a fill kernel (4x32x4096, 10/50/2)", timing)
+    return finish(args)
+
+
+def elems(shape: SimpleNamespace, lse: bool = False) -> int:
+    return shape.B * shape.H * shape.S * (1 if lse else 128)
+
+
+def finish(args: argparse.Namespace) -> int:
+    if args.json:
+        args.json.write_text(json.dumps({"rows": ROWS, "details": DETAILS}, indent=1,
+                                        default=str))
+    w = max(len(r[0]) for r in ROWS) if ROWS else 10
+    print("\n" + "=" * 100)
+    print(f"{'check':<{w}}  result  detail")
+    for name, res, detail in ROWS:
+        print(f"{name:<{w}}  {res:<6}  {detail}")
+    failed = sum(r[1] != "PASS" for r in ROWS)
+    print(f"{len(ROWS) - failed}/{len(ROWS)} passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

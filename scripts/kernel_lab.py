@@ -1,0 +1,222 @@
+"""Kernel lab: build, check and time several kernel variants side by side in one process.
+
+The developers' harness for kernel work on the GPU host (docs/PERF.md cites its output).
+Variants are partial knob dicts over the defaults (JSON on the command line or a preset
+name). Each is rendered from templates/fa_fwd_sm90.cu, compiled in parallel with nvcc,
+checked against an FP32 torch reference on sampled heads (seed inputs and a rising-max
+input set), and timed with the seeds' protocol beside FlashAttention-3 when it imports.
+
+    python3 scripts/kernel_lab.py --variant default --variant '{"pingpong": false}' \
+        --shape 4x32x8192 --warmup 50 --repeat 200 --rounds 3
+
+Uses torch for inputs and the reference: this is a lab script, not the product's path
+(the product gates with cuda_src/oracle.cu and times through tuner/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tuner import build, config  # noqa: E402
+
+
+def parse_variant(text: str) -> config.KernelConfig:
+    if text.startswith("{"):
+        return config.KernelConfig.from_dict({**config.KernelConfig().to_dict(), **json.loads(text)})
+    return config.load_preset(text)
+
+
+def compile_all(cfgs: list[config.KernelConfig], jobs: int) -> list[Path | None]:
+    paths = []
+    for out in build.build_many(cfgs, jobs=jobs):
+        if not out.ok:
+            print(f"  BUILD FAILED {out.config.config_id()}: {out.error}", flush=True)
+            paths.append(None)
+            continue
+        r = out.result
+        e = r.main_entry
+        print(f"  {r.config_id}: {r.compile_seconds:.1f}s regs={e.get('registers')} "
+              f"spills={e.get('spill_stores')}/{e.get('spill_loads')} "
+              f"hgmma={(r.sass or {}).get('hgmma')} ldl+stl={(r.sass or {}).get('ldl', 0) + (r.sass or {}).get('stl', 0)}",
+              flush=True)
+        paths.append(Path(r.so_path))
+    return paths
+
+
+class Kernel:
+    def __init__(self, so: Path):
+        self.lib = ctypes.CDLL(str(so))
+        f = self.lib.fa_tune_forward
+        f.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3 + [ctypes.c_void_p]
+        f.restype = ctypes.c_int
+        self.lib.fa_tune_last_error.restype = ctypes.c_char_p
+
+    def __call__(self, q, k, v, o, lse, stream: int) -> None:
+        B, S, H, _ = q.shape
+        rc = self.lib.fa_tune_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
+                                      lse.data_ptr(), B, H, S, stream)
+        if rc != 0:
+            raise RuntimeError(f"fa_tune_forward -> {rc}: {self.lib.fa_tune_last_error().decode()}")
+
+
+def make_inputs(torch, B, H, S, kind: str, seed: int):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shape = (B, S, H, 128)
+    if kind == "seed":
+        q = torch.rand(shape, device="cuda", generator=g) * 4 - 2
+        k = torch.rand(shape, device="cuda", generator=g) * 4 - 2
+    else:  # scores grow toward key 0: the running max rises as the kernel walks its tiles
+        u = torch.randn(128, device="cuda", generator=g)
+        u = u / u.norm()
+        q = (u * 8 + torch.randn(shape, device="cuda", generator=g) * 0.3)
+        ramp = torch.linspace(40.0, 0.0, S, device="cuda").view(1, S, 1, 1)
+        k = ramp * u + torch.randn(shape, device="cuda", generator=g) * 0.3
+    v = torch.rand(shape, device="cuda", generator=g) * 2 - 1
+    return [t.to(torch.bfloat16).contiguous() for t in (q, k, v)]
+
+
+def reference_heads(torch, q, k, v, heads):
+    """FP32 causal attention for the (b, h) pairs in `heads`; returns {(b,h): [S,128]}."""
+    out = {}
+    S = q.shape[1]
+    mask = torch.ones(S, S, device="cuda", dtype=torch.bool).triu(1)
+    for b, h in heads:
+        qf, kf, vf = (t[b, :, h].float() for t in (q, k, v))
+        s = (qf @ kf.T) / 128 ** 0.5
+        s.masked_fill_(mask, float("-inf"))
+        out[(b, h)] = torch.softmax(s, dim=-1) @ vf
+    return out
+
+
+def check(torch, run, B, H, S, seed):
+    worst = {}
+    for kind in ("seed", "rising"):
+        q, k, v = make_inputs(torch, B, H, S, kind, seed)
+        o = torch.full_like(q, float("nan"))
+        lse = torch.full((B, H, S), float("nan"), device="cuda")
+        run(q, k, v, o, lse)
+        torch.cuda.synchronize()
+        heads = [(0, 0), (B - 1, H - 1), (B // 2, H // 3)]
+        ref = reference_heads(torch, q, k, v, heads)
+        max_err, viol, nan = 0.0, 0, int(torch.isnan(o.float()).sum())
+        for (b, h), r in ref.items():
+            got = o[b, :, h].float()
+            err = (got - r).abs()
+            max_err = max(max_err, float(err.max()))
+            viol += int((err > 0.05 + 0.1 * r.abs()).sum())
+        worst[kind] = (max_err, viol, nan)
+    ok = all(v[1] == 0 and v[2] == 0 for v in worst.values())
+    return ok, worst
+
+
+def time_fn(torch, fn, warmup, repeat, rounds):
+    medians, samples = [], []
+    for _ in range(rounds):
+        for _ in range(warmup):
+            fn()
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(repeat)]
+        for a, b in ev:
+            a.record()
+            fn()
+            b.record()
+        torch.cuda.synchronize()
+        ms = [a.elapsed_time(b) for a, b in ev]
+        samples += ms
+        medians.append(statistics.median(ms))
+    return statistics.median(medians), min(samples), max(samples)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--variant", action="append", default=[])
+    ap.add_argument("--variants-file", help="one variant per line (preset name or JSON)")
+    ap.add_argument("--shape", action="append", default=[])
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 4)
+    ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--no-fa3", action="store_true")
+    args = ap.parse_args()
+    texts = list(args.variant)
+    if args.variants_file:
+        texts += [ln.strip() for ln in Path(args.variants_file).read_text().splitlines()
+                  if ln.strip() and not ln.startswith("#")]
+    cfgs = [parse_variant(v) for v in (texts or ["default"])]
+    t0 = time.time()
+    sos = compile_all(cfgs, args.jobs)
+    print(f"built {len(sos)} variants in {time.time() - t0:.1f}s", flush=True)
+    if args.build_only:
+        return
+
+    import torch
+
+    fa3 = None
+    if not args.no_fa3:
+        try:
+            from flash_attn.cute.interface import flash_attn_func
+            fa3 = flash_attn_func
+        except Exception as e:  # noqa: BLE001 - report and go on without the peer
+            print(f"FA3 unavailable: {type(e).__name__}: {e}")
+    shapes = [tuple(int(x) for x in s.split("x")) for s in (args.shape or ["4x32x8192"])]
+    rows = []
+    log = []
+    for B, H, S in shapes:
+        q, k, v = make_inputs(torch, B, H, S, "seed", 42)
+        o = torch.empty_like(q)
+        lse = torch.empty((B, H, S), device="cuda")
+        flops = 2 * B * H * S * S * 128
+        backends = []
+        if fa3 is not None:
+            backends.append(("FA3", lambda: fa3(q, k, v, causal=True)))
+        for cfg, so in zip(cfgs, sos):
+            if so is None:
+                continue
+            kern = Kernel(so)
+            def run(q_, k_, v_, o_, l_, kern=kern):
+                kern(q_, k_, v_, o_, l_, torch.cuda.current_stream().cuda_stream)
+            ok, worst = check(torch, run, B, H, S, seed=1234 + S)
+            log.append({"shape": [B, H, S], "config": cfg.to_dict(), "gate": ok, "worst": worst})
+            label = cfg.config_id()
+            if not ok:
+                rows.append((f"{B}x{H}x{S}", label, "FAIL", json.dumps(worst), "", "", ""))
+                continue
+            backends.append((label, lambda run=run: run(q, k, v, o, lse)))
+        if fa3 is not None:
+            backends.append(("FA3(end)", lambda: fa3(q, k, v, causal=True)))
+        fa3_ms = None
+        for name, fn in backends:
+            med, lo, hi = time_fn(torch, fn, args.warmup, args.repeat, args.rounds)
+            if name == "FA3":
+                fa3_ms = med
+            ratio = f"{fa3_ms / med:.3f}" if fa3_ms else "-"
+            rows.append((f"{B}x{H}x{S}", name, "ok", f"{med:.4f}", f"{lo:.4f}-{hi:.4f}",
+                         f"{flops / med / 1e9:.1f}", ratio))
+            log.append({"shape": [B, H, S], "backend": name, "median_ms": med, "min": lo, "max": hi})
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, "kernel_lab.json").write_text(json.dumps(log, indent=1, default=str))
+    print("\nvariants:")
+    for cfg in cfgs:
+        print(f"  {cfg.config_id()}: {cfg.canonical_json()}")
+    print(f"\n{'shape':<12} {'backend':<12} {'gate':<5} {'median_ms':>10} {'min-max':>16} "
+          f"{'TFLOPS':>7} {'xFA3':>6}")
+    for r in rows:
+        print(f"{r[0]:<12} {r[1]:<12} {r[2]:<5} {r[3]:>10} {r[4]:>16} {r[5]:>7} {r[6]:>6}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+// fa-tune kernel template: causal FlashAttention forward, BF16, BSHD, head dim 128, sm_90a.
+// Rendered by tuner/build.py: each $${knob} becomes a C++ constant (docs/ARCHITECTURE.md).
+// The kernel itself lives in cuda_src/fa_tune/; this unit only fixes its knobs.
+#include "fa_tune/config.cuh"
+
+struct Config {
+  static constexpr int block_m = ${block_m};
+  static constexpr int block_n = ${block_n};
+  static constexpr int k_stages = ${k_stages};
+  static constexpr int v_stages = ${v_stages};
+  static constexpr fa_tune::KRelease k_release = ${k_release};
+  static constexpr fa_tune::VRelease v_release = ${v_release};
+  static constexpr fa_tune::QRelease q_release = ${q_release};
+  static constexpr fa_tune::CacheHint hint_q = ${hint_q};
+  static constexpr fa_tune::CacheHint hint_k = ${hint_k};
+  static constexpr fa_tune::CacheHint hint_v = ${hint_v};
+  static constexpr fa_tune::CacheHint hint_o = ${hint_o};
+  static constexpr int producer_regs = ${producer_regs};
+  static constexpr int consumer_regs = ${consumer_regs};
+  static constexpr bool intra_wg_overlap = ${intra_wg_overlap};
+  static constexpr bool pingpong = ${pingpong};
+  static constexpr fa_tune::RescaleO rescale_o = ${rescale_o};
+  static constexpr fa_tune::TileOrder tile_order = ${tile_order};
+  static constexpr fa_tune::Scheduler scheduler = ${scheduler};
+  static constexpr int fixed_cost = ${fixed_cost};
+  static constexpr int persistent_ctas = ${persistent_ctas};
+  static constexpr bool write_lse = ${write_lse};
+  static constexpr const char* json = ${config_json};
+};
+
+#include "fa_tune/entry.cuh"

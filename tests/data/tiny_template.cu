@@ -1,0 +1,62 @@
+// A stand-in for templates/fa_fwd_sm90.cu: every knob placeholder, the config JSON, and one
+// wgmma so the SASS check has an HGMMA to find. Self-contained (own enums) on purpose.
+#include <cstdint>
+
+namespace fa_tune {
+enum class CacheHint { None, EvictFirst, EvictLast, EvictNormal };
+enum class KRelease { AfterQk, AfterSoftmax };
+enum class VRelease { AfterPv, Deferred };
+enum class QRelease { AfterLastQk, AtEnd };
+enum class RescaleO { AfterPv, BeforePv };
+enum class TileOrder { LongestFirst, Natural };
+enum class Scheduler { Grid, Static, Dynamic };
+}  // namespace fa_tune
+
+struct Config {
+  static constexpr int block_m = ${block_m};
+  static constexpr int block_n = ${block_n};
+  static constexpr int k_stages = ${k_stages};
+  static constexpr int v_stages = ${v_stages};
+  static constexpr fa_tune::KRelease k_release = ${k_release};
+  static constexpr fa_tune::VRelease v_release = ${v_release};
+  static constexpr fa_tune::QRelease q_release = ${q_release};
+  static constexpr fa_tune::CacheHint hint_q = ${hint_q};
+  static constexpr fa_tune::CacheHint hint_k = ${hint_k};
+  static constexpr fa_tune::CacheHint hint_v = ${hint_v};
+  static constexpr fa_tune::CacheHint hint_o = ${hint_o};
+  static constexpr int producer_regs = ${producer_regs};
+  static constexpr int consumer_regs = ${consumer_regs};
+  static constexpr bool intra_wg_overlap = ${intra_wg_overlap};
+  static constexpr bool pingpong = ${pingpong};
+  static constexpr fa_tune::RescaleO rescale_o = ${rescale_o};
+  static constexpr fa_tune::TileOrder tile_order = ${tile_order};
+  static constexpr fa_tune::Scheduler scheduler = ${scheduler};
+  static constexpr int fixed_cost = ${fixed_cost};
+  static constexpr int persistent_ctas = ${persistent_ctas};
+  static constexpr bool write_lse = ${write_lse};
+};
+
+// A literal $$ in the template (e.g. a PTX label) is written $$$$.
+static const char* kDollar = "$$";
+
+__global__ void tiny_kernel(float* out, uint64_t da, uint64_t db) {
+  float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+      : "l"(da), "l"(db), "r"(0));
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  const int i = threadIdx.x * 4;
+  out[i] = d0 * Config::block_m;
+  out[i + 1] = d1 * Config::block_n;
+  out[i + 2] = d2 * (Config::write_lse ? 1.f : 2.f);
+  out[i + 3] = d3;
+}
+
+extern "C" const char* fa_tune_config_json(void) { return ${config_json}; }
+extern "C" int tiny_block_m(void) { return Config::block_m; }
+extern "C" const char* tiny_dollar(void) { return kDollar; }

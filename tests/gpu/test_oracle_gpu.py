@@ -1,0 +1,242 @@
+"""GPU tests of the oracle: generators vs the NumPy twin, the FP32 reference vs NumPy float64 on
+sampled rows, and the gate against the reference kernel with injected bugs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tuner import oracle as O
+from tuner.runtime import AttnBuffers, Device, OracleModule, Stream
+
+pytestmark = pytest.mark.gpu
+
+
+def Shape(B: int, H: int, S: int) -> SimpleNamespace:  # noqa: N802 - like tuner.config.Shape
+    return SimpleNamespace(B=B, H=H, S=S)
+
+
+@pytest.fixture(scope="module")
+def dev() -> Device:
+    return Device.open(0)
+
+
+@pytest.fixture(scope="module")
+def orc(dev: Device) -> OracleModule:
+    return O.get_oracle()
+
+
+@pytest.fixture(scope="module")
+def stream(dev: Device) -> Iterator[Stream]:
+    s = dev.stream()
+    yield s
+    s.destroy()
+
+
+def test_device_is_sm90(dev: Device) -> None:
+    assert dev.cc == (9, 0)
+    assert dev.sm_count >= 100 and dev.l2_bytes > 0
+    assert dev.info.cuda_driver_version >= 12000
+
+
+def test_buffers_roundtrip(dev: Device) -> None:
+    with dev.alloc(4096) as b:
+        x = np.arange(1024, dtype=np.float32)
+        b.copy_from_host(x)
+        assert np.array_equal(b.copy_to_host(np.float32), x)
+        b.copy_from_host(np.array([7], np.uint16), offset=6)
+        assert b.copy_to_host(np.uint16, 4)[3] == 7
+        b.memset_u8(0xAB)
+        assert set(b.copy_to_host(np.uint8).tolist()) == {0xAB}
+
+
+@pytest.mark.parametrize("input_set", sorted(O.INPUT_SETS))
+def test_generators_equal_numpy_twin(dev: Device, orc: OracleModule, stream: Stream,
+                                     input_set: str) -> None:
+    shape = Shape(2, 3, 256)
+    with AttnBuffers(dev, shape) as bufs:
+        O.fill_inputs(orc, bufs, input_set, 42, stream)
+        stream.synchronize()
+        got = O.inputs_to_host(bufs)
+    want = O.host_inputs(shape, input_set, 42)
+    for g, w in zip(got, want, strict=True):
+        assert np.array_equal(g, w)
+
+
+def test_poison_patterns(dev: Device, orc: OracleModule, stream: Stream) -> None:
+    shape = Shape(1, 2, 64)
+    with AttnBuffers(dev, shape) as bufs:
+        O.poison(orc, bufs, stream)
+        stream.synchronize()
+        assert set(bufs.o.copy_to_host(np.uint16).tolist()) == {O.POISON_BF16}
+        assert set(bufs.lse.copy_to_host(np.uint32).tolist()) == {O.POISON_F32}
+
+
+def test_rising_set_rises_on_gpu_inputs(dev: Device, orc: OracleModule, stream: Stream) -> None:
+    shape = Shape(1, 2, 1024)
+    with AttnBuffers(dev, shape) as bufs:
+        O.fill_inputs(orc, bufs, "rising", 42, stream)
+        stream.synchronize()
+        q, k, _ = O.inputs_to_host(bufs)
+    for block_n in (64, 128, 192):
+        assert O.rising_failures(q, k, block_n, reverse=True, min_rise=0.38) == 0
+
+
+def _rows(shape: SimpleNamespace, bhs: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    S = shape.S
+    ss = sorted({0, 1, 63, 64, 65, 127, 128, S // 2, S - 65, S - 64, S - 2, S - 1} & set(range(S)))
+    return [(b, h, s) for b, h in bhs for s in ss]
+
+
+@pytest.mark.parametrize(
+    ("shape", "bhs"),
+    [
+        (Shape(1, 2, 256), [(0, 0), (0, 1)]),
+        (Shape(2, 3, 1024), [(0, 0), (1, 2), (1, 0)]),
+        (Shape(1, 2, 200), [(0, 1)]),  # S not a multiple of the reference's tile
+        (Shape(1, 2, 4096), [(0, 1)]),
+    ],
+)
+@pytest.mark.parametrize("input_set", ["seed", "rising"])
+def test_reference_matches_float64(dev: Device, orc: OracleModule, stream: Stream,
+                                   shape: SimpleNamespace, bhs: list[tuple[int, int]],
+                                   input_set: str) -> None:
+    with AttnBuffers(dev, shape) as bufs, dev.alloc(bufs.n * 4) as o_ref, \
+            dev.alloc(bufs.n_lse * 4) as lse_ref:
+        O.fill_inputs(orc, bufs, input_set, 42, stream)
+        orc.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref.ptr, lse_ref.ptr,
+                      shape.B, shape.H, shape.S, stream)
+        stream.synchronize()
+        q, k, v = O.inputs_to_host(bufs)
+        o_gpu = o_ref.copy_to_host(np.float32).reshape(shape.B, shape.S, shape.H, 128)
+        l_gpu = lse_ref.copy_to_host(np.float32).reshape(shape.B, shape.H, shape.S)
+    assert np.isfinite(o_gpu).all() and np.isfinite(l_gpu).all()
+    rows = _rows(shape, bhs)
+    o_np, l_np = O.numpy_reference_rows(q, k, v, rows)
+    for i, (b, h, s) in enumerate(rows):
+        np.testing.assert_allclose(o_gpu[b, s, h], o_np[i], atol=1e-4, rtol=0,
+                                   err_msg=f"row {(b, h, s)}")
+        assert abs(l_gpu[b, h, s] - l_np[i]) <= 1e-5 * (1 + abs(l_np[i])), (b, h, s)
+
+
+# ---- the gate -------------------------------------------------------------------------------
+GATE_SHAPE = Shape(2, 4, 1024)
+
+
+@pytest.fixture(scope="module")
+def gbufs(dev: Device) -> Iterator[AttnBuffers]:
+    b = AttnBuffers(dev, GATE_SHAPE)
+    yield b
+    b.free()
+    O.clear_reference_cache()
+
+
+def _gate(dev: Device, orc: OracleModule, stream: Stream, bufs: AttnBuffers, kern: Any,
+          sets: tuple[str, ...] = ("seed", "rising")) -> O.GateResult:
+    try:
+        return O.gate(dev, kern, GATE_SHAPE, bufs, 42, sets, oracle=orc, stream=stream)
+    finally:
+        kern.free()
+
+
+def test_gate_passes_reference_kernel(dev: Device, orc: OracleModule, stream: Stream,
+                                      gbufs: AttnBuffers) -> None:
+    g = _gate(dev, orc, stream, gbufs, O.ReferenceKernel(dev, orc))
+    assert g.passed, g.summary()
+    for m in g.sets:
+        assert m.violations == 0 and m.unwritten == 0 and m.nan_count == 0
+        assert m.max_abs_err < 0.01 and m.rel_l2 < 5e-3 and m.lse_checked
+    # The gate leaves the seed set in the buffers (timing uses it).
+    q, _, _ = O.inputs_to_host(gbufs)
+    assert np.array_equal(q, O.host_inputs(GATE_SHAPE, "seed", 42)[0])
+
+
+def test_gate_passes_reverse_walk(dev: Device, orc: OracleModule, stream: Stream,
+                                  gbufs: AttnBuffers) -> None:
+    g = _gate(dev, orc, stream, gbufs, O.ReferenceKernel(dev, orc, O.REF_REVERSE))
+    assert g.passed, g.summary()
+
+
+@pytest.mark.parametrize(
+    ("flags", "catching_set"),
+    [
+        (O.REF_REVERSE | O.REF_BUG_NO_RESCALE_O, "rising"),
+        (O.REF_REVERSE | O.REF_BUG_NO_RESCALE_L, "rising"),
+        (O.REF_BUG_NO_RESCALE_O, "rising_fwd"),
+        (O.REF_BUG_NO_RESCALE_L, "rising_fwd"),
+    ],
+)
+def test_gate_catches_broken_rescale(dev: Device, orc: OracleModule, stream: Stream,
+                                     gbufs: AttnBuffers, flags: int, catching_set: str) -> None:
+    g = _gate(dev, orc, stream, gbufs, O.ReferenceKernel(dev, orc, flags),
+              ("seed", "rising", "rising_fwd"))
+    m = g.by_set[catching_set]
+    assert not g.passed and not m.passed and m.violations > 0, g.summary()
+
+
+def _poke(buf_name: str, flat: int, bits: int, dtype: Any) -> Any:
+    def after(bufs: AttnBuffers, st: Stream) -> None:
+        st.synchronize()
+        getattr(bufs, buf_name).copy_from_host(np.array([bits], dtype=dtype),
+                                               offset=flat * np.dtype(dtype).itemsize)
+    return after
+
+
+_WHERE = (1, 777, 2, 5)  # (b, s, h, d)
+_FLAT = ((_WHERE[0] * GATE_SHAPE.S + _WHERE[1]) * GATE_SHAPE.H + _WHERE[2]) * 128 + _WHERE[3]
+
+
+@pytest.mark.parametrize(
+    ("bits", "violations", "nans", "unwritten"),
+    [(0x4120, 1, 0, 0), (O.POISON_BF16, 1, 0, 1), (0x7FC0, 1, 1, 0), (0xFF80, 1, 1, 0)],
+    ids=["value_10", "poison", "nan", "minus_inf"],
+)
+def test_gate_counts_single_bad_element(dev: Device, orc: OracleModule, stream: Stream,
+                                        gbufs: AttnBuffers, bits: int, violations: int,
+                                        nans: int, unwritten: int) -> None:
+    kern = O.ReferenceKernel(dev, orc, after=_poke("o", _FLAT, bits, np.uint16))
+    g = _gate(dev, orc, stream, gbufs, kern, ("seed",))
+    m = g.sets[0]
+    assert not g.passed
+    assert (m.violations, m.nan_count, m.unwritten) == (violations, nans, unwritten)
+    assert m.first_violation == _WHERE
+
+
+def test_gate_counts_single_bad_lse(dev: Device, orc: OracleModule, stream: Stream,
+                                    gbufs: AttnBuffers) -> None:
+    flat = (1 * GATE_SHAPE.H + 3) * GATE_SHAPE.S + 500
+    bits = int(np.array([1234.5], np.float32).view(np.uint32)[0])
+    kern = O.ReferenceKernel(dev, orc, after=_poke("lse", flat, bits, np.uint32))
+    m = _gate(dev, orc, stream, gbufs, kern, ("seed",)).sets[0]
+    assert not m.passed and m.violations == 0
+    assert m.lse_violations == 1 and m.lse_first_violation == (1, 3, 500)
+
+
+def test_gate_catches_missing_lse(dev: Device, orc: OracleModule, stream: Stream,
+                                  gbufs: AttnBuffers) -> None:
+    m = _gate(dev, orc, stream, gbufs, O.ReferenceKernel(dev, orc, lse_target="none"),
+              ("seed",)).sets[0]
+    assert not m.passed and m.lse_unwritten == gbufs.n_lse
+
+
+def test_gate_ignores_lse_when_not_written(dev: Device, orc: OracleModule, stream: Stream,
+                                           gbufs: AttnBuffers) -> None:
+    g = _gate(dev, orc, stream, gbufs, O.ReferenceKernel(dev, orc, writes_lse=False), ("seed",))
+    assert g.passed and not g.sets[0].lse_checked
+
+
+def test_reference_cache_is_bounded(dev: Device, orc: OracleModule, stream: Stream) -> None:
+    cache = O.ReferenceCache()
+    for shape in (Shape(1, 2, 128), Shape(1, 2, 256)):
+        with AttnBuffers(dev, shape) as bufs:
+            for name in ("seed", "rising"):
+                O.fill_inputs(orc, bufs, name, 42, stream)
+                a = cache.get(dev, orc, bufs, name, 42, stream)
+                assert cache.get(dev, orc, bufs, name, 42, stream) is a
+            assert len(cache) == 2  # the previous shape's entries were freed
+    cache.clear()
+    assert len(cache) == 0

@@ -1,0 +1,149 @@
+"""build.py against the real nvcc: sm_90a compiles, ptxas parsing, SASS, cache, failures."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tuner import build
+from tuner.config import KernelConfig
+from tuner.errors import BuildError, ConfigError
+
+
+def test_find_nvcc_and_version() -> None:
+    nvcc = build.find_nvcc()
+    assert os.access(nvcc, os.X_OK)
+    ver = build.nvcc_version(nvcc)
+    assert ver.count(".") == 2 and int(ver.split(".")[0]) >= 12
+
+
+def test_find_nvcc_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(build, "_wheel_bin_dirs", lambda: [])
+    monkeypatch.setattr(build, "_candidate_bin_dirs", lambda: [Path("/nonexistent")])
+    with pytest.raises(BuildError, match="nvcc not found.*CUDA_HOME"):
+        build.find_nvcc()
+
+
+def test_find_nvcc_prefers_cuda_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "bin" / "nvcc"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexec nvcc \"$@\"\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert build.find_nvcc() == fake
+
+
+def test_cutlass_headers_found() -> None:
+    inc = build.cutlass_include()
+    assert (inc / "cute" / "tensor.hpp").is_file()
+
+
+def test_c_string_literal() -> None:
+    assert build.c_string_literal('a"b\\c') == '"a\\"b\\\\c"'
+    assert build.c_string_literal("é") == '"\\303\\251"'
+
+
+def test_ptxas_parsing_of_real_output(studies: Path, data_dir: Path) -> None:
+    r = build.build_source(data_dir / "spill_kernel.cu", build.ORACLE_FLAGS, name="spill")
+    entries = r.ptxas["entries"]
+    spill = entries["_Z12spill_kernelILi64EEvPfPKf"]
+    small = entries["small_kernel"]
+    assert spill["arch"] == "sm_90a" and small["arch"] == "sm_90a"
+    assert spill["smem"] == 4096  # float buf[1024]
+    assert spill["spill_stores"] > 0 and spill["spill_loads"] > 0
+    assert spill["stack_frame"] >= spill["spill_stores"]
+    assert 128 <= spill["registers"] <= 255
+    assert 0 < small["registers"] < 32 and small["spill_stores"] == 0 and small["smem"] == 0
+    assert r.ptxas["main"] == "_Z12spill_kernelILi64EEvPfPKf"
+    assert r.any_spills
+    # The SASS of spilled code has local memory traffic.
+    if r.sass_checked:
+        assert r.sass["has_local_mem"] and not r.sass["has_hgmma"]
+
+
+def test_parse_ptxas_cuda12_format() -> None:
+    log = (
+        "ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
+        "ptxas info    : Function properties for k\n"
+        "    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
+        "ptxas info    : Used 168 registers, 1024 bytes smem, 560 bytes cmem[0], 8 bytes cmem[2]\n"
+        "ptxas warning : (C7515) Potential Performance Loss: wgmma.mma_async serialized\n"
+    )
+    p = build.parse_ptxas(log)
+    k = p["entries"]["k"]
+    assert (k["registers"], k["smem"], k["spill_stores"], k["stack_frame"]) == (168, 1024, 4, 8)
+    assert k["cmem"] == {"0": 560, "2": 8}
+    assert p["warnings"] and "C7515" in p["warnings"][0]
+
+
+def test_wgmma_kernel_sass_and_cache_hit(studies: Path, data_dir: Path) -> None:
+    cfg = KernelConfig(block_n=96)
+    tpl = data_dir / "tiny_template.cu"
+    r1 = build.build_config(cfg, template=tpl)
+    assert not r1.cache_hit and r1.compile_seconds > 0
+    assert r1.sass_checked, r1.sass_note  # cuobjdump ships with fa-tune's dependencies
+    assert r1.sass["has_hgmma"] and not r1.sass["has_local_mem"]
+    assert r1.ptxas["entries"] and not r1.any_spills
+    so = Path(r1.so_path)
+    art = json.loads((so.parent / "artifact.json").read_text())
+    assert art["so_sha256"] == build.sha256_file(so)
+    assert art["config"] == cfg.to_dict() and art["key"] == so.parent.name
+    assert art["nvcc_version"] == build.nvcc_version()
+    mtime = so.stat().st_mtime_ns
+
+    r2 = build.build_config(cfg, template=tpl)
+    assert r2.cache_hit and r2.so_path == r1.so_path and r2.key == r1.key
+    assert so.stat().st_mtime_ns == mtime  # not recompiled
+    # One entry, no temp folders left behind.
+    assert [p.name for p in (studies / "cache").iterdir()] == [r1.key]
+
+    # The rendered config JSON survives the C string literal: ask the .so itself.
+    lib = ctypes.CDLL(str(so))
+    lib.fa_tune_config_json.restype = ctypes.c_char_p
+    lib.tiny_dollar.restype = ctypes.c_char_p
+    assert lib.fa_tune_config_json().decode() == cfg.canonical_json()
+    assert lib.tiny_block_m() == 128
+    assert lib.tiny_dollar() == b"$"
+
+    # Any change to the config is a different artifact.
+    assert build.cache_key(build.render(KernelConfig(), tpl), build.KERNEL_FLAGS,
+                           build.nvcc_version()) != r1.key
+
+
+def test_render_unknown_placeholder(tmp_path: Path) -> None:
+    tpl = tmp_path / "t.cu"
+    tpl.write_text("int x = ${block_m}; int y = ${no_such_knob};\n")
+    with pytest.raises(BuildError, match=r"unknown placeholder \$\{no_such_knob\}"):
+        build.render(KernelConfig(), tpl)
+
+
+def test_compile_error_is_one_line_with_log(studies: Path) -> None:
+    src = "__global__ void broken(float* o) { o[0] = undefined_symbol; }\n"
+    for _ in range(2):  # a failure is never cached: the second attempt compiles and fails again
+        with pytest.raises(BuildError) as ei:
+            build.build_source(src, name="broken")
+        msg = str(ei.value)
+        assert "\n" not in msg and "undefined_symbol" in msg and "log:" in msg
+        log = Path(ei.value.log_path)
+        assert log.is_file() and "undefined_symbol" in log.read_text()
+        assert log.parent.parent == studies / "cache" / "failed"
+    assert [p.name for p in (studies / "cache").iterdir()] == ["failed"]
+
+
+def test_build_many_parallel(studies: Path, data_dir: Path) -> None:
+    tpl = data_dir / "tiny_template.cu"
+    good = [KernelConfig(block_n=64), KernelConfig(block_n=80)]
+    bad = KernelConfig(block_m=64, pingpong=True)  # invalid: fails without compiling
+    outs = build.build_many([good[0], bad, good[1], good[0]], jobs=2, template=tpl)
+    assert [o.ok for o in outs] == [True, False, True, True]
+    assert isinstance(outs[1].error, ConfigError)
+    assert outs[0].result.key == outs[3].result.key != outs[2].result.key
+    again = build.build_many(good, jobs=2, template=tpl)
+    assert all(o.result.cache_hit for o in again)

@@ -1,0 +1,125 @@
+"""The CLI as a user meets it: one clear line and exit 2 for every user error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tuner import _paths
+from tuner.cli import app
+from tuner.doctor import has_sm90_gpu
+
+runner = CliRunner()
+
+
+def _one_error_line(output: str) -> str:
+    lines = [ln for ln in output.splitlines() if ln.startswith("fa-tune: error:")]
+    assert len(lines) == 1, output
+    assert "Traceback" not in output
+    return lines[0]
+
+
+def test_presets_lists() -> None:
+    r = runner.invoke(app, ["presets"])
+    assert r.exit_code == 0, r.output
+    assert "baseline" in r.output and "fa3" in r.output and "default" in r.output
+
+
+@pytest.mark.parametrize("shape", ["4x32", "4x32xS", "0x1x128"])
+def test_bad_shape_exit_2(shape: str) -> None:
+    r = runner.invoke(app, ["run", "--preset", "baseline", "--shape", shape])
+    assert r.exit_code == 2
+    assert "shape" in _one_error_line(r.output)
+
+
+def test_unknown_preset_exit_2() -> None:
+    r = runner.invoke(app, ["build", "--preset", "nope"])
+    assert r.exit_code == 2
+    assert "unknown preset 'nope'" in _one_error_line(r.output)
+
+
+def test_preset_and_config_both_or_neither(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["build"])
+    assert r.exit_code == 2 and "exactly one" in _one_error_line(r.output)
+
+
+def test_config_unknown_knob_exit_2(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("block_m: 128\nwarps: 8\n")
+    r = runner.invoke(app, ["build", "--config", str(p)])
+    assert r.exit_code == 2
+    assert "unknown knob 'warps'" in _one_error_line(r.output)
+
+
+def test_config_unparseable_exit_2(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("block_m: [128\n")
+    r = runner.invoke(app, ["run", "--config", str(p)])
+    assert r.exit_code == 2 and "cannot parse YAML" in _one_error_line(r.output)
+
+
+def test_config_invalid_exit_2(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("block_m: 64\npingpong: true\n")
+    r = runner.invoke(app, ["build", "--config", str(p)])
+    assert r.exit_code == 2 and "pingpong needs" in _one_error_line(r.output)
+
+
+def test_missing_config_file_exit_2(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["build", "--config", str(tmp_path / "none.yaml")])
+    assert r.exit_code == 2 and "cannot read config file" in _one_error_line(r.output)
+
+
+def test_usage_error_exit_2() -> None:
+    r = runner.invoke(app, ["run", "--warmup", "many"])
+    assert r.exit_code == 2
+
+
+def test_doctor_runs_without_gpu() -> None:
+    r = runner.invoke(app, ["doctor"])
+    assert r.exit_code == 0, r.output
+    for what in ("cuda-python", "driver", "GPU", "nvcc", "sm_90a", "CUTLASS", "NVML"):
+        assert what in r.output
+
+
+def test_bundle_refuses_non_empty_dir(tmp_path: Path) -> None:
+    (tmp_path / "x").write_text("x")
+    r = runner.invoke(app, ["bundle", "--out", str(tmp_path)])
+    assert r.exit_code == 2 and "not an empty folder" in _one_error_line(r.output)
+    r = runner.invoke(app, ["bundle", "--out", str(tmp_path / "new"), "--python", "three"])
+    assert r.exit_code == 2 and "--python" in _one_error_line(r.output)
+
+
+@pytest.mark.skipif(has_sm90_gpu(), reason="checks the no-GPU message")
+def test_run_without_gpu_exit_2() -> None:
+    pytest.importorskip("tuner.runtime")
+    r = runner.invoke(app, ["run", "--preset", "baseline", "--shape", "1x1x128"])
+    assert r.exit_code == 2, r.output
+    _one_error_line(r.output)
+
+
+def test_console_script_one_line() -> None:
+    """The installed entry point (not only CliRunner) prints one line and exits 2."""
+    r = subprocess.run(
+        [sys.executable, "-c", "from tuner.cli import main; main()", "run", "--shape", "4x32",
+         "--preset", "baseline"],
+        capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"},
+    )
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "malformed shape '4x32'" in r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _paths.kernel_template().is_file(), reason="kernel template not written")
+def test_build_preset_prints_resources() -> None:
+    r = runner.invoke(app, ["build", "--preset", "baseline"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    for col in ("registers", "spills", "stack frame", "shared memory", "compile time",
+                "cache hit", "HGMMA", "LDL / STL"):
+        assert col in r.output
+    assert "artifact:" in r.output

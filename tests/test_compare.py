@@ -1,0 +1,367 @@
+"""CPU tests for ``fa-tune compare`` and its peers: no torch, triton, flash_attn or GPU needed.
+
+Where a test must prove behaviour *without* torch, it runs in a subprocess whose import system
+refuses torch/triton/flash_attn, so it holds on machines where they are installed too.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tuner import compare
+from tuner.config import Shape
+from tuner.errors import FaTuneError
+
+REPO = Path(__file__).resolve().parent.parent
+
+BLOCKER = textwrap.dedent(
+    """
+    import importlib.abc, sys
+    BLOCKED = {"torch", "triton", "flash_attn", "cutlass", "quack"}
+    class _Block(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked by test)")
+            return None
+    sys.meta_path.insert(0, _Block())
+    """
+)
+
+
+def run_without_torch(body: str) -> subprocess.CompletedProcess[str]:
+    code = BLOCKER + textwrap.dedent(body)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_compare_and_peers_import_without_torch() -> None:
+    r = run_without_torch(
+        """
+        import tuner.compare, tuner.peers, tuner.peers.fa3, tuner.peers.sdpa
+        import tuner.peers.triton_fa, tuner.peers.fatune, tuner.peers.base
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+        assert not heavy, heavy
+        print("ok")
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+def test_peers_report_unavailable_without_torch(tmp_path: Path) -> None:
+    fake_so = tmp_path / "kernel.so"
+    fake_so.write_bytes(b"not really a library")
+    r = run_without_torch(
+        f"""
+        import json
+        from tuner.peers import PEER_NAMES, make_peer
+        from tuner.peers.fatune import FaTunePeer
+        out = {{n: make_peer(n).available() for n in PEER_NAMES}}
+        out["so_missing"] = FaTunePeer("/nonexistent/k.so").available()
+        out["so_present"] = FaTunePeer({str(fake_so)!r}, "x").available()
+        print(json.dumps(out))
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    for name in ("fa3", "cudnn", "fa2", "triton", "mem_efficient", "so_present"):
+        ok, reason = res[name]
+        assert ok is False
+        assert "torch" in reason and "not installed" in reason, (name, reason)
+    assert res["so_missing"][0] is False and "does not exist" in res["so_missing"][1]
+
+
+def test_run_suite_without_torch_is_a_user_error() -> None:
+    r = run_without_torch(
+        """
+        from tuner.compare import Protocol, run_suite
+        from tuner.config import Shape
+        from tuner.errors import GpuError
+        try:
+            run_suite([], [Shape(1, 1, 128)], Protocol())
+        except GpuError as e:
+            print("GpuError:", e)
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("GpuError:") and "torch" in r.stdout
+
+
+def test_bench_script_help_without_torch() -> None:
+    r = run_without_torch(
+        """
+        import runpy
+        sys.argv = ["bench_vs_fa3.py", "--help"]
+        try:
+            runpy.run_path("scripts/bench_vs_fa3.py", run_name="__main__")
+        except SystemExit as e:
+            assert e.code == 0, e.code
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert "--so" in r.stdout and "--shape" in r.stdout
+
+
+def test_bench_parse_so() -> None:
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import bench_vs_fa3
+    finally:
+        sys.path.pop(0)
+    assert bench_vs_fa3.parse_so("build/a.so:tuned") == (Path("build/a.so"), "tuned")
+    assert bench_vs_fa3.parse_so("build/a.so") == (Path("build/a.so"), "a")
+
+
+# ---- the Triton kernel (parsed, never imported: no triton here) ---------------------------
+def _triton_source() -> ast.Module:
+    return ast.parse((REPO / "tuner/peers/_triton_kernel.py").read_text())
+
+
+def test_triton_kernel_source_parses_and_has_the_kernel() -> None:
+    tree = _triton_source()
+    funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert {"attn_fwd_kernel", "_attn_tiles"} <= set(funcs)
+    decorators = [ast.unparse(d) for d in funcs["attn_fwd_kernel"].decorator_list]
+    assert any(d.startswith("triton.autotune") for d in decorators)
+    assert decorators[-1] == "triton.jit"
+    params = [a.arg for a in funcs["attn_fwd_kernel"].args.args]
+    for p in ("BLOCK_M", "BLOCK_N", "HEAD_DIM", "WRITE_LSE", "qk_scale"):
+        assert p in params
+
+
+def test_triton_autotune_space() -> None:
+    configs = None
+    for node in _triton_source().body:
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "_CONFIGS":
+            configs = ast.literal_eval(node.value)
+    assert configs is not None
+    assert len(configs) == 20 and len(set(configs)) == 20
+    for bm, bn, warps, stages in configs:
+        assert bm % bn == 0, "the diagonal loop needs BLOCK_N to divide BLOCK_M"
+        assert warps in (4, 8) and stages in (2, 3, 4)
+        # K and V tiles per stage must fit the 227 KB of shared memory (Q tile on top).
+        assert (bm * 128 + stages * 2 * bn * 128) * 2 <= 232448, (bm, bn, stages)
+
+
+# ---- backends, heads, stats --------------------------------------------------------------
+def test_parse_backends() -> None:
+    assert compare.parse_backends(None) == ["fa3", "cudnn", "fa2", "triton"]
+    assert compare.parse_backends("cudnn, fa3,cudnn") == ["cudnn", "fa3"]
+    assert compare.parse_backends("all")[0] == "fa3"
+    assert compare.parse_backends("fa-tune,fa2") == ["fa2"]
+    with pytest.raises(FaTuneError, match="unknown backend"):
+        compare.parse_backends("fa5")
+
+
+def test_sample_heads_are_distinct_and_include_the_ends() -> None:
+    heads = compare.sample_heads(Shape(4, 32, 128), 3, 42)
+    assert len(set(heads)) == 3 and heads[0] == (0, 0) and heads[1] == (3, 31)
+    assert heads == compare.sample_heads(Shape(4, 32, 128), 3, 42)  # seeded
+    assert compare.sample_heads(Shape(1, 1, 128), 3, 42) == [(0, 0)]
+
+
+def _fixture_timing(rounds: list[list[float]], shape: Shape) -> dict:
+    """tuner.timing's aggregation over made-up samples, as compare.time_launches builds it."""
+    from tuner import timing
+
+    tw = timing.TempWait(65, 30.0, 0.0, None, None, bound_hit=False, skipped=True)
+    st = timing.GpuState(time_unix=0.0, note="TEST FIXTURE")
+    rs = [timing.make_round(i, r, tw, st, st) for i, r in enumerate(rounds)]
+    res = timing.summarize_rounds(
+        compare.Protocol(rounds=len(rounds)).timing_protocol(), shape, rs, 65
+    )
+    return {**res.to_dict(), "tflops_min": shape.tflops(res.max_ms)}
+
+
+def test_timing_is_median_of_round_medians() -> None:
+    t = _fixture_timing([[1.0, 2.0, 9.0], [3.0, 4.0, 5.0], [0.5, 2.5, 2.5]], Shape(1, 1, 128))
+    assert t["round_medians_ms"] == [2.0, 4.0, 2.5]
+    assert t["median_ms"] == 2.5
+    assert (t["min_ms"], t["max_ms"]) == (0.5, 9.0)
+    assert [r["samples_ms"] for r in t["rounds"]][0] == [1.0, 2.0, 9.0]  # every sample kept
+
+
+def test_protocol_rejects_nonsense() -> None:
+    with pytest.raises(FaTuneError):
+        compare.Protocol(repeat=0)
+
+
+# ---- writers, from a test fixture (made-up numbers, not measurements) ----------------------
+def _fixture_run(
+    backend: str,
+    label: str,
+    ms: float | None,
+    shape: Shape,
+    position: str | None = None,
+    status: str = "ok",
+    reason: str = "",
+) -> dict:
+    run = {
+        "backend": backend,
+        "label": label,
+        "position": position,
+        "status": status,
+        "reason": reason,
+        "gate": None,
+        "gate_after": None,
+        "timing": None,
+    }
+    if ms is not None:
+        run["gate"] = {"passed": True, "max_abs_err": 0.002}
+        run["timing"] = _fixture_timing([[ms * 0.99, ms, ms * 1.2]] * 3, shape)
+    return run
+
+
+def fixture_payload() -> dict:
+    """TEST FIXTURE: a hand-made compare payload with invented timings."""
+    shapes = []
+    for S, base in ((4096, 1.0), (8192, 3.6)):
+        shape = Shape(4, 32, S)
+        runs = [
+            _fixture_run("fa3", "FlashAttention-3", base, shape, "before"),
+            _fixture_run("fa-tune", "fa-tune", base * 0.9, shape),
+            _fixture_run("cudnn", "cuDNN SDPA", base * 1.1, shape),
+            _fixture_run(
+                "fa2",
+                "FlashAttention-2",
+                None,
+                shape,
+                status="gate_failed",
+                reason="12 elements outside tolerance",
+            ),
+            _fixture_run(
+                "triton",
+                "Triton",
+                None,
+                shape,
+                status="unavailable",
+                reason="python package 'triton' is not installed",
+            ),
+            _fixture_run("fa3", "FlashAttention-3", base * 1.02, shape, "after"),
+        ]
+        entry = {**shape.to_dict(), "shape": str(shape), "flops": shape.flops, "runs": runs}
+        entry["drift"] = compare._drift(runs)
+        shapes.append(entry)
+    payload = {
+        "schema": 1,
+        "kind": "compare",
+        "created_utc": "2026-01-01T00:00:00Z",
+        "protocol": {"warmup": 50, "repeat": 200, "rounds": 3, "temp_limit_c": 65.0, "seed": 42},
+        "gpu": {"name": "TEST FIXTURE GPU"},
+        "versions": {},
+        "reference_peer": "fa3",
+        "backends": [
+            {
+                "name": "triton",
+                "label": "Triton",
+                "available": False,
+                "reason": "python package 'triton' is not installed",
+            }
+        ],
+        "artifacts": [{"name": "fa-tune", "so_path": "k.so", "sha256": "ab" * 32}],
+        "shapes": shapes,
+        "status": "failed",
+    }
+    payload["summary"] = compare.summarize(payload)
+    return payload
+
+
+def test_summarize_merges_reference_ends_and_takes_ratios() -> None:
+    p = fixture_payload()
+    rows = {(r["shape"], r["backend"]): r for r in p["summary"]}
+    assert len(p["summary"]) == 10  # 2 shapes x 5 backends; fa3's two runs are one row
+    fa3 = rows[("4x32x4096", "fa3")]
+    assert fa3["median_ms"] == pytest.approx(1.01)  # mean of before (1.0) and after (1.02)
+    assert rows[("4x32x4096", "fa-tune")]["ratio_to_fa3"] == pytest.approx(1.01 / 0.9)
+    assert rows[("4x32x4096", "fa2")]["status"] == "gate_failed"
+    assert rows[("4x32x4096", "fa2")]["ratio_to_fa3"] is None
+    assert rows[("4x32x4096", "triton")]["median_ms"] is None
+    tune = rows[("4x32x8192", "fa-tune")]
+    assert tune["tflops_min"] < tune["tflops"] < tune["tflops_max"]
+    assert p["shapes"][0]["drift"]["change_pct"] == pytest.approx(2.0)
+
+
+def test_write_outputs_from_fixture(tmp_path: Path) -> None:
+    p = fixture_payload()
+    files = compare.write_outputs(p, tmp_path)
+    assert json.loads(files["json"].read_text())["summary"] == json.loads(json.dumps(p["summary"]))
+
+    with open(files["csv"], newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames or ()) == compare.SUMMARY_COLUMNS
+        csv_rows = list(reader)
+    assert len(csv_rows) == 10
+    tune = next(r for r in csv_rows if r["backend"] == "fa-tune" and r["S"] == "4096")
+    assert float(tune["median_ms"]) == pytest.approx(0.9)
+    assert float(tune["ratio_to_fa3"]) == pytest.approx(1.01 / 0.9)
+
+    md = files["md"].read_text()
+    assert "| implementation | S=4096 ms / TFLOPS | S=8192 ms / TFLOPS |" in md
+    assert "| fa-tune | 0.900 / " in md
+    assert "1.122x" in md  # 1.01 / 0.9
+    assert "gate failed" in md and "not installed" in md
+    assert "Drift check" in md and "(+2.00%)" in md
+
+    if "png" in files:  # matplotlib present
+        assert files["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_chart_from_fixture(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "chart.png"
+    assert compare.write_chart(fixture_payload(), out)
+    assert out.stat().st_size > 1000
+
+
+def test_format_table_lists_every_row() -> None:
+    text = compare.format_table(fixture_payload())
+    assert text.count("\n") >= 11
+    assert "gate_failed: 12 elements" in text and "drift 4x32x4096" in text
+
+
+def test_make_backends_keeps_same_label_kernels_apart(tmp_path: Path) -> None:
+    so = tmp_path / "k.so"
+    so.write_bytes(b"x")
+    names = [b.name for b in compare.make_backends([(so, "a"), (so, "a"), (so, None)], [])]
+    assert names == ["fa-tune:a", "fa-tune:a#2", "fa-tune:k"]
+
+
+STUB_C = r"""
+static const char* err = "stub error";
+int fa_tune_prepare(int B, int H, int S, void* st, double* ms) { *ms = 1.5; return 0; }
+int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse,
+                    int B, int H, int S, void* st) { return 0; }
+const char* fa_tune_last_error(void) { return err; }
+const char* fa_tune_config_json(void) { return "{\"block_m\":128}"; }
+int fa_tune_smem_bytes(void) { return 4242; }
+"""
+
+
+def test_fatune_peer_reads_the_c_abi_of_a_stub_library(tmp_path: Path) -> None:
+    """The ctypes side of the kernel peer, on a C stub (no CUDA, no torch)."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src, so = tmp_path / "stub.c", tmp_path / "stub.so"
+    src.write_text(STUB_C)
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    from tuner.peers.fatune import FaTuneKernelError, FaTunePeer, sha256_file
+
+    peer = FaTunePeer(so, "stub")
+    assert peer.config_json() == {"block_m": 128}
+    details = peer.details()
+    assert details["smem_bytes"] == 4242 and details["sha256"] == sha256_file(so)
+    assert peer.version().startswith("stub.so sha256 ")
+    with pytest.raises(FaTuneKernelError, match="returned 7: stub error"):
+        peer._check(7, "fa_tune_forward")

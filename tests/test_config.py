@@ -1,0 +1,197 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tuner import config as C
+from tuner.config import (
+    KNOBS,
+    SEED_SHAPES,
+    KernelConfig,
+    Shape,
+    camel_case,
+    check_shape,
+    list_presets,
+    load_preset,
+    validate,
+)
+from tuner.errors import ConfigError, ShapeError
+
+ARCH_DEFAULTS = {
+    "block_m": 128, "block_n": 128, "k_stages": 2, "v_stages": 2, "k_release": "after_qk",
+    "v_release": "after_pv", "q_release": "at_end", "hint_q": "evict_first",
+    "hint_k": "evict_last", "hint_v": "evict_last", "hint_o": "none", "producer_regs": 24,
+    "consumer_regs": 240, "intra_wg_overlap": True, "pingpong": True, "rescale_o": "after_pv",
+    "tile_order": "longest_first", "scheduler": "grid", "fixed_cost": 4, "persistent_ctas": 0,
+    "write_lse": True,
+}
+
+
+def test_defaults_match_architecture_table() -> None:
+    assert KernelConfig().to_dict() == ARCH_DEFAULTS
+    assert list(KNOBS) == list(ARCH_DEFAULTS)
+    validate(KernelConfig())
+
+
+def test_round_trips_and_hash() -> None:
+    cfg = KernelConfig(block_n=96, hint_o="evict_normal", pingpong=False)
+    assert KernelConfig.from_dict(cfg.to_dict()) == cfg
+    assert KernelConfig.from_dict(json.loads(cfg.canonical_json())) == cfg
+    assert KernelConfig.from_yaml_text(cfg.to_yaml()) == cfg
+    assert hash(cfg) == hash(KernelConfig.from_dict(cfg.to_dict()))
+    assert {cfg, KernelConfig.from_dict(cfg.to_dict())} == {cfg}
+    # canonical: sorted keys, no spaces
+    cj = cfg.canonical_json()
+    assert " " not in cj and list(json.loads(cj)) == sorted(ARCH_DEFAULTS)
+    assert len(cfg.config_id()) == 12 and cfg.config_id() != KernelConfig().config_id()
+    assert cfg.config_id() == KernelConfig.from_dict(cfg.to_dict()).config_id()
+
+
+def test_yaml_file_round_trip(tmp_path: Path) -> None:
+    cfg = KernelConfig(block_m=64, pingpong=False)
+    p = tmp_path / "c.yaml"
+    cfg.save_yaml(p)
+    assert KernelConfig.load(p) == cfg
+    assert yaml.safe_load(p.read_text())["block_m"] == 64
+
+
+def test_partial_dict_over_defaults() -> None:
+    assert KernelConfig.from_dict({"block_n": 64}) == KernelConfig(block_n=64)
+    assert KernelConfig.from_dict(None) == KernelConfig()
+
+
+def test_unknown_knob_names_it() -> None:
+    with pytest.raises(ConfigError, match="unknown knob 'blok_m'"):
+        KernelConfig.from_dict({"blok_m": 128}, source="x.yaml")
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"block_m": 100}, "knob 'block_m' must be one of 64, 128, 192 (got 100)"),
+        ({"block_n": 72}, "knob 'block_n' must be 64..192 in steps of 16 (got 72)"),
+        ({"pingpong": "yes"}, "knob 'pingpong' must be one of false, true (got yes)"),
+        ({"block_m": True}, "knob 'block_m'"),
+        ({"hint_q": "evict_fast"}, "none, evict_first, evict_last, evict_normal"),
+        ({"fixed_cost": 17}, "an integer from 0 to 16"),
+        ({"persistent_ctas": -1}, "knob 'persistent_ctas'"),
+    ],
+)
+def test_bad_values_say_knob_and_allowed(data: dict, needle: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        KernelConfig.from_dict(data)
+    assert needle in str(ei.value)
+    assert "\n" not in str(ei.value)
+
+
+def test_direct_construction_is_checked() -> None:
+    with pytest.raises(ConfigError, match="block_m"):
+        KernelConfig(block_m=96)
+
+
+def test_unparseable_yaml(tmp_path: Path) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text("block_m: [128\nblock_n: 64\n")
+    with pytest.raises(ConfigError, match="cannot parse YAML"):
+        KernelConfig.load(p)
+    p.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        KernelConfig.load(p)
+    with pytest.raises(ConfigError, match="cannot read"):
+        KernelConfig.load(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    ("changes", "needle"),
+    [
+        ({"block_m": 192, "block_n": 192, "k_stages": 3, "v_stages": 3, "consumer_regs": 160},
+         "shared memory"),
+        ({"block_m": 192, "consumer_regs": 240}, "registers per CTA"),
+        ({"block_m": 64, "pingpong": True}, "pingpong needs at least 2 consumer warpgroups"),
+        ({"rescale_o": "before_pv", "intra_wg_overlap": False}, "needs intra_wg_overlap"),
+        ({"v_release": "deferred", "v_stages": 1}, "needs v_stages >= 2"),
+        ({"k_release": "after_softmax", "k_stages": 1}, "needs k_stages >= 2"),
+        ({"block_n": 192, "consumer_regs": 160}, "about 248 registers per thread"),
+    ],
+)
+def test_validate_explains(changes: dict, needle: str) -> None:
+    cfg = KernelConfig().replace(**changes)
+    with pytest.raises(ConfigError) as ei:
+        validate(cfg)
+    assert needle in str(ei.value)
+
+
+def test_validate_accepts_edge_cases() -> None:
+    validate(KernelConfig(k_release="after_softmax", intra_wg_overlap=False, k_stages=1,
+                          rescale_o="after_pv"))
+    validate(KernelConfig(block_m=192, consumer_regs=160, block_n=64))
+    validate(KernelConfig(block_m=64, pingpong=False))
+
+
+def test_register_estimate_constant() -> None:
+    cfg = KernelConfig()
+    assert C.consumer_reg_estimate(cfg) == 64 + 32 + 64 + C.CONSUMER_REG_OVERHEAD
+    assert C.smem_bytes(cfg) == 128 * 256 + 2 * 128 * 256 * 2 + 1024
+
+
+def test_cpp_constants() -> None:
+    cc = KernelConfig().cpp_constants()
+    assert set(cc) == set(KNOBS)
+    assert cc["block_m"] == "128"
+    assert cc["pingpong"] == "true"
+    assert cc["hint_q"] == "fa_tune::CacheHint::EvictFirst"
+    assert cc["k_release"] == "fa_tune::KRelease::AfterQk"
+    assert cc["q_release"] == "fa_tune::QRelease::AtEnd"
+    assert KernelConfig(q_release="after_last_qk").cpp_constants()["q_release"] == (
+        "fa_tune::QRelease::AfterLastQk"
+    )
+    assert cc["scheduler"] == "fa_tune::Scheduler::Grid"
+    assert camel_case("evict_first") == "EvictFirst"
+
+
+def test_presets() -> None:
+    assert {"default", "baseline", "fa3"} <= set(list_presets())
+    assert load_preset("default") == KernelConfig()
+    b = load_preset("baseline")
+    assert (b.block_m, b.block_n, b.k_stages, b.v_stages) == (128, 128, 1, 1)
+    assert not b.intra_wg_overlap and not b.pingpong
+    assert b.diff_from_default() == {"k_stages": 1, "v_stages": 1, "intra_wg_overlap": False,
+                                     "pingpong": False}
+    f = load_preset("fa3")
+    assert (f.k_stages, f.v_stages, f.intra_wg_overlap, f.pingpong) == (2, 2, True, True)
+    for name in list_presets():
+        validate(load_preset(name))
+
+
+def test_unknown_preset() -> None:
+    with pytest.raises(ConfigError, match="unknown preset 'nope'.*baseline"):
+        load_preset("nope")
+    with pytest.raises(ConfigError):
+        load_preset("../etc/passwd")
+
+
+def test_shape_parse() -> None:
+    s = Shape.parse("4x32x8192")
+    assert (s.B, s.H, s.S) == (4, 32, 8192) and str(s) == "4x32x8192"
+    assert Shape.parse(" 1X2x128 ") == Shape(1, 2, 128)
+    assert s.flops == 2 * 4 * 32 * 8192 * 8192 * 128
+    assert abs(s.tflops(1.0) - s.flops / 1e9) < 1e-6
+    assert [str(x) for x in SEED_SHAPES] == ["4x32x4096", "4x32x8192", "4x32x16384"]
+
+
+@pytest.mark.parametrize("text", ["4x32", "4x32x", "axbxc", "4x32x-1", "4*32*8", "", "0x32x128"])
+def test_shape_malformed(text: str) -> None:
+    with pytest.raises(ShapeError) as ei:
+        Shape.parse(text)
+    assert "\n" not in str(ei.value)
+
+
+def test_shape_too_large_and_tile_check() -> None:
+    with pytest.raises(ShapeError, match="too large"):
+        Shape(64, 64, 1 << 20)
+    with pytest.raises(ShapeError, match="H=70000 exceeds"):
+        check_shape(KernelConfig(), Shape(1, 70000, 128))
+    check_shape(KernelConfig(), Shape(1, 1, 100))  # ragged tiles are masked

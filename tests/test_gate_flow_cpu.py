@@ -1,0 +1,206 @@
+"""CPU test of gate()'s orchestration with fake device/oracle objects: the call order per input
+set, LSE handling, reference caching, restoring the seed inputs, and cleanup on errors."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tuner import oracle as O
+from tuner.runtime import KernelError
+
+_ptrs = itertools.count(0x10000, 0x1000)
+STATS: dict[int, bytes] = {}
+
+
+class FakeBuf:
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.ptr = next(_ptrs)
+        self.freed = False
+
+    def free(self) -> None:
+        self.freed = True
+
+    def copy_to_host(self, dtype: Any = np.uint8, count: int | None = None,
+                     offset: int = 0) -> np.ndarray:
+        return np.frombuffer(STATS[self.ptr], dtype=np.uint8).copy()
+
+
+class FakeStream:
+    def __init__(self) -> None:
+        self.destroyed = False
+
+    def synchronize(self) -> None:
+        pass
+
+    def destroy(self) -> None:
+        self.destroyed = True
+
+
+class FakeDev:
+    index = 0
+
+    def __init__(self) -> None:
+        self.allocs: list[FakeBuf] = []
+        self.streams: list[FakeStream] = []
+
+    def make_current(self) -> None:
+        pass
+
+    def alloc(self, nbytes: int) -> FakeBuf:
+        b = FakeBuf(nbytes)
+        self.allocs.append(b)
+        return b
+
+    def stream(self) -> FakeStream:
+        s = FakeStream()
+        self.streams.append(s)
+        return s
+
+
+def _pass_stats(shape: Any, **kw: Any) -> bytes:
+    n = shape.B * shape.S * shape.H * 128
+    base = dict(o_count=n, o_violations=0, o_nonfinite=0, o_unwritten=0,
+                o_first_violation=O.NO_VIOLATION, o_ref_nonfinite=0, o_max_abs_err=0.001,
+                o_sum_sq_err=1e-8, o_sum_sq_ref=1.0, l_count=shape.B * shape.H * shape.S)
+    base.update(kw)
+    return O.OracleStats(**base).to_bytes()  # type: ignore[arg-type]
+
+
+class FakeOracle:
+    def __init__(self, shape: Any, bad_set: str | None = None) -> None:
+        self.calls: list[tuple[str, Any]] = []
+        self.shape = shape
+        self.bad_set = bad_set
+        self.current_set = ""
+
+    def gen_seed(self, *a: Any) -> None:
+        self.current_set = "seed"
+        self.calls.append(("gen_seed", a[6]))
+
+    def gen_rising(self, *a: Any) -> None:
+        self.current_set = "rising" if a[7] < 0 else "rising_fwd"
+        self.calls.append(("gen_rising", a[7]))
+
+    def poison(self, o: int, n_o: int, lse: int | None, n_lse: int, stream: Any) -> None:
+        self.calls.append(("poison", lse is not None))
+
+    def reference(self, *a: Any, **kw: Any) -> None:
+        self.calls.append(("reference", self.current_set))
+
+    def compare(self, o: int, o_ref: int, n: int, lse: int | None, lse_ref: int | None,
+                n_lse: int, *rest: Any) -> None:
+        stats_ptr = rest[-2]
+        self.calls.append(("compare", lse is not None))
+        if self.current_set == self.bad_set:
+            STATS[stats_ptr] = _pass_stats(self.shape, o_violations=3, o_first_violation=130,
+                                           o_max_abs_err=0.5, l_count=n_lse)
+        else:
+            STATS[stats_ptr] = _pass_stats(self.shape, l_count=n_lse)
+
+
+class FakeKernel:
+    def __init__(self, orc: FakeOracle, writes_lse: bool = True, fail: bool = False) -> None:
+        self.orc = orc
+        self.writes_lse = writes_lse
+        self.fail = fail
+
+    def prepare(self, shape: Any, stream: Any) -> float:
+        self.orc.calls.append(("prepare", None))
+        return 0.5
+
+    def forward(self, bufs: Any, stream: Any) -> None:
+        if self.fail:
+            raise KernelError("fa_tune_forward failed with cudaErrorInvalidValue (1)", code=1)
+        self.orc.calls.append(("forward", None))
+
+
+def _bufs(shape: Any) -> SimpleNamespace:
+    n = shape.B * shape.S * shape.H * 128
+    return SimpleNamespace(shape=shape, n=n, n_lse=shape.B * shape.H * shape.S,
+                           q=FakeBuf(2 * n), k=FakeBuf(2 * n), v=FakeBuf(2 * n), o=FakeBuf(2 * n),
+                           lse=FakeBuf(4 * n))
+
+
+def test_gate_call_order_and_verdict() -> None:
+    shape = SimpleNamespace(B=1, H=2, S=128)
+    dev, orc = FakeDev(), FakeOracle(shape)
+    cache = O.ReferenceCache()
+    g = O.gate(dev, FakeKernel(orc), shape, _bufs(shape), 42, ("seed", "rising"),  # type: ignore[arg-type]
+               oracle=orc, reference_cache=cache)  # type: ignore[arg-type]
+    assert g.passed and [m.input_set for m in g.sets] == ["seed", "rising"]
+    assert g.prepare_host_ms == 0.5
+    assert orc.calls == [
+        ("prepare", None),
+        ("gen_seed", 42), ("reference", "seed"), ("poison", True), ("forward", None),
+        ("compare", True),
+        ("gen_rising", -1), ("reference", "rising"), ("poison", True), ("forward", None),
+        ("compare", True),
+        ("gen_seed", 42),  # the seed set is restored for timing
+    ]
+    assert all(m.lse_checked for m in g.sets)
+    assert dev.streams and dev.streams[0].destroyed  # its own stream is cleaned up
+    stats_bufs = [b for b in dev.allocs if b.nbytes == O.ORACLE_STATS_BYTES]
+    assert stats_bufs and all(b.freed for b in stats_bufs)
+
+    # Second gate on the same shape: the references come from the cache.
+    orc.calls.clear()
+    O.gate(dev, FakeKernel(orc), shape, _bufs(shape), 42, ("seed", "rising"),  # type: ignore[arg-type]
+           oracle=orc, reference_cache=cache)  # type: ignore[arg-type]
+    assert not [c for c in orc.calls if c[0] == "reference"]
+    assert len(cache) == 2
+
+
+def test_gate_failure_is_reported_per_set() -> None:
+    shape = SimpleNamespace(B=1, H=2, S=128)
+    dev, orc = FakeDev(), FakeOracle(shape, bad_set="rising")
+    g = O.gate(dev, FakeKernel(orc, writes_lse=False), shape, _bufs(shape),  # type: ignore[arg-type]
+               oracle=orc, reference_cache=O.ReferenceCache())  # type: ignore[arg-type]
+    assert not g.passed
+    seed, rising = g.sets
+    assert seed.passed and not rising.passed
+    assert rising.first_violation == (0, 0, 1, 2)  # flat 130 = row 1 (s=0, h=1), d=2
+    assert not rising.lse_checked
+    assert ("compare", False) in orc.calls  # no LSE compared when the kernel does not write it
+    assert "FAIL" in g.summary() and "3 elements violate" in g.summary()
+
+
+def test_gate_launch_error_propagates_and_cleans_up() -> None:
+    shape = SimpleNamespace(B=1, H=2, S=128)
+    dev, orc = FakeDev(), FakeOracle(shape)
+    with pytest.raises(KernelError):
+        O.gate(dev, FakeKernel(orc, fail=True), shape, _bufs(shape),  # type: ignore[arg-type]
+               oracle=orc, reference_cache=O.ReferenceCache())  # type: ignore[arg-type]
+    assert all(b.freed for b in dev.allocs if b.nbytes == O.ORACLE_STATS_BYTES)
+    assert dev.streams[0].destroyed
+
+
+def test_gate_rejects_mismatched_buffers_and_bad_sets() -> None:
+    shape = SimpleNamespace(B=1, H=2, S=128)
+    dev, orc = FakeDev(), FakeOracle(shape)
+    with pytest.raises(ValueError):
+        O.gate(dev, FakeKernel(orc), SimpleNamespace(B=1, H=2, S=256), _bufs(shape),  # type: ignore[arg-type]
+               oracle=orc)  # type: ignore[arg-type]
+    with pytest.raises(O.FaTuneError):
+        O.gate(dev, FakeKernel(orc), shape, _bufs(shape), 42, ("bogus",),  # type: ignore[arg-type]
+               oracle=orc)  # type: ignore[arg-type]
+
+
+def test_reference_cache_frees_on_shape_change() -> None:
+    dev, orc = FakeDev(), FakeOracle(SimpleNamespace(B=1, H=1, S=64))
+    cache = O.ReferenceCache()
+    b1 = _bufs(SimpleNamespace(B=1, H=1, S=64))
+    a = cache.get(dev, orc, b1, "seed", 42, None)  # type: ignore[arg-type]
+    assert cache.get(dev, orc, b1, "seed", 42, None) is a  # type: ignore[arg-type]
+    cache.get(dev, orc, b1, "rising", 42, None)  # type: ignore[arg-type]
+    assert len(cache) == 2
+    b2 = _bufs(SimpleNamespace(B=1, H=1, S=128))
+    cache.get(dev, orc, b2, "seed", 42, None)  # type: ignore[arg-type]
+    assert len(cache) == 1 and a[0].freed and a[1].freed
+    cache.clear()
+    assert len(cache) == 0

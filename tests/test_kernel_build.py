@@ -1,0 +1,36 @@
+"""The real kernel template, compiled for sm_90a on the CPU: no spills, HGMMA in the SASS.
+
+Each compile takes about a minute on a 2-core machine; the session-wide cache (conftest.py)
+makes the CLI's build of the same preset a cache hit.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner import _paths, build
+from tuner.config import SMEM_LIMIT_BYTES, load_preset
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _paths.kernel_template().is_file(), reason="no kernel template yet"),
+]
+
+
+@pytest.mark.parametrize("preset", ["baseline", "default"])
+def test_preset_compiles_clean(preset: str) -> None:
+    cfg = load_preset(preset)
+    r = build.build_config(cfg)
+    assert r.ptxas["entries"], "ptxas reported no kernel entry"
+    for name, e in r.ptxas["entries"].items():
+        assert e["arch"] == "sm_90a"
+        assert e["spill_stores"] == 0 and e["spill_loads"] == 0, f"{name} spills: {e}"
+    assert r.sass_checked, r.sass_note
+    assert r.sass["has_hgmma"], "no HGMMA in the SASS: the kernel does not use WGMMA"
+    assert r.sass["ldl"] == 0 and r.sass["stl"] == 0, "local memory traffic in the SASS"
+    if r.smem_dynamic is not None:
+        assert 0 < r.smem_dynamic <= SMEM_LIMIT_BYTES
+    assert r.template_sha256 == build.sha256_file(_paths.kernel_template())
+    # Nothing is compiled twice.
+    again = build.build_config(cfg)
+    assert again.cache_hit and again.so_sha256 == r.so_sha256

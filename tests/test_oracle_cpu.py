@@ -1,0 +1,348 @@
+"""CPU tests of the correctness gate: oracle.cu compiles for sm_90a, the C ABI loads, the
+stats struct and index decoding, the pass/fail rule, and the NumPy twin of the input generators
+(including the "rising" property, checked in float64)."""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tuner import oracle as O
+from tuner.errors import FaTuneError
+from tuner.runtime import ORACLE_STATS_BYTES, CudaError, OracleModule
+
+ROOT = Path(__file__).resolve().parents[1]
+ORACLE_CU = ROOT / "cuda_src" / "oracle.cu"
+FLAGS = ["-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-shared",
+         "-Xcompiler", "-fPIC"]
+
+
+def _nvcc() -> str:
+    try:
+        from tuner.build import find_nvcc
+
+        return str(find_nvcc())
+    except Exception:
+        found = shutil.which("nvcc")
+        if not found:
+            pytest.skip("nvcc not found")
+        return found
+
+
+@pytest.fixture(scope="module")
+def oracle_so(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("oracle") / "oracle.so"
+    proc = subprocess.run(
+        [_nvcc(), *FLAGS, "-Xptxas", "-v", "-o", str(out), str(ORACLE_CU)],
+        capture_output=True, text=True, timeout=600,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    return out, log
+
+
+def Shape(B: int, H: int, S: int) -> SimpleNamespace:  # noqa: N802 - mimics config.Shape
+    return SimpleNamespace(B=B, H=H, S=S)
+
+
+# ---- oracle.cu ------------------------------------------------------------------------------
+def test_oracle_compiles_without_spills(oracle_so: tuple[Path, str]) -> None:
+    so, log = oracle_so
+    assert so.is_file()
+    assert not re.search(r"\berror\b", log, re.IGNORECASE), log
+    entries = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", log)
+    assert any("reference_kernel" in e for e in entries)
+    assert any("compare_o_kernel" in e for e in entries)
+    # Every kernel: no spills, no stack (the reference must stay in registers to be fast).
+    for m in re.finditer(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
+                         r"loads", log):
+        assert m.groups() == ("0", "0", "0"), log
+
+
+def test_oracle_builds_through_build_cache() -> None:
+    from tuner import build
+
+    res = build.build_oracle()
+    assert Path(res.so_path).is_file()
+    assert not res.any_spills
+
+
+def test_oracle_abi_loads_without_gpu(oracle_so: tuple[Path, str]) -> None:
+    # The .so links cudart statically: it loads (and reports its ABI) without a driver.
+    mod = OracleModule(oracle_so[0])
+    assert mod._lib.oracle_stats_size() == ORACLE_STATS_BYTES
+
+
+def test_oracle_call_without_gpu_is_a_clear_error(oracle_so: tuple[Path, str]) -> None:
+    from tuner.doctor import has_sm90_gpu
+
+    if has_sm90_gpu():
+        pytest.skip("a GPU is present")
+    mod = OracleModule(oracle_so[0])
+    with pytest.raises(CudaError, match=r"oracle gen_seed failed with cudaError"):
+        mod.gen_seed(1 << 20, 1 << 20, 1 << 20, 1, 1, 64, 42, None)
+
+
+def test_oracle_rejects_bad_arguments(oracle_so: tuple[Path, str]) -> None:
+    mod = OracleModule(oracle_so[0])
+    # Argument checks run before any CUDA call: cudaErrorInvalidValue (1) everywhere.
+    assert mod._gen_rising(1, 1, 1, 1, 1, 40000, 42, -1, None) == 1  # S > 32768
+    assert mod._gen_rising(1, 1, 1, 1, 1, 64, 42, 0, None) == 1  # bad direction
+    assert mod._reference(None, 1, 1, 1, None, 1, 1, 64, 0, None) == 1
+    assert mod._reference(1, 1, 1, 1, None, 1, 1, 64, 8, None) == 1  # unknown flag
+    assert mod._compare(None, 1, 10, None, None, 0, 0.05, 0.1, 0.01, 0.0, 1, None) == 1
+
+
+def test_oracle_stats_layout_matches_python() -> None:
+    text = ORACLE_CU.read_text()
+    start = text.index("struct OracleStats {")
+    body = text[start:text.index("};", start)]
+    fields = re.findall(r"(?:unsigned long long|double) (\w+);", body)
+    assert fields == list(O._STATS_DTYPE.names)
+    assert "#define ORACLE_POISON_BF16 0x7FBFu" in text
+    assert "#define ORACLE_POISON_F32 0x7FBADBADu" in text
+    assert O.POISON_BF16 == 0x7FBF and O.POISON_F32 == 0x7FBADBAD
+
+
+def test_poison_patterns_are_nan_but_not_hardware_nans() -> None:
+    assert np.isnan(O.bf16_bits_to_f32(np.array([O.POISON_BF16], np.uint16))[0])
+    assert np.isnan(np.array([O.POISON_F32], np.uint32).view(np.float32)[0])
+    assert O.POISON_BF16 not in (0x7FC0, 0x7FFF, 0xFFC0, 0xFFFF)
+    assert O.POISON_F32 not in (0x7FC00000, 0x7FFFFFFF, 0xFFC00000)
+
+
+# ---- decoding -------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [Shape(1, 1, 1), Shape(2, 3, 5), Shape(4, 32, 4096)])
+def test_decode_bshd_matches_numpy(shape: SimpleNamespace) -> None:
+    n = shape.B * shape.S * shape.H * 128
+    rng = np.random.default_rng(0)
+    for idx in [0, n - 1, *rng.integers(0, n, 50).tolist()]:
+        want = np.unravel_index(idx, (shape.B, shape.S, shape.H, 128))
+        assert O.decode_bshd(int(idx), shape) == tuple(int(x) for x in want)
+    with pytest.raises(ValueError):
+        O.decode_bshd(n, shape)
+
+
+def test_decode_bhs_matches_numpy() -> None:
+    shape = Shape(3, 5, 7)
+    for idx in range(3 * 5 * 7):
+        want = np.unravel_index(idx, (3, 5, 7))
+        assert O.decode_bhs(idx, shape) == tuple(int(x) for x in want)
+    with pytest.raises(ValueError):
+        O.decode_bhs(-1, shape)
+
+
+# ---- stats and the verdict ------------------------------------------------------------------
+def _stats(shape: SimpleNamespace, **kw: object) -> O.OracleStats:
+    n = shape.B * shape.S * shape.H * 128
+    base: dict[str, object] = dict(
+        o_count=n, o_violations=0, o_nonfinite=0, o_unwritten=0,
+        o_first_violation=O.NO_VIOLATION, o_ref_nonfinite=0, o_max_abs_err=0.002,
+        o_sum_sq_err=1e-6 * n, o_sum_sq_ref=0.1 * n,
+        l_count=shape.B * shape.H * shape.S, l_violations=0, l_nonfinite=0, l_unwritten=0,
+        l_first_violation=O.NO_VIOLATION, l_ref_nonfinite=0, l_max_abs_err=2.0**-17,
+    )
+    base.update(kw)
+    return O.OracleStats(**base)  # type: ignore[arg-type]
+
+
+def test_stats_bytes_roundtrip() -> None:
+    s = _stats(Shape(2, 3, 64), o_violations=3, o_first_violation=12345, o_max_abs_err=0.75)
+    raw = s.to_bytes()
+    assert len(raw) == ORACLE_STATS_BYTES
+    assert O.OracleStats.from_bytes(raw) == s
+    with pytest.raises(ValueError):
+        O.OracleStats.from_bytes(raw[:-8])
+
+
+def test_evaluate_pass() -> None:
+    shape = Shape(2, 3, 64)
+    m = O.evaluate(_stats(shape), shape, "seed", check_lse=True)
+    assert m.passed and not m.reasons
+    assert m.first_violation is None
+    assert m.rel_l2 == pytest.approx(math.sqrt(1e-5))
+    assert m.lse_checked and m.lse_max_abs_err == 2.0**-17
+
+
+def test_evaluate_one_violation_decodes_location() -> None:
+    shape = Shape(2, 3, 64)
+    idx = ((1 * 64 + 17) * 3 + 2) * 128 + 100  # (b=1, s=17, h=2, d=100)
+    m = O.evaluate(_stats(shape, o_violations=1, o_first_violation=idx, o_max_abs_err=9.0),
+                   shape, "rising", check_lse=False)
+    assert not m.passed
+    assert m.violations == 1 and m.first_violation == (1, 17, 2, 100)
+    assert "b=1,s=17,h=2,d=100" in " ".join(m.reasons)
+
+
+@pytest.mark.parametrize(
+    ("kw", "needle"),
+    [
+        (dict(o_unwritten=1, o_violations=1, o_first_violation=5), "never written"),
+        (dict(o_nonfinite=2, o_violations=2, o_first_violation=0), "NaN/Inf"),
+        (dict(o_sum_sq_err=0.02 * 100), "relative L2"),  # rel L2 > 1e-2 alone fails
+        (dict(o_count=7), "oracle bug"),
+        (dict(o_ref_nonfinite=1, o_violations=1, o_first_violation=0), "reference"),
+        (dict(l_violations=1, l_first_violation=3), "LSE values violate"),
+        (dict(l_unwritten=4, l_violations=4, l_first_violation=0), "LSE values never written"),
+        (dict(l_nonfinite=1, l_violations=1, l_first_violation=0), "NaN/Inf LSE"),
+    ],
+)
+def test_evaluate_failures(kw: dict[str, object], needle: str) -> None:
+    shape = Shape(1, 1, 64)
+    if "o_sum_sq_err" in kw:
+        kw = dict(kw, o_sum_sq_ref=1.0, o_sum_sq_err=(0.011) ** 2)
+    m = O.evaluate(_stats(shape, **kw), shape, "seed", check_lse=True)
+    assert not m.passed, m
+    assert needle in " ".join(m.reasons)
+
+
+def test_evaluate_lse_ignored_when_kernel_does_not_write_it() -> None:
+    shape = Shape(1, 1, 64)
+    m = O.evaluate(_stats(shape, l_unwritten=64, l_violations=64, l_first_violation=0, l_count=64),
+                   shape, "seed", check_lse=False)
+    assert m.passed and not m.lse_checked and m.lse_first_violation is None
+
+
+def test_evaluate_lse_first_violation_decoded() -> None:
+    shape = Shape(2, 3, 64)
+    m = O.evaluate(_stats(shape, l_violations=1, l_first_violation=(1 * 3 + 2) * 64 + 9),
+                   shape, "seed", check_lse=True)
+    assert m.lse_first_violation == (1, 2, 9)
+
+
+def test_evaluate_zero_reference_energy() -> None:
+    shape = Shape(1, 1, 64)
+    assert O.evaluate(_stats(shape, o_sum_sq_err=0.0, o_sum_sq_ref=0.0), shape, "seed",
+                      check_lse=False).rel_l2 == 0.0
+    m = O.evaluate(_stats(shape, o_sum_sq_err=1.0, o_sum_sq_ref=0.0), shape, "seed",
+                   check_lse=False)
+    assert math.isinf(m.rel_l2) and not m.passed
+    assert m.to_dict()["rel_l2"] is None
+
+
+def test_gate_result_summary_and_dict() -> None:
+    shape = Shape(2, 3, 64)
+    ok = O.evaluate(_stats(shape), shape, "seed", check_lse=True)
+    bad = O.evaluate(_stats(shape, o_violations=2, o_first_violation=0, o_max_abs_err=0.9),
+                     shape, "rising", check_lse=True)
+    g = O.GateResult(passed=False, shape=(2, 3, 64), seed=42, sets=[ok, bad])
+    line = g.summary()
+    assert "\n" not in line
+    assert line.startswith("gate FAIL 2x3x64 seed 42")
+    assert "rising" in line and "b=0,s=0,h=0,d=0" in line
+    assert g.first_failure() is bad and g.violations == 2 and g.max_abs_err == pytest.approx(0.9)
+    d = g.to_dict()
+    assert d["sets"][1]["first_violation"] == [0, 0, 0, 0]
+    assert d["rule"]["o_atol"] == 0.05 and d["rule"]["o_rtol"] == 0.1
+    import json
+
+    json.dumps(d)  # serialisable
+    g2 = O.GateResult(passed=True, shape=(2, 3, 64), seed=42, sets=[ok])
+    assert g2.summary().startswith("gate PASS")
+
+
+def test_unknown_input_set_is_a_user_error() -> None:
+    with pytest.raises(FaTuneError, match="unknown input set"):
+        O.check_input_set("nope", Shape(1, 1, 64))
+    with pytest.raises(FaTuneError, match="S <= 32768"):
+        O.check_input_set("rising", Shape(1, 1, 65536))
+
+
+# ---- the NumPy twin of the generators -------------------------------------------------------
+def test_splitmix_int_and_numpy_agree() -> None:
+    xs = [0, 1, 42, (1 << 64) - 1, 0x123456789ABCDEF0]
+    got = O._splitmix64_np(np.array(xs, dtype=np.uint64))
+    assert [int(g) for g in got] == [O._splitmix64_int(x) for x in xs]
+    # splitmix64 of state 0 (first output of the reference generator seeded with 0)
+    assert O._splitmix64_int(0) == 0xE220A8397B1DCDAF
+
+
+def test_bf16_rounding_is_rne() -> None:
+    x = np.array([1.0, 1.00390625, 1.01171875, -2.0, 0.09, 3.0e-3, 1.0 + 2**-8 + 2**-20],
+                 dtype=np.float32)
+    bits = O.f32_to_bf16_bits(x)
+    back = O.bf16_bits_to_f32(bits)
+    # 1 + 2^-8 is a tie -> even (1.0); 1 + 3*2^-8 is a tie -> even (1 + 2^-6)
+    assert back[0] == 1.0 and back[1] == 1.0 and back[2] == np.float32(1.015625)
+    assert back[3] == -2.0
+    assert back[4] == np.float32(0.08984375)
+    assert back[6] == np.float32(1.0078125)  # just above the tie rounds up
+    assert np.all(np.abs(back - x) <= np.abs(x) * 2**-8)
+
+
+def test_seed_set_ranges_and_determinism() -> None:
+    shape = Shape(1, 2, 64)
+    q, k, v = O.host_inputs(shape, "seed", 42)
+    qf, kf, vf = (O.bf16_bits_to_f32(a) for a in (q, k, v))
+    assert q.shape == (1, 64, 2, 128)
+    assert qf.min() >= -2 and qf.max() <= 2 and kf.min() >= -2 and kf.max() <= 2
+    assert vf.min() >= -1 and vf.max() <= 1
+    assert abs(float(qf.mean())) < 0.05 and float(qf.std()) == pytest.approx(4 / math.sqrt(12),
+                                                                             rel=0.05)
+    q2, _, _ = O.host_inputs(shape, "seed", 42)
+    q3, _, _ = O.host_inputs(shape, "seed", 43)
+    assert np.array_equal(q, q2) and not np.array_equal(q, q3)
+    assert not np.array_equal(q, k)  # distinct streams
+
+
+@pytest.mark.parametrize("S", [256, 1024])
+def test_rising_set_rises_on_every_reverse_tile_walk(S: int) -> None:
+    shape = Shape(1, 2, S)
+    q, k, _ = O.host_inputs(shape, "rising", 42)
+    for block_n in (64, 80, 128, 176, 192):
+        # The construction guarantees a rise of >= 0.38 logits per tile (oracle.cu header).
+        assert O.rising_failures(q, k, block_n, reverse=True, min_rise=0.38) == 0, block_n
+    # ...and a forward walk of the same inputs does NOT rise: the set is direction-specific.
+    assert O.rising_failures(q, k, 128, reverse=False) > 0
+
+
+def test_rising_fwd_set_rises_on_full_forward_tiles() -> None:
+    shape = Shape(1, 1, 512)
+    q, k, _ = O.host_inputs(shape, "rising_fwd", 7)
+    # Forward walks rise at every step into a FULL tile; only a short diagonal tile may not.
+    fails = O.rising_failures(q, k, 64, reverse=False)
+    assert fails <= 512 // 64 * 16
+    assert O.rising_failures(q, k, 64, reverse=True) > 100
+
+
+def test_rising_construction_bounds() -> None:
+    shape = Shape(2, 2, 512)
+    q, k, v = O.host_inputs(shape, "rising", 42)
+    qf, kf = O.bf16_bits_to_f32(q), O.bf16_bits_to_f32(k)
+    c2 = qf[..., 1]
+    assert np.all(qf[..., 0] == c2 * 256)
+    assert c2.min() >= 0.0898 and c2.max() <= 0.1349
+    assert np.all(kf[..., 0] == np.floor(kf[..., 0]))  # integer hi/lo parts
+    assert kf[..., 1].min() >= 0 and kf[..., 1].max() <= 255
+    assert np.abs(kf[..., 10:]).max() <= 0.0101
+    # The trend part: exactly c2 * t(j); the rest ("noise") within the documented bound 0.812.
+    for b in range(2):
+        for h in range(2):
+            sc = O.scores_f64(q, k, b, h)
+            t = kf[b, :, h, 0].astype(np.float64) * 256 + kf[b, :, h, 1]
+            trend = np.outer(c2[b, :, h], t) / math.sqrt(128)
+            assert np.abs(sc - trend).max() < 0.812
+            assert np.all(np.diff(t) <= -1)  # strictly decreasing in the key index
+    vf = O.bf16_bits_to_f32(v)
+    assert vf.min() >= -1 and vf.max() <= 1
+
+
+def test_numpy_reference_rows_matches_naive_softmax() -> None:
+    rng = np.random.default_rng(1)
+    q = rng.uniform(-2, 2, (1, 16, 2, 128)).astype(np.float32)
+    k = rng.uniform(-2, 2, (1, 16, 2, 128)).astype(np.float32)
+    v = rng.uniform(-1, 1, (1, 16, 2, 128)).astype(np.float32)
+    o, lse = O.numpy_reference_rows(q, k, v, [(0, 1, 0), (0, 0, 15)])
+    assert np.allclose(o[0], v[0, 0, 1])  # row 0 attends to key 0 only
+    assert lse[0] == pytest.approx(float(q[0, 0, 1] @ k[0, 0, 1]) / math.sqrt(128))
+    s = (k[0, :, 0].astype(np.float64) @ q[0, 15, 0]) / math.sqrt(128)
+    p = np.exp(s - s.max())
+    assert np.allclose(o[1], p @ v[0, :, 0] / p.sum())
+    assert lse[1] == pytest.approx(math.log(np.exp(s).sum()))

@@ -1,0 +1,56 @@
+"""The wheel carries templates/, cuda_src/ and search_spaces/, and an installed copy finds them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    p = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "-q", "-w", str(out)],
+        capture_output=True, text=True,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    [whl] = out.glob("fa_tune-*.whl")
+    return whl
+
+
+def test_wheel_contains_data(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for rel in ("search_spaces/default.yaml", "search_spaces/presets/baseline.yaml"):
+        assert f"tuner/_data/{rel}" in names
+    for d in ("templates", "cuda_src"):
+        src = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / d).rglob("*") if p.is_file()
+                     and "__pycache__" not in p.parts)
+        assert src and all(f"tuner/_data/{s}" in names for s in src), d
+    assert "tuner/cli.py" in names
+    meta = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "fa-tune = tuner.cli:main" in zipfile.ZipFile(wheel).read(meta).decode()
+
+
+def test_installed_copy_finds_its_data(wheel: Path, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = (
+        "from tuner import _paths, config, build; "
+        "assert _paths.data_root() == _paths._PKG_DIR / '_data', _paths.data_root(); "
+        "assert not _paths.is_source_checkout(); "
+        "assert {'baseline', 'default', 'fa3'} <= set(config.list_presets()); "
+        "print(len(build.render(config.load_preset('baseline'))))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    env.pop("FA_TUNE_STUDIES", None)
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert int(p.stdout.strip()) > 0

@@ -1,0 +1,46 @@
+"""runner's bookkeeping with the oracle's real result types (no GPU needed)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tuner import runner, store
+from tuner.config import SEED_SHAPES
+
+oracle = pytest.importorskip("tuner.oracle")
+
+
+def _metrics(name: str, passed: bool, err: float, rel: float) -> oracle.SetMetrics:
+    return oracle.SetMetrics(
+        input_set=name, passed=passed, max_abs_err=err, rel_l2=rel,
+        violations=0 if passed else 7, first_violation=None if passed else (0, 5, 1, 3),
+        nan_count=0, unwritten=0, elements=10,
+        reasons=[] if passed else ["7 elements violate"],
+    )
+
+
+def test_gate_to_dict_takes_worst_set_and_is_json_safe(tmp_path: Path) -> None:
+    g = oracle.GateResult(
+        passed=False, shape=(4, 32, 4096), seed=42,
+        sets=[_metrics("seed", True, 0.002, 1e-3), _metrics("rising", False, 0.7, math.inf)],
+    )
+    d = runner.gate_to_dict(g)
+    assert d["passed"] is False and d["max_abs_err"] == 0.7
+    assert "FAIL" in d["summary"] and d["details"]["sets"][1]["first_violation"] == [0, 5, 1, 3]
+    payload = {
+        "status": "failed", "failure": "4x32x4096: gate failed", "config_id": "x",
+        "shapes": [{"shape": str(SEED_SHAPES[0]), "status": "failed", "gate": d, "timing": None}],
+    }
+    out = store.new_result_dir(tmp_path)
+    store.write_results(out, payload)
+    data = json.loads((out / "results.json").read_text())  # strict JSON: inf became null
+    assert data["shapes"][0]["gate"]["rel_l2"] is None
+    assert "FAIL" in (out / "summary.md").read_text()
+
+
+def test_to_plain() -> None:
+    assert runner.to_plain({"a": (1, 2), "b": Path("x")}) == {"a": [1, 2], "b": "x"}

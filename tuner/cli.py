@@ -1,0 +1,286 @@
+"""The ``fa-tune`` command line: parse, call the modules, print with rich.
+
+Every command is wrapped by ``_user_errors``: a FaTuneError becomes ONE line on stderr and exit
+code 2 (usage errors keep typer's own exit 2). Later commands (search, show, export, profile,
+compare) are added the same way: ``@app.command()`` + ``@_user_errors``.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tuner import _paths
+from tuner.config import SEED_SHAPES, KernelConfig, Shape, list_presets, load_preset, smem_bytes
+from tuner.errors import BundleError, ConfigError, FaTuneError
+
+app = typer.Typer(
+    name="fa-tune",
+    help="Autotuner for a causal FlashAttention forward kernel (BF16, sm_90a Hopper).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def fail(message: str, code: int = 2) -> None:
+    """One line on stderr, then exit (never a traceback for a user error)."""
+    sys.stderr.write(f"fa-tune: error: {' '.join(str(message).split())}\n")
+    sys.stderr.flush()
+    raise typer.Exit(code)
+
+
+def _user_errors(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except FaTuneError as e:
+            fail(str(e), e.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+PresetOpt = Annotated[
+    str | None, typer.Option("--preset", "-p", help="Preset name (see `fa-tune presets`).")
+]
+ConfigOpt = Annotated[
+    Path | None, typer.Option("--config", "-c", help="Config YAML/JSON file (knob: value).")
+]
+
+
+def load_config(preset: str | None, config: Path | None) -> tuple[KernelConfig, str]:
+    """The config named by exactly one of --preset / --config, and a label for it."""
+    if (preset is None) == (config is None):
+        raise ConfigError("give exactly one of --preset NAME or --config FILE")
+    if preset is not None:
+        return load_preset(preset), preset
+    assert config is not None
+    return KernelConfig.load(config), str(config)
+
+
+def _yes_no(v: bool | None) -> str:
+    return "-" if v is None else ("yes" if v else "no")
+
+
+# ---- build --------------------------------------------------------------------------------
+@app.command()
+@_user_errors
+def build(
+    preset: PresetOpt = None,
+    config: ConfigOpt = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel nvcc jobs.")] = 1,
+) -> None:
+    """Compile a config for sm_90a (no GPU needed) and print its ptxas/SASS report."""
+    from tuner import build as build_mod
+
+    cfg, label = load_config(preset, config)
+    [outcome] = build_mod.build_many([cfg], jobs=jobs)
+    if outcome.error is not None:
+        raise outcome.error
+    r = outcome.result
+    assert r is not None
+    e = r.main_entry
+    sass = r.sass or {}
+    t = Table(title=f"{label} ({cfg.config_id()})")
+    t.add_column("resource")
+    t.add_column("value", justify="right")
+    spills = f"{e.get('spill_stores', '?')} B stores / {e.get('spill_loads', '?')} B loads"
+    smem_dyn = r.smem_dynamic if r.smem_dynamic is not None else smem_bytes(cfg)
+    rows = [
+        ("registers / thread", str(e.get("registers", "?"))),
+        ("spills", spills if not r.any_spills else f"[red]{spills}[/]"),
+        ("stack frame", f"{e.get('stack_frame', '?')} B"),
+        ("shared memory", f"{smem_dyn} B dynamic + {e.get('smem', 0)} B static"),
+        ("compile time", f"{r.compile_seconds:.1f} s"),
+        ("cache hit", _yes_no(r.cache_hit)),
+        ("SASS has HGMMA", _yes_no(sass.get("has_hgmma")) if r.sass_checked else "unchecked"),
+        ("SASS LDL / STL", f"{sass.get('ldl', 0)} / {sass.get('stl', 0)}"
+         if r.sass_checked else "unchecked"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
+    if not r.sass_checked:
+        console.print(f"[yellow]SASS not checked: {r.sass_note}[/]")
+    for w in r.ptxas.get("warnings", []):
+        console.print(f"[yellow]{w}[/]")
+    console.print(f"artifact: {r.so_path}", soft_wrap=True)
+
+
+# ---- run ----------------------------------------------------------------------------------
+@app.command()
+@_user_errors
+def run(
+    preset: PresetOpt = None,
+    config: ConfigOpt = None,
+    shape: Annotated[
+        list[str] | None,
+        typer.Option("--shape", "-s", help="BxHxS, repeatable (default: the 3 seed shapes)."),
+    ] = None,
+    warmup: Annotated[int, typer.Option(min=0, help="Warm-up launches per round.")] = 50,
+    repeat: Annotated[int, typer.Option(min=1, help="Timed launches per round.")] = 200,
+    rounds: Annotated[int, typer.Option(min=1, help="Independently warmed rounds.")] = 3,
+    results_dir: Annotated[
+        Path | None, typer.Option("--results-dir", help="Root of result folders.")
+    ] = None,
+    device: Annotated[int, typer.Option(min=0, help="CUDA device index.")] = 0,
+) -> None:
+    """Build, gate (vs the FP32 reference) and time a config; write a result folder."""
+    cfg, label = load_config(preset, config)
+    shapes = [Shape.parse(s) for s in shape] if shape else list(SEED_SHAPES)
+    from tuner import runner, timing
+
+    protocol = timing.Protocol(warmup=warmup, repeat=repeat, rounds=rounds)
+    report = runner.run_config(
+        cfg,
+        shapes,
+        protocol,
+        results_dir,
+        preset=preset,
+        config_file=str(config) if config else None,
+        device_index=device,
+        log=lambda m: console.print(f"[dim]{m}[/]"),
+    )
+    p = report.payload
+    t = Table(title=f"{label} ({p['config_id']}) on {p['gpu'].get('name', '?')}")
+    for col in ("shape", "gate", "max abs err", "median ms", "min / max ms", "TFLOPS"):
+        t.add_column(col, justify="right")
+    for s in p["shapes"]:
+        g = s.get("gate") or {}
+        tm = s.get("timing") or {}
+        gate = {True: "[green]pass[/]", False: "[red]FAIL[/]"}.get(g.get("passed"), "[red]error[/]")
+        err = g.get("max_abs_err")
+        t.add_row(
+            s["shape"],
+            gate,
+            f"{err:.3g}" if isinstance(err, float) else "-",
+            f"{tm['median_ms']:.3f}" if tm else "-",
+            f"{tm['min_ms']:.3f} / {tm['max_ms']:.3f}" if tm else "-",
+            f"{tm['tflops']:.1f}" if tm else "-",
+        )
+    console.print(t)
+    console.print(f"results: {report.result_dir}", soft_wrap=True)
+    if not report.passed:
+        sys.stderr.write(f"fa-tune: run FAILED: {p['failure']}\n")
+        raise typer.Exit(1)
+
+
+# ---- doctor -------------------------------------------------------------------------------
+@app.command()
+def doctor() -> None:
+    """Check GPU, driver, nvcc (sm_90a), cuda-python, NVML and CUTLASS; say how to fix gaps."""
+    from tuner import doctor as doc
+
+    t = Table(title="fa-tune doctor")
+    t.add_column("check")
+    t.add_column("ok")
+    t.add_column("found")
+    t.add_column("to fix")
+    for c in doc.run_checks():
+        t.add_row(c.name, "[green]yes[/]" if c.ok else "[red]no[/]", c.detail,
+                  "" if c.ok else c.fix)
+    console.print(t)
+
+
+# ---- presets ------------------------------------------------------------------------------
+@app.command()
+@_user_errors
+def presets() -> None:
+    """List the presets and how each differs from the defaults."""
+    t = Table(title=f"presets ({_paths.presets_dir()})")
+    t.add_column("name")
+    t.add_column("id")
+    t.add_column("differs from default")
+    for name in list_presets():
+        cfg = load_preset(name)
+        diff = ", ".join(f"{k}={v}" for k, v in cfg.diff_from_default().items())
+        t.add_row(name, cfg.config_id(), diff or "(all defaults)")
+    console.print(t)
+
+
+# ---- bundle -------------------------------------------------------------------------------
+# Wheels for a GPU host without network: manylinux x86_64, glibc 2.17 .. 2.34.
+BUNDLE_PLATFORMS = (
+    "manylinux_2_34_x86_64",
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
+
+
+def _pip(args: list[str], what: str) -> None:
+    cmd = [sys.executable, "-m", "pip", *args]
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        lines = [ln for ln in (p.stderr + p.stdout).splitlines() if "ERROR" in ln] or [
+            ln for ln in p.stderr.splitlines() if ln.strip()
+        ]
+        raise BundleError(f"{what} failed: {lines[0].strip() if lines else p.returncode}")
+
+
+@app.command()
+@_user_errors
+def bundle(
+    out: Annotated[Path, typer.Option("--out", "-o", help="Wheelhouse folder (new or empty).")],
+    python: Annotated[
+        str, typer.Option("--python", help="Target Python version, e.g. 3.12.")
+    ] = f"{sys.version_info.major}.{sys.version_info.minor}",
+) -> None:
+    """Write a wheelhouse so `pip install --no-index --find-links DIR fa-tune` works offline."""
+    import re
+
+    if not re.fullmatch(r"3\.\d{1,2}", python):
+        raise BundleError(f"--python must look like 3.12 (got '{python}')")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise BundleError(f"{out} exists and is not an empty folder; choose a new --out")
+    if not _paths.is_source_checkout() or not (_paths.data_root() / "pyproject.toml").is_file():
+        raise BundleError("bundle builds fa-tune's wheel and needs a source checkout of fa-tune")
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        console.print("building the fa-tune wheel ...")
+        _pip(["wheel", str(_paths.data_root()), "--no-deps", "-w", tmp], "pip wheel")
+        [whl] = list(Path(tmp).glob("fa_tune-*.whl"))
+        shutil.copy2(whl, out / whl.name)
+    console.print(f"downloading dependencies for CPython {python} manylinux x86_64 ...")
+    plat = [a for p in BUNDLE_PLATFORMS for a in ("--platform", p)]
+    _pip(
+        ["download", str(out / whl.name), "-d", str(out), "--only-binary=:all:",
+         "--python-version", python, "--implementation", "cp", *plat],
+        "pip download",
+    )
+    n = len(list(out.glob("*.whl")))
+    console.print(f"{n} wheels in {out}; on the GPU host: "
+                  f"pip install --no-index --find-links {out} fa-tune")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    try:
+        app(args=argv, prog_name="fa-tune")
+    except FaTuneError as e:  # a command without the decorator; still one line
+        sys.stderr.write(f"fa-tune: error: {e}\n")
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("fa-tune: interrupted\n")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

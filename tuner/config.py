@@ -1,0 +1,395 @@
+"""Kernel configs: every compile-time knob of the FlashAttention forward template.
+
+A ``KernelConfig`` is a frozen, hashable value with one canonical JSON form (sorted keys, compact)
+and a short content id. Presets are partial YAML dicts over the defaults in
+``search_spaces/presets/``. ``validate`` rejects configs that cannot fit or cannot work on
+sm_90a before anything is compiled, with one sentence saying why. See docs/ARCHITECTURE.md for
+the knob table and the template contract this module implements.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import yaml
+
+from tuner import _paths
+from tuner.errors import ConfigError, ShapeError
+
+HEAD_DIM = 128
+ELEM_BYTES = 2  # BF16
+
+# sm_90: 227 KB of shared memory per CTA at most (232448 bytes = 227 * 1024).
+SMEM_LIMIT_BYTES = 232448
+# Barriers and the 1024-byte alignment the TMA/WGMMA swizzled tiles need.
+SMEM_OVERHEAD_BYTES = 1024
+REGISTER_FILE = 65536  # 32-bit registers per SM; one CTA per SM in this design
+THREADS_PER_WARPGROUP = 128
+# Per-thread registers a consumer warpgroup needs beyond its accumulators (addresses, softmax
+# state, loop counters). A first guess; to be tuned against real ptxas reports.
+CONSUMER_REG_OVERHEAD = 40
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One knob: its kind, allowed values, and the C++ type it renders to."""
+
+    name: str
+    kind: str  # "int" | "bool" | "enum"
+    choices: tuple[Any, ...]
+    cpp_type: str | None = None  # enums only: fa_tune::<cpp_type>::<CamelCase>
+    range_text: str | None = None  # compact wording for long int ranges
+
+    def allowed_text(self) -> str:
+        if self.range_text:
+            return self.range_text
+        return ", ".join(_fmt(c) for c in self.choices)
+
+    def check(self, value: Any) -> Any:
+        """Return the value if allowed, else raise ConfigError naming the knob."""
+        ok: bool
+        if self.kind == "bool":
+            ok = isinstance(value, bool)
+        elif self.kind == "int":
+            ok = isinstance(value, int) and not isinstance(value, bool) and value in self.choices
+        else:
+            ok = isinstance(value, str) and value in self.choices
+        if not ok:
+            raise ConfigError(
+                f"knob '{self.name}' must be {'one of ' if not self.range_text else ''}"
+                f"{self.allowed_text()} (got {_fmt(value)})"
+            )
+        return value
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return v
+    return repr(v)
+
+
+_HINTS = ("none", "evict_first", "evict_last", "evict_normal")
+
+KNOBS: dict[str, Knob] = {
+    k.name: k
+    for k in [
+        Knob("block_m", "int", (64, 128, 192)),
+        Knob("block_n", "int", tuple(range(64, 193, 16)), range_text="64..192 in steps of 16"),
+        Knob("k_stages", "int", (1, 2, 3)),
+        Knob("v_stages", "int", (1, 2, 3)),
+        Knob("k_release", "enum", ("after_qk", "after_softmax"), "KRelease"),
+        Knob("v_release", "enum", ("after_pv", "deferred"), "VRelease"),
+        Knob("q_release", "enum", ("after_last_qk", "at_end"), "QRelease"),
+        Knob("hint_q", "enum", _HINTS, "CacheHint"),
+        Knob("hint_k", "enum", _HINTS, "CacheHint"),
+        Knob("hint_v", "enum", _HINTS, "CacheHint"),
+        Knob("hint_o", "enum", _HINTS, "CacheHint"),
+        Knob("producer_regs", "int", (24, 32, 40, 56)),
+        Knob(
+            "consumer_regs", "int", tuple(range(160, 241, 8)), range_text="160..240 in steps of 8"
+        ),
+        Knob("intra_wg_overlap", "bool", (False, True)),
+        Knob("pingpong", "bool", (False, True)),
+        Knob("rescale_o", "enum", ("after_pv", "before_pv"), "RescaleO"),
+        Knob("tile_order", "enum", ("longest_first", "natural"), "TileOrder"),
+        Knob("scheduler", "enum", ("grid", "static", "dynamic"), "Scheduler"),
+        Knob("fixed_cost", "int", tuple(range(17)), range_text="an integer from 0 to 16"),
+        Knob(
+            "persistent_ctas",
+            "int",
+            tuple(range(1025)),
+            range_text="an integer from 0 (= SM count) to 1024",
+        ),
+        Knob("write_lse", "bool", (False, True)),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Every knob of templates/fa_fwd_sm90.cu, with the defaults of docs/ARCHITECTURE.md."""
+
+    block_m: int = 128
+    block_n: int = 128
+    k_stages: int = 2
+    v_stages: int = 2
+    k_release: str = "after_qk"
+    v_release: str = "after_pv"
+    q_release: str = "at_end"
+    hint_q: str = "evict_first"
+    hint_k: str = "evict_last"
+    hint_v: str = "evict_last"
+    hint_o: str = "none"
+    producer_regs: int = 24
+    consumer_regs: int = 240
+    intra_wg_overlap: bool = True
+    pingpong: bool = True
+    rescale_o: str = "after_pv"
+    tile_order: str = "longest_first"
+    scheduler: str = "grid"
+    fixed_cost: int = 4
+    persistent_ctas: int = 0
+    write_lse: bool = True
+
+    def __post_init__(self) -> None:
+        # Direct construction gets the same per-knob checks as from_dict.
+        for f in dataclasses.fields(self):
+            KNOBS[f.name].check(getattr(self, f.name))
+
+    # ---- (de)serialisation -------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None, source: str | None = None) -> KernelConfig:
+        """Build from a partial dict over the defaults; unknown knobs and bad values raise."""
+        where = f"{source}: " if source else ""
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                f"{where}a config must be a mapping of knob: value, got {type(data).__name__}"
+            )
+        unknown = sorted(str(k) for k in data if k not in KNOBS)
+        if unknown:
+            raise ConfigError(
+                f"{where}unknown knob '{unknown[0]}'; known knobs: {', '.join(KNOBS)}"
+            )
+        try:
+            for k, v in data.items():
+                KNOBS[k].check(v)
+        except ConfigError as e:
+            raise ConfigError(f"{where}{e}") from None
+        return cls(**dict(data))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def config_id(self) -> str:
+        """Short content id: first 12 hex digits of sha256(canonical JSON)."""
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:12]
+
+    def replace(self, **changes: Any) -> KernelConfig:
+        return KernelConfig.from_dict({**self.to_dict(), **changes})
+
+    def diff_from_default(self) -> dict[str, Any]:
+        default = KernelConfig()
+        return {k: v for k, v in self.to_dict().items() if getattr(default, k) != v}
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=True)
+
+    def save_yaml(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_yaml())
+
+    @classmethod
+    def from_yaml_text(cls, text: str, source: str = "<config>") -> KernelConfig:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            line = f" line {mark.line + 1}:" if mark is not None else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise ConfigError(f"{source}: cannot parse YAML:{line} {problem}") from None
+        return cls.from_dict(data, source=source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> KernelConfig:
+        """Load a config file (YAML, which includes JSON)."""
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from None
+        return cls.from_yaml_text(text, source=str(p))
+
+    # ---- the template contract -----------------------------------------------------------
+    def cpp_constants(self) -> dict[str, str]:
+        """Each knob as a C++ literal for string.Template substitution into the kernel."""
+        out: dict[str, str] = {}
+        for name, value in self.to_dict().items():
+            knob = KNOBS[name]
+            if knob.kind == "bool":
+                out[name] = "true" if value else "false"
+            elif knob.kind == "int":
+                out[name] = str(int(value))
+            else:
+                out[name] = f"fa_tune::{knob.cpp_type}::{camel_case(value)}"
+        return out
+
+    @property
+    def consumer_warpgroups(self) -> int:
+        return self.block_m // 64
+
+
+def camel_case(value: str) -> str:
+    """``evict_first`` -> ``EvictFirst`` (the template contract's enum spelling)."""
+    return "".join(part[:1].upper() + part[1:] for part in value.split("_"))
+
+
+# ---- static validity --------------------------------------------------------------------
+def smem_bytes(cfg: KernelConfig) -> int:
+    tile = HEAD_DIM * ELEM_BYTES
+    return (
+        cfg.block_m * tile  # Q tile, reused for O in the epilogue
+        + cfg.k_stages * cfg.block_n * tile
+        + cfg.v_stages * cfg.block_n * tile
+        + SMEM_OVERHEAD_BYTES
+    )
+
+
+def register_budget(cfg: KernelConfig) -> int:
+    """Registers the CTA asks for via setmaxnreg (producer + consumer warpgroups)."""
+    return (cfg.producer_regs + cfg.consumer_warpgroups * cfg.consumer_regs) * THREADS_PER_WARPGROUP
+
+
+def consumer_reg_estimate(cfg: KernelConfig) -> int:
+    """Per-thread registers a consumer warpgroup needs: S, (previous P), O, overhead.
+
+    S tile 64 x block_n fp32 over 128 threads = block_n/2; the overlapped previous P tile in BF16
+    = block_n/4; O tile 64 x 128 fp32 = 64.
+    """
+    s_acc = cfg.block_n // 2
+    p_prev = cfg.block_n // 4 if cfg.intra_wg_overlap else 0
+    return s_acc + p_prev + 64 + CONSUMER_REG_OVERHEAD
+
+
+def validate(cfg: KernelConfig) -> KernelConfig:
+    """Raise ConfigError with one sentence if cfg cannot work on sm_90a; else return cfg."""
+    smem = smem_bytes(cfg)
+    if smem > SMEM_LIMIT_BYTES:
+        raise ConfigError(
+            f"config needs {smem} bytes of shared memory (Q {cfg.block_m} rows + "
+            f"{cfg.k_stages} K and {cfg.v_stages} V stages of {cfg.block_n} rows), more than the "
+            f"{SMEM_LIMIT_BYTES} an sm_90 CTA can have; lower block_m, block_n or the stages"
+        )
+    regs = register_budget(cfg)
+    if regs > REGISTER_FILE:
+        raise ConfigError(
+            f"config asks for {regs} registers per CTA ((producer_regs {cfg.producer_regs} + "
+            f"{cfg.consumer_warpgroups} x consumer_regs {cfg.consumer_regs}) x 128 threads), more "
+            f"than the {REGISTER_FILE} of an SM; lower consumer_regs or producer_regs"
+        )
+    if cfg.pingpong and cfg.consumer_warpgroups < 2:
+        raise ConfigError(
+            f"pingpong needs at least 2 consumer warpgroups but block_m {cfg.block_m} gives "
+            f"{cfg.consumer_warpgroups}; use block_m >= 128 or pingpong false"
+        )
+    if cfg.rescale_o == "before_pv" and not cfg.intra_wg_overlap:
+        raise ConfigError("rescale_o before_pv needs intra_wg_overlap true")
+    if cfg.v_release == "deferred" and cfg.v_stages < 2:
+        raise ConfigError(
+            f"v_release deferred holds a V stage across iterations and needs v_stages >= 2 "
+            f"(got {cfg.v_stages})"
+        )
+    if cfg.k_release == "after_softmax" and cfg.intra_wg_overlap and cfg.k_stages < 2:
+        raise ConfigError(
+            "k_release after_softmax with intra_wg_overlap holds K while the next QK^T needs a "
+            f"new K, so it needs k_stages >= 2 (got {cfg.k_stages})"
+        )
+    est = consumer_reg_estimate(cfg)
+    if est > cfg.consumer_regs:
+        parts = f"S {cfg.block_n // 2}"
+        if cfg.intra_wg_overlap:
+            parts += f" + previous P {cfg.block_n // 4}"
+        parts += f" + O 64 + overhead {CONSUMER_REG_OVERHEAD}"
+        raise ConfigError(
+            f"consumer warpgroups need about {est} registers per thread ({parts}) but "
+            f"consumer_regs is {cfg.consumer_regs}; lower block_n or raise consumer_regs"
+        )
+    return cfg
+
+
+# ---- presets ------------------------------------------------------------------------------
+def list_presets() -> list[str]:
+    d = _paths.presets_dir()
+    if not d.is_dir():
+        return []
+    return sorted(p.stem for p in d.glob("*.yaml"))
+
+
+def load_preset(name: str) -> KernelConfig:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name or ""):
+        raise ConfigError(f"bad preset name '{name}'; available: {', '.join(list_presets())}")
+    path = _paths.presets_dir() / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(
+            f"unknown preset '{name}'; available presets: {', '.join(list_presets()) or 'none'}"
+        )
+    return KernelConfig.load(path)
+
+
+# ---- problem shapes -----------------------------------------------------------------------
+_SHAPE_RE = re.compile(r"\s*(\d+)\s*[xX]\s*(\d+)\s*[xX]\s*(\d+)\s*")
+# Element count of one [B, S, H, 128] tensor must fit the kernel's int32 indexing.
+_MAX_ELEMS = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One problem: batch B, heads H (query = KV heads), sequence S (query = KV length)."""
+
+    B: int
+    H: int
+    S: int
+    D: ClassVar[int] = HEAD_DIM
+
+    def __post_init__(self) -> None:
+        for name in ("B", "H", "S"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ShapeError(f"shape {name} must be a positive integer (got {v!r})")
+        if self.B * self.S * self.H * HEAD_DIM > _MAX_ELEMS:
+            raise ShapeError(
+                f"shape {self} is too large: B*S*H*128 must stay below 2^31 elements"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> Shape:
+        m = _SHAPE_RE.fullmatch(str(text))
+        if not m:
+            raise ShapeError(
+                f"malformed shape '{text}': write BxHxS with positive integers, e.g. 4x32x8192"
+            )
+        b, h, s = (int(g) for g in m.groups())
+        return cls(b, h, s)
+
+    def __str__(self) -> str:
+        return f"{self.B}x{self.H}x{self.S}"
+
+    @property
+    def flops(self) -> int:
+        """The seeds' FLOP count, 2*B*H*S*S*D (not halved for causality; matches ANCHORS.md)."""
+        return 2 * self.B * self.H * self.S * self.S * HEAD_DIM
+
+    def tflops(self, ms: float) -> float:
+        return self.flops / (ms * 1e9)
+
+    def to_dict(self) -> dict[str, int]:
+        return {"B": self.B, "H": self.H, "S": self.S, "D": HEAD_DIM}
+
+
+SEED_SHAPES: tuple[Shape, ...] = (Shape(4, 32, 4096), Shape(4, 32, 8192), Shape(4, 32, 16384))
+
+
+def check_shape(cfg: KernelConfig, shape: Shape) -> None:
+    """Raise ShapeError if the kernel cannot run cfg on shape (before building or launching).
+
+    The kernel masks ragged query and KV tiles (TMA fills out-of-bounds rows), so any S works;
+    B and H index the grid, which allows at most 65535 in y and z. cfg is an argument so
+    tile-dependent limits of later kernels go here.
+    """
+    del cfg
+    for name in ("B", "H"):
+        v = getattr(shape, name)
+        if v > 65535:
+            raise ShapeError(f"shape {shape}: {name}={v} exceeds the kernel's grid limit 65535")

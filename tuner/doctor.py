@@ -1,0 +1,229 @@
+"""Environment probes for ``fa-tune doctor`` and the test suite's GPU check.
+
+Every probe returns a result instead of raising: a missing driver, library or tool is a finding,
+and each finding carries how to get the missing piece.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import FaTuneError
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""  # how to get it, when not ok
+
+
+@dataclass
+class GpuInfo:
+    index: int
+    name: str
+    cc: tuple[int, int]
+    sm_count: int
+
+
+@dataclass
+class GpuProbe:
+    driver_version: str | None = None
+    gpus: list[GpuInfo] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def sm90(self) -> list[GpuInfo]:
+        return [g for g in self.gpus if g.cc == (9, 0)]
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:200] or type(e).__name__
+
+
+def probe_gpus() -> GpuProbe:
+    """GPUs seen by the CUDA driver API through cuda-python; never raises."""
+    probe = GpuProbe()
+    try:
+        from cuda.bindings import driver
+    except Exception as e:  # cuda-python missing or broken
+        probe.error = f"cuda-python not importable: {_one_line(e)}"
+        return probe
+    try:
+        (err,) = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            probe.error = f"cuInit failed: {err.name}"
+            return probe
+        err, ver = driver.cuDriverGetVersion()
+        probe.driver_version = f"{ver // 1000}.{(ver % 1000) // 10}"
+        err, n = driver.cuDeviceGetCount()
+        attr = driver.CUdevice_attribute
+        for i in range(n if err == driver.CUresult.CUDA_SUCCESS else 0):
+            _, dev = driver.cuDeviceGet(i)
+            _, raw = driver.cuDeviceGetName(256, dev)
+            _, major = driver.cuDeviceGetAttribute(
+                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev
+            )
+            _, minor = driver.cuDeviceGetAttribute(
+                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev
+            )
+            _, sms = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)
+            name = raw.split(b"\0", 1)[0].decode(errors="replace")
+            probe.gpus.append(GpuInfo(i, name, (int(major), int(minor)), int(sms)))
+    except Exception as e:  # no libcuda.so, or a driver too old for these bindings
+        if "NotFound" in type(e).__name__:
+            probe.error = "libcuda.so not found (no NVIDIA driver installed)"
+        else:
+            probe.error = _one_line(e)
+    return probe
+
+
+def has_sm90_gpu() -> bool:
+    try:
+        return bool(probe_gpus().sm90)
+    except Exception:
+        return False
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+_PROBE_KERNEL = r"""
+extern "C" __global__ void fa_tune_probe(float* o) {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+  o[threadIdx.x] = 1.0f;
+}
+"""
+
+
+def probe_nvcc_sm90a() -> tuple[bool, str]:
+    """Compile a tiny kernel with a wgmma fence for sm_90a (no GPU needed)."""
+    from tuner import build
+
+    try:
+        nvcc = build.find_nvcc()
+    except FaTuneError as e:
+        return False, str(e)
+    with tempfile.TemporaryDirectory() as d:
+        src = Path(d) / "probe.cu"
+        src.write_text(_PROBE_KERNEL)
+        cmd = [str(nvcc), build.ARCH_FLAG, "-cubin", "-o", str(Path(d) / "probe.cubin"), str(src)]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.SubprocessError) as e:
+            return False, _one_line(e)
+        if p.returncode != 0:
+            lines = [ln for ln in (p.stderr + p.stdout).splitlines() if ln.strip()]
+            return False, (lines[0] if lines else f"exit code {p.returncode}")[:200]
+    return True, "compiles sm_90a (wgmma) code"
+
+
+def run_checks() -> list[Check]:
+    """Everything fa-tune needs, in the order a user would fix it."""
+    from tuner import _paths, build
+
+    checks: list[Check] = []
+    cp = _version("cuda-python") or _version("cuda-bindings")
+    checks.append(
+        Check("cuda-python", cp is not None, cp or "not installed", "pip install cuda-python")
+    )
+    gp = probe_gpus()
+    checks.append(
+        Check(
+            "driver",
+            gp.driver_version is not None,
+            f"CUDA driver {gp.driver_version}" if gp.driver_version else (gp.error or "none"),
+            "install the NVIDIA driver (>= 580 for CUDA 13 and cuda-python 13); "
+            "`nvidia-smi` must work",
+        )
+    )
+    if gp.gpus:
+        desc = "; ".join(f"{g.index}: {g.name}, sm_{g.cc[0]}{g.cc[1]}, {g.sm_count} SMs"
+                         for g in gp.gpus)
+    else:
+        desc = "no GPU visible" + (f" ({gp.error})" if gp.error and gp.driver_version else "")
+    checks.append(
+        Check(
+            "GPU (sm_90)",
+            bool(gp.sm90),
+            desc,
+            "run on a Hopper GPU (H100/H200/H800, compute capability 9.0); "
+            "building works without one",
+        )
+    )
+    try:
+        nvcc = build.find_nvcc()
+        checks.append(Check("nvcc", True, f"{nvcc} ({build.nvcc_version(nvcc)})"))
+        ok, detail = probe_nvcc_sm90a()
+        checks.append(
+            Check("nvcc sm_90a", ok, detail, "use CUDA >= 12.3 (13.0 is tested); set CUDA_HOME")
+        )
+        cuobjdump = build.find_tool("cuobjdump", nvcc)
+        checks.append(
+            Check(
+                "cuobjdump",
+                cuobjdump is not None,
+                str(cuobjdump) if cuobjdump else "not found (SASS checks are skipped)",
+                "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm",
+            )
+        )
+    except FaTuneError as e:
+        checks.append(
+            Check(
+                "nvcc", False, str(e), "install the CUDA toolkit or `pip install nvidia-cuda-nvcc`"
+            )
+        )
+    try:
+        inc = build.cutlass_include()
+        checks.append(Check("CUTLASS headers", True, f"{inc} ({build.cutlass_version()})"))
+    except FaTuneError as e:
+        checks.append(Check("CUTLASS headers", False, str(e), "pip install nvidia-cutlass"))
+    checks.append(_nvml_check())
+    tpl = _paths.kernel_template()
+    checks.append(
+        Check(
+            "kernel template",
+            tpl.is_file(),
+            str(tpl) if tpl.is_file() else f"missing: {tpl}",
+            "reinstall fa-tune (pip install .) or run from a source checkout",
+        )
+    )
+    return checks
+
+
+def _nvml_check() -> Check:
+    ver = _version("nvidia-ml-py")
+    fix = "pip install nvidia-ml-py; NVML comes with the NVIDIA driver"
+    try:
+        import pynvml
+    except Exception as e:
+        return Check("NVML", False, f"nvidia-ml-py not importable: {_one_line(e)}", fix)
+    try:
+        pynvml.nvmlInit()
+        try:
+            drv = pynvml.nvmlSystemGetDriverVersion()
+            drv = drv.decode() if isinstance(drv, bytes) else drv
+            return Check("NVML", True, f"nvidia-ml-py {ver}, driver {drv}")
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception as e:
+        return Check("NVML", False, f"nvidia-ml-py {ver}; {_one_line(e)}", fix)
+
+
+def gpu_summary() -> dict[str, Any]:
+    gp = probe_gpus()
+    return {
+        "driver_version": gp.driver_version,
+        "gpus": [vars(g) for g in gp.gpus],
+        "error": gp.error,
+    }

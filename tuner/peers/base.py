@@ -1,0 +1,82 @@
+"""What every peer backend of ``fa-tune compare`` looks like.
+
+A peer wraps one attention implementation behind four calls so that ``tuner.compare`` can time
+them all with one protocol: ``available()`` says whether it can run here (and why not),
+``version()`` names what was measured, ``prepare(q, k, v)`` binds the shared BSHD inputs and does
+one-time work (allocation, JIT, autotuning) outside the timed region, and ``run()`` launches one
+forward on torch's current stream and returns the output as a [B, S, H, D] tensor (a view is
+fine). ``lse()`` returns the [B, H, S] log-sum-exp of the last run when the backend produces it.
+
+Nothing here imports torch: ``tuner`` and its CLI must import on machines without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+
+def module_missing(name: str) -> str | None:
+    """A one-line reason if ``name`` cannot be imported, else None (without importing it)."""
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else f"python package '{name}' is not installed"
+
+
+def torch_cuda_reason() -> str | None:
+    """Why torch cannot run CUDA kernels here, or None when it can."""
+    missing = module_missing("torch")
+    if missing:
+        return missing
+    import torch
+
+    if not torch.cuda.is_available():
+        return "torch sees no CUDA device"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) < (9, 0):
+        return f"needs sm_90 or newer, found sm_{major}{minor}"
+    return None
+
+
+def dist_version(*names: str) -> str:
+    """The installed version of the first distribution found among ``names``, or 'unknown'."""
+    from importlib import metadata
+
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+class Peer:
+    """Base class; subclasses set ``name``/``label`` and implement the four calls."""
+
+    name: str = "peer"  # short key used on the command line and in results
+    label: str = "peer"  # human name used in tables and charts
+
+    def available(self) -> tuple[bool, str]:
+        raise NotImplementedError
+
+    def version(self) -> str:
+        raise NotImplementedError
+
+    def prepare(self, q: Any, k: Any, v: Any) -> None:
+        raise NotImplementedError
+
+    def run(self) -> Any:
+        raise NotImplementedError
+
+    def lse(self) -> Any | None:
+        """[B, H, S] FP32 log-sum-exp (natural log) of the last run, or None."""
+        return None
+
+    def details(self) -> dict[str, Any]:
+        """Extra facts worth storing with the results (chosen autotune config, host setup)."""
+        return {}
+
+    def release(self) -> None:
+        """Drop references to device buffers so the next backend gets the memory."""

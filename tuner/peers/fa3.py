@@ -1,0 +1,78 @@
+"""FlashAttention-3 through flash-attn-4's CuTe DSL port (its sm90 path).
+
+``flash_attn.cute.interface.flash_attn_func(q, k, v, causal=True)`` takes BSHD tensors, so the
+shared inputs go in untouched. We ask for the LSE too (``return_lse=True``): fa-tune's kernel
+writes it by default, and FA3 skips it when no input needs a gradient, so without the flag FA3
+would do less work than the kernel it is compared with. The first call JIT-compiles the kernel
+(CuTe DSL -> cubin, seconds); ``prepare`` makes that call, outside the timed region.
+
+Installing without a network: scripts/fa3_stage1.sh and fa3_stage2.sh; with ``pip --target`` the
+folder ``<target>/nvidia_cutlass_dsl/dsl_packages`` must be on PYTHONPATH as well.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.peers.base import Peer, dist_version, module_missing, torch_cuda_reason
+
+
+class FA3Peer(Peer):
+    name = "fa3"
+    label = "FlashAttention-3 (flash-attn-4, sm90)"
+
+    def __init__(self, return_lse: bool = True) -> None:
+        self.return_lse = return_lse
+        self._fn: Any = None
+        self._qkv: tuple[Any, Any, Any] | None = None
+        self._lse: Any = None
+
+    def available(self) -> tuple[bool, str]:
+        reason = torch_cuda_reason() or module_missing("flash_attn")
+        if reason:
+            return False, reason
+        try:
+            self._load()
+        except Exception as exc:  # an import failure inside the package is a reason, not a crash
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            return False, (
+                f"flash_attn.cute does not import ({type(exc).__name__}: {first}); is "
+                "<site>/nvidia_cutlass_dsl/dsl_packages on PYTHONPATH?"
+            )
+        return True, "ok"
+
+    def _load(self) -> Any:
+        if self._fn is None:
+            from flash_attn.cute.interface import flash_attn_func
+
+            self._fn = flash_attn_func
+        return self._fn
+
+    def version(self) -> str:
+        return (
+            f"flash-attn-4 {dist_version('flash-attn-4', 'fa4')}, "
+            f"nvidia-cutlass-dsl {dist_version('nvidia-cutlass-dsl')}, "
+            f"quack-kernels {dist_version('quack-kernels')}"
+        )
+
+    def prepare(self, q: Any, k: Any, v: Any) -> None:
+        self._load()
+        self._qkv = (q, k, v)
+        self.run()  # JIT compile now, not in the first warm-up launch
+
+    def run(self) -> Any:
+        assert self._qkv is not None, "prepare() first"
+        q, k, v = self._qkv
+        out, lse = self._fn(q, k, v, causal=True, return_lse=self.return_lse)
+        self._lse = lse
+        return out
+
+    def lse(self) -> Any | None:
+        return self._lse
+
+    def details(self) -> dict[str, Any]:
+        return {"return_lse": self.return_lse, "call": "flash_attn.cute.interface.flash_attn_func"}
+
+    def release(self) -> None:
+        self._qkv = None
+        self._lse = None

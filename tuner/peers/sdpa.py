@@ -1,0 +1,87 @@
+"""cuDNN attention and FlashAttention-2 through PyTorch's SDPA backends.
+
+``scaled_dot_product_attention`` wants [B, H, S, D]; our inputs are BSHD. We pass
+``q.transpose(1, 2)`` views (no copy): SDPA accepts strided inputs whose last dimension is
+contiguous, and both backends read BSHD-strided tensors natively (cuDNN takes arbitrary strides,
+FA2 is a BSHD kernel underneath), so no transpose kernel runs inside the timed region. The output
+comes back as a [B, H, S, D] tensor; we return its ``transpose(1, 2)`` view, which is [B, S, H, D]
+again, for the gate. If a backend ever copied its inputs to a contiguous BHSD layout, that copy
+would be timed too -- deliberately: it is what a BSHD user of the backend pays.
+
+``sdpa_kernel([backend])`` allows exactly one backend, so a backend that cannot take the inputs
+raises instead of silently falling back to another (a peer is never replaced by another).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.peers.base import Peer, torch_cuda_reason
+
+# name -> (SDPBackend member, label)
+SDPA_BACKENDS: dict[str, tuple[str, str]] = {
+    "cudnn": ("CUDNN_ATTENTION", "cuDNN SDPA (torch backend CUDNN_ATTENTION)"),
+    "fa2": ("FLASH_ATTENTION", "FlashAttention-2 (torch backend FLASH_ATTENTION)"),
+    "mem_efficient": ("EFFICIENT_ATTENTION", "torch memory-efficient backend"),
+}
+
+
+class SdpaPeer(Peer):
+    def __init__(self, name: str) -> None:
+        if name not in SDPA_BACKENDS:
+            raise ValueError(f"unknown SDPA backend {name!r}; choose from {sorted(SDPA_BACKENDS)}")
+        self.name = name
+        self.backend_member, self.label = SDPA_BACKENDS[name]
+        self._views: tuple[Any, Any, Any] | None = None
+
+    def available(self) -> tuple[bool, str]:
+        reason = torch_cuda_reason()
+        if reason:
+            return False, reason
+        from torch.nn.attention import SDPBackend
+
+        if not hasattr(SDPBackend, self.backend_member):
+            return False, f"this torch has no SDPBackend.{self.backend_member}"
+        if self.name == "cudnn":
+            import torch
+
+            if not torch.backends.cudnn.is_available():
+                return False, "torch reports cuDNN unavailable"
+        return True, "ok"
+
+    def version(self) -> str:
+        import torch
+
+        parts = [f"torch {torch.__version__}", f"CUDA {torch.version.cuda}"]
+        if self.name == "cudnn":
+            parts.append(f"cuDNN {torch.backends.cudnn.version()}")
+        return ", ".join(parts)
+
+    def prepare(self, q: Any, k: Any, v: Any) -> None:
+        self._views = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        self.run()  # surfaces "backend cannot run these inputs" before timing
+
+    def run(self) -> Any:
+        import torch.nn.functional as F
+
+        assert self._views is not None, "prepare() first"
+        q, k, v = self._views
+        # sdpa_kernel is a one-shot context manager over a global flag: cheap to enter per call
+        # (host side only), and it keeps the backend choice from leaking into the other peers.
+        with self._ctx_manager():
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out.transpose(1, 2)
+
+    def _ctx_manager(self) -> Any:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([getattr(SDPBackend, self.backend_member)])
+
+    def details(self) -> dict[str, Any]:
+        return {
+            "backend": f"SDPBackend.{self.backend_member}",
+            "inputs": "BSHD tensors passed as q.transpose(1, 2) views (no copy)",
+        }
+
+    def release(self) -> None:
+        self._views = None

@@ -1,0 +1,644 @@
+"""cuda-python host runtime: device, primary context, memory, streams, events, built .so files.
+
+Everything goes through the CUDA *driver* API of ``cuda.bindings`` (every call returns a tuple
+``(CUresult, *values)``; ``_check`` turns a failure into a one-line ``CudaError``). The kernel and
+oracle ``.so`` files link the CUDA runtime statically; a runtime uses the context current on the
+calling thread, so we retain the device's *primary* context and make it current before calling
+into them (``Device.make_current``): kernels, oracle and cuda-python then share one context and
+one address space.
+
+Imports of ``cuda.bindings`` are lazy so that ``import tuner.runtime`` works on machines without
+cuda-python; a missing driver or GPU becomes ``GpuError`` (one line), never a traceback.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from tuner.errors import FaTuneError, GpuError
+
+HEAD_DIM = 128
+BF16_BYTES = 2
+F32_BYTES = 4
+REQUIRED_CC = (9, 0)
+
+
+class CudaError(GpuError):
+    """A CUDA call failed (bad launch, out of memory, a kernel fault, ...)."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class KernelError(CudaError):
+    """A built kernel's C ABI returned an error (its fa_tune_last_error() text is included)."""
+
+
+class ShapeLike(Protocol):
+    B: int
+    H: int
+    S: int
+
+
+# ---- cuda.bindings access -------------------------------------------------------------------
+def _driver() -> Any:
+    try:
+        from cuda.bindings import driver
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise GpuError(
+            f"cuda-python is not importable ({e}); install it with `pip install cuda-python`"
+        ) from None
+    return driver
+
+
+def _cu_error_text(err: Any) -> str:
+    drv = _driver()
+    try:
+        e1, name = drv.cuGetErrorName(err)
+        e2, desc = drv.cuGetErrorString(err)
+        name_s = name.decode() if e1 == drv.CUresult.CUDA_SUCCESS and name else str(err)
+        desc_s = desc.decode() if e2 == drv.CUresult.CUDA_SUCCESS and desc else ""
+    except Exception:  # noqa: BLE001 - error text is best effort; the code is still reported
+        return f"CUresult {int(err)}"
+    return f"{name_s} ({desc_s})" if desc_s else name_s
+
+
+def cuda_error_name(code: int) -> str:
+    """Name of a cudaError_t (runtime API) value, e.g. 700 -> 'cudaErrorIllegalAddress'."""
+    try:
+        from cuda.bindings import runtime as rt
+
+        err, name = rt.cudaGetErrorName(rt.cudaError_t(code))
+        if err == rt.cudaError_t.cudaSuccess and name:
+            return name.decode()
+    except Exception:  # noqa: BLE001 - unknown code or no cuda-python: fall back to the number
+        pass
+    return f"cudaError {code}"
+
+
+def _check(result: Any, what: str) -> Any:
+    """Unpack a cuda.bindings result tuple; raise CudaError on failure.
+
+    Returns None, the single value, or a tuple of values.
+    """
+    drv = _driver()
+    if not isinstance(result, tuple):
+        result = (result,)
+    err, rest = result[0], result[1:]
+    if err != drv.CUresult.CUDA_SUCCESS:
+        raise CudaError(f"{what} failed: {_cu_error_text(err)}", code=int(err))
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else rest
+
+
+# ---- device ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    name: str
+    cc: tuple[int, int]
+    sm_count: int
+    l2_bytes: int
+    total_mem_bytes: int
+    cuda_driver_version: int  # e.g. 13000 (the CUDA version the driver supports)
+    pci_bus_id: str
+
+    @property
+    def cuda_driver_version_str(self) -> str:
+        v = self.cuda_driver_version
+        return f"{v // 1000}.{(v % 1000) // 10}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["cc"] = f"{self.cc[0]}.{self.cc[1]}"
+        d["cuda_driver_version_str"] = self.cuda_driver_version_str
+        return d
+
+
+class Device:
+    """One CUDA device with its primary context retained (for the life of the process)."""
+
+    _open: dict[int, Device] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, index: int, cu_device: Any, ctx: Any, info: DeviceInfo) -> None:
+        self.index = index
+        self._cu_device = cu_device
+        self._ctx = ctx
+        self.info = info
+
+    # -- opening
+    @classmethod
+    def open(cls, index: int = 0, *, require_cc: tuple[int, int] | None = REQUIRED_CC) -> Device:
+        """Initialise the driver, retain device ``index``'s primary context, make it current.
+
+        Raises GpuError (one line) when cuda-python, the driver or the device is missing, or
+        when the compute capability is not ``require_cc`` (None accepts any).
+        """
+        with cls._lock:
+            dev = cls._open.get(index)
+            if dev is None:
+                dev = cls._open_new(index)
+                cls._open[index] = dev
+        if require_cc is not None and dev.info.cc != require_cc:
+            raise GpuError(
+                f"GPU {index} is {dev.info.name} (sm_{dev.info.cc[0]}{dev.info.cc[1]}); fa-tune "
+                f"needs an sm_{require_cc[0]}{require_cc[1]} Hopper GPU (H100/H200)"
+            )
+        dev.make_current()
+        return dev
+
+    @classmethod
+    def _open_new(cls, index: int) -> Device:
+        drv = _driver()
+        try:
+            res = drv.cuInit(0)
+        except Exception as e:  # noqa: BLE001 - cuda-python raises when libcuda.so is absent
+            raise GpuError(
+                "no NVIDIA driver: libcuda.so could not be loaded "
+                f"({type(e).__name__}); install the NVIDIA driver or run on a GPU host"
+            ) from None
+        err = res[0]
+        if err != drv.CUresult.CUDA_SUCCESS:
+            if err == drv.CUresult.CUDA_ERROR_NO_DEVICE:
+                vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+                hint = f" (CUDA_VISIBLE_DEVICES={vis!r})" if vis is not None else ""
+                raise GpuError(f"no CUDA GPU is visible{hint}")
+            if err == drv.CUresult.CUDA_ERROR_INSUFFICIENT_DRIVER:
+                raise GpuError(
+                    "the NVIDIA driver is too old for this cuda-python (CUDA 13 needs driver "
+                    ">= 580); update the driver or install a matching cuda-python"
+                )
+            raise GpuError(f"cuInit failed: {_cu_error_text(err)}")
+        count = _check(drv.cuDeviceGetCount(), "cuDeviceGetCount")
+        if count < 1:
+            raise GpuError("no CUDA GPU is visible")
+        if not 0 <= index < count:
+            raise GpuError(f"GPU index {index} does not exist ({count} visible)")
+        cu_dev = _check(drv.cuDeviceGet(index), "cuDeviceGet")
+        attr = drv.CUdevice_attribute
+
+        def get(a: Any) -> int:
+            return int(_check(drv.cuDeviceGetAttribute(a, cu_dev), f"cuDeviceGetAttribute({a})"))
+
+        name = _check(drv.cuDeviceGetName(256, cu_dev), "cuDeviceGetName")
+        name_s = name.split(b"\0", 1)[0].decode(errors="replace").strip()
+        bus = _check(drv.cuDeviceGetPCIBusId(64, cu_dev), "cuDeviceGetPCIBusId")
+        bus_s = bus.split(b"\0", 1)[0].decode(errors="replace").strip()
+        info = DeviceInfo(
+            index=index,
+            name=name_s,
+            cc=(
+                get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR),
+            ),
+            sm_count=get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+            l2_bytes=get(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE),
+            total_mem_bytes=int(_check(drv.cuDeviceTotalMem(cu_dev), "cuDeviceTotalMem")),
+            cuda_driver_version=int(_check(drv.cuDriverGetVersion(), "cuDriverGetVersion")),
+            pci_bus_id=bus_s,
+        )
+        ctx = _check(drv.cuDevicePrimaryCtxRetain(cu_dev), "cuDevicePrimaryCtxRetain")
+        return cls(index, cu_dev, ctx, info)
+
+    # -- properties (shortcuts into info)
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def cc(self) -> tuple[int, int]:
+        return self.info.cc
+
+    @property
+    def sm_count(self) -> int:
+        return self.info.sm_count
+
+    @property
+    def l2_bytes(self) -> int:
+        return self.info.l2_bytes
+
+    @property
+    def cuda_driver_version(self) -> int:
+        return self.info.cuda_driver_version
+
+    def nvidia_driver_version(self) -> str | None:
+        """The NVIDIA driver's version string (e.g. '580.159') via NVML; None without NVML."""
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            v = pynvml.nvmlSystemGetDriverVersion()
+        except Exception:  # noqa: BLE001 - NVML is optional
+            return None
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    def properties(self) -> dict[str, Any]:
+        d = self.info.to_dict()
+        d["nvidia_driver_version"] = self.nvidia_driver_version()
+        return d
+
+    # -- context
+    def make_current(self) -> None:
+        """Make the primary context current on the calling thread (needed before .so calls)."""
+        _check(_driver().cuCtxSetCurrent(self._ctx), "cuCtxSetCurrent")
+
+    def synchronize(self) -> None:
+        self.make_current()
+        _check(_driver().cuCtxSynchronize(), "cuCtxSynchronize")
+
+    def mem_info(self) -> tuple[int, int]:
+        """(free, total) device memory in bytes."""
+        self.make_current()
+        free, total = _check(_driver().cuMemGetInfo(), "cuMemGetInfo")
+        return int(free), int(total)
+
+    # -- factories
+    def alloc(self, nbytes: int) -> DeviceBuffer:
+        return DeviceBuffer(self, nbytes)
+
+    def stream(self) -> Stream:
+        return Stream(self)
+
+    def event(self) -> Event:
+        return Event(self)
+
+
+# ---- memory ---------------------------------------------------------------------------------
+class DeviceBuffer:
+    """``nbytes`` of device memory (cuMemAlloc: 256-byte aligned). Free with ``free()`` or
+    ``with``; the finalizer frees as a last resort."""
+
+    def __init__(self, dev: Device, nbytes: int) -> None:
+        if not isinstance(nbytes, int) or nbytes < 1:
+            raise ValueError(f"DeviceBuffer size must be a positive int (got {nbytes!r})")
+        self.dev = dev
+        self.nbytes = nbytes
+        dev.make_current()
+        self._dptr = _check(_driver().cuMemAlloc(nbytes), f"cuMemAlloc({nbytes} bytes)")
+        self.ptr: int = int(self._dptr)
+
+    def free(self) -> None:
+        if self.ptr:
+            self.dev.make_current()
+            ptr, self.ptr = self._dptr, 0
+            _check(_driver().cuMemFree(ptr), "cuMemFree")
+
+    def __enter__(self) -> DeviceBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    def __del__(self) -> None:
+        try:
+            self.free()
+        except Exception:  # noqa: BLE001 - at interpreter exit the driver may already be gone
+            pass
+
+    def _span(self, nbytes: int, offset: int) -> None:
+        if not self.ptr:
+            raise ValueError("DeviceBuffer used after free()")
+        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
+            raise ValueError(
+                f"copy of {nbytes} bytes at offset {offset} exceeds the buffer ({self.nbytes})"
+            )
+
+    def copy_from_host(self, arr: np.ndarray, offset: int = 0) -> None:
+        """Synchronous host -> device copy of a C-contiguous array into [offset, offset+size)."""
+        a = np.ascontiguousarray(arr)
+        self._span(a.nbytes, offset)
+        self.dev.make_current()
+        _check(_driver().cuMemcpyHtoD(self.ptr + offset, a.ctypes.data, a.nbytes), "cuMemcpyHtoD")
+
+    def copy_to_host(self, dtype: Any = np.uint8, count: int | None = None,
+                     offset: int = 0) -> np.ndarray:
+        """Synchronous device -> host copy of ``count`` items of ``dtype`` (default: all)."""
+        dt = np.dtype(dtype)
+        if count is None:
+            count = (self.nbytes - offset) // dt.itemsize
+        out = np.empty(count, dtype=dt)
+        self._span(out.nbytes, offset)
+        self.dev.make_current()
+        _check(_driver().cuMemcpyDtoH(out.ctypes.data, self.ptr + offset, out.nbytes),
+               "cuMemcpyDtoH")
+        return out
+
+    def copy_from_device(self, src: DeviceBuffer, nbytes: int | None = None) -> None:
+        n = min(self.nbytes, src.nbytes) if nbytes is None else nbytes
+        self._span(n, 0)
+        src._span(n, 0)
+        self.dev.make_current()
+        _check(_driver().cuMemcpyDtoD(self.ptr, src.ptr, n), "cuMemcpyDtoD")
+
+    def memset_u8(self, value: int) -> None:
+        self.dev.make_current()
+        _check(_driver().cuMemsetD8(self.ptr, value & 0xFF, self.nbytes), "cuMemsetD8")
+
+
+# ---- streams and events ---------------------------------------------------------------------
+def stream_handle(stream: Stream | int | None) -> int:
+    """The raw CUstream (as int, 0 = legacy default stream) of a Stream, an int or None."""
+    if stream is None:
+        return 0
+    if isinstance(stream, Stream):
+        return stream.handle
+    return int(stream)
+
+
+class Stream:
+    """A blocking stream (it synchronises with the legacy default stream, so a kernel .so that
+    touches the default stream in its host launcher still orders correctly)."""
+
+    def __init__(self, dev: Device) -> None:
+        drv = _driver()
+        self.dev = dev
+        dev.make_current()
+        self._s = _check(drv.cuStreamCreate(drv.CUstream_flags.CU_STREAM_DEFAULT), "cuStreamCreate")
+        self.handle: int = int(self._s)
+
+    @property
+    def cu(self) -> Any:
+        return self._s
+
+    def synchronize(self) -> None:
+        _check(_driver().cuStreamSynchronize(self._s), "cuStreamSynchronize")
+
+    def destroy(self) -> None:
+        if self.handle:
+            self.dev.make_current()
+            s, self.handle = self._s, 0
+            _check(_driver().cuStreamDestroy(s), "cuStreamDestroy")
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
+    def __del__(self) -> None:
+        try:
+            self.destroy()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
+
+
+class Event:
+    """A timing-enabled CUDA event."""
+
+    def __init__(self, dev: Device) -> None:
+        drv = _driver()
+        self.dev = dev
+        dev.make_current()
+        self._e = _check(drv.cuEventCreate(drv.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+        self.alive = True
+
+    def record(self, stream: Stream) -> None:
+        _check(_driver().cuEventRecord(self._e, stream.cu), "cuEventRecord")
+
+    def synchronize(self) -> None:
+        _check(_driver().cuEventSynchronize(self._e), "cuEventSynchronize")
+
+    @staticmethod
+    def elapsed_ms(start: Event, end: Event) -> float:
+        return float(_check(_driver().cuEventElapsedTime(start._e, end._e), "cuEventElapsedTime"))
+
+    def destroy(self) -> None:
+        if self.alive:
+            self.dev.make_current()
+            self.alive = False
+            _check(_driver().cuEventDestroy(self._e), "cuEventDestroy")
+
+    def __del__(self) -> None:
+        try:
+            self.destroy()
+        except Exception:  # noqa: BLE001 - best effort at interpreter exit
+            pass
+
+
+# ---- attention buffers ----------------------------------------------------------------------
+def elems_bshd(shape: ShapeLike) -> int:
+    return shape.B * shape.S * shape.H * HEAD_DIM
+
+
+def elems_lse(shape: ShapeLike) -> int:
+    return shape.B * shape.H * shape.S
+
+
+class AttnBuffers:
+    """Q, K, V, O ([B, S, H, 128] BF16) and LSE ([B, H, S] FP32) for one shape."""
+
+    def __init__(self, dev: Device, shape: ShapeLike) -> None:
+        self.dev = dev
+        self.shape = shape
+        self.n = elems_bshd(shape)
+        self.n_lse = elems_lse(shape)
+        self._bufs: list[DeviceBuffer] = []
+        try:
+            self.q = self._alloc(self.n * BF16_BYTES)
+            self.k = self._alloc(self.n * BF16_BYTES)
+            self.v = self._alloc(self.n * BF16_BYTES)
+            self.o = self._alloc(self.n * BF16_BYTES)
+            self.lse = self._alloc(self.n_lse * F32_BYTES)
+        except BaseException:
+            self.free()
+            raise
+
+    def _alloc(self, nbytes: int) -> DeviceBuffer:
+        b = self.dev.alloc(nbytes)
+        self._bufs.append(b)
+        return b
+
+    def free(self) -> None:
+        for b in self._bufs:
+            b.free()
+        self._bufs.clear()
+
+    def __enter__(self) -> AttnBuffers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+
+# ---- built .so files ------------------------------------------------------------------------
+_c_int = ctypes.c_int
+_c_ll = ctypes.c_longlong
+_c_ull = ctypes.c_ulonglong
+_c_float = ctypes.c_float
+_vp = ctypes.c_void_p
+
+
+def _load_so(path: Path, what: str) -> ctypes.CDLL:
+    if not path.is_file():
+        raise FaTuneError(f"{what} not found: {path}")
+    try:
+        return ctypes.CDLL(str(path), mode=os.RTLD_NOW | os.RTLD_LOCAL)
+    except OSError as e:
+        raise FaTuneError(f"cannot load {what} {path}: {e}") from None
+
+
+def _bind(lib: ctypes.CDLL, path: Path, name: str, restype: Any, argtypes: Sequence[Any]) -> Any:
+    try:
+        fn = getattr(lib, name)
+    except AttributeError:
+        raise FaTuneError(f"{path} does not export {name}(): not a fa-tune build?") from None
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+    return fn
+
+
+class KernelModule:
+    """A built kernel ``.so``, called through the C ABI of docs/ARCHITECTURE.md."""
+
+    def __init__(self, so_path: str | Path) -> None:
+        self.path = Path(so_path)
+        lib = _load_so(self.path, "kernel library")
+        self._lib = lib
+        p = self.path
+        # int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse,
+        #                     int B, int H, int S, cudaStream_t stream);
+        self._forward = _bind(lib, p, "fa_tune_forward", _c_int,
+                              [_vp, _vp, _vp, _vp, _vp, _c_int, _c_int, _c_int, _vp])
+        # int fa_tune_prepare(int B, int H, int S, cudaStream_t stream, double* host_ms);
+        self._prepare = _bind(lib, p, "fa_tune_prepare", _c_int,
+                              [_c_int, _c_int, _c_int, _vp, ctypes.POINTER(ctypes.c_double)])
+        self._last_error = _bind(lib, p, "fa_tune_last_error", ctypes.c_char_p, [])
+        self._config_json = _bind(lib, p, "fa_tune_config_json", ctypes.c_char_p, [])
+        self._smem_bytes = _bind(lib, p, "fa_tune_smem_bytes", _c_int, [])
+        text = self.config_json()
+        try:
+            cfg = json.loads(text) if text else {}
+        except ValueError:
+            cfg = {}
+        self.config: dict[str, Any] = cfg if isinstance(cfg, dict) else {}
+
+    @property
+    def writes_lse(self) -> bool:
+        """Whether this variant writes LSE (config knob write_lse; absent = yes)."""
+        return bool(self.config.get("write_lse", True))
+
+    def last_error(self) -> str:
+        raw = self._last_error()
+        return raw.decode(errors="replace") if raw else ""
+
+    def config_json(self) -> str:
+        raw = self._config_json()
+        return raw.decode(errors="replace") if raw else ""
+
+    def smem_bytes(self) -> int:
+        return int(self._smem_bytes())
+
+    def _fail(self, what: str, rc: int) -> KernelError:
+        why = self.last_error()
+        return KernelError(
+            f"{what} failed with {cuda_error_name(rc)} ({rc})"
+            + (f": {why}" if why else "")
+            + f" [{self.path.parent.name}/{self.path.name}]",
+            code=rc,
+        )
+
+    def prepare(self, shape: ShapeLike, stream: Stream | int | None) -> float:
+        """One-time host setup for a shape; returns the host milliseconds it took."""
+        ms = ctypes.c_double(0.0)
+        rc = self._prepare(shape.B, shape.H, shape.S, stream_handle(stream) or None,
+                           ctypes.byref(ms))
+        if rc != 0:
+            raise self._fail(f"fa_tune_prepare({shape.B}x{shape.H}x{shape.S})", rc)
+        return float(ms.value)
+
+    def forward(self, bufs: AttnBuffers, stream: Stream | int | None,
+                write_lse: bool | None = None) -> None:
+        """Launch once (asynchronous). LSE goes to bufs.lse when the variant writes it (or when
+        ``write_lse`` says so), else NULL is passed."""
+        use_lse = self.writes_lse if write_lse is None else write_lse
+        s = bufs.shape
+        rc = self._forward(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, bufs.o.ptr,
+                           bufs.lse.ptr if use_lse else None, s.B, s.H, s.S,
+                           stream_handle(stream) or None)
+        if rc != 0:
+            raise self._fail(f"fa_tune_forward({s.B}x{s.H}x{s.S})", rc)
+
+
+ORACLE_ABI_VERSION = 1
+ORACLE_STATS_BYTES = 144
+
+
+class OracleModule:
+    """``oracle.so`` (cuda_src/oracle.cu; its header comment documents the C ABI)."""
+
+    def __init__(self, so_path: str | Path) -> None:
+        self.path = p = Path(so_path)
+        lib = _load_so(p, "oracle library")
+        self._lib = lib
+        abi = _bind(lib, p, "oracle_abi_version", _c_int, [])()
+        size = _bind(lib, p, "oracle_stats_size", _c_int, [])()
+        if abi != ORACLE_ABI_VERSION or size != ORACLE_STATS_BYTES:
+            raise FaTuneError(
+                f"{p}: oracle ABI {abi}/stats {size} bytes, expected "
+                f"{ORACLE_ABI_VERSION}/{ORACLE_STATS_BYTES}: rebuild oracle.so"
+            )
+        self._fill_uniform = _bind(lib, p, "oracle_fill_uniform", _c_int,
+                                   [_vp, _c_ll, _c_ull, _c_ull, _c_float, _c_float, _vp])
+        self._gen_seed = _bind(lib, p, "oracle_gen_seed", _c_int,
+                               [_vp, _vp, _vp, _c_int, _c_int, _c_int, _c_ull, _vp])
+        self._gen_rising = _bind(lib, p, "oracle_gen_rising", _c_int,
+                                 [_vp, _vp, _vp, _c_int, _c_int, _c_int, _c_ull, _c_int, _vp])
+        self._poison = _bind(lib, p, "oracle_poison", _c_int, [_vp, _c_ll, _vp, _c_ll, _vp])
+        self._reference = _bind(lib, p, "oracle_reference", _c_int,
+                                [_vp, _vp, _vp, _vp, _vp, _c_int, _c_int, _c_int, _c_int, _vp])
+        self._f32_to_bf16 = _bind(lib, p, "oracle_f32_to_bf16", _c_int, [_vp, _vp, _c_ll, _vp])
+        self._compare = _bind(lib, p, "oracle_compare", _c_int,
+                              [_vp, _vp, _c_ll, _vp, _vp, _c_ll, _c_float, _c_float, _c_float,
+                               _c_float, _vp, _vp])
+
+    @staticmethod
+    def _ok(rc: int, what: str) -> None:
+        if rc != 0:
+            raise CudaError(f"oracle {what} failed with {cuda_error_name(rc)} ({rc})", code=rc)
+
+    def fill_uniform(self, dst: int, n: int, seed: int, stream_id: int, lo: float, hi: float,
+                     stream: Stream | int | None) -> None:
+        self._ok(self._fill_uniform(dst, n, seed, stream_id, lo, hi,
+                                    stream_handle(stream) or None), "fill_uniform")
+
+    def gen_seed(self, q: int, k: int, v: int, B: int, H: int, S: int, seed: int,
+                 stream: Stream | int | None) -> None:
+        self._ok(self._gen_seed(q, k, v, B, H, S, seed, stream_handle(stream) or None),
+                 "gen_seed")
+
+    def gen_rising(self, q: int, k: int, v: int, B: int, H: int, S: int, seed: int,
+                   direction: int, stream: Stream | int | None) -> None:
+        self._ok(self._gen_rising(q, k, v, B, H, S, seed, direction,
+                                  stream_handle(stream) or None), "gen_rising")
+
+    def poison(self, o: int, n_o: int, lse: int | None, n_lse: int,
+               stream: Stream | int | None) -> None:
+        self._ok(self._poison(o, n_o, lse or None, n_lse, stream_handle(stream) or None),
+                 "poison")
+
+    def reference(self, q: int, k: int, v: int, o_ref: int, lse_ref: int | None, B: int, H: int,
+                  S: int, stream: Stream | int | None, flags: int = 0) -> None:
+        self._ok(self._reference(q, k, v, o_ref, lse_ref or None, B, H, S, flags,
+                                 stream_handle(stream) or None), "reference")
+
+    def f32_to_bf16(self, src: int, dst: int, n: int, stream: Stream | int | None) -> None:
+        self._ok(self._f32_to_bf16(src, dst, n, stream_handle(stream) or None), "f32_to_bf16")
+
+    def compare(self, o: int, o_ref: int, n: int, lse: int | None, lse_ref: int | None,
+                n_lse: int, o_atol: float, o_rtol: float, lse_atol: float, lse_rtol: float,
+                stats: int, stream: Stream | int | None) -> None:
+        self._ok(self._compare(o, o_ref, n, lse or None, lse_ref or None, n_lse, o_atol, o_rtol,
+                               lse_atol, lse_rtol, stats, stream_handle(stream) or None),
+                 "compare")

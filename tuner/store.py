@@ -1,0 +1,174 @@
+"""Result folders: ``studies/results/<UTC timestamp>/`` with results.json, summary.csv, summary.md.
+
+The payload ``write_results`` takes (and writes verbatim as results.json) is a JSON-able dict::
+
+    {
+      "schema": 1,
+      "status": "passed" | "failed",      # failed: a gate failed or a shape could not run
+      "failure": str | None,              # one line saying why, when failed
+      "created_utc": "2026-11-29T18:30:00Z",
+      "fa_tune_version": "0.1.0",
+      "config": {knob: value, ...}, "config_id": "0123abcd4567",
+      "preset": str | None, "config_file": str | None,
+      "protocol": {"warmup": 50, "repeat": 200, "rounds": 3},
+      "gpu": {"name": str, "sm_count": int, "cc": [9, 0], "driver_version": str, ...},
+      "build": {"key", "so_path", "so_sha256", "source_sha256", "template_sha256",
+                "nvcc_version", "cutlass_version", "compile_seconds", "cache_hit",
+                "ptxas": {...main entry...}, "sass": {"hgmma", "ldl", "stl"} | None},
+      "shapes": [
+        {
+          "shape": "4x32x8192", "B": 4, "H": 32, "S": 8192, "D": 128, "flops": int,
+          "status": "passed" | "failed" | "error",
+          "error": str | None,
+          "gate": {"passed": bool, "summary": str, "max_abs_err": float, "rel_l2": float,
+                   "details": {...the oracle's GateResult as a dict...}} | None,
+          "timing": {"median_ms", "min_ms", "max_ms", "tflops", "round_medians_ms": [...],
+                     "state_before": {...}, "state_after": {...},   # NVML: temp, clocks,
+                     "rounds": [{..., "samples_ms": [...]}], ...}   # power, throttle reasons
+                    | None,             # timing.TimingResult.to_dict(); None if the gate failed
+        }, ...
+      ]
+    }
+
+A shape whose gate failed is never timed and never gets numbers from anywhere else.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+CSV_COLUMNS = (
+    "shape",
+    "median_ms",
+    "min_ms",
+    "max_ms",
+    "tflops",
+    "gate_passed",
+    "max_abs_err",
+    "rel_l2",
+)
+
+
+def new_result_dir(root: str | Path) -> Path:
+    """Create and return ``root/<UTC timestamp>/``; a suffix keeps same-second runs apart."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in range(1, 10_000):
+        d = root / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            d.mkdir()  # atomic: exactly one concurrent run gets each name
+            return d
+        except FileExistsError:
+            continue
+    raise OSError(f"cannot create a result folder under {root}")
+
+
+def _num(v: Any, digits: int = 4) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "" if v is None else str(v)
+    if isinstance(v, float):
+        return f"{v:.{digits}g}" if abs(v) < 1e-3 else f"{v:.{digits}f}"
+    return str(v)
+
+
+def _row(s: dict[str, Any]) -> dict[str, Any]:
+    t = s.get("timing") or {}
+    g = s.get("gate") or {}
+    return {
+        "shape": s.get("shape"),
+        "median_ms": t.get("median_ms"),
+        "min_ms": t.get("min_ms"),
+        "max_ms": t.get("max_ms"),
+        "tflops": t.get("tflops"),
+        "gate_passed": g.get("passed"),
+        "max_abs_err": g.get("max_abs_err"),
+        "rel_l2": g.get("rel_l2"),
+    }
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def summary_markdown(payload: dict[str, Any]) -> str:
+    gpu = payload.get("gpu") or {}
+    proto = payload.get("protocol") or {}
+    build = payload.get("build") or {}
+    name = payload.get("preset") or payload.get("config_file") or "config"
+    lines = [
+        f"# fa-tune run: {name} ({payload.get('config_id', '?')})",
+        "",
+        f"- status: **{payload.get('status', '?')}**"
+        + (f" ({payload['failure']})" if payload.get("failure") else ""),
+        f"- date: {payload.get('created_utc', '?')}",
+        f"- GPU: {gpu.get('name', '?')}, driver {gpu.get('driver_version', '?')}",
+        f"- protocol: {proto.get('warmup', '?')} warm-up, {proto.get('repeat', '?')} timed "
+        f"launches, {proto.get('rounds', '?')} rounds; median of round medians",
+        f"- nvcc {build.get('nvcc_version', '?')}, artifact sha256 "
+        f"{str(build.get('so_sha256', '?'))[:16]}",
+        "",
+        "| shape | gate | median ms | TFLOPS | min ms | max ms | max abs err |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for s in payload.get("shapes", []):
+        r = _row(s)
+        gate = {True: "pass", False: "FAIL", None: "-"}[r["gate_passed"]]
+        if s.get("status") == "error":
+            gate = "error"
+        lines.append(
+            f"| {r['shape']} | {gate} | {_num(r['median_ms'], 3)} | {_num(r['tflops'], 1)} | "
+            f"{_num(r['min_ms'], 3)} | {_num(r['max_ms'], 3)} | {_num(r['max_abs_err'])} |"
+        )
+    for s in payload.get("shapes", []):
+        if s.get("error"):
+            lines.append(f"\n{s['shape']}: {s['error']}")
+    return "\n".join(lines) + "\n"
+
+
+def json_safe(obj: Any) -> Any:
+    """Replace NaN/Inf (which JSON cannot hold) with None, recursively."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def write_results(result_dir: str | Path, payload: dict[str, Any]) -> dict[str, Path]:
+    """Write results.json, summary.csv and summary.md into result_dir; return their paths."""
+    payload = json_safe(payload)
+    d = Path(result_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    payload.setdefault("schema", SCHEMA_VERSION)
+    paths = {
+        "json": d / "results.json",
+        "csv": d / "summary.csv",
+        "md": d / "summary.md",
+    }
+    text = json.dumps(payload, indent=2, default=str, allow_nan=False)
+    _atomic_write(paths["json"], text + "\n")
+    tmp = paths["csv"].with_name(".summary.csv.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
+        w.writeheader()
+        for s in payload.get("shapes", []):
+            w.writerow({k: ("" if v is None else v) for k, v in _row(s).items()})
+    os.replace(tmp, paths["csv"])
+    _atomic_write(paths["md"], summary_markdown(payload))
+    return paths
+
+
+def read_results(result_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(result_dir) / "results.json").read_text())

@@ -1,0 +1,426 @@
+"""The timing protocol and the GPU state around it.
+
+The seeds' protocol: ``rounds`` independently warmed rounds; each round waits (bounded) until
+NVML reads <= ``temp_limit_c``, launches ``warmup`` times, then times ``repeat`` launches, each
+bracketed by its own pair of CUDA events. Round median; result = median of the round medians,
+min and max over every sample (all samples are kept). TFLOPS = 2*B*H*S*S*128 / (ms*1e9): the
+seeds' convention (full S^2, as in ../shared/ANCHORS.md), not the causal half.
+
+NVML (nvidia-ml-py) is optional: without it there is no temperature wait and the state fields
+are None, and the result says why.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tuner.errors import FaTuneError
+from tuner.runtime import HEAD_DIM, AttnBuffers, Device, Event, ShapeLike, Stream
+
+DEFAULT_TEMP_LIMIT_C = 65
+DEFAULT_TEMP_WAIT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Warm-up launches, timed launches per round, independently warmed rounds."""
+
+    warmup: int = 50
+    repeat: int = 200
+    rounds: int = 3
+
+    def __post_init__(self) -> None:
+        for name, lo in (("warmup", 0), ("repeat", 1), ("rounds", 1)):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                raise FaTuneError(f"timing --{name} must be an integer >= {lo} (got {v!r})")
+        if self.repeat > 100_000 or self.warmup > 100_000 or self.rounds > 1000:
+            raise FaTuneError(
+                "timing protocol too long: warmup/repeat <= 100000 and rounds <= 1000"
+            )
+
+    def to_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def flops(shape: ShapeLike) -> float:
+    """The seeds' FLOP count of one forward: 2*B*H*S*S*D (D = 128)."""
+    return 2.0 * shape.B * shape.H * shape.S * shape.S * HEAD_DIM
+
+
+def tflops(shape: ShapeLike, ms: float) -> float:
+    """TFLOPS = 2*B*H*S*S*128 / (ms*1e9)."""
+    if not ms > 0:
+        raise ValueError(f"time must be positive (got {ms!r} ms)")
+    return flops(shape) / (ms * 1e9)
+
+
+# ---- NVML -----------------------------------------------------------------------------------
+# Clock event ("throttle") reason bits, as in nvml.h (nvmlClocksEventReason*).
+THROTTLE_REASONS: tuple[tuple[int, str], ...] = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+    (0x100, "display_clock_setting"),
+)
+
+
+def decode_throttle(mask: int) -> list[str]:
+    """Reason names of a clock-event bitmask; unknown bits are named by value."""
+    names = [name for bit, name in THROTTLE_REASONS if mask & bit]
+    rest = mask & ~sum(bit for bit, _ in THROTTLE_REASONS)
+    if rest:
+        names.append(f"unknown_0x{rest:x}")
+    return names
+
+
+@dataclass
+class GpuState:
+    """One NVML snapshot; every field None when NVML is unavailable (``note`` says why)."""
+
+    time_unix: float
+    temperature_c: int | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    throttle_mask: int | None = None
+    throttle_reasons: list[str] | None = None
+    note: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Nvml:
+    """NVML access for one CUDA device (matched by PCI bus id); tolerant of missing NVML."""
+
+    def __init__(self, pci_bus_id: str | None = None, index: int = 0) -> None:
+        self.available = False
+        self.note: str | None = None
+        self._nv: Any = None
+        self._h: Any = None
+        try:
+            import pynvml as nv
+        except ImportError:
+            self.note = "nvidia-ml-py (pynvml) is not installed: no NVML readings"
+            return
+        try:
+            nv.nvmlInit()
+        except Exception as e:  # noqa: BLE001 - NVMLError_LibraryNotFound, driver issues, ...
+            self.note = f"NVML unavailable ({_nvml_text(e)}): no temperature wait or GPU state"
+            return
+        h = None
+        if pci_bus_id:
+            try:
+                h = nv.nvmlDeviceGetHandleByPciBusId(pci_bus_id)
+            except Exception:  # noqa: BLE001 - fall back to the index below
+                h = None
+        if h is None:
+            try:
+                h = nv.nvmlDeviceGetHandleByIndex(index)
+            except Exception as e:  # noqa: BLE001
+                self.note = f"NVML has no handle for GPU {index} ({_nvml_text(e)})"
+                return
+        self._nv, self._h, self.available = nv, h, True
+
+    def driver_version(self) -> str | None:
+        if not self.available:
+            return None
+        try:
+            v = self._nv.nvmlSystemGetDriverVersion()
+        except Exception:  # noqa: BLE001
+            return None
+        return v.decode() if isinstance(v, bytes) else str(v)
+
+    def temperature(self) -> int | None:
+        if not self.available:
+            return None
+        try:
+            return int(self._nv.nvmlDeviceGetTemperature(self._h, self._nv.NVML_TEMPERATURE_GPU))
+        except Exception:  # noqa: BLE001
+            return None
+
+    def state(self) -> GpuState:
+        st = GpuState(time_unix=time.time(), note=self.note)
+        if not self.available:
+            return st
+        nv, h = self._nv, self._h
+        errors: list[str] = []
+
+        def read(what: str, fn: Callable[[], Any]) -> Any:
+            try:
+                return fn()
+            except Exception as e:  # noqa: BLE001 - one unsupported query must not lose the rest
+                errors.append(f"{what}: {_nvml_text(e)}")
+                return None
+
+        st.temperature_c = read(
+            "temperature", lambda: int(nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU))
+        )
+        st.sm_clock_mhz = read(
+            "sm clock", lambda: int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+        )
+        st.mem_clock_mhz = read(
+            "mem clock", lambda: int(nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))
+        )
+        mw = read("power", lambda: nv.nvmlDeviceGetPowerUsage(h))
+        st.power_w = None if mw is None else mw / 1000.0
+        lim = read("power limit", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h))
+        st.power_limit_w = None if lim is None else lim / 1000.0
+        # Newer NVML renamed "throttle reasons" to "clocks event reasons".
+        getter = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if getter is None:
+            getter = nv.nvmlDeviceGetCurrentClocksThrottleReasons
+        mask = read("throttle reasons", lambda: int(getter(h)))
+        if mask is not None:
+            st.throttle_mask = mask
+            st.throttle_reasons = decode_throttle(mask)
+        if errors:
+            st.note = "; ".join(errors)
+        return st
+
+
+def _nvml_text(e: Exception) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+@dataclass
+class TempWait:
+    limit_c: int
+    bound_s: float
+    waited_s: float
+    start_c: int | None
+    end_c: int | None
+    bound_hit: bool  # the GPU was still above the limit when the bound ran out
+    skipped: bool  # no NVML temperature: nothing was waited for
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def wait_for_temperature(
+    read_temp: Callable[[], int | None],
+    limit_c: int,
+    bound_s: float,
+    *,
+    poll_s: float = 1.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> TempWait:
+    """Poll until ``read_temp() <= limit_c`` or ``bound_s`` seconds have passed."""
+    t0 = clock()
+    start = cur = read_temp()
+    if cur is None:
+        return TempWait(limit_c, bound_s, 0.0, None, None, bound_hit=False, skipped=True)
+    while cur is not None and cur > limit_c:
+        waited = clock() - t0
+        if waited >= bound_s:
+            return TempWait(limit_c, bound_s, waited, start, cur, bound_hit=True, skipped=False)
+        sleep(min(poll_s, max(bound_s - waited, 0.0)))
+        cur = read_temp()
+    return TempWait(limit_c, bound_s, clock() - t0, start, cur, bound_hit=False,
+                    skipped=cur is None)
+
+
+# ---- results --------------------------------------------------------------------------------
+@dataclass
+class RoundResult:
+    index: int
+    samples_ms: list[float]
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    temp_wait: TempWait
+    state_before: GpuState
+    state_after: GpuState
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "median_ms": self.median_ms,
+            "min_ms": self.min_ms,
+            "max_ms": self.max_ms,
+            "temp_wait": self.temp_wait.to_dict(),
+            "state_before": self.state_before.to_dict(),
+            "state_after": self.state_after.to_dict(),
+            "samples_ms": self.samples_ms,
+        }
+
+
+@dataclass
+class TimingResult:
+    protocol: Protocol
+    shape: tuple[int, int, int]  # (B, H, S)
+    median_ms: float  # median of the round medians
+    min_ms: float  # over every sample
+    max_ms: float
+    tflops: float  # at median_ms
+    tflops_max: float  # at min_ms
+    rounds: list[RoundResult]
+    state_before: GpuState
+    state_after: GpuState
+    temp_limit_c: int
+    temp_wait_bound_hit: bool  # some round started above the limit
+    nvml_note: str | None = None
+    prepare_host_ms: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def samples_ms(self) -> list[float]:
+        return [x for r in self.rounds for x in r.samples_ms]
+
+    @property
+    def round_medians_ms(self) -> list[float]:
+        return [r.median_ms for r in self.rounds]
+
+    def summary(self) -> str:
+        b, h, s = self.shape
+        warn = " (temperature bound hit)" if self.temp_wait_bound_hit else ""
+        return (
+            f"{b}x{h}x{s}: median {self.median_ms:.4f} ms ({self.tflops:.1f} TFLOPS), "
+            f"min {self.min_ms:.4f}, max {self.max_ms:.4f} ms over "
+            f"{self.protocol.rounds}x{self.protocol.repeat} launches{warn}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "protocol": self.protocol.to_dict(),
+            "shape": list(self.shape),
+            "median_ms": self.median_ms,
+            "min_ms": self.min_ms,
+            "max_ms": self.max_ms,
+            "tflops": self.tflops,
+            "tflops_max": self.tflops_max,
+            "round_medians_ms": self.round_medians_ms,
+            "temp_limit_c": self.temp_limit_c,
+            "temp_wait_bound_hit": self.temp_wait_bound_hit,
+            "nvml_note": self.nvml_note,
+            "prepare_host_ms": self.prepare_host_ms,
+            "state_before": self.state_before.to_dict(),
+            "state_after": self.state_after.to_dict(),
+            "rounds": [r.to_dict() for r in self.rounds],
+            **({"extra": self.extra} if self.extra else {}),
+        }
+
+
+def summarize_rounds(protocol: Protocol, shape: ShapeLike, rounds: list[RoundResult],
+                     temp_limit_c: int, nvml_note: str | None = None,
+                     prepare_host_ms: float | None = None) -> TimingResult:
+    """Aggregate rounds (pure: testable without a GPU)."""
+    if not rounds:
+        raise ValueError("no timing rounds")
+    med = float(statistics.median(r.median_ms for r in rounds))
+    lo = min(r.min_ms for r in rounds)
+    hi = max(r.max_ms for r in rounds)
+    return TimingResult(
+        protocol=protocol,
+        shape=(shape.B, shape.H, shape.S),
+        median_ms=med,
+        min_ms=lo,
+        max_ms=hi,
+        tflops=tflops(shape, med),
+        tflops_max=tflops(shape, lo),
+        rounds=rounds,
+        state_before=rounds[0].state_before,
+        state_after=rounds[-1].state_after,
+        temp_limit_c=temp_limit_c,
+        temp_wait_bound_hit=any(r.temp_wait.bound_hit for r in rounds),
+        nvml_note=nvml_note,
+        prepare_host_ms=prepare_host_ms,
+    )
+
+
+def make_round(index: int, samples_ms: list[float], temp_wait: TempWait, before: GpuState,
+               after: GpuState) -> RoundResult:
+    if not samples_ms:
+        raise ValueError("a round needs at least one sample")
+    bad = [x for x in samples_ms if not x > 0]
+    if bad:
+        raise FaTuneError(f"CUDA events measured a non-positive time ({bad[0]} ms): timing broken")
+    return RoundResult(
+        index=index,
+        samples_ms=list(samples_ms),
+        median_ms=float(statistics.median(samples_ms)),
+        min_ms=min(samples_ms),
+        max_ms=max(samples_ms),
+        temp_wait=temp_wait,
+        state_before=before,
+        state_after=after,
+    )
+
+
+_NVML_CACHE: dict[str, Nvml] = {}
+
+
+def nvml_for(dev: Device) -> Nvml:
+    key = dev.info.pci_bus_id or str(dev.index)
+    nv = _NVML_CACHE.get(key)
+    if nv is None:
+        nv = Nvml(dev.info.pci_bus_id, dev.index)
+        _NVML_CACHE[key] = nv
+    return nv
+
+
+def time_kernel(
+    dev: Device,
+    kernel: Any,
+    shape: ShapeLike,
+    bufs: AttnBuffers,
+    protocol: Protocol | None = None,
+    temp_limit_c: int = DEFAULT_TEMP_LIMIT_C,
+    temp_wait_s: float = DEFAULT_TEMP_WAIT_S,
+    *,
+    stream: Stream | None = None,
+    nvml: Nvml | None = None,
+    poll_s: float = 1.0,
+) -> TimingResult:
+    """Time ``kernel.forward(bufs, stream)`` with the protocol (the inputs are whatever bufs
+    holds: the gate leaves the seed set there). ``kernel`` needs prepare() and forward()."""
+    proto = protocol or Protocol()
+    if (bufs.shape.B, bufs.shape.H, bufs.shape.S) != (shape.B, shape.H, shape.S):
+        raise ValueError("buffers do not match the shape")
+    dev.make_current()
+    nv = nvml if nvml is not None else nvml_for(dev)
+    st = stream if stream is not None else dev.stream()
+    starts = [Event(dev) for _ in range(proto.repeat)]
+    ends = [Event(dev) for _ in range(proto.repeat)]
+    rounds: list[RoundResult] = []
+    try:
+        prep_ms = kernel.prepare(shape, st)
+        st.synchronize()
+        for r in range(proto.rounds):
+            tw = wait_for_temperature(nv.temperature, temp_limit_c, temp_wait_s, poll_s=poll_s)
+            before = nv.state()
+            for _ in range(proto.warmup):
+                kernel.forward(bufs, st)
+            for i in range(proto.repeat):
+                starts[i].record(st)
+                kernel.forward(bufs, st)
+                ends[i].record(st)
+            # A kernel fault surfaces here (CudaError), not as a wrong number.
+            st.synchronize()
+            samples = [Event.elapsed_ms(starts[i], ends[i]) for i in range(proto.repeat)]
+            after = nv.state()
+            rounds.append(make_round(r, samples, tw, before, after))
+    finally:
+        for e in (*starts, *ends):
+            try:
+                e.destroy()
+            except Exception:  # noqa: BLE001 - cleanup must not mask the real error
+                pass
+        if stream is None:
+            try:
+                st.destroy()
+            except Exception:  # noqa: BLE001
+                pass
+    return summarize_rounds(proto, shape, rounds, temp_limit_c, nv.note, prep_ms)
