@@ -188,11 +188,15 @@ def main() -> None:
             kern = Kernel(so)
             def run(q_, k_, v_, o_, l_, kern=kern):
                 kern(q_, k_, v_, o_, l_, torch.cuda.current_stream().cuda_stream)
-            ok, worst = check(torch, run, B, H, S, seed=1234 + S)
+            try:
+                ok, worst = check(torch, run, B, H, S, seed=1234 + S)
+            except RuntimeError as e:  # a launch error: report it, keep the other variants
+                ok, worst = False, {"error": str(e)}
             log.append({"shape": [B, H, S], "config": cfg.to_dict(), "gate": ok, "worst": worst})
             label = cfg.config_id()
             if not ok:
                 rows.append((f"{B}x{H}x{S}", label, "FAIL", json.dumps(worst), "", "", ""))
+                print("  ", rows[-1], flush=True)
                 continue
             backends.append((label, lambda run=run: run(q, k, v, o, lse)))
         if fa3 is not None:
@@ -205,6 +209,7 @@ def main() -> None:
             ratio = f"{fa3_ms / med:.3f}" if fa3_ms else "-"
             rows.append((f"{B}x{H}x{S}", name, "ok", f"{med:.4f}", f"{lo:.4f}-{hi:.4f}",
                          f"{flops / med / 1e9:.1f}", ratio))
+            print("  ", rows[-1], flush=True)
             log.append({"shape": [B, H, S], "backend": name, "median_ms": med, "min": lo, "max": hi})
     out = os.environ.get("OUT")
     if out:

@@ -3,6 +3,10 @@
 // The kernel itself lives in cuda_src/fa_tune/; this unit only fixes its knobs.
 #include "fa_tune/config.cuh"
 
+// Anonymous namespace: every instantiation of the kernel pieces on Config gets internal
+// linkage, so two kernels loaded into one process (the tuner loads many) never resolve
+// each other's template code or statics.
+namespace {
 struct Config {
   static constexpr int block_m = ${block_m};
   static constexpr int block_n = ${block_n};
@@ -27,5 +31,6 @@ struct Config {
   static constexpr bool write_lse = ${write_lse};
   static constexpr const char* json = ${config_json};
 };
+}  // namespace
 
 #include "fa_tune/entry.cuh"

@@ -53,7 +53,11 @@ COMMON_FLAGS: tuple[str, ...] = (
     CUDA_SRC_INC,
     CUTLASS_INC,
 )
-KERNEL_FLAGS: tuple[str, ...] = (*COMMON_FLAGS[:4], "--use_fast_math", *COMMON_FLAGS[4:])
+# Hidden visibility: a kernel library exports only its C ABI, so many of them can share a
+# process without interposing each other's template instantiations.
+KERNEL_FLAGS: tuple[str, ...] = (
+    *COMMON_FLAGS[:4], "--use_fast_math", "-Xcompiler", "-fvisibility=hidden", *COMMON_FLAGS[4:]
+)
 # The reference must be an exact FP32 computation: no fast-math approximations of expf.
 ORACLE_FLAGS: tuple[str, ...] = COMMON_FLAGS
 

@@ -85,25 +85,28 @@ struct Launcher {
 
 }  // namespace fa_tune
 
+// The only symbols a kernel library exports (it is built with -fvisibility=hidden).
+#define FA_TUNE_API __attribute__((visibility("default")))
+
 extern "C" {
 
-int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse, int B,
+FA_TUNE_API int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse, int B,
                     int H, int S, cudaStream_t stream) {
   return int(fa_tune::Launcher<Config>::forward(q, k, v, o, lse, B, H, S, stream));
 }
 
 // The grid scheduler needs no per-shape setup; persistent schedulers build task lists here.
-int fa_tune_prepare(int B, int H, int S, cudaStream_t /*stream*/, double* host_ms) {
+FA_TUNE_API int fa_tune_prepare(int B, int H, int S, cudaStream_t /*stream*/, double* host_ms) {
   if (host_ms != nullptr) *host_ms = 0.0;
   if (B < 1 || H < 1 || S < 1)
     return int(fa_tune::fail(cudaErrorInvalidValue, "B, H and S must be positive"));
   return 0;
 }
 
-const char* fa_tune_last_error(void) { return fa_tune::g_last_error.c_str(); }
+FA_TUNE_API const char* fa_tune_last_error(void) { return fa_tune::g_last_error.c_str(); }
 
-const char* fa_tune_config_json(void) { return Config::json; }
+FA_TUNE_API const char* fa_tune_config_json(void) { return Config::json; }
 
-int fa_tune_smem_bytes(void) { return fa_tune::Launcher<Config>::smem_bytes(); }
+FA_TUNE_API int fa_tune_smem_bytes(void) { return fa_tune::Launcher<Config>::smem_bytes(); }
 
 }  // extern "C"
