@@ -394,6 +394,28 @@ class BuildResult:
             e["spill_stores"] or e["spill_loads"] for e in self.ptxas.get("entries", {}).values()
         )
 
+    @property
+    def local_memory(self) -> str | None:
+        """Why this artifact touches local memory (stack or LDL/STL), or None if it does not.
+
+        Measured 2026-11-29 on an H200: such kernels ran ~30x slower (docs/PERF.md).
+        """
+        e = self.main_entry
+        stack = int(e.get("stack_frame") or 0)
+        ldst = int((self.sass or {}).get("ldl", 0)) + int((self.sass or {}).get("stl", 0))
+        if stack or ldst or self.any_spills:
+            return f"stack frame {stack} B, {ldst} LDL/STL instructions"
+        return None
+
+    def require_registers_only(self) -> None:
+        """Refuse an artifact that would time local-memory traffic instead of the design."""
+        if why := self.local_memory:
+            label = f"config {self.config_id}" if self.config_id else self.name
+            raise BuildError(
+                f"{label} compiles to local memory ({why}); it would run far slower than the "
+                "design, so it is not timed: lower block_n or raise consumer_regs"
+            )
+
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d.pop("cache_hit")  # a property of one lookup, not of the artifact

@@ -33,8 +33,13 @@ SMEM_OVERHEAD_BYTES = 1024
 REGISTER_FILE = 65536  # 32-bit registers per SM; one CTA per SM in this design
 THREADS_PER_WARPGROUP = 128
 # Per-thread registers a consumer warpgroup needs beyond its accumulators (addresses, softmax
-# state, loop counters). A first guess; to be tuned against real ptxas reports.
-CONSUMER_REG_OVERHEAD = 40
+# state, loop counters, temporaries). Calibrated on sm_90a builds of 2026-11-29 (nvcc 13.0,
+# docs/PERF.md): with intra-warpgroup overlap at consumer_regs 240, block_n 128 compiles with
+# no stack while block_n 144, 160 and 176 put 960+ bytes on the stack (LDL/STL in SASS) and run
+# ~30x slower; so the overhead lies in (68, 80]. Serial kernels keep one S tile live, and 40 is
+# an uncalibrated guess there; the post-compile local-memory check (build.py) backs both.
+CONSUMER_REG_OVERHEAD = 72
+CONSUMER_REG_OVERHEAD_SERIAL = 40
 
 
 @dataclass(frozen=True)
@@ -239,8 +244,12 @@ def camel_case(value: str) -> str:
 # ---- static validity --------------------------------------------------------------------
 def smem_bytes(cfg: KernelConfig) -> int:
     tile = HEAD_DIM * ELEM_BYTES
+    # O reuses Q's buffer unless Q is handed back after the last QK (then the next tile's Q
+    # may land while O is staged, so O gets its own buffer): cuda_src/fa_tune/traits.cuh.
+    o_tile = cfg.block_m * tile if cfg.q_release == "after_last_qk" else 0
     return (
-        cfg.block_m * tile  # Q tile, reused for O in the epilogue
+        cfg.block_m * tile
+        + o_tile
         + cfg.k_stages * cfg.block_n * tile
         + cfg.v_stages * cfg.block_n * tile
         + SMEM_OVERHEAD_BYTES
@@ -260,7 +269,11 @@ def consumer_reg_estimate(cfg: KernelConfig) -> int:
     """
     s_acc = cfg.block_n // 2
     p_prev = cfg.block_n // 4 if cfg.intra_wg_overlap else 0
-    return s_acc + p_prev + 64 + CONSUMER_REG_OVERHEAD
+    return s_acc + p_prev + 64 + consumer_reg_overhead(cfg)
+
+
+def consumer_reg_overhead(cfg: KernelConfig) -> int:
+    return CONSUMER_REG_OVERHEAD if cfg.intra_wg_overlap else CONSUMER_REG_OVERHEAD_SERIAL
 
 
 def validate(cfg: KernelConfig) -> KernelConfig:
@@ -268,7 +281,8 @@ def validate(cfg: KernelConfig) -> KernelConfig:
     smem = smem_bytes(cfg)
     if smem > SMEM_LIMIT_BYTES:
         raise ConfigError(
-            f"config needs {smem} bytes of shared memory (Q {cfg.block_m} rows + "
+            f"config needs {smem} bytes of shared memory (Q {cfg.block_m} rows"
+            f"{' + a separate O tile' if cfg.q_release == 'after_last_qk' else ''} + "
             f"{cfg.k_stages} K and {cfg.v_stages} V stages of {cfg.block_n} rows), more than the "
             f"{SMEM_LIMIT_BYTES} an sm_90 CTA can have; lower block_m, block_n or the stages"
         )
@@ -301,7 +315,7 @@ def validate(cfg: KernelConfig) -> KernelConfig:
         parts = f"S {cfg.block_n // 2}"
         if cfg.intra_wg_overlap:
             parts += f" + previous P {cfg.block_n // 4}"
-        parts += f" + O 64 + overhead {CONSUMER_REG_OVERHEAD}"
+        parts += f" + O 64 + overhead {consumer_reg_overhead(cfg)}"
         raise ConfigError(
             f"consumer warpgroups need about {est} registers per thread ({parts}) but "
             f"consumer_regs is {cfg.consumer_regs}; lower block_n or raise consumer_regs"
