@@ -57,6 +57,8 @@ __global__ void tiny_kernel(float* out, uint64_t da, uint64_t db) {
   out[i + 3] = d3;
 }
 
-extern "C" const char* fa_tune_config_json(void) { return ${config_json}; }
-extern "C" int tiny_block_m(void) { return Config::block_m; }
-extern "C" const char* tiny_dollar(void) { return kDollar; }
+// Kernel libraries build with -fvisibility=hidden: the C ABI is exported explicitly.
+#define API __attribute__((visibility("default")))
+extern "C" API const char* fa_tune_config_json(void) { return ${config_json}; }
+extern "C" API int tiny_block_m(void) { return Config::block_m; }
+extern "C" API const char* tiny_dollar(void) { return kDollar; }
