@@ -270,6 +270,101 @@ def bundle(
                   f"pip install --no-index --find-links {out} fa-tune")
 
 
+# ---- compare ------------------------------------------------------------------------------
+def _study_config(study: str) -> KernelConfig:
+    """The best config of a study, through tuner.search.best_config(study, storage)."""
+    import importlib
+
+    try:
+        search_mod = importlib.import_module("tuner.search")
+    except ModuleNotFoundError as e:
+        if e.name != "tuner.search":
+            raise
+        raise ConfigError("--study needs tuner.search, and there is no search module yet") from None
+    best = getattr(search_mod, "best_config", None)
+    if not callable(best):
+        raise ConfigError("--study needs tuner.search.best_config, and there is none yet")
+    cfg = best(study, None)  # None: the search module's default study storage
+    if isinstance(cfg, dict):
+        cfg = KernelConfig.from_dict(cfg, source=f"study '{study}'")
+    if not isinstance(cfg, KernelConfig):
+        raise ConfigError(f"study '{study}' has no best config (no trial passed its gate yet)")
+    return cfg
+
+
+@app.command()
+@_user_errors
+def compare(
+    study: Annotated[
+        str | None, typer.Option("--study", help="Compare the best config of this study.")
+    ] = None,
+    preset: PresetOpt = None,
+    config: ConfigOpt = None,
+    shape: Annotated[
+        list[str] | None,
+        typer.Option("--shape", "-s", help="BxHxS, repeatable (default: the 3 seed shapes)."),
+    ] = None,
+    backends: Annotated[
+        str | None,
+        typer.Option("--backends", "-b", help="Peers, comma-separated: fa3,cudnn,fa2,triton,"
+                     "mem_efficient or all (default: fa3,cudnn,fa2,triton)."),
+    ] = None,
+    warmup: Annotated[int, typer.Option(min=0, help="Warm-up launches per round.")] = 50,
+    repeat: Annotated[int, typer.Option(min=1, help="Timed launches per round.")] = 200,
+    rounds: Annotated[int, typer.Option(min=1, help="Independently warmed rounds.")] = 3,
+    results_dir: Annotated[
+        Path | None, typer.Option("--results-dir", help="Root of result folders.")
+    ] = None,
+) -> None:
+    """Time fa-tune's kernel beside FA3, cuDNN, FA2 and Triton on the same inputs (gated)."""
+    from tuner import compare as compare_mod
+    from tuner.config import validate
+    from tuner.peers.base import module_missing
+
+    given = [n for n, v in (("--study", study), ("--preset", preset), ("--config", config))
+             if v is not None]
+    if len(given) > 1:
+        raise ConfigError(f"give at most one of --study, --preset or --config (got "
+                          f"{' and '.join(given)})")
+    # Every cheap check before a compile that can take a minute.
+    shapes = [str(Shape.parse(s)) for s in shape] if shape else None
+    compare_mod.parse_backends(backends)
+    compare_mod.Protocol(warmup=warmup, repeat=repeat, rounds=rounds)
+    cfg: KernelConfig | None = None
+    if study is not None:
+        cfg, label = _study_config(study), f"study {study}"
+    elif given:
+        cfg, label = load_config(preset, config)
+    if cfg is not None:
+        validate(cfg)
+    if module_missing("torch"):
+        raise FaTuneError("fa-tune compare needs torch with CUDA: pip install 'fa-tune[peers]'")
+    so_path: Path | None = None
+    if cfg is not None:
+        from tuner import build as build_mod
+
+        console.print(f"[dim]building {label} ({cfg.config_id()}) ...[/]")
+        built = build_mod.build_config(cfg)
+        built.require_registers_only()
+        so_path = Path(built.so_path)
+    else:
+        console.print("[dim]no --study/--preset/--config: comparing the peers only[/]")
+    payload = compare_mod.compare_command(
+        so_path, shapes, backends, warmup=warmup, repeat=repeat, rounds=rounds,
+        results_root=results_dir, console=console,
+    )
+    kernel_names = {b["name"] for b in payload.get("backends", []) if b.get("role") == "kernel"}
+    for b in payload.get("backends", []):
+        if b["name"] in kernel_names and not b.get("available"):
+            fail(f"fa-tune's kernel could not run: {b.get('reason')}")
+    bad = [r for r in payload.get("summary", [])
+           if r["backend"] in kernel_names and r["status"] != "ok"]
+    if bad:
+        sys.stderr.write("fa-tune: compare FAILED: " + "; ".join(
+            f"{r['shape']}: {r['status']} ({r['reason']})" for r in bad) + "\n")
+        raise typer.Exit(1)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     try:

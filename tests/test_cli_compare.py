@@ -1,0 +1,193 @@
+"""``fa-tune compare`` on the CPU: every wrong input is one line and exit 2, before any compile;
+a kernel that fails its gate is exit 1. No torch, GPU or peer package needed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tuner import build as build_mod
+from tuner import compare as compare_mod
+from tuner import peers
+from tuner.cli import app
+
+REPO = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+
+def _one_error_line(output: str) -> str:
+    lines = [ln for ln in output.splitlines() if ln.startswith("fa-tune: error:")]
+    assert len(lines) == 1, output
+    assert "Traceback" not in output
+    return lines[0]
+
+
+@pytest.fixture(autouse=True)
+def no_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong-input test must fail before building: any compile is a test failure."""
+
+    def refuse(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("compare built a kernel on a wrong-input path")
+
+    monkeypatch.setattr(build_mod, "build_config", refuse)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--preset", "default", "--config", "x.yaml"], "at most one of --study, --preset"),
+        (["--study", "s", "--preset", "default"], "at most one of --study, --preset"),
+        (["--preset", "nope"], "unknown preset 'nope'"),
+        (["--preset", "default", "--shape", "4x32"], "shape"),
+        (["--preset", "default", "--shape", "0x1x128"], "shape"),
+        (["--preset", "default", "--backends", "fa3,flashinfer"], "unknown backend 'flashinfer'"),
+        (["--preset", "default", "--warmup", "-1"], "warmup"),
+        (["--config", "/nonexistent/c.yaml"], "cannot read config file"),
+    ],
+)
+def test_compare_wrong_input_exit_2(args: list[str], needle: str) -> None:
+    r = runner.invoke(app, ["compare", *args])
+    assert r.exit_code == 2, r.output
+    if needle == "warmup":  # typer's own range check: its usage error, also exit 2
+        assert "--warmup" in r.output and "Traceback" not in r.output
+    else:
+        assert needle in _one_error_line(r.output)
+
+
+def test_compare_invalid_config_exit_2(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("block_m: 64\npingpong: true\n")
+    r = runner.invoke(app, ["compare", "--config", str(p)])
+    assert r.exit_code == 2
+    assert "pingpong needs at least 2 consumer warpgroups" in _one_error_line(r.output)
+
+
+def test_compare_study_without_search_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tuner.search", None)  # as if tuner/search.py did not exist
+    r = runner.invoke(app, ["compare", "--study", "mine"])
+    assert r.exit_code == 2
+    assert "no search module yet" in _one_error_line(r.output)
+
+
+def test_compare_study_without_best_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tuner.search", types.ModuleType("tuner.search"))
+    r = runner.invoke(app, ["compare", "--study", "mine"])
+    assert r.exit_code == 2
+    assert "best_config" in _one_error_line(r.output)
+
+
+@pytest.mark.parametrize(
+    ("best", "needle"),
+    [(None, "has no best config"), ({"block_m": 64, "pingpong": True}, "pingpong needs")],
+)
+def test_compare_study_resolution_errors(
+    monkeypatch: pytest.MonkeyPatch, best: Any, needle: str
+) -> None:
+    seen: list[tuple[Any, ...]] = []
+    fake = types.ModuleType("tuner.search")
+    fake.best_config = lambda *a: seen.append(a) or best  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tuner.search", fake)
+    r = runner.invoke(app, ["compare", "--study", "mine"])
+    assert r.exit_code == 2
+    assert needle in _one_error_line(r.output)
+    assert seen == [("mine", None)]
+
+
+def _fake_gpu_path(monkeypatch: pytest.MonkeyPatch, payload: dict[str, Any],
+                   calls: list[dict[str, Any]], tmp_path: Path) -> None:
+    """Pretend torch is there, the build succeeded and compare_command ran."""
+    so = tmp_path / "kernel.so"
+    so.write_bytes(b"")
+    built = types.SimpleNamespace(so_path=str(so), require_registers_only=lambda: None)
+    monkeypatch.setattr(build_mod, "build_config", lambda cfg: built)
+    monkeypatch.setattr("tuner.peers.base.module_missing", lambda name: None)
+
+    def fake_compare(so_path: Any, shapes: Any, backends: Any, **kw: Any) -> dict[str, Any]:
+        calls.append({"so_path": so_path, "shapes": shapes, "backends": backends, **kw})
+        return payload
+
+    monkeypatch.setattr(compare_mod, "compare_command", fake_compare)
+
+
+def _payload(kernel_status: str, peer_status: str = "ok") -> dict[str, Any]:
+    return {
+        "backends": [
+            {"name": "fa-tune", "role": "kernel", "available": True, "reason": "ok"},
+            {"name": "fa3", "role": "peer", "available": True, "reason": "ok"},
+        ],
+        "summary": [
+            {"shape": "4x32x4096", "backend": "fa-tune", "status": kernel_status,
+             "reason": "" if kernel_status == "ok" else "7 elements outside tolerance"},
+            {"shape": "4x32x4096", "backend": "fa3", "status": peer_status,
+             "reason": "" if peer_status == "ok" else "O holds NaN or Inf"},
+        ],
+    }
+
+
+def test_compare_passes_options_through(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    _fake_gpu_path(monkeypatch, _payload("ok"), calls, tmp_path)
+    r = runner.invoke(app, ["compare", "--preset", "default", "--shape", "2x4x1024",
+                            "--backends", "fa3,cudnn", "--warmup", "1", "--repeat", "2",
+                            "--rounds", "1", "--results-dir", str(tmp_path / "res")])
+    assert r.exit_code == 0, r.output
+    [c] = calls
+    assert c["so_path"] == tmp_path / "kernel.so"
+    assert c["shapes"] == ["2x4x1024"] and c["backends"] == "fa3,cudnn"
+    assert (c["warmup"], c["repeat"], c["rounds"]) == (1, 2, 1)
+    assert c["results_root"] == tmp_path / "res"
+
+
+def test_compare_failed_kernel_gate_exit_1(monkeypatch: pytest.MonkeyPatch,
+                                           tmp_path: Path) -> None:
+    _fake_gpu_path(monkeypatch, _payload("gate_failed"), [], tmp_path)
+    r = runner.invoke(app, ["compare", "--preset", "default"])
+    assert r.exit_code == 1, r.output
+    assert "compare FAILED: 4x32x4096: gate_failed" in r.output
+
+
+def test_compare_failed_peer_gate_is_not_our_failure(monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Path) -> None:
+    _fake_gpu_path(monkeypatch, _payload("ok", peer_status="gate_failed"), [], tmp_path)
+    r = runner.invoke(app, ["compare", "--preset", "default"])
+    assert r.exit_code == 0, r.output
+
+
+def test_compare_peers_only_passes_no_kernel(monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    payload = _payload("ok")
+    payload["backends"] = payload["backends"][1:]
+    payload["summary"] = payload["summary"][1:]
+    _fake_gpu_path(monkeypatch, payload, calls, tmp_path)
+    r = runner.invoke(app, ["compare"])
+    assert r.exit_code == 0, r.output
+    assert calls[0]["so_path"] is None and calls[0]["shapes"] is None
+
+
+def test_compare_without_torch_is_one_line_before_building() -> None:
+    """The real console script with torch hidden: exit 2 and no compile (it would take ~1 min)."""
+    code = (
+        "import importlib.abc, sys\n"
+        "class B(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in {'torch', 'triton', 'flash_attn'}:\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, B())\n"
+        "import tuner.build\n"
+        "def refuse(*a, **k): raise SystemExit('built a kernel')\n"
+        "tuner.build.build_config = refuse\n"
+        "from tuner.cli import main\n"
+        "main(['compare', '--preset', 'default'])\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "needs torch" in _one_error_line(r.stderr)
+    assert peers.DEFAULT_PEERS  # the peers package imported fine without torch too
