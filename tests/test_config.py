@@ -119,6 +119,9 @@ def test_unparseable_yaml(tmp_path: Path) -> None:
         # stack (docs/PERF.md), so the check must refuse it.
         ({"block_n": 144}, "about 244 registers per thread"),
         ({"k_stages": 3, "v_stages": 3, "q_release": "after_last_qk"}, "a separate O tile"),
+        # Measured 2026-11-29: the persistent producer spilled at 24 and 32 registers.
+        ({"scheduler": "static"}, "needs producer_regs >= 40"),
+        ({"scheduler": "dynamic", "producer_regs": 32}, "needs producer_regs >= 40"),
     ],
 )
 def test_validate_explains(changes: dict, needle: str) -> None:
@@ -134,6 +137,8 @@ def test_validate_accepts_edge_cases() -> None:
     validate(KernelConfig(block_m=192, consumer_regs=160, block_n=64, intra_wg_overlap=False,
                           rescale_o="after_pv"))
     validate(KernelConfig(block_n=112))  # compiled with no stack on 2026-11-29
+    for sched in ("static", "dynamic"):
+        validate(KernelConfig(scheduler=sched, producer_regs=40, consumer_regs=232))
     validate(KernelConfig(block_m=64, pingpong=False))
 
 

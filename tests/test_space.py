@@ -12,16 +12,16 @@ from tuner.space import load_space, space_from_dict
 def test_default_space_covers_every_knob_and_value() -> None:
     sp = load_space("default")
     assert set(sp.dims) == set(KNOBS)
+    # Deliberate narrowings: equal work to FlashAttention-3 (it writes the LSE), and CTA counts
+    # around one per SM (more only queue CTAs).
+    narrowed = {"write_lse": {True}, "persistent_ctas": {0, 128}}
     for name, knob in KNOBS.items():
-        if name == "scheduler":
-            assert sp.choices(name) == ("grid",)  # static/dynamic: persistent-scheduler issue
-        else:
-            assert set(sp.choices(name)) == set(knob.choices), name
+        assert set(sp.choices(name)) == narrowed.get(name, set(knob.choices)), name
     assert sp.dims["block_n"].int_range == (64, 192, 16)
     assert sp.contains(KernelConfig())
     for p in list_presets():
         assert sp.contains(load_preset(p))
-    assert "block_m" in sp.free_knobs and "scheduler" not in sp.free_knobs
+    assert "block_m" in sp.free_knobs and "scheduler" in sp.free_knobs
     assert sp.size() > 1
 
 

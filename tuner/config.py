@@ -40,6 +40,9 @@ THREADS_PER_WARPGROUP = 128
 # an uncalibrated guess there; the post-compile local-memory check (build.py) backs both.
 CONSUMER_REG_OVERHEAD = 72
 CONSUMER_REG_OVERHEAD_SERIAL = 40
+# The persistent producer (tile loop, scheduler, Q handoff) spilled at 24 and 32 registers and
+# compiled clean at 40 (sm_90a builds, 2026-11-29; docs/PERF.md).
+PERSISTENT_PRODUCER_REGS = 40
 
 
 @dataclass(frozen=True)
@@ -309,6 +312,12 @@ def validate(cfg: KernelConfig) -> KernelConfig:
         raise ConfigError(
             "k_release after_softmax with intra_wg_overlap holds K while the next QK^T needs a "
             f"new K, so it needs k_stages >= 2 (got {cfg.k_stages})"
+        )
+    if cfg.scheduler != "grid" and cfg.producer_regs < PERSISTENT_PRODUCER_REGS:
+        raise ConfigError(
+            f"the {cfg.scheduler} scheduler's producer loop needs producer_regs >= "
+            f"{PERSISTENT_PRODUCER_REGS} (got {cfg.producer_regs}; fewer spill it to local "
+            "memory); raise producer_regs and lower consumer_regs to fit"
         )
     est = consumer_reg_estimate(cfg)
     if est > cfg.consumer_regs:

@@ -14,9 +14,6 @@
 namespace fa_tune {
 
 template <class Cfg>
-using SchedulerFor = GridScheduler<Cfg>;
-
-template <class Cfg>
 struct Consumer {
   using T = Traits<Cfg>;
   using Sched = SchedulerFor<Cfg>;
@@ -43,11 +40,11 @@ struct Consumer {
                                            decltype(tSrS), decltype(tOrO), decltype(tOrP)>
         st{mma_qk, mma_pv, tSrQ, tSrK, tOrV, tSrS, tOrO, tOrP, kst, vst};
 
-    Pingpong<T>::start(wg);
     const int lane = tid % 32, warp_in_wg = (tid / 32) % 4;
-    TileCoord t = Sched::first(p.shape, ss.tile_slot);
+    TileCoord t = Sched::first(p, ss.tile_slot);
+    if (t.valid) Pingpong<T>::start(wg);  // a CTA with no work must not leave an arrival
     while (t.valid) {
-      const TileCoord next = Sched::next(p.shape, t, ss.tile_slot);
+      const TileCoord next = Sched::template next<false>(p, t, ss.tile_slot);
       const int row0 = t.m_block * T::kBlockM + wg * 64 + warp_in_wg * 16 + lane / 4;
       ss.q_ring.wait_full(qst);
       auto release_q = [&] {

@@ -3,10 +3,32 @@
 #pragma once
 
 #include <cuda.h>
-
-#include "scheduler.cuh"
+#include <cstdint>
 
 namespace fa_tune {
+
+struct ShapeInfo {
+  int B, H, S;
+  int num_m_blocks;
+};
+
+struct TileCoord {
+  int m_block;
+  int head;
+  int batch;
+  int idx;   // scheduler cursor: task index (static) or tile number (dynamic)
+  int turn;  // how many times `next` has been asked (the dynamic scheduler's slot parity)
+  bool valid;
+};
+
+// What the persistent schedulers read (unused by the grid scheduler).
+struct SchedParams {
+  const uint32_t* tasks;   // static: packed tasks, all CTAs' lists concatenated
+  const int* offsets;      // static: CTA i owns tasks[offsets[i], offsets[i+1])
+  int* tile_counter;       // dynamic: next tile to hand out (zeroed before each launch)
+  uint32_t m_bits, h_bits; // static: packing widths (task_list.h)
+  int num_tiles;           // dynamic: query tiles over all heads and batches
+};
 
 struct Params {
   CUtensorMap tma_q;  // boxes of (64 cols, block_m rows)
@@ -15,6 +37,7 @@ struct Params {
   CUtensorMap tma_o;  // boxes of (64 cols, 64 rows): each warpgroup stores its own rows
   float* lse;         // [B, H, S] or null
   ShapeInfo shape;
+  SchedParams sched;
   float scale_log2;   // log2(e) / sqrt(head_dim)
 };
 

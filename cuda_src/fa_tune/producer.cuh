@@ -11,51 +11,64 @@ template <class Cfg, class Sched>
 struct Producer {
   using T = Traits<Cfg>;
 
+  // Runs on the whole producer warp (the dynamic scheduler's named barrier counts warps);
+  // one elected lane issues the TMA copies and waits on the rings.
   __device__ static void run(const Params& p, SharedStorage<T>& ss) {
-    if ((threadIdx.x & 31) != 0) return;
+    const bool leader = (threadIdx.x & 31) == 0;
     PipeState qst, kst, vst;
     constexpr int kHalf = 64;  // one TMA box spans 64 head-dim columns (the 128-byte swizzle)
-    for (TileCoord t = Sched::first(p.shape, ss.tile_slot); t.valid;
-         t = Sched::next(p.shape, t, ss.tile_slot)) {
+    TileCoord t = Sched::first(p, ss.tile_slot);
+    while (t.valid) {
       const int h = t.head, b = t.batch;
-      const int n_blocks = num_kv_blocks<T>(p.shape, t.m_block);
-
-      uint64_t* bar = ss.q_ring.acquire(qst, T::kQBytes);
-      for (int c = 0; c < 2; ++c)
-        tma_load_4d<Cfg::hint_q>(&p.tma_q, bar, ss.q + c * T::kBlockM * kHalf, c * kHalf,
-                                 t.m_block * T::kBlockM, h, b);
+      if (leader) {
+        uint64_t* bar = ss.q_ring.acquire(qst, T::kQBytes);
+        for (int c = 0; c < 2; ++c)
+          tma_load_4d<Cfg::hint_q>(&p.tma_q, bar, ss.q + c * T::kBlockM * kHalf, c * kHalf,
+                                   t.m_block * T::kBlockM, h, b);
+      }
       qst.advance<1>();
+      // Ask for the next tile before any K/V load can block on a full ring (consumers ask at
+      // the start of each tile and must not wait on loads they have yet to release).
+      const TileCoord next = Sched::template next<true>(p, t, ss.tile_slot);
+      if (leader) load_kv(p, ss, t, kst, vst);
+      t = next;
+    }
+  }
 
-      auto load_k = [&](int n) {
-        uint64_t* kb = ss.k_ring.acquire(kst, T::kKVTileBytes);
-        auto* dst = ss.k + kst.index * T::kBlockN * kHeadDim;
-        for (int c = 0; c < 2; ++c)
-          tma_load_4d<Cfg::hint_k>(&p.tma_k, kb, dst + c * T::kBlockN * kHalf, c * kHalf,
-                                   n * T::kBlockN, h, b);
-        kst.advance<T::kKStages>();
-      };
-      auto load_v = [&](int n) {
-        uint64_t* vb = ss.v_ring.acquire(vst, T::kKVTileBytes);
-        auto* dst = ss.v + vst.index * T::kBlockN * kHeadDim;
-        for (int c = 0; c < 2; ++c)
-          tma_load_4d<Cfg::hint_v>(&p.tma_v, vb, dst + c * T::kBlockN * kHalf, c * kHalf,
-                                   n * T::kBlockN, h, b);
-        vst.advance<T::kVStages>();
-      };
-      // Issue in the order the consumers need the tiles (diagonal first, toward key 0), so
-      // a small ring never holds a tile the consumers cannot reach yet.
-      if constexpr (T::kOverlap) {  // consumers: K[n], then (K[n-1], V[n]) pairs, then V[0]
-        load_k(n_blocks - 1);
-        for (int n = n_blocks - 2; n >= 0; --n) {
-          load_k(n);
-          load_v(n + 1);
-        }
-        load_v(0);
-      } else {
-        for (int n = n_blocks - 1; n >= 0; --n) {
-          load_k(n);
-          load_v(n);
-        }
+  __device__ static void load_kv(const Params& p, SharedStorage<T>& ss, const TileCoord& t,
+                                 PipeState& kst, PipeState& vst) {
+    constexpr int kHalf = 64;
+    const int h = t.head, b = t.batch;
+    const int n_blocks = num_kv_blocks<T>(p.shape, t.m_block);
+    auto load_k = [&](int n) {
+      uint64_t* kb = ss.k_ring.acquire(kst, T::kKVTileBytes);
+      auto* dst = ss.k + kst.index * T::kBlockN * kHeadDim;
+      for (int c = 0; c < 2; ++c)
+        tma_load_4d<Cfg::hint_k>(&p.tma_k, kb, dst + c * T::kBlockN * kHalf, c * kHalf,
+                                 n * T::kBlockN, h, b);
+      kst.advance<T::kKStages>();
+    };
+    auto load_v = [&](int n) {
+      uint64_t* vb = ss.v_ring.acquire(vst, T::kKVTileBytes);
+      auto* dst = ss.v + vst.index * T::kBlockN * kHeadDim;
+      for (int c = 0; c < 2; ++c)
+        tma_load_4d<Cfg::hint_v>(&p.tma_v, vb, dst + c * T::kBlockN * kHalf, c * kHalf,
+                                 n * T::kBlockN, h, b);
+      vst.advance<T::kVStages>();
+    };
+    // Issue in the order the consumers need the tiles (diagonal first, toward key 0), so
+    // a small ring never holds a tile the consumers cannot reach yet.
+    if constexpr (T::kOverlap) {  // consumers: K[n], then (K[n-1], V[n]) pairs, then V[0]
+      load_k(n_blocks - 1);
+      for (int n = n_blocks - 2; n >= 0; --n) {
+        load_k(n);
+        load_v(n + 1);
+      }
+      load_v(0);
+    } else {
+      for (int n = n_blocks - 1; n >= 0; --n) {
+        load_k(n);
+        load_v(n);
       }
     }
   }

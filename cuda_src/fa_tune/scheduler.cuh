@@ -1,36 +1,102 @@
 // Which query tile (m_block, head, batch) each CTA works on, and in what order.
+//
+// Every scheduler gives both roles the same sequence: `first`, then `next` until !valid.
+// The producer asks for the next tile right after issuing the current tile's Q load, before
+// any K/V load can block on a full ring; the consumers ask at the start of each tile.
 #pragma once
 
+#include <type_traits>
+
+#include <cutlass/arch/barrier.h>
+
 #include "config.cuh"
+#include "params.cuh"
 
 namespace fa_tune {
 
-struct TileCoord {
-  int m_block;
-  int head;
-  int batch;
-  bool valid;
-};
-
-struct ShapeInfo {
-  int B, H, S;
-  int num_m_blocks;
-};
+constexpr int kSchedulerBar = 12;  // named barrier: producer warp -> consumers (dynamic only)
 
 // Non-persistent: one CTA per query tile, grid (m tiles, heads, batch). Within a head the
-// blocks are launched longest first (the diagonal tile of the last query rows has the most
-// KV tiles) or in natural order; heads stay adjacent so a wave shares K/V in L2.
+// blocks are launched longest first (the last query rows visit the most KV tiles) or in
+// natural order; heads stay adjacent so a wave shares K/V in L2.
 template <class Cfg>
 struct GridScheduler {
-  static dim3 grid(const ShapeInfo& s) { return dim3(s.num_m_blocks, s.H, s.B); }
-  __device__ static TileCoord first(const ShapeInfo& s, int* /*slot*/) {
+  static constexpr bool kPersistent = false;
+  __device__ static TileCoord first(const Params& p, int* /*slot*/) {
     const int x = blockIdx.x;
-    const int m = Cfg::tile_order == TileOrder::LongestFirst ? s.num_m_blocks - 1 - x : x;
-    return {m, int(blockIdx.y), int(blockIdx.z), true};
+    const int m = Cfg::tile_order == TileOrder::LongestFirst ? p.shape.num_m_blocks - 1 - x : x;
+    return {m, int(blockIdx.y), int(blockIdx.z), 0, 0, true};
   }
-  __device__ static TileCoord next(const ShapeInfo&, const TileCoord&, int* /*slot*/) {
-    return {0, 0, 0, false};
+  template <bool kProducer>
+  __device__ static TileCoord next(const Params&, const TileCoord&, int* /*slot*/) {
+    return {0, 0, 0, 0, 0, false};
   }
 };
+
+// Persistent, static: CTA i walks the host-built list tasks[offsets[i] .. offsets[i+1]).
+template <class Cfg>
+struct StaticScheduler {
+  static constexpr bool kPersistent = true;
+  __device__ static TileCoord at(const Params& p, int idx) {
+    if (idx >= p.sched.offsets[blockIdx.x + 1]) return {0, 0, 0, idx, 0, false};
+    const uint32_t t = p.sched.tasks[idx];
+    const int m = int(t & ((1u << p.sched.m_bits) - 1u));
+    const int h = int((t >> p.sched.m_bits) & ((1u << p.sched.h_bits) - 1u));
+    const int b = int(t >> (p.sched.m_bits + p.sched.h_bits));
+    return {m, h, b, idx, 0, true};
+  }
+  __device__ static TileCoord first(const Params& p, int* /*slot*/) {
+    return at(p, p.sched.offsets[blockIdx.x]);
+  }
+  template <bool kProducer>
+  __device__ static TileCoord next(const Params& p, const TileCoord& cur, int* /*slot*/) {
+    return at(p, cur.idx + 1);
+  }
+};
+
+// Persistent, dynamic: a global counter hands out tiles heaviest first (all heads' last query
+// tiles, then the ones before). The producer warp takes the next number and publishes it in
+// shared memory; consumers read it behind a named barrier. Two slots alternate, although the
+// Q handoff already keeps the producer at most one tile ahead of the consumers' reads.
+template <class Cfg>
+struct DynamicScheduler {
+  static constexpr bool kPersistent = true;
+  static constexpr uint32_t kBarThreads = 32 + Derived<Cfg>::kConsumerThreads;
+  __device__ static TileCoord decode(const Params& p, int t, int turn) {
+    if (t >= p.sched.num_tiles) return {0, 0, 0, t, turn, false};
+    const int per_m = p.shape.H * p.shape.B;
+    const int m = p.shape.num_m_blocks - 1 - t / per_m;
+    const int bh = t % per_m;
+    return {m, bh % p.shape.H, bh / p.shape.H, t, turn, true};
+  }
+  __device__ static TileCoord first(const Params& p, int* /*slot*/) {
+    return decode(p, int(blockIdx.x), 0);
+  }
+  // kProducer: called by all 32 lanes of the producer warp (named barriers are per warp);
+  // otherwise by every consumer thread.
+  template <bool kProducer>
+  __device__ static TileCoord next(const Params& p, const TileCoord& cur, int* slot) {
+    int t;
+    if constexpr (kProducer) {
+      if ((threadIdx.x & 31) == 0) {
+        t = atomicAdd(p.sched.tile_counter, 1) + int(gridDim.x);
+        slot[cur.turn & 1] = t;
+      }
+      __syncwarp();
+      cutlass::arch::NamedBarrier::arrive(kBarThreads, kSchedulerBar);
+      t = __shfl_sync(0xffffffffu, t, 0);
+    } else {
+      cutlass::arch::NamedBarrier::sync(kBarThreads, kSchedulerBar);
+      t = slot[cur.turn & 1];
+    }
+    return decode(p, t, cur.turn + 1);
+  }
+};
+
+template <class Cfg>
+using SchedulerFor = std::conditional_t<
+    Cfg::scheduler == Scheduler::Static, StaticScheduler<Cfg>,
+    std::conditional_t<Cfg::scheduler == Scheduler::Dynamic, DynamicScheduler<Cfg>,
+                       GridScheduler<Cfg>>>;
 
 }  // namespace fa_tune

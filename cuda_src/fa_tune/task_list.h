@@ -1,0 +1,136 @@
+// Host-side task lists for the static persistent scheduler (plain C++17, no CUDA: the CPU
+// tests compile it with g++).
+//
+// Work: every (batch, head, query tile). A causal query tile bm costs about bm + 1 KV tiles of
+// QK + PV, so the cost model (the seeds') is cost(bm) = 2 * (bm + 1) + fixed_cost, fixed_cost
+// standing for the per-task prologue/epilogue. Tasks are dealt to `num_bins` CTAs:
+//   1. batch/head entries are taken in pairs; within a pair, tasks in descending bm order, each
+//      to the currently lightest bin (longest-processing-time first);
+//   2. a rebalance moves tasks from the heaviest to the lightest bin while that narrows the gap,
+//      moving only tasks whose batch/head the lightest bin already holds (pair-preserving: no
+//      bin gains K/V streams it did not already read);
+//   3. each bin is stably ordered by batch/head, so a CTA's consecutive tasks share K/V in L2.
+// Tasks are packed into 32 bits (bm | head << m_bits | batch << (m_bits + h_bits)) with widths
+// sized to the shape; a shape that does not fit is refused, never truncated.
+#pragma once
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace fa_tune {
+
+struct TaskPacking {
+  uint32_t m_bits = 0, h_bits = 0, b_bits = 0;
+
+  static uint32_t bits_for(long long count) {  // bits to hold values 0 .. count-1
+    uint32_t b = 0;
+    while ((1LL << b) < count) ++b;
+    return b;
+  }
+  // Empty string on success, else why the shape cannot be packed.
+  std::string fit(long long num_m, long long H, long long B) {
+    m_bits = bits_for(num_m);
+    h_bits = bits_for(H);
+    b_bits = bits_for(B);
+    if (m_bits + h_bits + b_bits > 32)
+      return "the task packing holds 32 bits but this shape needs " +
+             std::to_string(m_bits + h_bits + b_bits) + " (query tiles " + std::to_string(num_m) +
+             ", heads " + std::to_string(H) + ", batch " + std::to_string(B) +
+             "); use the grid or dynamic scheduler for it";
+    return "";
+  }
+  uint32_t pack(int bm, int h, int b) const {
+    return uint32_t(bm) | (uint32_t(h) << m_bits) | (uint32_t(b) << (m_bits + h_bits));
+  }
+  void unpack(uint32_t t, int& bm, int& h, int& b) const {
+    bm = int(t & ((1u << m_bits) - 1u));
+    h = int((t >> m_bits) & ((1u << h_bits) - 1u));
+    b = int(t >> (m_bits + h_bits));
+  }
+};
+
+struct TaskLists {
+  TaskPacking packing;
+  std::vector<uint32_t> tasks;   // all bins, concatenated
+  std::vector<int32_t> offsets;  // bin i owns tasks[offsets[i], offsets[i+1])
+  std::vector<long long> loads;  // estimated cost per bin
+};
+
+inline long long task_cost(int bm, int fixed_cost) { return 2LL * (bm + 1) + fixed_cost; }
+
+// Returns an empty string on success (lists filled), else a one-line reason.
+inline std::string build_task_lists(int B, int H, int num_m, int num_bins, int fixed_cost,
+                                    TaskLists& out) {
+  if (B < 1 || H < 1 || num_m < 1 || num_bins < 1) return "B, H, query tiles and CTAs must be >= 1";
+  if (std::string why = out.packing.fit(num_m, H, B); !why.empty()) return why;
+
+  struct Task {
+    int bm, bh;
+  };
+  std::vector<std::vector<Task>> bins(num_bins);
+  std::vector<long long> load(num_bins, 0);
+  auto lightest = [&] {
+    return int(std::min_element(load.begin(), load.end()) - load.begin());
+  };
+
+  // 1. Pairs of batch/head entries, tasks by descending bm, each to the lightest bin.
+  const int num_bh = B * H;
+  for (int first = 0; first < num_bh; first += 2) {
+    const int last = std::min(first + 2, num_bh);
+    for (int bm = num_m - 1; bm >= 0; --bm) {
+      for (int bh = first; bh < last; ++bh) {
+        const int i = lightest();
+        bins[i].push_back({bm, bh});
+        load[i] += task_cost(bm, fixed_cost);
+      }
+    }
+  }
+
+  // 2. Pair-preserving rebalance: heaviest -> lightest while a move narrows the gap. LPT
+  // leaves a small gap, so a few passes per bin suffice; the bound keeps setup time flat.
+  std::vector<char> in_lo(num_bh);
+  for (int iter = 0; iter < 4 * num_bins; ++iter) {
+    const int hi = int(std::max_element(load.begin(), load.end()) - load.begin());
+    const int lo = lightest();
+    const long long gap = load[hi] - load[lo];
+    if (gap <= 0) break;
+    std::fill(in_lo.begin(), in_lo.end(), 0);
+    for (const Task& x : bins[lo]) in_lo[x.bh] = 1;
+    int best = -1;
+    long long best_gap = gap;
+    for (int t = 0; t < int(bins[hi].size()); ++t) {
+      const Task& task = bins[hi][t];
+      if (!in_lo[task.bh]) continue;
+      const long long c = task_cost(task.bm, fixed_cost);
+      const long long new_gap = std::llabs((load[hi] - c) - (load[lo] + c));
+      if (new_gap < best_gap) {
+        best_gap = new_gap;
+        best = t;
+      }
+    }
+    if (best < 0) break;
+    const Task moved = bins[hi][best];
+    bins[hi].erase(bins[hi].begin() + best);
+    bins[lo].push_back(moved);
+    const long long c = task_cost(moved.bm, fixed_cost);
+    load[hi] -= c;
+    load[lo] += c;
+  }
+
+  // 3. Stable order by batch/head inside each bin; pack.
+  out.tasks.clear();
+  out.offsets.assign(1, 0);
+  for (auto& bin : bins) {
+    std::stable_sort(bin.begin(), bin.end(), [](const Task& a, const Task& b) { return a.bh < b.bh; });
+    for (const Task& t : bin) out.tasks.push_back(out.packing.pack(t.bm, t.bh % H, t.bh / H));
+    out.offsets.push_back(int32_t(out.tasks.size()));
+  }
+  out.loads = load;
+  return "";
+}
+
+}  // namespace fa_tune

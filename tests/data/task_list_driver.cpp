@@ -1,0 +1,33 @@
+// Test driver for cuda_src/fa_tune/task_list.h (host-only): prints the static scheduler's
+// task lists so tests/test_task_list.py can check them.
+// usage: task_list_driver B H num_m num_bins fixed_cost
+// output: "ERROR <reason>" or, per bin, "bin <i> <load> <bm>,<h>,<b> ..." (unpacked tasks)
+#include <cstdio>
+#include <cstdlib>
+
+#include "fa_tune/task_list.h"
+
+int main(int argc, char** argv) {
+  if (argc != 6) {
+    std::fprintf(stderr, "usage: %s B H num_m num_bins fixed_cost\n", argv[0]);
+    return 2;
+  }
+  const int B = std::atoi(argv[1]), H = std::atoi(argv[2]), num_m = std::atoi(argv[3]);
+  const int bins = std::atoi(argv[4]), fixed = std::atoi(argv[5]);
+  fa_tune::TaskLists lists;
+  const std::string why = fa_tune::build_task_lists(B, H, num_m, bins, fixed, lists);
+  if (!why.empty()) {
+    std::printf("ERROR %s\n", why.c_str());
+    return 0;
+  }
+  for (int i = 0; i < bins; ++i) {
+    std::printf("bin %d %lld", i, lists.loads[i]);
+    for (int t = lists.offsets[i]; t < lists.offsets[i + 1]; ++t) {
+      int bm, h, b;
+      lists.packing.unpack(lists.tasks[t], bm, h, b);
+      std::printf(" %d,%d,%d", bm, h, b);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}

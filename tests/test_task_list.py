@@ -1,0 +1,83 @@
+"""The static persistent scheduler's host-side task lists (cuda_src/fa_tune/task_list.h).
+
+The header is plain C++; a small driver compiled with the host compiler prints the lists.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CXX = shutil.which("g++") or shutil.which("c++")
+pytestmark = pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler")
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    exe = tmp_path_factory.mktemp("tl") / "task_list_driver"
+    subprocess.run(
+        [CXX, "-std=c++17", "-O2", "-I", str(ROOT / "cuda_src"),
+         str(ROOT / "tests/data/task_list_driver.cpp"), "-o", str(exe)],
+        check=True,
+    )
+    return exe
+
+
+def lists(driver: Path, B: int, H: int, num_m: int, bins: int, fixed: int = 4):
+    out = subprocess.run([str(driver), str(B), str(H), str(num_m), str(bins), str(fixed)],
+                         check=True, capture_output=True, text=True).stdout
+    if out.startswith("ERROR"):
+        return out.strip()
+    result = []
+    for line in out.splitlines():
+        _, _, load, *tasks = line.split()
+        result.append((int(load), [tuple(int(x) for x in t.split(",")) for t in tasks]))
+    return result
+
+
+def cost(bm: int, fixed: int) -> int:
+    return 2 * (bm + 1) + fixed
+
+
+@pytest.mark.parametrize(
+    "B,H,num_m,bins",
+    [(4, 32, 32, 132), (4, 32, 64, 132), (4, 32, 128, 132), (1, 3, 9, 132), (1, 3, 9, 4),
+     (2, 5, 7, 3), (1, 1, 1, 8)],
+)
+def test_every_tile_exactly_once(driver: Path, B: int, H: int, num_m: int, bins: int) -> None:
+    res = lists(driver, B, H, num_m, bins)
+    assert isinstance(res, list) and len(res) == bins
+    seen = Counter(t for _, tasks in res for t in tasks)
+    expected = {(bm, h, b) for bm in range(num_m) for h in range(H) for b in range(B)}
+    assert set(seen) == expected
+    assert all(n == 1 for n in seen.values())
+    for load, tasks in res:  # the reported load is the cost model over the bin's tasks
+        assert load == sum(cost(bm, 4) for bm, _, _ in tasks)
+
+
+def test_bins_are_balanced_and_ordered_by_head(driver: Path) -> None:
+    res = lists(driver, 4, 32, 64, 132)
+    loads = [load for load, _ in res]
+    # LPT + rebalance: the heaviest bin is within one largest task of the lightest.
+    assert max(loads) - min(loads) <= cost(63, 4)
+    assert (max(loads) - min(loads)) / max(loads) < 0.01
+    for _, tasks in res:
+        bh = [b * 32 + h for _, h, b in tasks]
+        assert bh == sorted(bh)  # stable order by batch/head keeps K/V reuse together
+
+
+def test_fixed_cost_changes_the_model(driver: Path) -> None:
+    a = lists(driver, 1, 4, 16, 5, fixed=0)
+    b = lists(driver, 1, 4, 16, 5, fixed=16)
+    assert sum(load for load, _ in b) - sum(load for load, _ in a) == 16 * 64
+
+
+def test_packing_overflow_is_refused(driver: Path) -> None:
+    # 2^20 query tiles x 2^8 heads x 2^8 batch = 36 bits > 32: refused, not truncated.
+    res = lists(driver, 256, 256, 1 << 20, 4)
+    assert isinstance(res, str) and res.startswith("ERROR") and "32 bits" in res
