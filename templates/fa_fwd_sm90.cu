@@ -24,6 +24,7 @@ struct Config {
   static constexpr bool intra_wg_overlap = ${intra_wg_overlap};
   static constexpr bool pingpong = ${pingpong};
   static constexpr fa_tune::RescaleO rescale_o = ${rescale_o};
+  static constexpr bool lazy_rescale = ${lazy_rescale};
   static constexpr fa_tune::TileOrder tile_order = ${tile_order};
   static constexpr fa_tune::Scheduler scheduler = ${scheduler};
   static constexpr int fixed_cost = ${fixed_cost};

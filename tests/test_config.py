@@ -25,6 +25,7 @@ ARCH_DEFAULTS = {
     "v_release": "after_pv", "q_release": "at_end", "hint_q": "evict_first",
     "hint_k": "evict_last", "hint_v": "evict_last", "hint_o": "none", "producer_regs": 24,
     "consumer_regs": 240, "intra_wg_overlap": True, "pingpong": True, "rescale_o": "after_pv",
+    "lazy_rescale": False,
     "tile_order": "longest_first", "scheduler": "grid", "fixed_cost": 4, "persistent_ctas": 0,
     "write_lse": True,
 }

@@ -108,6 +108,7 @@ KNOBS: dict[str, Knob] = {
         Knob("intra_wg_overlap", "bool", (False, True)),
         Knob("pingpong", "bool", (False, True)),
         Knob("rescale_o", "enum", ("after_pv", "before_pv"), "RescaleO"),
+        Knob("lazy_rescale", "bool", (False, True)),
         Knob("tile_order", "enum", ("longest_first", "natural"), "TileOrder"),
         Knob("scheduler", "enum", ("grid", "static", "dynamic"), "Scheduler"),
         Knob("fixed_cost", "int", tuple(range(17)), range_text="an integer from 0 to 16"),
@@ -142,6 +143,7 @@ class KernelConfig:
     intra_wg_overlap: bool = True
     pingpong: bool = True
     rescale_o: str = "after_pv"
+    lazy_rescale: bool = False
     tile_order: str = "longest_first"
     scheduler: str = "grid"
     fixed_cost: int = 4

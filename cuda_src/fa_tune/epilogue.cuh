@@ -19,7 +19,8 @@ struct Epilogue {
   // the O/Q buffer back to the producer.
   template <class TOrO>
   __device__ static void run(const Params& p, SharedStorage<T>& ss, typename T::MmaPV& mma_pv,
-                             TOrO& tOrO, const OnlineSoftmax& sm, const float (&inv_sum)[2],
+                             TOrO& tOrO, const OnlineSoftmax<Cfg::lazy_rescale>& sm,
+                             const float (&inv_sum)[2],
                              const TileCoord& t, int row0, int wg, int tid) {
     using namespace cute;
     scale_rows(tOrO, inv_sum);

@@ -50,7 +50,7 @@ struct Consumer {
       auto release_q = [&] {
         if constexpr (Cfg::q_release == QRelease::AfterLastQk) ss.q_ring.release(qst);
       };
-      OnlineSoftmax sm;
+      typename Mainloop<Cfg>::Softmax sm;
       float inv_sum[2];
       Mainloop<Cfg>::run(st, ss, sm, p.shape, t.m_block, row0, p.scale_log2, wg, !next.valid,
                          release_q, inv_sum);

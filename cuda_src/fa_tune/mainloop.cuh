@@ -20,6 +20,7 @@ struct Mainloop {
   using T = Traits<Cfg>;
   using PP = Pingpong<T>;
   using Element = typename T::Element;
+  using Softmax = OnlineSoftmax<Cfg::lazy_rescale>;
 
   // Per-warpgroup state that lives across tiles: MMA fragments and ring cursors.
   template <class TSrQ, class TSrK, class TOrV, class TSrS, class TOrO, class TOrP>
@@ -40,7 +41,7 @@ struct Mainloop {
   // in tOrO, every K/V stage released and inv_sum = 1 / row sum. `release_q` is called once
   // the last QK has read Q.
   template <class St, class ReleaseQ>
-  __device__ static void run(St& st, SharedStorage<T>& ss, OnlineSoftmax& sm, const ShapeInfo& shape,
+  __device__ static void run(St& st, SharedStorage<T>& ss, Softmax& sm, const ShapeInfo& shape,
                              int m_block, int row0, float scale_log2, int wg, bool last_tile,
                              ReleaseQ&& release_q, float (&inv_sum)[2]) {
     const int n_blocks = num_kv_blocks<T>(shape, m_block);
@@ -58,12 +59,13 @@ struct Mainloop {
   __device__ static void release_k(St& st, SharedStorage<T>& ss) { ss.k_ring.release(st.kst); }
 
   template <class St, class ReleaseQ>
-  __device__ static void overlapped(St& st, SharedStorage<T>& ss, OnlineSoftmax& sm, int n_blocks,
+  __device__ static void overlapped(St& st, SharedStorage<T>& ss, Softmax& sm, int n_blocks,
                                     int n_unmasked, int row0, float scale_log2, int wg,
                                     bool last_tile, ReleaseQ& release_q, float (&inv_sum)[2]) {
     using namespace cute;
     float rescale[2];
     float pending_rescale[2] = {1.f, 1.f};  // rescale_o = before_pv: applied before the next PV
+    bool pending = false;                     // ... and whether any row of the warp needs it
     PipeState v_prev;                        // v_release = deferred: the stage PV[n+1] read
 
     // Prologue: QK of the diagonal tile.
@@ -88,7 +90,7 @@ struct Mainloop {
       PP::wait_turn(wg);
       warpgroup_gemm<-1>(st.mma_qk, st.tSrQ, st.tSrK(_, _, _, st.kst.index), st.tSrS, true);
       if constexpr (T::kRescaleBeforePv) {
-        if (!first_pv) scale_rows(st.tOrO, pending_rescale);
+        if (!first_pv && pending) scale_rows(st.tOrO, pending_rescale);
       }
       ss.v_ring.wait_full(st.vst);
       warpgroup_gemm<-1>(st.mma_pv, st.tOrP, st.tOrV(_, _, _, st.vst.index), st.tOrO, first_pv);
@@ -97,7 +99,7 @@ struct Mainloop {
       if (n == 0) release_q();
       if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
       if constexpr (kMask) apply_causal_mask(st.tSrS, row0, n * T::kBlockN);
-      sm.template update<false>(st.tSrS, scale_log2, rescale);
+      const bool needed = sm.template update<false>(st.tSrS, scale_log2, rescale);
       if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
       st.kst.template advance<T::kKStages>();
       warpgroup_wait_for<0>(st.tOrO);  // PV[n+1] done: V stage and P registers are free
@@ -105,7 +107,8 @@ struct Mainloop {
       if constexpr (T::kRescaleBeforePv) {
         pending_rescale[0] = rescale[0];
         pending_rescale[1] = rescale[1];
-      } else {
+        pending = needed;
+      } else if (needed) {
         scale_rows(st.tOrO, rescale);
       }
       convert_to_bf16(st.tSrS, st.tOrP);
@@ -118,7 +121,7 @@ struct Mainloop {
     ss.v_ring.wait_full(st.vst);
     PP::wait_turn(wg);
     if constexpr (T::kRescaleBeforePv) {
-      if (!first_pv) scale_rows(st.tOrO, pending_rescale);
+      if (!first_pv && pending) scale_rows(st.tOrO, pending_rescale);
     }
     warpgroup_gemm<-1>(st.mma_pv, st.tOrP, st.tOrV(_, _, _, st.vst.index), st.tOrO, first_pv);
     PP::pass_turn(wg, last_tile);
@@ -128,7 +131,7 @@ struct Mainloop {
   }
 
   template <class St, class ReleaseQ>
-  __device__ static void serial(St& st, SharedStorage<T>& ss, OnlineSoftmax& sm, int n_blocks,
+  __device__ static void serial(St& st, SharedStorage<T>& ss, Softmax& sm, int n_blocks,
                                 int n_unmasked, int row0, float scale_log2, int wg, bool last_tile,
                                 ReleaseQ& release_q, float (&inv_sum)[2]) {
     using namespace cute;
@@ -147,8 +150,7 @@ struct Mainloop {
       if constexpr (kMask) apply_causal_mask(st.tSrS, row0, n * T::kBlockN);
       if (first) {
         sm.template update<true>(st.tSrS, scale_log2, rescale);
-      } else {
-        sm.template update<false>(st.tSrS, scale_log2, rescale);
+      } else if (sm.template update<false>(st.tSrS, scale_log2, rescale)) {
         scale_rows(st.tOrO, rescale);
       }
       if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);

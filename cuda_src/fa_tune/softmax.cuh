@@ -35,14 +35,20 @@ __device__ __forceinline__ void apply_causal_mask(Frag& s, int row0, int col0) {
   }
 }
 
+// kLazy: a row keeps its reference max until a tile raises it by more than kLazyThreshold
+// (log2 units). Exact, because O and the row sum always share the reference: probabilities
+// then reach at most 2^8, far inside FP32 and BF16 range, and most tiles skip the O rescale.
+template <bool kLazy>
 struct OnlineSoftmax {
-  float row_max[2];
+  static constexpr float kLazyThreshold = 8.f;
+  float row_max[2];  // the reference max each row's probabilities are taken against
   float row_sum[2];  // this lane's partial sums; the quad reduction waits for finalize()
 
-  // Fold a new score tile in: update maxima, turn scores into probabilities in place, and
-  // return the factor by which earlier O and sums must be multiplied.
+  // Fold a new score tile in: update the reference maxima, turn scores into probabilities in
+  // place, and set the factor by which earlier O and sums must be multiplied. Returns whether
+  // any row of this warp needs that (false lets the caller skip the O rescale).
   template <bool kFirst, class Frag>
-  __device__ __forceinline__ void update(Frag& s, float scale_log2, float (&rescale)[2]) {
+  __device__ __forceinline__ bool update(Frag& s, float scale_log2, float (&rescale)[2]) {
     constexpr int N = decltype(cute::size(s))::value;
     float m[2];
     CUTE_UNROLL
@@ -50,13 +56,21 @@ struct OnlineSoftmax {
     CUTE_UNROLL
     for (int e = 0; e < N; ++e) m[(e / 2) % 2] = fmaxf(m[(e / 2) % 2], s(e));
     float m_scaled[2];
+    bool any = false;
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
       m[r] = quad_max(m[r]);
+      bool move = true;
+      if constexpr (kLazy && !kFirst) {
+        // NaN (both -inf: every key masked so far) compares false: the row keeps -inf.
+        move = (m[r] - row_max[r]) * scale_log2 > kLazyThreshold;
+        if (!move) m[r] = row_max[r];
+      }
       // A row with every key masked so far has max -inf; shifting by 0 keeps exp2 at 0
       // instead of NaN (-inf - -inf).
       m_scaled[r] = m[r] == -INFINITY ? 0.f : m[r] * scale_log2;
-      rescale[r] = kFirst ? 1.f : exp2f(row_max[r] * scale_log2 - m_scaled[r]);
+      rescale[r] = (kFirst || !move) ? 1.f : exp2f(row_max[r] * scale_log2 - m_scaled[r]);
+      any |= rescale[r] != 1.f;
       row_max[r] = m[r];
     }
     float sum[2] = {0.f, 0.f};
@@ -68,6 +82,8 @@ struct OnlineSoftmax {
     }
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) row_sum[r] = kFirst ? sum[r] : fmaf(row_sum[r], rescale[r], sum[r]);
+    if constexpr (kLazy) return __any_sync(0xffffffffu, any);
+    return true;
   }
 
   // After the last tile: complete the row sums across the quad; returns 1/sum per row.
