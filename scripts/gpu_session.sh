@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# One GPU session on a lent H200 in two back-to-back device calls (the machine stays warm 30 s).
+#
+#   call 1, carry [".fa3/part1", ".whl"]:  bash scripts/gpu_session.sh start VARIANTS_FILE
+#       stages FA3's first half, installs our wheels, starts building VARIANTS_FILE with all cores
+#   call 2, carry [".fa3/part2"]:          bash scripts/gpu_session.sh lab VARIANTS_FILE [SHAPE...]
+#       installs FA3, waits for the builds, gates every variant on uneven shapes, then times them
+#       beside FA3 at the seed shapes (or SHAPEs); logs and JSON land in $OUT
+#   later calls on the same warm machine:  bash scripts/gpu_session.sh env -- COMMAND...
+#       runs COMMAND with PYTHONPATH set for fa-tune, its wheels and FA3 (e.g. pytest -m gpu)
+#
+# Keep the timing protocol of the lab at LAB_PROTOCOL (default "20 100 2": warm-up, repeat,
+# rounds) while exploring; use "50 200 3" (the seeds') for numbers that go into docs/PERF.md.
+set -euo pipefail
+cmd=${1:?usage: gpu_session.sh start|lab|env ...}
+shift
+SITE=/root/site
+FA3=/root/fa3site
+export PYTHONPATH="$FA3:$FA3/nvidia_cutlass_dsl/dsl_packages:$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+
+case "$cmd" in
+start)
+  variants=${1:?variants file}
+  bash scripts/fa3_stage1.sh > /dev/null
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
+  rm -f /root/build.log
+  setsid nohup python3 scripts/kernel_lab.py --variants-file "$variants" --build-only \
+    --jobs "$(nproc)" > /root/build.log 2>&1 < /dev/null &
+  echo "building $variants in the background; FA3 part 1 staged"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv
+  ;;
+lab)
+  variants=${1:?variants file}
+  shift
+  FA3_SMOKE=0 bash scripts/fa3_stage2.sh > "$OUT/fa3_install.log" 2>&1 \
+    || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed: timing without it"; }
+  for _ in $(seq 300); do grep -q '^built' /root/build.log 2>/dev/null && break; sleep 2; done
+  cp /root/build.log "$OUT/build.log"
+  tail -n 30 /root/build.log
+  read -r warm rep rounds <<< "${LAB_PROTOCOL:-20 100 2}"
+  # Correctness first, on shapes no tile size divides; quick, no timing worth keeping.
+  timeout 150 python3 scripts/kernel_lab.py --variants-file "$variants" --no-fa3 \
+    --shape 1x3x1152 --shape 2x5x1000 --shape 1x1x77 --warmup 1 --repeat 2 --rounds 1 \
+    > "$OUT/gate_small.log" 2>&1 || echo "small-shape gate run exited $?"
+  grep -E "FAIL|Error" "$OUT/gate_small.log" | cut -c1-300 || echo "small shapes: all variants passed"
+  shapes=()
+  for s in "${@:-4x32x4096 4x32x8192 4x32x16384}"; do
+    for x in $s; do shapes+=(--shape "$x"); done
+  done
+  timeout "${LAB_TIMEOUT:-420}" python3 scripts/kernel_lab.py --variants-file "$variants" \
+    "${shapes[@]}" --warmup "$warm" --repeat "$rep" --rounds "$rounds" > "$OUT/lab.log" 2>&1 \
+    || echo "lab exited $?"
+  cp -f "$OUT/kernel_lab.json" "$OUT/kernel_lab_seed.json" 2>/dev/null || true
+  grep -v '^  [0-9a-f]\{12\}: {' "$OUT/lab.log" | tail -n 60
+  ;;
+env)
+  [ "${1:-}" = "--" ] && shift
+  exec "$@"
+  ;;
+*)
+  echo "unknown subcommand $cmd" >&2
+  exit 2
+  ;;
+esac
