@@ -1,0 +1,131 @@
+"""The GPU worker: a subprocess that loads candidate ``.so`` files, gates and times them.
+
+The search (tuner/search.py) never touches the GPU itself. It starts this worker with
+``multiprocessing`` (spawn), sends it requests over a pipe, and waits with a watchdog. A kernel
+that hangs, faults (illegal address, launch failure) or poisons the CUDA context takes only this
+process down; the search records why, starts a fresh worker and goes on.
+
+Which function runs in the subprocess is a parameter of the search (``worker_entry``:
+``"package.module:function"`` or ``"/path/to/file.py:function"``), so tests can plug in a test
+fixture worker. Every worker speaks the same protocol, documented here:
+
+* the parent starts ``function(conn, device_index)``; the worker first sends
+  ``{"status": "ready", "gpu": {...}}`` or ``{"status": "init_failed", "reason": str}``;
+* then, per request ``{"op": "measure", "so_path": str, "shape": [B, H, S], "gate": bool,
+  "seed": int, "protocol": {"warmup", "repeat", "rounds"}, "temp_wait_s": float}`` it replies
+  ``{"status": "ok", "gate": dict | None, "timing": dict}``, or
+  ``{"status": "gate_failed", "reason": str, "gate": dict}``, or
+  ``{"status": "cuda_error", "reason": str}`` (and exits: the context may be unusable), or
+  ``{"status": "error", "reason": str}``;
+* ``{"op": "stop"}`` (or a closed pipe) ends it.
+
+With ``gate`` false the worker regenerates the seed inputs before timing (the buffers may hold
+another candidate's gate inputs or nothing yet).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_ENTRY = "tuner.gpu_worker:main"
+
+
+def resolve_entry(entry: str) -> Any:
+    """``module:function`` or ``/path/file.py:function`` -> the function."""
+    mod_name, sep, fn_name = entry.rpartition(":")
+    if not sep or not mod_name or not fn_name:
+        raise ValueError(f"worker entry must be 'module:function' (got {entry!r})")
+    if mod_name.endswith(".py"):
+        path = Path(mod_name)
+        spec = importlib.util.spec_from_file_location(f"_fa_tune_worker_{path.stem}", path)
+        if spec is None or spec.loader is None:
+            raise ValueError(f"cannot load worker file {path}")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod
+        spec.loader.exec_module(mod)
+    else:
+        mod = importlib.import_module(mod_name)
+    return getattr(mod, fn_name)
+
+
+def bootstrap(entry: str, conn: Any, device_index: int) -> None:
+    """Subprocess target: ignore Ctrl-C (the parent decides), then run the named worker."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        fn = resolve_entry(entry)
+    except Exception as e:  # noqa: BLE001 - report, do not traceback into the terminal
+        conn.send({"status": "init_failed", "reason": f"cannot load worker {entry}: {e}"})
+        return
+    fn(conn, device_index)
+
+
+def main(conn: Any, device_index: int) -> None:
+    """The product's worker: real device, real oracle, real timing (tuner.timing)."""
+    from tuner import oracle, runtime, timing
+    from tuner.config import Shape
+    from tuner.errors import FaTuneError
+    from tuner.runner import gate_to_dict, gpu_info, to_plain
+
+    try:
+        dev = runtime.Device.open(device_index)
+        orc = oracle.get_oracle()
+    except FaTuneError as e:
+        conn.send({"status": "init_failed", "reason": str(e)})
+        return
+    conn.send({"status": "ready", "gpu": to_plain(gpu_info(dev))})
+
+    kernels: dict[str, runtime.KernelModule] = {}
+    buffers: dict[Shape, runtime.AttnBuffers] = {}
+    refs: dict[Shape, oracle.ReferenceCache] = {}
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if not isinstance(msg, dict) or msg.get("op") == "stop":
+            return
+        try:
+            so = str(msg["so_path"])
+            kernel = kernels.get(so)
+            if kernel is None:
+                kernel = kernels[so] = runtime.KernelModule(so)
+            shape = Shape(*msg["shape"])
+            bufs = buffers.get(shape)
+            if bufs is None:
+                bufs = buffers[shape] = runtime.AttnBuffers(dev, shape)
+            seed = int(msg.get("seed", oracle.DEFAULT_SEED))
+            gate_d = None
+            if msg.get("gate"):
+                cache = refs.setdefault(shape, oracle.ReferenceCache())
+                g = oracle.gate(dev, kernel, shape, bufs, seed=seed, reference_cache=cache)
+                gate_d = gate_to_dict(g)
+                if not g.passed:
+                    conn.send({"status": "gate_failed", "gate": gate_d,
+                               "reason": f"gate failed on {shape}: {g.summary()}"})
+                    continue
+            else:
+                st = dev.stream()
+                try:
+                    oracle.fill_inputs(orc, bufs, "seed", seed, st)
+                    st.synchronize()
+                finally:
+                    st.destroy()
+            proto = timing.Protocol(**msg["protocol"])
+            t = timing.time_kernel(dev, kernel, shape, bufs, proto,
+                                   temp_wait_s=float(msg.get("temp_wait_s",
+                                                             timing.DEFAULT_TEMP_WAIT_S)))
+            conn.send({"status": "ok", "gate": gate_d, "timing": to_plain(t)})
+        except runtime.CudaError as e:
+            # Illegal address, launch failure, ...: the context may be poisoned. Report, exit.
+            conn.send({"status": "cuda_error", "reason": str(e)})
+            return
+        except FaTuneError as e:
+            conn.send({"status": "error", "reason": str(e)})
+        except Exception as e:  # noqa: BLE001 - a bug here must still fail only this trial
+            conn.send({"status": "error", "reason": f"{type(e).__name__}: {e}"})
+            return
