@@ -365,6 +365,252 @@ def compare(
         raise typer.Exit(1)
 
 
+# ---- search, show, export, profile (issue 5) -------------------------------------------------
+StudyOpt = Annotated[str, typer.Option("--study", help="Study name.")]
+StorageOpt = Annotated[
+    str | None,
+    typer.Option("--storage", help="Optuna RDB URL (default sqlite:///studies/<study>.db)."),
+]
+
+
+def _live_table(p: Any) -> Any:
+    import time as _time
+
+    t = Table(title=f"fa-tune search: study {p.study}", show_header=False)
+    t.add_column("what")
+    t.add_column("value")
+    n = f" of {p.n_trials}" if p.n_trials else ""
+    left = ""
+    if p.deadline is not None:
+        left = f", {max(0.0, p.deadline - _time.monotonic()):.0f} s left"
+    elapsed = _time.monotonic() - p.started
+    t.add_row("trial", f"{p.done}{n} ({elapsed:.0f} s{left})")
+    t.add_row("complete / pruned / failed", f"{p.complete} / {p.pruned} / {p.failed}")
+    t.add_row("static rejects / duplicates", f"{p.rejected} / {p.duplicates}")
+    t.add_row("compile queue", f"{p.compile_queue} waiting or compiling")
+    busy = 100.0 * p.gpu_busy_s / elapsed if elapsed > 0 else 0.0
+    t.add_row("GPU busy", f"{busy:.0f} % (worker restarts {p.worker_restarts})")
+    gs = getattr(p, "gpu_state", None)
+    if gs:
+        t.add_row("GPU", gs)
+    if p.best_value is not None:
+        per = ", ".join(f"{s} {v:.1f}" for s, v in p.best_shapes.items())
+        t.add_row("best (confirmed)", f"trial {p.best_trial}: {p.best_value:.1f} TFLOPS ({per})")
+    else:
+        t.add_row("best (confirmed)", "-")
+    t.add_row("now", p.current or "-")
+    for e in p.last_events[-4:]:
+        t.add_row("", f"[dim]{e}[/]")
+    return t
+
+
+@app.command()
+@_user_errors
+def search(
+    study: StudyOpt = "default",
+    space: Annotated[str, typer.Option("--space", help="Search space name or YAML file.")] = (
+        "default"
+    ),
+    shape: Annotated[
+        list[str] | None,
+        typer.Option("--shape", "-s", help="BxHxS, repeatable (default: the 3 seed shapes)."),
+    ] = None,
+    trials: Annotated[
+        int | None, typer.Option("--trials", "-n", help="Trials to run (compiled ones).")
+    ] = None,
+    timeout: Annotated[
+        str | None, typer.Option("--timeout", help="Wall-time budget, e.g. 90s, 10m, 1h.")
+    ] = None,
+    storage: StorageOpt = None,
+    sampler: Annotated[str, typer.Option("--sampler", help="tpe | random | grid | cmaes.")] = (
+        "tpe"
+    ),
+    seed: Annotated[int | None, typer.Option("--seed", help="Sampler seed.")] = None,
+    jobs: Annotated[
+        int | None, typer.Option("--jobs", "-j", min=1, help="Parallel nvcc (default: cores).")
+    ] = None,
+    device: Annotated[int, typer.Option(min=0, help="CUDA device index.")] = 0,
+    worker: Annotated[
+        str | None,
+        typer.Option("--worker", hidden=True, help="GPU worker entry point (module:function)."),
+    ] = None,
+) -> None:
+    """Search the kernel's knobs with Optuna; resumable (same --study continues)."""
+    from rich.live import Live
+
+    from tuner import search as search_mod
+    from tuner import space as space_mod
+    from tuner.gpu_worker import DEFAULT_ENTRY
+
+    sp = space_mod.load_space(space)
+    shapes = [Shape.parse(s) for s in shape] if shape else list(SEED_SHAPES)
+    budget = search_mod.parse_duration(timeout)
+    if trials is None and budget is None:
+        raise search_mod.SearchError("give --trials N and/or --timeout DURATION")
+    if sampler not in search_mod.SAMPLERS:
+        raise search_mod.SearchError(
+            f"unknown sampler '{sampler}'; choose one of {', '.join(search_mod.SAMPLERS)}"
+        )
+    nvml = None
+    try:
+        from tuner.timing import Nvml
+
+        nvml = Nvml(index=device)
+    except Exception:  # noqa: BLE001 - NVML is optional
+        nvml = None
+    live = Live(console=console, refresh_per_second=4, transient=False)
+
+    def on_progress(p: Any) -> None:
+        if nvml is not None and getattr(nvml, "available", False):
+            st = nvml.state()
+            p.gpu_state = f"{st.temperature_c} C, SM clock {st.sm_clock_mhz} MHz"
+        live.update(_live_table(p))
+
+    s = search_mod.Search(
+        study=study, space=sp, shapes=shapes, storage=storage, n_trials=trials,
+        timeout_s=budget, sampler=sampler, seed=seed, jobs=jobs, device_index=device,
+        worker_entry=worker or DEFAULT_ENTRY, progress_cb=on_progress,
+    )
+    with live:
+        summary = s.run()
+    console.print(
+        f"study {summary.study}: {summary.trials_run} trials in {summary.wall_s:.0f} s "
+        f"({summary.trials_per_hour:.0f}/h; complete {summary.complete}, pruned "
+        f"{summary.pruned}, failed {summary.failed}, static rejects {summary.rejected}); "
+        f"GPU busy {100 * summary.gpu_busy_fraction:.0f} %; stopped: {summary.stopped_by}",
+        soft_wrap=True,
+    )
+    if summary.best:
+        c = summary.best["confirmed"] or {}
+        per = ", ".join(f"{k} {v['tflops']:.1f}" for k, v in (c.get("shapes") or {}).items())
+        console.print(f"best: trial {summary.best['trial']} ({summary.best['config_id']}): "
+                      f"{c.get('geomean_tflops', 0):.1f} TFLOPS geomean, confirmed ({per})")
+    console.print(f"storage: {summary.storage}", soft_wrap=True)
+    if summary.stopped_by.startswith("interrupted"):
+        raise typer.Exit(130)
+
+
+def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> None:
+    from tuner import show as show_mod
+
+    if shape is not None:
+        shape = str(Shape.parse(shape))
+    _, trials = show_mod.study_trials(study, storage)
+    rows = show_mod.best_rows(trials, shape, top)
+    if not rows:
+        from tuner.search import SearchError
+
+        raise SearchError(f"study '{study}' has no completed trial"
+                          + (f" measured on {shape}" if shape else ""))
+    shapes = list(rows[0]["shapes"])
+    t = Table(title=f"study {study}: best {len(rows)}" + (f" on {shape}" if shape else ""))
+    for col in ("trial", "config", "geomean TFLOPS", "confirmed", *shapes, "differs from default"):
+        t.add_column(col, justify="right" if col not in ("config", "differs from default")
+                     else "left")
+    for r in rows:
+        cfg = KernelConfig.from_dict(r["config"]) if r["config"] else KernelConfig()
+        diff = ", ".join(f"{k}={v}" for k, v in cfg.diff_from_default().items())
+        t.add_row(str(r["trial"]), r["config_id"], f"{r['value']:.1f}",
+                  "yes" if r["confirmed"] else "[yellow]no[/]",
+                  *[f"{r['shapes'].get(s, float('nan')):.1f}" for s in shapes], diff or "-")
+    console.print(t)
+
+
+@app.command()
+@_user_errors
+def show(
+    what: Annotated[str, typer.Argument(help="best | trials | importance | plots")] = "best",
+    study: StudyOpt = "default",
+    storage: StorageOpt = None,
+    shape: Annotated[str | None, typer.Option("--shape", help="Rank by this shape.")] = None,
+    top: Annotated[int, typer.Option("--top", min=1, help="How many configs.")] = 5,
+) -> None:
+    """Read a study: best configs, all trials, knob importances (fANOVA), PNG plots."""
+    from tuner import show as show_mod
+    from tuner.search import SearchError
+
+    if what == "best":
+        _show_best(study, storage, shape, top)
+        what = "importance+plots"
+    elif what == "trials":
+        _, trials = show_mod.study_trials(study, storage)
+        t = Table(title=f"study {study}: {len(trials)} trials")
+        for col in ("trial", "state", "value", "confirmed", "config", "reason"):
+            t.add_column(col)
+        for r in show_mod.trial_rows(trials):
+            t.add_row(str(r["trial"]), r["state"],
+                      "-" if r["value"] is None else f"{r['value']:.1f}",
+                      "-" if r["confirmed"] is None else f"{r['confirmed']:.1f}",
+                      r["config_id"], r["reason"][:120])
+        console.print(t)
+        return
+    elif what not in ("importance", "plots"):
+        raise SearchError(f"unknown `show {what}`; use best, trials, importance or plots")
+    st, trials = show_mod.study_trials(study, storage)
+    if "importance" in what:
+        imp, why = show_mod.importances(st, trials)
+        if imp is None:
+            console.print(why)
+        else:
+            t = Table(title="knob importances (fANOVA)")
+            t.add_column("knob")
+            t.add_column("importance", justify="right")
+            for k, v in imp.items():
+                t.add_row(k, f"{v:.3f}")
+            console.print(t)
+    if "plots" in what:
+        try:
+            paths = show_mod.write_plots(study, trials)
+        except SearchError as e:
+            if what == "plots":
+                raise
+            console.print(f"plots skipped: {e}")
+            return
+        if paths:
+            console.print(f"plots: {paths[0].parent} ({len(paths)} PNG files)", soft_wrap=True)
+
+
+@app.command()
+@_user_errors
+def export(
+    out: Annotated[Path, typer.Option("--out", "-o", help="New folder for the package.")],
+    study: StudyOpt = "default",
+    storage: StorageOpt = None,
+    trial: Annotated[int | None, typer.Option("--trial", help="Trial number (default: best).")] = (
+        None
+    ),
+) -> None:
+    """Write a standalone package of a tuned kernel (source, build.sh, .so, README)."""
+    from tuner import export as export_mod
+
+    r = export_mod.export_trial(study, storage, trial, out)
+    console.print(f"exported trial {r['trial']} ({r['config_id']}) to {r['out']}", soft_wrap=True)
+
+
+@app.command()
+@_user_errors
+def profile(
+    shape: Annotated[str, typer.Option("--shape", "-s", help="BxHxS to profile.")],
+    study: StudyOpt = "default",
+    storage: StorageOpt = None,
+    trial: Annotated[int | None, typer.Option("--trial", help="Trial number (default: best).")] = (
+        None
+    ),
+) -> None:
+    """Nsight Compute on one tuned kernel (one launch, --set full); print headline metrics."""
+    from tuner import profile as profile_mod
+
+    sh = Shape.parse(shape)
+    r = profile_mod.profile_trial(study, storage, trial, sh)
+    t = Table(title=f"trial {r['trial']} ({r['config_id']}) on {sh}")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for k, v in r["headline"].rows():
+        t.add_row(k, v)
+    console.print(t)
+    console.print(f"report: {r['report']}", soft_wrap=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     try:

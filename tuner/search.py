@@ -438,6 +438,7 @@ class Progress:
     best_shapes: dict[str, float] = field(default_factory=dict)
     gpu_busy_s: float = 0.0
     worker_restarts: int = 0
+    gpu_state: str = ""  # filled by the CLI from NVML (temperature, SM clock)
     last_events: list[str] = field(default_factory=list)
 
     def event(self, text: str) -> None:
@@ -682,6 +683,10 @@ class Search:
     # -- main loop
     def run(self) -> SearchSummary:
         self.progress.event(f"stale RUNNING trials failed: {self.recover() or 'none'}")
+        # The GPU worker first: no GPU (or no oracle) is one line before any compile starts.
+        self.progress.current = "starting the GPU worker"
+        self._emit()
+        self.worker.start()
         self._enqueue_start_points()
         self._load_known()
         stopped_by = "finished"
@@ -1088,3 +1093,18 @@ def _jsonable(d: Any) -> Any:
     import json
 
     return json.loads(json.dumps(d))
+
+
+def best_config(study: str, storage: str | None = None) -> KernelConfig | None:
+    """The study's best config: highest confirmed number, else highest search value; None if
+    no trial completed. (``fa-tune compare --study`` and export use this.)"""
+    from optuna.trial import TrialState
+
+    st = load_existing_study(study, storage)
+    trials = st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    t = best_confirmed(trials) or max(
+        (t for t in trials if t.value is not None), key=lambda t: t.value, default=None
+    )
+    if t is None or not isinstance(t.user_attrs.get("config"), dict):
+        return None
+    return KernelConfig.from_dict(t.user_attrs["config"])

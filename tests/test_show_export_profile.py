@@ -1,0 +1,247 @@
+"""show / export / profile on a real SQLite study made with the fixture builder and worker;
+wrong input everywhere is one line and exit code 2. The ncu CSV fixtures in tests/data/ are
+written from Nsight Compute's documented ``--csv --page details`` / ``--page raw`` format."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from tuner import profile, search
+from tuner.cli import app
+from tuner.config import Shape
+from tuner.space import space_from_dict
+
+FIX = Path(__file__).resolve().parent / "fixtures"
+DATA = Path(__file__).resolve().parent / "data"
+sys.path.insert(0, str(FIX))
+from fake_builder import FakeBuilder  # noqa: E402
+
+runner = CliRunner()
+
+
+def one_line_exit2(res) -> str:
+    assert res.exit_code == 2, res.output
+    err = res.stderr if hasattr(res, "stderr") else res.output
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fa-tune: error:"), err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def _module_study(tmp_path_factory: pytest.TempPathFactory):
+    """One study for the module (the fixture worker makes it in ~3 s)."""
+    root = tmp_path_factory.mktemp("show")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FA_TUNE_STUDIES", str(root / "studies"))
+        mp.delenv("FAKE_GPU_WORKER_PLAN", raising=False)
+        s = search.Search(
+            study="s",
+            space=space_from_dict({"block_n": [64, 96, 112, 128], "k_stages": [2, 3]}),
+            shapes=[Shape(1, 2, 256), Shape(1, 2, 512)], n_trials=6, sampler="random", seed=1,
+            builder=FakeBuilder(root / "art"),
+            worker_entry=f"{FIX / 'fake_gpu_worker.py'}:main",
+        )
+        s.run()
+    return root / "studies"
+
+
+@pytest.fixture
+def studies(_module_study: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("FA_TUNE_STUDIES", str(_module_study))
+    monkeypatch.delenv("FAKE_GPU_WORKER_PLAN", raising=False)
+    return _module_study
+
+
+@pytest.fixture
+def study(studies: Path) -> str:
+    return "s"
+
+
+def test_show_best_trials_importance_plots(study: str, studies: Path) -> None:
+    r = runner.invoke(app, ["show", "best", "--study", study, "--top", "3"])
+    assert r.exit_code == 0, r.output
+    assert "study s: best" in r.output and "yes" in r.output  # the best is confirmed
+    r = runner.invoke(app, ["show", "best", "--study", study, "--shape", "1x2x512"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["show", "trials", "--study", study])
+    assert r.exit_code == 0 and "COMPLETE" in r.output
+    r = runner.invoke(app, ["show", "importance", "--study", study])
+    assert r.exit_code == 0, r.output
+    assert "importances (fANOVA)" in r.output or "need scikit-learn" in r.output
+    r = runner.invoke(app, ["show", "plots", "--study", study])
+    assert r.exit_code == 0, r.output
+    pngs = sorted(p.name for p in (studies / "plots" / study).glob("*.png"))
+    assert "best_so_far.png" in pngs and any(p.startswith("tflops_by_") for p in pngs)
+
+
+def test_importance_too_few_trials(studies: Path, tmp_path: Path) -> None:
+    search.Search(study="few", space=space_from_dict({"block_n": [128]}),
+                  shapes=[Shape(1, 2, 256)], n_trials=1, builder=FakeBuilder(tmp_path / "a"),
+                  worker_entry=f"{FIX / 'fake_gpu_worker.py'}:main").run()
+    r = runner.invoke(app, ["show", "importance", "--study", "few"])
+    assert r.exit_code == 0 and "at least" in r.output
+
+
+def test_export_package(study: str, tmp_path: Path) -> None:
+    out = tmp_path / "pkg"
+    r = runner.invoke(app, ["export", "--study", study, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    names = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    for need in ("kernel.cu", "build.sh", "lib/libfa_tune_fwd.so", "config.yaml",
+                 "results.json", "README.md", "fa_tune/entry.cuh", "fa_tune/kernel.cuh"):
+        assert need in names, need
+    sh = (out / "build.sh").read_text()
+    assert "--use_fast_math" in sh and "-fvisibility=hidden" in sh and "sm_90a" in sh
+    readme = (out / "README.md").read_text()
+    assert "fa_tune_forward" in readme and "ctypes" in readme and "```cpp" in readme
+    res = json.loads((out / "results.json").read_text())
+    assert res["status"] == "passed" and res["shapes"]
+    # An existing folder is refused, and nothing is touched.
+    r = runner.invoke(app, ["export", "--study", study, "--out", str(out)])
+    assert "already exists" in one_line_exit2(r)
+
+
+@pytest.mark.parametrize("argv, expect", [
+    (["show", "best", "--study", "nope"], "unknown study"),
+    (["show", "trials", "--study", "nope"], "unknown study"),
+    (["show", "sideways", "--study", "s"], "unknown `show sideways`"),
+    (["export", "--study", "s", "--trial", "999", "--out", "X"], "no trial 999"),
+    (["export", "--study", "nope", "--out", "X"], "unknown study"),
+    (["profile", "--study", "s", "--trial", "999", "--shape", "1x2x256"], "no trial 999"),
+    (["profile", "--study", "s", "--shape", "1x2"], "malformed shape"),
+    (["show", "best", "--study", "s", "--storage", "nosuchdb://x"], "cannot open study storage"),
+])
+def test_wrong_input_show_export_profile(study: str, argv, expect, tmp_path: Path) -> None:
+    argv = [str(tmp_path / a) if a == "X" else a for a in argv]
+    assert expect in one_line_exit2(runner.invoke(app, argv))
+    # No stored trial lost.
+    url = search.default_storage_url("s")
+    assert len(optuna.load_study(study_name="s", storage=url).get_trials()) >= 6
+
+
+def test_failed_trial_is_not_exported(study: str, tmp_path: Path) -> None:
+    url = search.default_storage_url(study)
+    bad = [t for t in optuna.load_study(study_name=study, storage=url).get_trials()
+           if t.state.name != "COMPLETE"]
+    if not bad:
+        pytest.skip("every trial completed")
+    r = runner.invoke(app, ["export", "--study", study, "--trial", str(bad[0].number),
+                            "--out", str(tmp_path / "o")])
+    assert "pick a COMPLETE trial" in one_line_exit2(r)
+
+
+def test_empty_study(studies: Path) -> None:
+    search.open_storage(search.default_storage_url("empty"))
+    optuna.create_study(study_name="empty", storage=search.default_storage_url("empty"))
+    assert "no trials yet" in one_line_exit2(runner.invoke(app, ["show", "best",
+                                                                 "--study", "empty"]))
+    assert "no trials yet" in one_line_exit2(
+        runner.invoke(app, ["export", "--study", "empty", "--out", str(studies / "o")]))
+
+
+def test_search_wrong_input(studies: Path, tmp_path: Path) -> None:
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("block_n: [64, 128\n")
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("blok_n: [64]\n")
+    cases = [
+        (["search", "--space", str(bad_yaml), "--trials", "1"], "cannot parse YAML"),
+        (["search", "--space", str(unknown), "--trials", "1"], "unknown knob 'blok_n'"),
+        (["search", "--space", "nosuchspace", "--trials", "1"], "cannot read search space"),
+        (["search", "--trials", "1", "--storage", "nosuchdb://x"], "cannot open study storage"),
+        (["search", "--timeout", "soon"], "bad duration"),
+        (["search"], "--trials N and/or --timeout"),
+        (["search", "--trials", "1", "--sampler", "annealing"], "unknown sampler"),
+        (["search", "--trials", "1", "--study", "a/b"], "bad study name"),
+        (["search", "--trials", "1", "--shape", "4x32"], "malformed shape"),
+    ]
+    for argv, expect in cases:
+        assert expect in one_line_exit2(runner.invoke(app, argv)), argv
+
+
+def test_search_cli_with_fixture_worker_missing_gpu_is_one_line(studies: Path) -> None:
+    # The real worker on a machine without a GPU: the worker's init failure is one line.
+    if shutil.which("nvidia-smi"):
+        pytest.skip("a GPU may be present")
+    r = runner.invoke(app, ["search", "--trials", "1", "--space", str(DATA.parent.parent /
+                            "search_spaces" / "default.yaml"), "--study", "nogpu", "--jobs", "1"])
+    assert r.exit_code == 2, r.output
+
+
+def test_parse_ncu_details_fixture() -> None:
+    h = profile.parse_details_csv((DATA / "ncu_details_fixture.csv").read_text())
+    assert "attention_fwd_kernel" in (h.kernel_name or "")
+    assert h.duration_ms == pytest.approx(1.23456)
+    assert h.metrics["sm_throughput_pct"] == pytest.approx(78.9)
+    assert h.metrics["achieved_occupancy_pct"] == pytest.approx(18.4)
+    assert h.metrics["l2_hit_rate_pct"] == pytest.approx(88.12)
+    raw = profile.parse_raw_tensor_pipe((DATA / "ncu_raw_fixture.csv").read_text())
+    assert raw == pytest.approx(71.25)
+    with pytest.raises(profile.ProfileError):
+        profile.parse_details_csv("==PROF== nothing here\n")
+
+
+def test_ncu_failures_are_one_line() -> None:
+    msg = profile.explain_ncu_failure(
+        "==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access NVIDIA GPU "
+        "Performance Counters", 1)
+    assert "counters" in msg and "\n" not in msg
+
+
+def test_profile_without_ncu(study: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    if Path("/usr/local/cuda/bin/ncu").exists():
+        pytest.skip("ncu installed in /usr/local/cuda")
+    r = runner.invoke(app, ["profile", "--study", study, "--shape", "1x2x256"])
+    assert "ncu) not found" in one_line_exit2(r)
+
+
+def test_best_config_for_compare(study: str) -> None:
+    cfg = search.best_config(study)
+    assert cfg is not None and cfg.block_n == 128
+
+
+@pytest.mark.slow
+def test_export_builds_standalone(studies: Path, tmp_path: Path) -> None:
+    """The export's own build.sh compiles the kernel from scratch (no fa-tune involved)."""
+    from tuner import build
+    from tuner.config import load_preset
+
+    cfg = load_preset("default")
+    b = build.build_config(cfg)
+    url = search.default_storage_url("real")
+    search.open_storage(url)
+    st = optuna.create_study(study_name="real", storage=url, direction="maximize")
+    t = st.ask()
+    t.set_user_attr("config", cfg.to_dict())
+    t.set_user_attr("config_id", cfg.config_id())
+    t.set_user_attr("build", {"so_path": b.so_path, "key": b.key})
+    st.tell(t, 500.0)
+    out = tmp_path / "pkg"
+    r = runner.invoke(app, ["export", "--study", "real", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # python3 with cutlass
+    p = subprocess.run(["bash", str(out / "build.sh")], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=1800)
+    assert p.returncode == 0, p.stderr[-3000:]
+    so = out / "build" / "libfa_tune_fwd.so"
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True,
+                          text=True).stdout
+    for name in ("fa_tune_forward", "fa_tune_prepare", "fa_tune_last_error",
+                 "fa_tune_config_json"):
+        assert name in syms
+    import ctypes
+
+    lib = ctypes.CDLL(str(so))
+    lib.fa_tune_config_json.restype = ctypes.c_char_p
+    assert json.loads(lib.fa_tune_config_json().decode()) == json.loads(cfg.canonical_json())
