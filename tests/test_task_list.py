@@ -71,10 +71,20 @@ def test_bins_are_balanced_and_ordered_by_head(driver: Path) -> None:
         assert bh == sorted(bh)  # stable order by batch/head keeps K/V reuse together
 
 
-def test_fixed_cost_changes_the_model(driver: Path) -> None:
-    a = lists(driver, 1, 4, 16, 5, fixed=0)
-    b = lists(driver, 1, 4, 16, 5, fixed=16)
-    assert sum(load for load, _ in b) - sum(load for load, _ in a) == 16 * 64
+@pytest.mark.parametrize("fixed", range(17))  # every value of the fixed_cost knob
+def test_fixed_cost_changes_the_model(driver: Path, fixed: int) -> None:
+    base = lists(driver, 1, 4, 16, 5, fixed=0)
+    res = lists(driver, 1, 4, 16, 5, fixed=fixed)
+    assert sum(load for load, _ in res) - sum(load for load, _ in base) == fixed * 64
+    assert sorted(t for _, ts in res for t in ts) == sorted(t for _, ts in base for t in ts)
+
+
+@pytest.mark.parametrize("bins", [1, 2, 7, 64, 128, 132, 264, 1024])  # persistent_ctas values
+def test_any_cta_count_covers_every_tile(driver: Path, bins: int) -> None:
+    res = lists(driver, 2, 3, 40, bins)
+    assert len(res) == bins
+    assert sorted(t for _, ts in res for t in ts) == sorted(
+        (bm, h, b) for bm in range(40) for h in range(3) for b in range(2))
 
 
 def test_packing_overflow_is_refused(driver: Path) -> None:
