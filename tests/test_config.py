@@ -207,3 +207,14 @@ def test_shape_too_large_and_tile_check() -> None:
     with pytest.raises(ShapeError, match="H=70000 exceeds"):
         check_shape(KernelConfig(), Shape(1, 70000, 128))
     check_shape(KernelConfig(), Shape(1, 1, 100))  # ragged tiles are masked
+
+
+def test_effective_drops_knobs_that_cannot_matter() -> None:
+    grid = KernelConfig(fixed_cost=9, persistent_ctas=100, tile_order="natural")
+    assert grid.effective() == KernelConfig(tile_order="natural")
+    dyn = KernelConfig(scheduler="dynamic", producer_regs=40, consumer_regs=232, fixed_cost=9,
+                       persistent_ctas=100, tile_order="natural")
+    assert dyn.effective() == dyn.replace(fixed_cost=4, tile_order="longest_first")
+    static = dyn.replace(scheduler="static")
+    assert static.effective() == static.replace(tile_order="longest_first")
+    assert KernelConfig().effective() is not None and KernelConfig().effective() == KernelConfig()

@@ -188,6 +188,23 @@ class KernelConfig:
         """Short content id: first 12 hex digits of sha256(canonical JSON)."""
         return hashlib.sha256(self.canonical_json().encode()).hexdigest()[:12]
 
+    def effective(self) -> KernelConfig:
+        """The same kernel with knobs that cannot matter under the others at their defaults.
+
+        fixed_cost only feeds the static scheduler's task lists, persistent_ctas only sizes a
+        persistent grid, and tile_order only orders the grid launch. Two configs that differ
+        only there compile and run identically, so the search treats them as one.
+        """
+        d = KernelConfig()
+        changes: dict[str, Any] = {}
+        if self.scheduler != "static":
+            changes["fixed_cost"] = d.fixed_cost
+        if self.scheduler == "grid":
+            changes["persistent_ctas"] = d.persistent_ctas
+        else:
+            changes["tile_order"] = d.tile_order
+        return self.replace(**changes) if changes else self
+
     def replace(self, **changes: Any) -> KernelConfig:
         return KernelConfig.from_dict({**self.to_dict(), **changes})
 

@@ -212,7 +212,9 @@ def suggest_config(trial: Any, space: SearchSpace) -> KernelConfig:
             values[knob] = trial.suggest_int(knob, lo, hi, step=st)
         else:
             values[knob] = trial.suggest_categorical(knob, list(choices))
-    return KernelConfig.from_dict(values)
+    # Knobs that cannot matter under the others (e.g. fixed_cost with the grid scheduler) go to
+    # their defaults, so such trials repeat an already-measured config instead of re-timing it.
+    return KernelConfig.from_dict(values).effective()
 
 
 def params_for(cfg: KernelConfig, space: SearchSpace) -> dict[str, Any] | None:
