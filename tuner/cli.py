@@ -371,6 +371,7 @@ StorageOpt = Annotated[
     str | None,
     typer.Option("--storage", help="Optuna RDB URL (default sqlite:///studies/<study>.db)."),
 ]
+TrialOpt = Annotated[int | None, typer.Option("--trial", help="Trial number (default: best).")]
 
 
 def _live_table(p: Any) -> Any:
@@ -576,9 +577,7 @@ def export(
     out: Annotated[Path, typer.Option("--out", "-o", help="New folder for the package.")],
     study: StudyOpt = "default",
     storage: StorageOpt = None,
-    trial: Annotated[int | None, typer.Option("--trial", help="Trial number (default: best).")] = (
-        None
-    ),
+    trial: TrialOpt = None,
 ) -> None:
     """Write a standalone package of a tuned kernel (source, build.sh, .so, README)."""
     from tuner import export as export_mod
@@ -593,9 +592,7 @@ def profile(
     shape: Annotated[str, typer.Option("--shape", "-s", help="BxHxS to profile.")],
     study: StudyOpt = "default",
     storage: StorageOpt = None,
-    trial: Annotated[int | None, typer.Option("--trial", help="Trial number (default: best).")] = (
-        None
-    ),
+    trial: TrialOpt = None,
 ) -> None:
     """Nsight Compute on one tuned kernel (one launch, --set full); print headline metrics."""
     from tuner import profile as profile_mod

@@ -16,14 +16,14 @@ struct Producer {
   __device__ static void run(const Params& p, SharedStorage<T>& ss) {
     const bool leader = (threadIdx.x & 31) == 0;
     PipeState qst, kst, vst;
-    constexpr int kHalf = 64;  // one TMA box spans 64 head-dim columns (the 128-byte swizzle)
     TileCoord t = Sched::first(p, ss.tile_slot);
     while (t.valid) {
       const int h = t.head, b = t.batch;
       if (leader) {
         uint64_t* bar = ss.q_ring.acquire(qst, T::kQBytes);
         for (int c = 0; c < 2; ++c)
-          tma_load_4d<Cfg::hint_q>(&p.tma_q, bar, ss.q + c * T::kBlockM * kHalf, c * kHalf,
+          tma_load_4d<Cfg::hint_q>(&p.tma_q, bar, ss.q + c * T::kBlockM * kBoxCols,
+                                   c * kBoxCols,
                                    t.m_block * T::kBlockM, h, b);
       }
       qst.advance<1>();
@@ -35,26 +35,27 @@ struct Producer {
     }
   }
 
+  // One K or V tile n into the ring's next stage: two 64-column boxes on one full barrier.
+  template <CacheHint kHint, int kStages>
+  __device__ static void load_tile(const CUtensorMap* map, StageRing<kStages>& ring, PipeState& st,
+                                   typename T::Element* base, int n, int h, int b) {
+    uint64_t* bar = ring.acquire(st, T::kKVTileBytes);
+    auto* dst = base + st.index * T::kBlockN * kHeadDim;
+    for (int c = 0; c < 2; ++c)
+      tma_load_4d<kHint>(map, bar, dst + c * T::kBlockN * kBoxCols, c * kBoxCols,
+                         n * T::kBlockN, h, b);
+    st.template advance<kStages>();
+  }
+
   __device__ static void load_kv(const Params& p, SharedStorage<T>& ss, const TileCoord& t,
                                  PipeState& kst, PipeState& vst) {
-    constexpr int kHalf = 64;
     const int h = t.head, b = t.batch;
     const int n_blocks = num_kv_blocks<T>(p.shape, t.m_block);
     auto load_k = [&](int n) {
-      uint64_t* kb = ss.k_ring.acquire(kst, T::kKVTileBytes);
-      auto* dst = ss.k + kst.index * T::kBlockN * kHeadDim;
-      for (int c = 0; c < 2; ++c)
-        tma_load_4d<Cfg::hint_k>(&p.tma_k, kb, dst + c * T::kBlockN * kHalf, c * kHalf,
-                                 n * T::kBlockN, h, b);
-      kst.advance<T::kKStages>();
+      load_tile<Cfg::hint_k>(&p.tma_k, ss.k_ring, kst, ss.k, n, h, b);
     };
     auto load_v = [&](int n) {
-      uint64_t* vb = ss.v_ring.acquire(vst, T::kKVTileBytes);
-      auto* dst = ss.v + vst.index * T::kBlockN * kHeadDim;
-      for (int c = 0; c < 2; ++c)
-        tma_load_4d<Cfg::hint_v>(&p.tma_v, vb, dst + c * T::kBlockN * kHalf, c * kHalf,
-                                 n * T::kBlockN, h, b);
-      vst.advance<T::kVStages>();
+      load_tile<Cfg::hint_v>(&p.tma_v, ss.v_ring, vst, ss.v, n, h, b);
     };
     // Issue in the order the consumers need the tiles (diagonal first, toward key 0), so
     // a small ring never holds a tile the consumers cannot reach yet.

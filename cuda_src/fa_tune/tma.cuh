@@ -14,6 +14,10 @@
 
 namespace fa_tune {
 
+// A TMA box spans 64 BF16 head-dim columns: 128 bytes, the span of the 128-byte swizzle.
+// A 128-wide row is two boxes.
+constexpr int kBoxCols = 64;
+
 template <CacheHint H>
 __device__ constexpr uint64_t cache_policy() {
   // The encoded createpolicy values CUTLASS uses for its TMA cache hints.
@@ -102,7 +106,7 @@ inline cudaError_t encode_bshd_map(CUtensorMap* map, const void* base, int B, in
   const cuuint64_t dims[4] = {cuuint64_t(kHeadDim), cuuint64_t(S), cuuint64_t(H), cuuint64_t(B)};
   const cuuint64_t strides[3] = {cuuint64_t(H) * kHeadDim * 2, cuuint64_t(kHeadDim) * 2,
                                  cuuint64_t(S) * H * kHeadDim * 2};
-  const cuuint32_t box[4] = {64, cuuint32_t(rows), 1, 1};
+  const cuuint32_t box[4] = {cuuint32_t(kBoxCols), cuuint32_t(rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims,
                       strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
