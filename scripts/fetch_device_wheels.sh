@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Recreate the git-ignored wheel folders a GPU session carries (the lent machine has no network):
+#   .whl/         optuna & co. plus nvidia-cutlass (CUTLASS headers) for python3.12 there
+#   .fa3/part1,2  FlashAttention-3 (flash-attn-4) and its CuTe-DSL runtime, the 92 MB cu13
+#                 wheel split in two halves so each device call stays under 64 MiB
+# Then: scripts/gpu_session.sh (two back-to-back calls) or scripts/fa3_stage{1,2}.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+grep -qx '/.fa3/' .git/info/exclude 2>/dev/null || echo '/.fa3/' >> .git/info/exclude
+
+dl() {  # dl DIR NAME==VERSION...: CPython 3.12 manylinux x86_64 wheels, no dependencies
+  local dir=$1
+  shift
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$dir" "$@"
+}
+
+mkdir -p .whl
+dl .whl optuna==5.0.0 sqlalchemy==2.1.9 alembic==1.20.1 colorlog==6.12.0 Mako==1.4.3 \
+  greenlet==3.5.6 nvidia-cutlass==4.2.0.0 pydot==4.0.1 treelib==1.8.0
+
+tmp=$(mktemp -d)
+dl "$tmp" flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 \
+  nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-cu13==4.8.1 quack-kernels==0.6.5 \
+  apache-tvm-ffi==0.1.15.post2 torch-c-dlpack-ext==0.1.5
+rm -rf .fa3 && mkdir -p .fa3/part1 .fa3/part2
+big=$(ls "$tmp"/nvidia_cutlass_dsl_libs_cu13-*.whl)
+(cd "$tmp" && sha256sum "$(basename "$big")" > cu13.sha256)
+split -b 46m "$big" "$big.part"
+mv "$big.partaa" "$tmp"/flash_attn_4-*.whl "$tmp"/nvidia_cutlass_dsl-*.whl \
+  "$tmp"/nvidia_cutlass_dsl_libs_core-*.whl "$tmp"/quack_kernels-*.whl \
+  "$tmp"/torch_c_dlpack_ext-*.whl .fa3/part1/
+mv "$big.partab" "$tmp"/apache_tvm_ffi-*.whl "$tmp"/nvidia_cutlass_dsl_libs_base-*.whl \
+  "$tmp/cu13.sha256" .fa3/part2/
+rm -rf "$tmp"
+du -sh .whl .fa3/part1 .fa3/part2
