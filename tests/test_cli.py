@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import one_error_line as _one_error_line
 from typer.testing import CliRunner
 
 from tuner import _paths
@@ -15,13 +16,6 @@ from tuner.cli import app
 from tuner.doctor import has_sm90_gpu
 
 runner = CliRunner()
-
-
-def _one_error_line(output: str) -> str:
-    lines = [ln for ln in output.splitlines() if ln.startswith("fa-tune: error:")]
-    assert len(lines) == 1, output
-    assert "Traceback" not in output
-    return lines[0]
 
 
 def test_presets_lists() -> None:

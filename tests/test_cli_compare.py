@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_helpers import one_error_line as _one_error_line
 from typer.testing import CliRunner
 
 from tuner import build as build_mod
@@ -19,13 +20,6 @@ from tuner.cli import app
 
 REPO = Path(__file__).resolve().parent.parent
 runner = CliRunner()
-
-
-def _one_error_line(output: str) -> str:
-    lines = [ln for ln in output.splitlines() if ln.startswith("fa-tune: error:")]
-    assert len(lines) == 1, output
-    assert "Traceback" not in output
-    return lines[0]
 
 
 @pytest.fixture(autouse=True)
