@@ -6,6 +6,8 @@
 #   call 2, carry [".fa3/part2"]:          bash scripts/gpu_session.sh lab VARIANTS_FILE [SHAPE...]
 #       installs FA3, waits for the builds, gates every variant on uneven shapes, then times them
 #       beside FA3 at the seed shapes (or SHAPEs); logs and JSON land in $OUT
+#   search instead of the lab: search-start STUDY TIMEOUT [fa-tune search args] (call 1, same
+#   carry as start), then search-wait STUDY (call 2, same carry as lab)
 #   later calls on the same warm machine:  bash scripts/gpu_session.sh env -- COMMAND...
 #       runs COMMAND with PYTHONPATH set for fa-tune, its wheels and FA3 (e.g. pytest -m gpu)
 #
@@ -55,6 +57,28 @@ lab)
     || echo "lab exited $?"
   cp -f "$OUT/kernel_lab.json" "$OUT/kernel_lab_seed.json" 2>/dev/null || true
   grep -v '^  [0-9a-f]\{12\}: {' "$OUT/lab.log" | tail -n 60
+  ;;
+search-start)
+  # call 1 of a search session, carry [".fa3/part1", ".whl"]: search-start STUDY TIMEOUT [ARGS...]
+  study=${1:?study}; budget=${2:?timeout, e.g. 7m}; shift 2
+  bash scripts/fa3_stage1.sh > /dev/null
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
+  rm -f /root/search.log /root/search.rc
+  setsid nohup bash -c "python3 -m tuner.cli search --study '$study' --timeout '$budget' $* \
+    > /root/search.log 2>&1; echo \$? > /root/search.rc" < /dev/null > /dev/null 2>&1 &
+  echo "search $study started for $budget"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv
+  ;;
+search-wait)
+  # call 2, carry [".fa3/part2"]: installs FA3 while the search runs, waits for it, keeps logs
+  study=${1:?study}
+  FA3_SMOKE=0 bash scripts/fa3_stage2.sh > "$OUT/fa3_install.log" 2>&1 \
+    || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed"; }
+  for _ in $(seq 580); do [ -f /root/search.rc ] && break; sleep 1; done
+  cp /root/search.log "$OUT/search.log"
+  cp "studies/$study.db" "$OUT/" 2>/dev/null || true
+  echo "search exit: $(cat /root/search.rc 2>/dev/null || echo still running)"
+  tail -c 6000 /root/search.log
   ;;
 env)
   [ "${1:-}" = "--" ] && shift

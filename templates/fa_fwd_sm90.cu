@@ -1,6 +1,7 @@
 // fa-tune kernel template: causal FlashAttention forward, BF16, BSHD, head dim 128, sm_90a.
 // Rendered by tuner/build.py: each $${knob} becomes a C++ constant (docs/ARCHITECTURE.md).
 // The kernel itself lives in cuda_src/fa_tune/; this unit only fixes its knobs.
+#define FA_TUNE_EXTENDED_MMA ${extended_mma}  // derived from block_n (fa_tune/config.cuh)
 #include "fa_tune/config.cuh"
 
 // Anonymous namespace: every instantiation of the kernel pieces on Config gets internal
@@ -25,6 +26,8 @@ struct Config {
   static constexpr bool pingpong = ${pingpong};
   static constexpr fa_tune::RescaleO rescale_o = ${rescale_o};
   static constexpr bool lazy_rescale = ${lazy_rescale};
+  static constexpr bool tree_reduce = ${tree_reduce};
+  static constexpr bool q_in_regs = ${q_in_regs};
   static constexpr fa_tune::TileOrder tile_order = ${tile_order};
   static constexpr fa_tune::Scheduler scheduler = ${scheduler};
   static constexpr int fixed_cost = ${fixed_cost};

@@ -26,6 +26,8 @@ ARCH_DEFAULTS = {
     "hint_k": "evict_last", "hint_v": "evict_last", "hint_o": "none", "producer_regs": 24,
     "consumer_regs": 240, "intra_wg_overlap": True, "pingpong": True, "rescale_o": "after_pv",
     "lazy_rescale": False,
+    "tree_reduce": False,
+    "q_in_regs": False,
     "tile_order": "longest_first", "scheduler": "grid", "fixed_cost": 4, "persistent_ctas": 0,
     "write_lse": True,
 }
@@ -111,6 +113,9 @@ def test_unparseable_yaml(tmp_path: Path) -> None:
         ({"block_m": 192, "block_n": 192, "k_stages": 3, "v_stages": 3, "consumer_regs": 160},
          "shared memory"),
         ({"block_m": 192, "consumer_regs": 240}, "registers per CTA"),
+        # Hung on the H200 (search, 2026-11-29): 32 + 2 x 240 = 65536 registers, but a
+        # 384-thread CTA holds 168 x 384 = 64512 at launch, so setmaxnreg.inc waits forever.
+        ({"producer_regs": 32, "consumer_regs": 240}, "64512 the CTA holds at launch"),
         ({"block_m": 64, "pingpong": True}, "pingpong needs at least 2 consumer warpgroups"),
         ({"rescale_o": "before_pv", "intra_wg_overlap": False}, "needs intra_wg_overlap"),
         ({"v_release": "deferred", "v_stages": 1}, "needs v_stages >= 2"),
@@ -122,7 +127,8 @@ def test_unparseable_yaml(tmp_path: Path) -> None:
         ({"k_stages": 3, "v_stages": 3, "q_release": "after_last_qk"}, "a separate O tile"),
         # Measured 2026-11-29: the persistent producer spilled at 24 and 32 registers.
         ({"scheduler": "static"}, "needs producer_regs >= 40"),
-        ({"scheduler": "dynamic", "producer_regs": 32}, "needs producer_regs >= 40"),
+        ({"scheduler": "dynamic", "producer_regs": 32, "consumer_regs": 232},
+         "needs producer_regs >= 40"),
     ],
 )
 def test_validate_explains(changes: dict, needle: str) -> None:

@@ -34,3 +34,15 @@ def test_preset_compiles_clean(preset: str) -> None:
     # Nothing is compiled twice.
     again = build.build_config(cfg)
     assert again.cache_hit and again.so_sha256 == r.so_sha256
+
+
+def test_tree_reduce_and_q_in_regs_compile_at_uneven_block_n() -> None:
+    # Regression (search on the H200, 2026-11-29): tree_reduce with block_n 112 (14 groups of
+    # 4 scores per row, not a multiple of the 4 chains) failed a static_assert in nvcc.
+    from tuner.config import KernelConfig
+
+    cfg = KernelConfig(block_n=112, tree_reduce=True, q_in_regs=True)
+    r = build.build_config(cfg)
+    assert r.sass_checked, r.sass_note
+    assert r.sass["has_hgmma"]
+    assert r.sass["ldl"] == 0 and r.sass["stl"] == 0, "local memory traffic in the SASS"

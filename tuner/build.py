@@ -220,10 +220,20 @@ def template_text(template: Path | None = None) -> str:
         raise BuildError(f"cannot read kernel template {path}: {e.strerror or e}") from None
 
 
+# 64xN wgmma atoms CuTe defines without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (among block_n's
+# values); the others compile only with the extended atoms, which cost ~30 s of nvcc time.
+STANDARD_WGMMA_N = frozenset({64, 96, 128, 192})
+
+
 def render(cfg: KernelConfig, template: Path | None = None) -> str:
     """The compilation unit for cfg: the template with every ${knob} and ${config_json} set."""
     text = template_text(template)
-    values = {**cfg.cpp_constants(), "config_json": c_string_literal(cfg.canonical_json())}
+    values = {
+        **cfg.cpp_constants(),
+        "config_json": c_string_literal(cfg.canonical_json()),
+        # Not a knob: does block_n need CuTe's extended wgmma atoms (fa_tune/config.cuh)?
+        "extended_mma": "0" if cfg.block_n in STANDARD_WGMMA_N else "1",
+    }
     try:
         return Template(text).substitute(values)
     except KeyError as e:

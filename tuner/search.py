@@ -72,7 +72,10 @@ SEED_POINTS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("preset:default+k3v3", {"k_stages": 3, "v_stages": 3}),
 )
 # Watchdog: a request may take BASE + launches x (time at WATCHDOG_MIN_TFLOPS) + temp waits.
-WATCHDOG_BASE_S = 120.0
+# BASE covers loading a kernel and the reference of a new shape (well under 5 s on the H200).
+# It was 120 s until a hung candidate held the GPU idle for 36% of a 7-minute search
+# (docs/PERF.md, 2026-11-29).
+WATCHDOG_BASE_S = 30.0
 WATCHDOG_MIN_TFLOPS = 20.0
 WORKER_START_TIMEOUT_S = float(os.environ.get("FA_TUNE_NVCC_TIMEOUT", "1800")) + 120.0
 # Recycle the worker after this many distinct kernels (each loaded .so stays mapped).

@@ -5,8 +5,16 @@
 // time, so each config is its own kernel with no run-time branching on knobs.
 #pragma once
 
-// Before any CuTe header: enables the 64xN wgmma atoms for N = 80, 112, 144, 176.
+// Before any CuTe header. CuTe's default 64xN wgmma atoms cover N = 64, 96, 128, 192; block_n
+// 80, 112, 144, 160 and 176 need its extended atoms, whose headers more than double nvcc time
+// (block_n 128: 50 s -> 21 s without them, nvcc 13.0), so the rendered template asks for them
+// (FA_TUNE_EXTENDED_MMA = 1) only when its block_n needs them.
+#ifndef FA_TUNE_EXTENDED_MMA
+#define FA_TUNE_EXTENDED_MMA 1
+#endif
+#if FA_TUNE_EXTENDED_MMA
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#endif
 
 #include <cstdint>
 
@@ -45,12 +53,20 @@ struct Derived {
 
   static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 192, "block_m must be 64, 128 or 192");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 64 && kBlockN <= 192, "block_n: 64..192, step 16");
+  // Without the extended atoms CuTe would tile other block_n from narrower atoms, silently.
+  static_assert(FA_TUNE_EXTENDED_MMA || kBlockN == 64 || kBlockN == 96 || kBlockN == 128 ||
+                    kBlockN == 192,
+                "this block_n needs FA_TUNE_EXTENDED_MMA 1");
   static_assert(kKStages >= 1 && kKStages <= 3 && kVStages >= 1 && kVStages <= 3, "stages: 1..3");
   static_assert(Cfg::v_release != VRelease::Deferred || kVStages >= 2,
                 "deferred V release needs two V stages or the producer deadlocks");
   static_assert(Cfg::producer_regs % 8 == 0 && Cfg::consumer_regs % 8 == 0, "setmaxnreg wants multiples of 8");
-  static_assert((Cfg::producer_regs + kConsumerWGs * Cfg::consumer_regs) * kWarpgroupThreads <= 65536,
-                "register split exceeds the 64K register file");
+  // setmaxnreg only redistributes what the CTA got at launch: kThreads x (65536 / kThreads,
+  // down to a multiple of 8). Asking for more makes setmaxnreg.inc wait forever (a hang seen
+  // on the H200 with producer 32 / consumers 240 at 384 threads: 65536 > 64512).
+  static constexpr int kLaunchRegs = kThreads * ((65536 / kThreads < 255 ? 65536 / kThreads : 255) / 8 * 8);
+  static_assert((Cfg::producer_regs + kConsumerWGs * Cfg::consumer_regs) * kWarpgroupThreads <= kLaunchRegs,
+                "register split exceeds the registers the CTA holds at launch");
 };
 
 }  // namespace fa_tune

@@ -4,6 +4,7 @@
 // and `fa-tune compare` all call these functions of the same shared library.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -106,6 +107,14 @@ struct Launcher {
       if ((e = cudaMalloc(&prep.sched.tile_counter, sizeof(int))) != cudaSuccess)
         return fail(e, std::string("allocating the tile counter: ") + cudaGetErrorString(e));
       prep.num_ctas = int(std::min<long long>(prep.num_ctas, num_tiles));
+      // L2 sections: as many (batch, head) pairs as keep their K and V within ~60% of L2
+      // (the rest holds Q, O and other traffic).
+      int l2_bytes = 0;
+      if ((e = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, dev)) != cudaSuccess)
+        return fail(e, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e));
+      const double kv_bytes = 2.0 * S * kHeadDim * sizeof(typename T::Element);
+      prep.sched.section_heads =
+          int(std::clamp<double>(std::floor(0.6 * l2_bytes / kv_bytes), 1.0, double(B) * H));
     }
     prep.sched.num_tiles = int(num_tiles);
     prep.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

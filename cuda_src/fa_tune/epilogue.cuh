@@ -17,9 +17,9 @@ struct Epilogue {
 
   // Returns once the TMA store has finished reading shared memory, so the caller may hand
   // the O/Q buffer back to the producer.
-  template <class TOrO>
+  template <class TOrO, class Softmax>
   __device__ static void run(const Params& p, SharedStorage<T>& ss, typename T::MmaPV& mma_pv,
-                             TOrO& tOrO, const OnlineSoftmax<Cfg::lazy_rescale>& sm,
+                             TOrO& tOrO, const Softmax& sm,
                              const float (&inv_sum)[2],
                              const TileCoord& t, int row0, int wg, int tid) {
     using namespace cute;

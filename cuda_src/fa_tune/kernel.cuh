@@ -19,6 +19,16 @@ struct Consumer {
   using Sched = SchedulerFor<Cfg>;
   using Element = typename T::Element;
 
+  // q_in_regs: shared memory -> the QK MMA's register A fragment, with ldmatrix.
+  template <class Mma, class TSQ, class TRQ>
+  __device__ static void load_q_to_registers(const Mma& mma, const TSQ& sQ, TRQ& tSrQ, int tid) {
+    using namespace cute;
+    auto s2r = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
+    auto thr = s2r.get_thread_slice(tid);
+    Tensor dst = thr.retile_D(tSrQ);
+    copy(s2r, thr.partition_S(sQ), dst);
+  }
+
   __device__ static void run(const Params& p, SharedStorage<T>& ss, int wg) {
     using namespace cute;
     const int tid = threadIdx.x - kWarpgroupThreads;  // index among consumer threads
@@ -47,8 +57,17 @@ struct Consumer {
       const TileCoord next = Sched::template next<false>(p, t, ss.tile_slot);
       const int row0 = t.m_block * T::kBlockM + wg * 64 + warp_in_wg * 16 + lane / 4;
       ss.q_ring.wait_full(qst);
+      constexpr bool kEarlyQ = Cfg::q_release == QRelease::AfterLastQk;
+      if constexpr (Cfg::q_in_regs) {
+        load_q_to_registers(mma_qk, sQ, tSrQ, tid);
+        // Q's shared memory is read for the last time here: after_last_qk hands it back now.
+        if constexpr (kEarlyQ) {
+          __syncwarp();
+          ss.q_ring.release(qst);
+        }
+      }
       auto release_q = [&] {
-        if constexpr (Cfg::q_release == QRelease::AfterLastQk) ss.q_ring.release(qst);
+        if constexpr (kEarlyQ && !Cfg::q_in_regs) ss.q_ring.release(qst);
       };
       typename Mainloop<Cfg>::Softmax sm;
       float inv_sum[2];

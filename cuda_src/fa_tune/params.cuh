@@ -28,6 +28,7 @@ struct SchedParams {
   int* tile_counter;       // dynamic: next tile to hand out (zeroed before each launch)
   uint32_t m_bits, h_bits; // static: packing widths (task_list.h)
   int num_tiles;           // dynamic: query tiles over all heads and batches
+  int section_heads;       // dynamic: (batch, head) pairs per L2 section (>= 1)
 };
 
 struct Params {

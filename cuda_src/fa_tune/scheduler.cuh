@@ -54,19 +54,28 @@ struct StaticScheduler {
   }
 };
 
-// Persistent, dynamic: a global counter hands out tiles heaviest first (all heads' last query
-// tiles, then the ones before). The producer warp takes the next number and publishes it in
-// shared memory; consumers read it behind a named barrier. Two slots alternate, although the
-// Q handoff already keeps the producer at most one tile ahead of the consumers' reads.
+// Persistent, dynamic: a global counter hands out tile numbers; the producer warp takes the
+// next number and publishes it in shared memory; consumers read it behind a named barrier.
+// Two slots alternate, although the Q handoff already keeps the producer at most one tile
+// ahead of the consumers' reads.
+// Order: the (batch, head) pairs are cut into L2 sections of section_heads pairs whose K and V
+// fit in L2 together (sized on the host); within a section tiles go heaviest first (every
+// pair's last query tile, then the ones before), so the CTAs running at once share a few
+// heads' K/V in L2 and the launch ends on the cheapest tiles. Without sections, 132 CTAs
+// would stream 132 different heads' K/V from HBM.
 template <class Cfg>
 struct DynamicScheduler {
   static constexpr bool kPersistent = true;
   static constexpr uint32_t kBarThreads = 32 + Derived<Cfg>::kConsumerThreads;
   __device__ static TileCoord decode(const Params& p, int t, int turn) {
     if (t >= p.sched.num_tiles) return {0, 0, 0, t, turn, false};
-    const int per_m = p.shape.H * p.shape.B;
-    const int m = p.shape.num_m_blocks - 1 - t / per_m;
-    const int bh = t % per_m;
+    const int num_m = p.shape.num_m_blocks;
+    const int group = p.sched.section_heads;
+    const int section = t / (group * num_m);
+    const int r = t - section * group * num_m;
+    const int heads_here = min(group, p.shape.H * p.shape.B - section * group);  // last: fewer
+    const int m = num_m - 1 - r / heads_here;
+    const int bh = section * group + r % heads_here;
     return {m, bh % p.shape.H, bh / p.shape.H, t, turn, true};
   }
   __device__ static TileCoord first(const Params& p, int* /*slot*/) {

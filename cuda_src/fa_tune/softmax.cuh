@@ -38,9 +38,12 @@ __device__ __forceinline__ void apply_causal_mask(Frag& s, int row0, int col0) {
 // kLazy: a row keeps its reference max until a tile raises it by more than kLazyThreshold
 // (log2 units). Exact, because O and the row sum always share the reference: probabilities
 // then reach at most 2^8, far inside FP32 and BF16 range, and most tiles skip the O rescale.
-template <bool kLazy>
+// kTree: the row max and row sum run as kChains independent chains, combined at the end, so
+// the max that every exp2 waits on is ~N/8 dependent FMNMX long instead of N/2.
+template <bool kLazy, bool kTree = false>
 struct OnlineSoftmax {
   static constexpr float kLazyThreshold = 8.f;
+  static constexpr int kChains = kTree ? 4 : 1;
   float row_max[2];  // the reference max each row's probabilities are taken against
   float row_sum[2];  // this lane's partial sums; the quad reduction waits for finalize()
 
@@ -50,11 +53,25 @@ struct OnlineSoftmax {
   template <bool kFirst, class Frag>
   __device__ __forceinline__ bool update(Frag& s, float scale_log2, float (&rescale)[2]) {
     constexpr int N = decltype(cute::size(s))::value;
+    // Chains take every kChains-th group of 4 values; they may differ in length by one
+    // (block_n 80, 112, 144, 176 give N/4 = 10, 14, 18, 22 groups).
+    float mc[2][kChains];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r)
+      CUTE_UNROLL
+      for (int c = 0; c < kChains; ++c) mc[r][c] = kFirst ? -INFINITY : row_max[r];
+    CUTE_UNROLL
+    for (int e = 0; e < N; ++e) {
+      float& acc = mc[(e / 2) % 2][(e / 4) % kChains];
+      acc = fmaxf(acc, s(e));
+    }
     float m[2];
     CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) m[r] = kFirst ? -INFINITY : row_max[r];
-    CUTE_UNROLL
-    for (int e = 0; e < N; ++e) m[(e / 2) % 2] = fmaxf(m[(e / 2) % 2], s(e));
+    for (int r = 0; r < 2; ++r) {
+      m[r] = mc[r][0];
+      CUTE_UNROLL
+      for (int c = 1; c < kChains; ++c) m[r] = fmaxf(m[r], mc[r][c]);
+    }
     float m_scaled[2];
     bool any = false;
     CUTE_UNROLL
@@ -73,12 +90,23 @@ struct OnlineSoftmax {
       any |= rescale[r] != 1.f;
       row_max[r] = m[r];
     }
-    float sum[2] = {0.f, 0.f};
+    float sc[2][kChains];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r)
+      CUTE_UNROLL
+      for (int c = 0; c < kChains; ++c) sc[r][c] = 0.f;
     CUTE_UNROLL
     for (int e = 0; e < N; ++e) {
       const int r = (e / 2) % 2;
       s(e) = exp2f(fmaf(s(e), scale_log2, -m_scaled[r]));
-      sum[r] += s(e);
+      sc[r][(e / 4) % kChains] += s(e);
+    }
+    float sum[2];
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      sum[r] = sc[r][0];
+      CUTE_UNROLL
+      for (int c = 1; c < kChains; ++c) sum[r] += sc[r][c];
     }
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) row_sum[r] = kFirst ? sum[r] : fmaf(row_sum[r], rescale[r], sum[r]);

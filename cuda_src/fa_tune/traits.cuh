@@ -24,9 +24,15 @@ struct Traits : Derived<Cfg> {
 
   // One 64-row MMA atom per consumer warpgroup; each warpgroup owns 64 query rows.
   using AtomLayout = Layout<Shape<Int<D::kConsumerWGs>, _1, _1>>;
-  // S = Q K^T: both operands from shared memory, both K-major (head dim contiguous).
+  // S = Q K^T, both K-major (head dim contiguous). Q from shared memory at every KV tile, or
+  // (q_in_regs) from registers loaded once per query tile, which halves QK's shared-memory
+  // operand reads (K is still read from shared memory).
+  using QKShape = Shape<_64, Int<kBlockN>, Int<kHeadDim>>;
   using MmaQK = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDim>>>(),
+      cute::conditional_return(
+          cute::bool_constant<Cfg::q_in_regs>{},
+          GMMA::rs_op_selector<Element, Element, float, QKShape>(),
+          GMMA::ss_op_selector<Element, Element, float, QKShape>()),
       AtomLayout{}));
   // O += P V: P from registers (no smem round trip), V read MN-major through a transposed view.
   using MmaPV = decltype(make_tiled_mma(

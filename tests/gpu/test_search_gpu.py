@@ -13,6 +13,7 @@ import pytest
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
+from tuner import build as build_mod
 from tuner.cli import app
 
 pytestmark = pytest.mark.gpu
@@ -47,6 +48,9 @@ def test_export_builds_and_passes_gate(gpu_study: tuple[str, str], tmp_path: Pat
     r = CliRunner().invoke(app, ["export", "--study", name, "--storage", url, "--out", str(out)])
     assert r.exit_code == 0, r.output
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # Without fa-tune on the path, build.sh finds CUTLASS only through CUTLASS_DIR (documented),
+    # e.g. when nvidia-cutlass was installed with pip --target as on the GPU host.
+    env["CUTLASS_DIR"] = str(build_mod.cutlass_include())
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     p = subprocess.run(["bash", str(out / "build.sh")], capture_output=True, text=True, env=env,
                        timeout=1800)
