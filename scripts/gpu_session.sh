@@ -76,7 +76,7 @@ search-wait)
     || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed"; }
   for _ in $(seq 580); do [ -f /root/search.rc ] && break; sleep 1; done
   cp /root/search.log "$OUT/search.log"
-  cp "studies/$study.db" "$OUT/" 2>/dev/null || true
+  cp "studies/$study.db"* "$OUT/" 2>/dev/null || true  # with -wal/-shm if a WAL is left
   echo "search exit: $(cat /root/search.rc 2>/dev/null || echo still running)"
   tail -c 6000 /root/search.log
   ;;

@@ -94,6 +94,15 @@ def _is_exe(p: Path) -> bool:
     return p.is_file() and os.access(p, os.X_OK)
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, which containers and taskset narrow;
+    os.cpu_count() reports the whole host)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def find_nvcc() -> Path:
     """nvcc from CUDA_HOME/bin, then PATH, then the nvidia-cuda-nvcc wheel; else BuildError."""
     for d in _candidate_bin_dirs():
@@ -698,7 +707,7 @@ def build_many(
             outcomes[c] = BuildOutcome(c, None, e)
             continue
         todo.append(c)
-    jobs = max(1, jobs or os.cpu_count() or 1)
+    jobs = max(1, jobs or usable_cpus())
     if todo:
         find_nvcc()  # fail once, in the parent, with the clear message
         tpl = str(template) if template else None

@@ -40,6 +40,13 @@ THREADS_PER_WARPGROUP = 128
 # an uncalibrated guess there; the post-compile local-memory check (build.py) backs both.
 CONSUMER_REG_OVERHEAD = 72
 CONSUMER_REG_OVERHEAD_SERIAL = 40
+# q_in_regs: the Q fragment is 32 registers, but with overlap ptxas absorbs most of it (the Q
+# descriptors and their address arithmetic go away): block_n 128 compiled with no stack at
+# consumer_regs 240 (highest register R231 vs R209 without) and 232 (R219), so the overhead
+# there is at most 232 - 192 = 40. Serial kernels with Q in registers spilled at block_n 160 /
+# 200 registers and block_m 64 / 176 (CPU knob sample, 2026-11-29): they count all 32.
+Q_IN_REGS = 32
+CONSUMER_REG_OVERHEAD_Q = 40
 # The persistent producer (tile loop, scheduler, Q handoff) spilled at 24 and 32 registers and
 # compiled clean at 40 (sm_90a builds, 2026-11-29; docs/PERF.md).
 PERSISTENT_PRODUCER_REGS = 40
@@ -302,20 +309,18 @@ def consumer_reg_estimate(cfg: KernelConfig) -> int:
     """Per-thread registers a consumer warpgroup needs: S, (previous P), O, overhead.
 
     S tile 64 x block_n fp32 over 128 threads = block_n/2; the overlapped previous P tile in BF16
-    = block_n/4; O tile 64 x 128 fp32 = 64.
-
-    Q in registers (q_in_regs, 32 BF16x2 per thread) is not counted: ptxas absorbs it (the Q
-    descriptors and their address arithmetic go away). block_n 128 with overlap compiled with
-    no stack at consumer_regs 240 (highest register R231 vs R209 without) and at 232 (R219), on
-    sm_90a with nvcc 13.0, 2026-11-29; the post-compile local-memory check backs this.
+    = block_n/4; O tile 64 x 128 fp32 = 64; Q held in registers (q_in_regs) 64 x 128 BF16 = 32.
     """
     s_acc = cfg.block_n // 2
     p_prev = cfg.block_n // 4 if cfg.intra_wg_overlap else 0
-    return s_acc + p_prev + 64 + consumer_reg_overhead(cfg)
+    q_frag = Q_IN_REGS if cfg.q_in_regs else 0
+    return s_acc + p_prev + 64 + q_frag + consumer_reg_overhead(cfg)
 
 
 def consumer_reg_overhead(cfg: KernelConfig) -> int:
-    return CONSUMER_REG_OVERHEAD if cfg.intra_wg_overlap else CONSUMER_REG_OVERHEAD_SERIAL
+    if not cfg.intra_wg_overlap:
+        return CONSUMER_REG_OVERHEAD_SERIAL
+    return CONSUMER_REG_OVERHEAD_Q if cfg.q_in_regs else CONSUMER_REG_OVERHEAD
 
 
 def validate(cfg: KernelConfig) -> KernelConfig:
@@ -365,7 +370,8 @@ def validate(cfg: KernelConfig) -> KernelConfig:
         parts = f"S {cfg.block_n // 2}"
         if cfg.intra_wg_overlap:
             parts += f" + previous P {cfg.block_n // 4}"
-        parts += f" + O 64 + overhead {consumer_reg_overhead(cfg)}"
+        parts += " + O 64" + (f" + Q {Q_IN_REGS}" if cfg.q_in_regs else "")
+        parts += f" + overhead {consumer_reg_overhead(cfg)}"
         raise ConfigError(
             f"consumer warpgroups need about {est} registers per thread ({parts}) but "
             f"consumer_regs is {cfg.consumer_regs}; lower block_n or raise consumer_regs"

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import _paths
+from tuner import build as build_mod
 from tuner.config import KNOBS, KernelConfig, Shape, check_shape, load_preset, validate
 from tuner.errors import ConfigError, FaTuneError, ShapeError
 from tuner.gpu_worker import DEFAULT_ENTRY
@@ -160,10 +161,36 @@ def open_storage(url: str, *, create_dirs: bool = True) -> Any:
                     f"{e.strerror or e}"
                 ) from None
     try:
-        return optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
     except Exception as e:  # noqa: BLE001 - sqlalchemy / driver errors of every kind
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise SearchError(f"cannot open study storage {_redact(url)}: {first}") from None
+    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        _sqlite_wal(storage.engine)
+    return storage
+
+
+def _sqlite_wal(engine: Any) -> None:
+    """Write-ahead log with synchronous=NORMAL on every connection of a SQLite study file.
+
+    Optuna commits each suggested parameter and attribute separately (~30 commits per trial);
+    with SQLite's default rollback journal every commit is a full fsync, and on the GPU host the
+    tuner's ask/tell loop then spent ~0.27 s per asked trial (docs/PERF.md), most of it while
+    the GPU waited. WAL is safe for several processes on one machine and survives a crash of
+    the tuner; a power loss can lose the last commits but not corrupt the file.
+    """
+    from sqlalchemy import event
+
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+        finally:
+            cur.close()
+
+    event.listen(engine, "connect", on_connect)
+    engine.dispose()  # connections opened during Optuna's setup reconnect with the pragmas
 
 
 def _engine_kwargs(url: str) -> dict[str, Any]:
@@ -538,7 +565,7 @@ class Search:
         self.url = storage_url(study, storage)
         self.n_trials = n_trials
         self.timeout_s = timeout_s
-        self.jobs = max(1, jobs or os.cpu_count() or 1)
+        self.jobs = max(1, jobs or build_mod.usable_cpus())
         self.lookahead = max(2, self.jobs)
         if builder is None:
             from tuner.build import build_config
