@@ -28,6 +28,7 @@ ARCH_DEFAULTS = {
     "lazy_rescale": False,
     "tree_reduce": False,
     "q_in_regs": False,
+    "early_next_qk": False,
     "tile_order": "longest_first", "scheduler": "grid", "fixed_cost": 4, "persistent_ctas": 0,
     "write_lse": True,
 }
@@ -127,6 +128,12 @@ def test_unparseable_yaml(tmp_path: Path) -> None:
         ({"k_stages": 3, "v_stages": 3, "q_release": "after_last_qk"}, "a separate O tile"),
         # Measured 2026-11-29: the persistent producer spilled at 24 and 32 registers.
         ({"scheduler": "static"}, "needs producer_regs >= 40"),
+        ({"scheduler": "static", "producer_regs": 40, "consumer_regs": 232,
+          "early_next_qk": True}, "needs q_release after_last_qk"),
+        ({"early_next_qk": True}, "needs a persistent scheduler"),
+        ({"scheduler": "static", "producer_regs": 40, "consumer_regs": 232,
+          "q_release": "after_last_qk", "early_next_qk": True, "rescale_o": "before_pv"},
+         "spills"),
         ({"scheduler": "dynamic", "producer_regs": 32, "consumer_regs": 232},
          "needs producer_regs >= 40"),
     ],

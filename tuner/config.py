@@ -48,8 +48,11 @@ CONSUMER_REG_OVERHEAD_SERIAL = 40
 Q_IN_REGS = 32
 CONSUMER_REG_OVERHEAD_Q = 40
 # The persistent producer (tile loop, scheduler, Q handoff) spilled at 24 and 32 registers and
-# compiled clean at 40 (sm_90a builds, 2026-11-29; docs/PERF.md).
+# compiled clean at 40 (sm_90a builds, 2026-11-29; docs/PERF.md). With block_m 64 the dynamic
+# producer still spilled 16 B at 40; one consumer warpgroup leaves registers to spare there, so
+# block_m 64 asks for 56.
 PERSISTENT_PRODUCER_REGS = 40
+PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,7 @@ KNOBS: dict[str, Knob] = {
         Knob("lazy_rescale", "bool", (False, True)),
         Knob("tree_reduce", "bool", (False, True)),
         Knob("q_in_regs", "bool", (False, True)),
+        Knob("early_next_qk", "bool", (False, True)),
         Knob("tile_order", "enum", ("longest_first", "natural"), "TileOrder"),
         Knob("scheduler", "enum", ("grid", "static", "dynamic"), "Scheduler"),
         Knob("fixed_cost", "int", tuple(range(17)), range_text="an integer from 0 to 16"),
@@ -155,6 +159,7 @@ class KernelConfig:
     lazy_rescale: bool = False
     tree_reduce: bool = False
     q_in_regs: bool = False
+    early_next_qk: bool = False
     tile_order: str = "longest_first"
     scheduler: str = "grid"
     fixed_cost: int = 4
@@ -203,8 +208,9 @@ class KernelConfig:
         """The same kernel with knobs that cannot matter under the others at their defaults.
 
         fixed_cost only feeds the static scheduler's task lists, persistent_ctas only sizes a
-        persistent grid, and tile_order only orders the grid launch. Two configs that differ
-        only there compile and run identically, so the search treats them as one.
+        persistent grid, tile_order only orders the grid launch, and early_next_qk needs a next
+        tile (a persistent CTA). Two configs that differ only there compile and run identically,
+        so the search treats them as one.
         """
         d = KernelConfig()
         changes: dict[str, Any] = {}
@@ -212,6 +218,7 @@ class KernelConfig:
             changes["fixed_cost"] = d.fixed_cost
         if self.scheduler == "grid":
             changes["persistent_ctas"] = d.persistent_ctas
+            changes["early_next_qk"] = d.early_next_qk
         else:
             changes["tile_order"] = d.tile_order
         return self.replace(**changes) if changes else self
@@ -349,6 +356,22 @@ def validate(cfg: KernelConfig) -> KernelConfig:
         )
     if cfg.rescale_o == "before_pv" and not cfg.intra_wg_overlap:
         raise ConfigError("rescale_o before_pv needs intra_wg_overlap true")
+    if cfg.early_next_qk:
+        if cfg.scheduler == "grid":
+            raise ConfigError(
+                "early_next_qk needs a persistent scheduler (static or dynamic): a grid CTA has "
+                "no next tile"
+            )
+        if not cfg.intra_wg_overlap:
+            raise ConfigError("early_next_qk needs intra_wg_overlap true")
+        if cfg.q_release != "after_last_qk":
+            raise ConfigError(
+                "early_next_qk needs q_release after_last_qk (the next tile's Q must land before "
+                "this tile's epilogue hands Q back)"
+            )
+        if cfg.rescale_o == "before_pv":
+            # Measured (sm_90a, nvcc 13.0, 2026-11-29): ~1 KB of stack, 217+ LDL/STL.
+            raise ConfigError("early_next_qk with rescale_o before_pv spills; use after_pv")
     if cfg.v_release == "deferred" and cfg.v_stages < 2:
         raise ConfigError(
             f"v_release deferred holds a V stage across iterations and needs v_stages >= 2 "
@@ -359,11 +382,13 @@ def validate(cfg: KernelConfig) -> KernelConfig:
             "k_release after_softmax with intra_wg_overlap holds K while the next QK^T needs a "
             f"new K, so it needs k_stages >= 2 (got {cfg.k_stages})"
         )
-    if cfg.scheduler != "grid" and cfg.producer_regs < PERSISTENT_PRODUCER_REGS:
+    need = (PERSISTENT_PRODUCER_REGS_BLOCK_M64 if cfg.block_m == 64
+            else PERSISTENT_PRODUCER_REGS)
+    if cfg.scheduler != "grid" and cfg.producer_regs < need:
         raise ConfigError(
-            f"the {cfg.scheduler} scheduler's producer loop needs producer_regs >= "
-            f"{PERSISTENT_PRODUCER_REGS} (got {cfg.producer_regs}; fewer spill it to local "
-            "memory); raise producer_regs and lower consumer_regs to fit"
+            f"the {cfg.scheduler} scheduler's producer loop needs producer_regs >= {need}"
+            f"{' with block_m 64' if cfg.block_m == 64 else ''} (got {cfg.producer_regs}; "
+            "fewer spill it to local memory); raise producer_regs and lower consumer_regs to fit"
         )
     est = consumer_reg_estimate(cfg)
     if est > cfg.consumer_regs:

@@ -47,6 +47,13 @@ struct Derived {
   static constexpr bool kPingpong = Cfg::pingpong && kConsumerWGs >= 2;
   static constexpr bool kOverlap = Cfg::intra_wg_overlap;
   static constexpr bool kRescaleBeforePv = Cfg::rescale_o == RescaleO::BeforePv && kOverlap;
+  // Only a persistent CTA has a next tile; its Q must be able to land before this tile's
+  // epilogue ends (after_last_qk), or the drain would wait for it forever.
+  static constexpr bool kEarlyNextQk = Cfg::early_next_qk;
+  static_assert(!kEarlyNextQk || (Cfg::scheduler != Scheduler::Grid && kOverlap &&
+                                  Cfg::q_release == QRelease::AfterLastQk),
+                "early_next_qk needs a persistent scheduler, intra_wg_overlap and "
+                "q_release after_last_qk");
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;

@@ -51,28 +51,51 @@ struct Consumer {
         st{mma_qk, mma_pv, tSrQ, tSrK, tOrV, tSrS, tOrO, tOrP, kst, vst};
 
     const int lane = tid % 32, warp_in_wg = (tid / 32) % 4;
+    constexpr bool kEarlyQ = Cfg::q_release == QRelease::AfterLastQk;
+    using ML = Mainloop<Cfg>;
+    // Wait for the Q at cursor q; with q_in_regs copy it to registers (its shared memory is
+    // then read for the last time, so after_last_qk hands it back at once).
+    auto take_q = [&](const PipeState& q) {
+      ss.q_ring.wait_full(q);
+      if constexpr (Cfg::q_in_regs) {
+        load_q_to_registers(mma_qk, sQ, tSrQ, tid);
+        if constexpr (kEarlyQ) {
+          __syncwarp();
+          ss.q_ring.release(q);
+        }
+      }
+    };
     TileCoord t = Sched::first(p, ss.tile_slot);
     if (t.valid) Pingpong<T>::start(wg);  // a CTA with no work must not leave an arrival
+    bool qk_in_flight = false;  // this tile's first QK was issued by the previous drain
     while (t.valid) {
       const TileCoord next = Sched::template next<false>(p, t, ss.tile_slot);
       const int row0 = t.m_block * T::kBlockM + wg * 64 + warp_in_wg * 16 + lane / 4;
-      ss.q_ring.wait_full(qst);
-      constexpr bool kEarlyQ = Cfg::q_release == QRelease::AfterLastQk;
-      if constexpr (Cfg::q_in_regs) {
-        load_q_to_registers(mma_qk, sQ, tSrQ, tid);
-        // Q's shared memory is read for the last time here: after_last_qk hands it back now.
-        if constexpr (kEarlyQ) {
-          __syncwarp();
-          ss.q_ring.release(qst);
-        }
+      if (!qk_in_flight) {
+        take_q(qst);
+        if constexpr (T::kOverlap) ML::issue_first_qk(st, ss, wg);
       }
       auto release_q = [&] {
         if constexpr (kEarlyQ && !Cfg::q_in_regs) ss.q_ring.release(qst);
       };
-      typename Mainloop<Cfg>::Softmax sm;
+      // early_next_qk: Q of the next tile may land during this one (after_last_qk), so its
+      // first QK can run during this tile's epilogue.
+      auto issue_next = [&]() -> bool {
+        if constexpr (T::kEarlyNextQk) {
+          if (next.valid) {
+            PipeState qn = qst;
+            qn.advance<1>();
+            take_q(qn);
+            ML::issue_qk(st, ss);
+            return true;
+          }
+        }
+        return false;
+      };
+      typename ML::Softmax sm;
       float inv_sum[2];
-      Mainloop<Cfg>::run(st, ss, sm, p.shape, t.m_block, row0, p.scale_log2, wg, !next.valid,
-                         release_q, inv_sum);
+      qk_in_flight = ML::run(st, ss, sm, p.shape, t.m_block, row0, p.scale_log2, wg,
+                             !next.valid, release_q, issue_next, inv_sum);
       Epilogue<Cfg>::run(p, ss, mma_pv, tOrO, sm, inv_sum, t, row0, wg, tid);
       if constexpr (Cfg::q_release == QRelease::AtEnd) ss.q_ring.release(qst);
       qst.advance<1>();

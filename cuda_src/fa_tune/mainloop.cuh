@@ -2,9 +2,11 @@
 // softmax, O += P V, walking KV tiles from the diagonal toward key 0.
 //
 // With intra-warpgroup overlap (FA3's two-stage pipeline):
-//   prologue   QK[first] -> mask + softmax -> P
+//   prologue   QK[first] (issue_first_qk) -> mask + softmax -> P
 //   steady     issue QK[n] and PV[n+1]; wait QK; softmax[n] while PV runs; wait PV
-//   drain      PV[last]; the row-sum quad reduction runs while it is in flight
+//   drain      PV[last]; the row-sum quad reduction runs while it is in flight. With
+//              early_next_qk the drain also issues the next tile's first QK in the same turn,
+//              so it runs on the tensor cores during this tile's epilogue.
 // Without overlap each tile is QK -> softmax -> PV in sequence.
 #pragma once
 
@@ -39,41 +41,58 @@ struct Mainloop {
 
   // Runs every KV tile of one query tile; returns with the last PV complete, O unnormalized
   // in tOrO, every K/V stage released and inv_sum = 1 / row sum. `release_q` is called once
-  // the last QK has read Q.
-  template <class St, class ReleaseQ>
-  __device__ static void run(St& st, SharedStorage<T>& ss, Softmax& sm, const ShapeInfo& shape,
+  // the last QK has read Q. With overlap the tile's first QK must already be in flight
+  // (issue_first_qk, or the previous tile's drain). `issue_next` is called in the drain's turn,
+  // right after the last PV is issued: it may issue the next tile's first QK and says whether
+  // it did (then that QK is still in flight on return). Returns what issue_next returned.
+  template <class St, class ReleaseQ, class IssueNext>
+  __device__ static bool run(St& st, SharedStorage<T>& ss, Softmax& sm, const ShapeInfo& shape,
                              int m_block, int row0, float scale_log2, int wg, bool last_tile,
-                             ReleaseQ&& release_q, float (&inv_sum)[2]) {
+                             ReleaseQ&& release_q, IssueNext&& issue_next, float (&inv_sum)[2]) {
     const int n_blocks = num_kv_blocks<T>(shape, m_block);
     const int n_unmasked = num_unmasked_kv_blocks<T>(shape, m_block);
     if constexpr (T::kOverlap) {
-      overlapped(st, ss, sm, n_blocks, n_unmasked, row0, scale_log2, wg, last_tile, release_q,
-                 inv_sum);
+      return overlapped(st, ss, sm, n_blocks, n_unmasked, row0, scale_log2, wg, last_tile,
+                        release_q, issue_next, inv_sum);
     } else {
       serial(st, ss, sm, n_blocks, n_unmasked, row0, scale_log2, wg, last_tile, release_q,
              inv_sum);
+      return false;
     }
+  }
+
+  // The first (diagonal) QK of a tile, in its own pingpong turn; Q must have landed.
+  template <class St>
+  __device__ static void issue_first_qk(St& st, SharedStorage<T>& ss, int wg) {
+    PP::wait_turn(wg);
+    issue_qk(st, ss);
+    PP::pass_turn(wg, false);
+  }
+
+  // QK of the K stage at the ring cursor, left in flight (within the caller's turn).
+  template <class St>
+  __device__ static void issue_qk(St& st, SharedStorage<T>& ss) {
+    using namespace cute;
+    ss.k_ring.wait_full(st.kst);
+    warpgroup_gemm<-1>(st.mma_qk, st.tSrQ, st.tSrK(_, _, _, st.kst.index), st.tSrS, true);
   }
 
   template <class St>
   __device__ static void release_k(St& st, SharedStorage<T>& ss) { ss.k_ring.release(st.kst); }
 
-  template <class St, class ReleaseQ>
-  __device__ static void overlapped(St& st, SharedStorage<T>& ss, Softmax& sm, int n_blocks,
+  template <class St, class ReleaseQ, class IssueNext>
+  __device__ static bool overlapped(St& st, SharedStorage<T>& ss, Softmax& sm, int n_blocks,
                                     int n_unmasked, int row0, float scale_log2, int wg,
-                                    bool last_tile, ReleaseQ& release_q, float (&inv_sum)[2]) {
+                                    bool last_tile, ReleaseQ& release_q, IssueNext& issue_next,
+                                    float (&inv_sum)[2]) {
     using namespace cute;
     float rescale[2];
     float pending_rescale[2] = {1.f, 1.f};  // rescale_o = before_pv: applied before the next PV
     bool pending = false;                     // ... and whether any row of the warp needs it
     PipeState v_prev;                        // v_release = deferred: the stage PV[n+1] read
 
-    // Prologue: QK of the diagonal tile.
+    // Prologue: the diagonal tile's QK is in flight (issue_first_qk or the last drain).
     int n = n_blocks - 1;
-    ss.k_ring.wait_full(st.kst);
-    PP::wait_turn(wg);
-    warpgroup_gemm<-1>(st.mma_qk, st.tSrQ, st.tSrK(_, _, _, st.kst.index), st.tSrS, true);
-    PP::pass_turn(wg, false);
     warpgroup_wait_for<0>(st.tSrS);
     if (n_blocks == 1) release_q();
     if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
@@ -124,10 +143,16 @@ struct Mainloop {
       if (!first_pv && pending) scale_rows(st.tOrO, pending_rescale);
     }
     warpgroup_gemm<-1>(st.mma_pv, st.tOrP, st.tOrV(_, _, _, st.vst.index), st.tOrO, first_pv);
+    const bool next_qk = issue_next();  // the next tile's first QK, behind this PV
     PP::pass_turn(wg, last_tile);
     sm.finalize(inv_sum);  // the row-sum reduction hides under the last PV
-    warpgroup_wait_for<0>(st.tOrO);
+    if (next_qk) {
+      warpgroup_wait_for<1>(st.tOrO);  // the PV (older group) is done; the QK may still run
+    } else {
+      warpgroup_wait_for<0>(st.tOrO);
+    }
     finish_v(st, ss, v_prev, !first_pv);
+    return next_qk;
   }
 
   template <class St, class ReleaseQ>

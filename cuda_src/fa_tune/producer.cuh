@@ -28,10 +28,11 @@ struct Producer {
       }
       qst.advance<1>();
       // Ask for the next tile before any K/V load can block on a full ring (consumers ask at
-      // the start of each tile and must not wait on loads they have yet to release).
-      const TileCoord next = Sched::template next<true>(p, t, ss.tile_slot);
+      // the start of each tile and must not wait on loads they have yet to release); decode
+      // it after the loads (scheduler.cuh: ticket / resolve).
+      const int ticket = Sched::ticket(p, t, ss.tile_slot);
       if (leader) load_kv(p, ss, t, kst, vst);
-      t = next;
+      t = Sched::resolve(p, ticket, t);
     }
   }
 

@@ -2,7 +2,10 @@
 //
 // Every scheduler gives both roles the same sequence: `first`, then `next` until !valid.
 // The producer asks for the next tile right after issuing the current tile's Q load, before
-// any K/V load can block on a full ring; the consumers ask at the start of each tile.
+// any K/V load can block on a full ring; the consumers ask at the start of each tile. The
+// producer splits `next` in two: `ticket` (the handshake, now) and `resolve` (after the
+// loads), so only one int, not a second TileCoord, stays live across its K/V loads: the
+// persistent producer runs on 40 registers and spilled otherwise.
 #pragma once
 
 #include <type_traits>
@@ -31,6 +34,10 @@ struct GridScheduler {
   __device__ static TileCoord next(const Params&, const TileCoord&, int* /*slot*/) {
     return {0, 0, 0, 0, 0, false};
   }
+  __device__ static int ticket(const Params&, const TileCoord&, int* /*slot*/) { return 0; }
+  __device__ static TileCoord resolve(const Params&, int, const TileCoord&) {
+    return {0, 0, 0, 0, 0, false};
+  }
 };
 
 // Persistent, static: CTA i walks the host-built list tasks[offsets[i] .. offsets[i+1]).
@@ -51,6 +58,12 @@ struct StaticScheduler {
   template <bool kProducer>
   __device__ static TileCoord next(const Params& p, const TileCoord& cur, int* /*slot*/) {
     return at(p, cur.idx + 1);
+  }
+  __device__ static int ticket(const Params&, const TileCoord& cur, int* /*slot*/) {
+    return cur.idx + 1;
+  }
+  __device__ static TileCoord resolve(const Params& p, int idx, const TileCoord&) {
+    return at(p, idx);
   }
 };
 
@@ -87,17 +100,25 @@ struct DynamicScheduler {
   __device__ static TileCoord next(const Params& p, const TileCoord& cur, int* slot) {
     int t;
     if constexpr (kProducer) {
-      if ((threadIdx.x & 31) == 0) {
-        t = atomicAdd(p.sched.tile_counter, 1) + int(gridDim.x);
-        slot[cur.turn & 1] = t;
-      }
-      __syncwarp();
-      cutlass::arch::NamedBarrier::arrive(kBarThreads, kSchedulerBar);
-      t = __shfl_sync(0xffffffffu, t, 0);
+      t = ticket(p, cur, slot);
     } else {
       cutlass::arch::NamedBarrier::sync(kBarThreads, kSchedulerBar);
       t = slot[cur.turn & 1];
     }
+    return decode(p, t, cur.turn + 1);
+  }
+  // Producer warp (all 32 lanes): take the next number and publish it to the consumers.
+  __device__ static int ticket(const Params& p, const TileCoord& cur, int* slot) {
+    int t;
+    if ((threadIdx.x & 31) == 0) {
+      t = atomicAdd(p.sched.tile_counter, 1) + int(gridDim.x);
+      slot[cur.turn & 1] = t;
+    }
+    __syncwarp();
+    cutlass::arch::NamedBarrier::arrive(kBarThreads, kSchedulerBar);
+    return __shfl_sync(0xffffffffu, t, 0);
+  }
+  __device__ static TileCoord resolve(const Params& p, int t, const TileCoord& cur) {
     return decode(p, t, cur.turn + 1);
   }
 };

@@ -15,7 +15,11 @@ from tuner.runtime import AttnBuffers, Device, KernelModule
 pytestmark = pytest.mark.gpu
 
 CONFIGS = [load_preset("default"), load_preset("static"), load_preset("dynamic"),
-           load_preset("static").replace(q_release="after_last_qk")]
+           load_preset("static").replace(q_release="after_last_qk"),
+           # The next tile's first QK issued behind the last PV (runs during the epilogue).
+           load_preset("static").replace(q_release="after_last_qk", early_next_qk=True),
+           load_preset("dynamic").replace(q_release="after_last_qk", early_next_qk=True,
+                                          q_in_regs=True)]
 ODD_SHAPES = [Shape(1, 3, 1152), Shape(2, 5, 1000), Shape(1, 1, 77), Shape(3, 7, 4200)]
 
 
@@ -35,7 +39,9 @@ def kernels(dev: Device) -> Iterator[dict[KernelConfig, KernelModule]]:
 
 
 @pytest.mark.parametrize("shape", [*ODD_SHAPES, *SEED_SHAPES], ids=str)
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{c.scheduler}-{c.q_release}")
+@pytest.mark.parametrize(
+    "cfg", CONFIGS,
+    ids=lambda c: f"{c.scheduler}-{c.q_release}" + ("-early" if c.early_next_qk else ""))
 def test_scheduler_passes_gate(dev: Device, kernels: dict, cfg: KernelConfig, shape: Shape) -> None:
     kernel = kernels[cfg]
     with AttnBuffers(dev, shape) as bufs:
