@@ -231,3 +231,8 @@ def test_effective_drops_knobs_that_cannot_matter() -> None:
     static = dyn.replace(scheduler="static")
     assert static.effective() == static.replace(tile_order="longest_first")
     assert KernelConfig().effective() is not None and KernelConfig().effective() == KernelConfig()
+    # Knobs the kernel ignores under others (config.cuh kPingpong, kRescaleBeforePv).
+    one_wg = KernelConfig(block_m=64, pingpong=True, consumer_regs=232)
+    assert one_wg.effective() == one_wg.replace(pingpong=False)
+    serial = KernelConfig(intra_wg_overlap=False, rescale_o="before_pv")
+    assert serial.effective() == serial.replace(rescale_o="after_pv")

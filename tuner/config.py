@@ -209,11 +209,17 @@ class KernelConfig:
 
         fixed_cost only feeds the static scheduler's task lists, persistent_ctas only sizes a
         persistent grid, tile_order only orders the grid launch, and early_next_qk needs a next
-        tile (a persistent CTA). Two configs that differ only there compile and run identically,
-        so the search treats them as one.
+        tile (a persistent CTA). pingpong needs a second consumer warpgroup and rescale_o
+        before_pv the overlapped pipeline (fa_tune/config.cuh: kPingpong, kRescaleBeforePv).
+        Two configs that differ only there compile and run identically, so the search treats
+        them as one (and the sampler learns from the measured twin instead of a rejection).
         """
         d = KernelConfig()
         changes: dict[str, Any] = {}
+        if self.block_m == 64:
+            changes["pingpong"] = False
+        if not self.intra_wg_overlap:
+            changes["rescale_o"] = "after_pv"
         if self.scheduler != "static":
             changes["fixed_cost"] = d.fixed_cost
         if self.scheduler == "grid":
