@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner import export, oracle, timing  # noqa: E402
 from tuner.config import KernelConfig, Shape  # noqa: E402
+from tuner.errors import FaTuneError  # noqa: E402
 from tuner.runtime import AttnBuffers, Device, KernelModule  # noqa: E402
 from tuner.show import pick_trial  # noqa: E402
 
@@ -28,6 +29,14 @@ SEED_SHAPES = ["4x32x4096", "4x32x8192", "4x32x16384"]
 
 
 def main() -> int:
+    try:
+        return _main()
+    except FaTuneError as e:  # unknown study, bad shape, no GPU, ...: one line, exit 2
+        print(f"export_timing: {e}", file=sys.stderr)
+        return 2
+
+
+def _main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--study", required=True)
     ap.add_argument("--storage")

@@ -7,7 +7,7 @@
 
 // Before any CuTe header. CuTe's default 64xN wgmma atoms cover N = 64, 96, 128, 192; block_n
 // 80, 112, 144, 160 and 176 need its extended atoms, whose headers more than double nvcc time
-// (block_n 128: 50 s -> 21 s without them, nvcc 13.0), so the rendered template asks for them
+// (block_n 128: 38.7 s -> 20.3 s without them, nvcc 13.0), so the rendered template asks for them
 // (FA_TUNE_EXTENDED_MMA = 1) only when its block_n needs them.
 #ifndef FA_TUNE_EXTENDED_MMA
 #define FA_TUNE_EXTENDED_MMA 1
@@ -69,8 +69,8 @@ struct Derived {
                 "deferred V release needs two V stages or the producer deadlocks");
   static_assert(Cfg::producer_regs % 8 == 0 && Cfg::consumer_regs % 8 == 0, "setmaxnreg wants multiples of 8");
   // setmaxnreg only redistributes what the CTA got at launch: kThreads x (65536 / kThreads,
-  // down to a multiple of 8). Asking for more makes setmaxnreg.inc wait forever (a hang seen
-  // on the H200 with producer 32 / consumers 240 at 384 threads: 65536 > 64512).
+  // down to a multiple of 8). Asking for more makes setmaxnreg.inc wait forever (the likely
+  // cause of a hang on the H200 with producer 32 / consumers 240 at 384 threads: 65536 > 64512).
   static constexpr int kLaunchRegs = kThreads * ((65536 / kThreads < 255 ? 65536 / kThreads : 255) / 8 * 8);
   static_assert((Cfg::producer_regs + kConsumerWGs * Cfg::consumer_regs) * kWarpgroupThreads <= kLaunchRegs,
                 "register split exceeds the registers the CTA holds at launch");

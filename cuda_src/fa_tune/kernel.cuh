@@ -69,7 +69,7 @@ struct Consumer {
     if (t.valid) Pingpong<T>::start(wg);  // a CTA with no work must not leave an arrival
     bool qk_in_flight = false;  // this tile's first QK was issued by the previous drain
     while (t.valid) {
-      const TileCoord next = Sched::template next<false>(p, t, ss.tile_slot);
+      const TileCoord next = Sched::next(p, t, ss.tile_slot);
       const int row0 = t.m_block * T::kBlockM + wg * 64 + warp_in_wg * 16 + lane / 4;
       if (!qk_in_flight) {
         take_q(qst);

@@ -1,11 +1,11 @@
 // Which query tile (m_block, head, batch) each CTA works on, and in what order.
 //
-// Every scheduler gives both roles the same sequence: `first`, then `next` until !valid.
-// The producer asks for the next tile right after issuing the current tile's Q load, before
-// any K/V load can block on a full ring; the consumers ask at the start of each tile. The
-// producer splits `next` in two: `ticket` (the handshake, now) and `resolve` (after the
-// loads), so only one int, not a second TileCoord, stays live across its K/V loads: the
-// persistent producer runs on 40 registers and spilled otherwise.
+// Every scheduler gives both roles the same sequence of tiles, starting with `first`. The
+// consumers ask `next` at the start of each tile. The producer asks in two steps: `ticket`
+// right after issuing the current tile's Q load, before any K/V load can block on a full ring
+// (the dynamic scheduler's handshake), and `resolve` after the loads, so only one int, not a
+// second TileCoord, stays live across them: the persistent producer runs on 40 registers and
+// spilled otherwise.
 #pragma once
 
 #include <type_traits>
@@ -30,7 +30,6 @@ struct GridScheduler {
     const int m = Cfg::tile_order == TileOrder::LongestFirst ? p.shape.num_m_blocks - 1 - x : x;
     return {m, int(blockIdx.y), int(blockIdx.z), 0, 0, true};
   }
-  template <bool kProducer>
   __device__ static TileCoord next(const Params&, const TileCoord&, int* /*slot*/) {
     return {0, 0, 0, 0, 0, false};
   }
@@ -55,7 +54,6 @@ struct StaticScheduler {
   __device__ static TileCoord first(const Params& p, int* /*slot*/) {
     return at(p, p.sched.offsets[blockIdx.x]);
   }
-  template <bool kProducer>
   __device__ static TileCoord next(const Params& p, const TileCoord& cur, int* /*slot*/) {
     return at(p, cur.idx + 1);
   }
@@ -94,18 +92,10 @@ struct DynamicScheduler {
   __device__ static TileCoord first(const Params& p, int* /*slot*/) {
     return decode(p, int(blockIdx.x), 0);
   }
-  // kProducer: called by all 32 lanes of the producer warp (named barriers are per warp);
-  // otherwise by every consumer thread.
-  template <bool kProducer>
+  // Consumers (every consumer thread): read the number the producer published.
   __device__ static TileCoord next(const Params& p, const TileCoord& cur, int* slot) {
-    int t;
-    if constexpr (kProducer) {
-      t = ticket(p, cur, slot);
-    } else {
-      cutlass::arch::NamedBarrier::sync(kBarThreads, kSchedulerBar);
-      t = slot[cur.turn & 1];
-    }
-    return decode(p, t, cur.turn + 1);
+    cutlass::arch::NamedBarrier::sync(kBarThreads, kSchedulerBar);
+    return decode(p, slot[cur.turn & 1], cur.turn + 1);
   }
   // Producer warp (all 32 lanes): take the next number and publish it to the consumers.
   __device__ static int ticket(const Params& p, const TileCoord& cur, int* slot) {
