@@ -30,10 +30,10 @@ rm -rf .fa3 && mkdir -p .fa3/part1 .fa3/part2
 big=$(ls "$tmp"/nvidia_cutlass_dsl_libs_cu13-*.whl)
 (cd "$tmp" && sha256sum "$(basename "$big")" > cu13.sha256)
 split -b 46m "$big" "$big.part"
-mv "$big.partaa" "$tmp"/flash_attn_4-*.whl "$tmp"/nvidia_cutlass_dsl-*.whl \
-  "$tmp"/nvidia_cutlass_dsl_libs_core-*.whl "$tmp"/quack_kernels-*.whl \
-  "$tmp"/torch_c_dlpack_ext-*.whl .fa3/part1/
+# part1 travels with .whl and the repo (call 1), so it keeps only the big half: 64 MiB per call.
+mv "$big.partaa" "$tmp"/nvidia_cutlass_dsl-*.whl .fa3/part1/
 mv "$big.partab" "$tmp"/apache_tvm_ffi-*.whl "$tmp"/nvidia_cutlass_dsl_libs_base-*.whl \
-  "$tmp/cu13.sha256" .fa3/part2/
+  "$tmp"/flash_attn_4-*.whl "$tmp"/nvidia_cutlass_dsl_libs_core-*.whl "$tmp"/quack_kernels-*.whl \
+  "$tmp"/torch_c_dlpack_ext-*.whl "$tmp/cu13.sha256" .fa3/part2/
 rm -rf "$tmp"
 du -sh .whl .fa3/part1 .fa3/part2

@@ -45,8 +45,8 @@ def compile_all(cfgs: list[config.KernelConfig], jobs: int) -> list[Path | None]
             continue
         r = out.result
         e = r.main_entry
-        if r.local_memory:  # ~30x slower: timing it would only burn device time
-            print(f"  SKIP {r.config_id}: local memory ({r.local_memory})", flush=True)
+        if r.unfit:  # local memory or serialized wgmma: timing it would only burn device time
+            print(f"  SKIP {r.config_id}: {r.unfit}", flush=True)
             paths.append(None)
             continue
         sass = r.sass or {}

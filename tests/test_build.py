@@ -83,6 +83,39 @@ def test_parse_ptxas_cuda12_format() -> None:
     assert p["warnings"] and "C7515" in p["warnings"][0]
 
 
+def test_parse_ptxas_wgmma_serialization() -> None:
+    # Real ptxas 13.0 lines from our kernels (early_next_qk before its fix, block_n 160 at 200
+    # registers, block_n 176): each makes every wgmma wait for the one before it.
+    fn = ("_ZN7fa_tune20attention_fwd_kernelIN41_GLOBAL__N__cd2d5899_9_kernel_cu_0f27bb6d6Config"
+          "EEEvNS_6ParamsE")
+    log = (
+        f"ptxas info    : (C7517) warpgroup.wait is injected in around line 9060 by compiler to "
+        f"allow use of registers defined by GMMA in function '{fn}'\n"
+        f"ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are "
+        f"serialized due to non wgmma instructions reading accumulator registers of  a wgmma "
+        f"between start and end of the pipeline stage in the function '{fn}'\n"
+        f"ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are "
+        f"serialized due to insufficient register resources for the function '{fn}'\n"
+        "ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions are "
+        "serialized due to program dependence on compiler-inserted WG.AR in divergent path\n"
+    )
+    p = build.parse_ptxas(log)
+    assert [w.split(":")[0] for w in p["wgmma_serialized"]] == ["C7514", "C7512", "C7520"]
+    assert "insufficient register resources" in p["wgmma_serialized"][1]
+    assert p["wgmma_serialized"][2].endswith("divergent path")
+    # An injected wait alone (C7517) keeps the pipeline: not a serialization.
+    assert build.parse_ptxas(log.splitlines()[0])["wgmma_serialized"] == []
+    r = build.BuildResult(
+        key="k", name="kernel", cache_dir="", so_path="", config=None, config_id="abc",
+        cache_hit=False, compile_seconds=0.0, ptxas=p, sass={"ldl": 0, "stl": 0},
+        sass_checked=True, sass_note="", so_sha256="", source_sha256="", template_sha256=None,
+        nvcc_version="", cutlass_version="", flags=[],
+    )
+    assert r.local_memory is None and r.unfit and "C7514" in r.unfit
+    with pytest.raises(BuildError, match="serialized its wgmma"):
+        r.require_timeable()
+
+
 def test_wgmma_kernel_sass_and_cache_hit(studies: Path, data_dir: Path) -> None:
     cfg = KernelConfig(block_n=96)
     tpl = data_dir / "tiny_template.cu"

@@ -98,7 +98,7 @@ def _fake_gpu_path(monkeypatch: pytest.MonkeyPatch, payload: dict[str, Any],
     """Pretend torch is there, the build succeeded and compare_command ran."""
     so = tmp_path / "kernel.so"
     so.write_bytes(b"")
-    built = types.SimpleNamespace(so_path=str(so), require_registers_only=lambda: None)
+    built = types.SimpleNamespace(so_path=str(so), require_timeable=lambda: None)
     monkeypatch.setattr(build_mod, "build_config", lambda cfg: built)
     monkeypatch.setattr("tuner.peers.base.module_missing", lambda name: None)
 

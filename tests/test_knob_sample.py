@@ -55,8 +55,8 @@ def test_knob_sample_compiles_clean() -> None:
         why = []
         if not (r.sass_checked and r.sass and r.sass.get("has_hgmma")):
             why.append(f"no HGMMA in the SASS ({r.sass_note or 'checked'})")
-        if r.local_memory is not None:
-            why.append(f"local memory: {r.local_memory}")
+        if r.unfit is not None:
+            why.append(r.unfit)
         if not isinstance(regs, int) or regs <= 0:
             why.append(f"no register count from ptxas ({r.main_entry})")
         if why:

@@ -262,19 +262,33 @@ _FRAME_RE = re.compile(
 )
 _USED_RE = re.compile(r"ptxas info\s*: Used (\d+) registers(.*)")
 _WARN_RE = re.compile(r"ptxas (?:warning|error)\s*:.*")
+# ptxas's notice that it gave up on asynchronous wgmma (C7510-C7520): every wgmma then waits
+# for the previous one, which costs 35-60% (measured 2026-11-29, early_next_qk, docs/PERF.md).
+_SERIAL_RE = re.compile(
+    r"ptxas (?:info|warning)\s*: \((C75\d\d)\) Potential Performance Loss: "
+    r"wgmma\.mma_async instructions are serialized due to (.*?)"
+    r"(?: in the function '[^']*'|\s*\.?\s*$)"
+)
 
 
 def parse_ptxas(log: str) -> dict[str, Any]:
     """Per-entry resources from ``-Xptxas -v`` output (CUDA 12 and 13 formats).
 
-    Returns {"entries": {name: {...}}, "main": name | None, "warnings": [...]}; "main" is the
-    entry using the most registers (then shared memory): the attention kernel in our .so files.
+    Returns {"entries": {name: {...}}, "main": name | None, "warnings": [...],
+    "wgmma_serialized": ["C7514: <ptxas's reason>", ...]}; "main" is the entry using the most
+    registers (then shared memory): the attention kernel in our .so files.
     """
     entries: dict[str, dict[str, Any]] = {}
     current: str | None = None
     props_for: str | None = None
     warnings: list[str] = []
+    serialized: list[str] = []
     for line in log.splitlines():
+        if m := _SERIAL_RE.search(line):
+            why = f"{m.group(1)}: {m.group(2).strip()}"
+            if why not in serialized:
+                serialized.append(why)
+            continue
         if m := _ENTRY_RE.search(line):
             current = m.group(1)
             entries[current] = {
@@ -312,7 +326,8 @@ def parse_ptxas(log: str) -> dict[str, Any]:
     main = None
     if entries:
         main = max(entries, key=lambda n: (entries[n]["registers"], entries[n]["smem"]))
-    return {"entries": entries, "main": main, "warnings": warnings}
+    return {"entries": entries, "main": main, "warnings": warnings,
+            "wgmma_serialized": serialized}
 
 
 _SASS_FUNC_RE = re.compile(r"^\s*Function : (\S+)")
@@ -426,13 +441,29 @@ class BuildResult:
             return f"stack frame {stack} B, {ldst} LDL/STL instructions"
         return None
 
-    def require_registers_only(self) -> None:
-        """Refuse an artifact that would time local-memory traffic instead of the design."""
+    @property
+    def wgmma_serialized(self) -> str | None:
+        """ptxas's reason for serializing the wgmma pipeline, or None if it kept it async."""
+        why = self.ptxas.get("wgmma_serialized") or []
+        return "; ".join(why) if why else None
+
+    @property
+    def unfit(self) -> str | None:
+        """Why timing this artifact would measure a compiler fallback instead of the design
+        (local memory, or wgmma serialized by ptxas), or None."""
         if why := self.local_memory:
+            return f"local memory ({why})"
+        if why := self.wgmma_serialized:
+            return f"ptxas serialized its wgmma ({why})"
+        return None
+
+    def require_timeable(self) -> None:
+        """Refuse an artifact that would time a compiler fallback instead of the design."""
+        if why := self.unfit:
             label = f"config {self.config_id}" if self.config_id else self.name
             raise BuildError(
-                f"{label} compiles to local memory ({why}); it would run far slower than the "
-                "design, so it is not timed: lower block_n or raise consumer_regs"
+                f"{label} compiles to {why}; it would run far slower than the design, so it "
+                "is not timed: lower block_n or raise consumer_regs"
             )
 
     def to_json(self) -> dict[str, Any]:

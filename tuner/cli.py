@@ -345,7 +345,7 @@ def compare(
 
         console.print(f"[dim]building {label} ({cfg.config_id()}) ...[/]")
         built = build_mod.build_config(cfg)
-        built.require_registers_only()
+        built.require_timeable()
         so_path = Path(built.so_path)
     else:
         console.print("[dim]no --study/--preset/--config: comparing the peers only[/]")

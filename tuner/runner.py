@@ -163,7 +163,7 @@ def run_config(
     say(f"GPU {getattr(dev, 'name', '?')}; building config {cfg.config_id()}")
     built = build_mod.build_config(cfg)
     say(f"artifact {built.so_path} ({'cache hit' if built.cache_hit else 'compiled'})")
-    built.require_registers_only()
+    built.require_timeable()
     # The exact cached artifact, through its C ABI (the same file an export ships).
     load = getattr(dev, "load_kernel", None)
     kernel = load(built.so_path) if callable(load) else runtime.KernelModule(built.so_path)

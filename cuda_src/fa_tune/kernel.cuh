@@ -52,55 +52,69 @@ struct Consumer {
 
     const int lane = tid % 32, warp_in_wg = (tid / 32) % 4;
     constexpr bool kEarlyQ = Cfg::q_release == QRelease::AfterLastQk;
+    constexpr bool kEarlyNext = T::kEarlyNextQk;
     using ML = Mainloop<Cfg>;
     // Wait for the Q at cursor q; with q_in_regs copy it to registers (its shared memory is
-    // then read for the last time, so after_last_qk hands it back at once).
-    auto take_q = [&](const PipeState& q) {
+    // then read for the last time, so after_last_qk may hand it back at once).
+    auto take_q = [&](const PipeState& q, bool release_now) {
       ss.q_ring.wait_full(q);
       if constexpr (Cfg::q_in_regs) {
         load_q_to_registers(mma_qk, sQ, tSrQ, tid);
         if constexpr (kEarlyQ) {
           __syncwarp();
-          ss.q_ring.release(q);
+          if (release_now) ss.q_ring.release(q);
         }
       }
     };
     TileCoord t = Sched::first(p, ss.tile_slot);
-    if (t.valid) Pingpong<T>::start(wg);  // a CTA with no work must not leave an arrival
-    bool qk_in_flight = false;  // this tile's first QK was issued by the previous drain
+    if (!t.valid) return;  // a CTA with no work must not leave a pingpong arrival
+    Pingpong<T>::start(wg);
+    // early_next_qk: every tile starts with its first QK in flight, issued by the previous
+    // tile's drain (the first tile's here). The wgmma state is then the same on every path
+    // through the loop; a path-dependent one makes ptxas serialize every wgmma (C7514).
+    if constexpr (kEarlyNext) {
+      take_q(qst, false);
+      ML::issue_first_qk(st, ss, wg);
+    }
     while (t.valid) {
       const TileCoord next = Sched::next(p, t, ss.tile_slot);
       const int row0 = t.m_block * T::kBlockM + wg * 64 + warp_in_wg * 16 + lane / 4;
-      if (!qk_in_flight) {
-        take_q(qst);
+      if constexpr (kEarlyNext) {
+        // Q copied to registers is handed back only now, after next(): the dynamic scheduler
+        // relies on the producer's next Q load (and so its next ticket) waiting for this.
+        if constexpr (kEarlyQ && Cfg::q_in_regs) ss.q_ring.release(qst);
+      } else {
+        take_q(qst, true);
         if constexpr (T::kOverlap) ML::issue_first_qk(st, ss, wg);
       }
       auto release_q = [&] {
         if constexpr (kEarlyQ && !Cfg::q_in_regs) ss.q_ring.release(qst);
       };
-      // early_next_qk: Q of the next tile may land during this one (after_last_qk), so its
-      // first QK can run during this tile's epilogue.
-      auto issue_next = [&]() -> bool {
-        if constexpr (T::kEarlyNextQk) {
+      // early_next_qk: the next tile's first QK, behind this tile's last PV, so it runs during
+      // this tile's epilogue. Past the last tile it is a throwaway QK on stale shared memory
+      // (nothing is loaded any more), which keeps the wgmma pipeline shape unconditional.
+      auto issue_next = [&] {
+        if constexpr (kEarlyNext) {
           if (next.valid) {
             PipeState qn = qst;
             qn.advance<1>();
-            take_q(qn);
+            take_q(qn, false);
             ML::issue_qk(st, ss);
-            return true;
+          } else {
+            ML::issue_qk_unchecked(st);
           }
         }
-        return false;
       };
       typename ML::Softmax sm;
       float inv_sum[2];
-      qk_in_flight = ML::run(st, ss, sm, p.shape, t.m_block, row0, p.scale_log2, wg,
-                             !next.valid, release_q, issue_next, inv_sum);
+      ML::run(st, ss, sm, p.shape, t.m_block, row0, p.scale_log2, wg, !next.valid, release_q,
+              issue_next, inv_sum);
       Epilogue<Cfg>::run(p, ss, mma_pv, tOrO, sm, inv_sum, t, row0, wg, tid);
       if constexpr (Cfg::q_release == QRelease::AtEnd) ss.q_ring.release(qst);
       qst.advance<1>();
       t = next;
     }
+    if constexpr (kEarlyNext) cute::warpgroup_wait<0>();  // the throwaway QK
   }
 };
 

@@ -43,27 +43,26 @@ struct Mainloop {
   // in tOrO, every K/V stage released and inv_sum = 1 / row sum. `release_q` is called once
   // the last QK has read Q. With overlap the tile's first QK must already be in flight
   // (issue_first_qk, or the previous tile's drain). `issue_next` is called in the drain's turn,
-  // right after the last PV is issued: it may issue the next tile's first QK and says whether
-  // it did (then that QK is still in flight on return). Returns what issue_next returned.
+  // right after the last PV is issued; with early_next_qk it issues one more QK, which is
+  // still in flight on return.
   template <class St, class ReleaseQ, class IssueNext>
-  __device__ static bool run(St& st, SharedStorage<T>& ss, Softmax& sm, const ShapeInfo& shape,
+  __device__ __forceinline__ static void run(St& st, SharedStorage<T>& ss, Softmax& sm, const ShapeInfo& shape,
                              int m_block, int row0, float scale_log2, int wg, bool last_tile,
                              ReleaseQ&& release_q, IssueNext&& issue_next, float (&inv_sum)[2]) {
     const int n_blocks = num_kv_blocks<T>(shape, m_block);
     const int n_unmasked = num_unmasked_kv_blocks<T>(shape, m_block);
     if constexpr (T::kOverlap) {
-      return overlapped(st, ss, sm, n_blocks, n_unmasked, row0, scale_log2, wg, last_tile,
-                        release_q, issue_next, inv_sum);
+      overlapped(st, ss, sm, n_blocks, n_unmasked, row0, scale_log2, wg, last_tile, release_q,
+                 issue_next, inv_sum);
     } else {
       serial(st, ss, sm, n_blocks, n_unmasked, row0, scale_log2, wg, last_tile, release_q,
              inv_sum);
-      return false;
     }
   }
 
   // The first (diagonal) QK of a tile, in its own pingpong turn; Q must have landed.
   template <class St>
-  __device__ static void issue_first_qk(St& st, SharedStorage<T>& ss, int wg) {
+  __device__ __forceinline__ static void issue_first_qk(St& st, SharedStorage<T>& ss, int wg) {
     PP::wait_turn(wg);
     issue_qk(st, ss);
     PP::pass_turn(wg, false);
@@ -71,17 +70,25 @@ struct Mainloop {
 
   // QK of the K stage at the ring cursor, left in flight (within the caller's turn).
   template <class St>
-  __device__ static void issue_qk(St& st, SharedStorage<T>& ss) {
+  __device__ __forceinline__ static void issue_qk(St& st, SharedStorage<T>& ss) {
     using namespace cute;
     ss.k_ring.wait_full(st.kst);
     warpgroup_gemm<-1>(st.mma_qk, st.tSrQ, st.tSrK(_, _, _, st.kst.index), st.tSrS, true);
   }
 
+  // A QK on whatever the K stage at the cursor holds, without waiting for it: early_next_qk's
+  // throwaway past the last tile, when no load can be in flight.
   template <class St>
-  __device__ static void release_k(St& st, SharedStorage<T>& ss) { ss.k_ring.release(st.kst); }
+  __device__ __forceinline__ static void issue_qk_unchecked(St& st) {
+    using namespace cute;
+    warpgroup_gemm<-1>(st.mma_qk, st.tSrQ, st.tSrK(_, _, _, st.kst.index), st.tSrS, true);
+  }
+
+  template <class St>
+  __device__ __forceinline__ static void release_k(St& st, SharedStorage<T>& ss) { ss.k_ring.release(st.kst); }
 
   template <class St, class ReleaseQ, class IssueNext>
-  __device__ static bool overlapped(St& st, SharedStorage<T>& ss, Softmax& sm, int n_blocks,
+  __device__ __forceinline__ static void overlapped(St& st, SharedStorage<T>& ss, Softmax& sm, int n_blocks,
                                     int n_unmasked, int row0, float scale_log2, int wg,
                                     bool last_tile, ReleaseQ& release_q, IssueNext& issue_next,
                                     float (&inv_sum)[2]) {
@@ -143,20 +150,16 @@ struct Mainloop {
       if (!first_pv && pending) scale_rows(st.tOrO, pending_rescale);
     }
     warpgroup_gemm<-1>(st.mma_pv, st.tOrP, st.tOrV(_, _, _, st.vst.index), st.tOrO, first_pv);
-    const bool next_qk = issue_next();  // the next tile's first QK, behind this PV
+    issue_next();  // early_next_qk: the next tile's first QK, behind this PV
     PP::pass_turn(wg, last_tile);
     sm.finalize(inv_sum);  // the row-sum reduction hides under the last PV
-    if (next_qk) {
-      warpgroup_wait_for<1>(st.tOrO);  // the PV (older group) is done; the QK may still run
-    } else {
-      warpgroup_wait_for<0>(st.tOrO);
-    }
+    // The PV (the older group) is done; an early next QK may still run.
+    warpgroup_wait_for<T::kEarlyNextQk ? 1 : 0>(st.tOrO);
     finish_v(st, ss, v_prev, !first_pv);
-    return next_qk;
   }
 
   template <class St, class ReleaseQ>
-  __device__ static void serial(St& st, SharedStorage<T>& ss, Softmax& sm, int n_blocks,
+  __device__ __forceinline__ static void serial(St& st, SharedStorage<T>& ss, Softmax& sm, int n_blocks,
                                 int n_unmasked, int row0, float scale_log2, int wg, bool last_tile,
                                 ReleaseQ& release_q, float (&inv_sum)[2]) {
     using namespace cute;
@@ -202,7 +205,7 @@ struct Mainloop {
   // Release the V stage the just-finished PV read (after_pv), or the one before it
   // (deferred: the producer refills it one PV later).
   template <class St>
-  __device__ static void release_v(St& st, SharedStorage<T>& ss, PipeState& v_prev, bool first_pv) {
+  __device__ __forceinline__ static void release_v(St& st, SharedStorage<T>& ss, PipeState& v_prev, bool first_pv) {
     if constexpr (Cfg::v_release == VRelease::AfterPv) {
       ss.v_ring.release(st.vst);
     } else {
@@ -214,7 +217,7 @@ struct Mainloop {
 
   // After the last PV of a tile completes: free the remaining V stage(s).
   template <class St>
-  __device__ static void finish_v(St& st, SharedStorage<T>& ss, PipeState& v_prev, bool had_prev) {
+  __device__ __forceinline__ static void finish_v(St& st, SharedStorage<T>& ss, PipeState& v_prev, bool had_prev) {
     if constexpr (Cfg::v_release == VRelease::Deferred) {
       if (had_prev) ss.v_ring.release(v_prev);
     }

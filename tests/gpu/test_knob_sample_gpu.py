@@ -42,7 +42,7 @@ def test_sample_config_passes_gate(
     o = built[cfg]
     assert o.ok, f"{cfg.diff_from_default()}: {o.error}"
     assert o.result is not None
-    o.result.require_registers_only()
+    o.result.require_timeable()
     kernel = KernelModule(o.result.so_path)
     with AttnBuffers(dev, shape) as bufs:
         g = oracle.gate(dev, kernel, shape, bufs)
