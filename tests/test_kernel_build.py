@@ -17,7 +17,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("preset", ["baseline", "default"])
+@pytest.mark.parametrize("preset", ["baseline", "default", "fa3", "static", "dynamic"])
 def test_preset_compiles_clean(preset: str) -> None:
     cfg = load_preset(preset)
     r = build.build_config(cfg)
@@ -28,6 +28,7 @@ def test_preset_compiles_clean(preset: str) -> None:
     assert r.sass_checked, r.sass_note
     assert r.sass["has_hgmma"], "no HGMMA in the SASS: the kernel does not use WGMMA"
     assert r.sass["ldl"] == 0 and r.sass["stl"] == 0, "local memory traffic in the SASS"
+    assert r.wgmma_serialized is None, r.wgmma_serialized
     if r.smem_dynamic is not None:
         assert 0 < r.smem_dynamic <= SMEM_LIMIT_BYTES
     assert r.template_sha256 == build.sha256_file(_paths.kernel_template())
@@ -46,3 +47,16 @@ def test_tree_reduce_and_q_in_regs_compile_at_uneven_block_n() -> None:
     assert r.sass_checked, r.sass_note
     assert r.sass["has_hgmma"]
     assert r.sass["ldl"] == 0 and r.sass["stl"] == 0, "local memory traffic in the SASS"
+
+
+def test_early_next_qk_keeps_wgmma_asynchronous() -> None:
+    # Regression (lab run 5 on the H200, 2026-11-29): the early QK in flight on one path into
+    # the tile loop and not on the other made ptxas serialize every wgmma (C7514), 60% slower.
+    from tuner.config import KernelConfig
+
+    cfg = KernelConfig(scheduler="static", producer_regs=40, consumer_regs=232,
+                       q_release="after_last_qk", early_next_qk=True)
+    r = build.build_config(cfg)
+    assert r.wgmma_serialized is None, r.wgmma_serialized
+    assert r.local_memory is None, r.local_memory
+    assert r.sass_checked and r.sass["has_hgmma"]

@@ -74,6 +74,21 @@ def test_parse_duration() -> None:
             search.parse_duration(bad)
 
 
+def test_gpu_takes_whichever_compile_finishes_first(tmp_path: Path, plan) -> None:
+    # The first seed point compiles slowly; the second, asked after it, is ready first and
+    # must be measured while the first still compiles (not wait behind it in ask order).
+    plan({})
+    slow = FakeBuilder(tmp_path / "art",
+                       delay_for=lambda c: 2.0 if (c.k_stages, c.v_stages) == (2, 2) else 0.0)
+    s = make(tmp_path, {"block_n": [128], "k_stages": [2, 3], "v_stages": [2, 3]}, trials=2,
+             builder=slow)
+    s.run()
+    ts = {t.number: t for t in trials_of(tmp_path)}
+    assert ts[0].user_attrs["source"] == "preset:default"
+    assert ts[0].state == ts[1].state == TrialState.COMPLETE
+    assert ts[1].datetime_complete < ts[0].datetime_complete
+
+
 def test_search_seeds_first_confirms_best(tmp_path: Path, plan) -> None:
     log = plan({})
     s = make(tmp_path, {"block_n": [64, 96, 128], "k_stages": [2, 3], "v_stages": [2, 3]},

@@ -36,10 +36,13 @@ THREADS_PER_WARPGROUP = 128
 # state, loop counters, temporaries). Calibrated on sm_90a builds of 2026-11-29 (nvcc 13.0,
 # docs/PERF.md): with intra-warpgroup overlap at consumer_regs 240, block_n 128 compiles with
 # no stack while block_n 144, 160 and 176 put 960+ bytes on the stack (LDL/STL in SASS) and run
-# ~30x slower; so the overhead lies in (68, 80]. Serial kernels keep one S tile live, and 40 is
-# an uncalibrated guess there; the post-compile local-memory check (build.py) backs both.
+# ~30x slower; so the overhead lies in (68, 80]. Serial kernels (no overlap) hold S, P and O:
+# below S + P + O (+ Q) + 28 ptxas serialized their wgmma ("insufficient register resources",
+# C7511/C7512) in all 14 such builds of the CPU knob sample and the H200 search of 2026-11-29
+# (slack 0-24 registers), and kept it asynchronous at slack 28, 36 and 112; so 28. The
+# post-compile checks (build.py: local memory, serialized wgmma) back both estimates.
 CONSUMER_REG_OVERHEAD = 72
-CONSUMER_REG_OVERHEAD_SERIAL = 40
+CONSUMER_REG_OVERHEAD_SERIAL = 28
 # q_in_regs: the Q fragment is 32 registers, but with overlap ptxas absorbs most of it (the Q
 # descriptors and their address arithmetic go away): block_n 128 compiled with no stack at
 # consumer_regs 240 (highest register R231 vs R209 without) and 232 (R219), so the overhead
@@ -319,15 +322,16 @@ def launch_registers(cfg: KernelConfig) -> int:
 
 
 def consumer_reg_estimate(cfg: KernelConfig) -> int:
-    """Per-thread registers a consumer warpgroup needs: S, (previous P), O, overhead.
+    """Per-thread registers a consumer warpgroup needs: S, P, O, (Q), overhead.
 
-    S tile 64 x block_n fp32 over 128 threads = block_n/2; the overlapped previous P tile in BF16
-    = block_n/4; O tile 64 x 128 fp32 = 64; Q held in registers (q_in_regs) 64 x 128 BF16 = 32.
+    S tile 64 x block_n fp32 over 128 threads = block_n/2; a P tile in BF16 = block_n/4 (with
+    overlap the previous tile's, held while the next QK runs); O tile 64 x 128 fp32 = 64; Q held
+    in registers (q_in_regs) 64 x 128 BF16 = 32.
     """
     s_acc = cfg.block_n // 2
-    p_prev = cfg.block_n // 4 if cfg.intra_wg_overlap else 0
+    p_tile = cfg.block_n // 4
     q_frag = Q_IN_REGS if cfg.q_in_regs else 0
-    return s_acc + p_prev + 64 + q_frag + consumer_reg_overhead(cfg)
+    return s_acc + p_tile + 64 + q_frag + consumer_reg_overhead(cfg)
 
 
 def consumer_reg_overhead(cfg: KernelConfig) -> int:
@@ -399,8 +403,7 @@ def validate(cfg: KernelConfig) -> KernelConfig:
     est = consumer_reg_estimate(cfg)
     if est > cfg.consumer_regs:
         parts = f"S {cfg.block_n // 2}"
-        if cfg.intra_wg_overlap:
-            parts += f" + previous P {cfg.block_n // 4}"
+        parts += f" + {'previous ' if cfg.intra_wg_overlap else ''}P {cfg.block_n // 4}"
         parts += " + O 64" + (f" + Q {Q_IN_REGS}" if cfg.q_in_regs else "")
         parts += f" + overhead {consumer_reg_overhead(cfg)}"
         raise ConfigError(

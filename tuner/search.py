@@ -4,13 +4,13 @@ One invocation::
 
     open/create the study (Optuna RDB storage; default sqlite:///<studies>/<study>.db)
     fail stale RUNNING trials left by a killed run; re-enqueue what an interrupted run never ran
-    enqueue the known-good presets (first run only)
+    enqueue the known-good points (SEED_POINTS) the study has not seen yet
     loop:
         ask trials ahead (a batch) -> static check (validate, check_shape): FAIL, no compile
                                    -> duplicates of a measured config: same verdict, no GPU
                                    -> the rest compile in a thread pool (--jobs nvcc at a time)
-        the oldest compiled candidate goes to the GPU worker subprocess:
-            local memory in the artifact -> FAIL
+        the oldest candidate whose compile has finished goes to the GPU worker subprocess:
+            local memory or serialized wgmma in the artifact -> FAIL
             gate + screen on the cheapest shape (SCREEN_PROTOCOL)
             slower than the incumbent's screen by > PRUNE_SLOWER_FRACTION -> PRUNED
             gate + time every shape (SURVEY_PROTOCOL) -> value = geometric-mean TFLOPS
@@ -42,8 +42,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -755,7 +756,9 @@ class Search:
                     break
                 if why:
                     break  # the rest is told "not run" in finally
-                cand = queue.popleft()
+                cand = self._next_ready(queue)
+                if cand is None:
+                    continue  # the deadline passed while every compile was still running
                 self._sync_queue(queue)
                 self._evaluate(cand)
                 self._emit()
@@ -774,6 +777,26 @@ class Search:
             summary = self._summary(stopped_by)
             self._record_session(summary)
         return summary
+
+    def _next_ready(self, queue: deque[_Candidate]) -> _Candidate | None:
+        """Take the oldest candidate whose compile has finished, waiting for the first one.
+
+        Compile times differ 2x between tiles (~30 s vs ~65 s on the 16-core H200 host), so
+        taking the queue strictly in order let one slow compile hold the GPU idle while faster
+        ones behind it were ready; the queue then refilled in waves (H200 search, 2026-11-29:
+        GPU busy 28%). Known-good points are asked first, so they still go first when their
+        compiles finish first. Returns None when the search should stop before any is ready.
+        """
+        while True:
+            for cand in queue:
+                if cand.future is None or cand.future.done():
+                    queue.remove(cand)
+                    return cand
+            if self._should_stop():
+                return None
+            futures = [c.future for c in queue if c.future is not None]
+            wait_futures(futures, timeout=0.25, return_when=FIRST_COMPLETED)
+            self._tick()
 
     def _should_stop(self) -> str | None:
         if self.progress.deadline is not None and time.monotonic() >= self.progress.deadline:

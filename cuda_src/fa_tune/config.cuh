@@ -5,15 +5,11 @@
 // time, so each config is its own kernel with no run-time branching on knobs.
 #pragma once
 
-// Before any CuTe header. CuTe's default 64xN wgmma atoms cover N = 64, 96, 128, 192; block_n
-// 80, 112, 144, 160 and 176 need its extended atoms, whose headers more than double nvcc time
-// (block_n 128: 38.7 s -> 20.3 s without them, nvcc 13.0), so the rendered template asks for them
-// (FA_TUNE_EXTENDED_MMA = 1) only when its block_n needs them.
+// CuTe's default 64xN wgmma atoms cover N = 64, 96, 128, 192; block_n 80, 112, 144, 160 and
+// 176 need its extended atoms, whose headers cost nvcc time, so the rendered template sets
+// FA_TUNE_EXTENDED_MMA = 1 only when its block_n needs them (traits.cuh includes them then).
 #ifndef FA_TUNE_EXTENDED_MMA
 #define FA_TUNE_EXTENDED_MMA 1
-#endif
-#if FA_TUNE_EXTENDED_MMA
-#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
 
 #include <cstdint>
@@ -60,7 +56,7 @@ struct Derived {
 
   static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 192, "block_m must be 64, 128 or 192");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 64 && kBlockN <= 192, "block_n: 64..192, step 16");
-  // Without the extended atoms CuTe would tile other block_n from narrower atoms, silently.
+  // Without the extended atoms there is no QK atom for this block_n (traits.cuh).
   static_assert(FA_TUNE_EXTENDED_MMA || kBlockN == 64 || kBlockN == 96 || kBlockN == 128 ||
                     kBlockN == 192,
                 "this block_n needs FA_TUNE_EXTENDED_MMA 1");

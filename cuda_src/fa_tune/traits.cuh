@@ -2,11 +2,18 @@
 // and the shared-memory plan.
 #pragma once
 
-#include "config.cuh"  // first: it enables the extended wgmma shapes
+#include "config.cuh"
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_atom.hpp>
 #include <cute/atom/copy_atom.hpp>
 #include <cute/arch/mma_sm90.hpp>
+#if FA_TUNE_EXTENDED_MMA
+// Only the dense extended atoms: CuTe's own switch (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED) also
+// parses the sparse ones and widens its op selectors, 36.0 s per block_n 112 build against
+// 24.6 s this way (nvcc 13.0, one build on an idle 2-core machine, 2026-11-29).
+#include <cute/arch/mma_sm90_gmma_ext.hpp>
+#include <cute/atom/mma_traits_sm90_gmma_ext.hpp>
+#endif
 #include <cutlass/numeric_types.h>
 
 #include "pipeline.cuh"
@@ -14,6 +21,33 @@
 namespace fa_tune {
 
 using namespace cute;
+
+// The QK wgmma atom, 64 x block_n x 16 (SS, or RS with q_in_regs), named directly: CuTe's op
+// selectors reach the extended block_n only under its own switch (above). These are the atoms
+// the selector picks for every block_n of the space.
+template <int N, bool kRegsA>
+struct QKAtom;
+#define FA_TUNE_QK_ATOM(N)                                                                  \
+  template <>                                                                               \
+  struct QKAtom<N, false> {                                                                 \
+    using type = SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>; \
+  };                                                                                        \
+  template <>                                                                               \
+  struct QKAtom<N, true> {                                                                  \
+    using type = SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_RS<GMMA::Major::K, GMMA::Major::K>; \
+  };
+FA_TUNE_QK_ATOM(64)
+FA_TUNE_QK_ATOM(96)
+FA_TUNE_QK_ATOM(128)
+FA_TUNE_QK_ATOM(192)
+#if FA_TUNE_EXTENDED_MMA
+FA_TUNE_QK_ATOM(80)
+FA_TUNE_QK_ATOM(112)
+FA_TUNE_QK_ATOM(144)
+FA_TUNE_QK_ATOM(160)
+FA_TUNE_QK_ATOM(176)
+#endif
+#undef FA_TUNE_QK_ATOM
 
 template <class Cfg>
 struct Traits : Derived<Cfg> {
@@ -27,13 +61,8 @@ struct Traits : Derived<Cfg> {
   // S = Q K^T, both K-major (head dim contiguous). Q from shared memory at every KV tile, or
   // (q_in_regs) from registers loaded once per query tile, which halves QK's shared-memory
   // operand reads (K is still read from shared memory).
-  using QKShape = Shape<_64, Int<kBlockN>, Int<kHeadDim>>;
-  using MmaQK = decltype(make_tiled_mma(
-      cute::conditional_return(
-          cute::bool_constant<Cfg::q_in_regs>{},
-          GMMA::rs_op_selector<Element, Element, float, QKShape>(),
-          GMMA::ss_op_selector<Element, Element, float, QKShape>()),
-      AtomLayout{}));
+  using MmaQK =
+      decltype(make_tiled_mma(typename QKAtom<kBlockN, Cfg::q_in_regs>::type{}, AtomLayout{}));
   // O += P V: P from registers (no smem round trip), V read MN-major through a transposed view.
   using MmaPV = decltype(make_tiled_mma(
       GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
