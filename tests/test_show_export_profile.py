@@ -76,6 +76,8 @@ def test_show_best_trials_importance_plots(study: str, studies: Path) -> None:
     r = runner.invoke(app, ["show", "importance", "--study", study])
     assert r.exit_code == 0, r.output
     assert "importances (fANOVA)" in r.output or "need scikit-learn" in r.output
+    if "need scikit-learn" in r.output:  # the install hint survives rich (no markup eaten)
+        assert "fa-tune[plots]" in r.output
     r = runner.invoke(app, ["show", "plots", "--study", study])
     assert r.exit_code == 0, r.output
     pngs = sorted(p.name for p in (studies / "plots" / study).glob("*.png"))

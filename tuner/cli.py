@@ -551,7 +551,7 @@ def show(
     if "importance" in what:
         imp, why = show_mod.importances(st, trials)
         if imp is None:
-            console.print(why)
+            console.print(why, markup=False)  # plain text: "fa-tune[plots]" is not markup
         else:
             t = Table(title="knob importances (fANOVA)")
             t.add_column("knob")
@@ -565,7 +565,7 @@ def show(
         except SearchError as e:
             if what == "plots":
                 raise
-            console.print(f"plots skipped: {e}")
+            console.print(f"plots skipped: {e}", markup=False)
             return
         if paths:
             console.print(f"plots: {paths[0].parent} ({len(paths)} PNG files)", soft_wrap=True)
