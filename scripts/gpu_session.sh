@@ -46,7 +46,8 @@ lab)
   # Correctness first, on shapes no tile size divides (2x16x2000: several tiles per persistent
   # CTA, which the smaller ones never reach); quick, no timing worth keeping.
   timeout 150 python3 scripts/kernel_lab.py --variants-file "$variants" --no-fa3 \
-    --shape 1x3x1152 --shape 2x5x1000 --shape 1x1x77 --shape 2x16x2000 --warmup 1 --repeat 2 --rounds 1 \
+    --shape 1x3x1152 --shape 2x5x1000 --shape 1x1x77 --shape 2x16x2000 \
+    --warmup 1 --repeat 2 --rounds 1 \
     > "$OUT/gate_small.log" 2>&1 || echo "small-shape gate run exited $?"
   grep -E "FAIL|Error" "$OUT/gate_small.log" | cut -c1-300 || echo "small shapes: all variants passed"
   shapes=()

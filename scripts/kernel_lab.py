@@ -194,7 +194,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
+    ap.add_argument("--jobs", type=int, default=build.usable_cpus())
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--no-fa3", action="store_true")
     args = ap.parse_args()

@@ -43,7 +43,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -513,7 +512,7 @@ class _Stop(Exception):
 class _Candidate:
     trial: Any
     cfg: KernelConfig
-    future: Future[Any] | None
+    future: Future[Any]  # the compile, submitted when the trial is asked
     queued_at: float = field(default_factory=time.monotonic)
 
 
@@ -789,13 +788,12 @@ class Search:
         """
         while True:
             for cand in queue:
-                if cand.future is None or cand.future.done():
+                if cand.future.done():
                     queue.remove(cand)
                     return cand
             if self._should_stop():
                 return None
-            futures = [c.future for c in queue if c.future is not None]
-            wait_futures(futures, timeout=0.25, return_when=FIRST_COMPLETED)
+            wait_futures([c.future for c in queue], timeout=0.25, return_when=FIRST_COMPLETED)
             self._tick()
 
     def _should_stop(self) -> str | None:
@@ -820,8 +818,8 @@ class Search:
         return True
 
     def _sync_queue(self, queue: deque[_Candidate]) -> None:
-        self.progress.compile_queue = sum(1 for c in queue if c.future and not c.future.done())
-        self.progress.compiling = sum(1 for c in queue if c.future and c.future.running())
+        self.progress.compile_queue = sum(1 for c in queue if not c.future.done())
+        self.progress.compiling = sum(1 for c in queue if c.future.running())
 
     def _ask(self, pool: ThreadPoolExecutor) -> _Candidate | None:
         """Ask one trial; a static reject or a duplicate is told at once (returns None)."""
@@ -944,21 +942,14 @@ class Search:
         from optuna.trial import TrialState
 
         trial, cfg = cand.trial, cand.cfg
-        self.progress.current = f"trial {trial.number} ({cfg.config_id()}): compiling"
-        self._emit()
-        assert cand.future is not None
-        while True:
-            try:
-                built = cand.future.result(timeout=0.25)
-                break
-            except FutureTimeout:
-                self._tick()
-            except FaTuneError as e:
-                self._fail(trial, f"build: {e}", transient=_is_transient_build(e))
-                return
-            except Exception as e:  # noqa: BLE001 - a builder bug fails one trial, not all
-                self._fail(trial, f"build: {type(e).__name__}: {e}", transient=True)
-                return
+        try:
+            built = cand.future.result()  # done: _next_ready hands out finished compiles only
+        except FaTuneError as e:
+            self._fail(trial, f"build: {e}", transient=_is_transient_build(e))
+            return
+        except Exception as e:  # noqa: BLE001 - a builder bug fails one trial, not all
+            self._fail(trial, f"build: {type(e).__name__}: {e}", transient=True)
+            return
         secs = float(getattr(built, "compile_seconds", 0.0) or 0.0)
         if not getattr(built, "cache_hit", False) and secs > 0:
             self._avg_compile_s = 0.7 * self._avg_compile_s + 0.3 * secs

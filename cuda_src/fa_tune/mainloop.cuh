@@ -46,9 +46,11 @@ struct Mainloop {
   // right after the last PV is issued; with early_next_qk it issues one more QK, which is
   // still in flight on return.
   template <class St, class ReleaseQ, class IssueNext>
-  __device__ __forceinline__ static void run(St& st, SharedStorage<T>& ss, Softmax& sm, const ShapeInfo& shape,
-                             int m_block, int row0, float scale_log2, int wg, bool last_tile,
-                             ReleaseQ&& release_q, IssueNext&& issue_next, float (&inv_sum)[2]) {
+  __device__ __forceinline__ static void run(St& st, SharedStorage<T>& ss, Softmax& sm,
+                                             const ShapeInfo& shape, int m_block, int row0,
+                                             float scale_log2, int wg, bool last_tile,
+                                             ReleaseQ&& release_q, IssueNext&& issue_next,
+                                             float (&inv_sum)[2]) {
     const int n_blocks = num_kv_blocks<T>(shape, m_block);
     const int n_unmasked = num_unmasked_kv_blocks<T>(shape, m_block);
     if constexpr (T::kOverlap) {
@@ -68,30 +70,33 @@ struct Mainloop {
     PP::pass_turn(wg, false);
   }
 
-  // QK of the K stage at the ring cursor, left in flight (within the caller's turn).
-  template <class St>
-  __device__ __forceinline__ static void issue_qk(St& st, SharedStorage<T>& ss) {
-    using namespace cute;
-    ss.k_ring.wait_full(st.kst);
-    warpgroup_gemm<-1>(st.mma_qk, st.tSrQ, st.tSrK(_, _, _, st.kst.index), st.tSrS, true);
-  }
-
-  // A QK on whatever the K stage at the cursor holds, without waiting for it: early_next_qk's
-  // throwaway past the last tile, when no load can be in flight.
+  // A QK on whatever the K stage at the cursor holds, left in flight (within the caller's
+  // turn). Alone it is early_next_qk's throwaway past the last tile, when no load can be in
+  // flight; issue_qk waits for the stage first.
   template <class St>
   __device__ __forceinline__ static void issue_qk_unchecked(St& st) {
     using namespace cute;
     warpgroup_gemm<-1>(st.mma_qk, st.tSrQ, st.tSrK(_, _, _, st.kst.index), st.tSrS, true);
   }
 
+  // QK of the K stage at the ring cursor, once its load has landed.
   template <class St>
-  __device__ __forceinline__ static void release_k(St& st, SharedStorage<T>& ss) { ss.k_ring.release(st.kst); }
+  __device__ __forceinline__ static void issue_qk(St& st, SharedStorage<T>& ss) {
+    ss.k_ring.wait_full(st.kst);
+    issue_qk_unchecked(st);
+  }
+
+  template <class St>
+  __device__ __forceinline__ static void release_k(St& st, SharedStorage<T>& ss) {
+    ss.k_ring.release(st.kst);
+  }
 
   template <class St, class ReleaseQ, class IssueNext>
-  __device__ __forceinline__ static void overlapped(St& st, SharedStorage<T>& ss, Softmax& sm, int n_blocks,
-                                    int n_unmasked, int row0, float scale_log2, int wg,
-                                    bool last_tile, ReleaseQ& release_q, IssueNext& issue_next,
-                                    float (&inv_sum)[2]) {
+  __device__ __forceinline__ static void overlapped(St& st, SharedStorage<T>& ss, Softmax& sm,
+                                                    int n_blocks, int n_unmasked, int row0,
+                                                    float scale_log2, int wg, bool last_tile,
+                                                    ReleaseQ& release_q, IssueNext& issue_next,
+                                                    float (&inv_sum)[2]) {
     using namespace cute;
     float rescale[2];
     float pending_rescale[2] = {1.f, 1.f};  // rescale_o = before_pv: applied before the next PV

@@ -10,7 +10,7 @@
 #if FA_TUNE_EXTENDED_MMA
 // Only the dense extended atoms: CuTe's own switch (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED) also
 // parses the sparse ones and widens its op selectors, 36.0 s per block_n 112 build against
-// 24.6 s this way (nvcc 13.0, one build on an idle 2-core machine, 2026-11-29).
+// 26.4 s this way (nvcc 13.0, one build on an idle 2-core machine, 2026-11-29).
 #include <cute/arch/mma_sm90_gmma_ext.hpp>
 #include <cute/atom/mma_traits_sm90_gmma_ext.hpp>
 #endif
