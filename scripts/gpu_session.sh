@@ -3,6 +3,9 @@
 #
 #   call 1, carry [".fa3/part1", ".whl"]:  bash scripts/gpu_session.sh start VARIANTS_FILE
 #       stages FA3's first half, installs our wheels, starts building VARIANTS_FILE with all cores
+#       (when the repo has grown so that both do not fit one call's 64 MiB, carry only ".whl"
+#       here and stage the first half in a call of its own: bash scripts/fa3_stage1.sh, carry
+#       [".fa3/part1"]; start skips whichever folder it was not given)
 #   call 2, carry [".fa3/part2"]:          bash scripts/gpu_session.sh lab VARIANTS_FILE [SHAPE...]
 #       installs FA3, waits for the builds, gates every variant on uneven shapes, then times them
 #       beside FA3 at the seed shapes (or SHAPEs); logs and JSON land in $OUT
@@ -26,7 +29,7 @@ mkdir -p "$OUT"
 case "$cmd" in
 start)
   variants=${1:?variants file}
-  bash scripts/fa3_stage1.sh > /dev/null
+  if [ -d .fa3/part1 ]; then bash scripts/fa3_stage1.sh > /dev/null; fi
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
   rm -f /root/build.log
   setsid nohup python3 scripts/kernel_lab.py --variants-file "$variants" --build-only \
@@ -48,8 +51,13 @@ lab)
   timeout 150 python3 scripts/kernel_lab.py --variants-file "$variants" --no-fa3 \
     --shape 1x3x1152 --shape 2x5x1000 --shape 1x1x77 --shape 2x16x2000 \
     --warmup 1 --repeat 2 --rounds 1 \
-    > "$OUT/gate_small.log" 2>&1 || echo "small-shape gate run exited $?"
+    > "$OUT/gate_small.log" 2>&1 || rc=$?
   grep -E "FAIL|Error" "$OUT/gate_small.log" | cut -c1-300 || echo "small shapes: all variants passed"
+  if [ "${rc:-0}" = 124 ]; then  # a hang at small shapes would hang the seed shapes too
+    tail -n 5 "$OUT/gate_small.log"
+    echo "small-shape gate timed out: some variant hangs (probe with scripts/lab/probe.sh)"
+    exit 1
+  fi
   shapes=()
   for s in "${@:-4x32x4096 4x32x8192 4x32x16384}"; do
     for x in $s; do shapes+=(--shape "$x"); done

@@ -11,6 +11,12 @@ input set), and timed with the seeds' protocol beside FlashAttention-3 when it i
 
 Uses torch for inputs and the reference: this is a lab script, not the product's path
 (the product gates with cuda_src/oracle.cu and times through tuner/).
+
+A variant may carry lab-only macros, `{"scheduler": "static", "_lab": {"FA_TUNE_LAB_X": 2}}`:
+they are defined ahead of the template (experiments that break results on purpose, e.g.
+FA_TUNE_LAB_KV_LOAD_EVERY in fa_tune/producer.cuh); such a variant is gated for the record
+but timed whatever the gate says. Each timing also samples the SM clock and board power
+(NVML) while the GPU drains the launch queue.
 """
 
 from __future__ import annotations
@@ -30,15 +36,40 @@ sys.path.insert(0, str(ROOT))
 from tuner import build, config  # noqa: E402
 
 
-def parse_variant(text: str) -> config.KernelConfig:
-    if text.startswith("{"):
-        return config.KernelConfig().replace(**json.loads(text))
-    return config.load_preset(text)
+class Variant:
+    def __init__(self, text: str):
+        self.lab: dict[str, int] = {}
+        if text.startswith("{"):
+            knobs = json.loads(text)
+            self.lab = {str(k): int(v) for k, v in knobs.pop("_lab", {}).items()}
+            self.cfg = config.KernelConfig().replace(**knobs)
+        else:
+            self.cfg = config.load_preset(text)
+        tag = "".join(f"+{k.removeprefix('FA_TUNE_LAB_').lower()}{v}" for k, v in self.lab.items())
+        self.label = self.cfg.config_id() + tag
+
+    def template(self) -> Path | None:
+        """None for the product template; else a copy with the lab macros defined first."""
+        if not self.lab:
+            return None
+        text = "".join(f"#define {k} {v}\n" for k, v in sorted(self.lab.items()))
+        path = ROOT / "studies" / "lab_templates" / f"{self.label}.cu"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + build.template_text(None))
+        return path
 
 
-def compile_all(cfgs: list[config.KernelConfig], jobs: int) -> list[Path | None]:
+def compile_all(variants: list[Variant], jobs: int) -> list[Path | None]:
+    outs: dict[int, build.BuildOutcome] = {}
+    groups: dict[Path | None, list[int]] = {}
+    for i, v in enumerate(variants):
+        groups.setdefault(v.template(), []).append(i)
+    for tpl, idx in groups.items():
+        built = build.build_many([variants[i].cfg for i in idx], jobs=jobs, template=tpl)
+        outs.update(zip(idx, built, strict=True))
     paths = []
-    for out in build.build_many(cfgs, jobs=jobs):
+    for i in range(len(variants)):
+        out = outs[i]
         if not out.ok:
             print(f"  BUILD FAILED {out.config.config_id()}: {out.error}", flush=True)
             paths.append(None)
@@ -124,7 +155,35 @@ def check(torch, run, B, H, S, seed):
     return ok, worst
 
 
-def time_fn(torch, fn, warmup, repeat, rounds):
+class Telemetry:
+    """SM clock (MHz) and board power (W) from NVML; empty lists where NVML is missing."""
+
+    def __init__(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.dev = pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # noqa: BLE001 - telemetry is optional in the lab
+            self.nvml = None
+        self.clock: list[float] = []
+        self.power: list[float] = []
+
+    def sample(self) -> None:
+        if self.nvml is None:
+            return
+        n = self.nvml
+        self.clock.append(n.nvmlDeviceGetClockInfo(self.dev, n.NVML_CLOCK_SM))
+        self.power.append(n.nvmlDeviceGetPowerUsage(self.dev) / 1000.0)
+
+    def summary(self) -> tuple[str, str]:
+        if not self.clock:
+            return "-", "-"
+        return f"{statistics.median(self.clock):.0f}", f"{statistics.median(self.power):.0f}"
+
+
+def time_fn(torch, fn, warmup, repeat, rounds, tele: Telemetry | None = None):
     medians, samples = [], []
     for _ in range(rounds):
         for _ in range(warmup):
@@ -135,6 +194,12 @@ def time_fn(torch, fn, warmup, repeat, rounds):
             a.record()
             fn()
             b.record()
+        if tele is not None:  # the queue is still draining: sample its second half
+            end = ev[-1][1]
+            time.sleep(0.02)
+            while not end.query():
+                tele.sample()
+                time.sleep(0.02)
         torch.cuda.synchronize()
         ms = [a.elapsed_time(b) for a, b in ev]
         samples += ms
@@ -142,7 +207,7 @@ def time_fn(torch, fn, warmup, repeat, rounds):
     return statistics.median(medians), min(samples), max(samples)
 
 
-def bench_shape(torch, fa3, cfgs, sos, shape, args, rows: list, log: list) -> None:
+def bench_shape(torch, fa3, variants, sos, shape, args, rows: list, log: list) -> None:
     """Gate every variant on `shape`, then time FA3, the passing variants, FA3 again."""
     B, H, S = shape
     q, k, v = make_inputs(torch, B, H, S, "seed", 42)
@@ -151,9 +216,11 @@ def bench_shape(torch, fa3, cfgs, sos, shape, args, rows: list, log: list) -> No
     flops = 2 * B * H * S * S * 128
     tag = f"{B}x{H}x{S}"
     backends = []
+    status: dict[str, str] = {}
     if fa3 is not None:
         backends.append(("FA3", lambda: fa3(q, k, v, causal=True)))
-    for cfg, so in zip(cfgs, sos, strict=True):
+    for var, so in zip(variants, sos, strict=True):
+        cfg = var.cfg
         if so is None:
             continue
         kern = Kernel(so)
@@ -165,25 +232,29 @@ def bench_shape(torch, fa3, cfgs, sos, shape, args, rows: list, log: list) -> No
             ok, worst = check(torch, run, B, H, S, seed=1234 + S)
         except RuntimeError as e:  # a launch error: report it, keep the other variants
             ok, worst = False, {"error": str(e)}
-        log.append({"shape": [B, H, S], "config": cfg.to_dict(), "gate": ok, "worst": worst})
-        if not ok:
-            rows.append((tag, cfg.config_id(), "FAIL", json.dumps(worst), "", "", ""))
+        log.append({"shape": [B, H, S], "config": cfg.to_dict(), "lab": var.lab, "gate": ok,
+                    "worst": worst})
+        if not ok and not var.lab:
+            rows.append((tag, var.label, "FAIL", json.dumps(worst), "", "", "", "", ""))
             print("  ", rows[-1], flush=True)
             continue
-        backends.append((cfg.config_id(), lambda run=run: run(q, k, v, o, lse)))
+        status[var.label] = "ok" if ok else "exp"  # exp: a lab experiment, wrong on purpose
+        backends.append((var.label, lambda run=run: run(q, k, v, o, lse)))
     if fa3 is not None:
         backends.append(("FA3(end)", lambda: fa3(q, k, v, causal=True)))
     fa3_ms = None
     for name, fn in backends:
-        med, lo, hi = time_fn(torch, fn, args.warmup, args.repeat, args.rounds)
+        tele = Telemetry()
+        med, lo, hi = time_fn(torch, fn, args.warmup, args.repeat, args.rounds, tele)
         if name == "FA3":
             fa3_ms = med
         ratio = f"{fa3_ms / med:.3f}" if fa3_ms else "-"
-        rows.append((tag, name, "ok", f"{med:.4f}", f"{lo:.4f}-{hi:.4f}",
-                     f"{flops / med / 1e9:.1f}", ratio))
+        mhz, watts = tele.summary()
+        rows.append((tag, name, status.get(name, "ok"), f"{med:.4f}", f"{lo:.4f}-{hi:.4f}",
+                     f"{flops / med / 1e9:.1f}", ratio, mhz, watts))
         print("  ", rows[-1], flush=True)
         log.append({"shape": [B, H, S], "backend": name, "median_ms": med, "min": lo,
-                    "max": hi})
+                    "max": hi, "sm_mhz": tele.clock, "power_w": tele.power})
 
 
 def main() -> None:
@@ -202,9 +273,9 @@ def main() -> None:
     if args.variants_file:
         texts += [ln.strip() for ln in Path(args.variants_file).read_text().splitlines()
                   if ln.strip() and not ln.startswith("#")]
-    cfgs = [parse_variant(v) for v in (texts or ["default"])]
+    variants = [Variant(v) for v in (texts or ["default"])]
     t0 = time.time()
-    sos = compile_all(cfgs, args.jobs)
+    sos = compile_all(variants, args.jobs)
     print(f"built {len(sos)} variants in {time.time() - t0:.1f}s", flush=True)
     if args.build_only:
         return
@@ -222,17 +293,18 @@ def main() -> None:
     rows: list[tuple] = []
     log: list[dict] = []
     for B, H, S in shapes:
-        bench_shape(torch, fa3, cfgs, sos, (B, H, S), args, rows, log)
+        bench_shape(torch, fa3, variants, sos, (B, H, S), args, rows, log)
     out = os.environ.get("OUT")
     if out:
         Path(out, "kernel_lab.json").write_text(json.dumps(log, indent=1, default=str))
     print("\nvariants:")
-    for cfg in cfgs:
-        print(f"  {cfg.config_id()}: {cfg.canonical_json()}")
-    print(f"\n{'shape':<12} {'backend':<12} {'gate':<5} {'median_ms':>10} {'min-max':>16} "
-          f"{'TFLOPS':>7} {'xFA3':>6}")
+    for var in variants:
+        print(f"  {var.label}: {var.cfg.canonical_json()} {json.dumps(var.lab) if var.lab else ''}")
+    print(f"\n{'shape':<12} {'backend':<20} {'gate':<5} {'median_ms':>10} {'min-max':>16} "
+          f"{'TFLOPS':>7} {'xFA3':>6} {'MHz':>5} {'W':>4}")
     for r in rows:
-        print(f"{r[0]:<12} {r[1]:<12} {r[2]:<5} {r[3]:>10} {r[4]:>16} {r[5]:>7} {r[6]:>6}")
+        print(f"{r[0]:<12} {r[1]:<20} {r[2]:<5} {r[3]:>10} {r[4]:>16} {r[5]:>7} {r[6]:>6} "
+              f"{r[7]:>5} {r[8]:>4}")
 
 
 if __name__ == "__main__":

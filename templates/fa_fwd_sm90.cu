@@ -29,6 +29,7 @@ struct Config {
   static constexpr bool tree_reduce = ${tree_reduce};
   static constexpr bool q_in_regs = ${q_in_regs};
   static constexpr bool early_next_qk = ${early_next_qk};
+  static constexpr bool kv_multicast = ${kv_multicast};
   static constexpr fa_tune::TileOrder tile_order = ${tile_order};
   static constexpr fa_tune::Scheduler scheduler = ${scheduler};
   static constexpr int fixed_cost = ${fixed_cost};

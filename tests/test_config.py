@@ -29,6 +29,7 @@ ARCH_DEFAULTS = {
     "tree_reduce": False,
     "q_in_regs": False,
     "early_next_qk": False,
+    "kv_multicast": False,
     "tile_order": "longest_first", "scheduler": "grid", "fixed_cost": 4, "persistent_ctas": 0,
     "write_lse": True,
 }
@@ -136,6 +137,12 @@ def test_unparseable_yaml(tmp_path: Path) -> None:
          "spills"),
         ({"scheduler": "dynamic", "producer_regs": 32, "consumer_regs": 232},
          "needs producer_regs >= 40"),
+        ({"kv_multicast": True}, "kv_multicast needs the static scheduler"),
+        ({"scheduler": "static", "producer_regs": 40, "consumer_regs": 232, "block_m": 192,
+          "block_n": 64, "kv_multicast": True}, "kv_multicast needs block_m 128"),
+        ({"scheduler": "static", "producer_regs": 40, "consumer_regs": 232,
+          "q_release": "after_last_qk", "early_next_qk": True, "kv_multicast": True},
+         "does not support early_next_qk"),
     ],
 )
 def test_validate_explains(changes: dict, needle: str) -> None:

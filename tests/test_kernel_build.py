@@ -17,7 +17,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("preset", ["baseline", "default", "fa3", "static", "dynamic"])
+@pytest.mark.parametrize("preset", ["baseline", "default", "fa3", "static", "dynamic", "multicast"])
 def test_preset_compiles_clean(preset: str) -> None:
     cfg = load_preset(preset)
     r = build.build_config(cfg)

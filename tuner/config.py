@@ -125,6 +125,7 @@ KNOBS: dict[str, Knob] = {
         Knob("tree_reduce", "bool", (False, True)),
         Knob("q_in_regs", "bool", (False, True)),
         Knob("early_next_qk", "bool", (False, True)),
+        Knob("kv_multicast", "bool", (False, True)),
         Knob("tile_order", "enum", ("longest_first", "natural"), "TileOrder"),
         Knob("scheduler", "enum", ("grid", "static", "dynamic"), "Scheduler"),
         Knob("fixed_cost", "int", tuple(range(17)), range_text="an integer from 0 to 16"),
@@ -163,6 +164,7 @@ class KernelConfig:
     tree_reduce: bool = False
     q_in_regs: bool = False
     early_next_qk: bool = False
+    kv_multicast: bool = False
     tile_order: str = "longest_first"
     scheduler: str = "grid"
     fixed_cost: int = 4
@@ -342,6 +344,18 @@ def consumer_reg_overhead(cfg: KernelConfig) -> int:
 
 def validate(cfg: KernelConfig) -> KernelConfig:
     """Raise ConfigError with one sentence if cfg cannot work on sm_90a; else return cfg."""
+    if cfg.kv_multicast:
+        if cfg.scheduler != "static":
+            raise ConfigError(
+                "kv_multicast needs the static scheduler (both CTAs of a cluster walk one task "
+                f"list); got scheduler {cfg.scheduler}"
+            )
+        if cfg.block_m != 128:
+            raise ConfigError(
+                f"kv_multicast needs block_m 128 (two warpgroups per CTA); got {cfg.block_m}"
+            )
+        if cfg.early_next_qk:
+            raise ConfigError("kv_multicast does not support early_next_qk; set it false")
     smem = smem_bytes(cfg)
     if smem > SMEM_LIMIT_BYTES:
         raise ConfigError(

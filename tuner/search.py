@@ -67,12 +67,14 @@ CONFIRM_PROTOCOL = {"warmup": 50, "repeat": 200, "rounds": 3}  # the seeds' prot
 SEARCH_TEMP_WAIT_S = 10.0
 CONFIRM_TEMP_WAIT_S = 60.0
 # The known-good points enqueued first, as (source, preset, changes): FA3's heuristic, the
-# 3 K / 3 V stage variant, and the static persistent kernel (the best of lab run 6 on the H200,
-# 2026-11-29: 1.02 / 1.03 / 1.01x FA3). A study that lacks one (an older study) gets it on resume.
+# 3 K / 3 V stage variant, the static persistent kernel (lab run 6 on the H200, 2026-11-29:
+# 1.02 / 1.03 / 1.01x FA3) and the same with K/V multicast (lab run 8, 2026-11-30: 1.05 / 1.05 /
+# 1.05x). A study that lacks one (an older study) gets it on resume.
 SEED_POINTS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("preset:default", "default", {}),
     ("preset:default+k3v3", "default", {"k_stages": 3, "v_stages": 3}),
     ("preset:static", "static", {}),
+    ("preset:multicast", "multicast", {}),
 )
 # Watchdog: a request may take BASE + launches x (time at WATCHDOG_MIN_TFLOPS) + temp waits.
 # BASE covers loading a kernel and the reference of a new shape (well under 5 s on the H200).

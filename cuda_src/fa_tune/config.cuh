@@ -51,6 +51,18 @@ struct Derived {
                 "early_next_qk needs a persistent scheduler, intra_wg_overlap and "
                 "q_release after_last_qk");
 
+  // kv_multicast: two CTAs of a cluster share every K/V tile; each loads half of it and TMA
+  // multicasts it into both. The pair covers 2 x block_m query rows, interleaved so both CTAs
+  // need the same KV tiles and the same work: CTA r holds rows [64r, 64r + 64) and
+  // [192 - 64r, 256 - 64r) of the pair (params.cuh: wg_first_row).
+  static constexpr bool kMulticast = Cfg::kv_multicast;
+  static constexpr int kClusterSize = kMulticast ? 2 : 1;
+  static constexpr int kRowsPerTask = kBlockM * kClusterSize;
+  static constexpr int kQBoxRows = kMulticast ? 64 : kBlockM;  // one box per warpgroup then
+  static_assert(!kMulticast || (Cfg::scheduler == Scheduler::Static && kConsumerWGs == 2 &&
+                                !kEarlyNextQk),
+                "kv_multicast needs the static scheduler, block_m 128 and no early_next_qk");
+
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;
 

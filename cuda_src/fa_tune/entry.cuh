@@ -86,9 +86,24 @@ struct Launcher {
       return fail(e, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e));
     // persistent_ctas = 0 means one CTA per SM of the device it runs on.
     prep.num_ctas = Cfg::persistent_ctas > 0 ? Cfg::persistent_ctas : sms;
+    if constexpr (T::kMulticast) {
+      // Whole clusters only, and no more than fit at once: a persistent cluster left waiting
+      // for an SM pair would run its lists after everyone else.
+      if ((e = set_attributes()) != cudaSuccess) return e;
+      cudaLaunchAttribute attr{};
+      const cudaLaunchConfig_t lc = launch_config(dim3(T::kClusterSize * 64), nullptr, attr);
+      int fit = 0;
+      e = cudaOccupancyMaxActiveClusters(&fit, attention_fwd_kernel<Cfg>, &lc);
+      if (e != cudaSuccess)
+        return fail(e, std::string("cudaOccupancyMaxActiveClusters: ") + cudaGetErrorString(e));
+      if (fit < 1) return fail(cudaErrorInvalidConfiguration, "no 2-CTA cluster of this kernel fits the device");
+      prep.num_ctas = T::kClusterSize * std::max(1, std::min(prep.num_ctas / T::kClusterSize, fit));
+    }
     if constexpr (Cfg::scheduler == Scheduler::Static) {
       TaskLists lists;
-      const std::string why = build_task_lists(B, H, num_m, prep.num_ctas, Cfg::fixed_cost, lists);
+      const int num_tasks_m = (num_m + T::kClusterSize - 1) / T::kClusterSize;
+      const std::string why = build_task_lists(B, H, num_tasks_m, prep.num_ctas / T::kClusterSize,
+                                               Cfg::fixed_cost, lists, T::kClusterSize);
       if (!why.empty()) return fail(cudaErrorInvalidValue, why);
       uint32_t* d_tasks = nullptr;
       int* d_offsets = nullptr;
@@ -123,6 +138,35 @@ struct Launcher {
     return cudaSuccess;
   }
 
+  // The dynamic shared-memory attribute is per function: set once per process.
+  static cudaError_t set_attributes() {
+    static bool done = false;
+    if (done) return cudaSuccess;
+    cudaError_t e = cudaFuncSetAttribute(attention_fwd_kernel<Cfg>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes());
+    if (e != cudaSuccess) return fail(e, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e));
+    done = true;
+    return cudaSuccess;
+  }
+
+  // Launch geometry; with kv_multicast, 2-CTA clusters along x (attr must outlive the config).
+  static cudaLaunchConfig_t launch_config(dim3 g, cudaStream_t stream, cudaLaunchAttribute& attr) {
+    cudaLaunchConfig_t lc{};
+    lc.gridDim = g;
+    lc.blockDim = dim3(T::kThreads);
+    lc.dynamicSmemBytes = smem_bytes();
+    lc.stream = stream;
+    if constexpr (T::kMulticast) {
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = unsigned(T::kClusterSize);
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = 1;
+      lc.attrs = &attr;
+      lc.numAttrs = 1;
+    }
+    return lc;
+  }
+
   static dim3 grid(const ShapeInfo& shape, const Prepared& prep) {
     if constexpr (SchedulerFor<Cfg>::kPersistent) return dim3(prep.num_ctas);
     return dim3(shape.num_m_blocks, shape.H, shape.B);
@@ -140,7 +184,7 @@ struct Launcher {
     p.lse = lse;
     p.scale_log2 = float(1.4426950408889634 / std::sqrt(double(kHeadDim)));
     cudaError_t e;
-    if ((e = encode_bshd_map(&p.tma_q, q, B, S, H, T::kBlockM)) != cudaSuccess ||
+    if ((e = encode_bshd_map(&p.tma_q, q, B, S, H, T::kQBoxRows)) != cudaSuccess ||
         (e = encode_bshd_map(&p.tma_k, k, B, S, H, T::kBlockN)) != cudaSuccess ||
         (e = encode_bshd_map(&p.tma_v, v, B, S, H, T::kBlockN)) != cudaSuccess ||
         (e = encode_bshd_map(&p.tma_o, o, B, S, H, 64)) != cudaSuccess)
@@ -152,15 +196,12 @@ struct Launcher {
     }
 
     auto kernel = attention_fwd_kernel<Cfg>;
-    static bool attr_set = false;  // the attribute is per function, set once per process
-    if (!attr_set) {
-      e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes());
-      if (e != cudaSuccess) return fail(e, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e));
-      attr_set = true;
-    }
+    if ((e = set_attributes()) != cudaSuccess) return e;
     const dim3 g = grid(p.shape, *prep);
-    kernel<<<g, T::kThreads, smem_bytes(), stream>>>(p);
-    e = cudaGetLastError();
+    cudaLaunchAttribute attr{};
+    const cudaLaunchConfig_t lc = launch_config(g, stream, attr);
+    e = cudaLaunchKernelEx(&lc, kernel, p);
+    if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) {
       // Say what was asked of the launch, and what the compiled kernel allows.
       cudaFuncAttributes a{};

@@ -16,12 +16,13 @@ struct Epilogue {
   using Element = typename T::Element;
 
   // Returns once the TMA store has finished reading shared memory, so the caller may hand
-  // the O/Q buffer back to the producer.
+  // the O/Q buffer back to the producer. first_row: the warpgroup's first query row
+  // (params.cuh, wg_first_row); row0: this thread's first row.
   template <class TOrO, class Softmax>
   __device__ static void run(const Params& p, SharedStorage<T>& ss, typename T::MmaPV& mma_pv,
                              TOrO& tOrO, const Softmax& sm,
                              const float (&inv_sum)[2],
-                             const TileCoord& t, int row0, int wg, int tid) {
+                             const TileCoord& t, int first_row, int row0, int wg, int tid) {
     using namespace cute;
     scale_rows(tOrO, inv_sum);
     Tensor tOrO_bf16 = make_fragment_like<Element>(tOrO);
@@ -39,7 +40,6 @@ struct Epilogue {
     fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(kWarpgroupThreads, kEpilogueBar + wg);
 
-    const int first_row = t.m_block * T::kBlockM + wg * 64;
     if (tid % kWarpgroupThreads == 0) {
       if (first_row < p.shape.S) {
         for (int c = 0; c < 2; ++c)  // two 64-column boxes; rows past S are clipped by TMA

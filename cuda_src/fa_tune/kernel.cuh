@@ -51,6 +51,7 @@ struct Consumer {
         st{mma_qk, mma_pv, tSrQ, tSrK, tOrV, tSrS, tOrO, tOrP, kst, vst};
 
     const int lane = tid % 32, warp_in_wg = (tid / 32) % 4;
+    const int rank = T::kMulticast ? int(cute::block_rank_in_cluster()) : 0;
     constexpr bool kEarlyQ = Cfg::q_release == QRelease::AfterLastQk;
     constexpr bool kEarlyNext = T::kEarlyNextQk;
     using ML = Mainloop<Cfg>;
@@ -78,13 +79,20 @@ struct Consumer {
     }
     while (t.valid) {
       const TileCoord next = Sched::next(p, t, ss.tile_slot);
-      const int row0 = t.m_block * T::kBlockM + wg * 64 + warp_in_wg * 16 + lane / 4;
+      const int first_row = wg_first_row<T>(t.m_block, wg, rank);
+      const int row0 = first_row + warp_in_wg * 16 + lane / 4;
+      // Without multicast both warpgroups visit all of the tile's KV tiles (the masked ones
+      // included); with it, a warpgroup whose rows end lower skips the task's top tiles.
+      const int n_task = num_kv_blocks<T>(p.shape, t.m_block);
+      const int n_blocks = T::kMulticast ? kv_blocks_below<T>(p.shape, first_row + 64) : n_task;
+      const int n_skip = n_task - n_blocks;
       if constexpr (kEarlyNext) {
         // Q copied to registers is handed back only now, after next(): the dynamic scheduler
         // relies on the producer's next Q load (and so its next ticket) waiting for this.
         if constexpr (kEarlyQ && Cfg::q_in_regs) ss.q_ring.release(qst);
       } else {
         take_q(qst, true);
+        if constexpr (T::kMulticast) ML::skip_top(st, ss, wg, n_skip);
         if constexpr (T::kOverlap) ML::issue_first_qk(st, ss, wg);
       }
       auto release_q = [&] {
@@ -107,9 +115,9 @@ struct Consumer {
       };
       typename ML::Softmax sm;
       float inv_sum[2];
-      ML::run(st, ss, sm, p.shape, t.m_block, row0, p.scale_log2, wg, !next.valid, release_q,
-              issue_next, inv_sum);
-      Epilogue<Cfg>::run(p, ss, mma_pv, tOrO, sm, inv_sum, t, row0, wg, tid);
+      ML::run(st, ss, sm, n_blocks, num_unmasked_kv_blocks<T>(first_row, n_blocks), n_skip, row0,
+              p.scale_log2, wg, !next.valid, release_q, issue_next, inv_sum);
+      Epilogue<Cfg>::run(p, ss, mma_pv, tOrO, sm, inv_sum, t, first_row, row0, wg, tid);
       if constexpr (Cfg::q_release == QRelease::AtEnd) ss.q_ring.release(qst);
       qst.advance<1>();
       t = next;
@@ -136,7 +144,11 @@ __global__ void __launch_bounds__(Derived<Cfg>::kThreads, 1)
     prefetch_tma_map(&p.tma_o);
   }
   cutlass::arch::fence_barrier_init();
-  __syncthreads();
+  if constexpr (T::kMulticast) {
+    cute::cluster_sync();  // the peer's barriers must exist before any multicast or remote arrival
+  } else {
+    __syncthreads();
+  }
 
   // Each role is one branch, as setmaxnreg requires.
   if (warp < 4) {

@@ -45,20 +45,54 @@ struct Mainloop {
   // (issue_first_qk, or the previous tile's drain). `issue_next` is called in the drain's turn,
   // right after the last PV is issued; with early_next_qk it issues one more QK, which is
   // still in flight on return.
+  // n_blocks: KV tiles this warpgroup visits (diagonal first); n_unmasked: how many of them
+  // (from key 0) need no mask; n_skip: tiles above them that the task's other rows need
+  // (kv_multicast), whose stages this warpgroup must release: skip_top (before the first QK)
+  // and, with overlap, skip_top_v (here, once the first softmax is done).
   template <class St, class ReleaseQ, class IssueNext>
   __device__ __forceinline__ static void run(St& st, SharedStorage<T>& ss, Softmax& sm,
-                                             const ShapeInfo& shape, int m_block, int row0,
+                                             int n_blocks, int n_unmasked, int n_skip, int row0,
                                              float scale_log2, int wg, bool last_tile,
                                              ReleaseQ&& release_q, IssueNext&& issue_next,
                                              float (&inv_sum)[2]) {
-    const int n_blocks = num_kv_blocks<T>(shape, m_block);
-    const int n_unmasked = num_unmasked_kv_blocks<T>(shape, m_block);
     if constexpr (T::kOverlap) {
-      overlapped(st, ss, sm, n_blocks, n_unmasked, row0, scale_log2, wg, last_tile, release_q,
-                 issue_next, inv_sum);
+      overlapped(st, ss, sm, n_blocks, n_unmasked, n_skip, row0, scale_log2, wg, last_tile,
+                 release_q, issue_next, inv_sum);
     } else {
       serial(st, ss, sm, n_blocks, n_unmasked, row0, scale_log2, wg, last_tile, release_q,
              inv_sum);
+    }
+  }
+
+  // Skip the task's top n_skip KV tiles: release their K stages (and, without overlap, their V
+  // stages) once loaded, and take the pingpong turns their GEMMs would have taken, so every
+  // warpgroup takes as many turns per task as its partner and the alternation holds.
+  template <class St>
+  __device__ __forceinline__ static void skip_top(St& st, SharedStorage<T>& ss, int wg, int n_skip) {
+    for (int i = 0; i < n_skip; ++i) {
+      ss.k_ring.wait_full(st.kst);  // released in the phase it was loaded for, not an earlier one
+      release_k(st, ss);
+      st.kst.template advance<T::kKStages>();
+      PP::wait_turn(wg);
+      PP::pass_turn(wg, false);
+      if constexpr (!T::kOverlap) {
+        ss.v_ring.wait_full(st.vst);
+        ss.v_ring.release(st.vst);
+        st.vst.template advance<T::kVStages>();
+        PP::wait_turn(wg);
+        PP::pass_turn(wg, false);
+      }
+    }
+  }
+
+  // With overlap the producer sends V[n + 1] after K[n], so the skipped V stages come after
+  // this warpgroup's first K: released after its first softmax, before its first PV waits.
+  template <class St>
+  __device__ __forceinline__ static void skip_top_v(St& st, SharedStorage<T>& ss, int n_skip) {
+    for (int i = 0; i < n_skip; ++i) {
+      ss.v_ring.wait_full(st.vst);
+      ss.v_ring.release(st.vst);
+      st.vst.template advance<T::kVStages>();
     }
   }
 
@@ -93,7 +127,8 @@ struct Mainloop {
 
   template <class St, class ReleaseQ, class IssueNext>
   __device__ __forceinline__ static void overlapped(St& st, SharedStorage<T>& ss, Softmax& sm,
-                                                    int n_blocks, int n_unmasked, int row0,
+                                                    int n_blocks, int n_unmasked, int n_skip,
+                                                    int row0,
                                                     float scale_log2, int wg, bool last_tile,
                                                     ReleaseQ& release_q, IssueNext& issue_next,
                                                     float (&inv_sum)[2]) {
@@ -113,6 +148,7 @@ struct Mainloop {
     if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
     st.kst.template advance<T::kKStages>();
     convert_to_bf16(st.tSrS, st.tOrP);
+    if constexpr (T::kMulticast) skip_top_v(st, ss, n_skip);
 
     bool first_pv = true;
     auto step = [&](auto mask_tag, int n) {

@@ -42,17 +42,35 @@ struct Params {
   float scale_log2;   // log2(e) / sqrt(head_dim)
 };
 
-// KV tiles a causal query tile visits: every key <= its last valid query row.
+// KV tiles that query rows below row_end visit (causal: every key <= the last valid row).
 template <class T>
-__host__ __device__ __forceinline__ int num_kv_blocks(const ShapeInfo& s, int m_block) {
-  const int last_row = min((m_block + 1) * T::kBlockM, s.S);
-  return (last_row + T::kBlockN - 1) / T::kBlockN;
+__host__ __device__ __forceinline__ int kv_blocks_below(const ShapeInfo& s, int row_end) {
+  return (min(row_end, s.S) + T::kBlockN - 1) / T::kBlockN;
 }
 
-// KV tiles [0, this) lie entirely at or below the tile's first query row: no mask needed.
+// KV tiles the producer loads for a task (a query tile, or with kv_multicast a pair of them).
 template <class T>
-__host__ __device__ __forceinline__ int num_unmasked_kv_blocks(const ShapeInfo& s, int m_block) {
-  return min(num_kv_blocks<T>(s, m_block), (m_block * T::kBlockM + 1) / T::kBlockN);
+__host__ __device__ __forceinline__ int num_kv_blocks(const ShapeInfo& s, int m_block) {
+  return kv_blocks_below<T>(s, (m_block + 1) * T::kRowsPerTask);
+}
+
+// First query row of warpgroup wg's 64 in task m_block, on the CTA of cluster rank `rank`.
+// With kv_multicast the pair's 256 rows are dealt 0: [0, 64) + [192, 256), 1: [64, 128) +
+// [128, 192), so each CTA has one warpgroup whose rows end in each half of the pair.
+template <class T>
+__host__ __device__ __forceinline__ int wg_first_row(int m_block, int wg, int rank) {
+  if constexpr (T::kMulticast) {
+    return m_block * T::kRowsPerTask + (wg == 0 ? 64 * rank : 192 - 64 * rank);
+  } else {
+    return m_block * T::kBlockM + wg * 64;
+  }
+}
+
+// KV tiles [0, this) of the n a warpgroup visits lie entirely at or below its first query
+// row: no mask needed.
+template <class T>
+__host__ __device__ __forceinline__ int num_unmasked_kv_blocks(int first_row, int n) {
+  return min(n, (first_row + 1) / T::kBlockN);
 }
 
 }  // namespace fa_tune

@@ -4,6 +4,11 @@
 // reusable once every consumer warp has arrived on its empty barrier. Cursors carry the
 // stage index and the phase parity; wrapping flips the parity, so a wait cannot be satisfied
 // by an earlier use of the same slot. Cursors are never reset between tiles.
+//
+// With K/V multicast (kCtas = 2) both CTAs' TMA copies write into every stage of both CTAs, so
+// a stage is reusable only once the consumers of both CTAs are done with it: each consumer
+// warp arrives on the empty barrier of every CTA of the cluster, and the full barrier (armed
+// with the whole tile's bytes by its own producer) completes when both halves have landed.
 #pragma once
 
 #include <cutlass/arch/barrier.h>
@@ -22,15 +27,17 @@ struct PipeState {
   }
 };
 
-template <int Stages>
+template <int Stages, int kCtas = 1>
 struct StageRing {
+  static constexpr int kStages = Stages;
   uint64_t full[Stages];
   uint64_t empty[Stages];
 
+  // consumer_arrivals: consumer warps per CTA.
   __device__ void init(int consumer_arrivals) {
     for (int s = 0; s < Stages; ++s) {
       cutlass::arch::ClusterTransactionBarrier::init(&full[s], 1);
-      cutlass::arch::ClusterBarrier::init(&empty[s], consumer_arrivals);
+      cutlass::arch::ClusterBarrier::init(&empty[s], consumer_arrivals * kCtas);
     }
   }
   // Producer: wait until the slot is free (the first pass over the ring never blocks),
@@ -43,9 +50,24 @@ struct StageRing {
   __device__ __forceinline__ void wait_full(const PipeState& st) {
     cutlass::arch::ClusterBarrier::wait(&full[st.index], st.phase);
   }
-  // Consumers: one arrival per warp, made after a wgmma wait proved the reads finished.
+  // Consumers: one arrival per warp (on every CTA's barrier), made after a wgmma wait proved
+  // the reads finished.
   __device__ __forceinline__ void release(const PipeState& st) {
-    if ((threadIdx.x & 31) == 0) cutlass::arch::ClusterBarrier::arrive(&empty[st.index]);
+    if constexpr (kCtas == 1) {
+      if ((threadIdx.x & 31) == 0) cutlass::arch::ClusterBarrier::arrive(&empty[st.index]);
+    } else {
+      const uint32_t lead = (threadIdx.x & 31) == 0;
+      for (uint32_t cta = 0; cta < kCtas; ++cta)
+        cutlass::arch::ClusterBarrier::arrive(&empty[st.index], cta, lead);
+    }
+  }
+  // Producer, before it exits: wait until the consumers of every CTA have released every
+  // stage, so no remote arrival or multicast write can reach a CTA that has exited.
+  __device__ __forceinline__ void drain(PipeState st) {
+    for (int s = 0; s < Stages; ++s) {
+      cutlass::arch::ClusterBarrier::wait(&empty[st.index], st.phase ^ 1u);
+      st.template advance<Stages>();
+    }
   }
 };
 

@@ -5,7 +5,16 @@
 #include "tma.cuh"
 #include "traits.cuh"
 
+// Lab experiment, never a knob (results are wrong): load only every Nth K/V tile and let the
+// consumers reuse stale stages, so scripts/kernel_lab.py can time the kernel with a fraction
+// of the L2 -> shared memory traffic (the bound on what K/V multicast could buy).
+#ifndef FA_TUNE_LAB_KV_LOAD_EVERY
+#define FA_TUNE_LAB_KV_LOAD_EVERY 1
+#endif
+
 namespace fa_tune {
+
+constexpr int kLabKvLoadEvery = FA_TUNE_LAB_KV_LOAD_EVERY;
 
 template <class Cfg, class Sched>
 struct Producer {
@@ -15,48 +24,73 @@ struct Producer {
   // one elected lane issues the TMA copies and waits on the rings.
   __device__ static void run(const Params& p, SharedStorage<T>& ss) {
     const bool leader = (threadIdx.x & 31) == 0;
+    const int rank = T::kMulticast ? int(cute::block_rank_in_cluster()) : 0;
     PipeState qst, kst, vst;
     TileCoord t = Sched::first(p, ss.tile_slot);
     while (t.valid) {
       const int h = t.head, b = t.batch;
       if (leader) {
+        // Q: two 64-column boxes of block_m rows, or with kv_multicast one pair of boxes per
+        // warpgroup (its 64 rows sit apart in the pair: params.cuh, wg_first_row).
         uint64_t* bar = ss.q_ring.acquire(qst, T::kQBytes);
-        for (int c = 0; c < 2; ++c)
-          tma_load_4d<Cfg::hint_q>(&p.tma_q, bar, ss.q + c * T::kBlockM * kBoxCols,
-                                   c * kBoxCols,
-                                   t.m_block * T::kBlockM, h, b);
+        constexpr int kQBoxes = T::kBlockM / T::kQBoxRows;
+        for (int r = 0; r < kQBoxes; ++r) {
+          const int row = T::kMulticast ? wg_first_row<T>(t.m_block, r, rank)
+                                        : t.m_block * T::kBlockM;
+          for (int c = 0; c < 2; ++c)
+            tma_load_4d<Cfg::hint_q>(&p.tma_q, bar,
+                                     ss.q + (c * T::kBlockM + r * T::kQBoxRows) * kBoxCols,
+                                     c * kBoxCols, row, h, b);
+        }
       }
       qst.advance<1>();
       // Ask for the next tile before any K/V load can block on a full ring (consumers ask at
       // the start of each tile and must not wait on loads they have yet to release); decode
       // it after the loads (scheduler.cuh: ticket / resolve).
       const int ticket = Sched::ticket(p, t, ss.tile_slot);
-      if (leader) load_kv(p, ss, t, kst, vst);
+      if (leader) load_kv(p, ss, t, kst, vst, rank);
       t = Sched::resolve(p, ticket, t);
+    }
+    if constexpr (T::kMulticast) {
+      if (leader) {
+        ss.k_ring.drain(kst);
+        ss.v_ring.drain(vst);
+      }
     }
   }
 
   // One K or V tile n into the ring's next stage: two 64-column boxes on one full barrier.
-  template <CacheHint kHint, int kStages>
-  __device__ static void load_tile(const CUtensorMap* map, StageRing<kStages>& ring, PipeState& st,
-                                   typename T::Element* base, int n, int h, int b) {
-    uint64_t* bar = ring.acquire(st, T::kKVTileBytes);
+  // With kv_multicast this CTA loads only column box `rank` and TMA writes it into both CTAs;
+  // the peer loads the other box, and each CTA's barrier waits for the whole tile.
+  template <CacheHint kHint, class Ring>
+  __device__ static void load_tile(const CUtensorMap* map, Ring& ring, PipeState& st,
+                                   typename T::Element* base, int n, int h, int b, int rank) {
+    const bool load = kLabKvLoadEvery == 1 || n % kLabKvLoadEvery == 0;
+    uint64_t* bar = ring.acquire(st, load ? T::kKVTileBytes : 0);
     auto* dst = base + st.index * T::kBlockN * kHeadDim;
-    for (int c = 0; c < 2; ++c)
-      tma_load_4d<kHint>(map, bar, dst + c * T::kBlockN * kBoxCols, c * kBoxCols,
-                         n * T::kBlockN, h, b);
-    st.template advance<kStages>();
+    if (load) {
+      if constexpr (T::kMulticast) {
+        tma_load_4d_multicast<kHint>(map, bar, dst + rank * T::kBlockN * kBoxCols,
+                                     uint16_t((1u << T::kClusterSize) - 1u), rank * kBoxCols,
+                                     n * T::kBlockN, h, b);
+      } else {
+        for (int c = 0; c < 2; ++c)
+          tma_load_4d<kHint>(map, bar, dst + c * T::kBlockN * kBoxCols, c * kBoxCols,
+                             n * T::kBlockN, h, b);
+      }
+    }
+    st.template advance<Ring::kStages>();
   }
 
   __device__ static void load_kv(const Params& p, SharedStorage<T>& ss, const TileCoord& t,
-                                 PipeState& kst, PipeState& vst) {
+                                 PipeState& kst, PipeState& vst, int rank) {
     const int h = t.head, b = t.batch;
     const int n_blocks = num_kv_blocks<T>(p.shape, t.m_block);
     auto load_k = [&](int n) {
-      load_tile<Cfg::hint_k>(&p.tma_k, ss.k_ring, kst, ss.k, n, h, b);
+      load_tile<Cfg::hint_k>(&p.tma_k, ss.k_ring, kst, ss.k, n, h, b, rank);
     };
     auto load_v = [&](int n) {
-      load_tile<Cfg::hint_v>(&p.tma_v, ss.v_ring, vst, ss.v, n, h, b);
+      load_tile<Cfg::hint_v>(&p.tma_v, ss.v_ring, vst, ss.v, n, h, b, rank);
     };
     // Issue in the order the consumers need the tiles (diagonal first, toward key 0), so
     // a small ring never holds a tile the consumers cannot reach yet.

@@ -40,11 +40,14 @@ struct GridScheduler {
 };
 
 // Persistent, static: CTA i walks the host-built list tasks[offsets[i] .. offsets[i+1]).
+// With kv_multicast the lists are per cluster (its CTAs are consecutive in x) and a task is a
+// pair of query tiles.
 template <class Cfg>
 struct StaticScheduler {
   static constexpr bool kPersistent = true;
+  __device__ static int list() { return int(blockIdx.x) / Derived<Cfg>::kClusterSize; }
   __device__ static TileCoord at(const Params& p, int idx) {
-    if (idx >= p.sched.offsets[blockIdx.x + 1]) return {0, 0, 0, idx, 0, false};
+    if (idx >= p.sched.offsets[list() + 1]) return {0, 0, 0, idx, 0, false};
     const uint32_t t = p.sched.tasks[idx];
     const int m = int(t & ((1u << p.sched.m_bits) - 1u));
     const int h = int((t >> p.sched.m_bits) & ((1u << p.sched.h_bits) - 1u));
@@ -52,7 +55,7 @@ struct StaticScheduler {
     return {m, h, b, idx, 0, true};
   }
   __device__ static TileCoord first(const Params& p, int* /*slot*/) {
-    return at(p, p.sched.offsets[blockIdx.x]);
+    return at(p, p.sched.offsets[list()]);
   }
   __device__ static TileCoord next(const Params& p, const TileCoord& cur, int* /*slot*/) {
     return at(p, cur.idx + 1);

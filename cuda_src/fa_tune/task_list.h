@@ -60,11 +60,18 @@ struct TaskLists {
   std::vector<long long> loads;  // estimated cost per bin
 };
 
-inline long long task_cost(int bm, int fixed_cost) { return 2LL * (bm + 1) + fixed_cost; }
+// Warpgroup KV steps of a task plus fixed_cost. A query tile bm: two warpgroups x (bm + 1).
+// A pair of tiles (K/V multicast; the task is index bm of the pairs, rows interleaved): per
+// CTA one warpgroup visits 2bm + 1 KV tiles and the other 2bm + 2.
+inline long long task_cost(int bm, int fixed_cost, int tiles_per_task = 1) {
+  if (tiles_per_task == 2) return 4LL * bm + 3 + fixed_cost;
+  return 2LL * (bm + 1) + fixed_cost;
+}
 
-// Returns an empty string on success (lists filled), else a one-line reason.
+// Returns an empty string on success (lists filled), else a one-line reason. num_m counts
+// tasks per batch/head (query tiles, or pairs of them with tiles_per_task 2).
 inline std::string build_task_lists(int B, int H, int num_m, int num_bins, int fixed_cost,
-                                    TaskLists& out) {
+                                    TaskLists& out, int tiles_per_task = 1) {
   if (B < 1 || H < 1 || num_m < 1 || num_bins < 1) return "B, H, query tiles and CTAs must be >= 1";
   if (std::string why = out.packing.fit(num_m, H, B); !why.empty()) return why;
 
@@ -85,7 +92,7 @@ inline std::string build_task_lists(int B, int H, int num_m, int num_bins, int f
       for (int bh = first; bh < last; ++bh) {
         const int i = lightest();
         bins[i].push_back({bm, bh});
-        load[i] += task_cost(bm, fixed_cost);
+        load[i] += task_cost(bm, fixed_cost, tiles_per_task);
       }
     }
   }
@@ -105,7 +112,7 @@ inline std::string build_task_lists(int B, int H, int num_m, int num_bins, int f
     for (int t = 0; t < int(bins[hi].size()); ++t) {
       const Task& task = bins[hi][t];
       if (!in_lo[task.bh]) continue;
-      const long long c = task_cost(task.bm, fixed_cost);
+      const long long c = task_cost(task.bm, fixed_cost, tiles_per_task);
       const long long new_gap = std::llabs((load[hi] - c) - (load[lo] + c));
       if (new_gap < best_gap) {
         best_gap = new_gap;
@@ -116,7 +123,7 @@ inline std::string build_task_lists(int B, int H, int num_m, int num_bins, int f
     const Task moved = bins[hi][best];
     bins[hi].erase(bins[hi].begin() + best);
     bins[lo].push_back(moved);
-    const long long c = task_cost(moved.bm, fixed_cost);
+    const long long c = task_cost(moved.bm, fixed_cost, tiles_per_task);
     load[hi] -= c;
     load[lo] += c;
   }

@@ -52,6 +52,31 @@ __device__ __forceinline__ void tma_load_4d(const CUtensorMap* map, uint64_t* mb
   }
 }
 
+// Load one box at (d, s, h, b) into the same shared-memory offset of every CTA in cta_mask
+// (of this cluster); each destination's barrier at mbar's offset receives the bytes.
+template <CacheHint H>
+__device__ __forceinline__ void tma_load_4d_multicast(const CUtensorMap* map, uint64_t* mbar,
+                                                      void* dst, uint16_t cta_mask, int d, int s,
+                                                      int h, int b) {
+  if constexpr (H == CacheHint::None) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        ".multicast::cluster [%0], [%1, {%4, %5, %6, %7}], [%2], %3;"
+        :
+        : "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(mbar)), "h"(cta_mask), "r"(d), "r"(s),
+          "r"(h), "r"(b)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        ".multicast::cluster.L2::cache_hint [%0], [%1, {%4, %5, %6, %7}], [%2], %3, %8;"
+        :
+        : "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(mbar)), "h"(cta_mask), "r"(d), "r"(s),
+          "r"(h), "r"(b), "l"(cache_policy<H>())
+        : "memory");
+  }
+}
+
 // Store one box from shared memory to (d, s, h, b); rows past the tensor's end are clipped.
 template <CacheHint H>
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void* src,

@@ -99,8 +99,8 @@ struct SharedStorage {
   alignas(1024) typename T::Element v[T::kVStages * T::kBlockN * kHeadDim];
   alignas(1024) typename T::Element o[T::kOElems];
   StageRing<1> q_ring;
-  StageRing<T::kKStages> k_ring;
-  StageRing<T::kVStages> v_ring;
+  StageRing<T::kKStages, T::kClusterSize> k_ring;
+  StageRing<T::kVStages, T::kClusterSize> v_ring;
   int tile_slot[2];  // dynamic scheduler: the producer publishes the next tile here
 };
 

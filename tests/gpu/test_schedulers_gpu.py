@@ -19,7 +19,11 @@ CONFIGS = [load_preset("default"), load_preset("static"), load_preset("dynamic")
            # The next tile's first QK issued behind the last PV (runs during the epilogue).
            load_preset("static").replace(q_release="after_last_qk", early_next_qk=True),
            load_preset("dynamic").replace(q_release="after_last_qk", early_next_qk=True,
-                                          q_in_regs=True)]
+                                          q_in_regs=True),
+           # 2-CTA clusters sharing K/V by multicast; a task is a pair of query tiles.
+           load_preset("multicast"),
+           load_preset("multicast").replace(q_in_regs=False),
+           load_preset("multicast").replace(lazy_rescale=True, intra_wg_overlap=False)]
 ODD_SHAPES = [Shape(1, 3, 1152), Shape(2, 5, 1000), Shape(1, 1, 77), Shape(3, 7, 4200)]
 
 
@@ -41,7 +45,9 @@ def kernels(dev: Device) -> Iterator[dict[KernelConfig, KernelModule]]:
 @pytest.mark.parametrize("shape", [*ODD_SHAPES, *SEED_SHAPES], ids=str)
 @pytest.mark.parametrize(
     "cfg", CONFIGS,
-    ids=lambda c: f"{c.scheduler}-{c.q_release}" + ("-early" if c.early_next_qk else ""))
+    ids=lambda c: f"{c.scheduler}-{c.q_release}" + ("-early" if c.early_next_qk else "")
+    + ("-multicast" if c.kv_multicast else "") + ("-qregs" if c.q_in_regs else "")
+    + ("" if c.intra_wg_overlap else "-serial"))
 def test_scheduler_passes_gate(dev: Device, kernels: dict, cfg: KernelConfig, shape: Shape) -> None:
     kernel = kernels[cfg]
     with AttnBuffers(dev, shape) as bufs:
