@@ -71,7 +71,7 @@ lab)
 search-start)
   # call 1 of a search session, carry [".fa3/part1", ".whl"]: search-start STUDY TIMEOUT [ARGS...]
   study=${1:?study}; budget=${2:?timeout, e.g. 7m}; shift 2
-  bash scripts/fa3_stage1.sh > /dev/null
+  if [ -d .fa3/part1 ]; then bash scripts/fa3_stage1.sh > /dev/null; fi
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
   rm -f /root/search.log /root/search.rc
   setsid nohup bash -c "python3 -m tuner.cli search --study '$study' --timeout '$budget' $* \
@@ -84,6 +84,8 @@ search-wait)
   study=${1:?study}
   FA3_SMOKE=0 bash scripts/fa3_stage2.sh > "$OUT/fa3_install.log" 2>&1 \
     || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed"; }
+  # A search that never started (no log) would otherwise keep this call for its whole limit.
+  [ -f /root/search.log ] || { echo "no search running (search-start failed?)"; exit 1; }
   for _ in $(seq 580); do [ -f /root/search.rc ] && break; sleep 1; done
   cp /root/search.log "$OUT/search.log"
   cp "studies/$study.db"* "$OUT/" 2>/dev/null || true  # with -wal/-shm if a WAL is left
