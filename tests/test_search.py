@@ -127,8 +127,10 @@ def test_static_rejects_never_compile(tmp_path: Path, plan) -> None:
     summ = s.run()
     ts = trials_of(tmp_path)
     rejected = [t for t in ts if t.params.get("block_n") == 176]
-    assert rejected and all(t.state == TrialState.FAIL for t in rejected)
-    assert all(t.user_attrs["fail_reason"].startswith("static check:") for t in rejected)
+    # Told PRUNED with a violated constraint, so TPE's model sees where invalid configs lie.
+    assert rejected and all(t.state == TrialState.PRUNED for t in rejected)
+    assert all(t.user_attrs["prune_reason"].startswith("static check:") for t in rejected)
+    assert all(t.constraints == {"static_check": 1.0} for t in rejected)
     built = set(b.calls)
     assert all(t.user_attrs["config_id"] not in built for t in rejected)
     assert summ.rejected == len(rejected)

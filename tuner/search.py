@@ -6,7 +6,8 @@ One invocation::
     fail stale RUNNING trials left by a killed run; re-enqueue what an interrupted run never ran
     enqueue the known-good points (SEED_POINTS) the study has not seen yet
     loop:
-        ask trials ahead (a batch) -> static check (validate, check_shape): FAIL, no compile
+        ask trials ahead (a batch) -> static check (validate, check_shape): PRUNED with a
+            violated constraint (so TPE learns where invalid configs lie), no compile
                                    -> duplicates of a measured config: same verdict, no GPU
                                    -> the rest compile in a thread pool (--jobs nvcc at a time)
         the oldest candidate whose compile has finished goes to the GPU worker subprocess:
@@ -832,8 +833,7 @@ class Search:
         try:
             cfg = suggest_config(trial, self.space)
         except ConfigError as e:
-            self._fail(trial, f"static check: {e}", counted=False)
-            self.progress.rejected += 1
+            self._reject(trial, e)
             return None
         cid = cfg.config_id()
         trial.set_user_attr("config", cfg.to_dict())
@@ -843,8 +843,7 @@ class Search:
             for s in self.shapes:
                 check_shape(cfg, s)
         except (ConfigError, ShapeError) as e:
-            self._fail(trial, f"static check: {e}", counted=False)
-            self.progress.rejected += 1
+            self._reject(trial, e)
             return None
         first = self.pending.get(cid)
         if first is not None:
@@ -906,6 +905,21 @@ class Search:
             else:
                 self._tell_duplicate(dup, ft)
         return ft
+
+    def _reject(self, trial: Any, why: Exception) -> None:
+        """A config the static check refuses: told PRUNED with a violated constraint.
+
+        As FAIL, TPE never saw these trials and kept proposing invalid corners of the space
+        (93% of the asks of a 4-minute H200 search, 2026-11-30). A pruned, infeasible trial
+        joins its model on the bad side: in a sampler-only run over the default space the
+        asks per valid config fell from 4.1 to 1.8 (docs/PERF.md, step 17).
+        """
+        from optuna.trial import TrialState
+
+        trial.set_user_attr("prune_reason", f"static check: {' '.join(str(why).split())}"[:2000])
+        trial.set_constraint("static_check", 1.0)
+        self._tell(trial, TrialState.PRUNED)
+        self.progress.rejected += 1
 
     def _fail(self, trial: Any, reason: str, *, counted: bool = True,
               transient: bool = False) -> None:
