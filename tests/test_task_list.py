@@ -28,8 +28,10 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exe
 
 
-def lists(driver: Path, B: int, H: int, num_m: int, bins: int, fixed: int = 4):
-    out = subprocess.run([str(driver), str(B), str(H), str(num_m), str(bins), str(fixed)],
+def lists(driver: Path, B: int, H: int, num_m: int, bins: int, fixed: int = 4,
+          tiles_per_task: int = 1):
+    out = subprocess.run([str(driver), str(B), str(H), str(num_m), str(bins), str(fixed),
+                          str(tiles_per_task)],
                          check=True, capture_output=True, text=True).stdout
     if out.startswith("ERROR"):
         return out.strip()
@@ -91,3 +93,19 @@ def test_packing_overflow_is_refused(driver: Path) -> None:
     # 2^20 query tiles x 2^8 heads x 2^8 batch = 36 bits > 32: refused, not truncated.
     res = lists(driver, 256, 256, 1 << 20, 4)
     assert isinstance(res, str) and res.startswith("ERROR") and "32 bits" in res
+
+
+@pytest.mark.parametrize("B,H,num_m,bins", [(4, 32, 16, 66), (4, 32, 64, 66), (1, 3, 5, 66),
+                                            (2, 5, 4, 3)])
+def test_pair_tasks_for_multicast(driver: Path, B: int, H: int, num_m: int, bins: int) -> None:
+    # kv_multicast: one list per 2-CTA cluster, a task is a pair of query tiles whose cost per
+    # CTA is (2bm + 1) + (2bm + 2) warpgroup KV steps plus fixed_cost.
+    res = lists(driver, B, H, num_m, bins, tiles_per_task=2)
+    assert isinstance(res, list) and len(res) == bins
+    assert sorted(t for _, ts in res for t in ts) == sorted(
+        (bm, h, b) for bm in range(num_m) for h in range(H) for b in range(B))
+    for load, tasks in res:
+        assert load == sum(4 * bm + 3 + 4 for bm, _, _ in tasks)
+    if num_m * H * B >= 4 * bins:
+        loads = [load for load, _ in res]
+        assert max(loads) - min(loads) <= 4 * (num_m - 1) + 7
