@@ -16,7 +16,8 @@ A variant may carry lab-only macros, `{"scheduler": "static", "_lab": {"FA_TUNE_
 they are defined ahead of the template (experiments that break results on purpose, e.g.
 FA_TUNE_LAB_KV_LOAD_EVERY in fa_tune/producer.cuh); such a variant is gated for the record
 but timed whatever the gate says. Each timing also samples the SM clock and board power
-(NVML) while the GPU drains the launch queue.
+(NVML) while the GPU drains the launch queue. Each round starts after --settle-s seconds of
+launches (default 2), so every backend is timed at the card's power-capped steady state.
 """
 
 from __future__ import annotations
@@ -183,9 +184,13 @@ class Telemetry:
         return f"{statistics.median(self.clock):.0f}", f"{statistics.median(self.power):.0f}"
 
 
-def time_fn(torch, fn, warmup, repeat, rounds, tele: Telemetry | None = None):
+def time_fn(torch, fn, warmup, repeat, rounds, tele: Telemetry | None = None,
+            settle_s: float = 0.0):
+    from tuner.compare import settle
+
     medians, samples = [], []
     for _ in range(rounds):
+        settle(fn, settle_s, torch.cuda.synchronize)  # reach the power-capped steady state
         for _ in range(warmup):
             fn()
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
@@ -245,7 +250,8 @@ def bench_shape(torch, fa3, variants, sos, shape, args, rows: list, log: list) -
     fa3_ms = None
     for name, fn in backends:
         tele = Telemetry()
-        med, lo, hi = time_fn(torch, fn, args.warmup, args.repeat, args.rounds, tele)
+        med, lo, hi = time_fn(torch, fn, args.warmup, args.repeat, args.rounds, tele,
+                              args.settle_s)
         if name == "FA3":
             fa3_ms = med
         ratio = f"{fa3_ms / med:.3f}" if fa3_ms else "-"
@@ -265,6 +271,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--settle-s", type=float, default=2.0,
+                    help="seconds of launches before each round (the power ramp; 0: none)")
     ap.add_argument("--jobs", type=int, default=build.usable_cpus())
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--no-fa3", action="store_true")

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -193,6 +194,24 @@ def test_timing_is_median_of_round_medians() -> None:
 def test_protocol_rejects_nonsense() -> None:
     with pytest.raises(FaTuneError):
         compare.Protocol(repeat=0)
+    with pytest.raises(FaTuneError, match="settle-s"):
+        compare.Protocol(settle_s=-1.0)
+
+
+def test_settle_launches_for_its_time_and_syncs() -> None:
+    calls = {"run": 0, "sync": 0}
+
+    def run() -> None:
+        calls["run"] += 1
+
+    def sync() -> None:
+        calls["sync"] += 1
+
+    assert compare.settle(run, 0.0, sync) == 0 and calls == {"run": 0, "sync": 0}
+    t0 = time.monotonic()
+    n = compare.settle(run, 0.05, sync)
+    assert time.monotonic() - t0 >= 0.05
+    assert n == calls["run"] > 0 and calls["sync"] * 4 == n  # never far ahead of the GPU
 
 
 # ---- writers, from a test fixture (made-up numbers, not measurements) ----------------------

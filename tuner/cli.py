@@ -312,6 +312,9 @@ def compare(
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up launches per round.")] = 50,
     repeat: Annotated[int, typer.Option(min=1, help="Timed launches per round.")] = 200,
     rounds: Annotated[int, typer.Option(min=1, help="Independently warmed rounds.")] = 3,
+    settle_s: Annotated[float, typer.Option(
+        "--settle-s", help="Seconds of launches before each round's warm-up, so every backend "
+        "is timed at the power-capped steady state (0: the seeds' protocol exactly).")] = 2.0,
     results_dir: Annotated[
         Path | None, typer.Option("--results-dir", help="Root of result folders.")
     ] = None,
@@ -329,7 +332,7 @@ def compare(
     # Every cheap check before a compile that can take a minute.
     shapes = [str(Shape.parse(s)) for s in shape] if shape else None
     compare_mod.parse_backends(backends)
-    compare_mod.Protocol(warmup=warmup, repeat=repeat, rounds=rounds)
+    compare_mod.Protocol(warmup=warmup, repeat=repeat, rounds=rounds, settle_s=settle_s)
     cfg: KernelConfig | None = None
     if study is not None:
         cfg, label = _study_config(study), f"study {study}"
@@ -351,7 +354,7 @@ def compare(
         console.print("[dim]no --study/--preset/--config: comparing the peers only[/]")
     payload = compare_mod.compare_command(
         so_path, shapes, backends, warmup=warmup, repeat=repeat, rounds=rounds,
-        results_root=results_dir, console=console,
+        results_root=results_dir, console=console, settle_s=settle_s,
     )
     kernel_names = {b["name"] for b in payload.get("backends", []) if b.get("role") == "kernel"}
     for b in payload.get("backends", []):

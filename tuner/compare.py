@@ -8,9 +8,10 @@ FlashAttention-2, our Triton kernel) gets, per shape:
    an FP32 torch reference, and no NaN/Inf anywhere in O. A backend that fails is reported as
    failed and gets no numbers; nothing is substituted;
 3. the same protocol as ``fa-tune run`` (tuner.timing): per round, the bounded NVML temperature
-   wait (<= 65 C; so also right before each backend) and GPU-state snapshots, ``warmup`` launches,
-   then ``repeat`` launches each bracketed by CUDA events (torch's, on torch's current stream);
-   ``rounds`` rounds; headline = median of the round medians; every sample kept;
+   wait (<= 65 C; so also right before each backend), ``settle_s`` seconds of launches (so each
+   round starts at the card's power-capped steady state) and GPU-state snapshots, ``warmup``
+   launches, then ``repeat`` launches each bracketed by CUDA events (torch's, on torch's current
+   stream); ``rounds`` rounds; headline = median of the round medians; every sample kept;
 4. the gate again on the output of the last timed launch (catches races that show only under
    back-to-back load).
 
@@ -82,11 +83,19 @@ class Protocol:
     temp_wait_total_s: float = 180.0
     seed: int = 42
     gate_heads: int = 3
+    # Seconds of back-to-back launches after each round's temperature wait and before its
+    # warm-up, so every backend is timed at the card's power-capped steady state. Without it
+    # the first backends at S=4096 (0.2-s rounds) ran while the board power was still ramping
+    # to its 700 W cap, and one round caught the clock overshooting down to 1455 MHz
+    # (docs/PERF.md, step 18). 0 gives the seeds' protocol exactly.
+    settle_s: float = 2.0
 
     def __post_init__(self) -> None:
         self.timing_protocol()  # the same validation (and messages) as fa-tune run
         if self.gate_heads < 1:
             raise FaTuneError(f"gate heads must be >= 1 (got {self.gate_heads})")
+        if not 0.0 <= self.settle_s <= 60.0:
+            raise FaTuneError(f"--settle-s must be between 0 and 60 seconds (got {self.settle_s})")
 
     def timing_protocol(self) -> Any:
         from tuner import timing
@@ -296,14 +305,33 @@ def gate(out: Any, lse: Any | None, refs: dict[tuple[int, int], tuple[Any, Any]]
 
 
 # ---- timing ------------------------------------------------------------------------------
+def settle(run: Callable[[], Any], seconds: float, sync: Callable[[], Any]) -> int:
+    """Launch ``run`` back to back for about ``seconds`` of GPU time; returns the launches.
+
+    Synchronizes every few launches so the host never queues far ahead of the GPU (the wall
+    clock then measures GPU time, not how fast the host enqueues).
+    """
+    if seconds <= 0:
+        return 0
+    n = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for _ in range(4):
+            run()
+        n += 4
+        sync()
+    return n
+
+
 def time_launches(
     run: Callable[[], Any], shape: Shape, protocol: Protocol, waits: WaitBudget
 ) -> dict[str, Any]:
     """tuner.timing's protocol with torch CUDA events on torch's current stream.
 
-    Per round: bounded temperature wait, NVML state, ``warmup`` launches, then ``repeat``
-    launches each bracketed by its own event pair. Aggregation (median of round medians, min/max
-    over every sample) is tuner.timing's own, so compare and ``fa-tune run`` report alike.
+    Per round: bounded temperature wait, ``settle_s`` seconds of launches (the power ramp),
+    NVML state, ``warmup`` launches, then ``repeat`` launches each bracketed by its own event
+    pair. Aggregation (median of round medians, min/max over every sample) is tuner.timing's
+    own, so compare and ``fa-tune run`` report alike.
     """
     import torch
 
@@ -314,6 +342,7 @@ def time_launches(
     rounds = []
     for r in range(protocol.rounds):
         tw = waits.wait()
+        settle(run, protocol.settle_s, torch.cuda.synchronize)
         before = waits.nvml.state()
         for _ in range(protocol.warmup):
             run()
@@ -896,6 +925,7 @@ def compare_command(
     results_root: str | Path | None = None,
     console: Any = None,
     log: Log | None = None,
+    settle_s: float = Protocol.settle_s,
 ) -> dict[str, Any]:
     """What ``fa-tune compare`` calls once it has resolved --study/--config/--preset to a .so.
 
@@ -909,7 +939,7 @@ def compare_command(
         so_path,
         list(shapes) if shapes else None,
         backends,
-        Protocol(warmup=warmup, repeat=repeat, rounds=rounds),
+        Protocol(warmup=warmup, repeat=repeat, rounds=rounds, settle_s=settle_s),
         results_root,
         log=log,
     )
