@@ -60,3 +60,23 @@ def test_early_next_qk_keeps_wgmma_asynchronous() -> None:
     assert r.wgmma_serialized is None, r.wgmma_serialized
     assert r.local_memory is None, r.local_memory
     assert r.sass_checked and r.sass["has_hgmma"]
+
+
+def test_multicast_kernel_shares_kv_across_the_cluster() -> None:
+    # kv_multicast: each CTA's K/V loads go to both CTAs of its cluster (UTMALDG...MULTICAST),
+    # and consumers release stages on the peer's barrier too (a remote SYNCS arrive); the
+    # plain persistent kernel has neither.
+    import subprocess
+
+    cuobjdump = build.find_tool("cuobjdump", build.find_nvcc())
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not installed")
+
+    def sass(preset: str) -> str:
+        so = build.build_config(load_preset(preset)).so_path
+        return subprocess.run([str(cuobjdump), "--dump-sass", so], capture_output=True,
+                              text=True, check=True).stdout
+
+    mc, plain = sass("multicast"), sass("static")
+    assert "UTMALDG.4D.MULTICAST" in mc and "UTMALDG.4D.MULTICAST" not in plain
+    assert "SYNCS.ARRIVE.TRANS64.RED" in mc and "SYNCS.ARRIVE.TRANS64.RED" not in plain
