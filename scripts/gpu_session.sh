@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# One GPU session on a lent H200 in two back-to-back device calls (the machine stays warm 30 s).
+# One GPU session on a lent H200 in three back-to-back device calls (the machine stays warm
+# 30 s). A call carries at most 64 MiB with the repo; the repo plus .whl plus one FA3 half no
+# longer fits, so the first half travels alone.
 #
-#   call 1, carry [".fa3/part1", ".whl"]:  bash scripts/gpu_session.sh start VARIANTS_FILE
-#       stages FA3's first half, installs our wheels, starts building VARIANTS_FILE with all cores
-#       (when the repo has grown so that both do not fit one call's 64 MiB, carry only ".whl"
-#       here and stage the first half in a call of its own: bash scripts/fa3_stage1.sh, carry
-#       [".fa3/part1"]; start skips whichever folder it was not given)
-#   call 2, carry [".fa3/part2"]:          bash scripts/gpu_session.sh lab VARIANTS_FILE [SHAPE...]
+#   call 1, carry [".whl"]:                bash scripts/gpu_session.sh start VARIANTS_FILE
+#       installs our wheels, starts building VARIANTS_FILE with all cores in the background
+#       (it also stages FA3's first half when .fa3/part1 was carried along)
+#   call 2, carry [".fa3/part1"]:          bash scripts/fa3_stage1.sh
+#   call 3, carry [".fa3/part2"]:          bash scripts/gpu_session.sh lab VARIANTS_FILE [SHAPE...]
 #       installs FA3, waits for the builds, gates every variant on uneven shapes, then times them
 #       beside FA3 at the seed shapes (or SHAPEs); logs and JSON land in $OUT
-#   search instead of the lab: search-start STUDY TIMEOUT [fa-tune search args] (call 1, same
-#   carry as start), then search-wait STUDY (call 2, same carry as lab)
+#   search instead of the lab: search-start STUDY TIMEOUT [fa-tune search args] as call 1,
+#   then search-wait STUDY as call 3; scripts/lab/after_search.sh STUDY on the warm machine
+#   next (compare, the multicast GPU tests, the export timed against the tuner)
 #   later calls on the same warm machine:  bash scripts/gpu_session.sh env -- COMMAND...
 #       runs COMMAND with PYTHONPATH set for fa-tune, its wheels and FA3 (e.g. pytest -m gpu)
 #

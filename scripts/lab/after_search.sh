@@ -8,7 +8,7 @@ study=${1:?study}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 E="bash scripts/gpu_session.sh env --"
-timeout 240 $E python3 -m tuner.cli compare --study "$study" --backends fa3 \
+timeout 330 $E python3 -m tuner.cli compare --study "$study" --backends fa3 \
   --results-dir "$OUT/results" > "$OUT/compare.log" 2>&1 || echo "compare exited $?"
 tail -n 22 "$OUT/compare.log"
 timeout 150 $E python3 -m pytest -q -m gpu tests/gpu/test_schedulers_gpu.py -k multicast \
