@@ -5,7 +5,8 @@
 Loads two shared libraries into one process: the trial's cached artifact (what the search
 timed) and DIR/build/libfa_tune_fwd.so (built from scratch by the export's build.sh). Both are
 gated on the seed inputs first (the product oracle), then timed alternately in A B B A order
-with the seeds' protocol per round, so drift hits both alike. Prints a table last: median ms of
+with the seeds' protocol per round, so drift hits both alike; --settle-s seconds of launches
+come first at each shape (the power ramp). Prints a table last: median ms of
 each, and the ratio export / tuner (goal: within 3%).
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner import export, oracle, timing  # noqa: E402
+from tuner.compare import settle  # noqa: E402
 from tuner.config import KernelConfig, Shape  # noqa: E402
 from tuner.errors import FaTuneError  # noqa: E402
 from tuner.runtime import AttnBuffers, Device, KernelModule  # noqa: E402
@@ -43,6 +45,8 @@ def _main() -> int:
     ap.add_argument("--export", required=True, type=Path, help="folder written by fa-tune export")
     ap.add_argument("--shape", action="append", default=[])
     ap.add_argument("--pairs", type=int, default=4, help="A/B pairs per shape (even: ABBA)")
+    ap.add_argument("--settle-s", type=float, default=2.0,
+                    help="seconds of launches before a shape's first pair (0: none)")
     ap.add_argument("--json", type=Path, help="write every sample here")
     a = ap.parse_args()
 
@@ -69,6 +73,14 @@ def _main() -> int:
                     print(f"export_timing: {name} kernel failed the gate at {text}: "
                           f"{verdict.summary()}")
                     return 1
+            # Reach the power-capped steady state first: at 4096 the first pair otherwise runs
+            # during the board's ~1 s ramp to 700 W (docs/PERF.md, step 18).
+            st = dev.stream()
+            try:
+                settle(lambda st=st: kernels["tuner"].forward(bufs, st), a.settle_s,
+                       st.synchronize)
+            finally:
+                st.destroy()
             names = list(kernels)
             for i in range(a.pairs):
                 # A B, then B A: neither library always runs on the hotter GPU.
