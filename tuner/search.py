@@ -69,8 +69,8 @@ SEARCH_TEMP_WAIT_S = 10.0
 CONFIRM_TEMP_WAIT_S = 60.0
 # The known-good points enqueued first, as (source, preset, changes): FA3's heuristic, the
 # 3 K / 3 V stage variant, the static persistent kernel (lab run 6 on the H200, 2026-11-29:
-# 1.02 / 1.03 / 1.01x FA3) and the same with K/V multicast (lab run 8, 2026-11-30: 1.05 / 1.05 /
-# 1.05x). A study that lacks one (an older study) gets it on resume.
+# 1.02 / 1.03 / 1.01x FA3) and the same with K/V multicast and Q in registers (lab run 9,
+# 2026-11-30: 1.048 / 1.065 / 1.057x). A study that lacks one (an older study) gets it on resume.
 SEED_POINTS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("preset:default", "default", {}),
     ("preset:default+k3v3", "default", {"k_stages": 3, "v_stages": 3}),

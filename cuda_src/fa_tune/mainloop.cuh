@@ -70,15 +70,11 @@ struct Mainloop {
   template <class St>
   __device__ __forceinline__ static void skip_top(St& st, SharedStorage<T>& ss, int wg, int n_skip) {
     for (int i = 0; i < n_skip; ++i) {
-      ss.k_ring.wait_full(st.kst);  // released in the phase it was loaded for, not an earlier one
-      release_k(st, ss);
-      st.kst.template advance<T::kKStages>();
+      release_unread(ss.k_ring, st.kst);
       PP::wait_turn(wg);
       PP::pass_turn(wg, false);
       if constexpr (!T::kOverlap) {
-        ss.v_ring.wait_full(st.vst);
-        ss.v_ring.release(st.vst);
-        st.vst.template advance<T::kVStages>();
+        release_unread(ss.v_ring, st.vst);
         PP::wait_turn(wg);
         PP::pass_turn(wg, false);
       }
@@ -89,11 +85,16 @@ struct Mainloop {
   // this warpgroup's first K: released after its first softmax, before its first PV waits.
   template <class St>
   __device__ __forceinline__ static void skip_top_v(St& st, SharedStorage<T>& ss, int n_skip) {
-    for (int i = 0; i < n_skip; ++i) {
-      ss.v_ring.wait_full(st.vst);
-      ss.v_ring.release(st.vst);
-      st.vst.template advance<T::kVStages>();
-    }
+    for (int i = 0; i < n_skip; ++i) release_unread(ss.v_ring, st.vst);
+  }
+
+  // Hand back the stage at the cursor without reading it. It waits for the load first, so the
+  // release counts toward the phase the stage was loaded for, not an earlier one.
+  template <class Ring>
+  __device__ __forceinline__ static void release_unread(Ring& ring, PipeState& cursor) {
+    ring.wait_full(cursor);
+    ring.release(cursor);
+    cursor.template advance<Ring::kStages>();
   }
 
   // The first (diagonal) QK of a tile, in its own pingpong turn; Q must have landed.

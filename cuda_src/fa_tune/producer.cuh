@@ -35,8 +35,7 @@ struct Producer {
         uint64_t* bar = ss.q_ring.acquire(qst, T::kQBytes);
         constexpr int kQBoxes = T::kBlockM / T::kQBoxRows;
         for (int r = 0; r < kQBoxes; ++r) {
-          const int row = T::kMulticast ? wg_first_row<T>(t.m_block, r, rank)
-                                        : t.m_block * T::kBlockM;
+          const int row = wg_first_row<T>(t.m_block, r, rank);  // no multicast: r = 0, the tile's first row
           for (int c = 0; c < 2; ++c)
             tma_load_4d<Cfg::hint_q>(&p.tma_q, bar,
                                      ss.q + (c * T::kBlockM + r * T::kQBoxRows) * kBoxCols,
