@@ -89,6 +89,34 @@ def test_gpu_takes_whichever_compile_finishes_first(tmp_path: Path, plan) -> Non
     assert ts[1].datetime_complete < ts[0].datetime_complete
 
 
+def test_asks_overlap_gpu_work_and_busy_is_the_workers_time(
+        tmp_path: Path, plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every request keeps the fake GPU busy for 0.3 s. The next trials must be asked while it
+    # is (not between requests, when the GPU would idle), and GPU-busy time is what the worker
+    # reports, cooling waits included and counted apart.
+    log = plan({})
+    monkeypatch.setenv("FAKE_GPU_WORKER_DELAY_S", "0.3")
+    monkeypatch.setenv("FAKE_GPU_WORKER_TEMP_WAIT_S", "0.05")
+    # block_m 64 with pingpong is a static reject: asks that give no candidate.
+    s = make(tmp_path, {"block_m": [64, 128], "block_n": [64, 96, 128], "k_stages": [2, 3]},
+             trials=6)
+    summ = s.run()
+    spans = []
+    for ln in log.read_text().splitlines():
+        t0, t1 = (float(x) for x in ln.split()[-2:])
+        spans.append((t0, t1))
+    asked = [t.datetime_start.timestamp() for t in trials_of(tmp_path)
+             if "source" not in t.user_attrs]
+    during = [a for a in asked if any(t0 < a < t1 for t0, t1 in spans)]
+    assert len(during) >= 3, (len(asked), len(during))
+    gpu_s = sum(t1 - t0 for t0, t1 in spans)
+    assert summ.gpu_busy_s == pytest.approx(gpu_s, rel=0.1, abs=0.2)
+    assert summ.gpu_busy_s <= s.worker.wall_s + 1e-6
+    assert summ.temp_wait_s == pytest.approx(0.05 * len(spans))
+    st = optuna.load_study(study_name="t", storage=url_for(tmp_path))
+    assert st.user_attrs["sessions"][-1]["temp_wait_s"] == pytest.approx(summ.temp_wait_s, abs=0.01)
+
+
 def test_search_seeds_first_confirms_best(tmp_path: Path, plan) -> None:
     log = plan({})
     s = make(tmp_path, {"block_n": [64, 96, 128], "k_stages": [2, 3], "v_stages": [2, 3]},

@@ -481,7 +481,10 @@ def search(
         f"study {summary.study}: {summary.trials_run} trials in {summary.wall_s:.0f} s "
         f"({summary.trials_per_hour:.0f}/h; complete {summary.complete}, pruned "
         f"{summary.pruned}, failed {summary.failed}, static rejects {summary.rejected}); "
-        f"GPU busy {100 * summary.gpu_busy_fraction:.0f} %; stopped: {summary.stopped_by}",
+        f"GPU busy {100 * summary.gpu_busy_fraction:.0f} %"
+        + (f" (of which {summary.temp_wait_s:.0f} s waiting for the GPU to cool)"
+           if summary.temp_wait_s >= 0.5 else "")
+        + f"; stopped: {summary.stopped_by}",
         soft_wrap=True,
     )
     if summary.best:

@@ -16,7 +16,9 @@ fixture worker. Every worker speaks the same protocol, documented here:
   ``{"status": "ok", "gate": dict | None, "timing": dict}``, or
   ``{"status": "gate_failed", "reason": str, "gate": dict}``, or
   ``{"status": "cuda_error", "reason": str}`` (and exits: the context may be unusable), or
-  ``{"status": "error", "reason": str}``;
+  ``{"status": "error", "reason": str}``; the product's worker adds ``"worker_s"`` to each
+  reply, the seconds from receiving the request to replying (the search's GPU-busy time;
+  without it the search counts the request's wall time);
 * ``{"op": "stop"}`` (or a closed pipe) ends it.
 
 With ``gate`` false the worker regenerates the seed inputs before timing (the buffers may hold
@@ -29,6 +31,7 @@ import importlib
 import importlib.util
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +85,11 @@ def main(conn: Any, device_index: int) -> None:
     kernels: dict[str, runtime.KernelModule] = {}
     buffers: dict[Shape, runtime.AttnBuffers] = {}
     refs: dict[Shape, oracle.ReferenceCache] = {}
+    t_request = time.monotonic()
+
+    def reply(d: dict[str, Any]) -> None:
+        conn.send({**d, "worker_s": time.monotonic() - t_request})
+
     while True:
         try:
             msg = conn.recv()
@@ -89,6 +97,7 @@ def main(conn: Any, device_index: int) -> None:
             return
         if not isinstance(msg, dict) or msg.get("op") == "stop":
             return
+        t_request = time.monotonic()
         try:
             so = str(msg["so_path"])
             kernel = kernels.get(so)
@@ -105,8 +114,8 @@ def main(conn: Any, device_index: int) -> None:
                 g = oracle.gate(dev, kernel, shape, bufs, seed=seed, reference_cache=cache)
                 gate_d = gate_to_dict(g)
                 if not g.passed:
-                    conn.send({"status": "gate_failed", "gate": gate_d,
-                               "reason": f"gate failed on {shape}: {g.summary()}"})
+                    reply({"status": "gate_failed", "gate": gate_d,
+                           "reason": f"gate failed on {shape}: {g.summary()}"})
                     continue
             else:
                 st = dev.stream()
@@ -119,13 +128,13 @@ def main(conn: Any, device_index: int) -> None:
             t = timing.time_kernel(dev, kernel, shape, bufs, proto,
                                    temp_wait_s=float(msg.get("temp_wait_s",
                                                              timing.DEFAULT_TEMP_WAIT_S)))
-            conn.send({"status": "ok", "gate": gate_d, "timing": to_plain(t)})
+            reply({"status": "ok", "gate": gate_d, "timing": to_plain(t)})
         except runtime.CudaError as e:
             # Illegal address, launch failure, ...: the context may be poisoned. Report, exit.
-            conn.send({"status": "cuda_error", "reason": str(e)})
+            reply({"status": "cuda_error", "reason": str(e)})
             return
         except FaTuneError as e:
-            conn.send({"status": "error", "reason": str(e)})
+            reply({"status": "error", "reason": str(e)})
         except Exception as e:  # noqa: BLE001 - a bug here must still fail only this trial
-            conn.send({"status": "error", "reason": f"{type(e).__name__}: {e}"})
+            reply({"status": "error", "reason": f"{type(e).__name__}: {e}"})
             return

@@ -10,7 +10,9 @@ One invocation::
             violated constraint (so TPE learns where invalid configs lie), no compile
                                    -> duplicates of a measured config: same verdict, no GPU
                                    -> the rest compile in a thread pool (--jobs nvcc at a time)
-        the oldest candidate whose compile has finished goes to the GPU worker subprocess:
+        the oldest candidate whose compile has finished goes to the GPU worker subprocess
+        (while it measures, the parent asks the next trials: sampler and storage time overlap
+        the GPU's instead of following it):
             local memory or serialized wgmma in the artifact -> FAIL
             gate + screen on the cheapest shape (SCREEN_PROTOCOL)
             slower than the incumbent's screen by > PRUNE_SLOWER_FRACTION -> PRUNED
@@ -313,19 +315,28 @@ class WorkerFailure(Exception):
 
 
 class GpuWorker:
-    """One worker subprocess (spawned); ``request`` with a watchdog; ``restart`` on failure."""
+    """One worker subprocess (spawned); ``request`` with a watchdog; ``restart`` on failure.
+
+    ``background``, when set, is called while a request is in flight and nothing has arrived
+    yet; it does one short piece of the parent's own work (the search asks its next trial) and
+    returns whether it did any. The parent's CPU work then overlaps the GPU's instead of
+    holding it idle between requests.
+    """
 
     def __init__(self, entry: str = DEFAULT_ENTRY, device_index: int = 0,
-                 tick: Callable[[], None] | None = None) -> None:
+                 tick: Callable[[], None] | None = None,
+                 background: Callable[[], bool] | None = None) -> None:
         self.entry = entry
         self.device_index = device_index
         self.tick = tick or (lambda: None)
+        self.background = background
         self.proc: Any = None
         self.conn: Any = None
         self.gpu: dict[str, Any] = {}
         self.kernels: set[str] = set()
         self.restarts = 0
-        self.busy_s = 0.0
+        self.busy_s = 0.0  # the worker's own time on requests (its "worker_s"), else wall time
+        self.wall_s = 0.0  # wall time of requests as the parent saw them
 
     @property
     def alive(self) -> bool:
@@ -360,7 +371,9 @@ class GpuWorker:
                 raise WorkerFailure(f"watchdog: the GPU worker did not answer within "
                                     f"{timeout_s:.0f} s while {what} (hung kernel?); killed")
             try:
-                ready = self.conn.poll(min(0.25, left))
+                ready = self.conn.poll(0)
+                if not ready and not (self.background is not None and self.background()):
+                    ready = self.conn.poll(min(0.25, left))
             except (OSError, EOFError):
                 ready = True
             if ready:
@@ -425,8 +438,14 @@ class GpuWorker:
                 code = self._reap()
                 raise WorkerFailure(f"the GPU worker died ({_exit_text(code)})") from None
             reply = self._wait(timeout_s, what)
-        finally:
-            self.busy_s += time.monotonic() - t0
+        except BaseException:
+            self.busy_s += time.monotonic() - t0  # hung or dead: the GPU was held all along
+            self.wall_s += time.monotonic() - t0
+            raise
+        wall = time.monotonic() - t0
+        self.wall_s += wall
+        own = reply.get("worker_s") if isinstance(reply, dict) else None
+        self.busy_s += min(float(own), wall) if isinstance(own, (int, float)) else wall
         self.kernels.add(str(msg.get("so_path")))
         status = reply.get("status")
         if status == "cuda_error":
@@ -497,6 +516,7 @@ class SearchSummary:
     wall_s: float
     gpu_busy_s: float
     stopped_by: str
+    temp_wait_s: float = 0.0  # part of gpu_busy_s spent waiting for the GPU to cool
 
     @property
     def gpu_busy_fraction(self) -> float:
@@ -595,7 +615,8 @@ class Search:
         except Exception as e:  # noqa: BLE001
             raise SearchError(f"cannot create study '{study}': {e}") from None
         self._check_study_attrs()
-        self.worker = GpuWorker(worker_entry, device_index, tick=self._tick)
+        self.worker = GpuWorker(worker_entry, device_index, tick=self._tick,
+                                background=self._ask_while_gpu_works)
         self.progress = Progress(study, [str(s) for s in self.shapes], n_trials,
                                  None if timeout_s is None else self.t_start + timeout_s)
         self.open: dict[int, Any] = {}  # trial number -> Trial asked and not yet told
@@ -606,6 +627,13 @@ class Search:
         self._last_tick = 0.0
         self._avg_compile_s = 60.0
         self._exhausted: str | None = None
+        # The ask loop's state lives here: run() and the asks made while the GPU works share it.
+        self.queue: deque[_Candidate] = deque()  # compiling or compiled, not yet measured
+        self.pool: ThreadPoolExecutor | None = None
+        self._asking = False  # asks may run inside GPU waits (only inside run()'s loop)
+        self._asked = 0  # candidates sent to compile by this invocation
+        self._idle = 0  # asks in a row that gave no candidate
+        self.temp_wait_s = 0.0  # of the GPU-busy time, spent waiting for the GPU to cool
 
     # -- study metadata
     def _check_study_attrs(self) -> None:
@@ -728,28 +756,20 @@ class Search:
         self._enqueue_start_points()
         self._load_known()
         stopped_by = "finished"
-        pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="fa-tune-nvcc")
-        queue: deque[_Candidate] = deque()
+        self.pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="fa-tune-nvcc")
+        queue = self.queue
         old_term = None
         if threading.current_thread() is threading.main_thread():
             old_term = signal.signal(signal.SIGTERM, _raise_stop)
-        asked = idle = 0
         try:
+            self._asking = True
             while True:
                 why = self._should_stop()
-                # Keep the compile queue full (a batch of asks ahead of the GPU).
-                while not why and len(self.open) < self.lookahead and self._may_ask(asked):
-                    cand = self._ask(pool)
-                    if cand is None:
-                        idle += 1
-                        if idle >= MAX_IDLE_ASKS:
-                            self._exhausted = (f"the sampler proposed {idle} invalid or already "
-                                               "measured configs in a row (space exhausted?)")
-                        continue
-                    idle = 0
-                    asked += 1
-                    queue.append(cand)
-                    self._sync_queue(queue)
+                # Keep the compile queue full (a batch of asks ahead of the GPU). When a
+                # compiled candidate is ready, the GPU gets it first; the asks then run while it
+                # measures (_ask_while_gpu_works), not before.
+                if not why and not any(c.future.done() for c in queue):
+                    self._fill()
                 if why and stopped_by == "finished":
                     stopped_by = why
                 if not queue:
@@ -769,9 +789,10 @@ class Search:
         except _Stop:
             stopped_by = "interrupted (SIGTERM)"
         finally:
+            self._asking = False
             reason = "interrupted" if stopped_by.startswith("interrupted") else \
                 "not run: search stopped"
-            pool.shutdown(wait=False, cancel_futures=True)
+            self.pool.shutdown(wait=False, cancel_futures=True)
             self._tell_open(reason)
             self.worker.stop()
             if old_term is not None:
@@ -779,6 +800,35 @@ class Search:
             summary = self._summary(stopped_by)
             self._record_session(summary)
         return summary
+
+    def _fill(self, max_asks: int | None = None) -> int:
+        """Ask until ``lookahead`` trials are in the pipeline (or ``max_asks`` asks); returns
+        how many asks were made. A static reject or a duplicate is told at once."""
+        n = 0
+        while (max_asks is None or n < max_asks) and self.pool is not None \
+                and len(self.open) < self.lookahead and self._may_ask(self._asked):
+            n += 1
+            cand = self._ask(self.pool)
+            if cand is None:
+                self._idle += 1
+                if self._idle >= MAX_IDLE_ASKS:
+                    self._exhausted = (f"the sampler proposed {self._idle} invalid or already "
+                                       "measured configs in a row (space exhausted?)")
+                continue
+            self._idle = 0
+            self._asked += 1
+            self.queue.append(cand)
+            self._sync_queue(self.queue)
+        return n
+
+    def _ask_while_gpu_works(self) -> bool:
+        """The GPU worker's background job: one ask, so that the sampler's and the storage's
+        time (tens to hundreds of ms per ask, mostly static rejects) overlaps the GPU's work
+        instead of following it. Only inside run()'s loop (the seed points are enqueued by
+        then), never past the deadline."""
+        if not self._asking or self._should_stop():
+            return False
+        return self._fill(max_asks=1) > 0
 
     def _next_ready(self, queue: deque[_Candidate]) -> _Candidate | None:
         """Take the oldest candidate whose compile has finished, waiting for the first one.
@@ -796,6 +846,8 @@ class Search:
                     return cand
             if self._should_stop():
                 return None
+            if self._fill(max_asks=1):
+                continue  # a free slot got a candidate (or a reject): look again
             wait_futures([c.future for c in queue], timeout=0.25, return_when=FIRST_COMPLETED)
             self._tick()
 
@@ -952,7 +1004,9 @@ class Search:
                "gate": gate, "seed": self.gate_seed, "protocol": dict(protocol),
                "temp_wait_s": temp_wait_s}
         what = f"{'gating and ' if gate else ''}timing {shape}"
-        return self.worker.request(msg, watchdog_s(shape, protocol, gate, temp_wait_s), what)
+        reply = self.worker.request(msg, watchdog_s(shape, protocol, gate, temp_wait_s), what)
+        self.temp_wait_s += _temp_wait_s(reply)
+        return reply
 
     def _evaluate(self, cand: _Candidate) -> None:
         from optuna.trial import TrialState
@@ -1104,7 +1158,7 @@ class Search:
             study=self.study_name, storage=_redact(self.url), trials_run=p.done,
             complete=p.complete, pruned=p.pruned, failed=p.failed, rejected=p.rejected,
             duplicates=p.duplicates, best=best, wall_s=time.monotonic() - self.t_start,
-            gpu_busy_s=self.worker.busy_s, stopped_by=stopped_by,
+            gpu_busy_s=self.worker.busy_s, stopped_by=stopped_by, temp_wait_s=self.temp_wait_s,
         )
 
     def _record_session(self, s: SearchSummary) -> None:
@@ -1113,7 +1167,8 @@ class Search:
             sessions.append({
                 "started_utc": self.started_utc.strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "owner": self.owner, "wall_s": round(s.wall_s, 2),
-                "gpu_busy_s": round(s.gpu_busy_s, 2), "trials": s.trials_run,
+                "gpu_busy_s": round(s.gpu_busy_s, 2), "temp_wait_s": round(s.temp_wait_s, 2),
+                "trials": s.trials_run,
                 "complete": s.complete, "pruned": s.pruned, "failed": s.failed,
                 "rejected": s.rejected, "stopped_by": s.stopped_by,
             })
@@ -1132,6 +1187,17 @@ def _row(reply: dict[str, Any], gate: dict[str, Any] | None = None) -> dict[str,
         "max_abs_err": (g or {}).get("max_abs_err"),
         "temperature_c": st.get("temperature_c"), "sm_clock_mhz": st.get("sm_clock_mhz"),
     }
+
+
+def _temp_wait_s(reply: dict[str, Any]) -> float:
+    """Seconds a measure reply's rounds waited for the GPU to cool (0 when not reported)."""
+    rounds = (reply.get("timing") or {}).get("rounds") or []
+    total = 0.0
+    for r in rounds:
+        waited = (r.get("temp_wait") or {}).get("waited_s") if isinstance(r, dict) else None
+        if isinstance(waited, (int, float)):
+            total += float(waited)
+    return total
 
 
 def _is_transient_build(e: FaTuneError) -> bool:
