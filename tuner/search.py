@@ -6,8 +6,10 @@ One invocation::
     fail stale RUNNING trials left by a killed run; re-enqueue what an interrupted run never ran
     enqueue the known-good points (SEED_POINTS) the study has not seen yet
     loop:
-        ask trials ahead (a batch) -> static check (validate, check_shape): PRUNED with a
-            violated constraint (so TPE learns where invalid configs lie), no compile
+        ask trials ahead (a batch); the sampler proposes only valid, unmeasured configs
+            (tuner/sampler.py: checked in Python before Optuna stores a trial)
+                                   -> static check (validate, check_shape) as a backstop:
+            PRUNED with a violated constraint, no compile
                                    -> duplicates of a measured config: same verdict, no GPU
                                    -> the rest compile in a thread pool (--jobs nvcc at a time)
         the oldest candidate whose compile has finished goes to the GPU worker subprocess
@@ -238,18 +240,20 @@ def load_existing_study(study: str, storage: str | None) -> Any:
 # ---- the space -> Optuna ------------------------------------------------------------------
 def suggest_config(trial: Any, space: SearchSpace) -> KernelConfig:
     """Ask the trial for every free knob; fixed knobs take their single value."""
-    values: dict[str, Any] = {}
-    for knob in KNOBS:
-        choices = space.choices(knob)
-        if len(choices) == 1:
-            values[knob] = choices[0]
-            continue
+    params: dict[str, Any] = {}
+    for knob in space.free_knobs:
         dim = space.dims.get(knob)
         if dim is not None and dim.int_range is not None:
             lo, hi, st = dim.int_range
-            values[knob] = trial.suggest_int(knob, lo, hi, step=st)
+            params[knob] = trial.suggest_int(knob, lo, hi, step=st)
         else:
-            values[knob] = trial.suggest_categorical(knob, list(choices))
+            params[knob] = trial.suggest_categorical(knob, list(space.choices(knob)))
+    return config_from_params(params, space)
+
+
+def config_from_params(params: dict[str, Any], space: SearchSpace) -> KernelConfig:
+    """The config a trial with these free-knob params measures (fixed knobs from the space)."""
+    values = {knob: params[knob] if knob in params else space.choices(knob)[0] for knob in KNOBS}
     # Knobs that cannot matter under the others (e.g. fixed_cost with the grid scheduler) go to
     # their defaults, so such trials repeat an already-measured config instead of re-timing it.
     return KernelConfig.from_dict(values).effective()
@@ -262,14 +266,24 @@ def params_for(cfg: KernelConfig, space: SearchSpace) -> dict[str, Any] | None:
     return {k: getattr(cfg, k) for k in space.free_knobs}
 
 
-def make_sampler(name: str, seed: int | None, space: SearchSpace) -> Any:
+def make_sampler(name: str, seed: int | None, space: SearchSpace,
+                 accept: Callable[[dict[str, Any]], bool] | None = None) -> Any:
+    """The named sampler. With ``accept`` (the search's: valid and not yet measured), every
+    sampler but grid proposes only configs it takes (tuner/sampler.py)."""
     import optuna
 
+    def feasible(base: Any) -> Any:
+        if accept is None:
+            return base
+        from tuner.sampler import wrap
+
+        return wrap(base, space, accept, seed)
+
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True,
-                                          n_startup_trials=10)
+        return feasible(optuna.samplers.TPESampler(seed=seed, multivariate=True,
+                                                   constant_liar=True, n_startup_trials=10))
     if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
+        return feasible(optuna.samplers.RandomSampler(seed=seed))
     if name == "grid":
         free = space.free_knobs
         n = math.prod(len(space.choices(k)) for k in free)
@@ -284,7 +298,7 @@ def make_sampler(name: str, seed: int | None, space: SearchSpace) -> Any:
 
         if importlib.util.find_spec("cmaes") is None:
             raise SearchError("the cmaes sampler needs the cmaes package: `pip install cmaes`")
-        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+        return feasible(optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False))
     raise SearchError(f"unknown sampler '{name}'; choose one of {', '.join(SAMPLERS)}")
 
 
@@ -606,7 +620,7 @@ class Search:
         self.started_utc = datetime.now(timezone.utc)
 
         self.storage = open_storage(self.url)
-        samp = make_sampler(sampler, seed, space)
+        samp = make_sampler(sampler, seed, space, accept=self._acceptable)
         try:
             self.study = optuna.create_study(
                 study_name=self.study_name, storage=self.storage, sampler=samp,
@@ -634,6 +648,19 @@ class Search:
         self._asked = 0  # candidates sent to compile by this invocation
         self._idle = 0  # asks in a row that gave no candidate
         self.temp_wait_s = 0.0  # of the GPU-busy time, spent waiting for the GPU to cool
+
+    def _acceptable(self, params: dict[str, Any]) -> bool:
+        """The sampler's filter: a config the static check takes and no trial has measured or
+        is measuring (a duplicate would only repeat a verdict)."""
+        try:
+            cfg = config_from_params(params, self.space)
+            validate(cfg)
+            for s in self.shapes:
+                check_shape(cfg, s)
+        except (ConfigError, ShapeError):
+            return False
+        cid = cfg.config_id()
+        return cid not in self.known and cid not in self.pending
 
     # -- study metadata
     def _check_study_attrs(self) -> None:
@@ -811,7 +838,11 @@ class Search:
             cand = self._ask(self.pool)
             if cand is None:
                 self._idle += 1
-                if self._idle >= MAX_IDLE_ASKS:
+                if getattr(self.study.sampler, "starved", False):
+                    self._exhausted = ("no valid config that is not yet measured turned up in "
+                                       f"{self.study.sampler.random_tries} random draws "
+                                       "(space exhausted?)")
+                elif self._idle >= MAX_IDLE_ASKS:
                     self._exhausted = (f"the sampler proposed {self._idle} invalid or already "
                                        "measured configs in a row (space exhausted?)")
                 continue

@@ -14,5 +14,5 @@ for run in cold cached; do
   timeout 280 $E python3 -m tuner.cli search --study "$study" --sampler random --seed 11 \
     --trials "$trials" --timeout 4m > "$OUT/replay_$run.log" 2>&1 || echo "$run exited $?"
   cp "studies/$study.db"* "$OUT/" 2>/dev/null || true
-  echo "$run: $(grep -a -E '^study .*trials in' "$OUT/replay_$run.log" | tail -1)"
+  echo "$run: $(grep -a -o 'study [^ ]*: [0-9]* trials in.*' "$OUT/replay_$run.log" | tail -1)"
 done

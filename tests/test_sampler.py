@@ -1,0 +1,95 @@
+"""The feasibility filter in front of the search's samplers (tuner/sampler.py), on a real
+SQLite study over the default space. Outcomes told to the sampler are synthetic (a hash of the
+config): these tests check what is proposed, not how fast anything runs."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.config import ConfigError, load_preset, validate
+from tuner.sampler import FeasibleSampler
+from tuner.search import (
+    SEED_POINTS,
+    config_from_params,
+    make_sampler,
+    open_storage,
+    params_for,
+    suggest_config,
+)
+from tuner.space import load_space, space_from_dict
+
+
+def _run(tmp: Path, sampler_name: str, asks: int, seed: int = 3) -> tuple[list[Any], Any]:
+    """Seed points first, then ``asks`` more; valid trials stay open 8 asks (a compile queue)."""
+    space = load_space("default")
+    seen: set[str] = set()
+
+    def accept(params: dict[str, Any]) -> bool:
+        try:
+            cfg = validate(config_from_params(params, space))
+        except ConfigError:
+            return False
+        return cfg.config_id() not in seen
+
+    sampler = make_sampler(sampler_name, seed, space, accept=accept)
+    study = optuna.create_study(direction="maximize", sampler=sampler,
+                                storage=open_storage(f"sqlite:///{tmp / 's.db'}"))
+    seeds = [params_for(load_preset(p).replace(**c), space) for _, p, c in SEED_POINTS]
+    for params in seeds:
+        study.enqueue_trial(params)
+    open_: list[tuple[Any, Any]] = []
+    proposed: list[Any] = []
+    for _ in range(len(seeds) + asks):
+        trial = study.ask()
+        try:
+            cfg = validate(suggest_config(trial, space))
+        except ConfigError:
+            proposed.append(None)
+            study.tell(trial, state=TrialState.FAIL)
+            continue
+        proposed.append(cfg)
+        seen.add(cfg.config_id())
+        open_.append((trial, cfg))
+        if len(open_) >= 8:
+            t, c = open_.pop(0)
+            h = int(hashlib.sha256(c.canonical_json().encode()).hexdigest()[:8], 16)
+            study.tell(t, 700.0 if t.number < len(seeds) else 500.0 + h % 140)
+    return proposed, study
+
+
+@pytest.mark.parametrize("name", ["tpe", "random"])
+def test_only_valid_unseen_configs_are_proposed(tmp_path: Path, name: str) -> None:
+    proposed, study = _run(tmp_path, name, asks=30)
+    assert all(cfg is not None for cfg in proposed)  # no static reject at all
+    ids = [cfg.config_id() for cfg in proposed]
+    assert len(set(ids)) == len(ids)  # and no duplicate
+    # The seed points went through untouched (enqueued trials keep their fixed params).
+    space = load_space("default")
+    for t, (_, preset, changes) in zip(study.trials, SEED_POINTS, strict=False):
+        assert t.params == params_for(load_preset(preset).replace(**changes), space)
+    if name == "tpe":
+        s = study.sampler
+        assert isinstance(s, FeasibleSampler) and s.model_proposals > 0  # TPE's model was used
+
+
+def test_random_is_reproducible_for_a_seed(tmp_path: Path) -> None:
+    a, _ = _run(tmp_path / "a", "random", asks=10, seed=5)
+    b, _ = _run(tmp_path / "b", "random", asks=10, seed=5)
+    assert [c.config_id() for c in a] == [c.config_id() for c in b]
+
+
+def test_starved_when_nothing_is_left(tmp_path: Path) -> None:
+    space = space_from_dict({"block_n": [112, 128]}, "tiny")
+    taken = {config_from_params({"block_n": n}, space).config_id() for n in (112, 128)}
+    s = FeasibleSampler(optuna.samplers.RandomSampler(seed=0), space,
+                        lambda p: config_from_params(p, space).config_id() not in taken,
+                        seed=0, random_tries=50)
+    study = optuna.create_study(sampler=s, storage=open_storage(f"sqlite:///{tmp_path / 't.db'}"))
+    study.ask().suggest_categorical("block_n", [112, 128])
+    assert s.starved and s.random_draws == 50
