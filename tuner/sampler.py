@@ -8,8 +8,9 @@ a search asked 320 trials in 104 s for one compiled candidate, 300 static reject
 ``FeasibleSampler`` samples all free knobs jointly (one relative search space) and checks each
 proposal in Python before Optuna stores anything:
 
-* the base sampler's joint proposal (TPE after its startup trials) is kept if ``accept`` takes
-  it; otherwise the base sampler is asked again, up to ``model_tries`` times;
+* the base sampler's joint proposal over the knobs it models (TPE after its startup trials:
+  all of them), completed by uniform draws for the others, is kept if ``accept`` takes it;
+  otherwise the base sampler is asked again, up to ``model_tries`` times;
 * otherwise (startup trials, a sampler with no joint model such as random, or no accepted
   proposal) a uniform draw over the knobs' choices, repeated until ``accept`` takes one, up to
   ``random_tries`` draws; the last draw is returned regardless (the search's own static check
@@ -70,11 +71,17 @@ class FeasibleSampler(BaseSampler):
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         if not search_space or "fixed_params" in trial.system_attrs:
             return {}
-        for _ in range(self.model_tries):
-            params = self.base.sample_relative(study, trial, search_space)
-            if not params or set(params) != set(search_space):
-                break  # no joint model (startup trials, random, CMA-ES on categoricals)
+        # The base sampler proposes over the part of the space it models itself (TPE: every
+        # knob once trials are complete; CMA-ES: the integer knobs); the rest is drawn uniformly.
+        modelled = {k: d for k, d in self.base.infer_relative_search_space(study, trial).items()
+                    if k in search_space}
+        rest = {k: d for k, d in search_space.items() if k not in modelled}
+        for _ in range(self.model_tries if modelled else 0):
+            part = self.base.sample_relative(study, trial, modelled)
+            if not part:
+                break  # no model yet (startup trials)
             self.model_proposals += 1
+            params = {**self._draw(rest), **part}
             if self.accept(params):
                 self.model_accepted += 1
                 return params
