@@ -35,14 +35,13 @@ import optuna  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
 from tuner import space as spaces  # noqa: E402
-from tuner.config import ConfigError, load_preset, validate  # noqa: E402
+from tuner.config import ConfigError, validate  # noqa: E402
 from tuner.search import (  # noqa: E402
-    SEED_POINTS,
-    config_from_params,
     make_sampler,
     open_storage,
-    params_for,
+    seed_params,
     suggest_config,
+    valid_config,
 )
 
 
@@ -63,18 +62,14 @@ def main() -> None:
     seen: set[str] = set()
 
     def accept(params: dict[str, Any]) -> bool:
-        try:
-            cfg = validate(config_from_params(params, space))
-        except ConfigError:
-            return False
-        return cfg.config_id() not in seen
+        cfg = valid_config(params, space)
+        return cfg is not None and cfg.config_id() not in seen
 
     sampler = make_sampler(args.sampler, args.seed, space,
                            accept=accept if args.mode == "feasible" else None)
     storage = open_storage(args.storage) if args.storage else None
     study = optuna.create_study(direction="maximize", sampler=sampler, storage=storage)
-    for _, preset, changes in SEED_POINTS:
-        params = params_for(load_preset(preset).replace(**changes), space)
+    for _, params in seed_params(space):
         if params is not None:
             study.enqueue_trial(params)
     n_seeds = len(study.get_trials(states=(TrialState.WAITING,)))

@@ -12,15 +12,15 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.config import ConfigError, load_preset, validate
+from tuner.config import ConfigError, validate
 from tuner.sampler import FeasibleSampler
 from tuner.search import (
-    SEED_POINTS,
     config_from_params,
     make_sampler,
     open_storage,
-    params_for,
+    seed_params,
     suggest_config,
+    valid_config,
 )
 from tuner.space import load_space, space_from_dict
 
@@ -31,16 +31,13 @@ def _run(tmp: Path, sampler_name: str, asks: int, seed: int = 3) -> tuple[list[A
     seen: set[str] = set()
 
     def accept(params: dict[str, Any]) -> bool:
-        try:
-            cfg = validate(config_from_params(params, space))
-        except ConfigError:
-            return False
-        return cfg.config_id() not in seen
+        cfg = valid_config(params, space)
+        return cfg is not None and cfg.config_id() not in seen
 
     sampler = make_sampler(sampler_name, seed, space, accept=accept)
     study = optuna.create_study(direction="maximize", sampler=sampler,
                                 storage=open_storage(f"sqlite:///{tmp / 's.db'}"))
-    seeds = [params_for(load_preset(p).replace(**c), space) for _, p, c in SEED_POINTS]
+    seeds = [params for _, params in seed_params(space)]
     for params in seeds:
         study.enqueue_trial(params)
     open_: list[tuple[Any, Any]] = []
@@ -71,8 +68,8 @@ def test_only_valid_unseen_configs_are_proposed(tmp_path: Path, name: str) -> No
     assert len(set(ids)) == len(ids)  # and no duplicate
     # The seed points went through untouched (enqueued trials keep their fixed params).
     space = load_space("default")
-    for t, (_, preset, changes) in zip(study.trials, SEED_POINTS, strict=False):
-        assert t.params == params_for(load_preset(preset).replace(**changes), space)
+    for t, (_, params) in zip(study.trials, seed_params(space), strict=False):
+        assert t.params == params
     if name == "tpe":
         s = study.sampler
         assert isinstance(s, FeasibleSampler) and s.model_proposals > 0  # TPE's model was used

@@ -25,7 +25,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.samplers import BaseSampler
 
@@ -126,10 +125,3 @@ class FeasibleSampler(BaseSampler):
         self.starved = True
         return params
 
-
-def wrap(base: BaseSampler, space: SearchSpace, accept: Accept,
-         seed: int | None) -> FeasibleSampler:
-    """``base`` behind the feasibility filter (the search's samplers, grid excepted)."""
-    if isinstance(base, optuna.samplers.GridSampler):
-        raise TypeError("the grid sampler enumerates its points; it is not wrapped")
-    return FeasibleSampler(base, space, accept, seed=seed)

@@ -259,6 +259,30 @@ def config_from_params(params: dict[str, Any], space: SearchSpace) -> KernelConf
     return KernelConfig.from_dict(values).effective()
 
 
+def static_check(cfg: KernelConfig, shapes: Sequence[Shape]) -> None:
+    """What the search refuses without compiling: ConfigError or ShapeError saying why."""
+    validate(cfg)
+    for s in shapes:
+        check_shape(cfg, s)
+
+
+def valid_config(params: dict[str, Any], space: SearchSpace,
+                 shapes: Sequence[Shape] = ()) -> KernelConfig | None:
+    """The config these params measure, or None if the static check refuses it."""
+    try:
+        cfg = config_from_params(params, space)
+        static_check(cfg, shapes)
+    except (ConfigError, ShapeError):
+        return None
+    return cfg
+
+
+def seed_params(space: SearchSpace) -> list[tuple[str, dict[str, Any] | None]]:
+    """(source, params) of every known-good point; params None when it lies outside space."""
+    return [(source, params_for(load_preset(preset).replace(**changes), space))
+            for source, preset, changes in SEED_POINTS]
+
+
 def params_for(cfg: KernelConfig, space: SearchSpace) -> dict[str, Any] | None:
     """The free-knob params that make a trial suggest cfg; None if cfg lies outside the space."""
     if not space.contains(cfg):
@@ -275,9 +299,9 @@ def make_sampler(name: str, seed: int | None, space: SearchSpace,
     def feasible(base: Any) -> Any:
         if accept is None:
             return base
-        from tuner.sampler import wrap
+        from tuner.sampler import FeasibleSampler
 
-        return wrap(base, space, accept, seed)
+        return FeasibleSampler(base, space, accept, seed=seed)
 
     if name == "tpe":
         return feasible(optuna.samplers.TPESampler(seed=seed, multivariate=True,
@@ -652,12 +676,8 @@ class Search:
     def _acceptable(self, params: dict[str, Any]) -> bool:
         """The sampler's filter: a config the static check takes and no trial has measured or
         is measuring (a duplicate would only repeat a verdict)."""
-        try:
-            cfg = config_from_params(params, self.space)
-            validate(cfg)
-            for s in self.shapes:
-                check_shape(cfg, s)
-        except (ConfigError, ShapeError):
+        cfg = valid_config(params, self.space, self.shapes)
+        if cfg is None:
             return False
         cid = cfg.config_id()
         return cid not in self.known and cid not in self.pending
@@ -738,11 +758,9 @@ class Search:
                 self.study.enqueue_trial(dict(t.params), user_attrs={"requeued_from": t.number})
                 waiting.add(t.user_attrs.get("config_id"))
         sources = {t.user_attrs.get("source") for t in trials}
-        for source, preset, changes in SEED_POINTS:
+        for source, params in seed_params(self.space):
             if source in sources:
                 continue
-            cfg = load_preset(preset).replace(**changes)
-            params = params_for(cfg, self.space)
             if params is None:
                 self.progress.event(f"{source} lies outside {self.space.source}: not enqueued")
                 continue
@@ -784,7 +802,6 @@ class Search:
         self._load_known()
         stopped_by = "finished"
         self.pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="fa-tune-nvcc")
-        queue = self.queue
         old_term = None
         if threading.current_thread() is threading.main_thread():
             old_term = signal.signal(signal.SIGTERM, _raise_stop)
@@ -795,20 +812,20 @@ class Search:
                 # Keep the compile queue full (a batch of asks ahead of the GPU). When a
                 # compiled candidate is ready, the GPU gets it first; the asks then run while it
                 # measures (_ask_while_gpu_works), not before.
-                if not why and not any(c.future.done() for c in queue):
+                if not why and not any(c.future.done() for c in self.queue):
                     self._fill()
                 if why and stopped_by == "finished":
                     stopped_by = why
-                if not queue:
+                if not self.queue:
                     if self._exhausted and stopped_by == "finished":
                         stopped_by = self._exhausted
                     break
                 if why:
                     break  # the rest is told "not run" in finally
-                cand = self._next_ready(queue)
+                cand = self._next_ready()
                 if cand is None:
                     continue  # the deadline passed while every compile was still running
-                self._sync_queue(queue)
+                self._sync_queue()
                 self._evaluate(cand)
                 self._emit()
         except KeyboardInterrupt:
@@ -849,7 +866,7 @@ class Search:
             self._idle = 0
             self._asked += 1
             self.queue.append(cand)
-            self._sync_queue(self.queue)
+            self._sync_queue()
         return n
 
     def _ask_while_gpu_works(self) -> bool:
@@ -861,7 +878,7 @@ class Search:
             return False
         return self._fill(max_asks=1) > 0
 
-    def _next_ready(self, queue: deque[_Candidate]) -> _Candidate | None:
+    def _next_ready(self) -> _Candidate | None:
         """Take the oldest candidate whose compile has finished, waiting for the first one.
 
         Compile times differ 2x between tiles (~30 s vs ~65 s on the 16-core H200 host), so
@@ -871,15 +888,15 @@ class Search:
         compiles finish first. Returns None when the search should stop before any is ready.
         """
         while True:
-            for cand in queue:
+            for cand in self.queue:
                 if cand.future.done():
-                    queue.remove(cand)
+                    self.queue.remove(cand)
                     return cand
             if self._should_stop():
                 return None
             if self._fill(max_asks=1):
                 continue  # a free slot got a candidate (or a reject): look again
-            wait_futures([c.future for c in queue], timeout=0.25, return_when=FIRST_COMPLETED)
+            wait_futures([c.future for c in self.queue], timeout=0.25, return_when=FIRST_COMPLETED)
             self._tick()
 
     def _should_stop(self) -> str | None:
@@ -903,9 +920,9 @@ class Search:
                 return False
         return True
 
-    def _sync_queue(self, queue: deque[_Candidate]) -> None:
-        self.progress.compile_queue = sum(1 for c in queue if not c.future.done())
-        self.progress.compiling = sum(1 for c in queue if c.future.running())
+    def _sync_queue(self) -> None:
+        self.progress.compile_queue = sum(1 for c in self.queue if not c.future.done())
+        self.progress.compiling = sum(1 for c in self.queue if c.future.running())
 
     def _ask(self, pool: ThreadPoolExecutor) -> _Candidate | None:
         """Ask one trial; a static reject or a duplicate is told at once (returns None)."""
@@ -922,9 +939,7 @@ class Search:
         trial.set_user_attr("config", cfg.to_dict())
         trial.set_user_attr("config_id", cid)
         try:
-            validate(cfg)
-            for s in self.shapes:
-                check_shape(cfg, s)
+            static_check(cfg, self.shapes)
         except (ConfigError, ShapeError) as e:
             self._reject(trial, e)
             return None
@@ -990,13 +1005,10 @@ class Search:
         return ft
 
     def _reject(self, trial: Any, why: Exception) -> None:
-        """A config the static check refuses: told PRUNED with a violated constraint.
-
-        As FAIL, TPE never saw these trials and kept proposing invalid corners of the space
-        (93% of the asks of a 4-minute H200 search, 2026-11-30). A pruned, infeasible trial
-        joins its model on the bad side: in a sampler-only run over the default space the
-        asks per valid config fell from 4.1 to 1.8 (docs/PERF.md, step 17).
-        """
+        """A config the static check refuses: told PRUNED with a violated constraint, so a
+        sampler that reads constraints sees it as infeasible. Rare since the sampler's filter
+        (tuner/sampler.py) checks proposals first; alone, this made TPE stall on the H200
+        (docs/PERF.md, steps 17 and 19)."""
         from optuna.trial import TrialState
 
         trial.set_user_attr("prune_reason", f"static check: {' '.join(str(why).split())}"[:2000])
