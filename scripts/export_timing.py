@@ -20,10 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner import export, oracle, timing  # noqa: E402
+from tuner import export
 from tuner.compare import settle  # noqa: E402
 from tuner.config import KernelConfig, Shape  # noqa: E402
 from tuner.errors import FaTuneError  # noqa: E402
+from tuner.measure import oracle, timing  # noqa: E402
 from tuner.runtime import AttnBuffers, Device, KernelModule  # noqa: E402
 from tuner.show import pick_trial  # noqa: E402
 

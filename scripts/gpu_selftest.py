@@ -30,9 +30,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner import oracle as O  # noqa: E402
-from tuner import timing as T  # noqa: E402
 from tuner.errors import FaTuneError  # noqa: E402
+from tuner.measure import oracle as O  # noqa: E402
+from tuner.measure import timing as T  # noqa: E402
 from tuner.runtime import AttnBuffers, Device, Event, OracleModule  # noqa: E402
 
 ROWS: list[tuple[str, str, str]] = []  # (check, PASS/FAIL, detail)

@@ -171,8 +171,8 @@ def test_sample_heads_are_distinct_and_include_the_ends() -> None:
 
 
 def _fixture_timing(rounds: list[list[float]], shape: Shape) -> dict:
-    """tuner.timing's aggregation over made-up samples, as compare.time_launches builds it."""
-    from tuner import timing
+    """tuner.measure.timing's aggregation over made-up samples, as compare.time_launches builds it."""
+    from tuner.measure import timing
 
     tw = timing.TempWait(65, 30.0, 0.0, None, None, bound_hit=False, skipped=True)
     st = timing.GpuState(time_unix=0.0, note="TEST FIXTURE")

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tuner import oracle as O
+from tuner.measure import oracle as O
 from tuner.runtime import KernelError
 
 _ptrs = itertools.count(0x10000, 0x1000)

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from tuner import oracle as O
 from tuner.errors import FaTuneError
+from tuner.measure import oracle as O
 from tuner.runtime import ORACLE_STATS_BYTES, CudaError, OracleModule
 
 ROOT = Path(__file__).resolve().parents[1]

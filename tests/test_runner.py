@@ -11,7 +11,7 @@ import pytest
 from tuner import runner, store
 from tuner.config import SEED_SHAPES
 
-oracle = pytest.importorskip("tuner.oracle")
+oracle = pytest.importorskip("tuner.measure.oracle")
 
 
 def _metrics(name: str, passed: bool, err: float, rel: float) -> oracle.SetMetrics:

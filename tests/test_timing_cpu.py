@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from tuner import timing as T
 from tuner.errors import FaTuneError
+from tuner.measure import timing as T
 
 
 def test_protocol_defaults_and_validation() -> None:

@@ -142,7 +142,8 @@ def run(
     """Build, gate (vs the FP32 reference) and time a config; write a result folder."""
     cfg, label = load_config(preset, config)
     shapes = [Shape.parse(s) for s in shape] if shape else list(SEED_SHAPES)
-    from tuner import runner, timing
+    from tuner import runner
+    from tuner.measure import timing
 
     protocol = timing.Protocol(warmup=warmup, repeat=repeat, rounds=rounds)
     report = runner.run_config(
@@ -457,7 +458,7 @@ def search(
         )
     nvml = None
     try:
-        from tuner.timing import Nvml
+        from tuner.measure.timing import Nvml
 
         nvml = Nvml(index=device)
     except Exception:  # noqa: BLE001 - NVML is optional

@@ -7,7 +7,7 @@ FlashAttention-2, our Triton kernel) gets, per shape:
 2. the same gate before any timing: |out - ref| <= 0.05 + 0.1 |ref| on sampled full heads against
    an FP32 torch reference, and no NaN/Inf anywhere in O. A backend that fails is reported as
    failed and gets no numbers; nothing is substituted;
-3. the same protocol as ``fa-tune run`` (tuner.timing): per round, the bounded NVML temperature
+3. the same protocol as ``fa-tune run`` (tuner.measure.timing): per round, the bounded NVML temperature
    wait (<= 65 C; so also right before each backend), ``settle_s`` seconds of launches (so each
    round starts at the card's power-capped steady state) and GPU-state snapshots, ``warmup``
    launches, then ``repeat`` launches each bracketed by CUDA events (torch's, on torch's current
@@ -71,13 +71,13 @@ Log = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Protocol:
-    """The seeds' timing protocol (tuner.timing's) plus the compare-only knobs."""
+    """The seeds' timing protocol (tuner.measure.timing's) plus the compare-only knobs."""
 
     warmup: int = 50
     repeat: int = 200
     rounds: int = 3
     temp_limit_c: int = 65
-    # Each wait (before every round, as in tuner.timing) is bounded, and so is their sum over
+    # Each wait (before every round, as in tuner.measure.timing) is bounded, and so is their sum over
     # the suite: a card that idles hot delays the comparison, it never outlives a 10-minute call.
     temp_wait_max_s: float = 30.0
     temp_wait_total_s: float = 180.0
@@ -98,7 +98,7 @@ class Protocol:
             raise FaTuneError(f"--settle-s must be between 0 and 60 seconds (got {self.settle_s})")
 
     def timing_protocol(self) -> Any:
-        from tuner import timing
+        from tuner.measure import timing
 
         return timing.Protocol(warmup=self.warmup, repeat=self.repeat, rounds=self.rounds)
 
@@ -194,9 +194,9 @@ def make_backends(so: Any, peer_names: Sequence[str]) -> list[Backend]:
     return backends
 
 
-# ---- GPU state (NVML, through tuner.timing) -------------------------------------------------
+# ---- GPU state (NVML, through tuner.measure.timing) -------------------------------------------------
 class WaitBudget:
-    """tuner.timing's bounded temperature wait, with a cap on the suite's total waiting."""
+    """tuner.measure.timing's bounded temperature wait, with a cap on the suite's total waiting."""
 
     def __init__(self, nvml: Any, protocol: Protocol) -> None:
         self.nvml = nvml
@@ -204,7 +204,7 @@ class WaitBudget:
         self.left_s = protocol.temp_wait_total_s
 
     def wait(self) -> Any:
-        from tuner import timing
+        from tuner.measure import timing
 
         bound = max(0.0, min(self.protocol.temp_wait_max_s, self.left_s))
         tw = timing.wait_for_temperature(self.nvml.temperature, self.protocol.temp_limit_c, bound)
@@ -326,16 +326,16 @@ def settle(run: Callable[[], Any], seconds: float, sync: Callable[[], Any]) -> i
 def time_launches(
     run: Callable[[], Any], shape: Shape, protocol: Protocol, waits: WaitBudget
 ) -> dict[str, Any]:
-    """tuner.timing's protocol with torch CUDA events on torch's current stream.
+    """tuner.measure.timing's protocol with torch CUDA events on torch's current stream.
 
     Per round: bounded temperature wait, ``settle_s`` seconds of launches (the power ramp),
     NVML state, ``warmup`` launches, then ``repeat`` launches each bracketed by its own event
-    pair. Aggregation (median of round medians, min/max over every sample) is tuner.timing's
+    pair. Aggregation (median of round medians, min/max over every sample) is tuner.measure.timing's
     own, so compare and ``fa-tune run`` report alike.
     """
     import torch
 
-    from tuner import timing
+    from tuner.measure import timing
 
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(protocol.repeat)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(protocol.repeat)]
@@ -492,7 +492,7 @@ def run_suite(
     if not torch.cuda.is_available():
         raise GpuError("fa-tune compare needs a CUDA GPU visible to torch; none was found")
 
-    from tuner import timing
+    from tuner.measure import timing
 
     nvml = timing.Nvml(_pci_bus_id(torch), index=torch.cuda.current_device())
     waits = WaitBudget(nvml, protocol)

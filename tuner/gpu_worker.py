@@ -68,10 +68,11 @@ def bootstrap(entry: str, conn: Any, device_index: int) -> None:
 
 
 def main(conn: Any, device_index: int) -> None:
-    """The product's worker: real device, real oracle, real timing (tuner.timing)."""
-    from tuner import oracle, runtime, timing
+    """The product's worker: real device, real oracle, real timing (tuner.measure.timing)."""
+    from tuner import runtime
     from tuner.config import Shape
     from tuner.errors import FaTuneError
+    from tuner.measure import oracle, timing
     from tuner.runner import gate_to_dict, gpu_info, to_plain
 
     try:

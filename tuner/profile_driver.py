@@ -11,9 +11,10 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tuner import oracle, runtime
+    from tuner import runtime
     from tuner.config import Shape
     from tuner.errors import FaTuneError
+    from tuner.measure import oracle
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 4:

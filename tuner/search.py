@@ -68,7 +68,7 @@ PRUNE_SLOWER_FRACTION = 0.08
 SCREEN_PROTOCOL = {"warmup": 10, "repeat": 30, "rounds": 1}
 SURVEY_PROTOCOL = {"warmup": 20, "repeat": 100, "rounds": 1}
 CONFIRM_PROTOCOL = {"warmup": 50, "repeat": 200, "rounds": 3}  # the seeds' protocol
-# Temperature waits (tuner.timing): short bounds while searching, the normal one to confirm.
+# Temperature waits (tuner.measure.timing): short bounds while searching, the normal one to confirm.
 SEARCH_TEMP_WAIT_S = 10.0
 CONFIRM_TEMP_WAIT_S = 60.0
 # The known-good points enqueued first, as (source, preset, changes): FA3's heuristic, the

@@ -1,6 +1,6 @@
 """Issue 3 on an H200: a few configs of the knob-coverage sample pass the gate on all three seed
 shapes (the CPU test compiles the whole sample; this one runs the first configs, which cover the
-most knob values). Same path as `fa-tune run`: the cached .so through its C ABI, tuner.oracle's
+most knob values). Same path as `fa-tune run`: the cached .so through its C ABI, tuner.measure.oracle's
 gate with every default input set."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the knob_sample helper
 from knob_sample import gpu_sample  # noqa: E402
 
-from tuner import build, oracle  # noqa: E402
+from tuner import build
 from tuner.config import SEED_SHAPES, KernelConfig  # noqa: E402
+from tuner.measure import oracle  # noqa: E402
 from tuner.runtime import AttnBuffers, Device, KernelModule  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tuner import oracle as O
+from tuner.measure import oracle as O
 from tuner.runtime import AttnBuffers, Device, OracleModule, Stream
 
 pytestmark = pytest.mark.gpu

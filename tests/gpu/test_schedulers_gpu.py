@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tuner import build, oracle
+from tuner import build
 from tuner.config import SEED_SHAPES, KernelConfig, Shape, load_preset
+from tuner.measure import oracle
 from tuner.runtime import AttnBuffers, Device, KernelModule
 
 pytestmark = pytest.mark.gpu

@@ -55,8 +55,9 @@ def test_export_builds_and_passes_gate(gpu_study: tuple[str, str], tmp_path: Pat
     p = subprocess.run(["bash", str(out / "build.sh")], capture_output=True, text=True, env=env,
                        timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]
-    from tuner import oracle, runtime
+    from tuner import runtime
     from tuner.config import Shape
+    from tuner.measure import oracle
 
     dev = runtime.Device.open(0)
     shape = Shape(2, 16, 2048)

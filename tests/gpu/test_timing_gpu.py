@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tuner import oracle as O
-from tuner import timing as T
+from tuner.measure import oracle as O
+from tuner.measure import timing as T
 from tuner.runtime import AttnBuffers, Device
 
 pytestmark = pytest.mark.gpu
