@@ -27,11 +27,22 @@ DEFAULT_TEMP_WAIT_S = 60.0
 
 @dataclass(frozen=True)
 class Protocol:
-    """Warm-up launches, timed launches per round, independently warmed rounds."""
+    """The timing protocol, one for every command (run, compare, the search, export timing).
+
+    Per round: wait (at most ``temp_wait_s``) until the GPU is at or below ``temp_limit_c``;
+    launch back to back for ``settle_s`` seconds so the round starts at the card's
+    power-capped steady state (the H200's board power takes about a second of load to reach
+    its 700 W cap, and the clock falls with it: docs/PERF.md, step 18); ``warmup`` launches;
+    then ``repeat`` launches, each between its own pair of CUDA events. ``rounds`` rounds;
+    the headline is the median of the round medians.
+    """
 
     warmup: int = 50
     repeat: int = 200
     rounds: int = 3
+    settle_s: float = 2.0
+    temp_limit_c: int = DEFAULT_TEMP_LIMIT_C
+    temp_wait_s: float = DEFAULT_TEMP_WAIT_S
 
     def __post_init__(self) -> None:
         for name, lo in (("warmup", 0), ("repeat", 1), ("rounds", 1)):
@@ -42,9 +53,29 @@ class Protocol:
             raise FaTuneError(
                 "timing protocol too long: warmup/repeat <= 100000 and rounds <= 1000"
             )
+        if not 0.0 <= float(self.settle_s) <= 60.0:
+            raise FaTuneError(f"--settle-s must be between 0 and 60 seconds (got {self.settle_s})")
+        if not 0.0 <= float(self.temp_wait_s) <= 3600.0:
+            raise FaTuneError(f"temperature wait must be 0..3600 s (got {self.temp_wait_s})")
 
-    def to_dict(self) -> dict[str, int]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Protocol:
+        """Inverse of to_dict; fields left out keep their defaults."""
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)
+
+
+# The named protocols. FULL is what every reported number uses: `fa-tune run`, `compare`, the
+# search's confirmation of a new best and the export timing, so the best the search shows is the
+# number a user measures. SCREEN and SURVEY are the search's cheap rankings (no settle phase:
+# candidates are compared with each other under the same short protocol, never reported as the
+# kernel's speed).
+FULL = Protocol()
+SURVEY = Protocol(warmup=20, repeat=100, rounds=1, settle_s=0.0, temp_wait_s=10.0)
+SCREEN = Protocol(warmup=10, repeat=30, rounds=1, settle_s=0.0, temp_wait_s=10.0)
 
 
 def flops(shape: ShapeLike) -> float:
