@@ -3,16 +3,17 @@
     python3 scripts/export_timing.py --study NAME [--storage URL] --export DIR [--shape BxHxS]...
 
 Loads two shared libraries into one process: the trial's cached artifact (what the search
-timed) and DIR/build/libfa_tune_fwd.so (built from scratch by the export's build.sh). Both are
-gated on the seed inputs first (the product oracle), then timed alternately in A B B A order
-with the seeds' protocol per round, so drift hits both alike; --settle-s seconds of launches
-come first at each shape (the power ramp). Prints a table last: median ms of
-each, and the ratio export / tuner (goal: within 3%).
+timed) and DIR/build/libfa_tune_fwd.so (built from scratch by the export's build.sh). Both go
+through the one measurement path (tuner.measure.bench): gated first, then timed alternately in
+A B B A order, one round of the FULL protocol each (settle, 50 warm-up, 200 timed), so drift
+hits both alike. Prints a table last: median ms of each, and the ratio export / tuner (goal:
+within 3%).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -20,13 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner import export
-from tuner.compare import settle  # noqa: E402
+from tuner import export  # noqa: E402
 from tuner.config import KernelConfig, Shape  # noqa: E402
 from tuner.errors import FaTuneError  # noqa: E402
-from tuner.measure import oracle, timing  # noqa: E402
-from tuner.runtime import AttnBuffers, Device, KernelModule  # noqa: E402
-from tuner.show import pick_trial  # noqa: E402
+from tuner.measure.bench import Bench  # noqa: E402
+from tuner.measure.launch import KernelLaunch  # noqa: E402
+from tuner.measure.timing import FULL  # noqa: E402
+from tuner.study import pick_trial  # noqa: E402
 
 SEED_SHAPES = ["4x32x4096", "4x32x8192", "4x32x16384"]
 
@@ -46,8 +47,8 @@ def _main() -> int:
     ap.add_argument("--export", required=True, type=Path, help="folder written by fa-tune export")
     ap.add_argument("--shape", action="append", default=[])
     ap.add_argument("--pairs", type=int, default=4, help="A/B pairs per shape (even: ABBA)")
-    ap.add_argument("--settle-s", type=float, default=2.0,
-                    help="seconds of launches before a shape's first pair (0: none)")
+    ap.add_argument("--settle-s", type=float, default=FULL.settle_s,
+                    help="seconds of launches before each timed round (0: none)")
     ap.add_argument("--json", type=Path, help="write every sample here")
     a = ap.parse_args()
 
@@ -59,42 +60,35 @@ def _main() -> int:
         print(f"export_timing: {export_so} is missing; run {a.export / 'build.sh'} first")
         return 2
 
-    dev = Device.open(0)
-    kernels = {"tuner": KernelModule(tuner_so), "export": KernelModule(export_so)}
-    proto = timing.Protocol(warmup=50, repeat=200, rounds=1)
+    bench = Bench(0)
+    kernels = {"tuner": KernelLaunch(tuner_so, "tuner"),
+               "export": KernelLaunch(export_so, "export")}
+    proto = dataclasses.replace(FULL, rounds=1, settle_s=a.settle_s)
     rows, dump = [], {"trial": trial.number, "tuner_so": str(tuner_so),
                       "export_so": str(export_so), "shapes": {}}
     for text in a.shape or SEED_SHAPES:
         shape = Shape.parse(text)
         per: dict[str, list[float]] = {k: [] for k in kernels}
-        with AttnBuffers(dev, shape) as bufs:
-            for name, kern in kernels.items():
-                verdict = oracle.gate(dev, kern, shape, bufs)  # leaves the seed inputs in bufs
-                if not verdict.passed:
-                    print(f"export_timing: {name} kernel failed the gate at {text}: "
-                          f"{verdict.summary()}")
-                    return 1
-            # Reach the power-capped steady state first: at 4096 the first pair otherwise runs
-            # during the board's ~1 s ramp to 700 W (docs/PERF.md, step 18).
-            st = dev.stream()
-            try:
-                settle(lambda st=st: kernels["tuner"].forward(bufs, st), a.settle_s,
-                       st.synchronize)
-            finally:
-                st.destroy()
-            names = list(kernels)
-            for i in range(a.pairs):
-                # A B, then B A: neither library always runs on the hotter GPU.
-                for name in names if i % 2 == 0 else names[::-1]:
-                    r = timing.time_kernel(dev, kernels[name], shape, bufs, proto)
-                    per[name].append(r.median_ms)
+        for name, kern in kernels.items():
+            verdict = bench.gate(kern, shape)
+            if not verdict.passed:
+                print(f"export_timing: {name} kernel failed the gate at {text}: "
+                      f"{verdict.summary()}")
+                return 1
+        names = list(kernels)
+        for i in range(a.pairs):
+            # A B, then B A: neither library always runs on the hotter GPU.
+            for name in names if i % 2 == 0 else names[::-1]:
+                per[name].append(bench.time(kernels[name], shape, proto).median_ms)
+        bench.release(shape)
         med = {k: statistics.median(v) for k, v in per.items()}
         rows.append((text, med["tuner"], med["export"], med["export"] / med["tuner"],
                      min(per["export"]) / min(per["tuner"])))
         dump["shapes"][text] = per
     if a.json:
         a.json.write_text(json.dumps(dump, indent=1))
-    print(f"trial {trial.number}, config {cfg.config_id()}; seeds' protocol 50/200 per round, "
+    print(f"trial {trial.number}, config {cfg.config_id()}; one FULL round (settle "
+          f"{a.settle_s} s, 50 + 200) per kernel per pair, "
           f"{a.pairs} A/B pairs per shape")
     print(f"{'shape':12s} {'tuner ms':>10s} {'export ms':>10s} {'ratio':>7s} {'ratio(min)':>10s}")
     for s, t, e, r, rm in rows:

@@ -1,40 +1,38 @@
-"""Kernel lab: build, check and time several kernel variants side by side in one process.
+"""Kernel lab: build, gate and time several kernel variants side by side in one process.
 
-The developers' harness for kernel work on the GPU host (docs/PERF.md cites its output).
-Variants are partial knob dicts over the defaults (JSON on the command line or a preset
-name). Each is rendered from templates/fa_fwd_sm90.cu, compiled in parallel with nvcc,
-checked against an FP32 torch reference on sampled heads (seed inputs and a rising-max
-input set), and timed with the seeds' protocol beside FlashAttention-3 when it imports.
+The developers' harness for kernel work on the GPU host (docs/PERF.md cites its output). It is
+a thin layer over the product's one measurement path (tuner.measure): the same build cache,
+the same C-ABI binding, the same gate (every input set against the FP32 oracle) and the same
+timing protocol as `fa-tune run` and `fa-tune compare`; FlashAttention-3 is a peer on that path.
+
+Variants are partial knob dicts over the defaults (JSON) or preset names:
 
     python3 scripts/kernel_lab.py --variant default --variant '{"pingpong": false}' \
         --shape 4x32x8192 --warmup 50 --repeat 200 --rounds 3
 
-Uses torch for inputs and the reference: this is a lab script, not the product's path
-(the product gates with cuda_src/oracle.cu and times through tuner/).
-
-A variant may carry lab-only macros, `{"scheduler": "static", "_lab": {"FA_TUNE_LAB_X": 2}}`:
-they are defined ahead of the template (experiments that break results on purpose, e.g.
-FA_TUNE_LAB_KV_LOAD_EVERY in fa_tune/producer.cuh); such a variant is gated for the record
-but timed whatever the gate says. Each timing also samples the SM clock and board power
-(NVML) while the GPU drains the launch queue. Each round starts after --settle-s seconds of
-launches (default 2), so every backend is timed at the card's power-capped steady state.
+A variant may carry lab-only macros, `{"scheduler": "static", "_lab": {"FA_TUNE_LAB_X": 2}}`,
+passed to nvcc as -D through the build path (experiments that break results on purpose, e.g.
+FA_TUNE_LAB_KV_LOAD_EVERY in fa_tune/producer.cuh); such a variant is gated for the record but
+timed whatever the gate says, and its row says "exp". FA3 runs first and last on each shape.
+Every row reports the SM clock and board power NVML read after the settle phase.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner import build, config  # noqa: E402
+from tuner.config import Shape  # noqa: E402
+from tuner.measure.timing import Protocol  # noqa: E402
 
 
 class Variant:
@@ -49,218 +47,80 @@ class Variant:
         tag = "".join(f"+{k.removeprefix('FA_TUNE_LAB_').lower()}{v}" for k, v in self.lab.items())
         self.label = self.cfg.config_id() + tag
 
-    def template(self) -> Path | None:
-        """None for the product template; else a copy with the lab macros defined first."""
-        if not self.lab:
-            return None
-        text = "".join(f"#define {k} {v}\n" for k, v in sorted(self.lab.items()))
-        path = ROOT / "studies" / "lab_templates" / f"{self.label}.cu"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text + build.template_text(None))
-        return path
-
 
 def compile_all(variants: list[Variant], jobs: int) -> list[Path | None]:
-    outs: dict[int, build.BuildOutcome] = {}
-    groups: dict[Path | None, list[int]] = {}
+    """Build every variant through the product's build path (lab macros as -D defines)."""
+    groups: dict[str, list[int]] = {}
     for i, v in enumerate(variants):
-        groups.setdefault(v.template(), []).append(i)
-    for tpl, idx in groups.items():
-        built = build.build_many([variants[i].cfg for i in idx], jobs=jobs, template=tpl)
-        outs.update(zip(idx, built, strict=True))
-    paths = []
-    for i in range(len(variants)):
-        out = outs[i]
-        if not out.ok:
-            print(f"  BUILD FAILED {out.config.config_id()}: {out.error}", flush=True)
-            paths.append(None)
-            continue
-        r = out.result
-        e = r.main_entry
-        if r.unfit:  # local memory or serialized wgmma: timing it would only burn device time
-            print(f"  SKIP {r.config_id}: {r.unfit}", flush=True)
-            paths.append(None)
-            continue
-        sass = r.sass or {}
-        print(f"  {r.config_id}: {r.compile_seconds:.1f}s regs={e.get('registers')} "
-              f"spills={e.get('spill_stores')}/{e.get('spill_loads')} "
-              f"hgmma={sass.get('hgmma')} ldl+stl={sass.get('ldl', 0) + sass.get('stl', 0)}",
-              flush=True)
-        paths.append(Path(r.so_path))
-    return paths
+        groups.setdefault(json.dumps(v.lab, sort_keys=True), []).append(i)
+    sos: list[Path | None] = [None] * len(variants)
+    for lab_json, idx in groups.items():
+        defines = json.loads(lab_json) or None
+        built = build.build_many([variants[i].cfg for i in idx], jobs=jobs, defines=defines)
+        for i, outcome in zip(idx, built, strict=True):
+            if outcome.ok and not outcome.result.unfit:
+                sos[i] = Path(outcome.result.so_path)
+            else:
+                why = outcome.error or outcome.result.unfit
+                print(f"  {variants[i].label}: not built: {why}", flush=True)
+    return sos
 
 
-class Kernel:
-    def __init__(self, so: Path):
-        self.lib = ctypes.CDLL(str(so))
-        f = self.lib.fa_tune_forward
-        f.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 3 + [ctypes.c_void_p]
-        f.restype = ctypes.c_int
-        self.lib.fa_tune_last_error.restype = ctypes.c_char_p
-
-    def __call__(self, q, k, v, o, lse, stream: int) -> None:
-        B, S, H, _ = q.shape
-        rc = self.lib.fa_tune_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                                      lse.data_ptr(), B, H, S, stream)
-        if rc != 0:
-            raise RuntimeError(f"fa_tune_forward -> {rc}: {self.lib.fa_tune_last_error().decode()}")
+def _row(shape: Shape, name: str, status: str, t: Any, fa3_ms: float | None) -> dict[str, Any]:
+    st = t.rounds[-1].state_before
+    return {"shape": str(shape), "backend": name, "gate": status, "median_ms": t.median_ms,
+            "min_ms": t.min_ms, "max_ms": t.max_ms, "tflops": t.tflops,
+            "x_fa3": (fa3_ms / t.median_ms) if fa3_ms else None,
+            "sm_mhz": st.sm_clock_mhz, "power_w": st.power_w}
 
 
-def make_inputs(torch, B, H, S, kind: str, seed: int):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    shape = (B, S, H, 128)
-    if kind == "seed":
-        q = torch.rand(shape, device="cuda", generator=g) * 4 - 2
-        k = torch.rand(shape, device="cuda", generator=g) * 4 - 2
-    else:  # scores grow toward key 0: the running max rises as the kernel walks its tiles
-        u = torch.randn(128, device="cuda", generator=g)
-        u = u / u.norm()
-        q = (u * 8 + torch.randn(shape, device="cuda", generator=g) * 0.3)
-        ramp = torch.linspace(40.0, 0.0, S, device="cuda").view(1, S, 1, 1)
-        k = ramp * u + torch.randn(shape, device="cuda", generator=g) * 0.3
-    v = torch.rand(shape, device="cuda", generator=g) * 2 - 1
-    return [t.to(torch.bfloat16).contiguous() for t in (q, k, v)]
-
-
-def reference_heads(torch, q, k, v, heads):
-    """FP32 causal attention for the (b, h) pairs in `heads`; returns {(b,h): [S,128]}."""
-    out = {}
-    S = q.shape[1]
-    mask = torch.ones(S, S, device="cuda", dtype=torch.bool).triu(1)
-    for b, h in heads:
-        qf, kf, vf = (t[b, :, h].float() for t in (q, k, v))
-        s = (qf @ kf.T) / 128 ** 0.5
-        s.masked_fill_(mask, float("-inf"))
-        out[(b, h)] = torch.softmax(s, dim=-1) @ vf
-    return out
-
-
-def check(torch, run, B, H, S, seed):
-    worst = {}
-    for kind in ("seed", "rising"):
-        q, k, v = make_inputs(torch, B, H, S, kind, seed)
-        o = torch.full_like(q, float("nan"))
-        lse = torch.full((B, H, S), float("nan"), device="cuda")
-        run(q, k, v, o, lse)
-        torch.cuda.synchronize()
-        heads = [(0, 0), (B - 1, H - 1), (B // 2, H // 3)]
-        ref = reference_heads(torch, q, k, v, heads)
-        max_err, viol, nan = 0.0, 0, int(torch.isnan(o.float()).sum())
-        for (b, h), r in ref.items():
-            got = o[b, :, h].float()
-            err = (got - r).abs()
-            max_err = max(max_err, float(err.max()))
-            viol += int((err > 0.05 + 0.1 * r.abs()).sum())
-        worst[kind] = (max_err, viol, nan)
-    ok = all(v[1] == 0 and v[2] == 0 for v in worst.values())
-    return ok, worst
-
-
-class Telemetry:
-    """SM clock (MHz) and board power (W) from NVML; empty lists where NVML is missing."""
-
-    def __init__(self) -> None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            self.nvml = pynvml
-            self.dev = pynvml.nvmlDeviceGetHandleByIndex(0)
-        except Exception:  # noqa: BLE001 - telemetry is optional in the lab
-            self.nvml = None
-        self.clock: list[float] = []
-        self.power: list[float] = []
-
-    def sample(self) -> None:
-        if self.nvml is None:
-            return
-        n = self.nvml
-        self.clock.append(n.nvmlDeviceGetClockInfo(self.dev, n.NVML_CLOCK_SM))
-        self.power.append(n.nvmlDeviceGetPowerUsage(self.dev) / 1000.0)
-
-    def summary(self) -> tuple[str, str]:
-        if not self.clock:
-            return "-", "-"
-        return f"{statistics.median(self.clock):.0f}", f"{statistics.median(self.power):.0f}"
-
-
-def time_fn(torch, fn, warmup, repeat, rounds, tele: Telemetry | None = None,
-            settle_s: float = 0.0):
-    from tuner.compare import settle
-
-    medians, samples = [], []
-    for _ in range(rounds):
-        settle(fn, settle_s, torch.cuda.synchronize)  # reach the power-capped steady state
-        for _ in range(warmup):
-            fn()
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(repeat)]
-        for a, b in ev:
-            a.record()
-            fn()
-            b.record()
-        if tele is not None:  # the queue is still draining: sample its second half
-            end = ev[-1][1]
-            time.sleep(0.02)
-            while not end.query():
-                tele.sample()
-                time.sleep(0.02)
-        torch.cuda.synchronize()
-        ms = [a.elapsed_time(b) for a, b in ev]
-        samples += ms
-        medians.append(statistics.median(ms))
-    return statistics.median(medians), min(samples), max(samples)
-
-
-def bench_shape(torch, fa3, variants, sos, shape, args, rows: list, log: list) -> None:
+def bench_shape(bench: Any, fa3: Any, variants: list[Variant], sos: list[Path | None],
+                shape: Shape, proto: Protocol, rows: list, log: list) -> None:
     """Gate every variant on `shape`, then time FA3, the passing variants, FA3 again."""
-    B, H, S = shape
-    q, k, v = make_inputs(torch, B, H, S, "seed", 42)
-    o = torch.empty_like(q)
-    lse = torch.empty((B, H, S), device="cuda")
-    flops = 2 * B * H * S * S * 128
-    tag = f"{B}x{H}x{S}"
-    backends = []
-    status: dict[str, str] = {}
+    from tuner.measure.launch import KernelLaunch
+
+    timed: list[tuple[str, Any, str]] = []
     if fa3 is not None:
-        backends.append(("FA3", lambda: fa3(q, k, v, causal=True)))
+        g = bench.gate(fa3, shape)
+        log.append({"shape": str(shape), "backend": "FA3", "gate": g.to_dict()})
+        timed.append(("FA3", fa3, "ok" if g.passed else "FAIL"))
     for var, so in zip(variants, sos, strict=True):
-        cfg = var.cfg
         if so is None:
             continue
-        kern = Kernel(so)
-
-        def run(q_, k_, v_, o_, l_, kern=kern):
-            kern(q_, k_, v_, o_, l_, torch.cuda.current_stream().cuda_stream)
-
+        kern = KernelLaunch(so, var.label)
         try:
-            ok, worst = check(torch, run, B, H, S, seed=1234 + S)
-        except RuntimeError as e:  # a launch error: report it, keep the other variants
-            ok, worst = False, {"error": str(e)}
-        log.append({"shape": [B, H, S], "config": cfg.to_dict(), "lab": var.lab, "gate": ok,
-                    "worst": worst})
+            g = bench.gate(kern, shape)
+            ok, summary = g.passed, g.summary()
+            log.append({"shape": str(shape), "backend": var.label, "config": var.cfg.to_dict(),
+                        "lab": var.lab, "gate": g.to_dict()})
+        except Exception as e:  # noqa: BLE001 - a launch error: report it, keep the others
+            ok, summary = False, f"{type(e).__name__}: {e}"
         if not ok and not var.lab:
-            rows.append((tag, var.label, "FAIL", json.dumps(worst), "", "", "", "", ""))
+            rows.append({"shape": str(shape), "backend": var.label, "gate": "FAIL",
+                         "why": summary[:200]})
             print("  ", rows[-1], flush=True)
             continue
-        status[var.label] = "ok" if ok else "exp"  # exp: a lab experiment, wrong on purpose
-        backends.append((var.label, lambda run=run: run(q, k, v, o, lse)))
+        timed.append((var.label, kern, "ok" if ok else "exp"))  # exp: wrong on purpose
     if fa3 is not None:
-        backends.append(("FA3(end)", lambda: fa3(q, k, v, causal=True)))
+        timed.append(("FA3(end)", fa3, timed[0][2]))
     fa3_ms = None
-    for name, fn in backends:
-        tele = Telemetry()
-        med, lo, hi = time_fn(torch, fn, args.warmup, args.repeat, args.rounds, tele,
-                              args.settle_s)
+    for name, launch, status in timed:
+        t = bench.time(launch, shape, proto)
         if name == "FA3":
-            fa3_ms = med
-        ratio = f"{fa3_ms / med:.3f}" if fa3_ms else "-"
-        mhz, watts = tele.summary()
-        rows.append((tag, name, status.get(name, "ok"), f"{med:.4f}", f"{lo:.4f}-{hi:.4f}",
-                     f"{flops / med / 1e9:.1f}", ratio, mhz, watts))
-        print("  ", rows[-1], flush=True)
-        log.append({"shape": [B, H, S], "backend": name, "median_ms": med, "min": lo,
-                    "max": hi, "sm_mhz": tele.clock, "power_w": tele.power})
+            fa3_ms = t.median_ms
+        rows.append(_row(shape, name, status, t, fa3_ms))
+        print("  ", {k: v for k, v in rows[-1].items()}, flush=True)
+        log.append({"shape": str(shape), "backend": name, "timing": t.to_dict()})
+    bench.release(shape)
+
+
+def _fmt(r: dict[str, Any]) -> str:
+    if "median_ms" not in r:
+        return f"{r['shape']:<12} {r['backend']:<24} FAIL  {r.get('why', '')}"
+    x = f"{r['x_fa3']:.3f}" if r["x_fa3"] else "-"
+    return (f"{r['shape']:<12} {r['backend']:<24} {r['gate']:<5} {r['median_ms']:>10.4f} "
+            f"{r['min_ms']:>8.4f}-{r['max_ms']:<8.4f} {r['tflops']:>7.1f} {x:>6} "
+            f"{r['sm_mhz'] or '-':>5} {round(r['power_w']) if r['power_w'] else '-':>4}")
 
 
 def main() -> None:
@@ -288,31 +148,34 @@ def main() -> None:
     if args.build_only:
         return
 
-    import torch
+    from tuner.measure.bench import Bench
+    from tuner.measure.launch import PeerLaunch
+    from tuner.peers import make_peer
 
+    proto = Protocol(warmup=args.warmup, repeat=args.repeat, rounds=args.rounds,
+                     settle_s=args.settle_s)
     fa3 = None
     if not args.no_fa3:
-        try:
-            from flash_attn.cute.interface import flash_attn_func
-            fa3 = flash_attn_func
-        except Exception as e:  # noqa: BLE001 - report and go on without the peer
-            print(f"FA3 unavailable: {type(e).__name__}: {e}")
-    shapes = [tuple(int(x) for x in s.split("x")) for s in (args.shape or ["4x32x8192"])]
-    rows: list[tuple] = []
-    log: list[dict] = []
-    for B, H, S in shapes:
-        bench_shape(torch, fa3, variants, sos, (B, H, S), args, rows, log)
+        peer = make_peer("fa3")
+        ok, why = peer.available()
+        fa3 = PeerLaunch(peer) if ok else None
+        if fa3 is None:
+            print(f"FA3 unavailable: {why}")
+    bench = Bench(0)
+    rows: list[dict[str, Any]] = []
+    log: list[dict[str, Any]] = []
+    for text in args.shape or ["4x32x8192"]:
+        bench_shape(bench, fa3, variants, sos, Shape.parse(text), proto, rows, log)
     out = os.environ.get("OUT")
     if out:
         Path(out, "kernel_lab.json").write_text(json.dumps(log, indent=1, default=str))
     print("\nvariants:")
     for var in variants:
         print(f"  {var.label}: {var.cfg.canonical_json()} {json.dumps(var.lab) if var.lab else ''}")
-    print(f"\n{'shape':<12} {'backend':<20} {'gate':<5} {'median_ms':>10} {'min-max':>16} "
+    print(f"\n{'shape':<12} {'backend':<24} {'gate':<5} {'median_ms':>10} {'min-max':>17} "
           f"{'TFLOPS':>7} {'xFA3':>6} {'MHz':>5} {'W':>4}")
     for r in rows:
-        print(f"{r[0]:<12} {r[1]:<20} {r[2]:<5} {r[3]:>10} {r[4]:>16} {r[5]:>7} {r[6]:>6} "
-              f"{r[7]:>5} {r[8]:>4}")
+        print(_fmt(r))
 
 
 if __name__ == "__main__":

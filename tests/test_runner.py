@@ -1,4 +1,5 @@
-"""runner's bookkeeping with the oracle's real result types (no GPU needed)."""
+"""The results payload's gate form and JSON conversion with the oracle's real result types
+(no GPU needed)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner import runner, store
+from tuner import store
 from tuner.config import SEED_SHAPES
 
 oracle = pytest.importorskip("tuner.measure.oracle")
+bench = pytest.importorskip("tuner.measure.bench")
 
 
 def _metrics(name: str, passed: bool, err: float, rel: float) -> oracle.SetMetrics:
@@ -23,12 +25,12 @@ def _metrics(name: str, passed: bool, err: float, rel: float) -> oracle.SetMetri
     )
 
 
-def test_gate_to_dict_takes_worst_set_and_is_json_safe(tmp_path: Path) -> None:
+def test_gate_dict_takes_worst_set_and_is_json_safe(tmp_path: Path) -> None:
     g = oracle.GateResult(
         passed=False, shape=(4, 32, 4096), seed=42,
         sets=[_metrics("seed", True, 0.002, 1e-3), _metrics("rising", False, 0.7, math.inf)],
     )
-    d = runner.gate_to_dict(g)
+    d = bench.gate_dict(g)
     assert d["passed"] is False and d["max_abs_err"] == 0.7
     assert "FAIL" in d["summary"] and d["details"]["sets"][1]["first_violation"] == [0, 5, 1, 3]
     payload = {
@@ -43,4 +45,4 @@ def test_gate_to_dict_takes_worst_set_and_is_json_safe(tmp_path: Path) -> None:
 
 
 def test_to_plain() -> None:
-    assert runner.to_plain({"a": (1, 2), "b": Path("x")}) == {"a": [1, 2], "b": "x"}
+    assert store.to_plain({"a": (1, 2), "b": Path("x")}) == {"a": [1, 2], "b": "x"}

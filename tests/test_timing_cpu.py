@@ -1,4 +1,4 @@
-"""CPU tests of tuner/timing.py: protocol validation, the TFLOPS formula, throttle decoding, the
+"""CPU tests of tuner/measure/timing.py: protocol validation, the TFLOPS formula, throttle decoding, the
 bounded temperature wait, aggregation, and the time_kernel loop against fake CUDA events."""
 
 from __future__ import annotations
@@ -21,11 +21,44 @@ def test_protocol_defaults_and_validation() -> None:
                dict(rounds=True), dict(repeat=10**7)):
         with pytest.raises(FaTuneError):
             T.Protocol(**kw)  # type: ignore[arg-type]
-    assert T.Protocol(1, 2, 3).to_dict() == {"warmup": 1, "repeat": 2, "rounds": 3}
+    for kw in (dict(settle_s=-1.0), dict(settle_s=61.0), dict(temp_wait_s=-1.0)):
+        with pytest.raises(FaTuneError):
+            T.Protocol(**kw)  # type: ignore[arg-type]
+    d = T.Protocol(1, 2, 3).to_dict()
+    assert d == {"warmup": 1, "repeat": 2, "rounds": 3, "settle_s": 2.0, "temp_limit_c": 65,
+                 "temp_wait_s": 60.0}
+    assert T.Protocol.from_dict(d) == T.Protocol(1, 2, 3)
+    assert T.Protocol.from_dict({"warmup": 7}) == T.Protocol(warmup=7)
+
+
+def test_named_protocols() -> None:
+    # Every reported number (run, compare, the search's confirmation, export timing) uses FULL.
+    assert T.FULL == T.Protocol() and T.FULL.settle_s == 2.0
+    assert (T.FULL.warmup, T.FULL.repeat, T.FULL.rounds) == (50, 200, 3)
+    # The search's rankings are short and skip the settle phase.
+    assert T.SCREEN.settle_s == 0.0 and T.SURVEY.settle_s == 0.0
+    assert T.SCREEN.repeat < T.SURVEY.repeat < T.FULL.repeat
+
+
+def test_settle_launches_until_the_clock_runs_out() -> None:
+    now = [0.0]
+    calls: list[str] = []
+
+    def launch() -> None:
+        calls.append("l")
+        now[0] += 0.1
+
+    def sync() -> None:
+        calls.append("s")
+
+    n = T.settle(launch, 1.0, sync, clock=lambda: now[0])
+    # 4 launches then a sync per step, until 1.0 s of (fake) GPU time has passed.
+    assert n == 12 and calls.count("s") == 3 and calls[:5] == ["l"] * 4 + ["s"]
+    assert T.settle(launch, 0.0, sync) == 0
 
 
 def test_tflops_matches_the_anchor_table() -> None:
-    # ../shared/ANCHORS.md: FA3 0.971 ms at 4x32x4096 -> 566 TFLOPS; 13.898 ms at 16384 -> 633.
+    # The anchors the project started from: FA3 0.971 ms at 4x32x4096 -> 566 TFLOPS; 13.898 ms at 16384 -> 633.
     assert T.tflops(SimpleNamespace(B=4, H=32, S=4096), 0.971) == pytest.approx(566.2, abs=0.1)
     assert T.tflops(SimpleNamespace(B=4, H=32, S=16384), 13.898) == pytest.approx(633.0, abs=0.1)
     assert T.flops(SimpleNamespace(B=1, H=1, S=2)) == 2 * 4 * 128
@@ -211,9 +244,10 @@ def test_time_kernel_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     bufs = SimpleNamespace(shape=shape)
     kern = FakeKernel([1.0, 2.0, 3.0, 4.0, 5.0])
     nv = FakeNvml()
-    proto = T.Protocol(warmup=3, repeat=5, rounds=2)
+    proto = T.Protocol(warmup=3, repeat=5, rounds=2, settle_s=0.0)
     r = T.time_kernel(dev, kern, shape, bufs, proto, stream=stream, nvml=nv)  # type: ignore[arg-type]
     assert kern.prepared == 1 and kern.calls == 2 * (3 + 5)
+    assert r.extra["settle_launches"] == [0, 0]
     assert nv.reads == 2  # one temperature wait per round
     assert len(r.rounds) == 2 and all(len(x.samples_ms) == 5 for x in r.rounds)
     # Round 0 times calls 3..7 (durations 4,5,1,2,3); round 1 times calls 11..15 (2,3,4,5,1).

@@ -1,25 +1,24 @@
 """``fa-tune compare``: fa-tune's kernel beside its peers, in one process, on the same inputs.
 
 Every backend (fa-tune's kernel through its C ABI, FlashAttention-3, cuDNN SDPA,
-FlashAttention-2, our Triton kernel) gets, per shape:
+FlashAttention-2, our Triton kernel) goes through the one measurement path
+(``tuner.measure.bench.Bench``), so per shape each gets:
 
-1. the same torch tensors (seed 42; Q, K uniform in [-2, 2], V uniform in [-1, 1]; BSHD, BF16);
-2. the same gate before any timing: |out - ref| <= 0.05 + 0.1 |ref| on sampled full heads against
-   an FP32 torch reference, and no NaN/Inf anywhere in O. A backend that fails is reported as
-   failed and gets no numbers; nothing is substituted;
-3. the same protocol as ``fa-tune run`` (tuner.measure.timing): per round, the bounded NVML temperature
-   wait (<= 65 C; so also right before each backend), ``settle_s`` seconds of launches (so each
-   round starts at the card's power-capped steady state) and GPU-state snapshots, ``warmup``
-   launches, then ``repeat`` launches each bracketed by CUDA events (torch's, on torch's current
-   stream); ``rounds`` rounds; headline = median of the round medians; every sample kept;
-4. the gate again on the output of the last timed launch (catches races that show only under
+1. the same device buffers holding the same inputs (the oracle's generators, seed 42: Q, K
+   uniform in [-2, 2], V uniform in [-1, 1]; BSHD, BF16); a peer sees them as torch views;
+2. the same gate as ``fa-tune run`` and the search, before any timing: every input set against
+   the full FP32 reference (tuner.measure.oracle). A backend that fails is reported as failed
+   and gets no numbers; nothing is substituted;
+3. the same protocol (tuner.measure.timing.Protocol, default FULL: temperature wait, 2 s settle,
+   50 warm-up, 3 x 200 timed launches, median of the round medians; every sample kept);
+4. the output of the last timed launch checked again (catches races that show only under
    back-to-back load).
 
 The reference peer (FA3 when present, else the first available peer) runs first and last on each
 shape, and both medians are stored as the drift check. Ratios are FA3's time over the backend's
 time (>1 means faster than FA3), with FA3's time the mean of its two medians.
 
-This module imports torch only inside functions: ``tuner`` and the CLI import without it. The
+This module imports torch only through the peers: ``tuner`` and the CLI import without it. The
 writers (``write_outputs`` and friends) need no torch and no GPU.
 """
 
@@ -27,26 +26,27 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import platform
-import random
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuner.config import SEED_SHAPES, Shape
 from tuner.errors import FaTuneError, GpuError
-from tuner.peers import DEFAULT_PEERS, PEER_NAMES, REFERENCE_PEER, Peer, make_peer
+from tuner.measure.timing import FULL, Protocol
+from tuner.peers import DEFAULT_PEERS, PEER_NAMES, REFERENCE_PEER, make_peer
 from tuner.peers.base import dist_version
 
-SCHEMA_VERSION = 1
-GATE_ATOL = 0.05
-GATE_RTOL = 0.1
+SCHEMA_VERSION = 2
+DEFAULT_SEED = 42
+# The sum of all temperature waits over one comparison: a card that idles hot delays it, it
+# never outlives a 10-minute call. Each round's own bound is the protocol's temp_wait_s.
+TEMP_WAIT_TOTAL_S = 180.0
 SUMMARY_COLUMNS = (
     "shape",
     "B",
@@ -69,48 +69,14 @@ SUMMARY_COLUMNS = (
 Log = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class Protocol:
-    """The seeds' timing protocol (tuner.measure.timing's) plus the compare-only knobs."""
-
-    warmup: int = 50
-    repeat: int = 200
-    rounds: int = 3
-    temp_limit_c: int = 65
-    # Each wait (before every round, as in tuner.measure.timing) is bounded, and so is their sum over
-    # the suite: a card that idles hot delays the comparison, it never outlives a 10-minute call.
-    temp_wait_max_s: float = 30.0
-    temp_wait_total_s: float = 180.0
-    seed: int = 42
-    gate_heads: int = 3
-    # Seconds of back-to-back launches after each round's temperature wait and before its
-    # warm-up, so every backend is timed at the card's power-capped steady state. Without it
-    # the first backends at S=4096 (0.2-s rounds) ran while the board power was still ramping
-    # to its 700 W cap, and one round caught the clock overshooting down to 1455 MHz
-    # (docs/PERF.md, step 18). 0 gives the seeds' protocol exactly.
-    settle_s: float = 2.0
-
-    def __post_init__(self) -> None:
-        self.timing_protocol()  # the same validation (and messages) as fa-tune run
-        if self.gate_heads < 1:
-            raise FaTuneError(f"gate heads must be >= 1 (got {self.gate_heads})")
-        if not 0.0 <= self.settle_s <= 60.0:
-            raise FaTuneError(f"--settle-s must be between 0 and 60 seconds (got {self.settle_s})")
-
-    def timing_protocol(self) -> Any:
-        from tuner.measure import timing
-
-        return timing.Protocol(warmup=self.warmup, repeat=self.repeat, rounds=self.rounds)
-
-
 @dataclass
 class Backend:
-    """One row of the comparison: a peer object plus what we learned about it up front."""
+    """One row of the comparison: a launchable plus what we learned about it up front."""
 
     name: str
     label: str
     role: str  # "kernel" (fa-tune's .so) or "peer"
-    peer: Peer
+    launch: Any  # tuner.measure.launch.KernelLaunch or PeerLaunch
     available: bool = False
     reason: str = ""
     version: str = ""
@@ -127,13 +93,13 @@ def _one_line(exc: BaseException) -> str:
 
 # ---- backends --------------------------------------------------------------------------------
 def parse_backends(spec: str | Sequence[str] | None) -> list[str]:
-    """'fa3,cudnn' / ['fa3', 'cudnn'] / 'all' / None (the default set) -> peer names."""
+    """'fa3,cudnn' / ['fa3', 'cudnn'] / 'all' / 'none' / None (the default set) -> peer names."""
     if spec is None:
         return list(DEFAULT_PEERS)
     items = spec.split(",") if isinstance(spec, str) else list(spec)
     names: list[str] = []
     for item in (i.strip() for i in items):
-        if not item:
+        if not item or item == "none":
             continue
         if item == "all":
             names.extend(PEER_NAMES)
@@ -142,7 +108,9 @@ def parse_backends(spec: str | Sequence[str] | None) -> list[str]:
         elif item in PEER_NAMES:
             names.append(item)
         else:
-            raise FaTuneError(f"unknown backend '{item}': choose from {', '.join(PEER_NAMES)}")
+            raise FaTuneError(
+                f"unknown backend '{item}': choose from {', '.join(PEER_NAMES)}, all or none"
+            )
     return list(dict.fromkeys(names))
 
 
@@ -162,217 +130,50 @@ def _kernel_specs(so: Any) -> list[tuple[Path, str | None]]:
     return out
 
 
+def _kernel_backend(path: Path, label: str) -> Backend:
+    from tuner.measure.launch import KernelLaunch
+
+    try:
+        k = KernelLaunch(path, label)
+    except FaTuneError as exc:  # not a fa-tune library, missing symbol, ...
+        return Backend(label, label, "kernel", None, False, str(exc))
+    return Backend(label, label, "kernel", k, True, "ok", f"config {k.module.config_json()}")
+
+
 def make_backends(so: Any, peer_names: Sequence[str]) -> list[Backend]:
     """Kernel backends first, then peers in the order given; availability probed once each."""
-    from tuner.peers.fatune import FaTunePeer
+    from tuner.measure.launch import PeerLaunch
 
     backends: list[Backend] = []
     specs = _kernel_specs(so)
     for path, label in specs:
-        if label is None and len(specs) > 1:
-            label = path.stem
-        p = FaTunePeer(path, label)
+        if label is None:
+            label = path.stem if len(specs) > 1 else "fa-tune"
         taken = {b.name for b in backends}
-        n = 2
-        while p.name in taken:  # two kernels with one label must stay two rows
-            p = FaTunePeer(path, f"{label or path.stem}#{n}")
-            n += 1
-        backends.append(Backend(p.name, p.label, "kernel", p))
+        name, n = label, 2
+        while name in taken:  # two kernels with one label must stay two rows
+            name, n = f"{label}#{n}", n + 1
+        backends.append(_kernel_backend(path, name))
     for name in peer_names:
-        p = make_peer(name)
-        backends.append(Backend(p.name, p.label, "peer", p))
-    for b in backends:
+        peer = make_peer(name)
+        b = Backend(peer.name, peer.label, "peer", PeerLaunch(peer))
         try:
-            b.available, b.reason = b.peer.available()
+            b.available, b.reason = peer.available()
         except Exception as exc:  # a probe must not take the whole comparison down
             b.available, b.reason = False, _one_line(exc)
         if b.available:
             try:
-                b.version = b.peer.version()
+                b.version = peer.version()
             except Exception as exc:
                 b.version = f"unknown ({_one_line(exc)})"
+        backends.append(b)
     return backends
 
 
-# ---- GPU state (NVML, through tuner.measure.timing) -------------------------------------------------
-class WaitBudget:
-    """tuner.measure.timing's bounded temperature wait, with a cap on the suite's total waiting."""
-
-    def __init__(self, nvml: Any, protocol: Protocol) -> None:
-        self.nvml = nvml
-        self.protocol = protocol
-        self.left_s = protocol.temp_wait_total_s
-
-    def wait(self) -> Any:
-        from tuner.measure import timing
-
-        bound = max(0.0, min(self.protocol.temp_wait_max_s, self.left_s))
-        tw = timing.wait_for_temperature(self.nvml.temperature, self.protocol.temp_limit_c, bound)
-        self.left_s -= tw.waited_s
-        return tw
-
-
-# ---- inputs, reference and gate -----------------------------------------------------------
-def make_inputs(shape: Shape, seed: int) -> tuple[Any, Any, Any]:
-    """The seeds' inputs: Q, K uniform in [-2, 2], V uniform in [-1, 1]; BSHD BF16 on the GPU."""
-    import torch
-
-    g = torch.Generator(device="cuda")
-    g.manual_seed(seed)
-    dims = (shape.B, shape.S, shape.H, Shape.D)
-
-    def uniform(lo: float, hi: float) -> Any:
-        t = torch.empty(dims, device="cuda", dtype=torch.float32)
-        t.uniform_(lo, hi, generator=g)
-        return t.to(torch.bfloat16)
-
-    return uniform(-2.0, 2.0), uniform(-2.0, 2.0), uniform(-1.0, 1.0)
-
-
-def sample_heads(shape: Shape, n: int, seed: int) -> list[tuple[int, int]]:
-    """n distinct (b, h): the first and last head always, the rest seeded-random."""
-    all_heads = [(b, h) for b in range(shape.B) for h in range(shape.H)]
-    picks = [all_heads[0], all_heads[-1]]
-    rest = [x for x in all_heads if x not in picks]
-    random.Random(seed).shuffle(rest)
-    return list(dict.fromkeys(picks + rest))[: min(n, len(all_heads))]
-
-
-def reference_head(q: Any, k: Any, v: Any, b: int, h: int, chunk: int = 2048) -> tuple[Any, Any]:
-    """FP32 causal attention of one full head: ([S, D] output, [S] natural-log LSE)."""
-    import torch
-
-    qh, kh, vh = (t[b, :, h, :].float() for t in (q, k, v))
-    S, D = qh.shape
-    scale = 1.0 / math.sqrt(D)
-    out = torch.empty((S, D), device=q.device, dtype=torch.float32)
-    lse = torch.empty((S,), device=q.device, dtype=torch.float32)
-    prev = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False  # a true FP32 reference, not TF32
-    try:
-        for r0 in range(0, S, chunk):
-            r1 = min(r0 + chunk, S)
-            s = (qh[r0:r1] @ kh[:r1].T) * scale  # causal: columns past r1 are never kept
-            rows = torch.arange(r0, r1, device=q.device)[:, None]
-            cols = torch.arange(r1, device=q.device)[None, :]
-            s.masked_fill_(cols > rows, float("-inf"))
-            lse[r0:r1] = torch.logsumexp(s, dim=1)
-            out[r0:r1] = torch.exp(s - lse[r0:r1, None]) @ vh[:r1]
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = prev
-    return out, lse
-
-
-def gate(out: Any, lse: Any | None, refs: dict[tuple[int, int], tuple[Any, Any]]) -> dict[str, Any]:
-    """The compare gate: no NaN/Inf in O; |err| <= 0.05 + 0.1|ref| on every sampled head."""
-    import torch
-
-    finite = bool(torch.isfinite(out).all().item())
-    max_abs = 0.0
-    worst = 0.0  # max of |err| / tolerance; <= 1 passes
-    lse_max_abs: float | None = None
-    bad_elems = 0
-    B, S, H = out.shape[0], out.shape[1], out.shape[2]
-    if lse is not None and tuple(lse.shape) != (B, H, S):
-        lse = None  # informational only: a peer with another LSE layout is not failed for it
-    for (b, h), (ref_o, ref_lse) in refs.items():
-        got = out[b, :, h, :].float()
-        err = (got - ref_o).abs()
-        tol = GATE_ATOL + GATE_RTOL * ref_o.abs()
-        max_abs = max(max_abs, float(torch.nan_to_num(err, nan=float("inf")).max().item()))
-        worst = max(worst, float(torch.nan_to_num(err / tol, nan=float("inf")).max().item()))
-        bad_elems += int((~(err <= tol)).sum().item())  # NaN compares False: counted bad
-        if lse is not None:
-            e = float((lse[b, h, :].float() - ref_lse).abs().max().item())
-            lse_max_abs = e if lse_max_abs is None else max(lse_max_abs, e)
-    passed = finite and bad_elems == 0
-    if not finite:
-        why = "O holds NaN or Inf"
-    elif bad_elems:
-        why = f"{bad_elems} elements outside |err| <= {GATE_ATOL} + {GATE_RTOL}|ref|"
-    else:
-        why = "ok"
-    return {
-        "passed": passed,
-        "summary": why,
-        "finite": finite,
-        "max_abs_err": max_abs,
-        "worst_err_over_tol": worst,
-        "bad_elements": bad_elems,
-        "heads_checked": [list(x) for x in refs],
-        "lse_max_abs_err": lse_max_abs,  # informational: not every peer returns an LSE
-    }
-
-
-# ---- timing ------------------------------------------------------------------------------
-def settle(run: Callable[[], Any], seconds: float, sync: Callable[[], Any]) -> int:
-    """Launch ``run`` back to back for about ``seconds`` of GPU time; returns the launches.
-
-    Synchronizes every few launches so the host never queues far ahead of the GPU (the wall
-    clock then measures GPU time, not how fast the host enqueues).
-    """
-    if seconds <= 0:
-        return 0
-    n = 0
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        for _ in range(4):
-            run()
-        n += 4
-        sync()
-    return n
-
-
-def time_launches(
-    run: Callable[[], Any], shape: Shape, protocol: Protocol, waits: WaitBudget
-) -> dict[str, Any]:
-    """tuner.measure.timing's protocol with torch CUDA events on torch's current stream.
-
-    Per round: bounded temperature wait, ``settle_s`` seconds of launches (the power ramp),
-    NVML state, ``warmup`` launches, then ``repeat`` launches each bracketed by its own event
-    pair. Aggregation (median of round medians, min/max over every sample) is tuner.measure.timing's
-    own, so compare and ``fa-tune run`` report alike.
-    """
-    import torch
-
-    from tuner.measure import timing
-
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(protocol.repeat)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(protocol.repeat)]
-    rounds = []
-    for r in range(protocol.rounds):
-        tw = waits.wait()
-        settle(run, protocol.settle_s, torch.cuda.synchronize)
-        before = waits.nvml.state()
-        for _ in range(protocol.warmup):
-            run()
-        for s, e in zip(starts, ends, strict=True):
-            s.record()
-            run()
-            e.record()
-        torch.cuda.synchronize()  # a kernel fault surfaces here, not as a number
-        samples = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-        rounds.append(timing.make_round(r, samples, tw, before, waits.nvml.state()))
-    res = timing.summarize_rounds(
-        protocol.timing_protocol(), shape, rounds, protocol.temp_limit_c, waits.nvml.note
-    )
-    out = res.to_dict()
-    out["tflops_min"] = shape.tflops(res.max_ms)
-    return out
-
-
-def measure(
-    backend: Backend,
-    shape: Shape,
-    inputs: tuple[Any, Any, Any],
-    refs: dict[tuple[int, int], tuple[Any, Any]],
-    protocol: Protocol,
-    waits: WaitBudget,
-    position: str | None = None,
-) -> dict[str, Any]:
-    """Gate then time one backend on one shape; never raises (failures become a status)."""
-    import torch
-
+# ---- one backend on one shape -------------------------------------------------------------
+def measure(backend: Backend, bench: Any, shape: Shape, protocol: Protocol,
+            position: str | None = None) -> dict[str, Any]:
+    """Gate, time and re-check one backend on one shape; never raises (failures are a status)."""
     run: dict[str, Any] = {
         "backend": backend.name,
         "label": backend.label,
@@ -385,40 +186,31 @@ def measure(
     }
     if not backend.available:
         return run
-    peer = backend.peer
+    launch = backend.launch
     try:
-        peer.prepare(*inputs)
-        out = peer.run()
-        torch.cuda.synchronize()
-        run["gate"] = gate(out, peer.lse(), refs)
-        del out
-        if not run["gate"]["passed"]:
-            run["status"], run["reason"] = "gate_failed", run["gate"]["summary"]
-            return run
-        timing = time_launches(peer.run, shape, protocol, waits)
-        # One more launch straight after the timed ones (hot GPU, queue full) must still pass:
-        # a kernel that is right only when the GPU is idle has no valid timing.
-        out = peer.run()
-        torch.cuda.synchronize()
-        run["gate_after"] = gate(out, peer.lse(), refs)
-        del out
-        if not run["gate_after"]["passed"]:
-            run["status"] = "gate_failed"
-            run["reason"] = f"after timing: {run['gate_after']['summary']}"
-            return run
-        run["timing"] = timing
-        run["status"], run["reason"] = "ok", ""
-    except Exception as exc:  # one backend's failure is a row, not the end of the comparison
+        m = bench.measure(launch, shape, protocol, gate=True, gate_after=True)
+        d = m.to_dict()
+        run.update(gate=d["gate"], gate_after=d["gate_after"], status=m.status, reason=m.reason)
+        if m.status == "ok":
+            t = d["timing"]
+            t["tflops_min"] = shape.tflops(t["max_ms"])
+            run["timing"] = t
+    except FaTuneError as exc:  # a launch error of one backend is a row, not the end
+        run["status"], run["reason"] = "error", str(exc)
+    except Exception as exc:  # a peer's own failure (torch, JIT, ...)
         run["status"], run["reason"] = "error", _one_line(exc)
     finally:
-        run["details"] = _safe_details(peer)
-        peer.release()
+        run["details"] = _safe_details(launch)
+        try:
+            launch.release()
+        except Exception:  # noqa: BLE001 - releasing must not hide the row's result
+            pass
     return run
 
 
-def _safe_details(peer: Peer) -> dict[str, Any]:
+def _safe_details(launch: Any) -> dict[str, Any]:
     try:
-        return peer.details()
+        return launch.details()
     except Exception as exc:
         return {"details_error": _one_line(exc)}
 
@@ -444,58 +236,26 @@ def versions() -> dict[str, Any]:
     return v
 
 
-def _pci_bus_id(torch: Any) -> str | None:
-    """NVML's bus id of torch's device, so NVML reads the GPU we time even when
-    CUDA_VISIBLE_DEVICES reorders devices; None when torch does not expose it."""
-    try:
-        p = torch.cuda.get_device_properties(torch.cuda.current_device())
-        return f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
-    except Exception:
-        return None
-
-
-def gpu_static(nvml: Any) -> dict[str, Any]:
-    state = nvml.state()
-    info: dict[str, Any] = {
-        "driver_version": nvml.driver_version(),
-        "power_limit_w": state.power_limit_w,
-        "nvml_note": nvml.note,
-    }
-    try:
-        import torch
-
-        p = torch.cuda.get_device_properties(0)
-        info.update(
-            name=p.name,
-            sm_count=p.multi_processor_count,
-            cc=[p.major, p.minor],
-            memory_gib=round(p.total_memory / 2**30, 1),
-        )
-    except Exception as exc:
-        info["torch_error"] = _one_line(exc)
-    return info
-
-
 def run_suite(
     backends: list[Backend],
     shapes: Sequence[Shape],
     protocol: Protocol,
     log: Log = _stderr,
+    *,
+    seed: int = DEFAULT_SEED,
+    device_index: int = 0,
 ) -> dict[str, Any]:
     """Measure every backend on every shape; return the results.json payload (no files)."""
-    try:
-        import torch
-    except ImportError as exc:
-        raise GpuError(
-            "fa-tune compare needs torch with CUDA: pip install 'fa-tune[peers]'"
-        ) from exc
-    if not torch.cuda.is_available():
-        raise GpuError("fa-tune compare needs a CUDA GPU visible to torch; none was found")
+    from tuner.measure import oracle
+    from tuner.measure.bench import Bench
 
-    from tuner.measure import timing
+    if any(b.role == "peer" and b.available for b in backends):
+        import torch  # available() said it imports
 
-    nvml = timing.Nvml(_pci_bus_id(torch), index=torch.cuda.current_device())
-    waits = WaitBudget(nvml, protocol)
+        if torch.cuda.current_device() != device_index:
+            raise GpuError(f"torch's current device is {torch.cuda.current_device()}, "
+                           f"not GPU {device_index}; set CUDA_VISIBLE_DEVICES instead")
+    bench = Bench(device_index, seed=seed, temp_wait_total_s=TEMP_WAIT_TOTAL_S)
     usable = [b for b in backends if b.available]
     ref = next((b for b in usable if b.name == REFERENCE_PEER), None)
     # Drift is watched on FA3, else on the first other peer, else on the first kernel.
@@ -509,26 +269,24 @@ def run_suite(
         "schema": SCHEMA_VERSION,
         "kind": "compare",
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "protocol": asdict(protocol),
+        "protocol": {**protocol.to_dict(), "seed": seed},
         "inputs": {
-            "seed": protocol.seed,
+            "seed": seed,
             "layout": "BSHD contiguous, BF16, D=128, causal",
-            "q": "uniform[-2, 2]",
-            "k": "uniform[-2, 2]",
-            "v": "uniform[-1, 1]",
-            "generator": "torch CUDA generator, FP32 draws rounded to BF16",
+            "sets": list(bench.input_sets),
+            "timed_on": "seed: Q, K uniform[-2, 2], V uniform[-1, 1] (tuner.measure.oracle)",
         },
         "gate": {
-            "rule": f"no NaN/Inf in O; |out - ref| <= {GATE_ATOL} + {GATE_RTOL}*|ref| on "
-            f"{protocol.gate_heads} full heads",
-            "reference": "FP32 torch (TF32 off), per head",
-            "checked": "before timing and on the last timed launch's output",
+            "rule": oracle.RULE_TEXT,
+            "reference": "FP32 attention on the GPU, every element (cuda_src/oracle.cu)",
+            "checked": "before timing, on every input set, and on the last timed launch's "
+            "output",
         },
         "ratio": "FA3 median / backend median (>1 = faster than FA3); FA3 median = mean of its "
         "before/after medians",
         "reference_peer": ref.name if ref else None,
         "drift_peer": drift_ref.name if drift_ref else None,
-        "gpu": gpu_static(nvml),
+        "gpu": bench.gpu_info(),
         "versions": versions(),
         "backends": [
             {
@@ -541,43 +299,38 @@ def run_suite(
             }
             for b in backends
         ],
-        "artifacts": [],
+        "artifacts": [
+            {"name": b.name, **_safe_details(b.launch)}
+            for b in backends if b.role == "kernel" and b.available
+        ],
         "shapes": [],
     }
-    for b in backends:
-        if b.role == "kernel":
-            art: dict[str, Any] = {"name": b.name, "so_path": str(getattr(b.peer, "so_path", ""))}
-            if b.available:
-                art.update(_safe_details(b.peer))
-            payload["artifacts"].append(art)
-
-    for shape in shapes:
-        log(f"[compare] shape {shape}: inputs (seed {protocol.seed}) and FP32 reference")
-        inputs = make_inputs(shape, protocol.seed)
-        heads = sample_heads(shape, protocol.gate_heads, protocol.seed)
-        refs = {bh: reference_head(*inputs, *bh) for bh in heads}
-        order: list[tuple[Backend, str | None]] = []
-        if drift_ref is not None:
-            order.append((drift_ref, "before"))
-        order += [(b, None) for b in backends if b is not drift_ref]
-        if drift_ref is not None:
-            order.append((drift_ref, "after"))
-        runs = []
-        for b, pos in order:
-            r = measure(b, shape, inputs, refs, protocol, waits, pos)
-            runs.append(r)
-            log(f"[compare]   {_run_line(r)}")
-        entry: dict[str, Any] = {
-            **shape.to_dict(),
-            "shape": str(shape),
-            "flops": shape.flops,
-            "heads_checked": [list(h) for h in heads],
-            "runs": runs,
-        }
-        entry["drift"] = _drift(runs)
-        payload["shapes"].append(entry)
-        del inputs, refs
-        torch.cuda.empty_cache()
+    try:
+        for shape in shapes:
+            log(f"[compare] shape {shape}: inputs (seed {seed}), FP32 references, gate, timing")
+            order: list[tuple[Backend, str | None]] = []
+            if drift_ref is not None:
+                order.append((drift_ref, "before"))
+            order += [(b, None) for b in backends if b is not drift_ref]
+            if drift_ref is not None:
+                order.append((drift_ref, "after"))
+            runs = []
+            for b, pos in order:
+                r = measure(b, bench, shape, protocol, pos)
+                runs.append(r)
+                log(f"[compare]   {_run_line(r)}")
+            entry: dict[str, Any] = {
+                **shape.to_dict(),
+                "shape": str(shape),
+                "flops": shape.flops,
+                "runs": runs,
+            }
+            entry["drift"] = _drift(runs)
+            payload["shapes"].append(entry)
+            bench.release(shape)
+            _empty_torch_cache()
+    finally:
+        bench.close()
 
     payload["summary"] = summarize(payload)
     requested_ok = all(
@@ -585,6 +338,12 @@ def run_suite(
     )
     payload["status"] = "passed" if requested_ok else "failed"
     return payload
+
+
+def _empty_torch_cache() -> None:
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _run_line(r: dict[str, Any]) -> str:
@@ -720,7 +479,8 @@ def summary_markdown(payload: dict[str, Any]) -> str:
         f"{ver.get('flash_attn_4', '?')}",
         f"- protocol: {proto.get('warmup', '?')} warm-up, {proto.get('repeat', '?')} timed "
         f"launches, {proto.get('rounds', '?')} rounds, CUDA events, median of round medians; "
-        f"NVML wait (bounded) to <= {proto.get('temp_limit_c', '?')} C before each round",
+        f"before each round an NVML wait (bounded) to <= {proto.get('temp_limit_c', '?')} C and "
+        f"{proto.get('settle_s', '?')} s of untimed launches",
         f"- inputs: seed {proto.get('seed', '?')}, Q/K uniform [-2, 2], V uniform [-1, 1], BSHD "
         f"BF16; every backend gated ({(payload.get('gate') or {}).get('rule', '?')})",
         "- TFLOPS = 2*B*H*S^2*D / time (not halved for causality, as in the seeds)",
@@ -898,7 +658,7 @@ def run_compare(
     peer names ('fa3,cudnn,fa2,triton' by default). The payload gains 'result_dir' and 'files'.
     """
     shape_list = [s if isinstance(s, Shape) else Shape.parse(s) for s in (shapes or SEED_SHAPES)]
-    protocol = protocol or Protocol()
+    protocol = protocol or FULL
     if results_root is None:
         from tuner import _paths
 
@@ -925,7 +685,7 @@ def compare_command(
     results_root: str | Path | None = None,
     console: Any = None,
     log: Log | None = None,
-    settle_s: float = Protocol.settle_s,
+    settle_s: float = FULL.settle_s,
 ) -> dict[str, Any]:
     """What ``fa-tune compare`` calls once it has resolved --study/--config/--preset to a .so.
 

@@ -12,7 +12,7 @@ fixture worker. Every worker speaks the same protocol, documented here:
 * the parent starts ``function(conn, device_index)``; the worker first sends
   ``{"status": "ready", "gpu": {...}}`` or ``{"status": "init_failed", "reason": str}``;
 * then, per request ``{"op": "measure", "so_path": str, "shape": [B, H, S], "gate": bool,
-  "seed": int, "protocol": {"warmup", "repeat", "rounds"}, "temp_wait_s": float}`` it replies
+  "seed": int, "protocol": tuner.measure.timing.Protocol.to_dict()}`` it replies
   ``{"status": "ok", "gate": dict | None, "timing": dict}``, or
   ``{"status": "gate_failed", "reason": str, "gate": dict}``, or
   ``{"status": "cuda_error", "reason": str}`` (and exits: the context may be unusable), or
@@ -21,7 +21,7 @@ fixture worker. Every worker speaks the same protocol, documented here:
   without it the search counts the request's wall time);
 * ``{"op": "stop"}`` (or a closed pipe) ends it.
 
-With ``gate`` false the worker regenerates the seed inputs before timing (the buffers may hold
+With ``gate`` false the seed inputs are generated afresh before timing (the buffers may hold
 another candidate's gate inputs or nothing yet).
 """
 
@@ -68,24 +68,22 @@ def bootstrap(entry: str, conn: Any, device_index: int) -> None:
 
 
 def main(conn: Any, device_index: int) -> None:
-    """The product's worker: real device, real oracle, real timing (tuner.measure.timing)."""
+    """The product's worker: the one measurement path (tuner.measure.bench) on a real GPU."""
     from tuner import runtime
     from tuner.config import Shape
     from tuner.errors import FaTuneError
-    from tuner.measure import oracle, timing
-    from tuner.runner import gate_to_dict, gpu_info, to_plain
+    from tuner.measure.bench import Bench
+    from tuner.measure.launch import KernelLaunch
+    from tuner.measure.timing import Protocol
 
     try:
-        dev = runtime.Device.open(device_index)
-        orc = oracle.get_oracle()
+        bench = Bench(device_index)
     except FaTuneError as e:
         conn.send({"status": "init_failed", "reason": str(e)})
         return
-    conn.send({"status": "ready", "gpu": to_plain(gpu_info(dev))})
+    conn.send({"status": "ready", "gpu": bench.gpu_info()})
 
-    kernels: dict[str, runtime.KernelModule] = {}
-    buffers: dict[Shape, runtime.AttnBuffers] = {}
-    refs: dict[Shape, oracle.ReferenceCache] = {}
+    kernels: dict[str, KernelLaunch] = {}
     t_request = time.monotonic()
 
     def reply(d: dict[str, Any]) -> None:
@@ -103,33 +101,17 @@ def main(conn: Any, device_index: int) -> None:
             so = str(msg["so_path"])
             kernel = kernels.get(so)
             if kernel is None:
-                kernel = kernels[so] = runtime.KernelModule(so)
+                kernel = kernels[so] = KernelLaunch(so)
             shape = Shape(*msg["shape"])
-            bufs = buffers.get(shape)
-            if bufs is None:
-                bufs = buffers[shape] = runtime.AttnBuffers(dev, shape)
-            seed = int(msg.get("seed", oracle.DEFAULT_SEED))
-            gate_d = None
-            if msg.get("gate"):
-                cache = refs.setdefault(shape, oracle.ReferenceCache())
-                g = oracle.gate(dev, kernel, shape, bufs, seed=seed, reference_cache=cache)
-                gate_d = gate_to_dict(g)
-                if not g.passed:
-                    reply({"status": "gate_failed", "gate": gate_d,
-                           "reason": f"gate failed on {shape}: {g.summary()}"})
-                    continue
-            else:
-                st = dev.stream()
-                try:
-                    oracle.fill_inputs(orc, bufs, "seed", seed, st)
-                    st.synchronize()
-                finally:
-                    st.destroy()
-            proto = timing.Protocol(**msg["protocol"])
-            t = timing.time_kernel(dev, kernel, shape, bufs, proto,
-                                   temp_wait_s=float(msg.get("temp_wait_s",
-                                                             timing.DEFAULT_TEMP_WAIT_S)))
-            reply({"status": "ok", "gate": gate_d, "timing": to_plain(t)})
+            bench.seed = int(msg.get("seed", bench.seed))
+            proto = Protocol.from_dict(msg["protocol"])
+            m = bench.measure(kernel, shape, proto, gate=bool(msg.get("gate")))
+            d = m.to_dict()
+            if m.status != "ok":
+                reply({"status": "gate_failed", "gate": d["gate"],
+                       "reason": f"gate failed on {shape}: {m.reason}"})
+                continue
+            reply({"status": "ok", "gate": d["gate"], "timing": d["timing"]})
         except runtime.CudaError as e:
             # Illegal address, launch failure, ...: the context may be poisoned. Report, exit.
             reply({"status": "cuda_error", "reason": str(e)})

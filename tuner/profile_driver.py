@@ -1,8 +1,9 @@
 """Launch one tuned kernel once, for Nsight Compute: ``python -m tuner.profile_driver SO B H S``.
 
-Loads the ``.so`` through its C ABI, fills the gate's seed inputs (the oracle's generator), runs
-``fa_tune_prepare`` and ONE ``fa_tune_forward``, synchronises. ``fa-tune profile`` runs this
-under ``ncu --launch-count 1 --kernel-name regex:attention_fwd_kernel``.
+The measurement path's own pieces (tuner.measure): the kernel through its C ABI, the gate's
+seed inputs in the bench's buffers, ``fa_tune_prepare`` and ONE ``fa_tune_forward``,
+synchronised. ``fa-tune profile`` runs this under ``ncu --launch-count 1
+--kernel-name regex:attention_fwd_kernel``.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tuner import runtime
     from tuner.config import Shape
     from tuner.errors import FaTuneError
-    from tuner.measure import oracle
+    from tuner.measure.bench import Bench
+    from tuner.measure.launch import KernelLaunch
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 4:
@@ -22,16 +23,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         shape = Shape(int(args[1]), int(args[2]), int(args[3]))
-        dev = runtime.Device.open(0)
-        kernel = runtime.KernelModule(args[0])
-        orc = oracle.get_oracle()
-        with runtime.AttnBuffers(dev, shape) as bufs:
-            st = dev.stream()
-            oracle.fill_inputs(orc, bufs, "seed", oracle.DEFAULT_SEED, st)
-            kernel.prepare(shape, st)
-            kernel.forward(bufs, st)
-            st.synchronize()
-            st.destroy()
+        bench = Bench(0)
+        kernel = KernelLaunch(args[0])
+        bufs = bench.load_inputs(shape)
+        kernel.prepare(shape, bench.stream)
+        kernel.forward(bufs, bench.stream)
+        bench.stream.synchronize()
+        bench.close()
     except FaTuneError as e:
         sys.stderr.write(f"profile_driver: error: {e}\n")
         return 2

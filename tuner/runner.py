@@ -7,7 +7,6 @@ is recorded with its metrics and never timed; the run then fails. Nothing is sub
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,64 +30,6 @@ class RunReport:
         return self.payload["status"] == "passed"
 
 
-def to_plain(obj: Any) -> Any:
-    """Dataclasses, tuples, numpy scalars -> JSON-able values (for results.json)."""
-    to_dict = getattr(obj, "to_dict", None)
-    if callable(to_dict) and not isinstance(obj, type):
-        return to_plain(to_dict())  # the module's own JSON form wins
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, dict):
-        return {str(k): to_plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_plain(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
-        try:
-            return obj.item()
-        except (TypeError, ValueError):
-            pass
-    if isinstance(obj, (str, int, float, bool)) or obj is None:
-        return obj
-    return str(obj)
-
-
-def _worst(d: Any, key: str) -> float | None:
-    """Largest value of key anywhere in a nested dict/list (the gate's per-input-set metrics)."""
-    found: list[float] = []
-
-    def walk(x: Any) -> None:
-        if isinstance(x, dict):
-            for k, v in x.items():
-                if k == key and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    found.append(float(v))
-                else:
-                    walk(v)
-        elif isinstance(x, list):
-            for v in x:
-                walk(v)
-
-    walk(d)
-    return max(found) if found else None
-
-
-def gate_to_dict(gate: Any) -> dict[str, Any]:
-    details = to_plain(gate)
-    summary = gate.summary() if callable(getattr(gate, "summary", None)) else str(gate)
-    def metric(name: str) -> float | None:
-        v = getattr(gate, name, None)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
-        return _worst(details, name)
-
-    return {
-        "passed": bool(gate.passed),
-        "summary": summary,
-        "max_abs_err": metric("max_abs_err"),
-        "rel_l2": metric("rel_l2"),
-        "details": details,
-    }
-
-
 def build_summary(b: build_mod.BuildResult) -> dict[str, Any]:
     sass = b.sass or {}
     return {
@@ -104,33 +45,6 @@ def build_summary(b: build_mod.BuildResult) -> dict[str, Any]:
         "ptxas": b.main_entry,
         "sass": {k: sass.get(k) for k in ("hgmma", "ldl", "stl")} if b.sass else None,
     }
-
-
-def gpu_info(dev: Any) -> dict[str, Any]:
-    props = getattr(dev, "properties", None)
-    info: dict[str, Any] = dict(to_plain(props())) if callable(props) else {}
-    for attr in ("name", "sm_count", "cc", "driver_version", "cuda_driver_version"):
-        if attr not in info and hasattr(dev, attr):
-            info[attr] = to_plain(getattr(dev, attr))
-    # The NVIDIA driver release (e.g. 580.159) comes from NVML; tolerate its absence.
-    if "driver_version" not in info:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            v = pynvml.nvmlSystemGetDriverVersion()
-            info["driver_version"] = v.decode() if isinstance(v, bytes) else v
-        except Exception:  # NVML missing: the CUDA driver version above still identifies it
-            pass
-    return info
-
-
-def _free(bufs: Any) -> None:
-    for name in ("free", "close"):
-        fn = getattr(bufs, name, None)
-        if callable(fn):
-            fn()
-            return
 
 
 def run_config(
@@ -151,23 +65,22 @@ def run_config(
     unsupported shape, no sm_90 GPU, compile error). A failed gate does not raise: the run is
     stored as failed and ``RunReport.passed`` is False.
     """
-    # Imported here so build-only commands work where these GPU modules cannot load.
-    from tuner import runtime
-    from tuner.measure import oracle, timing
+    # Imported here so build-only commands work where the GPU modules cannot load.
+    from tuner.measure.bench import Bench
+    from tuner.measure.launch import KernelLaunch
 
     say = log or (lambda _m: None)
     validate(cfg)
     for s in shapes:
         check_shape(cfg, s)
     # Fail on a missing GPU before spending a minute compiling.
-    dev = runtime.Device.open(device_index)
-    say(f"GPU {getattr(dev, 'name', '?')}; building config {cfg.config_id()}")
+    bench = Bench(device_index, seed=seed)
+    say(f"GPU {bench.dev.name}; building config {cfg.config_id()}")
     built = build_mod.build_config(cfg)
     say(f"artifact {built.so_path} ({'cache hit' if built.cache_hit else 'compiled'})")
     built.require_timeable()
     # The exact cached artifact, through its C ABI (the same file an export ships).
-    load = getattr(dev, "load_kernel", None)
-    kernel = load(built.so_path) if callable(load) else runtime.KernelModule(built.so_path)
+    kernel = KernelLaunch(built.so_path)
 
     rows: list[dict[str, Any]] = []
     for shape in shapes:
@@ -181,26 +94,20 @@ def run_config(
             "timing": None,
         }
         rows.append(row)
-        bufs = None
         try:
-            alloc = getattr(dev, "alloc_inputs", None)
-            bufs = alloc(shape) if callable(alloc) else runtime.AttnBuffers(dev, shape)
-            say(f"{shape}: gating")
-            g = oracle.gate(dev, kernel, shape, bufs, seed=seed)
-            row["gate"] = gate_to_dict(g)
-            if not g.passed:
+            say(f"{shape}: gating, then timing")
+            m = bench.measure(kernel, shape, protocol)
+            d = m.to_dict()
+            row["gate"], row["timing"] = d["gate"], d["timing"]
+            if m.status != "ok":
                 row["status"] = "failed"
-                row["error"] = f"gate failed: {row['gate']['summary']}"
+                row["error"] = f"gate failed: {m.reason}"
                 continue
-            say(f"{shape}: timing")
-            t = timing.time_kernel(dev, kernel, shape, bufs, protocol)
-            row["timing"] = to_plain(t)
             row["status"] = "passed"
         except FaTuneError as e:
             row["error"] = str(e)
         finally:
-            if bufs is not None:
-                _free(bufs)
+            bench.release(shape)
 
     bad = [r for r in rows if r["status"] != "passed"]
     failure = None
@@ -216,9 +123,9 @@ def run_config(
         "config_id": cfg.config_id(),
         "preset": preset,
         "config_file": config_file,
-        "protocol": to_plain(protocol),
+        "protocol": store.to_plain(protocol),
         "seed": seed,
-        "gpu": gpu_info(dev),
+        "gpu": bench.gpu_info(),
         "build": build_summary(built),
         "shapes": rows,
     }

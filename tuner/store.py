@@ -36,6 +36,7 @@ A shape whose gate failed is never timed and never gets numbers from anywhere el
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -54,6 +55,27 @@ CSV_COLUMNS = (
     "max_abs_err",
     "rel_l2",
 )
+
+
+def to_plain(obj: Any) -> Any:
+    """Dataclasses, tuples, numpy scalars -> JSON-able values (for results.json)."""
+    to_dict = getattr(obj, "to_dict", None)
+    if callable(to_dict) and not isinstance(obj, type):
+        return to_plain(to_dict())  # the module's own JSON form wins
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalar
+        try:
+            return obj.item()
+        except (TypeError, ValueError):
+            pass
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    return str(obj)
 
 
 def new_result_dir(root: str | Path) -> Path:

@@ -38,9 +38,10 @@ def test_time_kernel_sane_numbers() -> None:
     shape = SimpleNamespace(B=4, H=32, S=4096)
     kern = FillKernel(orc)
     with AttnBuffers(dev, shape) as bufs:
-        r = T.time_kernel(dev, kern, shape, bufs, T.Protocol(warmup=5, repeat=30, rounds=2),
-                          temp_wait_s=5)
+        proto = T.Protocol(warmup=5, repeat=30, rounds=2, settle_s=0.2, temp_wait_s=5)
+        r = T.time_kernel(dev, kern, shape, bufs, proto)
     assert kern.prepared == 1
+    assert len(r.extra["settle_launches"]) == 2 and min(r.extra["settle_launches"]) > 0
     assert len(r.rounds) == 2 and len(r.samples_ms) == 60
     assert 0.005 < r.median_ms < 5.0  # 128 MiB written at a few TB/s: ~0.05 ms
     assert r.min_ms <= r.median_ms <= r.max_ms

@@ -1,10 +1,10 @@
-"""The timing protocol and the GPU state around it.
+"""The timing protocol, the one timing loop, and the GPU state around it.
 
-The seeds' protocol: ``rounds`` independently warmed rounds; each round waits (bounded) until
-NVML reads <= ``temp_limit_c``, launches ``warmup`` times, then times ``repeat`` launches, each
+Per round (``Protocol``): a bounded wait until NVML reads <= ``temp_limit_c``; ``settle_s``
+seconds of untimed launches (the power ramp); ``warmup`` launches; ``repeat`` launches, each
 bracketed by its own pair of CUDA events. Round median; result = median of the round medians,
 min and max over every sample (all samples are kept). TFLOPS = 2*B*H*S*S*128 / (ms*1e9): the
-seeds' convention (full S^2, as in ../shared/ANCHORS.md), not the causal half.
+seeds' convention (full S^2, as in the anchors the project started from), not the causal half.
 
 NVML (nvidia-ml-py) is optional: without it there is no temperature wait and the state fields
 are None, and the result says why.
@@ -402,21 +402,45 @@ def nvml_for(dev: Device) -> Nvml:
     return nv
 
 
+def settle(launch: Callable[[], Any], seconds: float, sync: Callable[[], Any],
+           clock: Callable[[], float] = time.monotonic) -> int:
+    """Launch back to back for about ``seconds``; returns the number of launches.
+
+    Synchronizes every few launches so the host never queues far ahead of the GPU (the wall
+    clock then measures GPU time, not how fast the host enqueues).
+    """
+    if seconds <= 0:
+        return 0
+    n = 0
+    end = clock() + seconds
+    while clock() < end:
+        for _ in range(4):
+            launch()
+        n += 4
+        sync()
+    return n
+
+
 def time_kernel(
     dev: Device,
     kernel: Any,
     shape: ShapeLike,
     bufs: AttnBuffers,
     protocol: Protocol | None = None,
-    temp_limit_c: int = DEFAULT_TEMP_LIMIT_C,
-    temp_wait_s: float = DEFAULT_TEMP_WAIT_S,
     *,
     stream: Stream | None = None,
     nvml: Nvml | None = None,
     poll_s: float = 1.0,
+    wait_bound_s: Callable[[], float] | None = None,
+    on_wait: Callable[[TempWait], None] | None = None,
 ) -> TimingResult:
-    """Time ``kernel.forward(bufs, stream)`` with the protocol (the inputs are whatever bufs
-    holds: the gate leaves the seed set there). ``kernel`` needs prepare() and forward()."""
+    """THE timing loop: time ``kernel.forward(bufs, stream)`` with ``protocol``.
+
+    The inputs are whatever bufs holds (the gate leaves the seed set there). ``kernel`` is any
+    launchable with prepare(shape, stream) and forward(bufs, stream): fa-tune's kernel through
+    its C ABI, or a peer adapted by tuner.measure.launch. ``wait_bound_s`` may shorten each
+    round's temperature wait (a suite-wide budget); ``on_wait`` sees every wait.
+    """
     proto = protocol or Protocol()
     if (bufs.shape.B, bufs.shape.H, bufs.shape.S) != (shape.B, shape.H, shape.S):
         raise ValueError("buffers do not match the shape")
@@ -426,11 +450,19 @@ def time_kernel(
     starts = [Event(dev) for _ in range(proto.repeat)]
     ends = [Event(dev) for _ in range(proto.repeat)]
     rounds: list[RoundResult] = []
+    settled: list[int] = []
     try:
         prep_ms = kernel.prepare(shape, st)
         st.synchronize()
         for r in range(proto.rounds):
-            tw = wait_for_temperature(nv.temperature, temp_limit_c, temp_wait_s, poll_s=poll_s)
+            bound = proto.temp_wait_s
+            if wait_bound_s is not None:
+                bound = max(0.0, min(bound, wait_bound_s()))
+            tw = wait_for_temperature(nv.temperature, proto.temp_limit_c, bound, poll_s=poll_s)
+            if on_wait is not None:
+                on_wait(tw)
+            settled.append(settle(lambda: kernel.forward(bufs, st), proto.settle_s,
+                                  st.synchronize))
             before = nv.state()
             for _ in range(proto.warmup):
                 kernel.forward(bufs, st)
@@ -454,4 +486,6 @@ def time_kernel(
                 st.destroy()
             except Exception:  # noqa: BLE001
                 pass
-    return summarize_rounds(proto, shape, rounds, temp_limit_c, nv.note, prep_ms)
+    res = summarize_rounds(proto, shape, rounds, proto.temp_limit_c, nv.note, prep_ms)
+    res.extra["settle_launches"] = settled
+    return res

@@ -1,0 +1,175 @@
+"""A measurement session on one GPU: the API every command measures through.
+
+``Bench`` owns the device, the oracle, one set of buffers and one reference cache per shape,
+one stream and the NVML handle. ``measure(launch, shape, protocol)`` is the whole path:
+
+1. the gate (tuner.measure.oracle): every input set generated on the GPU, O and LSE poisoned,
+   one launch, compared with the FP32 reference; a failed gate ends here (no timing);
+2. the timing protocol (tuner.measure.timing.time_kernel) on the seed inputs;
+3. optionally the output of the last timed launch checked again (``gate_after``: a kernel that
+   is right only when the GPU is idle has no valid timing).
+
+``launch`` is fa-tune's kernel (``KernelLaunch`` / ``tuner.runtime.KernelModule``) or a peer
+(``PeerLaunch``): same buffers, same inputs, same stream, same gate, same loop.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tuner import store
+from tuner.measure import oracle, timing
+from tuner.runtime import AttnBuffers, Device, ShapeLike
+
+
+def _key(shape: ShapeLike) -> tuple[int, int, int]:
+    return (shape.B, shape.H, shape.S)
+
+
+@dataclass
+class Measurement:
+    """One launchable on one shape. ``status``: ok | gate_failed."""
+
+    status: str
+    reason: str
+    gate: oracle.GateResult | None
+    timing: timing.TimingResult | None
+    gate_after: oracle.SetMetrics | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "reason": self.reason,
+            "gate": None if self.gate is None else gate_dict(self.gate),
+            "timing": None if self.timing is None else self.timing.to_dict(),
+            "gate_after": None if self.gate_after is None else self.gate_after.to_dict(),
+        }
+
+
+def gate_dict(g: oracle.GateResult | oracle.SetMetrics) -> dict[str, Any]:
+    """The gate's verdict as every results payload stores it: the headline numbers (worst over
+    the input sets) plus the oracle's full result under ``details``."""
+    details = store.to_plain(g)
+    brief = g.summary() if isinstance(g, oracle.GateResult) else g.brief()
+    return {
+        "passed": bool(g.passed),
+        "summary": brief,
+        "max_abs_err": float(g.max_abs_err),
+        "rel_l2": None if math.isinf(g.rel_l2) else float(g.rel_l2),
+        "details": details,
+    }
+
+
+def gpu_info(dev: Device, nvml: timing.Nvml) -> dict[str, Any]:
+    """What results payloads and study attributes record about the GPU."""
+    info = store.to_plain(dev.properties())
+    st = nvml.state()
+    info.update(driver_version=nvml.driver_version() or info.get("nvidia_driver_version"),
+                memory_gib=round(dev.info.total_mem_bytes / 2**30, 1),
+                power_limit_w=st.power_limit_w, nvml_note=nvml.note)
+    return info
+
+
+class Bench:
+    """One device, the oracle, per-shape buffers and references, one stream, NVML."""
+
+    def __init__(self, device_index: int = 0, *, seed: int = oracle.DEFAULT_SEED,
+                 input_sets: tuple[str, ...] = oracle.DEFAULT_INPUT_SETS,
+                 temp_wait_total_s: float | None = None) -> None:
+        self.dev = Device.open(device_index)
+        self.oracle = oracle.get_oracle()
+        self.nvml = timing.nvml_for(self.dev)
+        self.stream = self.dev.stream()
+        self.seed = seed
+        self.input_sets = tuple(input_sets)
+        # A suite-wide cap on temperature waiting (compare): a card that idles hot delays the
+        # comparison, it never outlives the caller's time limit. None: only per-round bounds.
+        self.wait_left_s = temp_wait_total_s
+        self._bufs: dict[tuple[int, int, int], AttnBuffers] = {}
+        self._refs: dict[tuple[int, int, int], oracle.ReferenceCache] = {}
+
+    # -- buffers
+    def buffers(self, shape: ShapeLike) -> AttnBuffers:
+        b = self._bufs.get(_key(shape))
+        if b is None:
+            b = self._bufs[_key(shape)] = AttnBuffers(self.dev, shape)
+        return b
+
+    def release(self, shape: ShapeLike | None = None) -> None:
+        """Free the buffers and references of one shape (or of all)."""
+        keys = list(self._bufs) if shape is None else [_key(shape)]
+        for k in keys:
+            b = self._bufs.pop(k, None)
+            if b is not None:
+                b.free()
+            r = self._refs.pop(k, None)
+            if r is not None:
+                r.clear()
+
+    def close(self) -> None:
+        self.release()
+        self.stream.destroy()
+
+    def load_inputs(self, shape: ShapeLike, input_set: str = "seed") -> AttnBuffers:
+        bufs = self.buffers(shape)
+        oracle.fill_inputs(self.oracle, bufs, input_set, self.seed, self.stream)
+        self.stream.synchronize()
+        return bufs
+
+    # -- the three steps
+    def gate(self, launch: Any, shape: ShapeLike) -> oracle.GateResult:
+        """Gate ``launch`` on every input set; leaves the seed inputs in the buffers."""
+        bufs = self.buffers(shape)
+        bind = getattr(launch, "bind", None)
+        if bind is not None:
+            self.load_inputs(shape)
+            bind(bufs, self.stream)  # a peer's JIT / autotune, before anything is checked
+        refs = self._refs.setdefault(_key(shape), oracle.ReferenceCache())
+        return oracle.gate(self.dev, launch, shape, bufs, seed=self.seed,
+                           input_sets=self.input_sets, oracle=self.oracle, stream=self.stream,
+                           reference_cache=refs)
+
+    def time(self, launch: Any, shape: ShapeLike, protocol: timing.Protocol,
+             *, fresh_inputs: bool = True) -> timing.TimingResult:
+        """The timing protocol on the seed inputs (regenerated unless the gate just left them)."""
+        bufs = self.load_inputs(shape) if fresh_inputs else self.buffers(shape)
+        return timing.time_kernel(self.dev, launch, shape, bufs, protocol, stream=self.stream,
+                                  nvml=self.nvml, wait_bound_s=self._wait_bound,
+                                  on_wait=self._spent)
+
+    def check_output(self, launch: Any, shape: ShapeLike) -> oracle.SetMetrics:
+        """Check what the last launch left in the buffers against the seed set's reference."""
+        bufs = self.buffers(shape)
+        refs = self._refs.setdefault(_key(shape), oracle.ReferenceCache())
+        return oracle.check_output(self.dev, launch, shape, bufs, seed=self.seed,
+                                   oracle=self.oracle, stream=self.stream, reference_cache=refs)
+
+    def measure(self, launch: Any, shape: ShapeLike, protocol: timing.Protocol, *,
+                gate: bool = True, gate_after: bool = False) -> Measurement:
+        """Gate (unless ``gate`` is False), time, and optionally check the last output."""
+        g = None
+        if gate:
+            g = self.gate(launch, shape)
+            if not g.passed:
+                return Measurement("gate_failed", g.summary(), g, None)
+        t = self.time(launch, shape, protocol, fresh_inputs=not gate)
+        after = None
+        if gate_after:
+            after = self.check_output(launch, shape)
+            if not after.passed:
+                return Measurement("gate_failed", f"after timing: {after.brief()}", g, t, after)
+        return Measurement("ok", "", g, t, after)
+
+    # -- the suite-wide temperature wait budget
+    def _wait_bound(self) -> float:
+        return float("inf") if self.wait_left_s is None else max(0.0, self.wait_left_s)
+
+    def _spent(self, tw: timing.TempWait) -> None:
+        if self.wait_left_s is not None:
+            self.wait_left_s -= tw.waited_s
+
+    # -- facts for result payloads
+    def gpu_info(self) -> dict[str, Any]:
+        return gpu_info(self.dev, self.nvml)
