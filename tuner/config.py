@@ -486,7 +486,7 @@ class Shape:
 
     @property
     def flops(self) -> int:
-        """The seeds' FLOP count, 2*B*H*S*S*D (not halved for causality; matches ANCHORS.md)."""
+        """The seeds' FLOP count, 2*B*H*S*S*D (not halved for causality, as the anchors)."""
         return 2 * self.B * self.H * self.S * self.S * HEAD_DIM
 
     def tflops(self, ms: float) -> float:

@@ -5,7 +5,7 @@ torch, triton or flash_attn at module level, so this package (and the CLI) impor
 a peer whose packages are missing reports ``available() == (False, reason)``.
 
 Install the optional ones with ``pip install 'fa-tune[peers]'`` (FA3 on an offline host:
-scripts/fa3_stage1.sh and scripts/fa3_stage2.sh).
+lab/h200/fa3_stage1.sh and lab/h200/fa3_stage2.sh).
 """
 
 from __future__ import annotations

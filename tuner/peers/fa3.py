@@ -6,7 +6,7 @@ writes it by default, and FA3 skips it when no input needs a gradient, so withou
 would do less work than the kernel it is compared with. The first call JIT-compiles the kernel
 (CuTe DSL -> cubin, seconds); ``prepare`` makes that call, outside the timed region.
 
-Installing without a network: scripts/fa3_stage1.sh and fa3_stage2.sh; with ``pip --target`` the
+Installing without a network: lab/h200/fa3_stage1.sh and fa3_stage2.sh; with ``pip --target`` the
 folder ``<target>/nvidia_cutlass_dsl/dsl_packages`` must be on PYTHONPATH as well.
 """
 

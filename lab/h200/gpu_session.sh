@@ -3,50 +3,59 @@
 # 30 s). A call carries at most 64 MiB with the repo; the repo plus .whl plus one FA3 half no
 # longer fits, so the first half travels alone.
 #
-#   call 1, carry [".whl"]:                bash scripts/gpu_session.sh start VARIANTS_FILE
+#   call 1, carry [".whl"]:                bash lab/h200/gpu_session.sh start VARIANTS_FILE
 #       installs our wheels, starts building VARIANTS_FILE with all cores in the background
 #       (it also stages FA3's first half when .fa3/part1 was carried along)
-#   call 2, carry [".fa3/part1"]:          bash scripts/fa3_stage1.sh
-#   call 3, carry [".fa3/part2"]:          bash scripts/gpu_session.sh lab VARIANTS_FILE [SHAPE...]
+#   call 2, carry [".fa3/part1"]:          bash lab/h200/fa3_stage1.sh
+#   call 3, carry [".fa3/part2"]:          bash lab/h200/gpu_session.sh lab VARIANTS_FILE [SHAPE...]
 #       installs FA3, waits for the builds, gates every variant on uneven shapes, then times them
 #       beside FA3 at the seed shapes (or SHAPEs); logs and JSON land in $OUT
 #   search instead of the lab: search-start STUDY TIMEOUT [fa-tune search args] as call 1,
-#   then search-wait STUDY as call 3; scripts/lab/after_search.sh STUDY on the warm machine
+#   then search-wait STUDY as call 3; lab/h200/after_search.sh STUDY on the warm machine
 #   next (compare, the multicast GPU tests, the export timed against the tuner)
-#   later calls on the same warm machine:  bash scripts/gpu_session.sh env -- COMMAND...
+#   later calls on the same warm machine:  bash lab/h200/gpu_session.sh env -- COMMAND...
 #       runs COMMAND with PYTHONPATH set for fa-tune, its wheels and FA3 (e.g. pytest -m gpu)
 #
 # Keep the timing protocol of the lab at LAB_PROTOCOL (default "20 100 2": warm-up, repeat,
 # rounds) while exploring; use "50 200 3" (the seeds') for numbers that go into docs/PERF.md.
+#
+# Run from the repository root. What the host keeps between the calls of one session (our
+# wheels, FA3, the background build's and search's logs) lives in .device/ of the repository
+# copy there (git-ignored; the device keeps ignored outputs between calls); FA_TUNE_DEVICE_DIR
+# moves it.
 set -euo pipefail
-cmd=${1:?usage: gpu_session.sh start|lab|env ...}
+cmd=${1:?usage: gpu_session.sh start|lab|search-start|search-wait|env ...}
 shift
-SITE=/root/site
-FA3=/root/fa3site
+LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DEV=${FA_TUNE_DEVICE_DIR:-$(cd "$LAB/../.." && pwd)/.device}
+mkdir -p "$DEV" && DEV=$(cd "$DEV" && pwd)
+export FA_TUNE_DEVICE_DIR=$DEV  # the FA3 scripts install where this one looks
+SITE=$DEV/site
+FA3=$DEV/fa3site
 export PYTHONPATH="$FA3:$FA3/nvidia_cutlass_dsl/dsl_packages:$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}
+OUT=${OUT:-$DEV/out}
 mkdir -p "$OUT"
 
 case "$cmd" in
 start)
   variants=${1:?variants file}
-  if [ -d .fa3/part1 ]; then bash scripts/fa3_stage1.sh > /dev/null; fi
+  if [ -d .fa3/part1 ]; then bash lab/h200/fa3_stage1.sh > /dev/null; fi
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
-  rm -f /root/build.log
+  rm -f "$DEV/build.log"
   setsid nohup python3 scripts/kernel_lab.py --variants-file "$variants" --build-only \
-    --jobs "$(nproc)" > /root/build.log 2>&1 < /dev/null &
+    --jobs "$(nproc)" > "$DEV/build.log" 2>&1 < /dev/null &
   echo "building $variants in the background; FA3 part 1 staged"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv
   ;;
 lab)
   variants=${1:?variants file}
   shift
-  FA3_SMOKE=0 bash scripts/fa3_stage2.sh > "$OUT/fa3_install.log" 2>&1 \
+  FA3_SMOKE=0 bash lab/h200/fa3_stage2.sh > "$OUT/fa3_install.log" 2>&1 \
     || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed: timing without it"; }
-  for _ in $(seq 300); do grep -q '^built' /root/build.log 2>/dev/null && break; sleep 2; done
-  cp /root/build.log "$OUT/build.log"
-  tail -n 30 /root/build.log
+  for _ in $(seq 300); do grep -q '^built' "$DEV/build.log" 2>/dev/null && break; sleep 2; done
+  cp "$DEV/build.log" "$OUT/build.log"
+  tail -n 30 "$DEV/build.log"
   read -r warm rep rounds <<< "${LAB_PROTOCOL:-20 100 2}"
   # Correctness first, on shapes no tile size divides (2x16x2000: several tiles per persistent
   # CTA, which the smaller ones never reach); quick, no timing worth keeping.
@@ -57,7 +66,7 @@ lab)
   grep -E "FAIL|Error" "$OUT/gate_small.log" | cut -c1-300 || echo "small shapes: all variants passed"
   if [ "${rc:-0}" = 124 ]; then  # a hang at small shapes would hang the seed shapes too
     tail -n 5 "$OUT/gate_small.log"
-    echo "small-shape gate timed out: some variant hangs (probe with scripts/lab/probe.sh)"
+    echo "small-shape gate timed out: some variant hangs (probe with lab/h200/probe.sh)"
     exit 1
   fi
   shapes=()
@@ -73,26 +82,26 @@ lab)
 search-start)
   # call 1 of a search session, carry [".fa3/part1", ".whl"]: search-start STUDY TIMEOUT [ARGS...]
   study=${1:?study}; budget=${2:?timeout, e.g. 7m}; shift 2
-  if [ -d .fa3/part1 ]; then bash scripts/fa3_stage1.sh > /dev/null; fi
+  if [ -d .fa3/part1 ]; then bash lab/h200/fa3_stage1.sh > /dev/null; fi
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
-  rm -f /root/search.log /root/search.rc
+  rm -f "$DEV/search.log" "$DEV/search.rc"
   setsid nohup bash -c "python3 -m tuner.cli search --study '$study' --timeout '$budget' $* \
-    > /root/search.log 2>&1; echo \$? > /root/search.rc" < /dev/null > /dev/null 2>&1 &
+    > '$DEV/search.log' 2>&1; echo \$? > '$DEV/search.rc'" < /dev/null > /dev/null 2>&1 &
   echo "search $study started for $budget"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv
   ;;
 search-wait)
   # call 2, carry [".fa3/part2"]: installs FA3 while the search runs, waits for it, keeps logs
   study=${1:?study}
-  FA3_SMOKE=0 bash scripts/fa3_stage2.sh > "$OUT/fa3_install.log" 2>&1 \
+  FA3_SMOKE=0 bash lab/h200/fa3_stage2.sh > "$OUT/fa3_install.log" 2>&1 \
     || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed"; }
   # A search that never started (no log) would otherwise keep this call for its whole limit.
-  [ -f /root/search.log ] || { echo "no search running (search-start failed?)"; exit 1; }
-  for _ in $(seq 580); do [ -f /root/search.rc ] && break; sleep 1; done
-  cp /root/search.log "$OUT/search.log"
+  [ -f "$DEV/search.log" ] || { echo "no search running (search-start failed?)"; exit 1; }
+  for _ in $(seq 580); do [ -f "$DEV/search.rc" ] && break; sleep 1; done
+  cp "$DEV/search.log" "$OUT/search.log"
   cp "studies/$study.db"* "$OUT/" 2>/dev/null || true  # with -wal/-shm if a WAL is left
-  echo "search exit: $(cat /root/search.rc 2>/dev/null || echo still running)"
-  tail -c 6000 /root/search.log
+  echo "search exit: $(cat "$DEV/search.rc" 2>/dev/null || echo still running)"
+  tail -c 6000 "$DEV/search.log"
   ;;
 env)
   [ "${1:-}" = "--" ] && shift

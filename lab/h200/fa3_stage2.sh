@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # FA3 install, call 2 of 2 (GPU host, no network). Run from the repo root with carry [".fa3/part2"],
-# on the same warm machine as scripts/fa3_stage1.sh. Joins the split nvidia-cutlass-dsl-libs-cu13
-# wheel, checks its SHA-256, installs every wheel with --no-deps into /root/fa3site (the host
-# already has torch, cuda-bindings, einops, protobuf, typing-extensions) and checks the import.
-# Afterwards, in the same or a later call on this machine:
-#   export PYTHONPATH=/root/fa3site:/root/fa3site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
+# on the same warm machine as lab/h200/fa3_stage1.sh. Joins the split nvidia-cutlass-dsl-libs-cu13
+# wheel, checks its SHA-256, installs every wheel with --no-deps into .device/fa3site of the
+# repository copy (git-ignored; the host already has torch, cuda-bindings, einops, protobuf,
+# typing-extensions) and checks the import. Afterwards, in the same or a later call on this
+# machine (lab/h200/gpu_session.sh env -- sets it for you):
+#   export PYTHONPATH=$PWD/.device/fa3site:$PWD/.device/fa3site/nvidia_cutlass_dsl/dsl_packages:$PYTHONPATH
 # (--target skips .pth files, so the dsl_packages path the package's .pth would add is set by hand.)
-# If this call also carries .whl (fa-tune's own wheels), those go to /tmp/site as well.
+# If this call also carries .whl (fa-tune's own wheels), those go to .device/site as well.
 set -euo pipefail
 REPO=$(pwd)
 SRC=.fa3/part2
-STAGE=${FA3_STAGE:-/root/fa3_stage}
-SITE=${FA3_SITE:-/root/fa3site}
+DEV=${FA_TUNE_DEVICE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.device}
+STAGE=${FA3_STAGE:-$DEV/fa3_stage}
+SITE=${FA3_SITE:-$DEV/fa3site}
+mkdir -p "$SITE" && SITE=$(cd "$SITE" && pwd)  # absolute: the install runs from $STAGE
 [ -d "$SRC" ] || { echo "fa3_stage2: $SRC missing: carry it ([\".fa3/part2\"])" >&2; exit 2; }
 # A rerun on the same machine finds the halves already joined; that is fine.
 compgen -G "$STAGE/*.partaa" >/dev/null || compgen -G "$STAGE/nvidia_cutlass_dsl_libs_cu13-*.whl" >/dev/null || {
-  echo "fa3_stage2: no first half in $STAGE: run scripts/fa3_stage1.sh on this same machine first" >&2; exit 2; }
+  echo "fa3_stage2: no first half in $STAGE: run lab/h200/fa3_stage1.sh on this same machine first" >&2; exit 2; }
 cp -f "$SRC"/* "$STAGE"/
 cd "$STAGE"
 for first in *.whl.partaa; do
@@ -31,7 +34,7 @@ echo "fa3_stage2: installed into $SITE ($(du -sh "$SITE" | cut -f1))"
 cd "$REPO"
 # Optional: fa-tune's own wheels (optuna, sqlalchemy, nvidia-cutlass, ...) when this call also
 # carries .whl (part2 + .whl is ~60 MiB: fits the 64 MiB limit while the tree stays small).
-WHL_SITE=${WHL_SITE:-/tmp/site}
+WHL_SITE=${WHL_SITE:-$DEV/site}
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --root-user-action=ignore --target "$WHL_SITE" .whl/*.whl

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Which variants of a lab file finish on a given shape: each one in its own process under a
 # timeout, so one hang does not hide the others. Usage (GPU host, repo root, .whl carried):
-#   bash scripts/lab/probe.sh VARIANTS_FILE [SECONDS] [SHAPE...]
+#   bash lab/h200/probe.sh VARIANTS_FILE [SECONDS] [SHAPE...]
 set -uo pipefail
 file=${1:?variants file}; secs=${2:-45}; shift 2 || shift $#
 shapes=("${@:-1x8x4096}")
-SITE=/root/site
+DEV=${FA_TUNE_DEVICE_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.device}
+SITE=$DEV/site
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
 export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+OUT=${OUT:-$DEV/out}; mkdir -p "$OUT"
 python3 scripts/kernel_lab.py --variants-file "$file" --build-only --jobs "$(nproc)" \
   > "$OUT/probe_build.log" 2>&1 || { tail -20 "$OUT/probe_build.log"; exit 1; }
 sargs=(); for s in "${shapes[@]}"; do sargs+=(--shape "$s"); done

@@ -3,9 +3,9 @@
 #   .whl/         optuna & co. plus nvidia-cutlass (CUTLASS headers) for python3.12 there
 #   .fa3/part1,2  FlashAttention-3 (flash-attn-4) and its CuTe-DSL runtime, the 92 MB cu13
 #                 wheel split in two halves so each device call stays under 64 MiB
-# Then: scripts/gpu_session.sh (two back-to-back calls) or scripts/fa3_stage{1,2}.sh.
+# Then: lab/h200/gpu_session.sh (three back-to-back calls) or lab/h200/fa3_stage{1,2}.sh.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 grep -qx '/.fa3/' .git/info/exclude 2>/dev/null || echo '/.fa3/' >> .git/info/exclude
 
