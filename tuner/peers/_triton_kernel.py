@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# Twenty configs, as in the anchors' Triton row (2026-11-29). BLOCK_N must divide BLOCK_M (diagonal loop), and
+# Twenty configs, as in the anchors' Triton row. BLOCK_N must divide BLOCK_M (diagonal loop), and
 # BLOCK_M=BLOCK_N=128 with 4 stages would need 256 KB of shared memory, so it is left out.
 # fmt: off
 _CONFIGS = [
