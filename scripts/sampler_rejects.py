@@ -36,13 +36,9 @@ from optuna.trial import TrialState  # noqa: E402
 
 from tuner import space as spaces  # noqa: E402
 from tuner.config import ConfigError, validate  # noqa: E402
-from tuner.search import (  # noqa: E402
-    make_sampler,
-    open_storage,
-    seed_params,
-    suggest_config,
-    valid_config,
-)
+from tuner.sampler import make_sampler, suggest_config, valid_config  # noqa: E402
+from tuner.search import seed_params  # noqa: E402
+from tuner.study import open_storage  # noqa: E402
 
 
 def main() -> None:

@@ -74,11 +74,25 @@ def test_usage_error_exit_2() -> None:
     assert r.exit_code == 2
 
 
-def test_doctor_runs_without_gpu() -> None:
-    r = runner.invoke(app, ["doctor"])
-    assert r.exit_code == 0, r.output
-    for what in ("cuda-python", "driver", "GPU", "nvcc", "sm_90a", "CUTLASS", "NVML"):
+@pytest.mark.skipif(has_sm90_gpu(), reason="checks the doctor on a machine without a GPU")
+def test_doctor_without_gpu_exits_1() -> None:
+    # A narrow terminal: the table is squeezed, check names and the summary line stay whole.
+    r = runner.invoke(app, ["doctor"], env={"COLUMNS": "60"})
+    assert r.exit_code == 1, r.output
+    for what in ("cuda-python", "driver", "GPU", "nvcc", "sm_90a", "cuobjdump", "CUTLASS",
+                 "NVML"):
         assert what in r.output
+    [line] = [ln for ln in r.output.splitlines() if ln.startswith("missing: ")]
+    assert "GPU (sm_90)" in line and "(needed for run/search/compare/profile)" in line
+    build_ok = "(needed for build" not in line
+    assert ("build works" in line) == build_ok
+    # --build-only: the same machine passes when it can build.
+    r = runner.invoke(app, ["doctor", "--build-only"], env={"COLUMNS": "60"})
+    assert r.exit_code == (0 if build_ok else 1), r.output
+
+
+def test_doctor_usage_error_exit_2() -> None:
+    assert runner.invoke(app, ["doctor", "--gpu-please"]).exit_code == 2
 
 
 def test_bundle_refuses_non_empty_dir(tmp_path: Path) -> None:

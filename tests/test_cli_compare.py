@@ -62,35 +62,46 @@ def test_compare_invalid_config_exit_2(tmp_path: Path) -> None:
     assert "pingpong needs at least 2 consumer warpgroups" in _one_error_line(r.output)
 
 
-def test_compare_study_without_search_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "tuner.search", None)  # as if tuner/search.py did not exist
-    r = runner.invoke(app, ["compare", "--study", "mine"])
-    assert r.exit_code == 2
-    assert "no search module yet" in _one_error_line(r.output)
+def _study(tmp_path: Path, name: str, config: dict[str, Any] | None,
+           confirmed: dict[str, Any] | None = None) -> str:
+    """A real SQLite study with one trial (complete with ``config``, or failed when None)."""
+    import optuna
+
+    url = f"sqlite:///{tmp_path / name}.db"
+    st = optuna.create_study(study_name=name, storage=url, direction="maximize")
+    t = st.ask()
+    if config is None:
+        st.tell(t, state=optuna.trial.TrialState.FAIL)
+    else:
+        t.set_user_attr("config", config)
+        if confirmed is not None:
+            t.set_user_attr("confirmed", confirmed)
+        st.tell(t, 600.0)
+    return url
 
 
-def test_compare_study_without_best_config(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "tuner.search", types.ModuleType("tuner.search"))
-    r = runner.invoke(app, ["compare", "--study", "mine"])
+def test_compare_unknown_study_exit_2(tmp_path: Path) -> None:
+    r = runner.invoke(app, ["compare", "--study", "nope", "--storage",
+                            f"sqlite:///{tmp_path / 'x'}.db"])
     assert r.exit_code == 2
-    assert "best_config" in _one_error_line(r.output)
+    assert "unknown study 'nope'" in _one_error_line(r.output)
 
 
 @pytest.mark.parametrize(
-    ("best", "needle"),
+    ("config", "needle"),
     [(None, "has no best config"), ({"block_m": 64, "pingpong": True}, "pingpong needs")],
 )
-def test_compare_study_resolution_errors(
-    monkeypatch: pytest.MonkeyPatch, best: Any, needle: str
-) -> None:
-    seen: list[tuple[Any, ...]] = []
-    fake = types.ModuleType("tuner.search")
-    fake.best_config = lambda *a: seen.append(a) or best  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "tuner.search", fake)
-    r = runner.invoke(app, ["compare", "--study", "mine"])
+def test_compare_study_resolution_errors(tmp_path: Path, config: Any, needle: str) -> None:
+    url = _study(tmp_path, "mine", config)
+    r = runner.invoke(app, ["compare", "--study", "mine", "--storage", url])
     assert r.exit_code == 2
     assert needle in _one_error_line(r.output)
-    assert seen == [("mine", None)]
+
+
+def test_compare_storage_without_study_exit_2() -> None:
+    r = runner.invoke(app, ["compare", "--preset", "default", "--storage", "sqlite:///x.db"])
+    assert r.exit_code == 2
+    assert "--storage goes with --study" in _one_error_line(r.output)
 
 
 def _fake_gpu_path(monkeypatch: pytest.MonkeyPatch, payload: dict[str, Any],
@@ -136,6 +147,32 @@ def test_compare_passes_options_through(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert c["shapes"] == ["2x4x1024"] and c["backends"] == "fa3,cudnn"
     assert (c["warmup"], c["repeat"], c["rounds"]) == (1, 2, 1)
     assert c["results_root"] == tmp_path / "res"
+
+
+def test_compare_study_passes_the_confirmed_number(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    _fake_gpu_path(monkeypatch, _payload("ok"), calls, tmp_path)
+    conf = {"geomean_tflops": 640.0, "shapes": {"4x32x4096": {"tflops": 600.0}}}
+    url = _study(tmp_path, "s", {"block_n": 112}, conf)
+    r = runner.invoke(app, ["compare", "--study", "s", "--storage", url, "--backends", "fa3"])
+    assert r.exit_code == 0, r.output
+    assert calls[0]["confirmed"] == conf
+
+
+def test_check_confirmed_ratio() -> None:
+    payload = {"protocol": {"settle_s": 2.0}, "summary": [
+        {"shape": "4x32x4096", "backend": "fa-tune", "status": "ok", "tflops": 606.0},
+        {"shape": "4x32x8192", "backend": "fa-tune", "status": "gate_failed", "tflops": None},
+        {"shape": "4x32x4096", "backend": "fa3", "status": "ok", "tflops": 560.0},
+    ]}
+    conf = {"protocol": {"settle_s": 2.0}, "shapes": {"4x32x4096": {"tflops": 600.0},
+                                                      "4x32x8192": {"tflops": 650.0}}}
+    chk = compare_mod.check_confirmed(payload, conf)
+    [row] = chk["shapes"]
+    assert row["shape"] == "4x32x4096" and row["ratio"] == pytest.approx(1.01)
+    payload["search_confirmed"] = chk
+    assert "ratio 1.010" in compare_mod.confirmed_lines(payload)[1]
 
 
 def test_compare_failed_kernel_gate_exit_1(monkeypatch: pytest.MonkeyPatch,

@@ -13,16 +13,16 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner.config import ConfigError, validate
-from tuner.sampler import FeasibleSampler
-from tuner.search import (
+from tuner.sampler import (
+    FeasibleSampler,
     config_from_params,
     make_sampler,
-    open_storage,
-    seed_params,
     suggest_config,
     valid_config,
 )
+from tuner.search import seed_params
 from tuner.space import load_space, space_from_dict
+from tuner.study import open_storage
 
 
 def _run(tmp: Path, sampler_name: str, asks: int, seed: int = 3) -> tuple[list[Any], Any]:

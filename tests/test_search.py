@@ -6,6 +6,7 @@ canned timings or crashes/hangs on command); the builder is tests/fixtures/fake_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -13,14 +14,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner import search
+from tuner import policy, sampler, search, worker_client
 from tuner.config import Shape
+from tuner.measure import timing
 from tuner.space import space_from_dict
+from tuner.study import SearchError, load_existing_study, open_storage, storage_url
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(FIX))
@@ -70,7 +74,7 @@ def test_parse_duration() -> None:
     assert search.parse_duration("45") == 45
     assert search.parse_duration(None) is None
     for bad in ("ten minutes", "0", "5x", "-3m"):
-        with pytest.raises(search.SearchError):
+        with pytest.raises(SearchError):
             search.parse_duration(bad)
 
 
@@ -132,7 +136,9 @@ def test_search_seeds_first_confirms_best(tmp_path: Path, plan) -> None:
     # The sweet spot of the fake timings is the default preset: it is the confirmed best.
     assert summ.best is not None and summ.best["trial"] == 0
     conf = ts[0].user_attrs["confirmed"]
-    assert conf["protocol"] == search.CONFIRM_PROTOCOL
+    # Confirmed with FULL, the protocol of `fa-tune run` and `compare` (settle phase included).
+    assert conf["protocol"] == timing.FULL.to_dict()
+    assert conf["protocol"]["settle_s"] > 0
     assert set(conf["shapes"]) == {"1x2x512", "1x2x256"}
     assert Path(conf["results_dir"], "results.json").is_file()
     # Screening ran on the cheapest shape, and the value is the geometric mean over shapes.
@@ -140,7 +146,13 @@ def test_search_seeds_first_confirms_best(tmp_path: Path, plan) -> None:
     rows = ts[0].user_attrs["shapes"]
     assert ts[0].value == pytest.approx(search.geomean([r["tflops"] for r in rows.values()]))
     lines = log.read_text().splitlines()
-    assert sum("repeat=200" in ln for ln in lines) >= 2  # full protocol, both shapes
+    full = f"repeat=200 rounds=3 settle_s={timing.FULL.settle_s:g} temp_wait_s=60"
+    assert sum(full in ln for ln in lines) >= 2  # full protocol, both shapes
+    # Screens and surveys: the short protocols, no settle phase, short temperature waits.
+    assert sum("repeat=30 rounds=1 settle_s=0 temp_wait_s=10" in ln for ln in lines) >= 1
+    assert sum("repeat=100 rounds=1 settle_s=0 temp_wait_s=10" in ln for ln in lines) >= 2
+    results = json.loads(Path(conf["results_dir"], "results.json").read_text())
+    assert results["protocol"] == timing.FULL.to_dict()
     st = optuna.load_study(study_name="t", storage=url_for(tmp_path))
     assert st.user_attrs["shapes"] == ["1x2x512", "1x2x256"]
     assert st.user_attrs["sessions"][-1]["trials"] == summ.trials_run
@@ -178,11 +190,11 @@ def test_pruning_against_incumbent(tmp_path: Path, plan) -> None:
     assert by[(64, 2)].intermediate_values  # the screening number was reported
     assert by[(128, 3)].state == TrialState.COMPLETE
     assert "shapes" in by[(128, 3)].user_attrs
-    assert 0 < search.PRUNE_SLOWER_FRACTION < 0.5
+    assert 0 < policy.PRUNE_SLOWER_FRACTION < 0.5
 
 
 def test_failures_are_isolated(tmp_path: Path, plan, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(search, "WATCHDOG_BASE_S", 3.0)
+    monkeypatch.setattr(worker_client, "WATCHDOG_BASE_S", 3.0)
     plan({"block_n=64": "hang", "block_n=80": "crash", "block_n=96": "illegal_address",
           "block_n=112": "gate_fail"})
     b = FakeBuilder(tmp_path / "art", local_memory_block_n=144, fail_block_n=192)
@@ -243,7 +255,8 @@ def test_resume_after_sigterm_and_sigkill(tmp_path: Path, plan) -> None:
         p.kill()
         raise AssertionError("the search never reached the hanging config")
 
-    # 1) SIGTERM: the process tells every open trial before it exits.
+    # 1) SIGTERM: the process settles every open trial before it exits. The one cut on the
+    # GPU fails as interrupted; any asked ahead of it goes back to WAITING, not to FAIL.
     p = start_and_wait_for_hang()
     p.send_signal(signal.SIGTERM)
     out, _ = p.communicate(timeout=60)
@@ -251,22 +264,36 @@ def test_resume_after_sigterm_and_sigkill(tmp_path: Path, plan) -> None:
     ts = optuna.load_study(study_name="r", storage=url).get_trials()
     assert not [t for t in ts if t.state == TrialState.RUNNING]
     interrupted = [t for t in ts if t.user_attrs.get("fail_reason") == "interrupted"]
-    assert interrupted
+    assert [t.params["block_n"] for t in interrupted] == [96]
+    assert [t.state for t in ts if t.state == TrialState.FAIL] == [TrialState.FAIL]
+    assert all(t.user_attrs["not_run"] == "interrupted (SIGTERM)"
+               for t in ts if t.state == TrialState.WAITING)
     n_complete = len([t for t in ts if t.state == TrialState.COMPLETE])
     assert n_complete >= 1  # completed trials kept
 
-    # 2) SIGKILL: RUNNING trials are left behind; the next run fails them first.
+    # 2) SIGKILL: RUNNING trials are left behind; the next run settles them first (the one
+    # that reached the GPU fails as interrupted, the others go back to WAITING) and then
+    # measures what waits before anything new.
     p = start_and_wait_for_hang()
     p.kill()
     p.wait(timeout=30)
     ts = optuna.load_study(study_name="r", storage=url).get_trials()
-    assert [t for t in ts if t.state == TrialState.RUNNING]
+    killed = [t for t in ts if t.state == TrialState.RUNNING]
+    assert killed
     plan({})  # the hang is gone; the same command resumes
-    p = subprocess.run(cmd[:4] + ["3", cmd[5]], capture_output=True, text=True, env=env,
+    p = subprocess.run(cmd[:4] + ["6", cmd[5]], capture_output=True, text=True, env=env,
                        timeout=120)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     ts = optuna.load_study(study_name="r", storage=url).get_trials()
     assert not [t for t in ts if t.state == TrialState.RUNNING]
+    by_number = {t.number: t for t in ts}
+    for t in killed:
+        now = by_number[t.number]
+        if "build" in t.user_attrs:
+            assert now.state == TrialState.FAIL and now.user_attrs["fail_reason"] == "interrupted"
+        else:
+            assert now.state in (TrialState.COMPLETE, TrialState.PRUNED), now.user_attrs
+    assert not [t for t in ts if t.state == TrialState.WAITING and "not_run" in t.user_attrs]
     assert len([t for t in ts if t.state == TrialState.COMPLETE]) >= n_complete
     # The interrupted config was re-enqueued and measured this time.
     requeued = [t for t in ts if "requeued_from" in t.user_attrs]
@@ -277,9 +304,9 @@ def test_resume_after_sigterm_and_sigkill(tmp_path: Path, plan) -> None:
 
 def test_resume_with_other_shapes_is_refused(tmp_path: Path, plan) -> None:
     make(tmp_path, {"block_n": [128]}, trials=1).run()
-    with pytest.raises(search.SearchError, match="searches shapes"):
+    with pytest.raises(SearchError, match="searches shapes"):
         make(tmp_path, {"block_n": [128]}, trials=1, shapes=[Shape(1, 2, 256)])
-    with pytest.raises(search.SearchError, match="another search space"):
+    with pytest.raises(SearchError, match="another search space"):
         make(tmp_path, {"block_n": [128, 112]}, trials=1)
     assert len(trials_of(tmp_path)) >= 1  # nothing lost
 
@@ -293,8 +320,8 @@ def test_storage_urls(tmp_path: Path, plan) -> None:
     s.run()
     assert optuna.load_study(study_name="x", storage=url).best_trial.number == 0
     for bad in ("postgresql://u:secret@127.0.0.1:1/nodb", "nosuchdb://x", "sqlite:////proc/x/y.db"):
-        with pytest.raises(search.SearchError) as e:
-            search.open_storage(bad)
+        with pytest.raises(SearchError) as e:
+            open_storage(bad)
         assert "\n" not in str(e.value) and "secret" not in str(e.value)
 
 
@@ -306,7 +333,7 @@ def test_sqlite_storage_uses_wal(tmp_path: Path) -> None:
     from sqlalchemy import text
 
     url = f"sqlite:///{tmp_path / 'w.db'}"
-    st = search.open_storage(url)
+    st = open_storage(url)
     optuna.create_study(study_name="w", storage=st)
     with st.engine.connect() as c:
         assert c.execute(text("PRAGMA synchronous")).scalar() == 1  # NORMAL
@@ -318,24 +345,103 @@ def test_sqlite_storage_uses_wal(tmp_path: Path) -> None:
 
 def test_default_storage_is_under_studies(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("FA_TUNE_STUDIES", str(tmp_path))
-    assert search.storage_url("abc", None) == f"sqlite:///{tmp_path / 'abc.db'}"
-    with pytest.raises(search.SearchError):
-        search.storage_url("../evil", None)
+    assert storage_url("abc", None) == f"sqlite:///{tmp_path / 'abc.db'}"
+    with pytest.raises(SearchError):
+        storage_url("../evil", None)
 
 
 def test_unknown_study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FA_TUNE_STUDIES", str(tmp_path))
-    with pytest.raises(search.SearchError, match="unknown study 'nope'"):
-        search.load_existing_study("nope", None)
+    with pytest.raises(SearchError, match="unknown study 'nope'"):
+        load_existing_study("nope", None)
 
 
 def test_sampler_choices(tmp_path: Path) -> None:
     sp = space_from_dict({"block_n": [64, 128]})
     for name in ("tpe", "random", "grid"):
-        assert search.make_sampler(name, 0, sp) is not None
-    with pytest.raises(search.SearchError, match="unknown sampler"):
-        search.make_sampler("annealing", 0, sp)
+        assert sampler.make_sampler(name, 0, sp) is not None
+    with pytest.raises(SearchError, match="unknown sampler"):
+        sampler.make_sampler("annealing", 0, sp)
     from tuner.space import load_space
 
-    with pytest.raises(search.SearchError, match="grid sampler"):
-        search.make_sampler("grid", 0, load_space("default"))
+    with pytest.raises(SearchError, match="grid sampler"):
+        sampler.make_sampler("grid", 0, load_space("default"))
+
+
+def test_deadline_leaves_unrun_trials_waiting_and_resume_runs_them_first(
+        tmp_path: Path, plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each request keeps the fake GPU busy 0.3 s, so the deadline comes while candidates asked
+    # ahead are still queued. They must not be FAIL: they wait (params fixed) and the next
+    # search measures them before anything new; `show trials` counts them as waiting.
+    monkeypatch.setenv("FAKE_GPU_WORKER_DELAY_S", "0.3")
+    space = {"block_n": [64, 96, 112, 128], "k_stages": [2, 3], "v_stages": [2, 3]}
+    s = make(tmp_path, space, trials=None, timeout_s=4.0)
+    s._avg_compile_s = 0.01  # the fake builder compiles at once (the first guess is 60 s)
+    summ = s.run()
+    assert summ.stopped_by == "timeout"
+    ts = trials_of(tmp_path)
+    waiting = [t for t in ts if t.state == TrialState.WAITING]
+    assert waiting and summ.not_run == len(waiting)
+    assert not [t for t in ts if t.state in (TrialState.FAIL, TrialState.RUNNING)]
+    for t in waiting:
+        assert t.user_attrs["not_run"] == "timeout"
+        assert t.system_attrs["fixed_params"] == t.params  # as an enqueued trial
+    st = optuna.load_study(study_name="t", storage=url_for(tmp_path))
+    assert st.user_attrs["sessions"][-1]["not_run"] == len(waiting)
+
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    r = CliRunner().invoke(app, ["show", "trials", "--study", "t", "--storage",
+                                 url_for(tmp_path)], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    assert f"{len(waiting)} waiting" in r.output and "failed" not in r.output
+    assert "not run yet" in r.output
+
+    monkeypatch.setenv("FAKE_GPU_WORKER_DELAY_S", "0")
+    before = {t.number for t in ts}
+    make(tmp_path, space, trials=len(waiting) + 2).run()
+    now = {t.number: t for t in trials_of(tmp_path)}
+    for t in waiting:  # the same trials, measured now
+        assert now[t.number].state in (TrialState.COMPLETE, TrialState.PRUNED)
+    new = [t for n, t in now.items() if n not in before]
+    assert new
+    assert max(now[t.number].datetime_start for t in waiting) <= min(
+        t.datetime_start for t in new)
+
+
+def test_no_asks_beyond_what_the_gpu_can_measure_before_the_deadline(tmp_path: Path,
+                                                                     plan) -> None:
+    s = make(tmp_path, {"block_n": [128]}, trials=None, timeout_s=100.0)
+    s._avg_compile_s = 0.0
+    assert s._may_ask(0)
+    s._avg_eval_s = 30.0  # each candidate holds the GPU 30 s
+    s.queue.extend([object()] * 3)  # 90 s of GPU work queued, ~100 s left: one more fits
+    assert s._may_ask(0)
+    s.queue.append(object())  # 120 s queued: anything asked now would only wait
+    assert not s._may_ask(0)
+
+
+def test_watchdog_covers_settle_and_temperature_waits() -> None:
+    shape = Shape(1, 2, 256)
+    bare = dataclasses.replace(timing.FULL, settle_s=0.0, temp_wait_s=0.0)
+    extra = (worker_client.watchdog_s(shape, timing.FULL, False)
+             - worker_client.watchdog_s(shape, bare, False))
+    full = timing.FULL
+    assert extra == pytest.approx(full.rounds * (full.settle_s + full.temp_wait_s))
+
+
+def test_policy_prunes_and_confirms() -> None:
+    pol = policy.SearchPolicy()
+    assert (pol.screen, pol.survey, pol.confirm) == (timing.SCREEN, timing.SURVEY, timing.FULL)
+    inc = SimpleNamespace(number=3, user_attrs={"screen": {"median_ms": 1.0},
+                                                "confirmed": {"geomean_tflops": 500.0}})
+    assert pol.prune_reason({"shape": "1x2x256", "median_ms": 1.05}, inc) is None
+    why = pol.prune_reason({"shape": "1x2x256", "median_ms": 1.2}, inc)
+    assert why is not None and "20.0% slower than trial 3" in why and "1x2x256" in why
+    assert pol.prune_reason({"median_ms": 9.0}, None) is None  # no incumbent yet
+    assert pol.needs_confirming(1.0, None)
+    assert pol.needs_confirming(501.0, inc) and not pol.needs_confirming(499.0, inc)
+    done = SimpleNamespace(number=4, user_attrs={"confirmed": {"geomean_tflops": 510.0}})
+    assert pol.is_new_best(done, inc) and not pol.is_new_best(inc, done)

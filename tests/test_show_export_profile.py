@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 
 from tuner import profile, search
 from tuner.cli import app
-from tuner.config import Shape
+from tuner.config import KernelConfig, Shape
 from tuner.space import space_from_dict
+from tuner.study import best_config, default_storage_url, open_storage
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 DATA = Path(__file__).resolve().parent / "data"
@@ -88,6 +89,43 @@ def test_show_best_trials_importance_plots(study: str, studies: Path) -> None:
     assert "best_so_far.png" in pngs and any(p.startswith("tflops_by_") for p in pngs)
 
 
+def test_show_best_prints_the_winner_as_yaml_when_narrow(study: str) -> None:
+    # Piped (CliRunner is not a terminal) and 40 columns: rich cuts the table's cells, but the
+    # winner's every knob comes whole, as plain YAML under it, usable as --config.
+    r = runner.invoke(app, ["show", "best", "--study", study], env={"COLUMNS": "40"})
+    assert r.exit_code == 0, r.output
+    assert "…" in r.output  # the table was squeezed to 40 columns
+    lines = r.output.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("# best: trial"))
+    assert "confirmed" in lines[start]
+    end = lines.index("", start)  # the YAML ends with a blank line
+    block = lines[start:end]
+    cfg = KernelConfig.from_yaml_text("\n".join(block))
+    assert cfg == best_config(study)
+    assert len([ln for ln in block if not ln.startswith("#")]) == len(cfg.to_dict())
+
+
+def test_reading_a_study_does_not_import_the_search(study: str, studies: Path) -> None:
+    # show / export / profile read a study through tuner.study alone: no search loop, no
+    # GPU worker client. (A fresh interpreter: this test module imports tuner.search itself.)
+    code = (
+        "import sys\n"
+        "import tuner.show, tuner.export, tuner.profile\n"
+        "from typer.testing import CliRunner\n"
+        "from tuner.cli import app\n"
+        "r = CliRunner().invoke(app, ['show', 'best', '--study', 's'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "r = CliRunner().invoke(app, ['export', '--study', 's', '--trial', '999', '--out', 'x'])\n"
+        "assert r.exit_code == 2, r.output\n"
+        "bad = sorted(m for m in ('tuner.search', 'tuner.worker_client', 'tuner.policy')\n"
+        "             if m in sys.modules)\n"
+        "assert not bad, bad\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**__import__("os").environ, "FA_TUNE_STUDIES": str(studies)})
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+
+
 def test_importance_too_few_trials(studies: Path, tmp_path: Path) -> None:
     search.Search(study="few", space=space_from_dict({"block_n": [128]}),
                   shapes=[Shape(1, 2, 256)], n_trials=1, builder=FakeBuilder(tmp_path / "a"),
@@ -129,12 +167,12 @@ def test_wrong_input_show_export_profile(study: str, argv, expect, tmp_path: Pat
     argv = [str(tmp_path / a) if a == "X" else a for a in argv]
     assert expect in one_line_exit2(runner.invoke(app, argv))
     # No stored trial lost.
-    url = search.default_storage_url("s")
+    url = default_storage_url("s")
     assert len(optuna.load_study(study_name="s", storage=url).get_trials()) >= 6
 
 
 def test_failed_trial_is_not_exported(study: str, tmp_path: Path) -> None:
-    url = search.default_storage_url(study)
+    url = default_storage_url(study)
     bad = [t for t in optuna.load_study(study_name=study, storage=url).get_trials()
            if t.state.name != "COMPLETE"]
     if not bad:
@@ -145,8 +183,8 @@ def test_failed_trial_is_not_exported(study: str, tmp_path: Path) -> None:
 
 
 def test_empty_study(studies: Path) -> None:
-    search.open_storage(search.default_storage_url("empty"))
-    optuna.create_study(study_name="empty", storage=search.default_storage_url("empty"))
+    open_storage(default_storage_url("empty"))
+    optuna.create_study(study_name="empty", storage=default_storage_url("empty"))
     assert "no trials yet" in one_line_exit2(runner.invoke(app, ["show", "best",
                                                                  "--study", "empty"]))
     assert "no trials yet" in one_line_exit2(
@@ -212,7 +250,7 @@ def test_profile_without_ncu(study: str, monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_best_config_for_compare(study: str) -> None:
-    cfg = search.best_config(study)
+    cfg = best_config(study)
     assert cfg is not None and cfg.block_n == 128
 
 
@@ -224,8 +262,8 @@ def test_export_builds_standalone(studies: Path, tmp_path: Path) -> None:
 
     cfg = load_preset("default")
     b = build.build_config(cfg)
-    url = search.default_storage_url("real")
-    search.open_storage(url)
+    url = default_storage_url("real")
+    open_storage(url)
     st = optuna.create_study(study_name="real", storage=url, direction="maximize")
     t = st.ask()
     t.set_user_attr("config", cfg.to_dict())

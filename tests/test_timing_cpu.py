@@ -1,5 +1,6 @@
-"""CPU tests of tuner/measure/timing.py: protocol validation, the TFLOPS formula, throttle decoding, the
-bounded temperature wait, aggregation, and the time_kernel loop against fake CUDA events."""
+"""CPU tests of tuner/measure/timing.py: protocol validation, the TFLOPS formula, throttle
+decoding, the bounded temperature wait, the settle phase, aggregation, and the time_kernel loop
+against fake CUDA events."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def test_settle_launches_until_the_clock_runs_out() -> None:
 
 
 def test_tflops_matches_the_anchor_table() -> None:
-    # The anchors the project started from: FA3 0.971 ms at 4x32x4096 -> 566 TFLOPS; 13.898 ms at 16384 -> 633.
+    # The anchors the project started from: FA3 0.971 ms at 4x32x4096 -> 566 TFLOPS;
+    # 13.898 ms at 16384 -> 633.
     assert T.tflops(SimpleNamespace(B=4, H=32, S=4096), 0.971) == pytest.approx(566.2, abs=0.1)
     assert T.tflops(SimpleNamespace(B=4, H=32, S=16384), 13.898) == pytest.approx(633.0, abs=0.1)
     assert T.flops(SimpleNamespace(B=1, H=1, S=2)) == 2 * 4 * 128

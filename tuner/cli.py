@@ -122,6 +122,9 @@ def build(
 
 
 # ---- run ----------------------------------------------------------------------------------
+SettleOpt = Annotated[float, typer.Option(
+    "--settle-s", help="Seconds of untimed launches before each round's warm-up, so every "
+    "kernel is timed at the power-capped steady state (0: the seeds' protocol exactly).")]
 @app.command()
 @_user_errors
 def run(
@@ -134,6 +137,7 @@ def run(
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up launches per round.")] = 50,
     repeat: Annotated[int, typer.Option(min=1, help="Timed launches per round.")] = 200,
     rounds: Annotated[int, typer.Option(min=1, help="Independently warmed rounds.")] = 3,
+    settle_s: SettleOpt = 2.0,
     results_dir: Annotated[
         Path | None, typer.Option("--results-dir", help="Root of result folders.")
     ] = None,
@@ -145,7 +149,7 @@ def run(
     from tuner import runner
     from tuner.measure import timing
 
-    protocol = timing.Protocol(warmup=warmup, repeat=repeat, rounds=rounds)
+    protocol = timing.Protocol(warmup=warmup, repeat=repeat, rounds=rounds, settle_s=settle_s)
     report = runner.run_config(
         cfg,
         shapes,
@@ -182,19 +186,38 @@ def run(
 
 # ---- doctor -------------------------------------------------------------------------------
 @app.command()
-def doctor() -> None:
-    """Check GPU, driver, nvcc (sm_90a), cuda-python, NVML and CUTLASS; say how to fix gaps."""
+def doctor(
+    build_only: Annotated[bool, typer.Option(
+        "--build-only", help="Only the build requirements decide the exit code (a machine "
+        "that compiles kernels but never runs them).")] = False,
+) -> None:
+    """Check what fa-tune needs and say how to fix gaps; exit 1 if something required is missing.
+
+    Required to build (every command): nvcc compiling sm_90a, cuobjdump (SASS check), the
+    CUTLASS headers. Required to run (run, search, compare, profile): cuda-python, the NVIDIA
+    driver, an sm_90 GPU, NVML. Optional: Nsight Compute (profile only). Exit 0: all required
+    checks pass; 1: something required is missing (the last line says what, and whether
+    building works); 2: a usage error.
+    """
     from tuner import doctor as doc
 
+    checks = doc.run_checks()
     t = Table(title="fa-tune doctor")
-    t.add_column("check")
-    t.add_column("ok")
+    t.add_column("check", no_wrap=True)  # names stay whole; found / to fix wrap instead
+    t.add_column("needed for", no_wrap=True)
+    t.add_column("ok", no_wrap=True)
     t.add_column("found")
     t.add_column("to fix")
-    for c in doc.run_checks():
-        t.add_row(c.name, "[green]yes[/]" if c.ok else "[red]no[/]", c.detail,
-                  "" if c.ok else c.fix)
+    for c in checks:
+        ok = "[green]yes[/]" if c.ok else ("[yellow]no[/]" if c.need == doc.OPTIONAL
+                                            else "[red]no[/]")
+        t.add_row(c.name, c.need, ok, c.detail, "" if c.ok else c.fix)
     console.print(t)
+    code, line = doc.summarize(checks, build_only=build_only)
+    # Plain and unwrapped (not in the table): scripts and narrow terminals read it whole.
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if code:
+        raise typer.Exit(code)
 
 
 # ---- presets ------------------------------------------------------------------------------
@@ -272,25 +295,16 @@ def bundle(
 
 
 # ---- compare ------------------------------------------------------------------------------
-def _study_config(study: str) -> KernelConfig:
-    """The best config of a study, through tuner.search.best_config(study, storage)."""
-    import importlib
+def _study_best(study: str, storage: str | None) -> tuple[KernelConfig, dict[str, Any] | None]:
+    """The study's best config and what the search confirmed for it (None if unconfirmed)."""
+    from tuner.study import best_trial
 
-    try:
-        search_mod = importlib.import_module("tuner.search")
-    except ModuleNotFoundError as e:
-        if e.name != "tuner.search":
-            raise
-        raise ConfigError("--study needs tuner.search, and there is no search module yet") from None
-    best = getattr(search_mod, "best_config", None)
-    if not callable(best):
-        raise ConfigError("--study needs tuner.search.best_config, and there is none yet")
-    cfg = best(study, None)  # None: the search module's default study storage
-    if isinstance(cfg, dict):
-        cfg = KernelConfig.from_dict(cfg, source=f"study '{study}'")
-    if not isinstance(cfg, KernelConfig):
+    t = best_trial(study, storage)
+    if t is None or not isinstance(t.user_attrs.get("config"), dict):
         raise ConfigError(f"study '{study}' has no best config (no trial passed its gate yet)")
-    return cfg
+    cfg = KernelConfig.from_dict(t.user_attrs["config"], source=f"study '{study}'")
+    conf = t.user_attrs.get("confirmed")
+    return cfg, conf if isinstance(conf, dict) else None
 
 
 @app.command()
@@ -298,6 +312,11 @@ def _study_config(study: str) -> KernelConfig:
 def compare(
     study: Annotated[
         str | None, typer.Option("--study", help="Compare the best config of this study.")
+    ] = None,
+    storage: Annotated[
+        str | None,
+        typer.Option("--storage", help="The study's Optuna RDB URL (default "
+                     "sqlite:///studies/<study>.db)."),
     ] = None,
     preset: PresetOpt = None,
     config: ConfigOpt = None,
@@ -308,14 +327,12 @@ def compare(
     backends: Annotated[
         str | None,
         typer.Option("--backends", "-b", help="Peers, comma-separated: fa3,cudnn,fa2,triton,"
-                     "mem_efficient or all (default: fa3,cudnn,fa2,triton)."),
+                     "mem_efficient, all or none (default: fa3,cudnn,fa2,triton)."),
     ] = None,
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up launches per round.")] = 50,
     repeat: Annotated[int, typer.Option(min=1, help="Timed launches per round.")] = 200,
     rounds: Annotated[int, typer.Option(min=1, help="Independently warmed rounds.")] = 3,
-    settle_s: Annotated[float, typer.Option(
-        "--settle-s", help="Seconds of launches before each round's warm-up, so every backend "
-        "is timed at the power-capped steady state (0: the seeds' protocol exactly).")] = 2.0,
+    settle_s: SettleOpt = 2.0,
     results_dir: Annotated[
         Path | None, typer.Option("--results-dir", help="Root of result folders.")
     ] = None,
@@ -332,17 +349,25 @@ def compare(
                           f"{' and '.join(given)})")
     # Every cheap check before a compile that can take a minute.
     shapes = [str(Shape.parse(s)) for s in shape] if shape else None
-    compare_mod.parse_backends(backends)
-    compare_mod.Protocol(warmup=warmup, repeat=repeat, rounds=rounds, settle_s=settle_s)
+    peers = compare_mod.parse_backends(backends)
+    from tuner.measure.timing import Protocol
+
+    Protocol(warmup=warmup, repeat=repeat, rounds=rounds, settle_s=settle_s)
     cfg: KernelConfig | None = None
+    confirmed = None
+    if storage is not None and study is None:
+        raise ConfigError("--storage goes with --study")
     if study is not None:
-        cfg, label = _study_config(study), f"study {study}"
+        (cfg, confirmed), label = _study_best(study, storage), f"study {study}"
     elif given:
         cfg, label = load_config(preset, config)
     if cfg is not None:
         validate(cfg)
-    if module_missing("torch"):
-        raise FaTuneError("fa-tune compare needs torch with CUDA: pip install 'fa-tune[peers]'")
+    if peers and module_missing("torch"):
+        raise FaTuneError("fa-tune compare's peers need torch with CUDA: pip install "
+                          "'fa-tune[peers]' (or --backends none for fa-tune's kernel alone)")
+    if cfg is None and not peers:
+        raise ConfigError("nothing to compare: give --study, --preset or --config, or peers")
     so_path: Path | None = None
     if cfg is not None:
         from tuner import build as build_mod
@@ -355,7 +380,7 @@ def compare(
         console.print("[dim]no --study/--preset/--config: comparing the peers only[/]")
     payload = compare_mod.compare_command(
         so_path, shapes, backends, warmup=warmup, repeat=repeat, rounds=rounds,
-        results_root=results_dir, console=console, settle_s=settle_s,
+        results_root=results_dir, console=console, settle_s=settle_s, confirmed=confirmed,
     )
     kernel_names = {b["name"] for b in payload.get("backends", []) if b.get("role") == "kernel"}
     for b in payload.get("backends", []):
@@ -446,16 +471,16 @@ def search(
     from tuner import search as search_mod
     from tuner import space as space_mod
     from tuner.gpu_worker import DEFAULT_ENTRY
+    from tuner.sampler import SAMPLERS
+    from tuner.study import SearchError
 
     sp = space_mod.load_space(space)
     shapes = [Shape.parse(s) for s in shape] if shape else list(SEED_SHAPES)
     budget = search_mod.parse_duration(timeout)
     if trials is None and budget is None:
-        raise search_mod.SearchError("give --trials N and/or --timeout DURATION")
-    if sampler not in search_mod.SAMPLERS:
-        raise search_mod.SearchError(
-            f"unknown sampler '{sampler}'; choose one of {', '.join(search_mod.SAMPLERS)}"
-        )
+        raise SearchError("give --trials N and/or --timeout DURATION")
+    if sampler not in SAMPLERS:
+        raise SearchError(f"unknown sampler '{sampler}'; choose one of {', '.join(SAMPLERS)}")
     nvml = None
     try:
         from tuner.measure.timing import Nvml
@@ -485,7 +510,9 @@ def search(
         f"GPU busy {100 * summary.gpu_busy_fraction:.0f} %"
         + (f" (of which {summary.temp_wait_s:.0f} s waiting for the GPU to cool)"
            if summary.temp_wait_s >= 0.5 else "")
-        + f"; stopped: {summary.stopped_by}",
+        + f"; stopped: {summary.stopped_by}"
+        + (f"; {summary.not_run} asked but not measured wait in the study (the next search "
+           "measures them first)" if summary.not_run else ""),
         soft_wrap=True,
     )
     if summary.best:
@@ -500,14 +527,13 @@ def search(
 
 def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> None:
     from tuner import show as show_mod
+    from tuner.study import SearchError
 
     if shape is not None:
         shape = str(Shape.parse(shape))
     _, trials = show_mod.study_trials(study, storage)
     rows = show_mod.best_rows(trials, shape, top)
     if not rows:
-        from tuner.search import SearchError
-
         raise SearchError(f"study '{study}' has no completed trial"
                           + (f" measured on {shape}" if shape else ""))
     shapes = list(rows[0]["shapes"])
@@ -522,6 +548,17 @@ def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> 
                   "yes" if r["confirmed"] else "[yellow]no[/]",
                   *[f"{r['shapes'].get(s, float('nan')):.1f}" for s in shapes], diff or "-")
     console.print(t)
+    # The winner's every knob as YAML, outside the table: rich shrinks and cuts table cells to
+    # the terminal (80 columns when piped), the config must survive whole and be usable as is.
+    best = rows[0]
+    cfg = KernelConfig.from_dict(best["config"]) if best["config"] else KernelConfig()
+    confirmed = "confirmed" if best["confirmed"] else "NOT confirmed (search protocol only)"
+    console.print(
+        f"# best: trial {best['trial']} ({best['config_id']}), {best['value']:.1f} TFLOPS "
+        f"geomean, {confirmed}\n# save as best.yaml; `fa-tune run --config best.yaml` "
+        f"times it\n{cfg.to_yaml()}",
+        markup=False, highlight=False, soft_wrap=True,  # ends with a blank line
+    )
 
 
 @app.command()
@@ -535,14 +572,15 @@ def show(
 ) -> None:
     """Read a study: best configs, all trials, knob importances (fANOVA), PNG plots."""
     from tuner import show as show_mod
-    from tuner.search import SearchError
+    from tuner.study import SearchError
 
     if what == "best":
         _show_best(study, storage, shape, top)
         what = "importance+plots"
     elif what == "trials":
         _, trials = show_mod.study_trials(study, storage)
-        t = Table(title=f"study {study}: {len(trials)} trials")
+        counts = ", ".join(f"{n} {state}" for state, n in show_mod.state_counts(trials).items())
+        t = Table(title=f"study {study}: {len(trials)} trials ({counts})")
         for col in ("trial", "state", "value", "confirmed", "config", "reason"):
             t.add_column(col)
         for r in show_mod.trial_rows(trials):

@@ -422,6 +422,37 @@ def summarize(payload: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+# ---- the search's confirmed number against compare's own ------------------------------------
+def check_confirmed(payload: dict[str, Any], confirmed: dict[str, Any],
+                    kernel: str = "fa-tune") -> dict[str, Any]:
+    """Per shape: the TFLOPS the search confirmed for the study's best, compare's TFLOPS for the
+    same kernel now, and their ratio (compare / confirmed). Both use the protocol stored with
+    them; the search confirms with FULL, compare's default, so they should agree within noise."""
+    conf_shapes = confirmed.get("shapes") or {}
+    rows = []
+    for r in payload.get("summary", []):
+        if r["backend"] != kernel or r["status"] != "ok":
+            continue
+        c = (conf_shapes.get(r["shape"]) or {}).get("tflops")
+        if not isinstance(c, (int, float)) or not c > 0:
+            continue
+        rows.append({"shape": r["shape"], "confirmed_tflops": float(c),
+                     "compare_tflops": r["tflops"], "ratio": r["tflops"] / float(c)})
+    return {"confirmed_protocol": confirmed.get("protocol"),
+            "compare_protocol": payload.get("protocol"), "shapes": rows}
+
+
+def confirmed_lines(payload: dict[str, Any]) -> list[str]:
+    chk = payload.get("search_confirmed")
+    if not chk or not chk.get("shapes"):
+        return []
+    lines = ["search's confirmed number vs this compare (same kernel; compare / confirmed):"]
+    for r in chk["shapes"]:
+        lines.append(f"  {r['shape']}: confirmed {r['confirmed_tflops']:.1f} TFLOPS, compare "
+                     f"{r['compare_tflops']:.1f} TFLOPS, ratio {r['ratio']:.3f}")
+    return lines
+
+
 # ---- outputs (no torch needed) -----------------------------------------------------------
 def _atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
@@ -526,6 +557,9 @@ def summary_markdown(payload: dict[str, Any]) -> str:
                 + (f" ({ch:+.2f}%)" if ch is not None else "")
             )
         lines.append("")
+    conf = confirmed_lines(payload)
+    if conf:
+        lines += [conf[0], "", *(f"- {x.strip()}" for x in conf[1:]), ""]
     hot = [
         f"{r['backend']} on {s['shape']}"
         for s in payload.get("shapes", [])
@@ -650,6 +684,7 @@ def run_compare(
     protocol: Protocol | None = None,
     results_root: str | Path | None = None,
     log: Log = _stderr,
+    confirmed: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the comparison and write its result folder; return the payload.
 
@@ -668,6 +703,8 @@ def run_compare(
             raise FaTuneError(f"kernel library {path} does not exist; build it first")
     backend_objs = make_backends(so_path_or_none, parse_backends(backends))
     payload = run_suite(backend_objs, shape_list, protocol, log)
+    if confirmed is not None:
+        payload["search_confirmed"] = check_confirmed(payload, confirmed)
     d = new_result_dir(results_root)
     files = write_outputs(payload, d)
     payload["result_dir"] = str(d)
@@ -686,8 +723,12 @@ def compare_command(
     console: Any = None,
     log: Log | None = None,
     settle_s: float = FULL.settle_s,
+    confirmed: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What ``fa-tune compare`` calls once it has resolved --study/--config/--preset to a .so.
+
+    ``confirmed``: the search's ``confirmed`` attribute of the study's best trial; compare then
+    states, per shape, its own number for the kernel against the one the search showed.
 
     Prints the summary table (rich, when a console is given) and the result folder, and returns
     the payload (``payload["status"]`` is "failed" when a backend errored or failed its gate;
@@ -702,13 +743,17 @@ def compare_command(
         Protocol(warmup=warmup, repeat=repeat, rounds=rounds, settle_s=settle_s),
         results_root,
         log=log,
+        confirmed=confirmed,
     )
+    lines = confirmed_lines(payload)
     if console is not None:
         console.print(rich_table(payload))
+        for line in lines:
+            console.print(line, soft_wrap=True, markup=False)
         console.print(f"results: {payload['result_dir']}", soft_wrap=True)
     else:
         print(format_table(payload))
-        print(f"results: {payload['result_dir']}")
+        print("\n".join([*lines, f"results: {payload['result_dir']}"]))
     return payload
 
 

@@ -1,7 +1,15 @@
 """Environment probes for ``fa-tune doctor`` and the test suite's GPU check.
 
 Every probe returns a result instead of raising: a missing driver, library or tool is a finding,
-and each finding carries how to get the missing piece.
+and each finding carries how to get the missing piece. Each check says what needs it:
+
+* ``build`` (every command; ``fa-tune build`` needs nothing else): nvcc, nvcc compiling sm_90a,
+  cuobjdump (the SASS check), the CUTLASS headers, the kernel template;
+* ``run`` (run, search, compare, profile, export's timing): cuda-python, the NVIDIA driver, an
+  sm_90 GPU, NVML (temperature waits and the GPU state stored with every result);
+* ``optional``: Nsight Compute (``fa-tune profile`` only).
+
+``summarize`` turns the checks into the doctor's exit code and summary line.
 """
 
 from __future__ import annotations
@@ -15,6 +23,10 @@ from typing import Any
 
 from tuner.errors import FaTuneError
 
+BUILD, RUN, OPTIONAL = "build", "run", "optional"
+NEEDED_FOR = {BUILD: "build and everything else", RUN: "run/search/compare/profile",
+              OPTIONAL: "profile"}
+
 
 @dataclass
 class Check:
@@ -22,6 +34,7 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""  # how to get it, when not ok
+    need: str = RUN  # BUILD, RUN or OPTIONAL: what fails without it
 
 
 @dataclass
@@ -135,7 +148,8 @@ def run_checks() -> list[Check]:
     checks: list[Check] = []
     cp = _version("cuda-python") or _version("cuda-bindings")
     checks.append(
-        Check("cuda-python", cp is not None, cp or "not installed", "pip install cuda-python")
+        Check("cuda-python", cp is not None, cp or "not installed", "pip install cuda-python",
+              RUN)
     )
     gp = probe_gpus()
     checks.append(
@@ -163,10 +177,11 @@ def run_checks() -> list[Check]:
     )
     try:
         nvcc = build.find_nvcc()
-        checks.append(Check("nvcc", True, f"{nvcc} ({build.nvcc_version(nvcc)})"))
+        checks.append(Check("nvcc", True, f"{nvcc} ({build.nvcc_version(nvcc)})", need=BUILD))
         ok, detail = probe_nvcc_sm90a()
         checks.append(
-            Check("nvcc sm_90a", ok, detail, "use CUDA >= 12.3 (13.0 is tested); set CUDA_HOME")
+            Check("nvcc sm_90a", ok, detail, "use CUDA >= 12.3 (13.0 is tested); set CUDA_HOME",
+                  BUILD)
         )
         cuobjdump = build.find_tool("cuobjdump", nvcc)
         checks.append(
@@ -175,19 +190,21 @@ def run_checks() -> list[Check]:
                 cuobjdump is not None,
                 str(cuobjdump) if cuobjdump else "not found (SASS checks are skipped)",
                 "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm",
+                BUILD,
             )
         )
     except FaTuneError as e:
         checks.append(
-            Check(
-                "nvcc", False, str(e), "install the CUDA toolkit or `pip install nvidia-cuda-nvcc`"
-            )
+            Check("nvcc", False, str(e),
+                  "install the CUDA toolkit or `pip install nvidia-cuda-nvcc`", BUILD)
         )
     try:
         inc = build.cutlass_include()
-        checks.append(Check("CUTLASS headers", True, f"{inc} ({build.cutlass_version()})"))
+        checks.append(Check("CUTLASS headers", True, f"{inc} ({build.cutlass_version()})",
+                            need=BUILD))
     except FaTuneError as e:
-        checks.append(Check("CUTLASS headers", False, str(e), "pip install nvidia-cutlass"))
+        checks.append(Check("CUTLASS headers", False, str(e), "pip install nvidia-cutlass",
+                            BUILD))
     checks.append(_nvml_check())
     tpl = _paths.kernel_template()
     checks.append(
@@ -196,9 +213,42 @@ def run_checks() -> list[Check]:
             tpl.is_file(),
             str(tpl) if tpl.is_file() else f"missing: {tpl}",
             "reinstall fa-tune (pip install .) or run from a source checkout",
+            BUILD,
         )
     )
+    checks.append(_ncu_check())
     return checks
+
+
+def _ncu_check() -> Check:
+    from tuner.profile import ProfileError, find_ncu
+
+    try:
+        return Check("Nsight Compute", True, str(find_ncu()), need=OPTIONAL)
+    except ProfileError:
+        return Check("Nsight Compute", False, "not found (only `fa-tune profile` needs it)",
+                     "install Nsight Compute (part of the CUDA toolkit); put ncu on PATH",
+                     OPTIONAL)
+
+
+def summarize(checks: list[Check], build_only: bool = False) -> tuple[int, str]:
+    """(exit code, one summary line): 0 when everything required is there, else 1 and what is
+    missing, grouped by what it is needed for. With ``build_only`` only the build checks count
+    (a machine that compiles but never runs kernels)."""
+    missing = {need: [c.name for c in checks if c.need == need and not c.ok]
+               for need in (BUILD, RUN, OPTIONAL)}
+    counted = (BUILD,) if build_only else (BUILD, RUN)
+    parts = [f"missing: {', '.join(missing[n])} (needed for {NEEDED_FOR[n]})"
+             for n in counted if missing[n]]
+    code = 1 if parts else 0
+    if not missing[BUILD]:
+        parts.append("build works" if parts or build_only else "everything required is there")
+    if build_only and missing[RUN]:
+        parts.append(f"not needed to build: {', '.join(missing[RUN])}")
+    if missing[OPTIONAL]:
+        parts.append(f"optional, missing: {', '.join(missing[OPTIONAL])} "
+                     f"(needed for {NEEDED_FOR[OPTIONAL]})")
+    return code, "; ".join(parts)
 
 
 def _nvml_check() -> Check:
@@ -207,17 +257,17 @@ def _nvml_check() -> Check:
     try:
         import pynvml
     except Exception as e:
-        return Check("NVML", False, f"nvidia-ml-py not importable: {_one_line(e)}", fix)
+        return Check("NVML", False, f"nvidia-ml-py not importable: {_one_line(e)}", fix, RUN)
     try:
         pynvml.nvmlInit()
         try:
             drv = pynvml.nvmlSystemGetDriverVersion()
             drv = drv.decode() if isinstance(drv, bytes) else drv
-            return Check("NVML", True, f"nvidia-ml-py {ver}, driver {drv}")
+            return Check("NVML", True, f"nvidia-ml-py {ver}, driver {drv}", need=RUN)
         finally:
             pynvml.nvmlShutdown()
     except Exception as e:
-        return Check("NVML", False, f"nvidia-ml-py {ver}; {_one_line(e)}", fix)
+        return Check("NVML", False, f"nvidia-ml-py {ver}; {_one_line(e)}", fix, RUN)
 
 
 def gpu_summary() -> dict[str, Any]:

@@ -27,7 +27,7 @@ from tuner import _paths
 from tuner import build as build_mod
 from tuner.config import KernelConfig
 from tuner.errors import FaTuneError
-from tuner.search import SearchError
+from tuner.study import SearchError
 
 LIB_NAME = "libfa_tune_fwd.so"
 

@@ -1,9 +1,15 @@
-"""A sampler wrapper that proposes only configs the search can use (valid and not yet seen).
+"""What the search's sampler proposes: the space as Optuna parameters, the samplers, and a
+wrapper that proposes only configs the search can use (valid and not yet seen).
 
-Why: most combinations of the kernel's knobs are invalid (shared memory, registers, knobs that
-need each other). Asked through Optuna, every invalid proposal is a stored trial, an SQLite
-transaction and a sampler fit, and with TPE it also skews the model: on the H200 (2026-11-30)
-a search asked 320 trials in 104 s for one compiled candidate, 300 static rejects in a row.
+``suggest_config`` and ``distributions`` map the space's free knobs to Optuna parameters (the
+two must agree); ``config_from_params`` maps them back to the config a trial measures;
+``make_sampler`` builds the sampler ``fa-tune search --sampler`` names.
+
+Why the wrapper: most combinations of the kernel's knobs are invalid (shared memory,
+registers, knobs that need each other). Asked through Optuna, every invalid proposal is a
+stored trial, an SQLite transaction and a sampler fit, and with TPE it also skews the model: on
+the H200 (2026-11-30) a search asked 320 trials in 104 s for one compiled candidate, 300 static
+rejects in a row.
 
 ``FeasibleSampler`` samples all free knobs jointly (one relative search space) and checks each
 proposal in Python before Optuna stores anything:
@@ -16,21 +22,69 @@ proposal in Python before Optuna stores anything:
   ``random_tries`` draws; the last draw is returned regardless (the search's own static check
   then refuses it) and ``starved`` is set, which the search reads as an exhausted space.
 
-Enqueued trials (the seed points, requeued ones) keep their fixed parameters untouched.
+Enqueued trials (the seed points, requeued ones) keep their fixed parameters untouched. The
+grid sampler is not wrapped: it enumerates its points itself.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.samplers import BaseSampler
 
+from tuner.config import KNOBS, KernelConfig, Shape, check_shape, validate
+from tuner.errors import ConfigError, ShapeError
 from tuner.space import SearchSpace
+from tuner.study import SearchError
 
 Accept = Callable[[dict[str, Any]], bool]
+SAMPLERS = ("tpe", "random", "grid", "cmaes")
+GRID_MAX_POINTS = 100_000
+
+
+# ---- the space <-> Optuna parameters ----------------------------------------------------------
+def suggest_config(trial: Any, space: SearchSpace) -> KernelConfig:
+    """Ask the trial for every free knob; fixed knobs take their single value."""
+    params: dict[str, Any] = {}
+    for knob in space.free_knobs:
+        dim = space.dims.get(knob)
+        if dim is not None and dim.int_range is not None:
+            lo, hi, st = dim.int_range
+            params[knob] = trial.suggest_int(knob, lo, hi, step=st)
+        else:
+            params[knob] = trial.suggest_categorical(knob, list(space.choices(knob)))
+    return config_from_params(params, space)
+
+
+def config_from_params(params: dict[str, Any], space: SearchSpace) -> KernelConfig:
+    """The config a trial with these free-knob params measures (fixed knobs from the space)."""
+    values = {knob: params[knob] if knob in params else space.choices(knob)[0] for knob in KNOBS}
+    # Knobs that cannot matter under the others (e.g. fixed_cost with the grid scheduler) go to
+    # their defaults, so such trials repeat an already-measured config instead of re-timing it.
+    return KernelConfig.from_dict(values).effective()
+
+
+def static_check(cfg: KernelConfig, shapes: Sequence[Shape]) -> None:
+    """What the search refuses without compiling: ConfigError or ShapeError saying why."""
+    validate(cfg)
+    for s in shapes:
+        check_shape(cfg, s)
+
+
+def valid_config(params: dict[str, Any], space: SearchSpace,
+                 shapes: Sequence[Shape] = ()) -> KernelConfig | None:
+    """The config these params measure, or None if the static check refuses it."""
+    try:
+        cfg = config_from_params(params, space)
+        static_check(cfg, shapes)
+    except (ConfigError, ShapeError):
+        return None
+    return cfg
 
 
 def distributions(space: SearchSpace) -> dict[str, BaseDistribution]:
@@ -125,3 +179,43 @@ class FeasibleSampler(BaseSampler):
         self.starved = True
         return params
 
+
+# ---- the samplers -----------------------------------------------------------------------------
+def make_sampler(name: str, seed: int | None, space: SearchSpace,
+                 accept: Accept | None = None) -> Any:
+    """The named sampler. With ``accept`` (the search's: valid and not yet measured), every
+    sampler but grid proposes only configs it takes (FeasibleSampler)."""
+    import optuna
+
+    def feasible(base: Any) -> Any:
+        return base if accept is None else FeasibleSampler(base, space, accept, seed=seed)
+
+    if name == "tpe":
+        return feasible(optuna.samplers.TPESampler(seed=seed, multivariate=True,
+                                                   constant_liar=True, n_startup_trials=10))
+    if name == "random":
+        return feasible(optuna.samplers.RandomSampler(seed=seed))
+    if name == "grid":
+        free = space.free_knobs
+        n = math.prod(len(space.choices(k)) for k in free)
+        if n > GRID_MAX_POINTS:
+            raise SearchError(
+                f"the grid sampler needs a space of at most {GRID_MAX_POINTS} points; "
+                f"{space.source} has {n}: give a smaller --space"
+            )
+        return AskTellGridSampler({k: list(space.choices(k)) for k in free}, seed=seed)
+    if name == "cmaes":
+        import importlib.util
+
+        if importlib.util.find_spec("cmaes") is None:
+            raise SearchError("the cmaes sampler needs the cmaes package: `pip install cmaes`")
+        return feasible(optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False))
+    raise SearchError(f"unknown sampler '{name}'; choose one of {', '.join(SAMPLERS)}")
+
+
+class AskTellGridSampler(optuna.samplers.GridSampler):
+    """GridSampler whose after_trial does not call study.stop() (which only works inside
+    study.optimize); the search asks ``is_exhausted`` itself."""
+
+    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+        return None

@@ -2,43 +2,44 @@
 
 One invocation::
 
-    open/create the study (Optuna RDB storage; default sqlite:///<studies>/<study>.db)
-    fail stale RUNNING trials left by a killed run; re-enqueue what an interrupted run never ran
+    open/create the study (tuner/study.py; default sqlite:///<studies>/<study>.db)
+    settle RUNNING trials a killed run left (as a stop settles its own, below); re-enqueue
+    what an interrupted run cut mid-measurement
     enqueue the known-good points (SEED_POINTS) the study has not seen yet
     loop:
-        ask trials ahead (a batch); the sampler proposes only valid, unmeasured configs
-            (tuner/sampler.py: checked in Python before Optuna stores a trial)
+        ask trials ahead (a batch; near the deadline only as many as the GPU can still take);
+            the sampler proposes only valid, unmeasured configs (tuner/sampler.py)
                                    -> static check (validate, check_shape) as a backstop:
             PRUNED with a violated constraint, no compile
                                    -> duplicates of a measured config: same verdict, no GPU
                                    -> the rest compile in a thread pool (--jobs nvcc at a time)
         the oldest candidate whose compile has finished goes to the GPU worker subprocess
-        (while it measures, the parent asks the next trials: sampler and storage time overlap
-        the GPU's instead of following it):
+        (tuner/worker_client.py; while it measures, the parent asks the next trials: sampler
+        and storage time overlap the GPU's instead of following it):
             local memory or serialized wgmma in the artifact -> FAIL
-            gate + screen on the cheapest shape (SCREEN_PROTOCOL)
-            slower than the incumbent's screen by > PRUNE_SLOWER_FRACTION -> PRUNED
-            gate + time every shape (SURVEY_PROTOCOL) -> value = geometric-mean TFLOPS
-            beats the best confirmed value -> re-measure every shape with the full seed
-            protocol (CONFIRM_PROTOCOL): user attr ``confirmed`` (the only "best" ever shown)
+            gate + screen on the cheapest shape, then time every shape, then confirm a possible
+            new best with the full protocol: tuner/policy.py decides protocols and pruning;
+            value = geometric-mean TFLOPS of the survey; ``confirmed`` = the only "best" shown
 
 Isolation: a worker reply that says CUDA fault, a worker that dies, or one that does not
 answer before its watchdog deadline fails that trial with the reason stored; the worker is
-replaced. Every trial this process asked is told before it exits (Ctrl-C, SIGTERM, timeout,
-a bug): unfinished ones become FAIL with reason "interrupted" and are re-enqueued next time.
+replaced. Every trial this process asked is settled before it exits (deadline, Ctrl-C,
+SIGTERM, a bug): one cut mid-measurement fails as "interrupted" and is re-enqueued next time;
+the ones that never reached the GPU go back to WAITING (params fixed, user attr ``not_run``),
+so the next search measures them first and no one reads them as failures.
 
 Trial user attrs: ``config`` (every knob), ``config_id``, ``owner`` (host:pid), ``source``
 ("preset:NAME" for enqueued points), ``build`` (key, so_path, compile seconds, cache hit),
 ``screen`` ({shape, median_ms, tflops}), ``shapes`` ({shape: {median_ms, min_ms, max_ms, tflops,
-max_abs_err}}), ``confirmed`` ({geomean_tflops, shapes, results_dir}), ``fail_reason``,
-``prune_reason``, ``duplicate_of``. Study user attrs: ``shapes`` (the objective's shapes),
-``space`` (the space's dict) and ``sessions`` (per invocation: wall s, GPU-busy s, counts).
+max_abs_err}}), ``confirmed`` ({geomean_tflops, protocol, shapes, results_dir}),
+``fail_reason``, ``prune_reason``, ``duplicate_of``, ``not_run``. Study user attrs: ``shapes``
+(the objective's shapes), ``space`` (the space's dict) and ``sessions`` (per invocation: wall
+s, GPU-busy s, counts).
 """
 
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
 import os
 import re
 import signal
@@ -56,21 +57,26 @@ from typing import Any
 
 from tuner import _paths
 from tuner import build as build_mod
-from tuner.config import KNOBS, KernelConfig, Shape, check_shape, load_preset, validate
+from tuner.config import KernelConfig, Shape, load_preset
 from tuner.errors import ConfigError, FaTuneError, ShapeError
 from tuner.gpu_worker import DEFAULT_ENTRY
+from tuner.measure.timing import Protocol
+from tuner.policy import SearchPolicy
+from tuner.sampler import make_sampler, static_check, suggest_config, valid_config
 from tuner.space import SearchSpace
+from tuner.study import (
+    SearchError,
+    best_confirmed,
+    check_study_name,
+    confirmed_value,
+    open_storage,
+    quiet_optuna,
+    redact,
+    storage_url,
+)
+from tuner.worker_client import GpuWorker, WorkerFailure
 
 # ---- the search's constants -------------------------------------------------------------------
-# A candidate whose screening median is more than this fraction slower than the incumbent's
-# screening median (same shape, same short protocol) is pruned.
-PRUNE_SLOWER_FRACTION = 0.08
-SCREEN_PROTOCOL = {"warmup": 10, "repeat": 30, "rounds": 1}
-SURVEY_PROTOCOL = {"warmup": 20, "repeat": 100, "rounds": 1}
-CONFIRM_PROTOCOL = {"warmup": 50, "repeat": 200, "rounds": 3}  # the seeds' protocol
-# Temperature waits (tuner.measure.timing): short bounds while searching, the normal one to confirm.
-SEARCH_TEMP_WAIT_S = 10.0
-CONFIRM_TEMP_WAIT_S = 60.0
 # The known-good points enqueued first, as (source, preset, changes): FA3's heuristic, the
 # 3 K / 3 V stage variant, the static persistent kernel (lab run 6 on the H200, 2026-11-29:
 # 1.02 / 1.03 / 1.01x FA3) and the same with K/V multicast and Q in registers (lab run 9,
@@ -81,27 +87,13 @@ SEED_POINTS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("preset:static", "static", {}),
     ("preset:multicast", "multicast", {}),
 )
-# Watchdog: a request may take BASE + launches x (time at WATCHDOG_MIN_TFLOPS) + temp waits.
-# BASE covers loading a kernel and the reference of a new shape (well under 5 s on the H200).
-# It was 120 s until a hung candidate held the GPU idle for 36% of a 7-minute search
-# (docs/PERF.md, 2026-11-29).
-WATCHDOG_BASE_S = 30.0
-WATCHDOG_MIN_TFLOPS = 20.0
-WORKER_START_TIMEOUT_S = float(os.environ.get("FA_TUNE_NVCC_TIMEOUT", "1800")) + 120.0
-# Recycle the worker after this many distinct kernels (each loaded .so stays mapped).
-WORKER_MAX_KERNELS = 64
-GRID_MAX_POINTS = 100_000
-DEFAULT_STUDY = "default"
-SAMPLERS = ("tpe", "random", "grid", "cmaes")
+# FAIL reasons of trials whose measurement was cut, not judged: re-enqueued on resume.
+# "not run: search stopped" is what earlier versions told trials they never started.
 REQUEUE_REASONS = ("interrupted", "not run: search stopped")
 # Stop when the sampler proposes this many invalid or already-measured configs in a row.
 MAX_IDLE_ASKS = 300
 
 Builder = Callable[[KernelConfig], Any]  # -> an object with so_path, local_memory, ...
-
-
-class SearchError(FaTuneError):
-    """A study, storage or search option is wrong (one line, exit 2)."""
 
 
 # ---- small helpers ---------------------------------------------------------------------------
@@ -128,153 +120,8 @@ def geomean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def _study_name_ok(name: str) -> str:
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", name or ""):
-        raise SearchError(
-            f"bad study name '{name}': use letters, digits, '.', '_' or '-' (at most 100)"
-        )
-    return name
-
-
-def default_storage_url(study: str) -> str:
-    return f"sqlite:///{_paths.studies_root() / f'{study}.db'}"
-
-
-def storage_url(study: str, storage: str | None) -> str:
-    return storage if storage else default_storage_url(_study_name_ok(study))
-
-
 def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def _quiet_optuna() -> None:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-def open_storage(url: str, *, create_dirs: bool = True) -> Any:
-    """An Optuna RDBStorage for url; an unreachable or malformed URL is one SearchError line."""
-    import optuna
-
-    _quiet_optuna()
-    if url.startswith("sqlite:///") and create_dirs:
-        path = url[len("sqlite:///"):]
-        if path and path != ":memory:":
-            try:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise SearchError(
-                    f"cannot open study storage {url}: cannot create {Path(path).parent}: "
-                    f"{e.strerror or e}"
-                ) from None
-    try:
-        storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
-    except Exception as e:  # noqa: BLE001 - sqlalchemy / driver errors of every kind
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise SearchError(f"cannot open study storage {_redact(url)}: {first}") from None
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-        _sqlite_wal(storage.engine)
-    return storage
-
-
-def _sqlite_wal(engine: Any) -> None:
-    """Write-ahead log with synchronous=NORMAL on every connection of a SQLite study file.
-
-    Optuna commits each suggested parameter and attribute separately (~30 commits per trial),
-    and with SQLite's default rollback journal every commit is a full fsync. On the GPU host the
-    ask/tell loop spent ~0.27 s per asked trial, during which the GPU is not fed; WAL took a
-    local ask+tell from 74 to 47 ms (docs/PERF.md). WAL is safe for several processes on one
-    machine and survives a crash of the tuner; a power loss can lose the last commits but not
-    corrupt the file.
-    """
-    from sqlalchemy import event
-
-    def on_connect(dbapi_conn: Any, _record: Any) -> None:
-        cur = dbapi_conn.cursor()
-        try:
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-        finally:
-            cur.close()
-
-    event.listen(engine, "connect", on_connect)
-    engine.dispose()  # connections opened during Optuna's setup reconnect with the pragmas
-
-
-def _engine_kwargs(url: str) -> dict[str, Any]:
-    if url.startswith("sqlite"):
-        return {"connect_args": {"timeout": 60}}
-    return {"pool_pre_ping": True}
-
-
-def _redact(url: str) -> str:
-    return re.sub(r"//([^:/@]+):[^@/]*@", r"//\1:***@", url)
-
-
-def load_existing_study(study: str, storage: str | None) -> Any:
-    """An existing study (for show/export/profile); unknown study -> one SearchError line."""
-    import optuna
-
-    url = storage_url(study, storage)
-    if url.startswith("sqlite:///") and not storage:
-        path = Path(url[len("sqlite:///"):])
-        if not path.is_file():
-            known = sorted(p.stem for p in _paths.studies_root().glob("*.db"))
-            raise SearchError(
-                f"unknown study '{study}' (no {path}); known studies: "
-                f"{', '.join(known) or 'none'}"
-            )
-    st = open_storage(url, create_dirs=False)
-    try:
-        return optuna.load_study(study_name=study, storage=st)
-    except KeyError:
-        names = [s.study_name for s in optuna.get_all_study_summaries(st)]
-        raise SearchError(
-            f"unknown study '{study}' in {_redact(url)}; "
-            f"studies there: {', '.join(names) or 'none'}"
-        ) from None
-
-
-# ---- the space -> Optuna ------------------------------------------------------------------
-def suggest_config(trial: Any, space: SearchSpace) -> KernelConfig:
-    """Ask the trial for every free knob; fixed knobs take their single value."""
-    params: dict[str, Any] = {}
-    for knob in space.free_knobs:
-        dim = space.dims.get(knob)
-        if dim is not None and dim.int_range is not None:
-            lo, hi, st = dim.int_range
-            params[knob] = trial.suggest_int(knob, lo, hi, step=st)
-        else:
-            params[knob] = trial.suggest_categorical(knob, list(space.choices(knob)))
-    return config_from_params(params, space)
-
-
-def config_from_params(params: dict[str, Any], space: SearchSpace) -> KernelConfig:
-    """The config a trial with these free-knob params measures (fixed knobs from the space)."""
-    values = {knob: params[knob] if knob in params else space.choices(knob)[0] for knob in KNOBS}
-    # Knobs that cannot matter under the others (e.g. fixed_cost with the grid scheduler) go to
-    # their defaults, so such trials repeat an already-measured config instead of re-timing it.
-    return KernelConfig.from_dict(values).effective()
-
-
-def static_check(cfg: KernelConfig, shapes: Sequence[Shape]) -> None:
-    """What the search refuses without compiling: ConfigError or ShapeError saying why."""
-    validate(cfg)
-    for s in shapes:
-        check_shape(cfg, s)
-
-
-def valid_config(params: dict[str, Any], space: SearchSpace,
-                 shapes: Sequence[Shape] = ()) -> KernelConfig | None:
-    """The config these params measure, or None if the static check refuses it."""
-    try:
-        cfg = config_from_params(params, space)
-        static_check(cfg, shapes)
-    except (ConfigError, ShapeError):
-        return None
-    return cfg
 
 
 def seed_params(space: SearchSpace) -> list[tuple[str, dict[str, Any] | None]]:
@@ -288,225 +135,6 @@ def params_for(cfg: KernelConfig, space: SearchSpace) -> dict[str, Any] | None:
     if not space.contains(cfg):
         return None
     return {k: getattr(cfg, k) for k in space.free_knobs}
-
-
-def make_sampler(name: str, seed: int | None, space: SearchSpace,
-                 accept: Callable[[dict[str, Any]], bool] | None = None) -> Any:
-    """The named sampler. With ``accept`` (the search's: valid and not yet measured), every
-    sampler but grid proposes only configs it takes (tuner/sampler.py)."""
-    import optuna
-
-    def feasible(base: Any) -> Any:
-        if accept is None:
-            return base
-        from tuner.sampler import FeasibleSampler
-
-        return FeasibleSampler(base, space, accept, seed=seed)
-
-    if name == "tpe":
-        return feasible(optuna.samplers.TPESampler(seed=seed, multivariate=True,
-                                                   constant_liar=True, n_startup_trials=10))
-    if name == "random":
-        return feasible(optuna.samplers.RandomSampler(seed=seed))
-    if name == "grid":
-        free = space.free_knobs
-        n = math.prod(len(space.choices(k)) for k in free)
-        if n > GRID_MAX_POINTS:
-            raise SearchError(
-                f"the grid sampler needs a space of at most {GRID_MAX_POINTS} points; "
-                f"{space.source} has {n}: give a smaller --space"
-            )
-        return _AskTellGridSampler({k: list(space.choices(k)) for k in free}, seed=seed)
-    if name == "cmaes":
-        import importlib.util
-
-        if importlib.util.find_spec("cmaes") is None:
-            raise SearchError("the cmaes sampler needs the cmaes package: `pip install cmaes`")
-        return feasible(optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False))
-    raise SearchError(f"unknown sampler '{name}'; choose one of {', '.join(SAMPLERS)}")
-
-
-def _grid_sampler_class() -> Any:
-    import optuna
-
-    class AskTellGridSampler(optuna.samplers.GridSampler):
-        """GridSampler whose after_trial does not call study.stop() (which only works inside
-        study.optimize); the search asks ``is_exhausted`` itself."""
-
-        def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
-            return None
-
-    return AskTellGridSampler
-
-
-def _AskTellGridSampler(*args: Any, **kw: Any) -> Any:  # noqa: N802 - a class factory
-    return _grid_sampler_class()(*args, **kw)
-
-
-# ---- the GPU worker, from the parent's side --------------------------------------------------
-class WorkerFailure(Exception):
-    """The worker died, hung, or reported a CUDA fault: the trial fails with ``reason``."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class GpuWorker:
-    """One worker subprocess (spawned); ``request`` with a watchdog; ``restart`` on failure.
-
-    ``background``, when set, is called while a request is in flight and nothing has arrived
-    yet; it does one short piece of the parent's own work (the search asks its next trial) and
-    returns whether it did any. The parent's CPU work then overlaps the GPU's instead of
-    holding it idle between requests.
-    """
-
-    def __init__(self, entry: str = DEFAULT_ENTRY, device_index: int = 0,
-                 tick: Callable[[], None] | None = None,
-                 background: Callable[[], bool] | None = None) -> None:
-        self.entry = entry
-        self.device_index = device_index
-        self.tick = tick or (lambda: None)
-        self.background = background
-        self.proc: Any = None
-        self.conn: Any = None
-        self.gpu: dict[str, Any] = {}
-        self.kernels: set[str] = set()
-        self.restarts = 0
-        self.busy_s = 0.0  # the worker's own time on requests (its "worker_s"), else wall time
-        self.wall_s = 0.0  # wall time of requests as the parent saw them
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.is_alive()
-
-    def start(self) -> None:
-        from tuner.gpu_worker import bootstrap
-
-        ctx = mp.get_context("spawn")
-        parent, child = ctx.Pipe(duplex=True)
-        proc = ctx.Process(target=bootstrap, args=(self.entry, child, self.device_index),
-                           name="fa-tune-gpu-worker", daemon=True)
-        proc.start()
-        child.close()  # so a dead worker reads as EOF here
-        self.proc, self.conn, self.kernels = proc, parent, set()
-        try:
-            reply = self._wait(WORKER_START_TIMEOUT_S, "starting")
-        except WorkerFailure as e:
-            self.kill()
-            raise SearchError(f"the GPU worker did not start: {e.reason}") from None
-        if reply.get("status") != "ready":
-            self.kill()
-            raise SearchError(f"the GPU worker did not start: {reply.get('reason', reply)}")
-        self.gpu = dict(reply.get("gpu") or {})
-
-    def _wait(self, timeout_s: float, what: str) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.kill()
-                raise WorkerFailure(f"watchdog: the GPU worker did not answer within "
-                                    f"{timeout_s:.0f} s while {what} (hung kernel?); killed")
-            try:
-                ready = self.conn.poll(0)
-                if not ready and not (self.background is not None and self.background()):
-                    ready = self.conn.poll(min(0.25, left))
-            except (OSError, EOFError):
-                ready = True
-            if ready:
-                try:
-                    return self.conn.recv()
-                except (EOFError, OSError):
-                    code = self._reap()
-                    raise WorkerFailure(
-                        f"the GPU worker died while {what} ({_exit_text(code)})"
-                    ) from None
-            self.tick()
-
-    def _reap(self) -> int | None:
-        if self.proc is None:
-            return None
-        self.proc.join(5)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
-        code = self.proc.exitcode
-        self._drop()
-        return code
-
-    def _drop(self) -> None:
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except OSError:
-                pass
-        self.proc, self.conn = None, None
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            if self.proc.is_alive():
-                self.proc.kill()
-            self.proc.join(5)
-        self._drop()
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            self.conn.send({"op": "stop"})
-        except (OSError, ValueError):
-            pass
-        self.proc.join(5)
-        self.kill()
-
-    def request(self, msg: dict[str, Any], timeout_s: float, what: str) -> dict[str, Any]:
-        if msg.get("so_path") not in self.kernels and len(self.kernels) >= WORKER_MAX_KERNELS:
-            self.stop()  # recycle: every loaded .so stays mapped in the worker
-        if not self.alive:
-            if self.proc is not None:
-                self._reap()
-            self.start()
-            self.restarts += 1
-        t0 = time.monotonic()
-        try:
-            try:
-                self.conn.send(msg)
-            except (OSError, ValueError):
-                code = self._reap()
-                raise WorkerFailure(f"the GPU worker died ({_exit_text(code)})") from None
-            reply = self._wait(timeout_s, what)
-        except BaseException:
-            self.busy_s += time.monotonic() - t0  # hung or dead: the GPU was held all along
-            self.wall_s += time.monotonic() - t0
-            raise
-        wall = time.monotonic() - t0
-        self.wall_s += wall
-        own = reply.get("worker_s") if isinstance(reply, dict) else None
-        self.busy_s += min(float(own), wall) if isinstance(own, (int, float)) else wall
-        self.kernels.add(str(msg.get("so_path")))
-        status = reply.get("status")
-        if status == "cuda_error":
-            self._reap()  # it exits after a CUDA fault; a fresh one comes on the next request
-            raise WorkerFailure(str(reply.get("reason", "CUDA error")))
-        return reply
-
-
-def _exit_text(code: int | None) -> str:
-    if code is None:
-        return "exit status unknown"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def watchdog_s(shape: Shape, protocol: dict[str, int], gate: bool, temp_wait_s: float) -> float:
-    launches = (protocol["warmup"] + protocol["repeat"]) * protocol["rounds"] + (4 if gate else 0)
-    per_launch = shape.flops / (WATCHDOG_MIN_TFLOPS * 1e12)
-    return WATCHDOG_BASE_S + launches * per_launch + protocol["rounds"] * temp_wait_s
 
 
 # ---- progress --------------------------------------------------------------------------------
@@ -555,6 +183,7 @@ class SearchSummary:
     gpu_busy_s: float
     stopped_by: str
     temp_wait_s: float = 0.0  # part of gpu_busy_s spent waiting for the GPU to cool
+    not_run: int = 0  # asked, never measured: back to WAITING, measured first next time
 
     @property
     def gpu_busy_fraction(self) -> float:
@@ -577,21 +206,6 @@ class _Candidate:
     queued_at: float = field(default_factory=time.monotonic)
 
 
-# ---- reading trials ---------------------------------------------------------------------------
-def confirmed_value(t: Any) -> float | None:
-    c = t.user_attrs.get("confirmed")
-    if isinstance(c, dict) and isinstance(c.get("geomean_tflops"), (int, float)):
-        return float(c["geomean_tflops"])
-    return None
-
-
-def best_confirmed(trials: Sequence[Any]) -> Any | None:
-    from optuna.trial import TrialState
-
-    cands = [t for t in trials if t.state == TrialState.COMPLETE and confirmed_value(t)]
-    return max(cands, key=lambda t: confirmed_value(t) or 0.0, default=None)
-
-
 # ---- the search ---------------------------------------------------------------------------
 class Search:
     def __init__(
@@ -612,17 +226,18 @@ class Search:
         gate_seed: int = 42,
         results_root: Path | None = None,
         progress_cb: Callable[[Progress], None] | None = None,
+        policy: SearchPolicy | None = None,
     ) -> None:
         import optuna
 
-        _quiet_optuna()
+        quiet_optuna()
         if not shapes:
             raise ShapeError("give at least one --shape")
         if len({str(s) for s in shapes}) != len(shapes):
             raise ShapeError("a --shape is given twice")
         if n_trials is not None and n_trials < 1:
             raise SearchError(f"--trials must be at least 1 (got {n_trials})")
-        self.study_name = _study_name_ok(study)
+        self.study_name = check_study_name(study)
         self.space = space
         self.shapes = list(shapes)
         self.screen_shape = min(self.shapes, key=lambda s: (s.flops, str(s)))
@@ -636,6 +251,7 @@ class Search:
 
             builder = build_config
         self.builder = builder
+        self.policy = policy or SearchPolicy()
         self.gate_seed = gate_seed
         self.results_root = results_root
         self.progress_cb = progress_cb
@@ -664,6 +280,8 @@ class Search:
         self.incumbent: Any | None = None
         self._last_tick = 0.0
         self._avg_compile_s = 60.0
+        self._avg_eval_s = 0.0  # GPU wall time per candidate (0: none measured yet)
+        self._in_flight: int | None = None  # the trial on the GPU right now
         self._exhausted: str | None = None
         # The ask loop's state lives here: run() and the asks made while the GPU works share it.
         self.queue: deque[_Candidate] = deque()  # compiling or compiled, not yet measured
@@ -717,11 +335,15 @@ class Search:
         self._tick()
 
     # -- resume
-    def recover(self) -> list[int]:
-        """Fail RUNNING trials of dead owners (this host) or of no owner older than us."""
+    def recover(self) -> tuple[list[int], list[int]]:
+        """Settle RUNNING trials of dead owners (this host) or of no owner older than us, as a
+        search settles its own when it stops: one that reached the GPU (it has a ``build``)
+        fails as "interrupted", one that never did goes back to WAITING. Returns the trial
+        numbers (failed, put back)."""
         from optuna.trial import TrialState
 
         failed: list[int] = []
+        put_back: list[int] = []
         host = socket.gethostname()
         for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
             owner = str(t.user_attrs.get("owner", ""))
@@ -734,11 +356,14 @@ class Search:
                 if start is not None and start.tzinfo is None:
                     start = start.replace(tzinfo=timezone.utc)
                 stale = start is None or start < self.started_utc
-            if stale:
+            if stale and "build" not in t.user_attrs:
+                self._put_back(t._trial_id, t.params, "killed")
+                put_back.append(t.number)
+            elif stale:
                 self.storage.set_trial_user_attr(t._trial_id, "fail_reason", "interrupted")
                 self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
                 failed.append(t.number)
-        return failed
+        return failed, put_back
 
     def _enqueue_start_points(self) -> None:
         from optuna.trial import TrialState
@@ -793,7 +418,9 @@ class Search:
 
     # -- main loop
     def run(self) -> SearchSummary:
-        self.progress.event(f"stale RUNNING trials failed: {self.recover() or 'none'}")
+        failed, put_back = self.recover()
+        self.progress.event(f"stale RUNNING trials: failed {failed or 'none'}, "
+                            f"back to waiting {put_back or 'none'}")
         # The GPU worker first: no GPU (or no oracle) is one line before any compile starts.
         self.progress.current = "starting the GPU worker"
         self._emit()
@@ -821,27 +448,35 @@ class Search:
                         stopped_by = self._exhausted
                     break
                 if why:
-                    break  # the rest is told "not run" in finally
+                    break  # the rest goes back to WAITING in finally
                 cand = self._next_ready()
                 if cand is None:
                     continue  # the deadline passed while every compile was still running
                 self._sync_queue()
+                gpu_s = self.worker.wall_s
+                self._in_flight = cand.trial.number
                 self._evaluate(cand)
+                self._in_flight = None
+                gpu_s = self.worker.wall_s - gpu_s
+                if gpu_s > 0:  # it reached the GPU
+                    self._avg_eval_s = gpu_s if not self._avg_eval_s else \
+                        0.7 * self._avg_eval_s + 0.3 * gpu_s
                 self._emit()
         except KeyboardInterrupt:
             stopped_by = "interrupted (Ctrl-C)"
         except _Stop:
             stopped_by = "interrupted (SIGTERM)"
+        except BaseException as e:
+            stopped_by = f"error ({type(e).__name__})"
+            raise
         finally:
             self._asking = False
-            reason = "interrupted" if stopped_by.startswith("interrupted") else \
-                "not run: search stopped"
             self.pool.shutdown(wait=False, cancel_futures=True)
-            self._tell_open(reason)
+            not_run = self._settle_open(stopped_by)
             self.worker.stop()
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
-            summary = self._summary(stopped_by)
+            summary = self._summary(stopped_by, not_run)
             self._record_session(summary)
         return summary
 
@@ -914,9 +549,13 @@ class Search:
         if self.n_trials is not None and asked >= self.n_trials:
             return False
         if self.progress.deadline is not None:
-            # Do not start a compile that cannot finish (and be measured) before the deadline.
+            # Do not start a compile that cannot finish (and be measured) before the deadline,
+            # nor ask beyond what the GPU can measure in the time left: such trials would only
+            # go back to WAITING unmeasured.
             left = self.progress.deadline - time.monotonic()
             if left < 0.5 * self._avg_compile_s:
+                return False
+            if self._avg_eval_s and len(self.queue) * self._avg_eval_s >= left:
                 return False
         return True
 
@@ -1029,25 +668,46 @@ class Search:
             self.progress.done += 1
             self.progress.event(f"trial {trial.number} failed: {reason}"[:160])
 
-    def _tell_open(self, reason: str) -> None:
+    def _settle_open(self, stopped_by: str) -> int:
+        """Settle every trial this process asked and did not tell; returns how many went back
+        to WAITING.
+
+        The trial the GPU was measuring when an interrupt came fails as "interrupted" (its
+        measurement was cut; it is re-enqueued next time). The others never reached the GPU:
+        they go back to WAITING with their params fixed, as an enqueued trial, so the next
+        search pops them before anything new (their builds are cached) and ``fa-tune show``
+        lists them as waiting, not failed. (Telling them FAIL and re-enqueueing copies, as
+        before, left a failure behind for every trial asked ahead of a deadline.)
+        """
         from optuna.trial import TrialState
 
+        put_back = 0
         for trial in list(self.open.values()):
             try:
-                trial.set_user_attr("fail_reason", reason)
-                self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-            except Exception:  # noqa: BLE001 - keep failing the others
+                if trial.number == self._in_flight:
+                    trial.set_user_attr("fail_reason", "interrupted")
+                    self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+                else:
+                    self._put_back(trial._trial_id, trial.params, stopped_by)
+                    put_back += 1
+            except Exception:  # noqa: BLE001 - keep settling the others
                 pass
             self.open.pop(trial.number, None)
+        return put_back
+
+    def _put_back(self, trial_id: int, params: dict[str, Any], why: str) -> None:
+        """RUNNING -> WAITING, params kept: study.ask() pops WAITING trials oldest first."""
+        from optuna.trial import TrialState
+
+        self.storage.set_trial_user_attr(trial_id, "not_run", why)
+        if params:
+            # As study.enqueue_trial stores them: the sampler leaves such a trial alone.
+            self.storage.set_trial_system_attr(trial_id, "fixed_params", dict(params))
+        self.storage.set_trial_state_values(trial_id, TrialState.WAITING)
 
     # -- one candidate
-    def _measure(self, so: str, shape: Shape, protocol: dict[str, int], gate: bool,
-                 temp_wait_s: float) -> dict[str, Any]:
-        msg = {"op": "measure", "so_path": so, "shape": [shape.B, shape.H, shape.S],
-               "gate": gate, "seed": self.gate_seed, "protocol": dict(protocol),
-               "temp_wait_s": temp_wait_s}
-        what = f"{'gating and ' if gate else ''}timing {shape}"
-        reply = self.worker.request(msg, watchdog_s(shape, protocol, gate, temp_wait_s), what)
+    def _measure(self, so: str, shape: Shape, protocol: Protocol, gate: bool) -> dict[str, Any]:
+        reply = self.worker.measure(so, shape, protocol, gate=gate, seed=self.gate_seed)
         self.temp_wait_s += _temp_wait_s(reply)
         return reply
 
@@ -1079,37 +739,30 @@ class Search:
         self._emit()
         rows: dict[str, dict[str, Any]] = {}
         gates: dict[str, Any] = {}
+        pol = self.policy
         try:
-            r = self._measure(so, self.screen_shape, SCREEN_PROTOCOL, True, SEARCH_TEMP_WAIT_S)
+            r = self._measure(so, self.screen_shape, pol.screen, True)
             if r.get("status") != "ok":
                 self._fail(trial, str(r.get("reason")))
                 return
             gates[str(self.screen_shape)] = r.get("gate")
-            scr = _row(r)
-            trial.set_user_attr("screen", {"shape": str(self.screen_shape), **scr})
+            scr = {"shape": str(self.screen_shape), **_row(r)}
+            trial.set_user_attr("screen", scr)
             trial.report(scr["tflops"], 0)
-            inc = self.incumbent
-            inc_scr = (inc.user_attrs.get("screen") or {}) if inc is not None else {}
-            if inc_scr.get("median_ms") and scr["median_ms"] > inc_scr["median_ms"] * (
-                1.0 + PRUNE_SLOWER_FRACTION
-            ):
-                slower = scr["median_ms"] / inc_scr["median_ms"] - 1.0
-                trial.set_user_attr(
-                    "prune_reason",
-                    f"screen {scr['median_ms']:.4f} ms on {self.screen_shape} is "
-                    f"{100 * slower:.1f}% slower than trial {inc.number}'s "
-                    f"{inc_scr['median_ms']:.4f} ms (limit {100 * PRUNE_SLOWER_FRACTION:.0f}%)",
-                )
+            why = pol.prune_reason(scr, self.incumbent)
+            if why:
+                trial.set_user_attr("prune_reason", why)
                 self._tell(trial, TrialState.PRUNED)
                 self.progress.pruned += 1
                 self.progress.done += 1
-                self.progress.event(f"trial {trial.number} pruned ({100 * slower:.0f}% slower)")
+                self.progress.event(f"trial {trial.number} pruned (screen slower than trial "
+                                    f"{self.incumbent.number})")
                 return
             for shape in self.shapes:
                 self.progress.current = f"trial {trial.number}: timing {shape}"
                 self._emit()
                 gate = shape != self.screen_shape
-                r = self._measure(so, shape, SURVEY_PROTOCOL, gate, SEARCH_TEMP_WAIT_S)
+                r = self._measure(so, shape, pol.survey, gate)
                 if r.get("status") != "ok":
                     self._fail(trial, str(r.get("reason")))
                     return
@@ -1118,8 +771,7 @@ class Search:
                 rows[str(shape)] = _row(r, gates.get(str(shape)))
             trial.set_user_attr("shapes", rows)
             value = geomean([rows[str(s)]["tflops"] for s in self.shapes])
-            best = confirmed_value(self.incumbent) if self.incumbent is not None else None
-            if best is None or value > best:
+            if pol.needs_confirming(value, self.incumbent):
                 self._confirm(trial, cfg, built, so, gates)
         except WorkerFailure as e:
             self._fail(trial, e.reason)
@@ -1128,9 +780,7 @@ class Search:
         self.progress.complete += 1
         self.progress.done += 1
         self.progress.event(f"trial {trial.number}: {value:.1f} TFLOPS (geomean)")
-        if confirmed_value(ft) is not None and (
-            self.incumbent is None or confirmed_value(ft) > (confirmed_value(self.incumbent) or 0)
-        ):
+        if pol.is_new_best(ft, self.incumbent):
             self.incumbent = ft
             self._show_best(ft)
             self.progress.event(f"new best: trial {ft.number}, "
@@ -1138,19 +788,21 @@ class Search:
 
     def _confirm(self, trial: Any, cfg: KernelConfig, built: Any, so: str,
                  gates: dict[str, Any]) -> None:
-        """Noise guard: the full seed protocol on every shape; stored as ``confirmed``."""
+        """Noise guard: the policy's confirm protocol (FULL, as `fa-tune run` and `compare`
+        time) on every shape; stored as ``confirmed``."""
+        proto = self.policy.confirm
         timings: dict[str, dict[str, Any]] = {}
         for shape in self.shapes:
             self.progress.current = f"trial {trial.number}: confirming on {shape} (full protocol)"
             self._emit()
-            r = self._measure(so, shape, CONFIRM_PROTOCOL, False, CONFIRM_TEMP_WAIT_S)
+            r = self._measure(so, shape, proto, False)
             if r.get("status") != "ok":
                 raise WorkerFailure(str(r.get("reason")))
             timings[str(shape)] = r
         shapes = {s: _row(r, gates.get(s)) for s, r in timings.items()}
         conf: dict[str, Any] = {
             "geomean_tflops": geomean([shapes[str(s)]["tflops"] for s in self.shapes]),
-            "protocol": dict(CONFIRM_PROTOCOL),
+            "protocol": proto.to_dict(),
             "shapes": shapes,
         }
         try:
@@ -1180,9 +832,9 @@ class Search:
             "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "fa_tune_version": __version__, "config": cfg.to_dict(),
             "config_id": cfg.config_id(), "preset": None, "config_file": None,
-            "protocol": dict(CONFIRM_PROTOCOL), "seed": self.gate_seed,
+            "protocol": self.policy.confirm.to_dict(), "seed": self.gate_seed,
             "gpu": self.worker.gpu, "build": bsum, "shapes": rows,
-            "study": {"name": self.study_name, "storage": _redact(self.url),
+            "study": {"name": self.study_name, "storage": redact(self.url),
                       "trial": trial.number},
         }
         out = store.new_result_dir(self.results_root or _paths.results_root())
@@ -1190,7 +842,7 @@ class Search:
         return out
 
     # -- the end
-    def _summary(self, stopped_by: str) -> SearchSummary:
+    def _summary(self, stopped_by: str, not_run: int = 0) -> SearchSummary:
         best = None
         if self.incumbent is not None:
             t = self.incumbent
@@ -1198,10 +850,11 @@ class Search:
                     "confirmed": t.user_attrs.get("confirmed")}
         p = self.progress
         return SearchSummary(
-            study=self.study_name, storage=_redact(self.url), trials_run=p.done,
+            study=self.study_name, storage=redact(self.url), trials_run=p.done,
             complete=p.complete, pruned=p.pruned, failed=p.failed, rejected=p.rejected,
             duplicates=p.duplicates, best=best, wall_s=time.monotonic() - self.t_start,
             gpu_busy_s=self.worker.busy_s, stopped_by=stopped_by, temp_wait_s=self.temp_wait_s,
+            not_run=not_run,
         )
 
     def _record_session(self, s: SearchSummary) -> None:
@@ -1213,7 +866,7 @@ class Search:
                 "gpu_busy_s": round(s.gpu_busy_s, 2), "temp_wait_s": round(s.temp_wait_s, 2),
                 "trials": s.trials_run,
                 "complete": s.complete, "pruned": s.pruned, "failed": s.failed,
-                "rejected": s.rejected, "stopped_by": s.stopped_by,
+                "rejected": s.rejected, "not_run": s.not_run, "stopped_by": s.stopped_by,
             })
             self.study.set_user_attr("sessions", sessions[-200:])
         except Exception:  # noqa: BLE001 - bookkeeping must not mask the search's outcome
@@ -1268,17 +921,3 @@ def _jsonable(d: Any) -> Any:
 
     return json.loads(json.dumps(d))
 
-
-def best_config(study: str, storage: str | None = None) -> KernelConfig | None:
-    """The study's best config: highest confirmed number, else highest search value; None if
-    no trial completed. (``fa-tune compare --study`` and export use this.)"""
-    from optuna.trial import TrialState
-
-    st = load_existing_study(study, storage)
-    trials = st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    t = best_confirmed(trials) or max(
-        (t for t in trials if t.value is not None), key=lambda t: t.value, default=None
-    )
-    if t is None or not isinstance(t.user_attrs.get("config"), dict):
-        return None
-    return KernelConfig.from_dict(t.user_attrs["config"])

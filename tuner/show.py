@@ -1,7 +1,9 @@
 """``fa-tune show``: read a study back: best configs, all trials, knob importances, plots.
 
-"Best" ranks trials by their ``confirmed`` number (the full seed protocol, tuner/search.py's
-noise guard); trials without one are listed after, marked unconfirmed, by their search value.
+"Best" ranks trials by their ``confirmed`` number (the full protocol, tuner/policy.py's noise
+guard); trials without one are listed after, marked unconfirmed, by their search value.
+WAITING trials (enqueued, or asked by a search that stopped before measuring them) are
+counted as waiting, never as failed.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner import _paths
-from tuner.search import SearchError, confirmed_value, load_existing_study
+from tuner.study import SearchError, confirmed_value, load_existing_study
 
 MIN_TRIALS_FOR_IMPORTANCE = 4
 
@@ -61,11 +63,40 @@ def best_rows(trials: list[Any], shape: str | None, top: int) -> list[dict[str, 
     return rows[:top]
 
 
+STATE_LABELS = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed",
+                "WAITING": "waiting", "RUNNING": "running"}
+
+
+def state_counts(trials: list[Any]) -> dict[str, int]:
+    """Trials per state in this order: complete, pruned, failed, waiting, running (zeros left
+    out). Only FAIL counts as failed: a trial asked but never measured is WAITING."""
+    out: dict[str, int] = {}
+    for state, label in STATE_LABELS.items():
+        n = sum(1 for t in trials if t.state.name == state)
+        if n:
+            out[label] = n
+    return out
+
+
+def not_run_reason(t: Any) -> str | None:
+    """Why a WAITING trial waits: asked by a search that stopped before measuring it (the next
+    search measures it first), or enqueued (a seed point); None for other states."""
+    from optuna.trial import TrialState
+
+    if t.state != TrialState.WAITING:
+        return None
+    why = t.user_attrs.get("not_run")
+    if why:
+        return f"not run yet (search stopped: {why}); the next search measures it first"
+    source = t.user_attrs.get("source")
+    return f"enqueued ({source})" if source else "enqueued"
+
+
 def trial_rows(trials: list[Any]) -> list[dict[str, Any]]:
     out = []
     for t in trials:
         a = t.user_attrs
-        why = a.get("fail_reason") or a.get("prune_reason") or ""
+        why = not_run_reason(t) or a.get("fail_reason") or a.get("prune_reason") or ""
         if "duplicate_of" in a:
             why = f"duplicate of {a['duplicate_of']}" + (f"; {why}" if why else "")
         out.append({
