@@ -56,25 +56,39 @@
 //   int oracle_f32_to_bf16(const float* src, void* dst_bf16, long long n, cudaStream_t s);
 //       dst = bf16_rn(src): a "perfect kernel" for gate self-tests.
 //
-//   int oracle_compare(const void* o_bf16, const float* o_ref, long long n,
-//                      const float* lse, const float* lse_ref, long long n_lse,
+//   int oracle_row_block(void);              // ORACLE_ROW_BLOCK: query rows per budget block
+//
+//   int oracle_compare(const void* o_bf16, const float* o_ref, int B, int H, int S,
+//                      const float* lse, const float* lse_ref,
 //                      float o_atol, float o_rtol, float lse_atol, float lse_rtol,
-//                      OracleStats* stats_dev, cudaStream_t s);
+//                      OracleStats* stats_dev, float* block_sums, double* col_sums,
+//                      cudaStream_t s);
 //       Fills *stats_dev (a device buffer of oracle_stats_size() bytes; zeroed here first).
 //       Per O element: unwritten if its bits are the poison; else non-finite if NaN/Inf; else
 //       err = |o - ref| (FP32) feeds max_abs_err and sum_sq_err. A violation is any element that
 //       does NOT satisfy err <= o_atol + o_rtol*|ref| (so poison, NaN, Inf and a non-finite ref
 //       are violations too); first_violation = lowest flat index of a violation (atomicMin),
-//       ~0ull if none. sum_sq_ref sums ref^2 over finite refs. The gate uses o_atol = 0.05,
-//       o_rtol = 0.1 (the seeds' rule). LSE (when lse != NULL) uses the same scheme with
-//       lse_atol/lse_rtol (the gate: 1e-2 and 1e-4: the "rising" set has |lse| up to ~400 at
-//       S=16384, where FP32 score rounding alone is ~1e-4). Counts are exact; sums are FP64.
+//       ~0ull if none. sum_sq_ref sums ref^2 over finite refs, sum_sq_bf16 sums
+//       (bf16_rn(ref) - ref)^2 over the elements that feed sum_sq_err. The gate uses
+//       o_atol = 0.05, o_rtol = 0.1 (the seeds' rule). LSE (when lse != NULL; B*H*S values)
+//       uses the same scheme with lse_atol/lse_rtol (the gate: 1e-2 and 1e-4: the "rising" set
+//       has |lse| up to ~400 at S=16384, where FP32 score rounding alone is ~1e-4). Counts are
+//       exact; sums are FP64.
+//       The BF16 error budget's sums (docs/GATE.md), over the elements that feed sum_sq_err:
+//         block_sums (may be NULL): [B, H, ceil(S / ORACLE_ROW_BLOCK)] x 4 floats, one entry per
+//           (b, h, block of ORACLE_ROW_BLOCK query rows; the last one may be partial):
+//           { sum err^2, sum (bf16_rn(ref) - ref)^2, sum ref^2, element count }. Every entry is
+//           written (no zeroing needed): 2 MB at B=4, H=32, S=16384.
+//         col_sums (may be NULL): [B, H, 128] x 4 doubles, the same four sums per (b, h, head-dim
+//           column d) over all S rows; zeroed here, accumulated with atomics (512 KB).
+//       One pass reads O and O_ref once: grid (ceil(S / 512), H, B), 256 threads; a warp owns
+//       whole row blocks (a lane owns 4 adjacent columns), so a block's sums need no atomics.
 //
 // ----------------------------------------------------------------------------------------------
 // Bit-exact generators. u(seed, stream, i) = (hash(seed, stream, i) >> 40) * 2^-24, with
 //   hash(seed, stream, i) = splitmix64(splitmix64(seed ^ (stream * 0xD1B54A32D192ED03)) ^ i)
 // (splitmix64 = the finalizer of Steele et al.). Affine maps use __fmul_rn/__fadd_rn (never an
-// FMA) and BF16 conversion is round-to-nearest-even, so tuner/oracle.py's NumPy twin
+// FMA) and BF16 conversion is round-to-nearest-even, so tuner/measure/oracle.py's NumPy twin
 // reproduces every input bit for bit (tested on the GPU).
 //
 // "rising" construction (direction d = -1; d = +1 mirrors the key order). Per (b, h):
@@ -108,11 +122,12 @@
 
 #define ORACLE_API extern "C" __attribute__((visibility("default")))
 
-#define ORACLE_ABI_VERSION 1
+#define ORACLE_ABI_VERSION 2
+#define ORACLE_ROW_BLOCK 16
 #define ORACLE_POISON_BF16 0x7FBFu
 #define ORACLE_POISON_F32 0x7FBADBADu
 
-// Layout mirrored by tuner/oracle.py (_STATS_DTYPE); 18 x 8 bytes, no padding.
+// Layout mirrored by tuner/measure/oracle.py (_STATS_DTYPE); 19 x 8 bytes, no padding.
 struct OracleStats {
     unsigned long long o_count;
     unsigned long long o_violations;
@@ -121,9 +136,10 @@ struct OracleStats {
     unsigned long long o_first_violation; // lowest flat index, ~0ull if none
     unsigned long long o_ref_nonfinite;   // must be 0: the reference itself is broken otherwise
     unsigned long long o_max_abs_err_bits;  // float bits (low 32) of max |err| over finite o
-    unsigned long long o_reserved;
+    unsigned long long o_block_rows;      // ORACLE_ROW_BLOCK (the budget blocks' height)
     double o_sum_sq_err;
     double o_sum_sq_ref;
+    double o_sum_sq_bf16;                 // sum (bf16_rn(ref) - ref)^2 where err is summed
     unsigned long long l_count;
     unsigned long long l_violations;
     unsigned long long l_nonfinite;
@@ -133,7 +149,7 @@ struct OracleStats {
     unsigned long long l_max_abs_err_bits;
     unsigned long long l_reserved;
 };
-static_assert(sizeof(OracleStats) == 144, "OracleStats layout changed: update tuner/oracle.py");
+static_assert(sizeof(OracleStats) == 152, "OracleStats layout changed: update tuner/measure/oracle.py");
 
 namespace {
 
@@ -465,21 +481,24 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
 struct LocalStats {
     unsigned long long count, violations, nonfinite, unwritten, first, ref_nonfinite;
     float max_err;
-    double sum_sq_err, sum_sq_ref;
+    double sum_sq_err, sum_sq_ref, sum_sq_bf16;
 };
 
 __device__ __forceinline__ void init_local(LocalStats& s) {
     s.count = s.violations = s.nonfinite = s.unwritten = s.ref_nonfinite = 0;
     s.first = ~0ull;
     s.max_err = 0.f;
-    s.sum_sq_err = s.sum_sq_ref = 0.0;
+    s.sum_sq_err = s.sum_sq_ref = s.sum_sq_bf16 = 0.0;
 }
 
 // One element. `poisoned`: the raw bits are the poison pattern; `x`: the value as FP32.
-__device__ __forceinline__ void account(LocalStats& s, long long i, bool poisoned, float x,
-                                        float ref, float atol, float rtol) {
+// Returns whether it feeds the error sums (finite value, finite reference); then *err2 and
+// *bf16_2 hold err^2 and (bf16_rn(ref) - ref)^2.
+__device__ __forceinline__ bool account(LocalStats& s, long long i, bool poisoned, float x,
+                                        float ref, float atol, float rtol, float* err2 = nullptr,
+                                        float* bf16_2 = nullptr) {
     s.count += 1;
-    bool ok = true;
+    bool ok = true, summed = false;
     if (!isfinite(ref)) {
         s.ref_nonfinite += 1;
         ok = false;
@@ -496,17 +515,31 @@ __device__ __forceinline__ void account(LocalStats& s, long long i, bool poisone
         const float err = fabsf(x - ref);
         s.max_err = fmaxf(s.max_err, err);
         s.sum_sq_err += (double)err * (double)err;
+        if (err2 != nullptr) {
+            const float rb = bf16_round(ref) - ref;  // exact: ref and bf16(ref) share a binade
+            s.sum_sq_bf16 += (double)rb * (double)rb;
+            *err2 = err * err;
+            *bf16_2 = rb * rb;
+        }
+        summed = true;
         if (!(err <= atol + rtol * fabsf(ref))) ok = false;
     }
     if (!ok) {
         s.violations += 1;
         if ((unsigned long long)i < s.first) s.first = (unsigned long long)i;
     }
+    return summed;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+    return x;
 }
 
 // Block-reduce LocalStats and fold it into the global fields with one set of atomics per block.
-// g: the 8 consecutive u64 fields (count .. reserved) of O or of LSE; sums: O's two doubles
-// (sum_sq_err, sum_sq_ref), or nullptr for LSE.
+// g: the 8 consecutive u64 fields (count .. block_rows/reserved) of O or of LSE; sums: O's
+// three doubles (sum_sq_err, sum_sq_ref, sum_sq_bf16), or nullptr for LSE.
 __device__ void flush(LocalStats& s, unsigned long long* g, double* sums) {
     __shared__ LocalStats warp_stats[32];
 #pragma unroll
@@ -521,6 +554,7 @@ __device__ void flush(LocalStats& s, unsigned long long* g, double* sums) {
         s.max_err = fmaxf(s.max_err, __shfl_down_sync(0xffffffffu, s.max_err, off));
         s.sum_sq_err += __shfl_down_sync(0xffffffffu, s.sum_sq_err, off);
         s.sum_sq_ref += __shfl_down_sync(0xffffffffu, s.sum_sq_ref, off);
+        s.sum_sq_bf16 += __shfl_down_sync(0xffffffffu, s.sum_sq_bf16, off);
     }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) warp_stats[warp] = s;
@@ -538,6 +572,7 @@ __device__ void flush(LocalStats& s, unsigned long long* g, double* sums) {
             t.max_err = fmaxf(t.max_err, u.max_err);
             t.sum_sq_err += u.sum_sq_err;
             t.sum_sq_ref += u.sum_sq_ref;
+            t.sum_sq_bf16 += u.sum_sq_bf16;
         }
         atomicAdd(&g[0], t.count);
         atomicAdd(&g[1], t.violations);
@@ -550,19 +585,89 @@ __device__ void flush(LocalStats& s, unsigned long long* g, double* sums) {
         if (sums != nullptr) {
             atomicAdd(&sums[0], t.sum_sq_err);
             atomicAdd(&sums[1], t.sum_sq_ref);
+            atomicAdd(&sums[2], t.sum_sq_bf16);
         }
     }
 }
 
-__global__ void compare_o_kernel(const uint16_t* __restrict__ o, const float* __restrict__ ref,
-                                 long long n, float atol, float rtol, OracleStats* stats) {
+constexpr int kRowBlock = ORACLE_ROW_BLOCK;
+constexpr int kCmpThreads = 256;                      // 8 warps
+constexpr int kCmpWarps = kCmpThreads / 32;
+constexpr int kCmpRowsPerCta = 512;                   // 32 row blocks, 4 per warp
+constexpr int kCmpBlocksPerCta = kCmpRowsPerCta / kRowBlock;
+static_assert(kCmpRowsPerCta % kRowBlock == 0, "a CTA owns whole row blocks");
+
+// O vs O_ref for rows [blockIdx.x * 512, +512) of one (b = blockIdx.z, h = blockIdx.y). Warp w
+// takes the CTA's row blocks w, w + 8, ...; lane l owns columns 4l .. 4l+3 of every row (8-byte
+// O loads, 16-byte O_ref loads: one 256 B + 512 B row per warp instruction pair).
+__global__ void __launch_bounds__(kCmpThreads)
+compare_o_kernel(const uint16_t* __restrict__ o, const float* __restrict__ ref, int H, int S,
+                 float atol, float rtol, OracleStats* stats, float4* __restrict__ block_sums,
+                 double* __restrict__ col_sums) {
+    __shared__ float col_part[kCmpWarps][4][kD];
+    const int h = blockIdx.y, b = blockIdx.z;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n_rb = (S + kRowBlock - 1) / kRowBlock;
+    const int rb_begin = blockIdx.x * kCmpBlocksPerCta;
+    const int rb_end = min(rb_begin + kCmpBlocksPerCta, n_rb);
     LocalStats s;
     init_local(s);
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const uint16_t bits = o[i];
-        account(s, i, bits == ORACLE_POISON_BF16, __uint_as_float((uint32_t)bits << 16), ref[i],
-                atol, rtol);
+    float ce[4] = {0.f, 0.f, 0.f, 0.f}, cb[4] = {0.f, 0.f, 0.f, 0.f};
+    float cr[4] = {0.f, 0.f, 0.f, 0.f}, cn[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int rb = rb_begin + warp; rb < rb_end; rb += kCmpWarps) {
+        float be = 0.f, bb = 0.f, br = 0.f, bn = 0.f;
+        const int s0 = rb * kRowBlock, s1 = min(s0 + kRowBlock, S);
+#pragma unroll 4
+        for (int row = s0; row < s1; ++row) {
+            const long long base = (((long long)b * S + row) * H + h) * kD + lane * 4;
+            const uint2 ow = __ldg(reinterpret_cast<const uint2*>(o + base));
+            const float4 rv = __ldg(reinterpret_cast<const float4*>(ref + base));
+            const uint16_t bits[4] = {(uint16_t)(ow.x & 0xFFFFu), (uint16_t)(ow.x >> 16),
+                                      (uint16_t)(ow.y & 0xFFFFu), (uint16_t)(ow.y >> 16)};
+            const float r4[4] = {rv.x, rv.y, rv.z, rv.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float e2, b2;
+                if (account(s, base + j, bits[j] == ORACLE_POISON_BF16,
+                            __uint_as_float((uint32_t)bits[j] << 16), r4[j], atol, rtol, &e2,
+                            &b2)) {
+                    const float r2 = r4[j] * r4[j];
+                    be += e2;
+                    bb += b2;
+                    br += r2;
+                    bn += 1.f;
+                    ce[j] += e2;
+                    cb[j] += b2;
+                    cr[j] += r2;
+                    cn[j] += 1.f;
+                }
+            }
+        }
+        be = warp_sum(be);
+        bb = warp_sum(bb);
+        br = warp_sum(br);
+        bn = warp_sum(bn);
+        if (block_sums != nullptr && lane == 0)
+            block_sums[((long long)b * H + h) * n_rb + rb] = make_float4(be, bb, br, bn);
+    }
+    if (col_sums != nullptr) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            col_part[warp][0][lane * 4 + j] = ce[j];
+            col_part[warp][1][lane * 4 + j] = cb[j];
+            col_part[warp][2][lane * 4 + j] = cr[j];
+            col_part[warp][3][lane * 4 + j] = cn[j];
+        }
+        __syncthreads();
+        // Thread t sums quantity t / 128 of column t % 128 over the 8 warps: 512 atomics per
+        // CTA, each address hit ceil(S / 512) times.
+        for (int t = threadIdx.x; t < 4 * kD; t += kCmpThreads) {
+            const int q = t / kD, d = t % kD;
+            float acc = 0.f;
+#pragma unroll
+            for (int w = 0; w < kCmpWarps; ++w) acc += col_part[w][q][d];
+            atomicAdd(&col_sums[(((long long)b * H + h) * kD + d) * 4 + q], (double)acc);
+        }
     }
     flush(s, &stats->o_count, &stats->o_sum_sq_err);
 }
@@ -584,6 +689,7 @@ __global__ void init_stats_kernel(OracleStats* stats) {
         OracleStats z = {};
         z.o_first_violation = ~0ull;
         z.l_first_violation = ~0ull;
+        z.o_block_rows = kRowBlock;
         *stats = z;
     }
 }
@@ -661,21 +767,26 @@ ORACLE_API int oracle_f32_to_bf16(const float* src, void* dst, long long n, cuda
     return (int)cudaGetLastError();
 }
 
-ORACLE_API int oracle_compare(const void* o, const float* o_ref, long long n, const float* lse,
-                              const float* lse_ref, long long n_lse, float o_atol, float o_rtol,
+ORACLE_API int oracle_row_block(void) { return ORACLE_ROW_BLOCK; }
+
+ORACLE_API int oracle_compare(const void* o, const float* o_ref, int B, int H, int S,
+                              const float* lse, const float* lse_ref, float o_atol, float o_rtol,
                               float lse_atol, float lse_rtol, OracleStats* stats,
-                              cudaStream_t s) {
-    if (o == nullptr || o_ref == nullptr || n < 0 || stats == nullptr ||
-        (lse != nullptr && (lse_ref == nullptr || n_lse < 0)))
+                              float* block_sums, double* col_sums, cudaStream_t s) {
+    if (o == nullptr || o_ref == nullptr || stats == nullptr || B < 1 || H < 1 || S < 1 ||
+        B > 65535 || H > 65535 || (lse != nullptr && lse_ref == nullptr))
         return (int)cudaErrorInvalidValue;
     init_stats_kernel<<<1, 32, 0, s>>>(stats);
     ORACLE_CHECK(cudaGetLastError());
-    if (n > 0) {
-        compare_o_kernel<<<grid_for(n, 256), 256, 0, s>>>(static_cast<const uint16_t*>(o), o_ref,
-                                                          n, o_atol, o_rtol, stats);
-        ORACLE_CHECK(cudaGetLastError());
-    }
-    if (lse != nullptr && n_lse > 0) {
+    if (col_sums != nullptr)
+        ORACLE_CHECK(cudaMemsetAsync(col_sums, 0, sizeof(double) * 4 * kD * (size_t)B * H, s));
+    const dim3 grid((S + kCmpRowsPerCta - 1) / kCmpRowsPerCta, H, B);
+    compare_o_kernel<<<grid, kCmpThreads, 0, s>>>(static_cast<const uint16_t*>(o), o_ref, H, S,
+                                                  o_atol, o_rtol, stats,
+                                                  reinterpret_cast<float4*>(block_sums), col_sums);
+    ORACLE_CHECK(cudaGetLastError());
+    if (lse != nullptr) {
+        const long long n_lse = (long long)B * H * S;
         compare_lse_kernel<<<grid_for(n_lse, 256), 256, 0, s>>>(
             reinterpret_cast<const uint32_t*>(lse), lse_ref, n_lse, lse_atol, lse_rtol, stats);
         ORACLE_CHECK(cudaGetLastError());

@@ -7,9 +7,11 @@ Run on the H200 from the repository root:
 
 Checks, in order: device and NVML; oracle.so builds; the GPU input generators equal the NumPy
 twin bit for bit; the "rising" set rises on GPU-made inputs; the FP32 reference matches NumPy
-float64 on sampled rows (row 0, S-1, tile boundaries); the gate passes a perfect kernel and
-catches injected bugs (no O rescale, no running-sum rescale, one wrong element, one unwritten
-element, one NaN, one wrong LSE, LSE never written); the reference's runtime at the seed shapes;
+float64 on sampled rows (row 0, S-1, tile boundaries); oracle_compare's counters and BF16 budget
+sums equal their NumPy twin; the gate passes a perfect kernel and catches injected bugs (no O
+rescale, no running-sum rescale, one wrong element, one unwritten element, one NaN, one wrong LSE,
+LSE never written, and errors only the BF16 error budget sees: O x 1.015 on rows 0-7 of every 64,
+O x 1.01 on 4 head-dim columns); the reference's and the comparison's runtime at the seed shapes;
 time_kernel on a trivial kernel. Prints a table last; exit code 1 if any check failed.
 """
 
@@ -170,6 +172,43 @@ def main() -> int:
             check(f"reference vs float64 {shape.B}x{shape.H}x{shape.S} {input_set}",
                   lambda s=shape, n=n_bh, i=input_set: ref_vs_numpy(s, i, n))
 
+    # -- oracle_compare vs its NumPy twin (poison, NaN and a partial last row block included)
+    def compare_twin() -> tuple[bool, str]:
+        shp = Shape(2, 3, 1000)
+        with AttnBuffers(dev, shp) as bufs:
+            o_ref = dev.alloc(bufs.n * 4)
+            try:
+                O.fill_inputs(orc, bufs, "seed", 42, stream)
+                orc.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref.ptr, None,
+                              shp.B, shp.H, shp.S, stream)
+                orc.f32_to_bf16(o_ref.ptr, bufs.o.ptr, bufs.n, stream)
+                stream.synchronize()
+                o = bufs.o.copy_to_host(np.uint16, bufs.n)
+                o[::977] = 0x3F80  # 1.0: violations and budget errors scattered around
+                o[5] = O.POISON_BF16
+                o[123456] = 0x7FC0
+                bufs.o.copy_from_host(o)
+                stats, sums = O.compare(dev, orc, bufs, o_ref, None, stream)
+                ref = o_ref.copy_to_host(np.float32)
+            finally:
+                o_ref.free()
+        dims = (shp.B, shp.S, shp.H, 128)
+        want, wsums = O.compare_numpy(o.reshape(dims), ref.reshape(dims))
+        bad = [f for f in ("o_count", "o_violations", "o_nonfinite", "o_unwritten",
+                           "o_first_violation", "o_block_rows", "o_max_abs_err")
+               if getattr(stats, f) != getattr(want, f)]
+        bad += [f for f in ("o_sum_sq_err", "o_sum_sq_ref", "o_sum_sq_bf16")
+                if not math.isclose(getattr(stats, f), getattr(want, f), rel_tol=1e-9)]
+        if not np.allclose(sums.blocks, wsums.blocks, rtol=1e-4, atol=0):
+            bad.append("block sums")
+        if not np.allclose(sums.cols, wsums.cols, rtol=1e-5, atol=0):
+            bad.append("column sums")
+        return not bad, ("differ: " + ", ".join(bad)) if bad else (
+            f"2x3x1000: {stats.o_violations} violations, first {stats.o_first_violation}, "
+            f"{sums.blocks.shape[2]} row blocks per head: counters and sums equal")
+
+    check("oracle_compare == NumPy twin (stats and budget sums)", compare_twin)
+
     # -- gate self-checks
     shape = Shape(2, 4, 1024)
     gbufs = AttnBuffers(dev, shape)
@@ -255,6 +294,27 @@ def main() -> int:
         return (not g.passed and m.lse_unwritten == elems(shape, lse=True)), \
             f"LSE unwritten {m.lse_unwritten}"
 
+    def scale_after(rows: Any, cols: Any, factor: float) -> Callable[[Any, Any], None]:
+        def after(bufs: AttnBuffers, st: Any) -> None:
+            st.synchronize()
+            s = bufs.shape
+            o = O.bf16_bits_to_f32(bufs.o.copy_to_host(np.uint16, bufs.n)).reshape(
+                s.B, s.S, s.H, 128)
+            o[:, rows, :, cols] *= np.float32(factor)
+            bufs.o.copy_from_host(O.f32_to_bf16_bits(o).reshape(-1))
+        return after
+
+    def budget_only(rows: Any, cols: Any, factor: float, needle: str,
+                    ) -> Callable[[], tuple[bool, str]]:
+        def f() -> tuple[bool, str]:
+            g = run_gate(O.ReferenceKernel(dev, orc, after=scale_after(rows, cols, factor)))
+            ok = all(m.violations == 0 and m.rel_l2 <= O.REL_L2_MAX and not m.passed
+                     and needle in " ".join(m.reasons) for m in g.sets)
+            return ok, " | ".join(
+                f"{m.input_set}: rel L2 {m.rel_l2:.2g}, {m.budget_ratio:.2f}x budget, "
+                f"{m.bf16_ratio:.2f}x rms_bf16" for m in g.sets)
+        return f
+
     def lse_not_written_not_checked() -> tuple[bool, str]:
         g = run_gate(O.ReferenceKernel(dev, orc, writes_lse=False), ("seed",))
         return g.passed and not g.sets[0].lse_checked, g.summary()
@@ -270,6 +330,10 @@ def main() -> int:
     check("gate catches: one wrong LSE at (1,3,500)", one_lse)
     check("gate catches: LSE never written", lse_missing)
     check("gate skips LSE for write_lse=false", lse_not_written_not_checked)
+    check("gate catches (budget only): O x 1.015 on rows 0-7 of every 64",
+          budget_only(np.arange(shape.S) % 64 < 8, slice(None), 1.015, "16-row blocks"))
+    check("gate catches (budget only): O x 1.01 on head-dim columns 0-3",
+          budget_only(slice(None), slice(0, 4), 1.01, "head-dim columns"))
     gbufs.free()
 
     # -- reference runtime and the full gate at the seed shapes
@@ -313,6 +377,40 @@ def main() -> int:
         DETAILS.setdefault("full_gate", {})[S] = dict(result=g.to_dict(), seconds=dt,
                                                      seconds_cached=dt2)
         return g.passed and g2.passed, f"{g.summary()} ({dt:.1f}s, {dt2:.1f}s with cached ref)"
+
+    def compare_time(S: int) -> tuple[bool, str]:
+        shp = Shape(4, 32, S)
+        with AttnBuffers(dev, shp) as bufs:
+            o_ref = dev.alloc(bufs.n * 4)
+            scratch = O.CompareScratch(dev, shp)
+            try:
+                O.fill_inputs(orc, bufs, "seed", 42, stream)
+                orc.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref.ptr, bufs.lse.ptr,
+                              shp.B, shp.H, shp.S, stream)
+                orc.f32_to_bf16(o_ref.ptr, bufs.o.ptr, bufs.n, stream)
+                O.compare(dev, orc, bufs, o_ref, None, stream, scratch)  # warm-up
+                e0, e1 = Event(dev), Event(dev)
+                e0.record(stream)
+                orc.compare(bufs.o.ptr, o_ref.ptr, shp.B, shp.H, shp.S, None, None, O.O_ATOL,
+                            O.O_RTOL, O.LSE_ATOL, O.LSE_RTOL, scratch.stats.ptr,
+                            scratch.blocks.ptr, scratch.cols.ptr, stream)
+                e1.record(stream)
+                stream.synchronize()
+                ms = Event.elapsed_ms(e0, e1)
+                t0 = time.monotonic()
+                stats, sums = O.compare(dev, orc, bufs, o_ref, None, stream, scratch)
+                m = O.evaluate(stats, shp, "seed", False, budget=sums)
+                host_ms = (time.monotonic() - t0) * 1e3
+            finally:
+                scratch.free()
+                o_ref.free()
+        gbs = bufs.n * 6 / (ms * 1e-3) / 1e9
+        DETAILS.setdefault("compare_ms", {})[S] = dict(kernel_ms=ms, with_readback_ms=host_ms)
+        return m.passed, (f"compare kernel {ms:.2f} ms ({gbs:.0f} GB/s of O + O_ref), with "
+                          f"read-back and evaluate {host_ms:.1f} ms; {m.brief()}")
+
+    for S in (4096,) if args.quick else (4096, 16384):
+        check(f"compare runtime 4x32x{S}", lambda S=S: compare_time(S))
 
     check("full gate, reference kernel, 4x32x4096", lambda: full_gate(4096))
     if not args.quick:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,88 @@ def test_build_many_parallel(studies: Path, data_dir: Path) -> None:
     assert outs[0].result.key == outs[3].result.key != outs[2].result.key
     again = build.build_many(good, jobs=2, template=tpl)
     assert all(o.result.cache_hit for o in again)
+
+
+# ---- -D defines (test builds: FA_TUNE_PLANT_BUG, cuda_src/fa_tune/config.cuh) ----------------
+def planted_bugs() -> dict[int, str]:
+    """The planted bugs config.cuh documents: {N: "file  what it does"}."""
+    text = (Path(build._paths.cuda_src_dir()) / "fa_tune" / "config.cuh").read_text()
+    block = text[text.index("FA_TUNE_PLANT_BUG = N"):text.index("#ifndef FA_TUNE_PLANT_BUG")]
+    return {int(m.group(1)): m.group(2).strip()
+            for m in re.finditer(r"^//\s+(\d+) (\w+\.cuh .*)$", block, re.MULTILINE)}
+
+
+def test_define_flags() -> None:
+    assert build.define_flags(None) == [] and build.define_flags({}) == []
+    assert build.define_flags({"B": "x1", "A": 3}) == ["-DA=3", "-DB=x1"]  # sorted
+    for bad in ({"1A": 1}, {"A B": 1}, {"A": "x y"}, {"A": "$(rm)"}, {"A": True}, {"A": 1.5}):
+        with pytest.raises(BuildError, match="define"):
+            build.define_flags(bad)  # type: ignore[arg-type]
+
+
+_PROBE_TEMPLATE = """#include "fa_tune/config.cuh"
+#define API extern "C" __attribute__((visibility("default")))
+API int probe_plant_bug(void) { return fa_tune::kPlantBug; }
+API const char* fa_tune_config_json(void) { return ${config_json}; }
+"""
+
+
+def test_defines_are_part_of_the_key_and_none_changes_nothing(studies: Path,
+                                                               tmp_path: Path) -> None:
+    tpl = tmp_path / "probe.cu"
+    tpl.write_text(_PROBE_TEMPLATE)
+    cfg = KernelConfig()
+    plain = build.build_config(cfg, template=tpl)
+    # No defines: the key is exactly the one the code computed before defines existed.
+    assert plain.key == build.cache_key(build.render(cfg, tpl), build.KERNEL_FLAGS,
+                                        build.nvcc_version())
+    assert plain.flags == list(build.KERNEL_FLAGS)
+    for none in (None, {}):
+        again = build.build_config(cfg, template=tpl, defines=none)
+        assert again.cache_hit and again.key == plain.key
+    lib = ctypes.CDLL(plain.so_path)
+    assert lib.probe_plant_bug() == 0  # the default: no planted bug
+
+    bug = build.build_config(cfg, template=tpl, defines={"FA_TUNE_PLANT_BUG": 4})
+    assert not bug.cache_hit and bug.key != plain.key
+    assert bug.flags == [*build.KERNEL_FLAGS, "-DFA_TUNE_PLANT_BUG=4"]
+    assert bug.config_id == plain.config_id  # the same config, another artifact
+    assert ctypes.CDLL(bug.so_path).probe_plant_bug() == 4
+    # build_many passes the defines to its workers (a cache hit here).
+    (out,) = build.build_many([cfg], jobs=1, template=tpl, defines={"FA_TUNE_PLANT_BUG": "4"})
+    assert out.ok and out.result.key == bug.key and out.result.cache_hit
+    with pytest.raises(BuildError, match="bad define"):
+        build.build_many([cfg], template=tpl, defines={"FA_TUNE_PLANT_BUG": "4; rm"})
+
+
+def test_planted_bugs_are_documented() -> None:
+    bugs = planted_bugs()
+    assert sorted(bugs) == list(range(1, 8)), bugs
+    src = Path(build._paths.cuda_src_dir()) / "fa_tune"
+    hooks = "".join(p.read_text() for p in src.glob("*.cuh"))
+    for n, what in bugs.items():
+        file = what.split()[0]
+        assert re.search(rf"kPlantBug == {n}\b", (src / file).read_text()), (n, file)
+    assert "kPlantBug" in hooks and "#define FA_TUNE_PLANT_BUG 0" in hooks
+
+
+@pytest.mark.slow
+def test_planted_bug_variants_compile() -> None:
+    """Every planted bug compiles into the default preset through the product's build path,
+    ptxas happy, no local memory (tests/gpu/test_planted_bugs_gpu.py runs them). All variants
+    at once, one nvcc per usable CPU."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tuner.config import load_preset
+
+    cfg = load_preset("default")
+    plain = build.cache_key(build.render(cfg), build.KERNEL_FLAGS, build.nvcc_version())
+    bugs = sorted(planted_bugs())
+    with ThreadPoolExecutor(max_workers=build.usable_cpus()) as ex:
+        results = list(ex.map(
+            lambda n: build.build_config(cfg, defines={"FA_TUNE_PLANT_BUG": n}), bugs))
+    for bug, r in zip(bugs, results, strict=True):
+        assert r.local_memory is None, (bug, r.local_memory)
+        assert r.sass_checked and r.sass["has_hgmma"], bug
+        assert r.flags[-1] == f"-DFA_TUNE_PLANT_BUG={bug}" and r.key != plain
+    assert len({r.key for r in results}) == len(bugs)

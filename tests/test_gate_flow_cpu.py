@@ -1,5 +1,6 @@
 """CPU test of gate()'s orchestration with fake device/oracle objects: the call order per input
-set, LSE handling, reference caching, restoring the seed inputs, and cleanup on errors."""
+set, LSE handling, reference caching, restoring the seed inputs, the budget sums' round trip,
+collect() for peers, check_output(), and cleanup on errors."""
 
 from __future__ import annotations
 
@@ -28,7 +29,9 @@ class FakeBuf:
 
     def copy_to_host(self, dtype: Any = np.uint8, count: int | None = None,
                      offset: int = 0) -> np.ndarray:
-        return np.frombuffer(STATS[self.ptr], dtype=np.uint8).copy()
+        out = np.frombuffer(STATS[self.ptr], dtype=dtype).copy()
+        assert count is None or count == out.size, (count, out.size)
+        return out
 
 
 class FakeStream:
@@ -72,11 +75,33 @@ def _pass_stats(shape: Any, **kw: Any) -> bytes:
     return O.OracleStats(**base).to_bytes()  # type: ignore[arg-type]
 
 
+REF2 = (1e-3 / (0.84 * O.BF16_UNIT)) ** 2  # sum ref^2 of a block whose sum bf16 err^2 is 1e-6
+
+
+def _budget_bytes(shape: Any, bad_block: bool = False) -> tuple[bytes, bytes]:
+    """Device images of the budget sums: every block and column at 1.25x its rounding error
+    (a correct kernel), or one block at 4x (1% on a few rows). rms_bf16 / rms_ref = 0.84 *
+    2^-9, as measured for attention outputs."""
+    nb = O.n_row_blocks(shape.S)
+    blocks = np.zeros((shape.B, shape.H, nb, 4), np.float32)
+    blocks[..., 1] = 1e-6
+    blocks[..., 0] = 1.25**2 * 1e-6
+    blocks[..., 2] = REF2
+    blocks[..., 3] = 16 * 128
+    if bad_block:
+        blocks[0, 1, nb - 1, 0] = 4.0**2 * 1e-6
+    cols = np.zeros((shape.B, shape.H, 128, 4), np.float64)
+    cols[..., 0], cols[..., 1], cols[..., 2], cols[..., 3] = 1.2**2 * 1e-6, 1e-6, REF2, shape.S
+    return blocks.tobytes(), cols.tobytes()
+
+
 class FakeOracle:
-    def __init__(self, shape: Any, bad_set: str | None = None) -> None:
+    def __init__(self, shape: Any, bad_set: str | None = None,
+                 budget_bad_set: str | None = None) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.shape = shape
         self.bad_set = bad_set
+        self.budget_bad_set = budget_bad_set
         self.current_set = ""
 
     def gen_seed(self, *a: Any) -> None:
@@ -93,15 +118,23 @@ class FakeOracle:
     def reference(self, *a: Any, **kw: Any) -> None:
         self.calls.append(("reference", self.current_set))
 
-    def compare(self, o: int, o_ref: int, n: int, lse: int | None, lse_ref: int | None,
-                n_lse: int, *rest: Any) -> None:
-        stats_ptr = rest[-2]
+    def compare(self, o: int, o_ref: int, B: int, H: int, S: int, lse: int | None,
+                lse_ref: int | None, o_atol: float, o_rtol: float, lse_atol: float,
+                lse_rtol: float, stats: int, block_sums: int | None, col_sums: int | None,
+                stream: Any) -> None:
+        assert (B, H, S) == (self.shape.B, self.shape.H, self.shape.S)
+        assert (o_atol, o_rtol, lse_atol, lse_rtol) == (O.O_ATOL, O.O_RTOL, O.LSE_ATOL,
+                                                        O.LSE_RTOL)
+        assert block_sums is not None and col_sums is not None
         self.calls.append(("compare", lse is not None))
+        n_lse = B * H * S if lse is not None else 0
         if self.current_set == self.bad_set:
-            STATS[stats_ptr] = _pass_stats(self.shape, o_violations=3, o_first_violation=130,
-                                           o_max_abs_err=0.5, l_count=n_lse)
+            STATS[stats] = _pass_stats(self.shape, o_violations=3, o_first_violation=130,
+                                       o_max_abs_err=0.5, l_count=n_lse)
         else:
-            STATS[stats_ptr] = _pass_stats(self.shape, l_count=n_lse)
+            STATS[stats] = _pass_stats(self.shape, l_count=n_lse)
+        STATS[block_sums], STATS[col_sums] = _budget_bytes(
+            self.shape, bad_block=self.current_set == self.budget_bad_set)
 
 
 class FakeKernel:
@@ -118,6 +151,13 @@ class FakeKernel:
         if self.fail:
             raise KernelError("fa_tune_forward failed with cudaErrorInvalidValue (1)", code=1)
         self.orc.calls.append(("forward", None))
+
+
+class FakePeer(FakeKernel):
+    """A launchable that computes elsewhere and copies its output into bufs in collect()."""
+
+    def collect(self, bufs: Any, stream: Any) -> None:
+        self.orc.calls.append(("collect", None))
 
 
 def _bufs(shape: Any) -> SimpleNamespace:
@@ -147,6 +187,17 @@ def test_gate_call_order_and_verdict() -> None:
     assert dev.streams and dev.streams[0].destroyed  # its own stream is cleaned up
     stats_bufs = [b for b in dev.allocs if b.nbytes == O.ORACLE_STATS_BYTES]
     assert stats_bufs and all(b.freed for b in stats_bufs)
+    scratch = [b for b in dev.allocs
+               if b.nbytes in (O.ORACLE_STATS_BYTES, *O.BudgetSums.device_bytes(shape))]
+    assert len(scratch) == 3 and all(b.freed for b in scratch)  # the budget sums' buffers too
+    # The budget was checked on every set, and its worst ratios are reported.
+    for m in g.sets:
+        assert m.budget_ratio is not None and m.bf16_ratio == pytest.approx(1.25)
+        assert m.block_worst is not None and m.col_worst is not None
+    d = g.to_dict()
+    assert d["budget_ratio"] == pytest.approx(g.budget_ratio)
+    assert d["rule"]["budget_k"] == O.BUDGET_K
+    assert "budget" in g.summary()
 
     # Second gate on the same shape: the references come from the cache.
     orc.calls.clear()
@@ -204,3 +255,46 @@ def test_reference_cache_frees_on_shape_change() -> None:
     assert len(cache) == 1 and a[0].freed and a[1].freed
     cache.clear()
     assert len(cache) == 0
+
+
+def test_gate_fails_on_the_budget_alone() -> None:
+    shape = SimpleNamespace(B=1, H=2, S=100)
+    dev, orc = FakeDev(), FakeOracle(shape, budget_bad_set="rising")
+    g = O.gate(dev, FakeKernel(orc), shape, _bufs(shape),  # type: ignore[arg-type]
+               oracle=orc, reference_cache=O.ReferenceCache())  # type: ignore[arg-type]
+    seed, rising = g.sets
+    assert seed.passed and not rising.passed and rising.violations == 0
+    assert rising.block_failures == 1 and rising.block_worst == (0, 1, 96, 99)
+    budget = O.BUDGET_K * 1e-3 + O.BUDGET_FLOOR * O.BF16_UNIT * REF2**0.5
+    assert rising.block_budget_ratio == pytest.approx(4e-3 / budget)
+    assert rising.block_bf16_ratio == pytest.approx(4.0)
+    assert "16-row blocks exceed the BF16 error budget" in g.summary()
+    assert g.budget_ratio == rising.budget_ratio
+
+
+def test_gate_collects_a_peers_output_before_comparing() -> None:
+    shape = SimpleNamespace(B=1, H=2, S=128)
+    dev, orc = FakeDev(), FakeOracle(shape)
+    g = O.gate(dev, FakePeer(orc), shape, _bufs(shape), 42, ("seed",),  # type: ignore[arg-type]
+               oracle=orc, reference_cache=O.ReferenceCache())  # type: ignore[arg-type]
+    assert g.passed
+    names = [c[0] for c in orc.calls]
+    assert names.index("forward") < names.index("collect") < names.index("compare")
+
+
+def test_check_output_checks_the_last_launch_without_launching() -> None:
+    shape = SimpleNamespace(B=1, H=2, S=128)
+    dev, orc = FakeDev(), FakeOracle(shape)
+    cache = O.ReferenceCache()
+    bufs = _bufs(shape)
+    O.gate(dev, FakePeer(orc), shape, bufs, 42, ("seed",),  # type: ignore[arg-type]
+           oracle=orc, reference_cache=cache)  # type: ignore[arg-type]
+    orc.calls.clear()
+    m = O.check_output(dev, FakePeer(orc), shape, bufs, 42,  # type: ignore[arg-type]
+                       oracle=orc, reference_cache=cache)  # type: ignore[arg-type]
+    assert m.passed and m.input_set == "seed" and m.budget_ratio is not None
+    assert orc.calls == [("collect", None), ("compare", True)]  # cached reference, no launch
+    scratch = [b for b in dev.allocs
+               if b.nbytes in (O.ORACLE_STATS_BYTES, *O.BudgetSums.device_bytes(shape))]
+    assert len(scratch) == 6 and all(b.freed for b in scratch)  # gate's and check_output's
+    assert all(s.destroyed for s in dev.streams)

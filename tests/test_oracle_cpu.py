@@ -10,13 +10,20 @@ import shutil
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from tuner.errors import FaTuneError
 from tuner.measure import oracle as O
-from tuner.runtime import ORACLE_STATS_BYTES, CudaError, OracleModule
+from tuner.runtime import (
+    ORACLE_ABI_VERSION,
+    ORACLE_ROW_BLOCK,
+    ORACLE_STATS_BYTES,
+    CudaError,
+    OracleModule,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE_CU = ROOT / "cuda_src" / "oracle.cu"
@@ -78,6 +85,8 @@ def test_oracle_abi_loads_without_gpu(oracle_so: tuple[Path, str]) -> None:
     # The .so links cudart statically: it loads (and reports its ABI) without a driver.
     mod = OracleModule(oracle_so[0])
     assert mod._lib.oracle_stats_size() == ORACLE_STATS_BYTES
+    assert mod._lib.oracle_abi_version() == ORACLE_ABI_VERSION
+    assert mod._lib.oracle_row_block() == ORACLE_ROW_BLOCK == O.ROW_BLOCK
 
 
 def test_oracle_call_without_gpu_is_a_clear_error(oracle_so: tuple[Path, str]) -> None:
@@ -97,7 +106,11 @@ def test_oracle_rejects_bad_arguments(oracle_so: tuple[Path, str]) -> None:
     assert mod._gen_rising(1, 1, 1, 1, 1, 64, 42, 0, None) == 1  # bad direction
     assert mod._reference(None, 1, 1, 1, None, 1, 1, 64, 0, None) == 1
     assert mod._reference(1, 1, 1, 1, None, 1, 1, 64, 8, None) == 1  # unknown flag
-    assert mod._compare(None, 1, 10, None, None, 0, 0.05, 0.1, 0.01, 0.0, 1, None) == 1
+    args = (0.05, 0.1, 0.01, 0.0)
+    assert mod._compare(None, 1, 1, 1, 64, None, None, *args, 1, None, None, None) == 1
+    assert mod._compare(1, 1, 1, 1, 0, None, None, *args, 1, None, None, None) == 1  # S = 0
+    assert mod._compare(1, 1, 1, 1, 64, 1, None, *args, 1, None, None, None) == 1  # no lse_ref
+    assert mod._compare(1, 1, 1, 1, 64, None, None, *args, None, 1, 1, None) == 1  # no stats
 
 
 def test_oracle_stats_layout_matches_python() -> None:
@@ -107,6 +120,9 @@ def test_oracle_stats_layout_matches_python() -> None:
     fields = re.findall(r"(?:unsigned long long|double) (\w+);", body)
     assert fields == list(O._STATS_DTYPE.names)
     assert "#define ORACLE_POISON_BF16 0x7FBFu" in text
+    assert f"#define ORACLE_ABI_VERSION {ORACLE_ABI_VERSION}\n" in text
+    assert f"#define ORACLE_ROW_BLOCK {ORACLE_ROW_BLOCK}\n" in text
+    assert f"sizeof(OracleStats) == {ORACLE_STATS_BYTES}" in text
     assert "#define ORACLE_POISON_F32 0x7FBADBADu" in text
     assert O.POISON_BF16 == 0x7FBF and O.POISON_F32 == 0x7FBADBAD
 
@@ -145,7 +161,7 @@ def _stats(shape: SimpleNamespace, **kw: object) -> O.OracleStats:
     base: dict[str, object] = dict(
         o_count=n, o_violations=0, o_nonfinite=0, o_unwritten=0,
         o_first_violation=O.NO_VIOLATION, o_ref_nonfinite=0, o_max_abs_err=0.002,
-        o_sum_sq_err=1e-6 * n, o_sum_sq_ref=0.1 * n,
+        o_sum_sq_err=1e-6 * n, o_sum_sq_ref=0.1 * n, o_sum_sq_bf16=0.8e-6 * n,
         l_count=shape.B * shape.H * shape.S, l_violations=0, l_nonfinite=0, l_unwritten=0,
         l_first_violation=O.NO_VIOLATION, l_ref_nonfinite=0, l_max_abs_err=2.0**-17,
     )
@@ -241,6 +257,9 @@ def test_gate_result_summary_and_dict() -> None:
     d = g.to_dict()
     assert d["sets"][1]["first_violation"] == [0, 0, 0, 0]
     assert d["rule"]["o_atol"] == 0.05 and d["rule"]["o_rtol"] == 0.1
+    assert d["rule"]["budget_k"] == O.BUDGET_K and d["rule"]["budget_floor"] == O.BUDGET_FLOOR
+    assert d["rule"]["budget_row_block"] == O.ROW_BLOCK
+    assert d["budget_ratio"] is None  # no budget sums were given
     import json
 
     json.dumps(d)  # serialisable
@@ -346,3 +365,250 @@ def test_numpy_reference_rows_matches_naive_softmax() -> None:
     p = np.exp(s - s.max())
     assert np.allclose(o[1], p @ v[0, :, 0] / p.sum())
     assert lse[1] == pytest.approx(math.log(np.exp(s).sum()))
+
+
+# ---- the BF16 error budget ------------------------------------------------------------------
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """Round to BF16 and back to float32."""
+    return O.bf16_bits_to_f32(O.f32_to_bf16_bits(np.asarray(x, dtype=np.float32)))
+
+
+def _synthetic(B: int = 1, H: int = 2, S: int = 256, seed: int = 0,
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """(ref, pre-rounding output of a "correct" kernel), [B, S, H, 128] float32. The reference
+    shrinks along the rows like attention output over more and more keys; the kernel's extra
+    error before its one final rounding stands for P's BF16 rounding: 0.6 * 2^-9 of the row's
+    RMS (a correct FA kernel then measures ~1.25x rms_bf16, as the emulation below does)."""
+    rng = np.random.default_rng(seed)
+    rows = np.arange(S, dtype=np.float64)[None, :, None, None]
+    ref = (rng.standard_normal((B, S, H, 128)) / np.sqrt(1.0 + rows / 8)).astype(np.float32)
+    row_rms = np.sqrt((ref.astype(np.float64) ** 2).mean(axis=-1, keepdims=True))
+    noise = 0.6 * O.BF16_UNIT * row_rms * rng.standard_normal(ref.shape)
+    return ref, (ref + noise).astype(np.float32)
+
+
+def _verdict(o_pre: np.ndarray, ref: np.ndarray) -> O.SetMetrics:
+    """Round a kernel's FP32 output to BF16 (as the kernel's epilogue does) and gate it."""
+    B, S, H, _ = ref.shape
+    stats, sums = O.compare_numpy(O.f32_to_bf16_bits(o_pre), ref)
+    return O.evaluate(stats, Shape(B, H, S), "seed", check_lse=False, budget=sums)
+
+
+def _scaled(o: np.ndarray, factor: float, rows: Any = slice(None), cols: Any = slice(None),
+            ) -> np.ndarray:
+    out = o.copy()
+    out[:, rows, :, cols] *= np.float32(factor)
+    return out
+
+
+def _old_rule_passes(m: O.SetMetrics) -> bool:
+    return m.violations == 0 and m.rel_l2 <= O.REL_L2_MAX and not m.nan_count
+
+
+def test_budget_passes_a_correct_looking_kernel() -> None:
+    ref, o = _synthetic()
+    m = _verdict(o, ref)
+    assert m.passed, m.reasons
+    assert m.budget_ratio is not None and m.budget_ratio < 0.6  # margin > 1.6x
+    assert 1.0 < m.bf16_ratio < 1.6 and 1.0 < m.err_over_bf16 < 1.4
+    assert m.block_failures == 0 and m.col_failures == 0
+    assert "budget" in m.brief()
+    # The perfect kernel (the reference rounded once) measures exactly its rounding error.
+    p = _verdict(ref, ref)
+    assert p.passed and p.bf16_ratio == pytest.approx(1.0)
+
+
+def test_budget_fails_one_percent_on_one_64_row_block() -> None:
+    ref, o = _synthetic()
+    m = _verdict(_scaled(o, 1.01, rows=slice(64, 128)), ref)
+    assert not m.passed and _old_rule_passes(m)  # only the budget sees it
+    assert m.block_failures == 2 * 4 and m.block_budget_ratio > 1.5  # 2 heads x 4 blocks
+    b, h, s0, s1 = m.block_worst
+    assert 64 <= s0 and s1 < 128
+    assert "16-row blocks exceed the BF16 error budget" in " ".join(m.reasons)
+
+
+@pytest.mark.parametrize("first", [200, 196])  # 8 rows inside one 16-row block; and 4 + 4
+def test_budget_fails_one_percent_on_8_rows(first: int) -> None:
+    ref, o = _synthetic(H=1)
+    m = _verdict(_scaled(o, 1.01, rows=slice(first, first + 8)), ref)
+    assert not m.passed and _old_rule_passes(m), m.reasons
+    assert m.block_worst[2] <= first + 7 and m.block_worst[3] >= first
+    assert m.col_failures == 0  # a few rows hardly move a column's RMS over 256 rows
+
+
+def test_budget_fails_one_percent_on_4_columns() -> None:
+    ref, o = _synthetic()
+    m = _verdict(_scaled(o, 1.01, cols=slice(60, 64)), ref)
+    assert not m.passed and _old_rule_passes(m)
+    assert m.col_failures >= 4 and m.col_worst[2] in range(60, 64)
+    assert m.block_failures == 0  # 4 of 128 columns hardly move a block's RMS
+    assert "head-dim columns exceed the BF16 error budget" in " ".join(m.reasons)
+
+
+def test_budget_floor_keeps_degenerate_blocks_passing() -> None:
+    # S = 1: the only block holds row 0, whose output is V's first row: exact in BF16, so its
+    # rms_bf16 is 0; a correct kernel reproduces it exactly (P = 1, l = 1).
+    rng = np.random.default_rng(3)
+    v0 = _bf16(rng.uniform(-1, 1, (1, 1, 2, 128)))
+    m = _verdict(v0, v0)
+    assert m.passed and m.budget_ratio == 0.0 and m.bf16_ratio == 0.0
+    # ... and a kernel whose FP32 result is off by far less than half an ulp rounds to it.
+    assert _verdict(v0 * np.float32(1 + 2**-20), v0).passed
+    # The floor is small: 1% on that exact row still fails.
+    bad = _verdict(v0 * np.float32(1.01), v0)
+    assert not bad.passed and bad.block_bf16_ratio == math.inf
+    assert bad.to_dict()["block_bf16_ratio"] is None  # JSON-safe
+
+
+def test_budget_column_floor_is_the_heads_rounding_error() -> None:
+    # A column whose |O| is tiny by cancellation (the "rising" set: every row mixes the same V
+    # rows) has a tiny rms_bf16, but the error P's rounding leaves in it is like any column's.
+    ref, o = _synthetic(H=1)
+    rng = np.random.default_rng(5)
+    row_rms = np.sqrt((ref.astype(np.float64) ** 2).mean(axis=-1))
+    ref[..., 7] *= np.float32(0.02)  # cancellation
+    o[..., 7] = ref[..., 7] + (0.6 * O.BF16_UNIT * row_rms * rng.standard_normal(row_rms.shape))
+    m = _verdict(o, ref)
+    assert m.passed, m.reasons
+    _, sums = O.compare_numpy(O.f32_to_bf16_bits(o), ref)
+    own = math.sqrt(sums.cols[0, 0, 7, 0] / sums.cols[0, 0, 7, 1])
+    assert own > 5 * O.BUDGET_K  # judged by its own rounding alone it would fail
+
+
+def test_budget_sums_twin_and_device_layout() -> None:
+    ref, o = _synthetic(B=2, H=3, S=50)  # S not a multiple of 16: a partial last block
+    bits = O.f32_to_bf16_bits(o)
+    sums = O.budget_sums_numpy(bits, ref)
+    assert sums.blocks.shape == (2, 3, 4, 4) and sums.cols.shape == (2, 3, 128, 4)
+    of = O.bf16_bits_to_f32(bits).astype(np.float64)
+    e2 = (of - ref) ** 2
+    b2 = (_bf16(ref).astype(np.float64) - ref) ** 2
+    assert sums.blocks[1, 2, 3, 0] == pytest.approx(e2[1, 48:50, 2].sum())
+    assert sums.blocks[1, 2, 3, 3] == 2 * 128  # the partial block counts its 2 rows
+    assert sums.blocks[0, 1, 1, 1] == pytest.approx(b2[0, 16:32, 1].sum())
+    assert sums.cols[1, 0, 5, 2] == pytest.approx((ref[1, :, 0, 5].astype(np.float64) ** 2).sum())
+    assert sums.cols[..., 3].min() == 50
+    # The device buffers' layout: [B, H, NB] float4 blocks, [B, H, 128] x 4 doubles columns.
+    nb_blocks, nb_cols = O.BudgetSums.device_bytes(Shape(2, 3, 50))
+    assert (nb_blocks, nb_cols) == (2 * 3 * 4 * 16, 2 * 3 * 128 * 32)
+    dev = O.BudgetSums.from_device(Shape(2, 3, 50), sums.blocks.astype(np.float32).reshape(-1),
+                                   sums.cols.reshape(-1))
+    np.testing.assert_allclose(dev.blocks, sums.blocks, rtol=1e-6)
+    assert np.array_equal(dev.cols, sums.cols)
+    # Worst case for the gate: 4x32x16384 needs 2.5 MB of device memory for the sums.
+    assert sum(O.BudgetSums.device_bytes(Shape(4, 32, 16384))) <= 3 << 20
+
+
+def test_budget_non_finite_and_poison_are_left_out_of_the_sums() -> None:
+    ref, o = _synthetic(S=32)
+    bits = O.f32_to_bf16_bits(o)
+    bits[0, 3, 1, 9] = O.POISON_BF16
+    bits[0, 20, 0, 0] = 0x7FC0  # NaN
+    stats, sums = O.compare_numpy(bits, ref)
+    assert stats.o_unwritten == 1 and stats.o_nonfinite == 1 and stats.o_violations == 2
+    assert stats.o_first_violation == (3 * 2 + 1) * 128 + 9
+    assert np.isfinite(sums.blocks).all() and sums.blocks[0, 1, 0, 3] == 16 * 128 - 1
+    m = O.evaluate(stats, Shape(1, 2, 32), "seed", check_lse=False, budget=sums)
+    assert not m.passed and m.block_failures == 0  # failed by the old rule, not the budget
+
+
+def test_budget_overflowing_sums_fail() -> None:
+    ref, o = _synthetic(S=32)
+    _, sums = O.compare_numpy(O.f32_to_bf16_bits(o), ref)
+    sums.blocks[0, 0, 1, 0] = np.inf
+    sums.cols[0, 1, 3, 0] = np.nan
+    bc = O.check_budget(sums, 32)
+    assert bc.block_failures == 1 and bc.block_worst == (0, 0, 16, 31)
+    assert bc.col_failures == 1 and bc.col_worst == (0, 1, 3)
+
+
+def test_evaluate_rejects_budget_sums_of_another_shape() -> None:
+    ref, o = _synthetic(S=32)
+    stats, sums = O.compare_numpy(O.f32_to_bf16_bits(o), ref)
+    m = O.evaluate(stats, Shape(1, 2, 32), "seed", check_lse=False,
+                   budget=O.BudgetSums(sums.blocks[:, :, :1], sums.cols))
+    assert not m.passed and "oracle bug" in " ".join(m.reasons)
+
+
+def test_compare_numpy_lse_side() -> None:
+    ref, o = _synthetic(S=16)
+    lse_ref = np.linspace(-3, 400, 2 * 16, dtype=np.float32).reshape(1, 2, 16)
+    lse = lse_ref.copy()
+    lse[0, 1, 5] += 1.0
+    bits = lse.view(np.uint32).copy()
+    bits[0, 0, 2] = O.POISON_F32
+    stats, _ = O.compare_numpy(O.f32_to_bf16_bits(o), ref, bits, lse_ref)
+    assert stats.l_count == 32 and stats.l_violations == 2 and stats.l_unwritten == 1
+    assert stats.l_first_violation == 2 and stats.l_max_abs_err == pytest.approx(1.0, abs=1e-4)
+
+
+def test_stats_bytes_roundtrip_carries_budget_fields() -> None:
+    s = _stats(Shape(1, 2, 64), o_sum_sq_bf16=1.25e-3)
+    back = O.OracleStats.from_bytes(s.to_bytes())
+    assert back.o_sum_sq_bf16 == 1.25e-3 and back.o_block_rows == O.ROW_BLOCK
+
+
+# ---- the budget on an emulated FlashAttention kernel (real inputs, real rounding) ------------
+def _ref_f64(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+    qf, kf, vf = (O.bf16_bits_to_f32(a).astype(np.float64) for a in (q, k, v))
+    B, S, H, _ = qf.shape
+    out = np.empty((B, S, H, 128))
+    mask = np.tril(np.ones((S, S), dtype=bool))
+    for b in range(B):
+        for h in range(H):
+            sc = np.where(mask, qf[b, :, h] @ kf[b, :, h].T / math.sqrt(128), -np.inf)
+            p = np.exp(sc - sc.max(axis=1, keepdims=True))
+            out[b, :, h] = p @ vf[b, :, h] / p.sum(axis=1, keepdims=True)
+    return out
+
+
+def _fa_emulate(q: np.ndarray, k: np.ndarray, v: np.ndarray, block_n: int = 128) -> np.ndarray:
+    """The kernel's numerics in FP32 (before its final BF16 rounding): KV tiles walked from the
+    diagonal, online softmax in base 2, P rounded to BF16 for the PV product while the row sum
+    adds the FP32 probabilities, O / l at the end."""
+    qf, kf, vf = (O.bf16_bits_to_f32(a) for a in (q, k, v))
+    B, S, H, _ = qf.shape
+    c = np.float32(math.log2(math.e) / math.sqrt(128))
+    out = np.empty((B, S, H, 128), dtype=np.float32)
+    mask = np.tril(np.ones((S, S), dtype=bool))
+    for b in range(B):
+        for h in range(H):
+            sc = (qf[b, :, h].astype(np.float64) @ kf[b, :, h].T.astype(np.float64))
+            sc = np.where(mask, sc, -np.inf).astype(np.float32)
+            m = np.full(S, -np.inf, np.float32)
+            lsum = np.zeros(S, np.float32)
+            acc = np.zeros((S, 128), np.float32)
+            for t in range((S + block_n - 1) // block_n - 1, -1, -1):
+                s = sc[:, t * block_n:(t + 1) * block_n]
+                mn = np.maximum(m, s.max(axis=1))
+                ms = np.where(mn == -np.inf, 0, mn * c).astype(np.float32)
+                with np.errstate(invalid="ignore"):
+                    al = np.where(m == -np.inf, 1, np.exp2(m * c - ms)).astype(np.float32)
+                p = np.exp2(s * c - ms[:, None]).astype(np.float32)
+                lsum = lsum * al + p.sum(axis=1, dtype=np.float32)
+                acc = acc * al[:, None] + (_bf16(p).astype(np.float64)
+                                           @ vf[b, t * block_n:(t + 1) * block_n, h]
+                                           ).astype(np.float32)
+                m = mn
+            out[b, :, h] = acc / lsum[:, None]
+    return out
+
+
+@pytest.mark.parametrize("input_set", ["seed", "rising", "rising_fwd"])
+def test_budget_on_emulated_flash_attention(input_set: str) -> None:
+    shape = Shape(1, 2, 320)
+    q, k, v = O.host_inputs(shape, input_set, 42)
+    ref = _ref_f64(q, k, v).astype(np.float32)
+    o = _fa_emulate(q, k, v)
+    good = _verdict(o, ref)
+    assert good.passed, good.reasons
+    assert good.budget_ratio < 0.65 and good.bf16_ratio < 1.7  # margin >= 1.5x
+    rows = np.arange(shape.S) % 64 < 8  # planted bug 4: O x 1.015 on rows 0-7 of every 64
+    bug4 = _verdict(_scaled(o, 1.015, rows=rows), ref)
+    assert not bug4.passed and _old_rule_passes(bug4) and bug4.block_budget_ratio > 1.5
+    assert bug4.block_worst[2] % 64 == 0  # a block holding rows 0-7 of a 64-row tile
+    bug6 = _verdict(_scaled(o, 1.01, cols=slice(0, 4)), ref)  # planted bug 6
+    assert not bug6.passed and _old_rule_passes(bug6) and bug6.col_worst[2] < 4
+    one_pct = _verdict(_scaled(o, 1.01, rows=slice(136, 144)), ref)  # 1% on 8 rows
+    assert not one_pct.passed and _old_rule_passes(one_pct)

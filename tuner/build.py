@@ -21,7 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -539,6 +539,28 @@ def _utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+_DEFINE_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DEFINE_VALUE_RE = re.compile(r"[A-Za-z0-9_.+-]*")
+
+Defines = Mapping[str, "str | int"]
+
+
+def define_flags(defines: Defines | None) -> list[str]:
+    """``-DNAME=VALUE`` flags, sorted by name (so the cache key does not depend on dict order).
+    None or {} gives no flags: the build, and its cache key, are exactly those without defines.
+    For test builds (e.g. FA_TUNE_PLANT_BUG, cuda_src/fa_tune/config.cuh); never a knob."""
+    out: list[str] = []
+    for name in sorted(defines or {}):
+        value = (defines or {})[name]
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise BuildError(f"define {name}: value must be an int or a string, got {value!r}")
+        text = str(value)
+        if not _DEFINE_NAME_RE.fullmatch(name) or not _DEFINE_VALUE_RE.fullmatch(text):
+            raise BuildError(f"bad define {name}={text!r}: want an identifier = [A-Za-z0-9_.+-]*")
+        out.append(f"-D{name}={text}")
+    return out
+
+
 def build_source(
     source: str | Path,
     flags: Sequence[str] = KERNEL_FLAGS,
@@ -547,11 +569,14 @@ def build_source(
     config: KernelConfig | None = None,
     template_sha256: str | None = None,
     cache_root: Path | None = None,
+    defines: Defines | None = None,
 ) -> BuildResult:
     """Compile a CUDA source (a path, or the text itself) into ``<name>.so``, cached.
 
     A path's folder is added to the include path (so relative #includes work) and to the key.
+    ``defines`` become -D flags after ``flags`` (part of the key; None = none).
     """
+    flags = [*flags, *define_flags(defines)]
     extra_inc: list[Path] = []
     if isinstance(source, Path):
         try:
@@ -660,9 +685,11 @@ def build_source(
 
 
 def build_config(
-    cfg: KernelConfig, template: Path | None = None, cache_root: Path | None = None
+    cfg: KernelConfig, template: Path | None = None, cache_root: Path | None = None,
+    defines: Defines | None = None,
 ) -> BuildResult:
-    """Validate, render and compile one config (cached)."""
+    """Validate, render and compile one config (cached). ``defines``: extra -D flags for test
+    builds (build_source); None builds exactly the config's artifact."""
     validate(cfg)
     tpl = template or _paths.kernel_template()
     return build_source(
@@ -672,6 +699,7 @@ def build_config(
         config=cfg,
         template_sha256=sha256_bytes(template_text(tpl).encode()),
         cache_root=cache_root,
+        defines=defines,
     )
 
 
@@ -699,14 +727,15 @@ class BuildOutcome:
 
 
 def _worker(
-    cfg_dict: dict[str, Any], template: str | None, cache_root: str | None
+    cfg_dict: dict[str, Any], template: str | None, cache_root: str | None,
+    defines: dict[str, str | int] | None = None,
 ) -> tuple[str, Any, str | None]:
     # Exceptions are flattened to (kind, message, log) because FaTuneError subclasses with
     # extra constructor arguments do not survive pickling between processes intact.
     cfg = KernelConfig.from_dict(cfg_dict)
     try:
         r = build_config(cfg, Path(template) if template else None,
-                         Path(cache_root) if cache_root else None)
+                         Path(cache_root) if cache_root else None, defines)
         return ("ok", r, None)
     except BuildError as e:
         return ("BuildError", str(e), e.log_path)
@@ -721,10 +750,12 @@ def build_many(
     jobs: int | None = None,
     template: Path | None = None,
     cache_root: Path | None = None,
+    defines: Defines | None = None,
 ) -> list[BuildOutcome]:
     """Build configs in parallel worker processes; one outcome per input config, in order.
 
-    Invalid configs fail fast without compiling; duplicates compile once.
+    Invalid configs fail fast without compiling; duplicates compile once. ``defines`` apply to
+    every config (build_config).
     """
     cfgs = list(configs)
     outcomes: dict[KernelConfig, BuildOutcome] = {}
@@ -741,14 +772,16 @@ def build_many(
     jobs = max(1, jobs or usable_cpus())
     if todo:
         find_nvcc()  # fail once, in the parent, with the clear message
+        define_flags(defines)  # a bad define fails here, once, not in every worker
         tpl = str(template) if template else None
         root = str(cache_root) if cache_root else None
+        defs = dict(defines) if defines else None
         if jobs == 1 or len(todo) == 1:
-            raw = [_worker(c.to_dict(), tpl, root) for c in todo]
+            raw = [_worker(c.to_dict(), tpl, root, defs) for c in todo]
         else:
             with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as ex:
                 raw = list(ex.map(_worker, [c.to_dict() for c in todo],
-                                  [tpl] * len(todo), [root] * len(todo)))
+                                  [tpl] * len(todo), [root] * len(todo), [defs] * len(todo)))
         for c, (kind, payload, log) in zip(todo, raw, strict=True):
             if kind == "ok":
                 outcomes[c] = BuildOutcome(c, payload, None)

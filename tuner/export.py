@@ -213,6 +213,16 @@ def _results_payload(trial: Any, cfg: KernelConfig, built: Any) -> dict[str, Any
     }
 
 
+def protocol_text(p: dict[str, Any] | None) -> str:
+    """One line naming the protocol a confirmed number was measured with."""
+    if not isinstance(p, dict):
+        return "full protocol"
+    settle = p.get("settle_s")
+    return (f"{p.get('warmup', '?')} warm-up, {p.get('rounds', '?')} x {p.get('repeat', '?')} "
+            f"timed launches" + (f", each round after {settle:g} s of untimed launches"
+                                 if isinstance(settle, (int, float)) and settle > 0 else ""))
+
+
 def artifact_for(trial: Any, cfg: KernelConfig) -> Any:
     """The cached .so the trial measured; rebuilt through the cache if it was removed."""
     b = trial.user_attrs.get("build") or {}
@@ -265,7 +275,7 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
         info = {
             "study": study_name, "trial": trial.number, "shapes": shapes,
             "gpu": (payload.get("gpu") or {}).get("name", "the tuning GPU"),
-            "protocol_text": "full protocol: 50 warm-up, 3 x 200 timed launches" if conf
+            "protocol_text": protocol_text(conf.get("protocol")) if conf
             else "search protocol (not confirmed)",
         }
         (tmp / "README.md").write_text(readme(cfg, info))

@@ -571,8 +571,9 @@ class KernelModule:
             raise self._fail(f"fa_tune_forward({s.B}x{s.H}x{s.S})", rc)
 
 
-ORACLE_ABI_VERSION = 1
-ORACLE_STATS_BYTES = 144
+ORACLE_ABI_VERSION = 2
+ORACLE_STATS_BYTES = 152
+ORACLE_ROW_BLOCK = 16  # query rows per block of the BF16 error budget (oracle_row_block())
 
 
 class OracleModule:
@@ -589,6 +590,10 @@ class OracleModule:
                 f"{p}: oracle ABI {abi}/stats {size} bytes, expected "
                 f"{ORACLE_ABI_VERSION}/{ORACLE_STATS_BYTES}: rebuild oracle.so"
             )
+        rows = _bind(lib, p, "oracle_row_block", _c_int, [])()
+        if rows != ORACLE_ROW_BLOCK:
+            raise FaTuneError(f"{p}: oracle row block {rows}, expected {ORACLE_ROW_BLOCK}: "
+                              "rebuild oracle.so")
         self._fill_uniform = _bind(lib, p, "oracle_fill_uniform", _c_int,
                                    [_vp, _c_ll, _c_ull, _c_ull, _c_float, _c_float, _vp])
         self._gen_seed = _bind(lib, p, "oracle_gen_seed", _c_int,
@@ -600,8 +605,8 @@ class OracleModule:
                                 [_vp, _vp, _vp, _vp, _vp, _c_int, _c_int, _c_int, _c_int, _vp])
         self._f32_to_bf16 = _bind(lib, p, "oracle_f32_to_bf16", _c_int, [_vp, _vp, _c_ll, _vp])
         self._compare = _bind(lib, p, "oracle_compare", _c_int,
-                              [_vp, _vp, _c_ll, _vp, _vp, _c_ll, _c_float, _c_float, _c_float,
-                               _c_float, _vp, _vp])
+                              [_vp, _vp, _c_int, _c_int, _c_int, _vp, _vp, _c_float, _c_float,
+                               _c_float, _c_float, _vp, _vp, _vp, _vp])
 
     @staticmethod
     def _ok(rc: int, what: str) -> None:
@@ -636,9 +641,14 @@ class OracleModule:
     def f32_to_bf16(self, src: int, dst: int, n: int, stream: Stream | int | None) -> None:
         self._ok(self._f32_to_bf16(src, dst, n, stream_handle(stream) or None), "f32_to_bf16")
 
-    def compare(self, o: int, o_ref: int, n: int, lse: int | None, lse_ref: int | None,
-                n_lse: int, o_atol: float, o_rtol: float, lse_atol: float, lse_rtol: float,
-                stats: int, stream: Stream | int | None) -> None:
-        self._ok(self._compare(o, o_ref, n, lse or None, lse_ref or None, n_lse, o_atol, o_rtol,
-                               lse_atol, lse_rtol, stats, stream_handle(stream) or None),
+    def compare(self, o: int, o_ref: int, B: int, H: int, S: int, lse: int | None,
+                lse_ref: int | None, o_atol: float, o_rtol: float, lse_atol: float,
+                lse_rtol: float, stats: int, block_sums: int | None, col_sums: int | None,
+                stream: Stream | int | None) -> None:
+        """O (and LSE, unless lse is None) against the reference; fills the stats struct and,
+        when given, the budget sums: block_sums [B, H, ceil(S / ORACLE_ROW_BLOCK), 4] float32,
+        col_sums [B, H, 128, 4] float64 (oracle.cu's header)."""
+        self._ok(self._compare(o, o_ref, B, H, S, lse or None, lse_ref or None, o_atol, o_rtol,
+                               lse_atol, lse_rtol, stats, block_sums or None, col_sums or None,
+                               stream_handle(stream) or None),
                  "compare")

@@ -10,6 +10,28 @@
 
 namespace fa_tune {
 
+// TEST ONLY: planted bugs 3, 4 and 6 (config.cuh). Rows 0-7 of a 64-row warpgroup tile are
+// warp 0's i1 = 0 rows (row0 % 64 < 8): 3 leaves them unnormalized, 4 scales them by 1.015; 6
+// scales head-dim columns 0-3 (fragment entries 0-3 of the lanes with lane % 4 < 2) by 1.01.
+template <class TOrO>
+__device__ __forceinline__ void planted_normalize(TOrO& tOrO, const float (&inv_sum)[2], int row0) {
+  float f[2] = {inv_sum[0], inv_sum[1]};
+  CUTE_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    if ((row0 + 8 * r) % 64 < 8) {
+      if constexpr (kPlantBug == 3) f[r] = 1.f;
+      if constexpr (kPlantBug == 4) f[r] *= 1.015f;
+    }
+  }
+  scale_rows(tOrO, f);
+  if constexpr (kPlantBug == 6) {
+    if (threadIdx.x % 4 < 2) {
+      CUTE_UNROLL
+      for (int e = 0; e < 4; ++e) tOrO(e) *= 1.01f;
+    }
+  }
+}
+
 template <class Cfg>
 struct Epilogue {
   using T = Traits<Cfg>;
@@ -24,7 +46,11 @@ struct Epilogue {
                              const float (&inv_sum)[2],
                              const TileCoord& t, int first_row, int row0, int wg, int tid) {
     using namespace cute;
-    scale_rows(tOrO, inv_sum);
+    if constexpr (kPlantBug == 3 || kPlantBug == 4 || kPlantBug == 6) {
+      planted_normalize(tOrO, inv_sum, row0);  // TEST ONLY (config.cuh)
+    } else {
+      scale_rows(tOrO, inv_sum);
+    }
     Tensor tOrO_bf16 = make_fragment_like<Element>(tOrO);
     convert_to_bf16(tOrO, tOrO_bf16);
 

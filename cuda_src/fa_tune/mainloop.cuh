@@ -101,7 +101,12 @@ struct Mainloop {
   template <class St>
   __device__ __forceinline__ static void issue_first_qk(St& st, SharedStorage<T>& ss, int wg) {
     PP::wait_turn(wg);
-    issue_qk(st, ss);
+    if constexpr (kPlantBug == 5) {  // TEST ONLY (config.cuh): reads K before the TMA lands
+      issue_qk_unchecked(st);
+      ss.k_ring.wait_full(st.kst);
+    } else {
+      issue_qk(st, ss);
+    }
     PP::pass_turn(wg, false);
   }
 

@@ -11,6 +11,8 @@
 #include <cuda_bf16.h>
 #include <cute/tensor.hpp>
 
+#include "config.cuh"
+
 namespace fa_tune {
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -31,7 +33,8 @@ __device__ __forceinline__ void apply_causal_mask(Frag& s, int row0, int col0) {
   CUTE_UNROLL
   for (int e = 0; e < N; ++e) {
     const int i0 = e % 2, i1 = (e / 2) % 2, i2 = e / 4;
-    if (lane_col + 8 * i2 + i0 > row0 + 8 * i1) s(e) = -INFINITY;
+    // TEST ONLY: planted bug 2 (config.cuh) keeps key row + 1.
+    if (lane_col + 8 * i2 + i0 > row0 + 8 * i1 + (kPlantBug == 2 ? 1 : 0)) s(e) = -INFINITY;
   }
 }
 
@@ -109,7 +112,12 @@ struct OnlineSoftmax {
       for (int c = 1; c < kChains; ++c) sum[r] += sc[r][c];
     }
     CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) row_sum[r] = kFirst ? sum[r] : fmaf(row_sum[r], rescale[r], sum[r]);
+    for (int r = 0; r < 2; ++r)  // TEST ONLY: planted bug 7 (config.cuh) skips the rescale
+      row_sum[r] = kFirst ? sum[r] : fmaf(row_sum[r], kPlantBug == 7 ? 1.f : rescale[r], sum[r]);
+    if constexpr (kPlantBug == 1) {  // TEST ONLY: planted bug 1 (config.cuh): O keeps its scale
+      rescale[0] = rescale[1] = 1.f;
+      return false;
+    }
     if constexpr (kLazy) return __any_sync(0xffffffffu, any);
     return true;
   }

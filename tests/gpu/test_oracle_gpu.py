@@ -1,5 +1,6 @@
 """GPU tests of the oracle: generators vs the NumPy twin, the FP32 reference vs NumPy float64 on
-sampled rows, and the gate against the reference kernel with injected bugs."""
+sampled rows, oracle_compare (stats and BF16 budget sums) vs its NumPy twin, and the gate against
+the reference kernel with injected bugs."""
 
 from __future__ import annotations
 
@@ -150,6 +151,9 @@ def test_gate_passes_reference_kernel(dev: Device, orc: OracleModule, stream: St
     for m in g.sets:
         assert m.violations == 0 and m.unwritten == 0 and m.nan_count == 0
         assert m.max_abs_err < 0.01 and m.rel_l2 < 5e-3 and m.lse_checked
+        # Its output IS the reference rounded to BF16: the error is exactly the rounding error.
+        assert m.bf16_ratio == pytest.approx(1.0, abs=1e-3) and m.budget_ratio < 0.5
+        assert m.err_over_bf16 == pytest.approx(1.0, abs=1e-6)
     # The gate leaves the seed set in the buffers (timing uses it).
     q, _, _ = O.inputs_to_host(gbufs)
     assert np.array_equal(q, O.host_inputs(GATE_SHAPE, "seed", 42)[0])
@@ -240,3 +244,91 @@ def test_reference_cache_is_bounded(dev: Device, orc: OracleModule, stream: Stre
             assert len(cache) == 2  # the previous shape's entries were freed
     cache.clear()
     assert len(cache) == 0
+
+
+# ---- oracle_compare vs its NumPy twin, and the BF16 error budget -----------------------------
+def _scale_rows_after(rows: np.ndarray | slice, factor: float, cols: slice = slice(None)) -> Any:
+    """An ``after`` hook: O[:, rows, :, cols] *= factor (through the host; small shapes)."""
+    def after(bufs: AttnBuffers, st: Stream) -> None:
+        st.synchronize()
+        s = bufs.shape
+        o = O.bf16_bits_to_f32(bufs.o.copy_to_host(np.uint16, bufs.n)).reshape(s.B, s.S, s.H, 128)
+        o[:, rows, :, cols] *= np.float32(factor)
+        bufs.o.copy_from_host(O.f32_to_bf16_bits(o).reshape(-1))
+    return after
+
+
+@pytest.mark.parametrize("shape", [Shape(2, 3, 1000), Shape(1, 2, 37), Shape(1, 1, 1)], ids=str)
+def test_compare_matches_numpy_twin(dev: Device, orc: OracleModule, stream: Stream,
+                                    shape: SimpleNamespace) -> None:
+    """The one-pass compare kernel (row blocks per warp, columns per lane, atomics) computes the
+    same counters and sums as the NumPy twin, poison and NaN included."""
+    with AttnBuffers(dev, shape) as bufs, dev.alloc(bufs.n * 4) as o_ref, \
+            dev.alloc(bufs.n_lse * 4) as lse_ref:
+        O.fill_inputs(orc, bufs, "seed", 42, stream)
+        orc.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref.ptr, lse_ref.ptr,
+                      shape.B, shape.H, shape.S, stream)
+        kern = O.ReferenceKernel(dev, orc, after=_scale_rows_after(slice(0, 8), 1.01))
+        try:
+            kern.forward(bufs, stream)
+        finally:
+            kern.free()
+        stream.synchronize()
+        o = bufs.o.copy_to_host(np.uint16, bufs.n)
+        if bufs.n > 300:
+            o[17] = O.POISON_BF16
+            o[299] = 0x7FC0
+            bufs.o.copy_from_host(o)
+        stats, sums = O.compare(dev, orc, bufs, o_ref, lse_ref, stream)
+        ref = o_ref.copy_to_host(np.float32)
+        lse = bufs.lse.copy_to_host(np.uint32)
+        lref = lse_ref.copy_to_host(np.float32)
+    dims = (shape.B, shape.S, shape.H, 128)
+    want, wsums = O.compare_numpy(o.reshape(dims), ref.reshape(dims),
+                                  lse.reshape(shape.B, shape.H, shape.S),
+                                  lref.reshape(shape.B, shape.H, shape.S))
+    for f in ("o_count", "o_violations", "o_nonfinite", "o_unwritten", "o_first_violation",
+              "o_ref_nonfinite", "o_block_rows", "l_count", "l_violations", "l_unwritten",
+              "l_first_violation"):
+        assert getattr(stats, f) == getattr(want, f), f
+    assert stats.o_max_abs_err == want.o_max_abs_err
+    for f in ("o_sum_sq_err", "o_sum_sq_ref", "o_sum_sq_bf16"):
+        assert getattr(stats, f) == pytest.approx(getattr(want, f), rel=1e-9), f
+    # FP32 sums on the GPU (blocks; per-CTA column partials) vs FP64 here.
+    np.testing.assert_allclose(sums.blocks, wsums.blocks, rtol=1e-4, atol=1e-30)
+    np.testing.assert_allclose(sums.cols, wsums.cols, rtol=1e-5, atol=1e-30)
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols", "factor", "needle"),
+    [
+        (np.arange(GATE_SHAPE.S) % 64 < 8, slice(None), 1.015, "16-row blocks"),
+        (slice(512, 520), slice(None), 1.01, "16-row blocks"),
+        (slice(None), slice(0, 4), 1.01, "head-dim columns"),
+    ],
+    ids=["1.5pct_rows0-7_of_64", "1pct_8rows", "1pct_4cols"],
+)
+def test_gate_budget_catches_small_errors(dev: Device, orc: OracleModule, stream: Stream,
+                                          gbufs: AttnBuffers, rows: Any, cols: slice,
+                                          factor: float, needle: str) -> None:
+    kern = O.ReferenceKernel(dev, orc, after=_scale_rows_after(rows, factor, cols))
+    g = _gate(dev, orc, stream, gbufs, kern, ("seed", "rising"))
+    for m in g.sets:
+        assert m.violations == 0 and m.rel_l2 <= O.REL_L2_MAX  # the old rule misses it
+        assert not m.passed and needle in " ".join(m.reasons), m.brief()
+
+
+def test_check_output_rechecks_the_last_launch(dev: Device, orc: OracleModule, stream: Stream,
+                                               gbufs: AttnBuffers) -> None:
+    kern = O.ReferenceKernel(dev, orc)
+    try:
+        g = O.gate(dev, kern, GATE_SHAPE, gbufs, 42, ("seed",), oracle=orc, stream=stream)
+        assert g.passed
+        kern.forward(gbufs, stream)  # a "timed" launch on the seed inputs the gate left
+        m = O.check_output(dev, kern, GATE_SHAPE, gbufs, 42, oracle=orc, stream=stream)
+        assert m.passed and m.bf16_ratio == pytest.approx(1.0, abs=1e-3)
+        _scale_rows_after(slice(8, 16), 1.02)(gbufs, stream)  # the last output goes bad
+        bad = O.check_output(dev, kern, GATE_SHAPE, gbufs, 42, oracle=orc, stream=stream)
+        assert not bad.passed and "BF16 error budget" in " ".join(bad.reasons)
+    finally:
+        kern.free()

@@ -2,15 +2,20 @@
 
 ``gate()`` runs, for every input set: generate Q/K/V on the GPU from the seed, poison O and
 LSE, launch the kernel once, compute (or reuse) the FP32 reference, compare on the GPU, read
-back a 144-byte stats struct. The GPU side is ``cuda_src/oracle.cu`` (its header documents the
-C ABI and the "rising" construction); this module turns its stats into pass/fail.
+back a 152-byte stats struct and the BF16 error budget's per-block and per-column sums. The GPU
+side is ``cuda_src/oracle.cu`` (its header documents the C ABI and the "rising" construction);
+this module turns its numbers into pass/fail. docs/GATE.md explains the rule.
 
 Pass, per set: every element |err| <= 0.05 + 0.1*|ref| (the seeds' rule), relative L2 error
-<= 1e-2, no NaN/Inf, nothing unwritten (poison pattern left), and, when the kernel writes LSE,
-every LSE within 1e-2 + 1e-4*|ref| of the reference (natural-log units).
+<= 1e-2, no NaN/Inf, nothing unwritten (poison pattern left), when the kernel writes LSE every
+LSE within 1e-2 + 1e-4*|ref| of the reference (natural-log units), and the BF16 error budget:
+for every (b, h, block of 16 query rows) and every (b, h, head-dim column d) over all rows,
+rms_err <= BUDGET_K * rms_bf16 + BUDGET_FLOOR * 2^-9 * rms_ref, where rms_bf16 is the RMS of
+(bf16_rn(ref) - ref) over the same elements (for a column: at least its head's).
 
 Also here: a NumPy twin of the GPU input generators (bit-exact, for tests and for checking the
-"rising" property on the host) and a float64 NumPy reference for sampled rows.
+"rising" property on the host), a NumPy twin of the budget sums, and a float64 NumPy reference
+for sampled rows.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from tuner.errors import FaTuneError
 from tuner.runtime import (
     F32_BYTES,
     HEAD_DIM,
+    ORACLE_ROW_BLOCK,
     ORACLE_STATS_BYTES,
     AttnBuffers,
     CudaError,
@@ -45,7 +51,23 @@ O_RTOL = 0.1
 REL_L2_MAX = 1e-2
 LSE_ATOL = 1e-2
 LSE_RTOL = 1e-4  # matters only for the "rising" set, whose |LSE| reaches ~400 at S=16384
+# The BF16 error budget (docs/GATE.md): per (b, h, ROW_BLOCK query rows) and per (b, h, column),
+# rms_err <= BUDGET_K * rms_bf16 + BUDGET_FLOOR * BF16_UNIT * rms_ref. Correct kernels (P and O
+# rounded to BF16 once each) measured 1.2-1.6x rms_bf16 on an H200 (1.9x with lazy_rescale), at
+# most 0.62x their budget; 1% on 8 rows of a 16-row block or on 4 columns measures >= 4.7x.
+BUDGET_K = 2.5
+BUDGET_FLOOR = 0.5
+BF16_UNIT = 2.0**-9  # unit roundoff of BF16's 8-bit significand
+ROW_BLOCK = ORACLE_ROW_BLOCK  # 16: one warp's rows of a wgmma tile
 DEFAULT_SEED = 42
+
+RULE_TEXT = (
+    f"per element |err| <= {O_ATOL:g} + {O_RTOL:g}*|ref|; relative L2 <= {REL_L2_MAX:g}; no "
+    f"NaN/Inf/unwritten; LSE |err| <= {LSE_ATOL:g} + {LSE_RTOL:g}*|ref|; BF16 error budget per "
+    f"(b, h, {ROW_BLOCK}-row block) and per (b, h, head-dim column): rms_err <= {BUDGET_K:g}*"
+    f"rms_bf16 + {BUDGET_FLOOR:g}*2^-9*rms_ref (rms_bf16: RMS of bf16_rn(ref) - ref; a column's at "
+    "least its head's)"
+)
 
 POISON_BF16 = 0x7FBF
 POISON_F32 = 0x7FBADBAD
@@ -78,13 +100,13 @@ class KernelLike(Protocol):
 
 
 # ---- stats struct ---------------------------------------------------------------------------
-# Mirrors struct OracleStats in cuda_src/oracle.cu (18 x 8 bytes, little endian).
+# Mirrors struct OracleStats in cuda_src/oracle.cu (19 x 8 bytes, little endian).
 _STATS_DTYPE = np.dtype(
     [
         ("o_count", "<u8"), ("o_violations", "<u8"), ("o_nonfinite", "<u8"),
         ("o_unwritten", "<u8"), ("o_first_violation", "<u8"), ("o_ref_nonfinite", "<u8"),
-        ("o_max_abs_err_bits", "<u8"), ("o_reserved", "<u8"),
-        ("o_sum_sq_err", "<f8"), ("o_sum_sq_ref", "<f8"),
+        ("o_max_abs_err_bits", "<u8"), ("o_block_rows", "<u8"),
+        ("o_sum_sq_err", "<f8"), ("o_sum_sq_ref", "<f8"), ("o_sum_sq_bf16", "<f8"),
         ("l_count", "<u8"), ("l_violations", "<u8"), ("l_nonfinite", "<u8"),
         ("l_unwritten", "<u8"), ("l_first_violation", "<u8"), ("l_ref_nonfinite", "<u8"),
         ("l_max_abs_err_bits", "<u8"), ("l_reserved", "<u8"),
@@ -114,6 +136,8 @@ class OracleStats:
     o_max_abs_err: float
     o_sum_sq_err: float
     o_sum_sq_ref: float
+    o_sum_sq_bf16: float = 0.0  # sum (bf16_rn(ref) - ref)^2 over the elements err is summed on
+    o_block_rows: int = ROW_BLOCK
     l_count: int = 0
     l_violations: int = 0
     l_nonfinite: int = 0
@@ -138,6 +162,8 @@ class OracleStats:
             o_max_abs_err=_bits_to_f32(int(r["o_max_abs_err_bits"])),
             o_sum_sq_err=float(r["o_sum_sq_err"]),
             o_sum_sq_ref=float(r["o_sum_sq_ref"]),
+            o_sum_sq_bf16=float(r["o_sum_sq_bf16"]),
+            o_block_rows=int(r["o_block_rows"]),
             l_count=int(r["l_count"]),
             l_violations=int(r["l_violations"]),
             l_nonfinite=int(r["l_nonfinite"]),
@@ -185,6 +211,225 @@ def decode_bhs(index: int, shape: ShapeLike) -> tuple[int, int, int]:
     return b, h, s
 
 
+# ---- the BF16 error budget ------------------------------------------------------------------
+def n_row_blocks(S: int, row_block: int = ROW_BLOCK) -> int:
+    return (S + row_block - 1) // row_block
+
+
+@dataclass(frozen=True)
+class BudgetSums:
+    """What oracle_compare writes for the budget, as float64 arrays:
+    ``blocks`` [B, H, ceil(S / row_block), 4] per (b, h, block of row_block query rows) and
+    ``cols`` [B, H, 128, 4] per (b, h, head-dim column), each holding (sum err^2,
+    sum (bf16_rn(ref) - ref)^2, sum ref^2, element count) over the compared finite elements."""
+
+    blocks: np.ndarray
+    cols: np.ndarray
+    row_block: int = ROW_BLOCK
+
+    @classmethod
+    def device_bytes(cls, shape: ShapeLike, row_block: int = ROW_BLOCK) -> tuple[int, int]:
+        """(block_sums bytes, col_sums bytes) oracle_compare needs for a shape."""
+        heads = shape.B * shape.H
+        return heads * n_row_blocks(shape.S, row_block) * 4 * 4, heads * HEAD_DIM * 4 * 8
+
+    @classmethod
+    def from_device(cls, shape: ShapeLike, blocks_f32: np.ndarray, cols_f64: np.ndarray,
+                    row_block: int = ROW_BLOCK) -> BudgetSums:
+        nb = n_row_blocks(shape.S, row_block)
+        return cls(
+            blocks=np.asarray(blocks_f32, dtype=np.float32).astype(np.float64).reshape(
+                shape.B, shape.H, nb, 4),
+            cols=np.asarray(cols_f64, dtype=np.float64).reshape(shape.B, shape.H, HEAD_DIM, 4),
+            row_block=row_block,
+        )
+
+
+def budget_sums_numpy(o: np.ndarray, ref: np.ndarray, row_block: int = ROW_BLOCK,
+                      ) -> BudgetSums:
+    """NumPy twin of oracle_compare's budget sums. ``o``: [B, S, H, 128] BF16 bits (uint16) or
+    floats; ``ref``: [B, S, H, 128] FP32 reference. Non-finite pairs are left out, as on the
+    GPU (they fail the gate on their own). Sums in float64 (the GPU's block sums are float32)."""
+    of = bf16_bits_to_f32(o) if o.dtype == np.uint16 else np.asarray(o, dtype=np.float32)
+    rf = np.asarray(ref, dtype=np.float32)
+    B, S, H, D = rf.shape
+    ok = np.isfinite(of) & np.isfinite(rf)
+    if o.dtype == np.uint16:
+        ok &= o != POISON_BF16
+    r64 = np.where(ok, rf, 0).astype(np.float64)
+    err = np.where(ok, of, 0).astype(np.float64) - r64
+    rb = np.where(ok, bf16_bits_to_f32(f32_to_bf16_bits(np.where(ok, rf, 0))).astype(np.float64)
+                  - r64, 0.0)
+    q = np.stack([err * err, rb * rb, r64 * r64, ok.astype(np.float64)], axis=-1)  # B,S,H,D,4
+    q = q.transpose(0, 2, 1, 3, 4)  # B, H, S, D, 4
+    cols = q.sum(axis=2)
+    nb = n_row_blocks(S, row_block)
+    pad = nb * row_block - S
+    qp = np.pad(q, ((0, 0), (0, 0), (0, pad), (0, 0), (0, 0)))
+    blocks = qp.reshape(B, H, nb, row_block, D, 4).sum(axis=(3, 4))
+    return BudgetSums(blocks=blocks, cols=cols, row_block=row_block)
+
+
+def compare_numpy(o: np.ndarray, ref: np.ndarray, lse: np.ndarray | None = None,
+                  lse_ref: np.ndarray | None = None, *, o_atol: float = O_ATOL,
+                  o_rtol: float = O_RTOL, lse_atol: float = LSE_ATOL,
+                  lse_rtol: float = LSE_RTOL) -> tuple[OracleStats, BudgetSums]:
+    """NumPy twin of oracle_compare for small tensors (tests): ``o`` [B, S, H, 128] BF16 bits,
+    ``ref`` its FP32 reference; ``lse``/``lse_ref`` [B, H, S] FP32 (lse as float32 values or
+    uint32 bits) or None. Same counters, same first-violation indices, same sums (up to FP
+    summation order, and to FMA contraction of the tolerance at exact ties)."""
+
+    def side(x: np.ndarray, poisoned: np.ndarray, r: np.ndarray, atol: float, rtol: float,
+             ) -> tuple[dict[str, Any], np.ndarray]:
+        x, r = x.reshape(-1), r.reshape(-1)
+        poisoned = poisoned.reshape(-1)
+        ref_ok = np.isfinite(r)
+        nonfinite = ~poisoned & ~np.isfinite(x)
+        summed = ~poisoned & ~nonfinite & ref_ok
+        with np.errstate(invalid="ignore", over="ignore"):
+            err = np.abs(np.where(summed, x, 0).astype(np.float32)
+                         - np.where(summed, r, 0).astype(np.float32))
+            tol = np.float32(atol) + np.float32(rtol) * np.abs(np.where(ref_ok, r, 0))
+        bad = ~summed | ~(err <= tol.astype(np.float32))
+        idx = np.flatnonzero(bad)
+        d = dict(count=int(x.size), violations=int(bad.sum()), nonfinite=int(nonfinite.sum()),
+                 unwritten=int(poisoned.sum()),
+                 first=int(idx[0]) if idx.size else NO_VIOLATION,
+                 ref_nonfinite=int((~ref_ok).sum()),
+                 max_err=float(err[summed].max(initial=0.0)),
+                 sum_sq_err=float((err[summed].astype(np.float64) ** 2).sum()),
+                 sum_sq_ref=float((r[ref_ok].astype(np.float64) ** 2).sum()))
+        return d, summed
+
+    o = np.asarray(o, dtype=np.uint16)
+    rf = np.asarray(ref, dtype=np.float32)
+    od, _ = side(bf16_bits_to_f32(o), o == POISON_BF16, rf, o_atol, o_rtol)
+    sums = budget_sums_numpy(o, rf)
+    kw: dict[str, Any] = {}
+    if lse is not None and lse_ref is not None:
+        bits = (np.asarray(lse, dtype=np.uint32) if np.asarray(lse).dtype == np.uint32
+                else np.asarray(lse, dtype=np.float32).view(np.uint32))
+        ld, _ = side(bits.view(np.float32), bits == POISON_F32,
+                     np.asarray(lse_ref, dtype=np.float32), lse_atol, lse_rtol)
+        kw = dict(l_count=ld["count"], l_violations=ld["violations"],
+                  l_nonfinite=ld["nonfinite"], l_unwritten=ld["unwritten"],
+                  l_first_violation=ld["first"], l_ref_nonfinite=ld["ref_nonfinite"],
+                  l_max_abs_err=ld["max_err"])
+    stats = OracleStats(
+        o_count=od["count"], o_violations=od["violations"], o_nonfinite=od["nonfinite"],
+        o_unwritten=od["unwritten"], o_first_violation=od["first"],
+        o_ref_nonfinite=od["ref_nonfinite"], o_max_abs_err=od["max_err"],
+        o_sum_sq_err=od["sum_sq_err"], o_sum_sq_ref=od["sum_sq_ref"],
+        o_sum_sq_bf16=float(sums.cols[..., 1].sum()), o_block_rows=sums.row_block, **kw,
+    )
+    return stats, sums
+
+
+def _safe_ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den with 0/0 = 0, x/0 = inf, NaN (an overflowed sum) = inf."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.where(num > 0, np.inf, 0.0))
+    return np.where(np.isnan(r) | np.isnan(num) | np.isnan(den), np.inf, r)
+
+
+@dataclass
+class BudgetCheck:
+    """The budget's verdict for one (set, launch): worst ratios, failure counts, locations."""
+
+    block_budget_ratio: float  # max over blocks of rms_err / budget (<= 1 passes)
+    block_bf16_ratio: float  # max over blocks of rms_err / rms_bf16
+    block_failures: int
+    blocks: int
+    block_worst: tuple[int, int, int, int] | None  # (b, h, first row, last row), worst budget
+    col_budget_ratio: float
+    col_bf16_ratio: float  # rms_bf16 of a column taken as at least its head's
+    col_failures: int
+    cols: int
+    col_worst: tuple[int, int, int] | None  # (b, h, d), worst budget
+
+    @property
+    def budget_ratio(self) -> float:
+        return max(self.block_budget_ratio, self.col_budget_ratio)
+
+    @property
+    def bf16_ratio(self) -> float:
+        return max(self.block_bf16_ratio, self.col_bf16_ratio)
+
+    @property
+    def passed(self) -> bool:
+        return not self.block_failures and not self.col_failures
+
+    def reasons(self, k: float = BUDGET_K, floor: float = BUDGET_FLOOR,
+                row_block: int = ROW_BLOCK) -> list[str]:
+        rule = f"rms_err <= {k:g}*rms_bf16 + {floor:g}*2^-9*rms_ref"
+        out = []
+        if self.block_failures and self.block_worst is not None:
+            b, h, s0, s1 = self.block_worst
+            out.append(
+                f"{self.block_failures} of {self.blocks} {row_block}-row blocks exceed the BF16 "
+                f"error budget {rule} (worst b={b},h={h},s={s0}..{s1}: "
+                f"{self.block_budget_ratio:.3g}x budget; worst block "
+                f"{self.block_bf16_ratio:.3g}x rms_bf16)"
+            )
+        if self.col_failures and self.col_worst is not None:
+            b, h, d = self.col_worst
+            out.append(
+                f"{self.col_failures} of {self.cols} head-dim columns exceed the BF16 error "
+                f"budget {rule} (worst b={b},h={h},d={d}: {self.col_budget_ratio:.3g}x budget; "
+                f"worst column {self.col_bf16_ratio:.3g}x rms_bf16)"
+            )
+        return out
+
+
+def check_budget(sums: BudgetSums, S: int, k: float = BUDGET_K,
+                 floor: float = BUDGET_FLOOR) -> BudgetCheck:
+    """The budget rule on per-block and per-column sums (pure NumPy: testable without a GPU).
+
+    Block: rms_err <= k * rms_bf16 + floor * 2^-9 * rms_ref over its elements. Column: the same
+    with rms_bf16 = max(the column's, its head's): a column's own |O| can be small by
+    cancellation (the "rising" set: every row mixes the same few V rows) while the error P's
+    BF16 rounding leaves in it scales with |V|, like every other column's. Every quantity is an
+    RMS over the same elements, so the comparison is on square roots of the sums.
+    """
+    blk = sums.blocks
+    e, q, r = (np.sqrt(np.maximum(blk[..., i], 0.0)) for i in range(3))
+    b_ratio = _safe_ratio(e, k * q + floor * BF16_UNIT * r)
+    b_bf16 = _safe_ratio(e, q)
+    col = sums.cols
+    head_n = col[..., 3].sum(axis=2, keepdims=True)
+    head_q2 = col[..., 1].sum(axis=2, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        head_mean = np.where(head_n > 0, head_q2 / np.where(head_n > 0, head_n, 1.0), 0.0)
+    ce, cr = np.sqrt(np.maximum(col[..., 0], 0.0)), np.sqrt(np.maximum(col[..., 2], 0.0))
+    cq = np.sqrt(np.maximum(col[..., 1], head_mean * col[..., 3]))
+    c_ratio = _safe_ratio(ce, k * cq + floor * BF16_UNIT * cr)
+    c_bf16 = _safe_ratio(ce, cq)
+
+    def worst(a: np.ndarray) -> tuple[int, ...] | None:
+        if a.size == 0:
+            return None
+        return tuple(int(i) for i in np.unravel_index(int(np.argmax(a)), a.shape))
+
+    bw = worst(b_ratio)
+    block_worst = None
+    if bw is not None:
+        s0 = bw[2] * sums.row_block
+        block_worst = (bw[0], bw[1], s0, min(s0 + sums.row_block, S) - 1)
+    cw = worst(c_ratio)
+    return BudgetCheck(
+        block_budget_ratio=float(b_ratio.max(initial=0.0)),
+        block_bf16_ratio=float(b_bf16.max(initial=0.0)),
+        block_failures=int((b_ratio > 1.0).sum()),
+        blocks=int(b_ratio.size),
+        block_worst=block_worst,
+        col_budget_ratio=float(c_ratio.max(initial=0.0)),
+        col_bf16_ratio=float(c_bf16.max(initial=0.0)),
+        col_failures=int((c_ratio > 1.0).sum()),
+        cols=int(c_ratio.size),
+        col_worst=cw,  # type: ignore[arg-type]
+    )
+
+
 # ---- metrics and verdict --------------------------------------------------------------------
 def _shape_str(shape: ShapeLike) -> str:
     return f"{shape.B}x{shape.H}x{shape.S}"
@@ -210,21 +455,42 @@ class SetMetrics:
     lse_first_violation: tuple[int, int, int] | None = None  # (b, h, s)
     lse_nan_count: int = 0
     lse_unwritten: int = 0
+    # The BF16 error budget (None when not checked): worst rms_err / budget (<= 1 passes) and
+    # worst rms_err / rms_bf16, over blocks and columns; then per kind, with the worst place.
+    budget_ratio: float | None = None
+    bf16_ratio: float | None = None
+    err_over_bf16: float | None = None  # whole tensor: sqrt(sum err^2 / sum bf16 err^2)
+    block_budget_ratio: float | None = None
+    block_bf16_ratio: float | None = None
+    block_failures: int = 0
+    block_worst: tuple[int, int, int, int] | None = None  # (b, h, first row, last row)
+    col_budget_ratio: float | None = None
+    col_bf16_ratio: float | None = None
+    col_failures: int = 0
+    col_worst: tuple[int, int, int] | None = None  # (b, h, d)
     reasons: list[str] = field(default_factory=list)
+
+    @property
+    def budget_checked(self) -> bool:
+        return self.budget_ratio is not None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("first_violation", "lse_first_violation"):
+        for k in ("first_violation", "lse_first_violation", "block_worst", "col_worst"):
             if d[k] is not None:
                 d[k] = list(d[k])
-        if math.isinf(self.rel_l2):
-            d["rel_l2"] = None  # JSON has no inf; reasons say why
+        for k, v in d.items():
+            if isinstance(v, float) and not math.isfinite(v):
+                d[k] = None  # JSON has no inf; reasons say why
         return d
 
     def brief(self) -> str:
         s = f"{self.input_set}: max|err| {self.max_abs_err:.3g}, rel L2 {self.rel_l2:.3g}"
         if self.lse_checked and self.lse_max_abs_err is not None:
             s += f", LSE max|err| {self.lse_max_abs_err:.3g}"
+        if self.budget_ratio is not None:
+            s += (f", budget {self.budget_ratio:.2f}x (rms_err/rms_bf16 max "
+                  f"{self.bf16_ratio:.2f})")
         if not self.passed:
             s += " -- " + "; ".join(self.reasons)
         return s
@@ -241,8 +507,12 @@ def evaluate(
     rel_l2_max: float = REL_L2_MAX,
     lse_atol: float = LSE_ATOL,
     lse_rtol: float = LSE_RTOL,
+    budget: BudgetSums | None = None,
+    budget_k: float = BUDGET_K,
+    budget_floor: float = BUDGET_FLOOR,
 ) -> SetMetrics:
-    """Turn one stats struct into metrics and a verdict (pure: testable without a GPU)."""
+    """Turn one stats struct (and the budget sums, when given) into metrics and a verdict
+    (pure: testable without a GPU)."""
     n = elems_bshd(shape)
     if stats.o_sum_sq_ref > 0:
         rel_l2 = math.sqrt(stats.o_sum_sq_err / stats.o_sum_sq_ref)
@@ -283,6 +553,26 @@ def evaluate(
         ref_nonfinite=stats.o_ref_nonfinite,
         lse_checked=check_lse,
     )
+    if stats.o_sum_sq_bf16 > 0:
+        m.err_over_bf16 = math.sqrt(stats.o_sum_sq_err / stats.o_sum_sq_bf16)
+    if budget is not None:
+        want_blocks = (shape.B, shape.H, n_row_blocks(shape.S, budget.row_block), 4)
+        want_cols = (shape.B, shape.H, HEAD_DIM, 4)
+        if (budget.blocks.shape != want_blocks or budget.cols.shape != want_cols
+                or stats.o_block_rows != budget.row_block):
+            reasons.append(
+                f"budget sums are {budget.blocks.shape}/{budget.cols.shape} for "
+                f"{stats.o_block_rows}-row blocks, expected {want_blocks}/{want_cols} for "
+                f"{budget.row_block}-row blocks (oracle bug)"
+            )
+        else:
+            bc = check_budget(budget, shape.S, budget_k, budget_floor)
+            m.budget_ratio, m.bf16_ratio = bc.budget_ratio, bc.bf16_ratio
+            m.block_budget_ratio, m.block_bf16_ratio = bc.block_budget_ratio, bc.block_bf16_ratio
+            m.block_failures, m.block_worst = bc.block_failures, bc.block_worst
+            m.col_budget_ratio, m.col_bf16_ratio = bc.col_budget_ratio, bc.col_bf16_ratio
+            m.col_failures, m.col_worst = bc.col_failures, bc.col_worst
+            reasons.extend(bc.reasons(budget_k, budget_floor, budget.row_block))
     if check_lse:
         nl = elems_lse(shape)
         m.lse_max_abs_err = stats.l_max_abs_err
@@ -337,6 +627,17 @@ class GateResult:
     def violations(self) -> int:
         return sum(m.violations for m in self.sets)
 
+    @property
+    def budget_ratio(self) -> float | None:
+        """Worst rms_err / budget over the sets (None if no set checked the budget)."""
+        vals = [m.budget_ratio for m in self.sets if m.budget_ratio is not None]
+        return max(vals) if vals else None
+
+    @property
+    def bf16_ratio(self) -> float | None:
+        vals = [m.bf16_ratio for m in self.sets if m.bf16_ratio is not None]
+        return max(vals) if vals else None
+
     def first_failure(self) -> SetMetrics | None:
         return next((m for m in self.sets if not m.passed), None)
 
@@ -354,12 +655,27 @@ class GateResult:
             "max_abs_err": self.max_abs_err,
             "rel_l2": None if math.isinf(self.rel_l2) else self.rel_l2,
             "violations": self.violations,
+            "budget_ratio": _finite_or_none(self.budget_ratio),
+            "bf16_ratio": _finite_or_none(self.bf16_ratio),
             "sets": [m.to_dict() for m in self.sets],
-            "rule": {
-                "o_atol": O_ATOL, "o_rtol": O_RTOL, "rel_l2_max": REL_L2_MAX,
-                "lse_atol": LSE_ATOL, "lse_rtol": LSE_RTOL,
-            },
+            "rule": rule_dict(),
         }
+
+
+def _finite_or_none(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def rule_dict() -> dict[str, Any]:
+    """The gate's constants, as every GateResult.to_dict() records them."""
+    return {
+        "o_atol": O_ATOL, "o_rtol": O_RTOL, "rel_l2_max": REL_L2_MAX,
+        "lse_atol": LSE_ATOL, "lse_rtol": LSE_RTOL,
+        "budget_k": BUDGET_K, "budget_floor": BUDGET_FLOOR, "budget_unit": BF16_UNIT,
+        "budget_row_block": ROW_BLOCK,
+        "budget": f"per (b, h, {ROW_BLOCK}-row block) and per (b, h, column): rms_err <= "
+                  f"{BUDGET_K:g}*rms_bf16 + {BUDGET_FLOOR:g}*2^-9*rms_ref",
+    }
 
 
 # ---- the oracle library ---------------------------------------------------------------------
@@ -466,25 +782,65 @@ def clear_reference_cache() -> None:
     _REF_CACHE.clear()
 
 
+class CompareScratch:
+    """The device buffers one comparison writes: the stats struct and the budget sums
+    (B*H*ceil(S/16)*16 + B*H*128*32 bytes: 2.5 MB at 4x32x16384)."""
+
+    def __init__(self, dev: Device, shape: ShapeLike) -> None:
+        self.shape = shape
+        nb_blocks, nb_cols = BudgetSums.device_bytes(shape)
+        self._bufs: list[DeviceBuffer] = []
+        try:
+            self.stats = self._alloc(dev, ORACLE_STATS_BYTES)
+            self.blocks = self._alloc(dev, nb_blocks)
+            self.cols = self._alloc(dev, nb_cols)
+        except BaseException:
+            self.free()
+            raise
+
+    def _alloc(self, dev: Device, nbytes: int) -> DeviceBuffer:
+        b = dev.alloc(nbytes)
+        self._bufs.append(b)
+        return b
+
+    def free(self) -> None:
+        for b in self._bufs:
+            b.free()
+        self._bufs.clear()
+
+
 def compare(dev: Device, oracle: OracleModule, bufs: AttnBuffers, o_ref: DeviceBuffer,
-            lse_ref: DeviceBuffer | None, stream: Stream, stats_buf: DeviceBuffer | None = None,
-            ) -> OracleStats:
-    """Compare bufs.o (and bufs.lse when lse_ref is given) with the reference; synchronises."""
-    own = stats_buf is None
-    sb = dev.alloc(ORACLE_STATS_BYTES) if stats_buf is None else stats_buf
+            lse_ref: DeviceBuffer | None, stream: Stream,
+            scratch: CompareScratch | None = None) -> tuple[OracleStats, BudgetSums]:
+    """Compare bufs.o (and bufs.lse when lse_ref is given) with the reference; synchronises.
+    Returns the stats struct and the budget sums."""
+    s = bufs.shape
+    own = scratch is None
+    sc = CompareScratch(dev, s) if scratch is None else scratch
     try:
         oracle.compare(
-            bufs.o.ptr, o_ref.ptr, bufs.n,
+            bufs.o.ptr, o_ref.ptr, s.B, s.H, s.S,
             bufs.lse.ptr if lse_ref is not None else None,
             lse_ref.ptr if lse_ref is not None else None,
-            bufs.n_lse if lse_ref is not None else 0,
-            O_ATOL, O_RTOL, LSE_ATOL, LSE_RTOL, sb.ptr, stream,
+            O_ATOL, O_RTOL, LSE_ATOL, LSE_RTOL, sc.stats.ptr, sc.blocks.ptr, sc.cols.ptr, stream,
         )
         stream.synchronize()
-        return OracleStats.from_bytes(sb.copy_to_host(np.uint8, ORACLE_STATS_BYTES))
+        stats = OracleStats.from_bytes(sc.stats.copy_to_host(np.uint8, ORACLE_STATS_BYTES))
+        nb_blocks, nb_cols = BudgetSums.device_bytes(s)
+        sums = BudgetSums.from_device(s, sc.blocks.copy_to_host(np.float32, nb_blocks // 4),
+                                      sc.cols.copy_to_host(np.float64, nb_cols // 8))
+        return stats, sums
     finally:
         if own:
-            sb.free()
+            sc.free()
+
+
+def _collect(kernel: Any, bufs: AttnBuffers, stream: Stream) -> None:
+    """A launchable that computes elsewhere (a peer: tuner.measure.launch.PeerLaunch) copies
+    its output into bufs.o / bufs.lse here; fa-tune's kernels write them directly."""
+    collect = getattr(kernel, "collect", None)
+    if collect is not None:
+        collect(bufs, stream)
 
 
 def gate(
@@ -516,7 +872,12 @@ def gate(
     # `is not None`: an empty ReferenceCache is falsy (it has __len__).
     cache = reference_cache if reference_cache is not None else _REF_CACHE
     st = stream if stream is not None else dev.stream()
-    stats_buf = dev.alloc(ORACLE_STATS_BYTES)
+    try:
+        scratch = CompareScratch(dev, shape)
+    except BaseException:
+        if stream is None:
+            st.destroy()
+        raise
     check_lse = bool(kernel.writes_lse)
     results: list[SetMetrics] = []
     try:
@@ -527,22 +888,23 @@ def gate(
             o_ref, lse_ref = cache.get(dev, orc, bufs, name, seed, st)
             poison(orc, bufs, st)
             kernel.forward(bufs, st)
+            _collect(kernel, bufs, st)
             try:
-                stats = compare(dev, orc, bufs, o_ref, lse_ref if check_lse else None, st,
-                                stats_buf)
+                stats, sums = compare(dev, orc, bufs, o_ref, lse_ref if check_lse else None, st,
+                                      scratch)
             except CudaError as e:
                 raise CudaError(
                     f"GPU fault while gating {_shape_str(shape)} on input set '{name}' "
                     f"(kernel launch or reference): {e}",
                     code=e.code,
                 ) from None
-            results.append(evaluate(stats, shape, name, check_lse))
+            results.append(evaluate(stats, shape, name, check_lse, budget=sums))
         # Leave the timing inputs (the seed set) in place.
         fill_inputs(orc, bufs, "seed", seed, st)
         st.synchronize()
     finally:
         # After a GPU fault these calls fail too; never let them mask the real error.
-        for cleanup in (stats_buf.free, *(() if stream is not None else (st.destroy,))):
+        for cleanup in (scratch.free, *(() if stream is not None else (st.destroy,))):
             try:
                 cleanup()
             except Exception:  # noqa: BLE001
@@ -554,6 +916,40 @@ def gate(
         sets=results,
         prepare_host_ms=prep_ms,
     )
+
+
+def check_output(
+    dev: Device,
+    kernel: KernelLike,
+    shape: ShapeLike,
+    bufs: AttnBuffers,
+    seed: int = DEFAULT_SEED,
+    *,
+    oracle: OracleModule | None = None,
+    stream: Stream | None = None,
+    reference_cache: ReferenceCache | None = None,
+) -> SetMetrics:
+    """Check what the kernel's LAST launch left in bufs (no new launch) against the "seed" set's
+    reference, with the gate's rule; bufs must hold the seed inputs for ``seed`` (what gate()
+    leaves and timing uses). For a kernel that is right only when the GPU is idle."""
+    if (bufs.shape.B, bufs.shape.H, bufs.shape.S) != (shape.B, shape.H, shape.S):
+        raise ValueError(f"buffers are for {_shape_str(bufs.shape)}, not {_shape_str(shape)}")
+    dev.make_current()
+    orc = oracle if oracle is not None else get_oracle()
+    cache = reference_cache if reference_cache is not None else _REF_CACHE
+    st = stream if stream is not None else dev.stream()
+    check_lse = bool(kernel.writes_lse)
+    try:
+        _collect(kernel, bufs, st)
+        o_ref, lse_ref = cache.get(dev, orc, bufs, "seed", seed, st)
+        stats, sums = compare(dev, orc, bufs, o_ref, lse_ref if check_lse else None, st)
+        return evaluate(stats, shape, "seed", check_lse, budget=sums)
+    finally:
+        if stream is None:
+            try:
+                st.destroy()
+            except Exception:  # noqa: BLE001
+                pass
 
 
 # ---- self-test helpers ----------------------------------------------------------------------
