@@ -27,7 +27,7 @@ from tuner.errors import FaTuneError  # noqa: E402
 from tuner.measure.bench import Bench  # noqa: E402
 from tuner.measure.launch import KernelLaunch  # noqa: E402
 from tuner.measure.timing import FULL  # noqa: E402
-from tuner.study import pick_trial  # noqa: E402
+from tuner.show import pick_trial  # noqa: E402
 
 SEED_SHAPES = ["4x32x4096", "4x32x8192", "4x32x16384"]
 
