@@ -98,6 +98,21 @@ def test_compare_study_resolution_errors(tmp_path: Path, config: Any, needle: st
     assert needle in _one_error_line(r.output)
 
 
+def test_compare_without_a_gpu_is_one_line_before_building() -> None:
+    """No GPU on this machine: one line, exit 2, and no compile (the fixture refuses builds)."""
+    from tuner import runtime
+
+    try:
+        runtime.Device.open(0)
+    except runtime.GpuError:
+        pass
+    else:  # pragma: no cover - only where a GPU is visible
+        pytest.skip("a GPU is visible here")
+    r = runner.invoke(app, ["compare", "--preset", "default", "--backends", "none"])
+    assert r.exit_code == 2
+    assert "GPU" in _one_error_line(r.output) or "driver" in _one_error_line(r.output)
+
+
 def test_compare_storage_without_study_exit_2() -> None:
     r = runner.invoke(app, ["compare", "--preset", "default", "--storage", "sqlite:///x.db"])
     assert r.exit_code == 2
@@ -112,6 +127,7 @@ def _fake_gpu_path(monkeypatch: pytest.MonkeyPatch, payload: dict[str, Any],
     built = types.SimpleNamespace(so_path=str(so), require_timeable=lambda: None)
     monkeypatch.setattr(build_mod, "build_config", lambda cfg: built)
     monkeypatch.setattr("tuner.peers.base.module_missing", lambda name: None)
+    monkeypatch.setattr("tuner.runtime.Device.open", lambda *a, **k: None)  # "a GPU is there"
 
     def fake_compare(so_path: Any, shapes: Any, backends: Any, **kw: Any) -> dict[str, Any]:
         calls.append({"so_path": so_path, "shapes": shapes, "backends": backends, **kw})

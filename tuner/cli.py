@@ -193,11 +193,11 @@ def doctor(
 ) -> None:
     """Check what fa-tune needs and say how to fix gaps; exit 1 if something required is missing.
 
-    Required to build (every command): nvcc compiling sm_90a, cuobjdump (SASS check), the
-    CUTLASS headers. Required to run (run, search, compare, profile): cuda-python, the NVIDIA
-    driver, an sm_90 GPU, NVML. Optional: Nsight Compute (profile only). Exit 0: all required
-    checks pass; 1: something required is missing (the last line says what, and whether
-    building works); 2: a usage error.
+    To build: nvcc compiling sm_90a, cuobjdump (SASS check), the CUTLASS headers.
+
+    To run (run, search, compare, profile): cuda-python, the NVIDIA driver, an sm_90 GPU, NVML.
+
+    Optional: Nsight Compute (profile). Exit 0: all required there; 1: something missing; 2: usage.
     """
     from tuner import doctor as doc
 
@@ -368,6 +368,10 @@ def compare(
                           "'fa-tune[peers]' (or --backends none for fa-tune's kernel alone)")
     if cfg is None and not peers:
         raise ConfigError("nothing to compare: give --study, --preset or --config, or peers")
+    # No GPU: say so before spending a minute compiling.
+    from tuner import runtime
+
+    runtime.Device.open(0)
     so_path: Path | None = None
     if cfg is not None:
         from tuner import build as build_mod

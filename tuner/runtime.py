@@ -436,24 +436,12 @@ def elems_lse(shape: ShapeLike) -> int:
     return shape.B * shape.H * shape.S
 
 
-class AttnBuffers:
-    """Q, K, V, O ([B, S, H, 128] BF16) and LSE ([B, H, S] FP32) for one shape."""
+class BufferGroup:
+    """Device buffers allocated together and freed together (also when an allocation fails)."""
 
-    def __init__(self, dev: Device, shape: ShapeLike) -> None:
+    def __init__(self, dev: Device) -> None:
         self.dev = dev
-        self.shape = shape
-        self.n = elems_bshd(shape)
-        self.n_lse = elems_lse(shape)
         self._bufs: list[DeviceBuffer] = []
-        try:
-            self.q = self._alloc(self.n * BF16_BYTES)
-            self.k = self._alloc(self.n * BF16_BYTES)
-            self.v = self._alloc(self.n * BF16_BYTES)
-            self.o = self._alloc(self.n * BF16_BYTES)
-            self.lse = self._alloc(self.n_lse * F32_BYTES)
-        except BaseException:
-            self.free()
-            raise
 
     def _alloc(self, nbytes: int) -> DeviceBuffer:
         b = self.dev.alloc(nbytes)
@@ -464,6 +452,25 @@ class AttnBuffers:
         for b in self._bufs:
             b.free()
         self._bufs.clear()
+
+
+class AttnBuffers(BufferGroup):
+    """Q, K, V, O ([B, S, H, 128] BF16) and LSE ([B, H, S] FP32) for one shape."""
+
+    def __init__(self, dev: Device, shape: ShapeLike) -> None:
+        super().__init__(dev)
+        self.shape = shape
+        self.n = elems_bshd(shape)
+        self.n_lse = elems_lse(shape)
+        try:
+            self.q = self._alloc(self.n * BF16_BYTES)
+            self.k = self._alloc(self.n * BF16_BYTES)
+            self.v = self._alloc(self.n * BF16_BYTES)
+            self.o = self._alloc(self.n * BF16_BYTES)
+            self.lse = self._alloc(self.n_lse * F32_BYTES)
+        except BaseException:
+            self.free()
+            raise
 
     def __enter__(self) -> AttnBuffers:
         return self

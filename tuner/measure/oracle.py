@@ -35,6 +35,7 @@ from tuner.runtime import (
     ORACLE_ROW_BLOCK,
     ORACLE_STATS_BYTES,
     AttnBuffers,
+    BufferGroup,
     CudaError,
     Device,
     DeviceBuffer,
@@ -496,6 +497,29 @@ class SetMetrics:
         return s
 
 
+def _tensor_reasons(words: tuple[str, str, str, str, str], counts: tuple[int, ...],
+                    rule: str) -> list[str]:
+    """The completeness and tolerance reasons of one compared tensor (O or LSE).
+
+    words: (what was compared, the reference's non-finite message with {}, never written,
+    non-finite, what violates); counts: (compared, expected, ref non-finite, unwritten,
+    non-finite, violations)."""
+    what, ref_bad, unwritten_w, nonfinite_w, violating = words
+    count, expected, ref_nonfinite, unwritten, nonfinite, violations = counts
+    reasons: list[str] = []
+    if count != expected:
+        reasons.append(f"compared {count} of {expected} {what} (oracle bug)")
+    if ref_nonfinite:
+        reasons.append(ref_bad.format(ref_nonfinite))
+    if unwritten:
+        reasons.append(f"{unwritten} {unwritten_w}")
+    if nonfinite:
+        reasons.append(f"{nonfinite} {nonfinite_w}")
+    if violations:
+        reasons.append(f"{violations} {violating} violate {rule}")
+    return reasons
+
+
 def evaluate(
     stats: OracleStats,
     shape: ShapeLike,
@@ -523,20 +547,12 @@ def evaluate(
         if stats.o_violations and stats.o_first_violation != NO_VIOLATION
         else None
     )
-    reasons: list[str] = []
-    if stats.o_count != n:
-        reasons.append(f"compared {stats.o_count} of {n} elements (oracle bug)")
-    if stats.o_ref_nonfinite:
-        reasons.append(f"reference has {stats.o_ref_nonfinite} non-finite values (oracle bug)")
-    if stats.o_unwritten:
-        reasons.append(f"{stats.o_unwritten} output elements never written")
-    if stats.o_nonfinite:
-        reasons.append(f"{stats.o_nonfinite} NaN/Inf outputs")
-    if stats.o_violations:
-        where = "" if first is None else " (first at b={},s={},h={},d={})".format(*first)
-        reasons.append(
-            f"{stats.o_violations} elements violate |err| <= {o_atol:g} + {o_rtol:g}*|ref|{where}"
-        )
+    where = "" if first is None else " (first at b={},s={},h={},d={})".format(*first)
+    reasons = _tensor_reasons(
+        ("elements", "reference has {} non-finite values (oracle bug)",
+         "output elements never written", "NaN/Inf outputs", "elements"),
+        (stats.o_count, n, stats.o_ref_nonfinite, stats.o_unwritten, stats.o_nonfinite,
+         stats.o_violations), f"|err| <= {o_atol:g} + {o_rtol:g}*|ref|{where}")
     if not rel_l2 <= rel_l2_max:
         reasons.append(f"relative L2 error {rel_l2:.3g} > {rel_l2_max:g}")
 
@@ -581,21 +597,13 @@ def evaluate(
         m.lse_unwritten = stats.l_unwritten
         if stats.l_violations and stats.l_first_violation != NO_VIOLATION:
             m.lse_first_violation = decode_bhs(stats.l_first_violation, shape)
-        if stats.l_count != nl:
-            reasons.append(f"compared {stats.l_count} of {nl} LSE values (oracle bug)")
-        if stats.l_ref_nonfinite:
-            reasons.append(f"reference LSE has {stats.l_ref_nonfinite} non-finite values")
-        if stats.l_unwritten:
-            reasons.append(f"{stats.l_unwritten} LSE values never written")
-        if stats.l_nonfinite:
-            reasons.append(f"{stats.l_nonfinite} NaN/Inf LSE values")
-        if stats.l_violations:
-            lf = m.lse_first_violation
-            where = "" if lf is None else " (first at b={},h={},s={})".format(*lf)
-            reasons.append(
-                f"{stats.l_violations} LSE values violate |err| <= {lse_atol:g} + "
-                f"{lse_rtol:g}*|ref|{where}"
-            )
+        lf = m.lse_first_violation
+        where = "" if lf is None else " (first at b={},h={},s={})".format(*lf)
+        reasons += _tensor_reasons(
+            ("LSE values", "reference LSE has {} non-finite values", "LSE values never written",
+             "NaN/Inf LSE values", "LSE values"),
+            (stats.l_count, nl, stats.l_ref_nonfinite, stats.l_unwritten, stats.l_nonfinite,
+             stats.l_violations), f"|err| <= {lse_atol:g} + {lse_rtol:g}*|ref|{where}")
     m.reasons = reasons
     m.passed = not reasons
     return m
@@ -782,31 +790,21 @@ def clear_reference_cache() -> None:
     _REF_CACHE.clear()
 
 
-class CompareScratch:
+class CompareScratch(BufferGroup):
     """The device buffers one comparison writes: the stats struct and the budget sums
     (B*H*ceil(S/16)*16 + B*H*128*32 bytes: 2.5 MB at 4x32x16384)."""
 
     def __init__(self, dev: Device, shape: ShapeLike) -> None:
+        super().__init__(dev)
         self.shape = shape
         nb_blocks, nb_cols = BudgetSums.device_bytes(shape)
-        self._bufs: list[DeviceBuffer] = []
         try:
-            self.stats = self._alloc(dev, ORACLE_STATS_BYTES)
-            self.blocks = self._alloc(dev, nb_blocks)
-            self.cols = self._alloc(dev, nb_cols)
+            self.stats = self._alloc(ORACLE_STATS_BYTES)
+            self.blocks = self._alloc(nb_blocks)
+            self.cols = self._alloc(nb_cols)
         except BaseException:
             self.free()
             raise
-
-    def _alloc(self, dev: Device, nbytes: int) -> DeviceBuffer:
-        b = dev.alloc(nbytes)
-        self._bufs.append(b)
-        return b
-
-    def free(self) -> None:
-        for b in self._bufs:
-            b.free()
-        self._bufs.clear()
 
 
 def compare(dev: Device, oracle: OracleModule, bufs: AttnBuffers, o_ref: DeviceBuffer,
