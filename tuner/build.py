@@ -511,20 +511,15 @@ def cache_key(source: str, flags: Sequence[str], nvcc_ver: str) -> str:
 
 
 def _exported_smem_bytes(so: Path) -> int | None:
-    """The kernel's own dynamic shared memory figure (fa_tune_smem_bytes), read without a GPU.
-
-    The function returns a compile-time constant; loading the .so runs no CUDA call.
-    """
-    import ctypes
+    """The kernel's own dynamic shared memory figure (fa_tune_smem_bytes), read without a GPU
+    through the one binding of the C ABI (the function returns a compile-time constant; loading
+    the .so runs no CUDA call)."""
+    from tuner.runtime import KernelModule
 
     try:
-        lib = ctypes.CDLL(str(so), mode=os.RTLD_LOCAL)
-        fn = lib.fa_tune_smem_bytes
-    except (OSError, AttributeError):
+        return KernelModule(so).smem_bytes()
+    except FaTuneError:
         return None
-    fn.restype = ctypes.c_int
-    fn.argtypes = []
-    return int(fn())
 
 
 def _first_error_line(log: str) -> str:
