@@ -6,13 +6,19 @@
 // correctly rounded arithmetic in the input generators (see "Bit-exact generators").
 //
 // ----------------------------------------------------------------------------------------------
-// C ABI. Every function returns an int that is a cudaError_t (0 = cudaSuccess). Each launch is
-// followed by cudaGetLastError(), so a bad launch is reported by the call that made it; kernel
-// faults surface at the caller's next synchronisation. All work is enqueued on `stream`
-// (a cudaStream_t == CUstream; NULL = legacy default stream). Pointers are device pointers.
-// Layouts: Q, K, V, O are [B, S, H, 128] BF16 (BSHD, contiguous); O_ref is [B, S, H, 128] FP32;
-// LSE and LSE_ref are [B, H, S] FP32 in natural-log units: lse = log(sum_j exp(s_j)), with
-// s_j = q.k_j / sqrt(128).
+// The problem family: batch B, Hq query heads, Hkv K/V heads (Hq a multiple of Hkv: Hkv = Hq is
+// MHA, Hkv = 1 MQA, between GQA; query head h reads K/V head h / (Hq / Hkv)), sequence length S
+// (query = key length), head dim D in {64, 128, 256}, causal or not (non-causal: every query
+// row attends to every key).
+//
+// C ABI (version 3). Every function returns an int that is a cudaError_t (0 = cudaSuccess).
+// Each launch is followed by cudaGetLastError(), so a bad launch is reported by the call that
+// made it; kernel faults surface at the caller's next synchronisation. All work is enqueued on
+// `stream` (a cudaStream_t == CUstream; NULL = legacy default stream). Pointers are device
+// pointers. Layouts (BSHD, contiguous): Q and O are [B, S, Hq, D] BF16; K and V are
+// [B, S, Hkv, D] BF16; O_ref is [B, S, Hq, D] FP32; LSE and LSE_ref are [B, Hq, S] FP32 in
+// natural-log units: lse = log(sum_j exp(s_j)), with s_j = q.k_j / sqrt(D) over the keys the
+// row attends to. Offsets are 64-bit here, but callers keep B*S*Hq*D < 2^31 (the kernel's rule).
 //
 //   int oracle_abi_version(void);            // ORACLE_ABI_VERSION below
 //   int oracle_stats_size(void);             // sizeof(OracleStats), for the caller's layout check
@@ -21,16 +27,19 @@
 //                           unsigned long long stream_id, float lo, float hi, cudaStream_t s);
 //       dst[i] = bf16_rn(lo + (hi - lo) * u(seed, stream_id, i)), u in [0, 1).
 //
-//   int oracle_gen_seed(void* q, void* k, void* v, int B, int H, int S,
+//   int oracle_gen_seed(void* q, void* k, void* v, int B, int Hq, int Hkv, int S, int D,
 //                       unsigned long long seed, cudaStream_t s);
-//       Input set "seed": Q, K uniform in [-2, 2], V uniform in [-1, 1] (streams 1, 2, 3).
+//       Input set "seed": Q, K uniform in [-2, 2], V uniform in [-1, 1] (streams 1, 2, 3; the
+//       index is the element's flat index in its own tensor). For MHA, D 128 this is exactly
+//       ABI 2's set (same streams, same indices): results and NumPy twins stay valid.
 //
-//   int oracle_gen_rising(void* q, void* k, void* v, int B, int H, int S,
+//   int oracle_gen_rising(void* q, void* k, void* v, int B, int Hq, int Hkv, int S, int D,
 //                         unsigned long long seed, int direction, cudaStream_t s);
 //       Input set "rising" (direction = -1: scores grow as the key index DEcreases, so the
-//       running row max rises at every KV tile of a REVERSE walk: diagonal tile first, then
-//       toward key 0) or "rising_fwd" (direction = +1: grows with the key index, so a FORWARD
-//       walk rises). S <= 32768 (see construction). Construction below.
+//       running row max rises at every KV tile of a REVERSE walk: diagonal (or last) tile
+//       first, then toward key 0) or "rising_fwd" (direction = +1: grows with the key index, so
+//       a FORWARD walk rises). S <= 32768 (see construction). Construction below; bit-identical
+//       to ABI 2 for MHA, D 128.
 //
 //   int oracle_poison(void* o_bf16, long long n_o, float* lse, long long n_lse, cudaStream_t s);
 //       o[i] bits = 0x7FBF (ORACLE_POISON_BF16), lse[i] bits = 0x7FBADBAD (ORACLE_POISON_F32).
@@ -39,30 +48,36 @@
 //       NULL (n_lse ignored).
 //
 //   int oracle_reference(const void* q, const void* k, const void* v, float* o_ref,
-//                        float* lse_ref, int B, int H, int S, int flags, cudaStream_t s);
-//       Independent FP32 causal attention, scale 1/sqrt(128), exact softmax with IEEE expf/logf
-//       (online form: per-tile max and rescale, all FP32). lse_ref may be NULL. flags = 0 for
-//       the reference. Test-only bits (to prove the gate catches real kernel bugs):
-//         1 = walk KV tiles in reverse (diagonal first), like the FA3 mainloop;
+//                        float* lse_ref, int B, int Hq, int Hkv, int S, int D, int causal,
+//                        int flags, cudaStream_t s);
+//       Independent FP32 attention, scale 1/sqrt(D), exact softmax with IEEE expf/logf (online
+//       form: per-tile max and rescale, all FP32); causal != 0: key j <= query row i, else every
+//       key. Query head h reads K/V head h / (Hq / Hkv). lse_ref may be NULL. flags = 0 for the
+//       reference. Test-only bits (to prove the gate catches real kernel bugs):
+//         1 = walk KV tiles in reverse (diagonal / last tile first), like the FA3 mainloop;
 //         2 = BUG: do not rescale O when the running max rises;
 //         4 = BUG: do not rescale the running sum l when the running max rises.
-//       One CTA (256 threads) per (64 query rows, h, b); Q, K/V and P tiles staged in shared
-//       memory as FP32 (85 KB, 2 CTAs/SM); each thread owns a 4x4 score block and a 4x8 output
-//       block (register blocking, float4 shared loads). Cost B*H*S^2*128 FMA (causal half of QK
-//       plus PV): 4.4e12 FMA at B=4, H=32, S=16384. Expected ~15-25 TFLOPS FP32 on an H200,
-//       i.e. ~0.4-0.6 s at S=16384, ~0.1 s at S=8192, ~0.03 s at S=4096 (the GPU self-test
-//       prints the measured time).
+//       One CTA (256 threads) per (64 query rows, h, b), a template on D; Q, K/V and P tiles
+//       staged in shared memory as FP32; each thread owns a 4x4 score block and a 4 x D/16
+//       output block (register blocking, float4 shared loads). Shared memory (rows padded by 4
+//       floats) and CTAs per SM: D 64: 52 KB, 2; D 128: 85 KB, 2 (<= 128 registers, no spills);
+//       D 256: 147 KB, 1 (168 registers).
+//       Cost B*Hq*S^2*D FMA causal (half of QK plus half of PV), twice that non-causal:
+//       4.4e12 FMA at 4x32x16384 D 128 causal, measured 0.28 s on an H200 (ABI 2; ~16 TFLOPS
+//       FP32). Non-causal doubles it; D 256 doubles the FMAs at half the occupancy (expect
+//       2-3x D 128's time); D 64 halves them.
 //
 //   int oracle_f32_to_bf16(const float* src, void* dst_bf16, long long n, cudaStream_t s);
 //       dst = bf16_rn(src): a "perfect kernel" for gate self-tests.
 //
 //   int oracle_row_block(void);              // ORACLE_ROW_BLOCK: query rows per budget block
 //
-//   int oracle_compare(const void* o_bf16, const float* o_ref, int B, int H, int S,
+//   int oracle_compare(const void* o_bf16, const float* o_ref, int B, int Hq, int S, int D,
 //                      const float* lse, const float* lse_ref,
 //                      float o_atol, float o_rtol, float lse_atol, float lse_rtol,
 //                      OracleStats* stats_dev, float* block_sums, double* col_sums,
 //                      cudaStream_t s);
+//       O and O_ref are [B, S, Hq, D]; LSE [B, Hq, S]. D in {64, 128, 256}.
 //       Fills *stats_dev (a device buffer of oracle_stats_size() bytes; zeroed here first).
 //       Per O element: unwritten if its bits are the poison; else non-finite if NaN/Inf; else
 //       err = |o - ref| (FP32) feeds max_abs_err and sum_sq_err. A violation is any element that
@@ -70,19 +85,21 @@
 //       are violations too); first_violation = lowest flat index of a violation (atomicMin),
 //       ~0ull if none. sum_sq_ref sums ref^2 over finite refs, sum_sq_bf16 sums
 //       (bf16_rn(ref) - ref)^2 over the elements that feed sum_sq_err. The gate uses
-//       o_atol = 0.05, o_rtol = 0.1 (the seeds' rule). LSE (when lse != NULL; B*H*S values)
+//       o_atol = 0.05, o_rtol = 0.1 (the seeds' rule). LSE (when lse != NULL; B*Hq*S values)
 //       uses the same scheme with lse_atol/lse_rtol (the gate: 1e-2 and 1e-4: the "rising" set
-//       has |lse| up to ~400 at S=16384, where FP32 score rounding alone is ~1e-4). Counts are
+//       has |lse| up to ~550 at S=16384, where FP32 score rounding alone is ~1e-4). Counts are
 //       exact; sums are FP64.
 //       The BF16 error budget's sums (docs/GATE.md), over the elements that feed sum_sq_err:
-//         block_sums (may be NULL): [B, H, ceil(S / ORACLE_ROW_BLOCK)] x 4 floats, one entry per
-//           (b, h, block of ORACLE_ROW_BLOCK query rows; the last one may be partial):
-//           { sum err^2, sum (bf16_rn(ref) - ref)^2, sum ref^2, element count }. Every entry is
-//           written (no zeroing needed): 2 MB at B=4, H=32, S=16384.
-//         col_sums (may be NULL): [B, H, 128] x 4 doubles, the same four sums per (b, h, head-dim
-//           column d) over all S rows; zeroed here, accumulated with atomics (512 KB).
-//       One pass reads O and O_ref once: grid (ceil(S / 512), H, B), 256 threads; a warp owns
-//       whole row blocks (a lane owns 4 adjacent columns), so a block's sums need no atomics.
+//         block_sums (may be NULL): [B, Hq, ceil(S / ORACLE_ROW_BLOCK)] x 4 floats, one entry
+//           per (b, h, block of ORACLE_ROW_BLOCK query rows; the last one may be partial):
+//           { sum err^2, sum (bf16_rn(ref) - ref)^2, sum ref^2, element count } over the
+//           block's rows x D columns. Every entry is written (no zeroing needed): 2 MB at
+//           B=4, Hq=32, S=16384.
+//         col_sums (may be NULL): [B, Hq, D] x 4 doubles, the same four sums per (b, h,
+//           head-dim column d) over all S rows; zeroed here, accumulated with atomics (512 KB
+//           at 4x32, D 128).
+//       One pass reads O and O_ref once: grid (ceil(S / 512), Hq, B), 256 threads; a warp owns
+//       whole row blocks (a lane owns D/32 adjacent columns), so a block's sums need no atomics.
 //
 // ----------------------------------------------------------------------------------------------
 // Bit-exact generators. u(seed, stream, i) = (hash(seed, stream, i) >> 40) * 2^-24, with
@@ -91,28 +108,40 @@
 // FMA) and BF16 conversion is round-to-nearest-even, so tuner/measure/oracle.py's NumPy twin
 // reproduces every input bit for bit (tested on the GPU).
 //
-// "rising" construction (direction d = -1; d = +1 mirrors the key order). Per (b, h):
+// "rising" construction (direction d = -1; d = +1 mirrors the key order). Per (b, K/V head g):
 //   t(j) = 4*(S/2 - j) + jit(j) for d = -1, t(j) = 4*(j - S/2) + jit(j) for d = +1, with
-//          S/2 an integer division and jit(j) in {0,1,2,3} (stream 15, index (b*H + h)*S + j).
+//          S/2 an integer division and jit(j) in {0,1,2,3} (stream 15, index (b*Hkv + g)*S + j).
 //          Consecutive keys differ by >= 1, so t is strictly monotone; |t| <= 2S + 3.
 //   K[j, 0] = hi(j) = floor(t / 256), K[j, 1] = lo(j) = t - 256*hi in [0, 255]: small integers,
 //          exact in BF16 while |hi| <= 256 (hence S <= 32768).
-//   Q[i, 0] = 256*c2(i), Q[i, 1] = c2(i), c2(i) = bf16(0.09 + 0.045*u) in [0.0898, 0.1348]
-//          (stream 14, per row): exact, so q.k over dims 0-1 is exactly c2(i) * t(j).
-//   Dims 2..9 ("strong noise"): Q, K uniform in [-1, 1] (streams 11, 12); dims 10..127: Q uniform
-//          [-1, 1], K uniform [-0.01, 0.01]. V uniform [-1, 1] (stream 13).
-//   Logit s(i, j) = c2(i) t(j) / sqrt(128) + e(i, j) with |e| <= (8 + 118 * 0.010009765625) /
-//          sqrt(128) = 0.812 (worst case; typically ~0.2).
+//   Q[i, 0] = 256*c2(i), Q[i, 1] = c2(i) (per (b, query head h, row i)), with
+//          c2(i) = m_D * bf16(0.09 + 0.045*u) (stream 14, index (b*Hq + h)*S + i), m_D = 2 for
+//          D = 256 and 1 otherwise: c2 in [0.0898, 0.1348] * m_D, exact (BF16 times a power of
+//          two), so q.k over dims 0-1 is exactly c2(i) * t(j). Every query head of a group sees
+//          the same t of its K/V head: the property below holds per query row, for GQA and MQA
+//          as for MHA.
+//   Dims 2..9 ("strong noise"): Q, K uniform in [-1, 1] (streams 11, 12); dims 10..D-1: Q
+//          uniform [-1, 1], K uniform [-0.01, 0.01]. V uniform [-1, 1] (stream 13). Q's index is
+//          its flat index in Q, K's and V's theirs in K and V.
+//   Logit s(i, j) = c2(i) t(j) / sqrt(D) + e(i, j) with |e| <= E_D = (8 + (D - 10) *
+//          0.010009765625) / sqrt(D) (worst case; typically ~E_D / 4): E_64 = 1.068,
+//          E_128 = 0.812, E_256 = 0.654.
 //   Any KV tile of N >= 64 keys vs the next tile of the walk: the trend gains at least
-//          c2 (4N - 3) / sqrt(128) >= 0.0898 * 253 / 11.314 = 2.01 logits, more than 2 * 0.812,
-//          so every tile's max beats the running max by >= 0.38 logits, for every row and every
-//          tile size and alignment (a partial diagonal tile included). The trend rises by
-//          2-3 logits per 64 keys; logits span about +-0.024*S (+-391 at S=16384): finite, and
-//          the rescale factor exp(m_old - m_new) is well below 1 at every tile, so a kernel that
-//          skips (or misapplies) the rescale of O or of the running sum fails the gate.
+//          c2 (4N - 3) / sqrt(D) logits (the nearest keys of consecutive tiles are N apart,
+//          whatever the size of the tile visited first), which beats 2 E_D by
+//            D 64:  0.0898 * 253 / 8      = 2.84 > 2.14: by >= 0.70 logits,
+//            D 128: 0.0898 * 253 / 11.314 = 2.01 > 1.62: by >= 0.38 logits,
+//            D 256: 0.1797 * 253 / 16     = 2.84 > 1.31: by >= 1.53 logits,
+//          so every tile's max beats the running max, for every row and every tile size and
+//          alignment (a partial diagonal tile included), causal or not (a non-causal reverse
+//          walk starts at the last tile). The trend rises by 2-3 logits per 64 keys; logits
+//          span about +-0.034*S (+-553 at S=16384; +-391 for D 128): finite, and the rescale
+//          factor exp(m_old - m_new) is well below 1 at every tile, so a kernel that skips (or
+//          misapplies) the rescale of O or of the running sum fails the gate.
 //   "rising_fwd" (d = +1) gives the same guarantee to a FORWARD walk for every step into a full
-//          tile; only a final diagonal tile holding a few keys may fail to raise the max (it is
-//          visited last there). Use it for kernels that walk KV tiles forward.
+//          tile; only a final tile holding a few keys (the diagonal tile, or the last tile of a
+//          non-causal row) may fail to raise the max. Use it for kernels that walk KV tiles
+//          forward.
 // ----------------------------------------------------------------------------------------------
 
 #include <cuda_bf16.h>
@@ -122,7 +151,7 @@
 
 #define ORACLE_API extern "C" __attribute__((visibility("default")))
 
-#define ORACLE_ABI_VERSION 2
+#define ORACLE_ABI_VERSION 3
 #define ORACLE_ROW_BLOCK 16
 #define ORACLE_POISON_BF16 0x7FBFu
 #define ORACLE_POISON_F32 0x7FBADBADu
@@ -152,8 +181,6 @@ struct OracleStats {
 static_assert(sizeof(OracleStats) == 152, "OracleStats layout changed: update tuner/measure/oracle.py");
 
 namespace {
-
-constexpr int kD = 128;
 
 // Input streams (documented above; the NumPy twin uses the same numbers).
 constexpr unsigned long long kStreamQ = 1, kStreamK = 2, kStreamV = 3;
@@ -220,34 +247,42 @@ __device__ __forceinline__ int rising_t(int j, int S, int direction, uint64_t se
     return (direction < 0 ? 4 * (half - j) : 4 * (j - half)) + jit;
 }
 
-// One kernel writes Q, K and V of the rising set; element i is a flat BSHD index.
+// One kernel writes Q, then K and V, of the rising set; i is a flat BSHD index into Q (Hq
+// heads) in the first loop, into K and V (Hkv heads) in the second.
 __global__ void gen_rising_kernel(__nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ k,
-                                  __nv_bfloat16* __restrict__ v, int B, int H, int S,
-                                  uint64_t seed, int direction) {
-    const long long n = (long long)B * S * H * kD;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const int d = (int)(i % kD);
-        const long long row = i / kD;  // (b, s, h)
-        const int h = (int)(row % H);
-        const int s = (int)((row / H) % S);
-        const int b = (int)(row / ((long long)H * S));
-        const uint64_t row_key = ((uint64_t)b * H + h) * (uint64_t)S;  // + s: per-(b,h,s) key
-
-        // Q
+                                  __nv_bfloat16* __restrict__ v, int B, int Hq, int Hkv, int S,
+                                  int D, uint64_t seed, int direction) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const float c2_scale = D == 256 ? 2.0f : 1.0f;  // m_D (header): the D 256 margin
+    const long long n_q = (long long)B * S * Hq * D;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_q; i += stride) {
+        const int d = (int)(i % D);
+        const long long row = i / D;  // (b, s, h)
+        const int h = (int)(row % Hq);
+        const int s = (int)((row / Hq) % S);
+        const int b = (int)(row / ((long long)Hq * S));
         float qv;
         if (d < 2) {
-            const float c2 = bf16_round(__fadd_rn(
+            const uint64_t row_key = ((uint64_t)b * Hq + h) * (uint64_t)S;  // + s: per row
+            // Exact: a BF16 value times a power of two (m_D, then 256 for dim 0).
+            const float c2 = c2_scale * bf16_round(__fadd_rn(
                 0.09f, __fmul_rn(0.045f, uniform01(seed, kStreamRisingC2, row_key + s))));
-            qv = d == 0 ? c2 * 256.0f : c2;  // exact: power-of-two scaling of a BF16 value
+            qv = d == 0 ? c2 * 256.0f : c2;
         } else {
             qv = uniform_in(seed, kStreamRisingQ, (uint64_t)i, -1.0f, 1.0f);
         }
         q[i] = to_bf16(qv);
-
-        // K
+    }
+    const long long n_kv = (long long)B * S * Hkv * D;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_kv; i += stride) {
+        const int d = (int)(i % D);
+        const long long row = i / D;  // (b, s, g)
+        const int g = (int)(row % Hkv);
+        const int s = (int)((row / Hkv) % S);
+        const int b = (int)(row / ((long long)Hkv * S));
         float kv;
         if (d < 2) {
+            const uint64_t row_key = ((uint64_t)b * Hkv + g) * (uint64_t)S;  // per (b, g)
             const int t = rising_t(s, S, direction, seed, row_key);
             const int hi = t >= 0 ? t / 256 : -((-t + 255) / 256);  // floor(t / 256)
             kv = d == 0 ? (float)hi : (float)(t - 256 * hi);
@@ -257,7 +292,6 @@ __global__ void gen_rising_kernel(__nv_bfloat16* __restrict__ q, __nv_bfloat16* 
             kv = uniform_in(seed, kStreamRisingK, (uint64_t)i, -0.01f, 0.01f);
         }
         k[i] = to_bf16(kv);
-
         v[i] = to_bf16(uniform_in(seed, kStreamRisingV, (uint64_t)i, -1.0f, 1.0f));
     }
 }
@@ -286,27 +320,46 @@ __global__ void f32_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat16*
 constexpr int kRefM = 64;             // query rows per CTA
 constexpr int kRefN = 64;             // keys per KV tile
 constexpr int kRefThreads = 256;      // 16 x 16 threads; each owns 4 rows
-constexpr int kQLd = kD + 4;          // padded rows: float4 reads of 16 different rows hit
-constexpr int kKVLd = kD + 4;         //   distinct banks (row stride = 4 banks mod 32)
 constexpr int kPLd = kRefN + 4;
-constexpr int kRefSmemFloats = kRefM * kQLd + kRefN * kKVLd + kRefM * kPLd;
-constexpr size_t kRefSmemBytes = kRefSmemFloats * sizeof(float);  // 84992 bytes
 
 constexpr int kFlagReverse = 1, kFlagBugNoRescaleO = 2, kFlagBugNoRescaleL = 4;
 
-// Stage rows [row0, row0 + 64) of one (b, h) slice of a BSHD BF16 tensor into shared memory as
-// FP32 (rows >= S become zeros). 16-byte global loads: 8 BF16 per load, 16 loads per row.
-__device__ __forceinline__ void stage_tile(float* __restrict__ dst, int ld,
-                                           const __nv_bfloat16* __restrict__ src, int b, int h,
-                                           int row0, int H, int S) {
-    for (int c = threadIdx.x; c < 64 * 16; c += kRefThreads) {
-        const int r = c >> 4;
-        const int c8 = (c & 15) * 8;
+// Per head dim: padded row stride of the Q and K/V tiles (row stride = 4 banks mod 32, so
+// float4 reads of 16 different rows hit distinct banks), shared memory, CTAs per SM.
+template <int D>
+struct RefTraits {
+    static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128 or 256");
+    static constexpr int kLd = D + 4;
+    static constexpr int kSmemFloats = kRefM * kLd + kRefN * kLd + kRefM * kPLd;
+    static constexpr size_t kSmemBytes = kSmemFloats * sizeof(float);  // 52/85/147 KB
+    // Registers: 4 x D/16 accumulators; D 256 needs > 128 per thread and its 147 KB of shared
+    // memory fit once per SM anyway.
+    static constexpr int kMinBlocks = D == 256 ? 1 : 2;
+    static constexpr int kOutCols = D / 16;  // output dims per thread: groups of 4, 64 apart
+};
+
+template <int D>
+__device__ __forceinline__ float ref_scale() {
+    return D == 64 ? 0.125f : D == 128 ? 0.088388347648318440f : 0.0625f;  // 1/sqrt(D)
+}
+
+// Stage rows [row0, row0 + 64) of one (b, head) slice of a BSHD BF16 tensor with `heads` heads
+// into shared memory as FP32 (rows >= S become zeros). 16-byte global loads: 8 BF16 per load,
+// D/8 loads per row.
+template <int D>
+__device__ __forceinline__ void stage_tile(float* __restrict__ dst,
+                                           const __nv_bfloat16* __restrict__ src, int b,
+                                           int head, int row0, int heads, int S) {
+    constexpr int kChunks = D / 8;
+    constexpr int kLd = RefTraits<D>::kLd;
+    for (int c = threadIdx.x; c < 64 * kChunks; c += kRefThreads) {
+        const int r = c / kChunks;
+        const int c8 = (c % kChunks) * 8;
         const int s = row0 + r;
-        float* out = dst + r * ld + c8;
+        float* out = dst + r * kLd + c8;
         if (s < S) {
             const uint4 w = __ldg(reinterpret_cast<const uint4*>(
-                src + (((long long)b * S + s) * H + h) * kD + c8));
+                src + (((long long)b * S + s) * heads + head) * D + c8));
             // BF16 -> FP32 is a 16-bit shift; the low half of each word is the lower element.
             const float4 lo4 = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xFFFF0000u),
                                            __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xFFFF0000u));
@@ -322,44 +375,49 @@ __device__ __forceinline__ void stage_tile(float* __restrict__ dst, int ld,
     }
 }
 
-__global__ void __launch_bounds__(kRefThreads, 2)
+template <int D>
+__global__ void __launch_bounds__(kRefThreads, RefTraits<D>::kMinBlocks)
 reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                  const __nv_bfloat16* __restrict__ v, float* __restrict__ o_ref,
-                 float* __restrict__ lse_ref, int H, int S, int flags) {
+                 float* __restrict__ lse_ref, int Hq, int Hkv, int S, int causal, int flags) {
+    constexpr int kLd = RefTraits<D>::kLd;
+    constexpr int kOC = RefTraits<D>::kOutCols;  // 4, 8 or 16
+    constexpr int kGroups = kOC / 4;             // groups of 4 output dims, 64 apart
     extern __shared__ float4 smem_f4[];  // float4 type: 16-byte alignment for vector access
     float* Qs = reinterpret_cast<float*>(smem_f4);
-    float* KVs = Qs + kRefM * kQLd;  // holds K, then V, of the current tile
-    float* Ps = KVs + kRefN * kKVLd;
+    float* KVs = Qs + kRefM * kLd;  // holds K, then V, of the current tile
+    float* Ps = KVs + kRefN * kLd;
 
     const int n_qblocks = (S + kRefM - 1) / kRefM;
     const int qb = n_qblocks - 1 - (int)blockIdx.x;  // longest rows first: shorter tail
     const int h = blockIdx.y;
+    const int hkv = h / (Hq / Hkv);  // the K/V head this query head reads
     const int b = blockIdx.z;
     const int q0 = qb * kRefM;
     const int tid = threadIdx.x;
     const int ty = tid >> 4;  // rows ty*4 .. ty*4+3
-    const int tx = tid & 15;  // score cols tx + 16*j; output dims tx*4+{0..3}, 64+tx*4+{0..3}
-    const float scale = 0.088388347648318440f;  // 1/sqrt(128)
+    const int tx = tid & 15;  // score cols tx + 16*j; output dims 64*g + tx*4 + {0..3}
+    const float scale = ref_scale<D>();
 
-    stage_tile(Qs, kQLd, q, b, h, q0, H, S);
+    stage_tile<D>(Qs, q, b, h, q0, Hq, S);
 
-    float m[4], l[4], acc_o[4][8];
+    float m[4], l[4], acc_o[4][kOC];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         m[i] = -INFINITY;
         l[i] = 0.f;
 #pragma unroll
-        for (int c = 0; c < 8; ++c) acc_o[i][c] = 0.f;
+        for (int c = 0; c < kOC; ++c) acc_o[i][c] = 0.f;
     }
 
-    const int last_row = min(q0 + kRefM - 1, S - 1);
-    const int n_tiles = last_row / kRefN + 1;
+    const int last_key = causal ? min(q0 + kRefM - 1, S - 1) : S - 1;
+    const int n_tiles = last_key / kRefN + 1;
     for (int it = 0; it < n_tiles; ++it) {
         const int tile = (flags & kFlagReverse) ? n_tiles - 1 - it : it;
         const int kv0 = tile * kRefN;
 
         __syncthreads();  // previous tile's readers of KVs/Ps are done (and Qs is staged)
-        stage_tile(KVs, kKVLd, k, b, h, kv0, H, S);
+        stage_tile<D>(KVs, k, b, hkv, kv0, Hkv, S);
         __syncthreads();
 
         // S = Q K^T for this thread's 4x4 block.
@@ -369,14 +427,14 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
 #pragma unroll
             for (int j = 0; j < 4; ++j) sc[i][j] = 0.f;
 #pragma unroll 4
-        for (int d = 0; d < kD; d += 4) {
+        for (int d = 0; d < D; d += 4) {
             float4 a[4], bb[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i)
-                a[i] = *reinterpret_cast<const float4*>(Qs + (ty * 4 + i) * kQLd + d);
+                a[i] = *reinterpret_cast<const float4*>(Qs + (ty * 4 + i) * kLd + d);
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                bb[j] = *reinterpret_cast<const float4*>(KVs + (tx + 16 * j) * kKVLd + d);
+                bb[j] = *reinterpret_cast<const float4*>(KVs + (tx + 16 * j) * kLd + d);
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -399,7 +457,7 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int key = kv0 + tx + 16 * j;
-                const bool valid = key <= row && key < S;
+                const bool valid = key < S && (!causal || key <= row);
                 sc[i][j] = valid ? sc[i][j] * scale : -INFINITY;
                 mx = fmaxf(mx, sc[i][j]);
             }
@@ -424,15 +482,15 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
             m[i] = m_new;
             if (!(flags & kFlagBugNoRescaleO)) {
 #pragma unroll
-                for (int c = 0; c < 8; ++c) acc_o[i][c] *= alpha;
+                for (int c = 0; c < kOC; ++c) acc_o[i][c] *= alpha;
             }
         }
 
         __syncthreads();  // everyone is done with K and has written P
-        stage_tile(KVs, kKVLd, v, b, h, kv0, H, S);
+        stage_tile<D>(KVs, v, b, hkv, kv0, Hkv, S);
         __syncthreads();
 
-        // O += P V for this thread's 4 rows x 8 dims.
+        // O += P V for this thread's 4 rows x D/16 dims.
 #pragma unroll 2
         for (int c = 0; c < kRefN; c += 4) {
             float4 p4[4];
@@ -441,20 +499,22 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
                 p4[i] = *reinterpret_cast<const float4*>(Ps + (ty * 4 + i) * kPLd + c);
 #pragma unroll
             for (int cc = 0; cc < 4; ++cc) {
-                const float4 v0 = *reinterpret_cast<const float4*>(KVs + (c + cc) * kKVLd + tx * 4);
-                const float4 v1 =
-                    *reinterpret_cast<const float4*>(KVs + (c + cc) * kKVLd + 64 + tx * 4);
+                float4 vv[kGroups];
+#pragma unroll
+                for (int g = 0; g < kGroups; ++g)
+                    vv[g] = *reinterpret_cast<const float4*>(KVs + (c + cc) * kLd + 64 * g +
+                                                             tx * 4);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    const float p = cc == 0 ? p4[i].x : cc == 1 ? p4[i].y : cc == 2 ? p4[i].z : p4[i].w;
-                    acc_o[i][0] = fmaf(p, v0.x, acc_o[i][0]);
-                    acc_o[i][1] = fmaf(p, v0.y, acc_o[i][1]);
-                    acc_o[i][2] = fmaf(p, v0.z, acc_o[i][2]);
-                    acc_o[i][3] = fmaf(p, v0.w, acc_o[i][3]);
-                    acc_o[i][4] = fmaf(p, v1.x, acc_o[i][4]);
-                    acc_o[i][5] = fmaf(p, v1.y, acc_o[i][5]);
-                    acc_o[i][6] = fmaf(p, v1.z, acc_o[i][6]);
-                    acc_o[i][7] = fmaf(p, v1.w, acc_o[i][7]);
+                    const float p =
+                        cc == 0 ? p4[i].x : cc == 1 ? p4[i].y : cc == 2 ? p4[i].z : p4[i].w;
+#pragma unroll
+                    for (int g = 0; g < kGroups; ++g) {
+                        acc_o[i][4 * g + 0] = fmaf(p, vv[g].x, acc_o[i][4 * g + 0]);
+                        acc_o[i][4 * g + 1] = fmaf(p, vv[g].y, acc_o[i][4 * g + 1]);
+                        acc_o[i][4 * g + 2] = fmaf(p, vv[g].z, acc_o[i][4 * g + 2]);
+                        acc_o[i][4 * g + 3] = fmaf(p, vv[g].w, acc_o[i][4 * g + 3]);
+                    }
                 }
             }
         }
@@ -466,14 +526,30 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
         const int s = q0 + ty * 4 + i;
         if (s >= S) continue;
         const float inv = 1.f / l[i];
-        float* out = o_ref + (((long long)b * S + s) * H + h) * kD;
-        *reinterpret_cast<float4*>(out + tx * 4) =
-            make_float4(acc_o[i][0] * inv, acc_o[i][1] * inv, acc_o[i][2] * inv, acc_o[i][3] * inv);
-        *reinterpret_cast<float4*>(out + 64 + tx * 4) =
-            make_float4(acc_o[i][4] * inv, acc_o[i][5] * inv, acc_o[i][6] * inv, acc_o[i][7] * inv);
+        float* out = o_ref + (((long long)b * S + s) * Hq + h) * D;
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g)
+            *reinterpret_cast<float4*>(out + 64 * g + tx * 4) =
+                make_float4(acc_o[i][4 * g + 0] * inv, acc_o[i][4 * g + 1] * inv,
+                            acc_o[i][4 * g + 2] * inv, acc_o[i][4 * g + 3] * inv);
         if (lse_ref != nullptr && tx == 0)
-            lse_ref[((long long)b * H + h) * S + s] = m[i] + logf(l[i]);
+            lse_ref[((long long)b * Hq + h) * S + s] = m[i] + logf(l[i]);
     }
+}
+
+template <int D>
+int launch_reference(const void* q, const void* k, const void* v, float* o_ref, float* lse_ref,
+                     int B, int Hq, int Hkv, int S, int causal, int flags, cudaStream_t s) {
+    constexpr size_t smem = RefTraits<D>::kSmemBytes;
+    // > 48 KB of dynamic shared memory needs an explicit opt-in (cheap; done every call so the
+    // attribute is set in whatever context is current).
+    ORACLE_CHECK(cudaFuncSetAttribute(reference_kernel<D>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    const dim3 grid((S + kRefM - 1) / kRefM, Hq, B);
+    reference_kernel<D><<<grid, kRefThreads, smem, s>>>(
+        static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k),
+        static_cast<const __nv_bfloat16*>(v), o_ref, lse_ref, Hq, Hkv, S, causal, flags);
+    return (int)cudaGetLastError();
 }
 
 // ------------------------------------------------------------------------------ compare
@@ -597,14 +673,61 @@ constexpr int kCmpRowsPerCta = 512;                   // 32 row blocks, 4 per wa
 constexpr int kCmpBlocksPerCta = kCmpRowsPerCta / kRowBlock;
 static_assert(kCmpRowsPerCta % kRowBlock == 0, "a CTA owns whole row blocks");
 
+// C = D/32 adjacent BF16 values of O (4, 8 or 16 bytes) and their C FP32 references.
+template <int C>
+__device__ __forceinline__ void load_o(const uint16_t* __restrict__ o, long long i,
+                                       uint16_t (&bits)[C]) {
+    if constexpr (C == 2) {
+        const uint32_t w = __ldg(reinterpret_cast<const uint32_t*>(o + i));
+        bits[0] = (uint16_t)(w & 0xFFFFu);
+        bits[1] = (uint16_t)(w >> 16);
+    } else if constexpr (C == 4) {
+        const uint2 w = __ldg(reinterpret_cast<const uint2*>(o + i));
+        bits[0] = (uint16_t)(w.x & 0xFFFFu);
+        bits[1] = (uint16_t)(w.x >> 16);
+        bits[2] = (uint16_t)(w.y & 0xFFFFu);
+        bits[3] = (uint16_t)(w.y >> 16);
+    } else {
+        static_assert(C == 8, "D/32 columns per lane: 2, 4 or 8");
+        const uint4 w = __ldg(reinterpret_cast<const uint4*>(o + i));
+        const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            bits[2 * j] = (uint16_t)(ws[j] & 0xFFFFu);
+            bits[2 * j + 1] = (uint16_t)(ws[j] >> 16);
+        }
+    }
+}
+
+template <int C>
+__device__ __forceinline__ void load_ref(const float* __restrict__ ref, long long i,
+                                         float (&r)[C]) {
+    if constexpr (C == 2) {
+        const float2 x = __ldg(reinterpret_cast<const float2*>(ref + i));
+        r[0] = x.x;
+        r[1] = x.y;
+    } else {
+#pragma unroll
+        for (int j = 0; j < C; j += 4) {
+            const float4 x = __ldg(reinterpret_cast<const float4*>(ref + i + j));
+            r[j] = x.x;
+            r[j + 1] = x.y;
+            r[j + 2] = x.z;
+            r[j + 3] = x.w;
+        }
+    }
+}
+
 // O vs O_ref for rows [blockIdx.x * 512, +512) of one (b = blockIdx.z, h = blockIdx.y). Warp w
-// takes the CTA's row blocks w, w + 8, ...; lane l owns columns 4l .. 4l+3 of every row (8-byte
-// O loads, 16-byte O_ref loads: one 256 B + 512 B row per warp instruction pair).
+// takes the CTA's row blocks w, w + 8, ...; lane l owns columns C*l .. C*l + C-1 (C = D/32) of
+// every row: one contiguous 2D-byte O row and 4D-byte O_ref row per warp load.
+template <int D>
 __global__ void __launch_bounds__(kCmpThreads)
 compare_o_kernel(const uint16_t* __restrict__ o, const float* __restrict__ ref, int H, int S,
                  float atol, float rtol, OracleStats* stats, float4* __restrict__ block_sums,
                  double* __restrict__ col_sums) {
-    __shared__ float col_part[kCmpWarps][4][kD];
+    constexpr int C = D / 32;
+    __shared__ float col_part[kCmpWarps][4][D];
     const int h = blockIdx.y, b = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n_rb = (S + kRowBlock - 1) / kRowBlock;
@@ -612,21 +735,21 @@ compare_o_kernel(const uint16_t* __restrict__ o, const float* __restrict__ ref, 
     const int rb_end = min(rb_begin + kCmpBlocksPerCta, n_rb);
     LocalStats s;
     init_local(s);
-    float ce[4] = {0.f, 0.f, 0.f, 0.f}, cb[4] = {0.f, 0.f, 0.f, 0.f};
-    float cr[4] = {0.f, 0.f, 0.f, 0.f}, cn[4] = {0.f, 0.f, 0.f, 0.f};
+    float ce[C], cb[C], cr[C], cn[C];
+#pragma unroll
+    for (int j = 0; j < C; ++j) ce[j] = cb[j] = cr[j] = cn[j] = 0.f;
     for (int rb = rb_begin + warp; rb < rb_end; rb += kCmpWarps) {
         float be = 0.f, bb = 0.f, br = 0.f, bn = 0.f;
         const int s0 = rb * kRowBlock, s1 = min(s0 + kRowBlock, S);
 #pragma unroll 4
         for (int row = s0; row < s1; ++row) {
-            const long long base = (((long long)b * S + row) * H + h) * kD + lane * 4;
-            const uint2 ow = __ldg(reinterpret_cast<const uint2*>(o + base));
-            const float4 rv = __ldg(reinterpret_cast<const float4*>(ref + base));
-            const uint16_t bits[4] = {(uint16_t)(ow.x & 0xFFFFu), (uint16_t)(ow.x >> 16),
-                                      (uint16_t)(ow.y & 0xFFFFu), (uint16_t)(ow.y >> 16)};
-            const float r4[4] = {rv.x, rv.y, rv.z, rv.w};
+            const long long base = (((long long)b * S + row) * H + h) * D + lane * C;
+            uint16_t bits[C];
+            float r4[C];
+            load_o<C>(o, base, bits);
+            load_ref<C>(ref, base, r4);
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
+            for (int j = 0; j < C; ++j) {
                 float e2, b2;
                 if (account(s, base + j, bits[j] == ORACLE_POISON_BF16,
                             __uint_as_float((uint32_t)bits[j] << 16), r4[j], atol, rtol, &e2,
@@ -652,21 +775,21 @@ compare_o_kernel(const uint16_t* __restrict__ o, const float* __restrict__ ref, 
     }
     if (col_sums != nullptr) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            col_part[warp][0][lane * 4 + j] = ce[j];
-            col_part[warp][1][lane * 4 + j] = cb[j];
-            col_part[warp][2][lane * 4 + j] = cr[j];
-            col_part[warp][3][lane * 4 + j] = cn[j];
+        for (int j = 0; j < C; ++j) {
+            col_part[warp][0][lane * C + j] = ce[j];
+            col_part[warp][1][lane * C + j] = cb[j];
+            col_part[warp][2][lane * C + j] = cr[j];
+            col_part[warp][3][lane * C + j] = cn[j];
         }
         __syncthreads();
-        // Thread t sums quantity t / 128 of column t % 128 over the 8 warps: 512 atomics per
-        // CTA, each address hit ceil(S / 512) times.
-        for (int t = threadIdx.x; t < 4 * kD; t += kCmpThreads) {
-            const int q = t / kD, d = t % kD;
+        // Thread t sums quantity t / D of column t % D over the 8 warps: 4 D atomics per CTA,
+        // each address hit ceil(S / 512) times.
+        for (int t = threadIdx.x; t < 4 * D; t += kCmpThreads) {
+            const int q = t / D, d = t % D;
             float acc = 0.f;
 #pragma unroll
             for (int w = 0; w < kCmpWarps; ++w) acc += col_part[w][q][d];
-            atomicAdd(&col_sums[(((long long)b * H + h) * kD + d) * 4 + q], (double)acc);
+            atomicAdd(&col_sums[(((long long)b * H + h) * D + d) * 4 + q], (double)acc);
         }
     }
     flush(s, &stats->o_count, &stats->o_sum_sq_err);
@@ -712,26 +835,33 @@ ORACLE_API int oracle_fill_uniform(void* dst, long long n, unsigned long long se
     return (int)cudaGetLastError();
 }
 
-ORACLE_API int oracle_gen_seed(void* q, void* k, void* v, int B, int H, int S,
+namespace {
+bool bad_problem(int B, int Hq, int Hkv, int S, int D) {
+    return B < 1 || Hq < 1 || Hkv < 1 || S < 1 || Hq % Hkv != 0 ||
+           (D != 64 && D != 128 && D != 256);
+}
+}  // namespace
+
+ORACLE_API int oracle_gen_seed(void* q, void* k, void* v, int B, int Hq, int Hkv, int S, int D,
                                unsigned long long seed, cudaStream_t s) {
-    if (q == nullptr || k == nullptr || v == nullptr || B < 1 || H < 1 || S < 1)
+    if (q == nullptr || k == nullptr || v == nullptr || bad_problem(B, Hq, Hkv, S, D))
         return (int)cudaErrorInvalidValue;
-    const long long n = (long long)B * S * H * kD;
-    ORACLE_CHECK((cudaError_t)oracle_fill_uniform(q, n, seed, kStreamQ, -2.0f, 2.0f, s));
-    ORACLE_CHECK((cudaError_t)oracle_fill_uniform(k, n, seed, kStreamK, -2.0f, 2.0f, s));
-    ORACLE_CHECK((cudaError_t)oracle_fill_uniform(v, n, seed, kStreamV, -1.0f, 1.0f, s));
+    const long long n_q = (long long)B * S * Hq * D, n_kv = (long long)B * S * Hkv * D;
+    ORACLE_CHECK((cudaError_t)oracle_fill_uniform(q, n_q, seed, kStreamQ, -2.0f, 2.0f, s));
+    ORACLE_CHECK((cudaError_t)oracle_fill_uniform(k, n_kv, seed, kStreamK, -2.0f, 2.0f, s));
+    ORACLE_CHECK((cudaError_t)oracle_fill_uniform(v, n_kv, seed, kStreamV, -1.0f, 1.0f, s));
     return 0;
 }
 
-ORACLE_API int oracle_gen_rising(void* q, void* k, void* v, int B, int H, int S,
+ORACLE_API int oracle_gen_rising(void* q, void* k, void* v, int B, int Hq, int Hkv, int S, int D,
                                  unsigned long long seed, int direction, cudaStream_t s) {
-    if (q == nullptr || k == nullptr || v == nullptr || B < 1 || H < 1 || S < 1 || S > 32768 ||
-        (direction != 1 && direction != -1))
+    if (q == nullptr || k == nullptr || v == nullptr || bad_problem(B, Hq, Hkv, S, D) ||
+        S > 32768 || (direction != 1 && direction != -1))
         return (int)cudaErrorInvalidValue;
-    const long long n = (long long)B * S * H * kD;
+    const long long n = (long long)B * S * Hq * D;  // Q is the larger tensor
     gen_rising_kernel<<<grid_for(n, 256), 256, 0, s>>>(
         static_cast<__nv_bfloat16*>(q), static_cast<__nv_bfloat16*>(k),
-        static_cast<__nv_bfloat16*>(v), B, H, S, seed, direction);
+        static_cast<__nv_bfloat16*>(v), B, Hq, Hkv, S, D, seed, direction);
     return (int)cudaGetLastError();
 }
 
@@ -745,19 +875,15 @@ ORACLE_API int oracle_poison(void* o, long long n_o, float* lse, long long n_lse
 }
 
 ORACLE_API int oracle_reference(const void* q, const void* k, const void* v, float* o_ref,
-                                float* lse_ref, int B, int H, int S, int flags, cudaStream_t s) {
-    if (q == nullptr || k == nullptr || v == nullptr || o_ref == nullptr || B < 1 || H < 1 ||
-        S < 1 || H > 65535 || B > 65535 || (flags & ~7) != 0)
+                                float* lse_ref, int B, int Hq, int Hkv, int S, int D, int causal,
+                                int flags, cudaStream_t s) {
+    if (q == nullptr || k == nullptr || v == nullptr || o_ref == nullptr ||
+        bad_problem(B, Hq, Hkv, S, D) || Hq > 65535 || B > 65535 || (flags & ~7) != 0)
         return (int)cudaErrorInvalidValue;
-    // > 48 KB of dynamic shared memory needs an explicit opt-in (cheap; done every call so the
-    // attribute is set in whatever context is current).
-    ORACLE_CHECK(cudaFuncSetAttribute(reference_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)kRefSmemBytes));
-    const dim3 grid((S + kRefM - 1) / kRefM, H, B);
-    reference_kernel<<<grid, kRefThreads, kRefSmemBytes, s>>>(
-        static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k),
-        static_cast<const __nv_bfloat16*>(v), o_ref, lse_ref, H, S, flags);
-    return (int)cudaGetLastError();
+    const int c = causal != 0;
+    if (D == 64) return launch_reference<64>(q, k, v, o_ref, lse_ref, B, Hq, Hkv, S, c, flags, s);
+    if (D == 128) return launch_reference<128>(q, k, v, o_ref, lse_ref, B, Hq, Hkv, S, c, flags, s);
+    return launch_reference<256>(q, k, v, o_ref, lse_ref, B, Hq, Hkv, S, c, flags, s);
 }
 
 ORACLE_API int oracle_f32_to_bf16(const float* src, void* dst, long long n, cudaStream_t s) {
@@ -769,21 +895,29 @@ ORACLE_API int oracle_f32_to_bf16(const float* src, void* dst, long long n, cuda
 
 ORACLE_API int oracle_row_block(void) { return ORACLE_ROW_BLOCK; }
 
-ORACLE_API int oracle_compare(const void* o, const float* o_ref, int B, int H, int S,
+ORACLE_API int oracle_compare(const void* o, const float* o_ref, int B, int H, int S, int D,
                               const float* lse, const float* lse_ref, float o_atol, float o_rtol,
                               float lse_atol, float lse_rtol, OracleStats* stats,
                               float* block_sums, double* col_sums, cudaStream_t s) {
-    if (o == nullptr || o_ref == nullptr || stats == nullptr || B < 1 || H < 1 || S < 1 ||
+    if (o == nullptr || o_ref == nullptr || stats == nullptr || bad_problem(B, H, 1, S, D) ||
         B > 65535 || H > 65535 || (lse != nullptr && lse_ref == nullptr))
         return (int)cudaErrorInvalidValue;
     init_stats_kernel<<<1, 32, 0, s>>>(stats);
     ORACLE_CHECK(cudaGetLastError());
     if (col_sums != nullptr)
-        ORACLE_CHECK(cudaMemsetAsync(col_sums, 0, sizeof(double) * 4 * kD * (size_t)B * H, s));
+        ORACLE_CHECK(cudaMemsetAsync(col_sums, 0, sizeof(double) * 4 * D * (size_t)B * H, s));
     const dim3 grid((S + kCmpRowsPerCta - 1) / kCmpRowsPerCta, H, B);
-    compare_o_kernel<<<grid, kCmpThreads, 0, s>>>(static_cast<const uint16_t*>(o), o_ref, H, S,
-                                                  o_atol, o_rtol, stats,
-                                                  reinterpret_cast<float4*>(block_sums), col_sums);
+    const uint16_t* o16 = static_cast<const uint16_t*>(o);
+    float4* bs = reinterpret_cast<float4*>(block_sums);
+    if (D == 64)
+        compare_o_kernel<64><<<grid, kCmpThreads, 0, s>>>(o16, o_ref, H, S, o_atol, o_rtol, stats,
+                                                          bs, col_sums);
+    else if (D == 128)
+        compare_o_kernel<128><<<grid, kCmpThreads, 0, s>>>(o16, o_ref, H, S, o_atol, o_rtol,
+                                                           stats, bs, col_sums);
+    else
+        compare_o_kernel<256><<<grid, kCmpThreads, 0, s>>>(o16, o_ref, H, S, o_atol, o_rtol,
+                                                           stats, bs, col_sums);
     ORACLE_CHECK(cudaGetLastError());
     if (lse != nullptr) {
         const long long n_lse = (long long)B * H * S;

@@ -1,6 +1,7 @@
 """Does the exported kernel run as fast as the one the tuner timed? (issue 5, benchmark 3)
 
-    python3 scripts/export_timing.py --study NAME [--storage URL] --export DIR [--shape BxHxS]...
+    python3 scripts/export_timing.py --study NAME [--storage URL] --export DIR \\
+        [--shape BxHq[/Hkv]xS[:dD][:full]]...
 
 Loads two shared libraries into one process: the trial's cached artifact (what the search
 timed) and DIR/build/libfa_tune_fwd.so (built from scratch by the export's build.sh). Both go
@@ -22,14 +23,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner import export  # noqa: E402
-from tuner.config import KernelConfig, Shape  # noqa: E402
+from tuner.config import KernelConfig, check_problems  # noqa: E402
 from tuner.errors import FaTuneError  # noqa: E402
 from tuner.measure.bench import Bench  # noqa: E402
 from tuner.measure.launch import KernelLaunch  # noqa: E402
 from tuner.measure.timing import FULL  # noqa: E402
+from tuner.problem import parse_problems  # noqa: E402
 from tuner.show import pick_trial  # noqa: E402
-
-SEED_SHAPES = ["4x32x4096", "4x32x8192", "4x32x16384"]
 
 
 def main() -> int:
@@ -45,7 +45,8 @@ def _main() -> int:
     ap.add_argument("--study", required=True)
     ap.add_argument("--storage")
     ap.add_argument("--export", required=True, type=Path, help="folder written by fa-tune export")
-    ap.add_argument("--shape", action="append", default=[])
+    ap.add_argument("--shape", action="append", default=[],
+                    help="problem BxHq[/Hkv]xS[:dD][:full] (default: the seed problems)")
     ap.add_argument("--pairs", type=int, default=4, help="A/B pairs per shape (even: ABBA)")
     ap.add_argument("--settle-s", type=float, default=FULL.settle_s,
                     help="seconds of launches before each timed round (0: none)")
@@ -54,6 +55,8 @@ def _main() -> int:
 
     _, trial = pick_trial(a.study, a.storage, None)  # the best, as `fa-tune export` picks it
     cfg = KernelConfig.from_dict(trial.user_attrs["config"])
+    problems = parse_problems(a.shape)
+    check_problems(cfg, problems)  # head dim 128 so far; one mask
     tuner_so = Path(export.artifact_for(trial, cfg).so_path)
     export_so = a.export / "build" / "libfa_tune_fwd.so"
     if not export_so.is_file():
@@ -66,8 +69,8 @@ def _main() -> int:
     proto = dataclasses.replace(FULL, rounds=1, settle_s=a.settle_s)
     rows, dump = [], {"trial": trial.number, "tuner_so": str(tuner_so),
                       "export_so": str(export_so), "shapes": {}}
-    for text in a.shape or SEED_SHAPES:
-        shape = Shape.parse(text)
+    for shape in problems:
+        text = str(shape)
         per: dict[str, list[float]] = {k: [] for k in kernels}
         for name, kern in kernels.items():
             verdict = bench.gate(kern, shape)

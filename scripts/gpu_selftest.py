@@ -7,12 +7,16 @@ Run on the H200 from the repository root:
 
 Checks, in order: device and NVML; oracle.so builds; the GPU input generators equal the NumPy
 twin bit for bit; the "rising" set rises on GPU-made inputs; the FP32 reference matches NumPy
-float64 on sampled rows (row 0, S-1, tile boundaries); oracle_compare's counters and BF16 budget
-sums equal their NumPy twin; the gate passes a perfect kernel and catches injected bugs (no O
-rescale, no running-sum rescale, one wrong element, one unwritten element, one NaN, one wrong LSE,
-LSE never written, and errors only the BF16 error budget sees: O x 1.015 on rows 0-7 of every 64,
-O x 1.01 on 4 head-dim columns); the reference's and the comparison's runtime at the seed shapes;
-time_kernel on a trivial kernel. Prints a table last; exit code 1 if any check failed.
+float64 on sampled rows (row 0, S-1, tile boundaries) and, for the problem family (GQA, MQA, head
+dims 64 and 256, non-causal), on every row of small problems; oracle_compare's counters and BF16
+budget sums equal their NumPy twin (D 64 and 256 too); the gate passes a perfect kernel and
+catches injected bugs (no O rescale, no running-sum rescale, one wrong element, one unwritten
+element, one NaN, one wrong LSE, LSE never written, and errors only the BF16 error budget sees:
+O x 1.015 on rows 0-7 of every 64, O x 1.01 on 4 head-dim columns), and on every kind of problem
+of the family passes the reference kernel and catches the rescale bugs and the column error; the
+reference's runtime at the seed shapes and at GQA / D 64 / D 256 / non-causal problems of the
+same size; the comparison's runtime; time_kernel on a trivial kernel. Prints a table last; exit
+code 1 if any check failed.
 """
 
 from __future__ import annotations
@@ -35,14 +39,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tuner.errors import FaTuneError  # noqa: E402
 from tuner.measure import oracle as O  # noqa: E402
 from tuner.measure import timing as T  # noqa: E402
-from tuner.runtime import AttnBuffers, Device, Event, OracleModule  # noqa: E402
+from tuner.problem import Problem  # noqa: E402
+from tuner.runtime import AttnBuffers, Device, Event, OracleModule, as_problem  # noqa: E402
 
 ROWS: list[tuple[str, str, str]] = []  # (check, PASS/FAIL, detail)
 DETAILS: dict[str, Any] = {}
 
 
-def Shape(B: int, H: int, S: int) -> SimpleNamespace:  # noqa: N802 - like tuner.config.Shape
+def Shape(B: int, H: int, S: int) -> SimpleNamespace:  # noqa: N802 - an MHA D 128 problem
     return SimpleNamespace(B=B, H=H, S=S)
+
+
+# Small problems of each kind of the family (every row checked against NumPy float64).
+FAMILY = [Problem(1, 4, 256, Hkv=2), Problem(2, 4, 200, Hkv=1), Problem(1, 2, 256, D=64),
+          Problem(1, 2, 200, D=256), Problem(1, 2, 256, causal=False),
+          Problem(1, 8, 320, Hkv=2, D=64, causal=False),
+          Problem(1, 4, 130, Hkv=1, D=256, causal=False)]
 
 
 def check(name: str, fn: Callable[[], tuple[bool, str]]) -> bool:
@@ -106,18 +118,21 @@ def main() -> int:
 
     # -- generators == NumPy twin
     def twin() -> tuple[bool, str]:
-        shape = Shape(2, 3, 256)
         bad = []
-        with AttnBuffers(dev, shape) as bufs:
-            for name in O.INPUT_SETS:
-                O.fill_inputs(orc, bufs, name, 42, stream)
-                stream.synchronize()
-                got = O.inputs_to_host(bufs)
-                want = O.host_inputs(shape, name, 42)
-                for t, g, w in zip("qkv", got, want, strict=True):
-                    if not np.array_equal(g, w):
-                        bad.append(f"{name}.{t}: {int((g != w).sum())} differ")
-        return not bad, "; ".join(bad) or "seed, rising, rising_fwd identical at 2x3x256"
+        shapes = (Shape(2, 3, 256), Problem(2, 6, 100, Hkv=2, D=64),
+                  Problem(1, 4, 64, Hkv=1, D=256, causal=False))
+        for shape in shapes:
+            with AttnBuffers(dev, shape) as bufs:
+                for name in O.INPUT_SETS:
+                    O.fill_inputs(orc, bufs, name, 42, stream)
+                    stream.synchronize()
+                    got = O.inputs_to_host(bufs)
+                    want = O.host_inputs(shape, name, 42)
+                    for t, g, w in zip("qkv", got, want, strict=True):
+                        if not np.array_equal(g, w):
+                            bad.append(f"{bufs.shape} {name}.{t}: {int((g != w).sum())} differ")
+        return not bad, "; ".join(bad) or (
+            "seed, rising, rising_fwd identical at 2x3x256, 2x6/2x100:d64, 1x4/1x64:d256:full")
 
     check("GPU generators == NumPy twin (bit-exact)", twin)
 
@@ -144,8 +159,7 @@ def main() -> int:
             lse_ref = dev.alloc(bufs.n_lse * 4)
             try:
                 O.fill_inputs(orc, bufs, input_set, 42, stream)
-                orc.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref.ptr, lse_ref.ptr,
-                              shape.B, shape.H, shape.S, stream)
+                orc.reference_for(bufs, o_ref.ptr, lse_ref.ptr, stream)
                 stream.synchronize()
                 q, k, v = O.inputs_to_host(bufs)
                 o_gpu = o_ref.copy_to_host(np.float32).reshape(shape.B, shape.S, shape.H, 128)
@@ -172,15 +186,42 @@ def main() -> int:
             check(f"reference vs float64 {shape.B}x{shape.H}x{shape.S} {input_set}",
                   lambda s=shape, n=n_bh, i=input_set: ref_vs_numpy(s, i, n))
 
+    def ref_family(p: Problem, input_set: str) -> tuple[bool, str]:
+        with AttnBuffers(dev, p) as bufs:
+            o_ref = dev.alloc(bufs.n * 4)
+            lse_ref = dev.alloc(bufs.n_lse * 4)
+            try:
+                O.fill_inputs(orc, bufs, input_set, 42, stream)
+                orc.reference_for(bufs, o_ref.ptr, lse_ref.ptr, stream)
+                stream.synchronize()
+                q, k, v = O.inputs_to_host(bufs)
+                o_gpu = o_ref.copy_to_host(np.float32).reshape(p.B, p.S, p.Hq, p.D)
+                l_gpu = lse_ref.copy_to_host(np.float32).reshape(p.B, p.Hq, p.S)
+            finally:
+                o_ref.free()
+                lse_ref.free()
+        o_np, l_np = O.numpy_reference(q, k, v, p.causal)
+        o_err = float(np.abs(o_gpu - o_np).max())
+        l_err = float((np.abs(l_gpu - l_np) / (1 + np.abs(l_np))).max())
+        finite = bool(np.isfinite(o_gpu).all() and np.isfinite(l_gpu).all())
+        DETAILS.setdefault("reference_vs_numpy", []).append(
+            dict(shape=str(p), set=input_set, rows="all", o_max_abs_err=o_err,
+                 lse_max_rel_err=l_err, finite=finite))
+        return (finite and o_err <= 1e-4 and l_err <= 2e-5), (
+            f"every row: O max|err| {o_err:.2e}, LSE max rel err {l_err:.2e}")
+
+    for p in FAMILY:
+        for input_set in ("seed", "rising"):
+            check(f"reference vs float64 {p} ({p.kind}) {input_set}",
+                  lambda p=p, i=input_set: ref_family(p, i))
+
     # -- oracle_compare vs its NumPy twin (poison, NaN and a partial last row block included)
-    def compare_twin() -> tuple[bool, str]:
-        shp = Shape(2, 3, 1000)
+    def compare_twin(shp: Any) -> tuple[bool, str]:
         with AttnBuffers(dev, shp) as bufs:
             o_ref = dev.alloc(bufs.n * 4)
             try:
                 O.fill_inputs(orc, bufs, "seed", 42, stream)
-                orc.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref.ptr, None,
-                              shp.B, shp.H, shp.S, stream)
+                orc.reference_for(bufs, o_ref.ptr, None, stream)
                 orc.f32_to_bf16(o_ref.ptr, bufs.o.ptr, bufs.n, stream)
                 stream.synchronize()
                 o = bufs.o.copy_to_host(np.uint16, bufs.n)
@@ -192,7 +233,7 @@ def main() -> int:
                 ref = o_ref.copy_to_host(np.float32)
             finally:
                 o_ref.free()
-        dims = (shp.B, shp.S, shp.H, 128)
+        dims = (shp.B, shp.S, shp.H, getattr(shp, "D", 128))
         want, wsums = O.compare_numpy(o.reshape(dims), ref.reshape(dims))
         bad = [f for f in ("o_count", "o_violations", "o_nonfinite", "o_unwritten",
                            "o_first_violation", "o_block_rows", "o_max_abs_err")
@@ -204,10 +245,14 @@ def main() -> int:
         if not np.allclose(sums.cols, wsums.cols, rtol=1e-5, atol=0):
             bad.append("column sums")
         return not bad, ("differ: " + ", ".join(bad)) if bad else (
-            f"2x3x1000: {stats.o_violations} violations, first {stats.o_first_violation}, "
-            f"{sums.blocks.shape[2]} row blocks per head: counters and sums equal")
+            f"{bufs.shape}: {stats.o_violations} violations, first {stats.o_first_violation}, "
+            f"{sums.blocks.shape[2]} row blocks per head, {sums.cols.shape[2]} columns: "
+            "counters and sums equal")
 
-    check("oracle_compare == NumPy twin (stats and budget sums)", compare_twin)
+    for shp in (Shape(2, 3, 1000), Problem(2, 4, 1000, Hkv=2, D=64),
+                Problem(1, 3, 1000, Hkv=1, D=256, causal=False)):
+        check(f"oracle_compare == NumPy twin (stats and budget sums) {as_problem(shp)}",
+              lambda s=shp: compare_twin(s))
 
     # -- gate self-checks
     shape = Shape(2, 4, 1024)
@@ -299,7 +344,7 @@ def main() -> int:
             st.synchronize()
             s = bufs.shape
             o = O.bf16_bits_to_f32(bufs.o.copy_to_host(np.uint16, bufs.n)).reshape(
-                s.B, s.S, s.H, 128)
+                s.B, s.S, s.H, s.D)
             o[:, rows, :, cols] *= np.float32(factor)
             bufs.o.copy_from_host(O.f32_to_bf16_bits(o).reshape(-1))
         return after
@@ -336,28 +381,68 @@ def main() -> int:
           budget_only(slice(None), slice(0, 4), 1.01, "head-dim columns"))
     gbufs.free()
 
+    # -- the gate on every kind of problem: the reference passes, rescale bugs and a 1% column
+    #    error are caught (the rising sets must rise for GQA, every D and non-causal walks)
+    def family_gate(p: Problem) -> tuple[bool, str]:
+        sets = ("seed", "rising", "rising_fwd")
+        cache = O.ReferenceCache()
+        out = []
+        with AttnBuffers(dev, p) as bufs:
+            def gate(kern: Any) -> O.GateResult:
+                try:
+                    return O.gate(dev, kern, p, bufs, 42, sets, oracle=orc, stream=stream,
+                                  reference_cache=cache)
+                finally:
+                    kern.free()
+            try:
+                g = gate(O.ReferenceKernel(dev, orc))
+                ok = g.passed and all(abs(m.bf16_ratio - 1.0) < 1e-3 for m in g.sets)
+                out.append(f"reference {'PASS' if g.passed else 'FAIL'}")
+                for flags, catching in ((O.REF_REVERSE | O.REF_BUG_NO_RESCALE_O, "rising"),
+                                        (O.REF_REVERSE | O.REF_BUG_NO_RESCALE_L, "rising"),
+                                        (O.REF_BUG_NO_RESCALE_O, "rising_fwd")):
+                    m = gate(O.ReferenceKernel(dev, orc, flags)).by_set[catching]
+                    ok &= not m.passed and m.violations > 0
+                    out.append(f"bug {flags} on {catching}: {m.violations} violations")
+                bad = gate(O.ReferenceKernel(dev, orc, after=scale_after(
+                    slice(None), slice(0, 4), 1.01)))
+                ok &= all(not m.passed and m.violations == 0 for m in bad.sets)
+                out.append("1% on 4 columns: " + ", ".join(
+                    f"{m.input_set} {m.budget_ratio:.2f}x budget" for m in bad.sets))
+            finally:
+                cache.clear()
+        return ok, "; ".join(out)
+
+    for p in FAMILY:
+        check(f"gate on {p} ({p.kind}, D {p.D}, {'causal' if p.causal else 'non-causal'})",
+              lambda p=p: family_gate(p))
+
     # -- reference runtime and the full gate at the seed shapes
-    def ref_time(S: int) -> tuple[bool, str]:
-        shp = Shape(4, 32, S)
+    def ref_time(shp: Problem) -> tuple[bool, str]:
         with AttnBuffers(dev, shp) as bufs:
             o_ref = dev.alloc(bufs.n * 4)
             try:
                 O.fill_inputs(orc, bufs, "seed", 42, stream)
                 e0, e1 = Event(dev), Event(dev)
                 e0.record(stream)
-                orc.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref.ptr, bufs.lse.ptr,
-                              shp.B, shp.H, shp.S, stream)
+                orc.reference_for(bufs, o_ref.ptr, bufs.lse.ptr, stream)
                 e1.record(stream)
                 stream.synchronize()
                 ms = Event.elapsed_ms(e0, e1)
             finally:
                 o_ref.free()
-        fl = 4.0 * shp.B * shp.H * shp.S * shp.S * 128 / 2  # causal QK + PV, 2 flop per FMA
-        DETAILS.setdefault("reference_ms", {})[S] = ms
-        return True, f"{ms:.1f} ms ({fl / (ms * 1e9):.1f} TFLOPS FP32 causal)"
+        # FMAs: QK + PV = 2 S^2 D per (b, h), half of it causal; 2 flop per FMA.
+        fl = 2.0 * shp.B * shp.Hq * shp.S * shp.S * shp.D * 2 / (2 if shp.causal else 1)
+        DETAILS.setdefault("reference_ms", {})[str(shp)] = ms
+        return True, f"{ms:.1f} ms ({fl / (ms * 1e9):.1f} TFLOPS FP32)"
 
     for S in (4096, 8192) if args.quick else (4096, 8192, 16384):
-        check(f"reference runtime 4x32x{S}", lambda S=S: ref_time(S))
+        check(f"reference runtime 4x32x{S}", lambda S=S: ref_time(Problem(4, 32, S)))
+    S_f = 8192 if args.quick else 16384
+    for p in (Problem(4, 32, S_f, Hkv=8), Problem(4, 32, S_f, D=64),
+              Problem(4, 32, S_f, D=256), Problem(4, 32, S_f, causal=False),
+              Problem(4, 32, S_f, Hkv=8, D=256, causal=False)):
+        check(f"reference runtime {p}", lambda p=p: ref_time(p))
 
     def full_gate(S: int) -> tuple[bool, str]:
         shp = Shape(4, 32, S)
@@ -385,13 +470,12 @@ def main() -> int:
             scratch = O.CompareScratch(dev, shp)
             try:
                 O.fill_inputs(orc, bufs, "seed", 42, stream)
-                orc.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref.ptr, bufs.lse.ptr,
-                              shp.B, shp.H, shp.S, stream)
+                orc.reference_for(bufs, o_ref.ptr, bufs.lse.ptr, stream)
                 orc.f32_to_bf16(o_ref.ptr, bufs.o.ptr, bufs.n, stream)
                 O.compare(dev, orc, bufs, o_ref, None, stream, scratch)  # warm-up
                 e0, e1 = Event(dev), Event(dev)
                 e0.record(stream)
-                orc.compare(bufs.o.ptr, o_ref.ptr, shp.B, shp.H, shp.S, None, None, O.O_ATOL,
+                orc.compare(bufs.o.ptr, o_ref.ptr, shp.B, shp.H, shp.S, 128, None, None, O.O_ATOL,
                             O.O_RTOL, O.LSE_ATOL, O.LSE_RTOL, scratch.stats.ptr,
                             scratch.blocks.ptr, scratch.cols.ptr, stream)
                 e1.record(stream)

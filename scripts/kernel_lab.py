@@ -31,8 +31,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner import build, config  # noqa: E402
-from tuner.config import Shape  # noqa: E402
+from tuner.config import KernelConfig, check_problems, problem_class  # noqa: E402
+from tuner.errors import ShapeError  # noqa: E402
 from tuner.measure.timing import Protocol  # noqa: E402
+from tuner.problem import Problem  # noqa: E402
 
 
 class Variant:
@@ -48,15 +50,17 @@ class Variant:
         self.label = self.cfg.config_id() + tag
 
 
-def compile_all(variants: list[Variant], jobs: int) -> list[Path | None]:
-    """Build every variant through the product's build path (lab macros as -D defines)."""
+def compile_all(variants: list[Variant], jobs: int, causal: bool = True) -> list[Path | None]:
+    """Build every variant through the product's build path (lab macros as -D defines), for
+    one mask (the problems' class)."""
     groups: dict[str, list[int]] = {}
     for i, v in enumerate(variants):
         groups.setdefault(json.dumps(v.lab, sort_keys=True), []).append(i)
     sos: list[Path | None] = [None] * len(variants)
     for lab_json, idx in groups.items():
         defines = json.loads(lab_json) or None
-        built = build.build_many([variants[i].cfg for i in idx], jobs=jobs, defines=defines)
+        built = build.build_many([variants[i].cfg for i in idx], jobs=jobs, defines=defines,
+                                 causal=causal)
         for i, outcome in zip(idx, built, strict=True):
             if outcome.ok and not outcome.result.unfit:
                 sos[i] = Path(outcome.result.so_path)
@@ -66,7 +70,7 @@ def compile_all(variants: list[Variant], jobs: int) -> list[Path | None]:
     return sos
 
 
-def _row(shape: Shape, name: str, status: str, t: Any, fa3_ms: float | None) -> dict[str, Any]:
+def _row(shape: Problem, name: str, status: str, t: Any, fa3_ms: float | None) -> dict[str, Any]:
     st = t.rounds[-1].state_before
     return {"shape": str(shape), "backend": name, "gate": status, "median_ms": t.median_ms,
             "min_ms": t.min_ms, "max_ms": t.max_ms, "tflops": t.tflops,
@@ -75,7 +79,7 @@ def _row(shape: Shape, name: str, status: str, t: Any, fa3_ms: float | None) -> 
 
 
 def bench_shape(bench: Any, fa3: Any, variants: list[Variant], sos: list[Path | None],
-                shape: Shape, proto: Protocol, rows: list, log: list) -> None:
+                shape: Problem, proto: Protocol, rows: list, log: list) -> None:
     """Gate every variant on `shape`, then time FA3, the passing variants, FA3 again."""
     from tuner.measure.launch import KernelLaunch
 
@@ -127,7 +131,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", action="append", default=[])
     ap.add_argument("--variants-file", help="one variant per line (preset name or JSON)")
-    ap.add_argument("--shape", action="append", default=[])
+    ap.add_argument("--shape", action="append", default=[],
+                    help="problem BxHq[/Hkv]xS[:dD][:full] (the kernel runs MHA, D 128, causal)")
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
@@ -142,8 +147,13 @@ def main() -> None:
         texts += [ln.strip() for ln in Path(args.variants_file).read_text().splitlines()
                   if ln.strip() and not ln.startswith("#")]
     variants = [Variant(v) for v in (texts or ["default"])]
+    try:  # before compiling: a problem the kernel cannot run is one line
+        problems = [Problem.parse(s) for s in (args.shape or ["4x32x8192"])]
+        check_problems(KernelConfig(), problems)
+    except ShapeError as e:
+        raise SystemExit(f"kernel_lab: {e}") from None
     t0 = time.time()
-    sos = compile_all(variants, args.jobs)
+    sos = compile_all(variants, args.jobs, problem_class(problems))
     print(f"built {len(sos)} variants in {time.time() - t0:.1f}s", flush=True)
     if args.build_only:
         return
@@ -164,8 +174,8 @@ def main() -> None:
     bench = Bench(0)
     rows: list[dict[str, Any]] = []
     log: list[dict[str, Any]] = []
-    for text in args.shape or ["4x32x8192"]:
-        bench_shape(bench, fa3, variants, sos, Shape.parse(text), proto, rows, log)
+    for problem in problems:
+        bench_shape(bench, fa3, variants, sos, problem, proto, rows, log)
     out = os.environ.get("OUT")
     if out:
         Path(out, "kernel_lab.json").write_text(json.dumps(log, indent=1, default=str))

@@ -1,4 +1,5 @@
-// fa-tune kernel template: causal FlashAttention forward, BF16, BSHD, head dim 128, sm_90a.
+// fa-tune kernel template: FlashAttention forward, BF16, BSHD, head dim 128, sm_90a; MHA, GQA
+// and MQA at run time (Hkv), causal or not at compile time (a problem class, not a knob).
 // Rendered by tuner/build.py: each $${knob} becomes a C++ constant (docs/ARCHITECTURE.md).
 // The kernel itself lives in cuda_src/fa_tune/; this unit only fixes its knobs.
 #define FA_TUNE_EXTENDED_MMA ${extended_mma}  // derived from block_n (fa_tune/config.cuh)
@@ -9,6 +10,7 @@
 // each other's template code or statics.
 namespace {
 struct Config {
+  static constexpr bool causal = ${causal};  // the problem class this library serves
   static constexpr int block_m = ${block_m};
   static constexpr int block_n = ${block_n};
   static constexpr int k_stages = ${k_stages};

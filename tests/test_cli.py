@@ -24,11 +24,67 @@ def test_presets_lists() -> None:
     assert "baseline" in r.output and "fa3" in r.output and "default" in r.output
 
 
-@pytest.mark.parametrize("shape", ["4x32", "4x32xS", "0x1x128"])
-def test_bad_shape_exit_2(shape: str) -> None:
+@pytest.mark.parametrize(("shape", "needle"), [
+    ("4x32", "malformed problem '4x32': write BxHq[/Hkv]xS[:dD][:full]"),
+    ("4x32xS", "malformed problem"),
+    ("0x1x128", "B must be a positive integer"),
+    ("4x32/5x8192", "Hq=32 must be a multiple of Hkv=5"),
+    ("4x32x8192:d96", "head dim D=96 is not supported"),
+    ("4x32x8192:window", "unknown option ':window'"),
+])
+def test_bad_shape_exit_2(shape: str, needle: str) -> None:
     r = runner.invoke(app, ["run", "--preset", "baseline", "--shape", shape])
     assert r.exit_code == 2
-    assert "shape" in _one_error_line(r.output)
+    assert needle in _one_error_line(r.output)
+
+
+@pytest.fixture()
+def no_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any compile or GPU use is a test failure: the refusal must come first."""
+    from tuner import build as build_mod
+    from tuner import runtime
+
+    def refuse(*_a: object, **_k: object) -> None:
+        raise AssertionError("a kernel was built (or the GPU opened) for a problem it cannot run")
+
+    monkeypatch.setattr(build_mod, "build_config", refuse)
+    monkeypatch.setattr(build_mod, "build_many", refuse)
+    monkeypatch.setattr(runtime.Device, "open", refuse)
+
+
+@pytest.mark.parametrize(("shape", "needle"), [
+    ("4x32x8192:d64", "runs head dim 128 only so far (got D=64); other head dims can be "
+                      "compared among peers with `fa-tune compare --backends ...` without "
+                      "--preset/--study/--config"),
+    ("1x32/8x8192:d256", "runs head dim 128 only so far (got D=256)"),
+    ("1x70000x128", "Hq=70000 exceeds the kernel's grid limit 65535"),
+])
+@pytest.mark.parametrize("command", ["run", "search", "profile"])
+def test_kernel_problem_it_cannot_run_exit_2_before_building(
+        no_builds: None, command: str, shape: str, needle: str, tmp_path: Path) -> None:
+    argv = {"run": ["run", "--preset", "baseline"],
+            "search": ["search", "--trials", "1", "--study", "x", "--storage",
+                       f"sqlite:///{tmp_path / 'x.db'}"],
+            "profile": ["profile", "--study", "x", "--storage",
+                        f"sqlite:///{tmp_path / 'x.db'}"]}[command]
+    r = runner.invoke(app, [*argv, "--shape", "4x32x4096", "--shape", shape]
+                      if command != "profile" else [*argv, "--shape", shape])
+    assert r.exit_code == 2, r.output
+    line = _one_error_line(r.output)
+    assert needle in line and shape in line
+    assert not (tmp_path / "x.db").exists()  # search refused before opening its study
+
+
+@pytest.mark.parametrize("command", ["run", "search"])
+def test_mixed_masks_exit_2_before_building(no_builds: None, command: str, tmp_path: Path) -> None:
+    """A kernel library serves one mask: causal and :full problems in one invocation are one
+    line, exit 2, before any compile."""
+    argv = {"run": ["run", "--preset", "baseline"],
+            "search": ["search", "--trials", "1", "--study", "x", "--storage",
+                       f"sqlite:///{tmp_path / 'x.db'}"]}[command]
+    r = runner.invoke(app, [*argv, "--shape", "1x32/8x4096", "--shape", "4x32x4096:full"])
+    assert r.exit_code == 2, r.output
+    assert "mix causal and non-causal" in _one_error_line(r.output)
 
 
 def test_unknown_preset_exit_2() -> None:
@@ -119,7 +175,7 @@ def test_console_script_one_line() -> None:
         capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"},
     )
     assert r.returncode == 2
-    assert r.stderr.strip().count("\n") == 0 and "malformed shape '4x32'" in r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "malformed problem '4x32'" in r.stderr
 
 
 @pytest.mark.slow
@@ -131,3 +187,11 @@ def test_build_preset_prints_resources() -> None:
                 "cache hit", "HGMMA", "LDL / STL"):
         assert col in r.output
     assert "artifact:" in r.output
+
+
+@pytest.mark.parametrize("command", ["run", "compare", "search", "show", "profile"])
+def test_help_shows_the_problem_syntax(command: str) -> None:
+    """The --shape help names the syntax (rich must not read '[/Hkv]' as a closing tag)."""
+    r = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "BxHq[/Hkv]xS[:dD][:full]" in r.output

@@ -38,15 +38,27 @@ def no_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--preset", "default", "--config", "x.yaml"], "at most one of --study, --preset"),
         (["--study", "s", "--preset", "default"], "at most one of --study, --preset"),
         (["--preset", "nope"], "unknown preset 'nope'"),
-        (["--preset", "default", "--shape", "4x32"], "shape"),
-        (["--preset", "default", "--shape", "0x1x128"], "shape"),
+        (["--preset", "default", "--shape", "4x32"], "malformed problem '4x32'"),
+        (["--preset", "default", "--shape", "0x1x128"], "B must be a positive integer"),
+        (["--shape", "4x32/3x128"], "Hq=32 must be a multiple of Hkv=3"),
+        (["--shape", "1x32/8x8192:d80"], "D=80 is not supported"),
+        (["--preset", "default", "--shape", "1x32/8x8192:d256"], "runs head dim 128 only so far "
+         "(got D=256); other head dims can be compared among peers with `fa-tune compare "
+         "--backends ...` without --preset/--study/--config"),
+        (["--preset", "default", "--shape", "4x32x4096", "--shape", "4x32x8192:d64"],
+         "runs head dim 128 only so far (got D=64)"),
+        (["--config", "CFG", "--shape", "4x32x4096", "--shape", "4x32x8192:full"],
+         "these problems mix causal and non-causal (:full) masks; a kernel is built for one "
+         "mask: run them in two invocations"),
         (["--preset", "default", "--backends", "fa3,flashinfer"], "unknown backend 'flashinfer'"),
         (["--preset", "default", "--warmup", "-1"], "warmup"),
         (["--config", "/nonexistent/c.yaml"], "cannot read config file"),
     ],
 )
-def test_compare_wrong_input_exit_2(args: list[str], needle: str) -> None:
-    r = runner.invoke(app, ["compare", *args])
+def test_compare_wrong_input_exit_2(args: list[str], needle: str, tmp_path: Path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("block_n: 112\n")
+    r = runner.invoke(app, ["compare", *[str(cfg) if a == "CFG" else a for a in args]])
     assert r.exit_code == 2, r.output
     if needle == "warmup":  # typer's own range check: its usage error, also exit 2
         assert "--warmup" in r.output and "Traceback" not in r.output
@@ -120,12 +132,20 @@ def test_compare_storage_without_study_exit_2() -> None:
 
 
 def _fake_gpu_path(monkeypatch: pytest.MonkeyPatch, payload: dict[str, Any],
-                   calls: list[dict[str, Any]], tmp_path: Path) -> None:
-    """Pretend torch is there, the build succeeded and compare_command ran."""
+                   calls: list[dict[str, Any]], tmp_path: Path,
+                   builds: list[dict[str, Any]] | None = None) -> None:
+    """Pretend torch is there, the build succeeded and compare_command ran; each build's
+    keyword arguments (``causal``) go to ``builds``."""
     so = tmp_path / "kernel.so"
     so.write_bytes(b"")
     built = types.SimpleNamespace(so_path=str(so), require_timeable=lambda: None)
-    monkeypatch.setattr(build_mod, "build_config", lambda cfg: built)
+
+    def fake_build(cfg: Any, **kw: Any) -> Any:
+        if builds is not None:
+            builds.append(kw)
+        return built
+
+    monkeypatch.setattr(build_mod, "build_config", fake_build)
     monkeypatch.setattr("tuner.peers.base.module_missing", lambda name: None)
     monkeypatch.setattr("tuner.runtime.Device.open", lambda *a, **k: None)  # "a GPU is there"
 
@@ -153,7 +173,8 @@ def _payload(kernel_status: str, peer_status: str = "ok") -> dict[str, Any]:
 
 def test_compare_passes_options_through(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     calls: list[dict[str, Any]] = []
-    _fake_gpu_path(monkeypatch, _payload("ok"), calls, tmp_path)
+    builds: list[dict[str, Any]] = []
+    _fake_gpu_path(monkeypatch, _payload("ok"), calls, tmp_path, builds)
     r = runner.invoke(app, ["compare", "--preset", "default", "--shape", "2x4x1024",
                             "--backends", "fa3,cudnn", "--warmup", "1", "--repeat", "2",
                             "--rounds", "1", "--results-dir", str(tmp_path / "res")])
@@ -163,17 +184,42 @@ def test_compare_passes_options_through(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert c["shapes"] == ["2x4x1024"] and c["backends"] == "fa3,cudnn"
     assert (c["warmup"], c["repeat"], c["rounds"]) == (1, 2, 1)
     assert c["results_root"] == tmp_path / "res"
+    assert builds == [{"causal": True}]  # the kernel is built for the problems' mask
+
+
+@pytest.mark.parametrize(("texts", "causal"), [
+    (["1x32/8x8192"], True),
+    (["4x32x4096", "1x32/1x8192"], True),
+    (["4x32x8192:full"], False),
+    (["4x32x8192:full", "1x32/8x8192:full"], False),
+])
+def test_compare_kernel_runs_gqa_and_non_causal_problems(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, texts: list[str], causal: bool) -> None:
+    """GQA/MQA and :full problems at D 128 are the kernel's, built for the problems' one mask."""
+    calls: list[dict[str, Any]] = []
+    builds: list[dict[str, Any]] = []
+    _fake_gpu_path(monkeypatch, _payload("ok"), calls, tmp_path, builds)
+    argv = ["compare", "--preset", "default", "--backends", "fa3"]
+    for t in texts:
+        argv += ["--shape", t]
+    r = runner.invoke(app, argv)
+    assert r.exit_code == 0, r.output
+    assert builds == [{"causal": causal}]
+    [c] = calls
+    assert c["so_path"] == tmp_path / "kernel.so" and c["shapes"] == texts
 
 
 def test_compare_study_passes_the_confirmed_number(monkeypatch: pytest.MonkeyPatch,
                                                   tmp_path: Path) -> None:
     calls: list[dict[str, Any]] = []
-    _fake_gpu_path(monkeypatch, _payload("ok"), calls, tmp_path)
+    builds: list[dict[str, Any]] = []
+    _fake_gpu_path(monkeypatch, _payload("ok"), calls, tmp_path, builds)
     conf = {"geomean_tflops": 640.0, "shapes": {"4x32x4096": {"tflops": 600.0}}}
     url = _study(tmp_path, "s", {"block_n": 112}, conf)
     r = runner.invoke(app, ["compare", "--study", "s", "--storage", url, "--backends", "fa3"])
     assert r.exit_code == 0, r.output
     assert calls[0]["confirmed"] == conf
+    assert builds == [{"causal": True}]
 
 
 def test_check_confirmed_ratio() -> None:
@@ -238,3 +284,148 @@ def test_compare_without_torch_is_one_line_before_building() -> None:
     assert r.returncode == 2, r.stderr
     assert "need torch" in _one_error_line(r.stderr)
     assert peers.DEFAULT_PEERS  # the peers package imported fine without torch too
+
+
+def test_compare_study_with_a_problem_the_kernel_cannot_run_exit_2(tmp_path: Path) -> None:
+    url = _study(tmp_path, "s", {"block_n": 112})
+    r = runner.invoke(app, ["compare", "--study", "s", "--storage", url,
+                            "--shape", "2x16/2x4096:d64", "--backends", "fa3"])
+    assert r.exit_code == 2, r.output
+    assert "runs head dim 128 only so far (got D=64)" in _one_error_line(r.output)
+    r = runner.invoke(app, ["compare", "--study", "s", "--storage", url, "--shape",
+                            "2x16/2x4096", "--shape", "2x16x4096:full", "--backends", "fa3"])
+    assert r.exit_code == 2, r.output
+    assert "mix causal and non-causal (:full) masks" in _one_error_line(r.output)
+
+
+def test_compare_peers_only_accepts_a_gqa_problem_up_to_the_gpu_check(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No --study/--preset/--config: every problem is the peers'; it gets as far as the GPU."""
+    from tuner import runtime
+
+    opened: list[int] = []
+
+    def no_gpu(index: int = 0, *_a: Any, **_k: Any) -> None:
+        opened.append(index)
+        raise runtime.GpuError("no GPU here (test)")
+
+    monkeypatch.setattr("tuner.peers.base.module_missing", lambda name: None)  # "torch is there"
+    monkeypatch.setattr(runtime.Device, "open", no_gpu)
+    r = runner.invoke(app, ["compare", "--shape", "1x32/8x8192", "--shape", "4x32x8192:d64:full",
+                            "--backends", "fa3,cudnn"])
+    assert r.exit_code == 2, r.output
+    assert "no GPU here (test)" in _one_error_line(r.output)
+    assert opened == [0]
+
+
+def test_compare_peers_only_passes_gqa_problems_through(monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    payload = _payload("ok")
+    payload["backends"] = payload["backends"][1:]
+    payload["summary"] = payload["summary"][1:]
+    _fake_gpu_path(monkeypatch, payload, calls, tmp_path)
+    r = runner.invoke(app, ["compare", "--shape", "1x32/8x8192", "--shape", "2x16x4096:D64:FULL",
+                            "--backends", "fa3,cudnn"])
+    assert r.exit_code == 0, r.output
+    [c] = calls
+    assert c["so_path"] is None
+    assert c["shapes"] == ["1x32/8x8192", "2x16x4096:d64:full"]  # canonical text forms
+
+
+# ---- compare's payload and writers with problems other than the seeds' (no GPU) -------------
+def _problem_payload(texts: list[str]) -> dict[str, Any]:
+    """TEST FIXTURE: a compare payload over ``texts`` with invented timings (not measurements)."""
+    from tuner.problem import Problem
+
+    shapes = []
+    for i, text in enumerate(texts):
+        prob = Problem.parse(text)
+        runs = []
+        for name, label, ms in (("fa3", "FlashAttention-3", 1.0 + i), ("cudnn", "cuDNN", 1.1 + i)):
+            runs.append({"backend": name, "label": label, "position": None, "status": "ok",
+                         "reason": "", "gate": {"passed": True, "max_abs_err": 0.002},
+                         "gate_after": None,
+                         "timing": {"median_ms": ms, "min_ms": ms * 0.99, "max_ms": ms * 1.01,
+                                    "tflops": prob.tflops(ms)}})
+        shapes.append({**prob.to_dict(), "shape": str(prob), "flops": prob.flops, "runs": runs})
+    payload = {"created_utc": "2026-01-01T00:00:00Z", "reference_peer": "fa3",
+               "gpu": {"name": "TEST FIXTURE GPU"}, "protocol": {}, "backends": [],
+               "shapes": shapes, "status": "passed"}
+    payload["summary"] = compare_mod.summarize(payload)
+    return payload
+
+
+def test_compare_rows_carry_the_problem(tmp_path: Path) -> None:
+    p = _problem_payload(["1x32/8x8192", "4x32x8192:d64:full"])
+    gqa = next(r for r in p["summary"] if r["shape"] == "1x32/8x8192" and r["backend"] == "fa3")
+    assert {k: gqa[k] for k in ("B", "H", "Hq", "Hkv", "S", "D", "causal")} == {
+        "B": 1, "H": 32, "Hq": 32, "Hkv": 8, "S": 8192, "D": 128, "causal": True}
+    full = next(r for r in p["summary"] if r["shape"] == "4x32x8192:d64:full")
+    assert (full["D"], full["causal"]) == (64, False)
+    # TFLOPS with the non-causal count: 4*B*Hq*S^2*D.
+    assert full["tflops"] == pytest.approx(4 * 4 * 32 * 8192**2 * 64 / (2.0 * 1e9))
+    md = compare_mod.summary_markdown(p)
+    assert "D=128, causal" not in md and "causal and non-causal, D=64/128" in md
+    # Columns are whole problem names when more than S differs.
+    assert "| implementation | 1x32/8x8192 ms / TFLOPS | 4x32x8192:d64:full ms / TFLOPS |" in md
+    assert "non-causal 4*B*Hq*S^2*D" in md
+    files = compare_mod.write_outputs(p, tmp_path)
+    import csv
+
+    with open(files["csv"], newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["Hkv"] for r in rows} == {"8", "32"} and {r["causal"] for r in rows} == {
+        "True", "False"}
+
+
+def test_compare_titles_say_what_the_problems_are() -> None:
+    assert compare_mod.problems_title(_problem_payload(["4x32x4096", "4x32x8192"])) == (
+        "causal, D=128, MHA, B=4, H=32")
+    assert compare_mod.problems_title(_problem_payload(["1x32/8x4096", "1x32/8x8192"])) == (
+        "causal, D=128, GQA (Hq=32, Hkv=8), B=1")
+    p = _problem_payload(["4x32x4096:d64", "4x32x8192:d64"])
+    assert compare_mod._shape_headers(p) == [("4x32x4096:d64", "S=4096"),
+                                            ("4x32x8192:d64", "S=8192")]
+    assert "non-causal" in compare_mod.problems_title(_problem_payload(["4x32x4096:full"]))
+
+
+def test_compare_reads_an_old_payload_as_mha_causal() -> None:
+    """results.json of compare before problems: shape entries {B, H, S, D} only."""
+    p = _problem_payload(["4x32x4096"])
+    for s in p["shapes"]:
+        for k in ("Hq", "Hkv", "causal"):
+            del s[k]
+    p["summary"] = compare_mod.summarize(p)
+    assert p["summary"][0]["Hkv"] == 32 and p["summary"][0]["causal"] is True
+    assert compare_mod.problems_title(p) == "causal, D=128, MHA, B=4, H=32"
+
+
+def test_compare_kernel_row_for_a_problem_it_cannot_run_is_unavailable() -> None:
+    """Through the API (the CLI refuses earlier): the kernel gets no launch, peers still run."""
+    from tuner.measure.timing import SCREEN
+    from tuner.problem import Problem
+
+    class Boom:
+        def measure(self, *a: Any, **k: Any) -> None:
+            raise AssertionError("the kernel was launched on a D 64 problem")
+
+    launch = types.SimpleNamespace(details=lambda: {}, release=lambda: None)
+    b = compare_mod.Backend("fa-tune", "fa-tune", "kernel", launch, True, "ok")
+    run = compare_mod.measure(b, Boom(), Problem.parse("1x32/8x8192:d64"), SCREEN)
+    assert run["status"] == "unavailable" and "runs head dim 128 only so far" in run["reason"]
+
+    # GQA and non-causal D 128 problems are the kernel's: they reach the bench.
+    measured: list[str] = []
+
+    class Records:
+        def measure(self, launch: Any, shape: Any, *a: Any, **k: Any) -> Any:
+            measured.append(str(shape))
+            return types.SimpleNamespace(
+                status="unavailable", reason="test double",
+                to_dict=lambda: {"gate": None, "gate_after": None, "timing": None})
+
+    for text in ("1x32/8x8192", "4x32x8192:full"):
+        run = compare_mod.measure(b, Records(), Problem.parse(text), SCREEN)
+        assert run["reason"] == "test double", run
+    assert measured == ["1x32/8x8192", "4x32x8192:full"]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from tuner import compare
-from tuner.config import Shape
 from tuner.errors import FaTuneError
+from tuner.problem import Problem
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -91,7 +91,7 @@ def test_run_suite_without_a_gpu_is_one_line() -> None:
     from tuner.measure.timing import FULL
 
     try:
-        compare.run_suite([], [Shape(1, 1, 128)], FULL)
+        compare.run_suite([], [Problem(1, 1, 128)], FULL)
     except GpuError as e:
         assert "\n" not in str(e) and ("GPU" in str(e) or "driver" in str(e))
     else:  # pragma: no cover - only on a machine with a GPU
@@ -154,7 +154,7 @@ def test_parse_backends() -> None:
         compare.parse_backends("fa5")
 
 
-def _fixture_timing(rounds: list[list[float]], shape: Shape) -> dict:
+def _fixture_timing(rounds: list[list[float]], shape: Problem) -> dict:
     """tuner.measure.timing's aggregation over made-up samples, as compare.measure stores it."""
     from tuner.measure import timing
 
@@ -168,7 +168,7 @@ def _fixture_timing(rounds: list[list[float]], shape: Shape) -> dict:
 
 
 def test_timing_is_median_of_round_medians() -> None:
-    t = _fixture_timing([[1.0, 2.0, 9.0], [3.0, 4.0, 5.0], [0.5, 2.5, 2.5]], Shape(1, 1, 128))
+    t = _fixture_timing([[1.0, 2.0, 9.0], [3.0, 4.0, 5.0], [0.5, 2.5, 2.5]], Problem(1, 1, 128))
     assert t["round_medians_ms"] == [2.0, 4.0, 2.5]
     assert t["median_ms"] == 2.5
     assert (t["min_ms"], t["max_ms"]) == (0.5, 9.0)
@@ -180,7 +180,7 @@ def _fixture_run(
     backend: str,
     label: str,
     ms: float | None,
-    shape: Shape,
+    shape: Problem,
     position: str | None = None,
     status: str = "ok",
     reason: str = "",
@@ -205,7 +205,7 @@ def fixture_payload() -> dict:
     """TEST FIXTURE: a hand-made compare payload with invented timings."""
     shapes = []
     for S, base in ((4096, 1.0), (8192, 3.6)):
-        shape = Shape(4, 32, S)
+        shape = Problem(4, 32, S)
         runs = [
             _fixture_run("fa3", "FlashAttention-3", base, shape, "before"),
             _fixture_run("fa-tune", "fa-tune", base * 0.9, shape),
@@ -316,37 +316,158 @@ def test_make_backends_keeps_same_label_kernels_apart(tmp_path: Path) -> None:
 
 
 STUB_C = r"""
+#ifndef STUB_CAUSAL
+#define STUB_CAUSAL "true"
+#endif
 static const char* err = "stub error";
-int fa_tune_prepare(int B, int H, int S, void* st, double* ms) { *ms = 1.5; return 0; }
+int fa_tune_abi_version(void) { return 2; }
+int fa_tune_prepare(int B, int Hq, int Hkv, int S, void* st, double* ms) { *ms = 1.5; return 0; }
 int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse,
-                    int B, int H, int S, void* st) { return 7; }
+                    int B, int Hq, int Hkv, int S, float softmax_scale, void* st) { return 7; }
 const char* fa_tune_last_error(void) { return err; }
 const char* fa_tune_config_json(void) { return "{\"block_m\":128}"; }
+const char* fa_tune_problem_class(void) {
+    return "{\"head_dim\":128,\"causal\":" STUB_CAUSAL "}";
+}
 int fa_tune_smem_bytes(void) { return 4242; }
 """
 
 
+def _stub_so(tmp_path: Path, causal: bool = True) -> Path:
+    """STUB_C built as a kernel library for the causal (or the non-causal) mask."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    tag = "causal" if causal else "full"
+    src, so = tmp_path / f"stub_{tag}.c", tmp_path / f"stub_{tag}.so"
+    src.write_text(STUB_C)
+    subprocess.run([cc, "-shared", "-fPIC", f'-DSTUB_CAUSAL="{str(causal).lower()}"', "-o",
+                    str(so), str(src)], check=True)
+    return so
+
+
 def test_kernel_launch_reads_the_c_abi_of_a_stub_library(tmp_path: Path) -> None:
     """The one ctypes binding (tuner.runtime.KernelModule), on a C stub (no CUDA, no torch)."""
-    import shutil
     from types import SimpleNamespace
 
     from tuner import build
     from tuner.measure.launch import KernelLaunch
     from tuner.runtime import KernelError
 
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler")
-    src, so = tmp_path / "stub.c", tmp_path / "stub.so"
-    src.write_text(STUB_C)
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    so = _stub_so(tmp_path)
     k = KernelLaunch(so, "stub")
     assert k.module.config == {"block_m": 128} and k.writes_lse
+    assert (k.module.head_dim, k.module.causal) == (128, True)
     details = k.details()
     assert details["smem_bytes"] == 4242 and details["sha256"] == build.sha256_file(so)
-    assert k.prepare(Shape(1, 1, 128), None) == 1.5
+    assert k.prepare(Problem(1, 1, 128), None) == 1.5
     buf = SimpleNamespace(ptr=0)
-    bufs = SimpleNamespace(q=buf, k=buf, v=buf, o=buf, lse=buf, shape=Shape(1, 1, 128))
+    bufs = SimpleNamespace(q=buf, k=buf, v=buf, o=buf, lse=buf, shape=Problem(1, 1, 128))
     with pytest.raises(KernelError, match="stub error"):
         k.forward(bufs, None)  # type: ignore[arg-type]
+
+
+# ---- the problem family: which peer runs what (no torch needed) ---------------------------
+FAMILY_PROBLEMS = [Problem(1, 32, 1024), Problem(1, 32, 1024, Hkv=8), Problem(1, 32, 1024, Hkv=1),
+                   Problem(1, 32, 1024, D=64), Problem(1, 32, 1024, D=256),
+                   Problem(1, 32, 1024, causal=False)]
+
+
+def test_every_peer_answers_supports_and_takes_the_mask() -> None:
+    import inspect
+
+    from tuner.peers import PEER_NAMES, make_peer
+
+    for name in PEER_NAMES:
+        peer = make_peer(name)
+        params = list(inspect.signature(peer.prepare).parameters)
+        assert params == ["q", "k", "v", "causal"], (name, params)
+        for p in FAMILY_PROBLEMS:
+            why = peer.supports(p)
+            assert why is None or (isinstance(why, str) and "\n" not in why and str(p) in why)
+    fa3, triton, mem = make_peer("fa3"), make_peer("triton"), make_peer("mem_efficient")
+    assert all(fa3.supports(p) is None for p in FAMILY_PROBLEMS)  # FA3: GQA, D 64-256, masks
+    assert all(make_peer(n).supports(p) is None for n in ("cudnn", "fa2")
+               for p in FAMILY_PROBLEMS)  # asked at prepare (the backend may still decline)
+    assert triton.supports(Problem(1, 32, 1024)) is None
+    for p, needle in ((Problem(1, 32, 1024, Hkv=8), "no GQA"), (Problem(1, 32, 1024, D=64), "64"),
+                      (Problem(1, 32, 1024, causal=False), "causal only")):
+        assert needle in (triton.supports(p) or "")
+    assert "no GQA" in (mem.supports(Problem(1, 32, 1024, Hkv=1)) or "")
+    assert mem.supports(Problem(1, 32, 1024, causal=False)) is None
+
+
+def test_triton_peer_refuses_at_prepare_before_importing_torch() -> None:
+    from types import SimpleNamespace
+
+    from tuner.peers.base import Unsupported
+    from tuner.peers.triton_fa import TritonPeer
+
+    q = SimpleNamespace(shape=(1, 64, 8, 128))
+    kv = SimpleNamespace(shape=(1, 64, 2, 128))
+    with pytest.raises(Unsupported, match="MHA, D 128, causal only"):
+        TritonPeer().prepare(q, kv, kv, True)
+    with pytest.raises(Unsupported, match="causal=False"):
+        TritonPeer().prepare(q, q, q, False)
+    assert issubclass(Unsupported, ValueError)
+
+
+class _Launch:
+    """A launchable double: what supports() says, and a record of what ran."""
+
+    def __init__(self, why: str | None = None, gate_raises: Exception | None = None) -> None:
+        self.why, self.gate_raises, self.ran = why, gate_raises, []
+
+    def supports(self, problem: object) -> str | None:
+        return self.why
+
+
+def test_bench_measure_reports_an_unsupported_problem_as_unavailable() -> None:
+    from tuner.measure.bench import Bench
+    from tuner.peers.base import Unsupported
+
+    bench = object.__new__(Bench)  # no device: nothing may run for an unsupported problem
+
+    def no_gate(launch: object, shape: object) -> None:
+        raise AssertionError("gated an unsupported problem")
+
+    bench.gate = no_gate  # type: ignore[method-assign]
+    p = Problem(1, 8, 128, Hkv=2)
+    m = bench.measure(_Launch("fa-tune: this kernel runs MHA, D 128, causal only (issue 14)"), p,
+                      None)  # type: ignore[arg-type]
+    assert m.status == "unavailable" and "issue 14" in m.reason and m.timing is None
+    assert m.to_dict()["gate"] is None
+
+    def late_refusal(launch: object, shape: object) -> None:  # an SDPA backend that declines
+        raise Unsupported("cudnn (SDPBackend.CUDNN_ATTENTION) cannot run q (1, 128, 8, 256)")
+
+    bench.gate = late_refusal  # type: ignore[method-assign]
+    m = bench.measure(_Launch(None), p, None)  # type: ignore[arg-type]
+    assert m.status == "unavailable" and "cannot run" in m.reason
+
+
+def test_kernel_and_peer_launch_supports(tmp_path: Path) -> None:
+    from tuner.measure.launch import KernelLaunch, PeerLaunch, launch_supports
+    from tuner.peers import make_peer
+
+    # FAMILY_PROBLEMS: MHA, GQA, MQA (D 128, causal), D 64, D 256, non-causal.
+    k = KernelLaunch(_stub_so(tmp_path), "stub")
+    for p in (Problem(4, 32, 4096), *FAMILY_PROBLEMS[:3]):  # Hkv is a run-time argument
+        assert k.supports(p) is None, p
+    assert k.supports(Problem(1, 32, 8192, Hkv=8)) is None  # 1x32/8x8192
+    for p, got in ((FAMILY_PROBLEMS[3], "D=64"), (FAMILY_PROBLEMS[4], "D=256"),
+                   (FAMILY_PROBLEMS[5], "non-causal")):
+        why = launch_supports(k, p) or ""
+        assert "this kernel library runs D 128, causal problems; got" in why and got in why, p
+    # The mask is compiled in: a non-causal library runs 4x32x8192:full and refuses causal.
+    full = KernelLaunch(_stub_so(tmp_path, causal=False), "stub-full")
+    assert full.module.causal is False
+    assert full.supports(Problem(4, 32, 8192, causal=False)) is None
+    assert full.supports(Problem(1, 32, 8192, Hkv=8, causal=False)) is None
+    why = launch_supports(full, Problem(4, 32, 8192)) or ""
+    assert "runs D 128, non-causal problems; got causal" in why
+    tri = PeerLaunch(make_peer("triton"))
+    assert tri.supports(Problem(1, 8, 128)) is None and tri.supports(Problem(1, 8, 128, Hkv=4))
+    assert launch_supports(object(), Problem(1, 8, 128, Hkv=4)) is None  # no supports(): runs all

@@ -9,16 +9,17 @@ import yaml
 from tuner import config as C
 from tuner.config import (
     KNOBS,
-    SEED_SHAPES,
     KernelConfig,
-    Shape,
     camel_case,
-    check_shape,
+    check_problem,
+    check_problems,
     list_presets,
     load_preset,
+    problem_class,
     validate,
 )
 from tuner.errors import ConfigError, ShapeError
+from tuner.problem import SEED_PROBLEMS, Problem
 
 ARCH_DEFAULTS = {
     "block_m": 128, "block_n": 128, "k_stages": 2, "v_stages": 2, "k_release": "after_qk",
@@ -205,28 +206,71 @@ def test_unknown_preset() -> None:
         load_preset("../etc/passwd")
 
 
-def test_shape_parse() -> None:
-    s = Shape.parse("4x32x8192")
+def test_seed_problems_keep_their_names() -> None:
+    s = Problem.parse("4x32x8192")
     assert (s.B, s.H, s.S) == (4, 32, 8192) and str(s) == "4x32x8192"
-    assert Shape.parse(" 1X2x128 ") == Shape(1, 2, 128)
-    assert s.flops == 2 * 4 * 32 * 8192 * 8192 * 128
-    assert abs(s.tflops(1.0) - s.flops / 1e9) < 1e-6
-    assert [str(x) for x in SEED_SHAPES] == ["4x32x4096", "4x32x8192", "4x32x16384"]
+    assert Problem.parse(" 1X2x128 ") == Problem(1, 2, 128)
+    assert [str(x) for x in SEED_PROBLEMS] == ["4x32x4096", "4x32x8192", "4x32x16384"]
 
 
 @pytest.mark.parametrize("text", ["4x32", "4x32x", "axbxc", "4x32x-1", "4*32*8", "", "0x32x128"])
-def test_shape_malformed(text: str) -> None:
+def test_problem_malformed(text: str) -> None:
     with pytest.raises(ShapeError) as ei:
-        Shape.parse(text)
+        Problem.parse(text)
     assert "\n" not in str(ei.value)
 
 
-def test_shape_too_large_and_tile_check() -> None:
+def test_problem_too_large_and_grid_check() -> None:
     with pytest.raises(ShapeError, match="too large"):
-        Shape(64, 64, 1 << 20)
-    with pytest.raises(ShapeError, match="H=70000 exceeds"):
-        check_shape(KernelConfig(), Shape(1, 70000, 128))
-    check_shape(KernelConfig(), Shape(1, 1, 100))  # ragged tiles are masked
+        Problem(64, 64, 1 << 20)
+    with pytest.raises(ShapeError, match="Hq=70000 exceeds the kernel's grid limit 65535"):
+        check_problem(KernelConfig(), Problem(1, 70000, 128))
+    with pytest.raises(ShapeError, match="B=70000 exceeds"):
+        check_problem(KernelConfig(), Problem(70000, 1, 128))
+    check_problem(KernelConfig(), Problem(1, 1, 100))  # ragged tiles are masked
+    for p in SEED_PROBLEMS:
+        check_problem(KernelConfig(), p)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("4x32x8192:d64", "runs head dim 128 only so far (got D=64); other head dims can be "
+                          "compared among peers with `fa-tune compare --backends ...` without "
+                          "--preset/--study/--config"),
+        ("4x16x8192:d256", "runs head dim 128 only so far (got D=256)"),
+        ("1x32/8x8192:d64", "runs head dim 128 only so far (got D=64)"),
+        ("4x32x8192:d256:full", "runs head dim 128 only so far (got D=256)"),
+    ],
+)
+def test_check_problem_names_what_the_kernel_cannot_run(text: str, needle: str) -> None:
+    with pytest.raises(ShapeError) as ei:
+        check_problem(KernelConfig(), Problem.parse(text))
+    msg = str(ei.value)
+    assert needle in msg and text in msg and "\n" not in msg
+    assert "fa-tune compare --backends" in msg  # where such a problem can be measured today
+
+
+@pytest.mark.parametrize("text", ["1x32/8x8192", "1x32/1x8192", "4x32x8192:full",
+                                  "1x32/8x8192:full", "2x16x1000:full"])
+def test_check_problem_accepts_gqa_mqa_and_non_causal_at_d128(text: str) -> None:
+    """Hkv is a run-time argument of the kernel and the mask is compiled per library."""
+    check_problem(KernelConfig(), Problem.parse(text))
+    check_problems(KernelConfig(), [Problem.parse(text)])
+
+
+def test_check_problems_refuses_a_mix_of_masks() -> None:
+    causal, full = Problem.parse("4x32x8192"), Problem.parse("4x32x8192:full")
+    with pytest.raises(ShapeError) as ei:
+        check_problems(KernelConfig(), [causal, Problem.parse("1x32/8x8192"), full])
+    msg = str(ei.value)
+    assert "mix causal and non-causal (:full) masks" in msg and "two invocations" in msg
+    assert "\n" not in msg
+    assert problem_class([causal, Problem.parse("1x32/8x8192")]) is True
+    assert problem_class([full, Problem.parse("1x32/1x8192:full")]) is False
+    # a head dim the kernel cannot run is named before the mix
+    with pytest.raises(ShapeError, match="got D=64"):
+        check_problems(KernelConfig(), [Problem.parse("4x32x8192:d64"), full])
 
 
 def test_effective_drops_knobs_that_cannot_matter() -> None:

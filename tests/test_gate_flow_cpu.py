@@ -1,6 +1,7 @@
 """CPU test of gate()'s orchestration with fake device/oracle objects: the call order per input
 set, LSE handling, reference caching, restoring the seed inputs, the budget sums' round trip,
-collect() for peers, check_output(), and cleanup on errors."""
+collect() for peers, check_output(), and cleanup on errors; for MHA and for the problem family
+(GQA/MQA, head dims 64/256, non-causal: the oracle is called with Hq, Hkv, D and the mask)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import numpy as np
 import pytest
 
 from tuner.measure import oracle as O
-from tuner.runtime import KernelError
+from tuner.problem import Problem
+from tuner.runtime import KernelError, problem_dims
 
 _ptrs = itertools.count(0x10000, 0x1000)
 STATS: dict[int, bytes] = {}
@@ -67,7 +69,7 @@ class FakeDev:
 
 
 def _pass_stats(shape: Any, **kw: Any) -> bytes:
-    n = shape.B * shape.S * shape.H * 128
+    n = shape.B * shape.S * shape.H * getattr(shape, "D", 128)
     base = dict(o_count=n, o_violations=0, o_nonfinite=0, o_unwritten=0,
                 o_first_violation=O.NO_VIOLATION, o_ref_nonfinite=0, o_max_abs_err=0.001,
                 o_sum_sq_err=1e-8, o_sum_sq_ref=1.0, l_count=shape.B * shape.H * shape.S)
@@ -82,15 +84,16 @@ def _budget_bytes(shape: Any, bad_block: bool = False) -> tuple[bytes, bytes]:
     """Device images of the budget sums: every block and column at 1.25x its rounding error
     (a correct kernel), or one block at 4x (1% on a few rows). rms_bf16 / rms_ref = 0.84 *
     2^-9, as measured for attention outputs."""
+    D = getattr(shape, "D", 128)
     nb = O.n_row_blocks(shape.S)
     blocks = np.zeros((shape.B, shape.H, nb, 4), np.float32)
     blocks[..., 1] = 1e-6
     blocks[..., 0] = 1.25**2 * 1e-6
     blocks[..., 2] = REF2
-    blocks[..., 3] = 16 * 128
+    blocks[..., 3] = 16 * D
     if bad_block:
         blocks[0, 1, nb - 1, 0] = 4.0**2 * 1e-6
-    cols = np.zeros((shape.B, shape.H, 128, 4), np.float64)
+    cols = np.zeros((shape.B, shape.H, D, 4), np.float64)
     cols[..., 0], cols[..., 1], cols[..., 2], cols[..., 3] = 1.2**2 * 1e-6, 1e-6, REF2, shape.S
     return blocks.tobytes(), cols.tobytes()
 
@@ -104,25 +107,35 @@ class FakeOracle:
         self.budget_bad_set = budget_bad_set
         self.current_set = ""
 
+    def _dims(self, a: tuple[Any, ...]) -> None:
+        # (q, k, v, B, Hq, Hkv, S, D, ...): the problem's every dimension reaches the generator
+        B, hq, hkv, S, D, _ = problem_dims(self.shape)
+        assert tuple(a[3:8]) == (B, hq, hkv, S, D), a
+
     def gen_seed(self, *a: Any) -> None:
+        self._dims(a)
         self.current_set = "seed"
-        self.calls.append(("gen_seed", a[6]))
+        self.calls.append(("gen_seed", a[8]))
 
     def gen_rising(self, *a: Any) -> None:
-        self.current_set = "rising" if a[7] < 0 else "rising_fwd"
-        self.calls.append(("gen_rising", a[7]))
+        self._dims(a)
+        self.current_set = "rising" if a[9] < 0 else "rising_fwd"
+        self.calls.append(("gen_rising", a[9]))
 
     def poison(self, o: int, n_o: int, lse: int | None, n_lse: int, stream: Any) -> None:
         self.calls.append(("poison", lse is not None))
 
     def reference(self, *a: Any, **kw: Any) -> None:
+        # (q, k, v, o_ref, lse_ref, B, Hq, Hkv, S, D, causal, stream): the mask and GQA too
+        assert tuple(a[5:11]) == problem_dims(self.shape), a
         self.calls.append(("reference", self.current_set))
 
-    def compare(self, o: int, o_ref: int, B: int, H: int, S: int, lse: int | None,
+    def compare(self, o: int, o_ref: int, B: int, H: int, S: int, D: int, lse: int | None,
                 lse_ref: int | None, o_atol: float, o_rtol: float, lse_atol: float,
                 lse_rtol: float, stats: int, block_sums: int | None, col_sums: int | None,
                 stream: Any) -> None:
-        assert (B, H, S) == (self.shape.B, self.shape.H, self.shape.S)
+        assert (B, H, S, D) == (self.shape.B, self.shape.H, self.shape.S,
+                                getattr(self.shape, "D", 128))
         assert (o_atol, o_rtol, lse_atol, lse_rtol) == (O.O_ATOL, O.O_RTOL, O.LSE_ATOL,
                                                         O.LSE_RTOL)
         assert block_sums is not None and col_sums is not None
@@ -161,10 +174,11 @@ class FakePeer(FakeKernel):
 
 
 def _bufs(shape: Any) -> SimpleNamespace:
-    n = shape.B * shape.S * shape.H * 128
-    return SimpleNamespace(shape=shape, n=n, n_lse=shape.B * shape.H * shape.S,
-                           q=FakeBuf(2 * n), k=FakeBuf(2 * n), v=FakeBuf(2 * n), o=FakeBuf(2 * n),
-                           lse=FakeBuf(4 * n))
+    B, hq, hkv, S, D, _ = problem_dims(shape)
+    n, n_kv = B * S * hq * D, B * S * hkv * D
+    return SimpleNamespace(shape=shape, n=n, n_kv=n_kv, n_lse=B * hq * S,
+                           q=FakeBuf(2 * n), k=FakeBuf(2 * n_kv), v=FakeBuf(2 * n_kv),
+                           o=FakeBuf(2 * n), lse=FakeBuf(4 * n))
 
 
 def test_gate_call_order_and_verdict() -> None:
@@ -251,6 +265,7 @@ def test_reference_cache_frees_on_shape_change() -> None:
     cache.get(dev, orc, b1, "rising", 42, None)  # type: ignore[arg-type]
     assert len(cache) == 2
     b2 = _bufs(SimpleNamespace(B=1, H=1, S=128))
+    orc.shape = b2.shape
     cache.get(dev, orc, b2, "seed", 42, None)  # type: ignore[arg-type]
     assert len(cache) == 1 and a[0].freed and a[1].freed
     cache.clear()
@@ -298,3 +313,47 @@ def test_check_output_checks_the_last_launch_without_launching() -> None:
                if b.nbytes in (O.ORACLE_STATS_BYTES, *O.BudgetSums.device_bytes(shape))]
     assert len(scratch) == 6 and all(b.freed for b in scratch)  # gate's and check_output's
     assert all(s.destroyed for s in dev.streams)
+
+
+@pytest.mark.parametrize("problem", [Problem(1, 8, 100, Hkv=2), Problem(2, 4, 64, Hkv=1, D=64),
+                                     Problem(1, 2, 128, D=256, causal=False),
+                                     Problem(1, 4, 48, Hkv=2, D=64, causal=False)], ids=str)
+def test_gate_flow_for_the_problem_family(problem: Problem) -> None:
+    """The same calls for GQA/MQA, D 64/256 and non-causal problems; the fake oracle asserts
+    that every call carries the problem's Hq, Hkv, D and mask, and the budget sums' layout
+    ([B, Hq, blocks] and [B, Hq, D]) round-trips."""
+    dev, orc = FakeDev(), FakeOracle(problem)
+    g = O.gate(dev, FakeKernel(orc), problem, _bufs(problem), 42,  # type: ignore[arg-type]
+               ("seed", "rising", "rising_fwd"), oracle=orc,  # type: ignore[arg-type]
+               reference_cache=O.ReferenceCache())
+    assert g.passed, g.summary()
+    assert [c[0] for c in orc.calls].count("reference") == 3
+    assert g.shape == str(problem) and g.problem == problem.to_dict()
+    assert g.summary().startswith(f"gate PASS {problem} seed 42")
+    assert all(m.elements == problem.B * problem.S * problem.Hq * problem.D for m in g.sets)
+    scratch = [b for b in dev.allocs if b.nbytes in O.BudgetSums.device_bytes(problem)]
+    assert len(scratch) == 2 and all(b.freed for b in scratch)
+
+
+def test_gate_rejects_buffers_of_another_problem() -> None:
+    gqa = Problem(1, 8, 128, Hkv=2)
+    dev, orc = FakeDev(), FakeOracle(gqa)
+    for other in (Problem(1, 8, 128), Problem(1, 8, 128, Hkv=2, causal=False),
+                  Problem(1, 8, 128, Hkv=2, D=64)):
+        with pytest.raises(ValueError, match="buffers are for 1x8/2x128"):
+            O.gate(dev, FakeKernel(orc), other, _bufs(gqa), oracle=orc)  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            O.check_output(dev, FakeKernel(orc), other, _bufs(gqa),  # type: ignore[arg-type]
+                           oracle=orc)  # type: ignore[arg-type]
+
+
+def test_reference_cache_keys_on_the_whole_problem() -> None:
+    """A causal and a non-causal reference of the same inputs differ: the cache must not hand
+    one out for the other (nor across Hkv or D)."""
+    dev = FakeDev()
+    cache = O.ReferenceCache()
+    p_causal, p_full = Problem(1, 4, 64, Hkv=2), Problem(1, 4, 64, Hkv=2, causal=False)
+    a = cache.get(dev, FakeOracle(p_causal), _bufs(p_causal), "seed", 42, None)  # type: ignore[arg-type]
+    b = cache.get(dev, FakeOracle(p_full), _bufs(p_full), "seed", 42, None)  # type: ignore[arg-type]
+    assert a is not b and a[0].freed and len(cache) == 1
+    assert cache.get(dev, FakeOracle(p_full), _bufs(p_full), "seed", 42, None) is b  # type: ignore[arg-type]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tuner import store
-from tuner.config import SEED_SHAPES
+from tuner.problem import SEED_PROBLEMS
 
 oracle = pytest.importorskip("tuner.measure.oracle")
 bench = pytest.importorskip("tuner.measure.bench")
@@ -35,7 +35,7 @@ def test_gate_dict_takes_worst_set_and_is_json_safe(tmp_path: Path) -> None:
     assert "FAIL" in d["summary"] and d["details"]["sets"][1]["first_violation"] == [0, 5, 1, 3]
     payload = {
         "status": "failed", "failure": "4x32x4096: gate failed", "config_id": "x",
-        "shapes": [{"shape": str(SEED_SHAPES[0]), "status": "failed", "gate": d, "timing": None}],
+        "shapes": [{"shape": str(SEED_PROBLEMS[0]), "status": "failed", "gate": d, "timing": None}],
     }
     out = store.new_result_dir(tmp_path)
     store.write_results(out, payload)

@@ -99,8 +99,10 @@ def test_kernel_module_binds_the_abi(fake_so: Path) -> None:
     assert got[4] == (0x5000 if writes else 0)  # LSE is NULL when the variant does not write it
     assert got[5:8] == [2, 3, 256]
     assert got[8] == 0xABC
-    km.forward(_bufs(shape), None, write_lse=True)
-    assert last(4) == 0x5000 and last(8) == 0
+    assert last(9) == 3 and last(10) == 0  # Hkv = Hq (MHA); scale 0 = 1/sqrt(D)
+    km.forward(_bufs(shape), None, write_lse=True, softmax_scale=0.125)
+    assert last(4) == 0x5000 and last(8) == 0 and last(10) == 125
+    assert km.causal is True and km.head_dim == 128
 
 
 def test_kernel_module_errors_are_one_line(fake_so: Path) -> None:
@@ -124,9 +126,98 @@ def test_kernel_module_missing_file_or_symbol(tmp_path: Path) -> None:
     src.write_text("int nothing(void) { return 0; }\n")
     so = tmp_path / "empty.so"
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
-    with pytest.raises(FaTuneError, match="does not export fa_tune_forward"):
+    with pytest.raises(FaTuneError, match="predates the kernel C ABI 2"):
         R.KernelModule(so)
+    src.write_text("int fa_tune_abi_version(void) { return 2; }\n")
+    so2 = tmp_path / "abi_only.so"  # a new path: dlopen hands back a loaded library by path
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so2), str(src)], check=True)
+    with pytest.raises(FaTuneError, match="does not export fa_tune_forward"):
+        R.KernelModule(so2)
     bad = tmp_path / "garbage.so"
     bad.write_text("not an ELF file")
     with pytest.raises(FaTuneError, match="cannot load"):
         R.KernelModule(bad)
+
+
+# ---- the problem family ---------------------------------------------------------------------
+def test_problem_dims_and_elems_for_the_family() -> None:
+    from tuner.problem import Problem
+
+    assert R.problem_dims(SimpleNamespace(B=2, H=3, S=64)) == (2, 3, 3, 64, 128, True)
+    p = Problem(2, 32, 1024, Hkv=8, D=64, causal=False)
+    assert R.problem_dims(p) == (2, 32, 8, 1024, 64, False)
+    assert R.elems_bshd(p) == 2 * 1024 * 32 * 64  # Q and O: Hq heads
+    assert R.elems_kv(p) == 2 * 1024 * 8 * 64  # K and V: Hkv heads
+    assert R.elems_lse(p) == 2 * 32 * 1024
+    assert R.as_problem(SimpleNamespace(B=2, H=3, S=64)) == Problem(2, 3, 64)
+    assert R.as_problem(p) is p
+    assert R.same_problem(SimpleNamespace(B=2, H=32, S=1024, Hkv=8, D=64, causal=False), p)
+    assert not R.same_problem(Problem(2, 32, 1024, Hkv=8, D=64), p)  # the mask matters
+
+
+class _AllocDev:
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+
+    def alloc(self, nbytes: int) -> SimpleNamespace:
+        self.sizes.append(nbytes)
+        return SimpleNamespace(ptr=len(self.sizes), nbytes=nbytes, free=lambda: None)
+
+
+def test_attn_buffers_sizes_for_gqa_and_head_dims() -> None:
+    from tuner.problem import Problem
+
+    p = Problem(2, 8, 256, Hkv=2, D=256)
+    dev = _AllocDev()
+    bufs = R.AttnBuffers(dev, p)  # type: ignore[arg-type]
+    assert bufs.shape is p and bufs.problem is p
+    assert (bufs.n, bufs.n_kv, bufs.n_lse) == (2 * 256 * 8 * 256, 2 * 256 * 2 * 256, 2 * 8 * 256)
+    # q, k, v, o BF16; lse FP32
+    assert dev.sizes == [2 * bufs.n, 2 * bufs.n_kv, 2 * bufs.n_kv, 2 * bufs.n, 4 * bufs.n_lse]
+    assert bufs.q.nbytes == bufs.o.nbytes and bufs.k.nbytes == bufs.v.nbytes == bufs.q.nbytes // 4
+    mha = R.AttnBuffers(_AllocDev(), SimpleNamespace(B=1, H=2, S=64))  # type: ignore[arg-type]
+    assert mha.n == mha.n_kv == 1 * 64 * 2 * 128 and str(mha.shape) == "1x2x64"
+
+
+def test_kernel_unsupported_rule() -> None:
+    from tuner.problem import Problem
+
+    assert R.kernel_unsupported(Problem(4, 32, 4096)) is None
+    assert R.kernel_unsupported(SimpleNamespace(B=1, H=1, S=128)) is None
+    assert R.kernel_unsupported(Problem(1, 32, 4096, Hkv=8)) is None  # GQA: a run-time argument
+    assert R.kernel_unsupported(Problem(1, 32, 4096, Hkv=1)) is None  # MQA
+    assert R.kernel_unsupported(Problem(1, 32, 4096, causal=False), causal=False) is None
+    for p, kw, needle in ((Problem(1, 32, 4096, D=64), {}, "D=64"),
+                          (Problem(1, 32, 4096, causal=False), {}, "non-causal"),
+                          (Problem(1, 32, 4096), {"causal": False}, "got causal")):
+        why = R.kernel_unsupported(p, **kw)
+        assert why is not None and "this kernel library runs D 128" in why and needle in why
+
+
+@pytest.mark.parametrize("kw", [dict(D=64), dict(D=256), dict(causal=False)])
+def test_kernel_module_refuses_problems_it_cannot_run(fake_so: Path, kw: dict) -> None:
+    from tuner.problem import Problem
+
+    km = R.KernelModule(fake_so)
+    last = km._lib.fake_last
+    last.restype = ctypes.c_longlong
+    last.argtypes = [ctypes.c_int]
+    km.forward(_bufs(SimpleNamespace(B=1, H=1, S=128)), None)  # a launch it can run
+    p = Problem(3, 4, 256, **kw)
+    with pytest.raises(R.KernelError, match=r"runs D 128, causal problems") as ei:
+        km.forward(_bufs(p), None)  # type: ignore[arg-type]
+    assert "\n" not in str(ei.value)
+    assert last(5) == 1  # refused before launching: the stand-in still holds the last call
+    with pytest.raises(R.KernelError, match="runs D 128"):
+        km.prepare(p, None)
+
+
+def test_kernel_module_passes_gqa_through(fake_so: Path) -> None:
+    from tuner.problem import Problem
+
+    km = R.KernelModule(fake_so)
+    last = km._lib.fake_last
+    last.restype = ctypes.c_longlong
+    last.argtypes = [ctypes.c_int]
+    km.forward(_bufs(Problem(1, 32, 256, Hkv=8)), None)  # type: ignore[arg-type]
+    assert [last(5), last(6), last(9), last(7)] == [1, 32, 8, 256]

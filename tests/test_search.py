@@ -21,8 +21,9 @@ import pytest
 from optuna.trial import TrialState
 
 from tuner import policy, sampler, search, worker_client
-from tuner.config import Shape
+from tuner.errors import ShapeError
 from tuner.measure import timing
+from tuner.problem import Problem, as_problem
 from tuner.space import space_from_dict
 from tuner.study import SearchError, load_existing_study, open_storage, storage_url
 
@@ -31,7 +32,7 @@ sys.path.insert(0, str(FIX))
 from fake_builder import FakeBuilder  # noqa: E402
 
 WORKER = f"{FIX / 'fake_gpu_worker.py'}:main"
-SHAPES = [Shape(1, 2, 512), Shape(1, 2, 256)]
+SHAPES = [Problem(1, 2, 512), Problem(1, 2, 256)]
 
 
 def url_for(tmp: Path, name: str = "t") -> str:
@@ -153,6 +154,11 @@ def test_search_seeds_first_confirms_best(tmp_path: Path, plan) -> None:
     assert sum("repeat=100 rounds=1 settle_s=0 temp_wait_s=10" in ln for ln in lines) >= 2
     results = json.loads(Path(conf["results_dir"], "results.json").read_text())
     assert results["protocol"] == timing.FULL.to_dict()
+    # Every per-problem entry: the problem's dict (H = Hq for old readers) and its text form.
+    by_name = {e["shape"]: e for e in results["shapes"]}
+    expect = {"B": 1, "H": 2, "Hq": 2, "Hkv": 2, "S": 512, "D": 128, "causal": True}
+    assert {k: by_name["1x2x512"].get(k) for k in expect} == expect
+    assert by_name["1x2x256"]["flops"] == Problem(1, 2, 256).flops
     st = optuna.load_study(study_name="t", storage=url_for(tmp_path))
     assert st.user_attrs["shapes"] == ["1x2x512", "1x2x256"]
     assert st.user_attrs["sessions"][-1]["trials"] == summ.trials_run
@@ -305,10 +311,57 @@ def test_resume_after_sigterm_and_sigkill(tmp_path: Path, plan) -> None:
 def test_resume_with_other_shapes_is_refused(tmp_path: Path, plan) -> None:
     make(tmp_path, {"block_n": [128]}, trials=1).run()
     with pytest.raises(SearchError, match="searches shapes"):
-        make(tmp_path, {"block_n": [128]}, trials=1, shapes=[Shape(1, 2, 256)])
+        make(tmp_path, {"block_n": [128]}, trials=1, shapes=[Problem(1, 2, 256)])
     with pytest.raises(SearchError, match="another search space"):
         make(tmp_path, {"block_n": [128, 112]}, trials=1)
     assert len(trials_of(tmp_path)) >= 1  # nothing lost
+
+
+def test_search_refuses_problems_the_kernel_cannot_run(tmp_path: Path, plan) -> None:
+    for extra, needle in (([Problem.parse("1x2x256:d64")], "head dim 128 only"),
+                          ([Problem.parse("1x32/8x8192:d256")], "head dim 128 only"),
+                          ([Problem.parse("1x2x256:full")], "mix causal and non-causal"),
+                          ([Problem.parse("1x32/8x8192"), Problem.parse("1x32/8x8192:full")],
+                           "mix causal and non-causal")):
+        with pytest.raises(ShapeError, match=needle):
+            make(tmp_path, {"block_n": [128]}, trials=1, shapes=[Problem(1, 2, 512), *extra])
+    assert not (tmp_path / "t.db").exists()  # refused before the study was opened
+
+
+@pytest.mark.parametrize("texts", [["1x2x512", "1x32/8x8192"], ["1x8/1x256"],
+                                   ["4x32x8192:full"], ["1x2x512:full", "1x32/8x1024:full"]])
+def test_search_accepts_gqa_and_non_causal_problems(tmp_path: Path, plan, texts) -> None:
+    """GQA/MQA (Hkv a run-time argument) and one shared mask (causal or :full) are searched."""
+    s = make(tmp_path, {"block_n": [128]}, trials=1, shapes=[Problem.parse(t) for t in texts])
+    assert [str(p) for p in s.shapes] == texts
+    assert (tmp_path / "t.db").exists()
+    # Without a builder, every candidate is built for the problems' mask.
+    real = search.Search(study="u", space=space_from_dict({"block_n": [128]}, "test-space"),
+                         shapes=[Problem.parse(t) for t in texts], storage=url_for(tmp_path, "u"),
+                         n_trials=1, sampler="random", seed=0, jobs=1, worker_entry=WORKER)
+    assert real.builder.keywords == {"causal": not texts[0].endswith(":full")}
+
+
+def test_old_study_shape_names_still_resume(tmp_path: Path, plan) -> None:
+    """A study's ``shapes`` attr holds text forms; today's MHA names are the old names, and a
+    spelling the old parser took (upper-case X) reads as the same problem."""
+    make(tmp_path, {"block_n": [128]}, trials=1).run()
+    st = optuna.load_study(study_name="t", storage=url_for(tmp_path))
+    assert st.user_attrs["shapes"] == [str(s) for s in SHAPES] == ["1x2x512", "1x2x256"]
+    st.set_user_attr("shapes", ["1X2X512", "1x2x256"])
+    make(tmp_path, {"block_n": [128]}, trials=1).run()  # not refused as other shapes
+
+
+def test_worker_request_carries_the_problem_dict(monkeypatch: pytest.MonkeyPatch) -> None:
+    w = worker_client.GpuWorker()
+    sent: list[dict] = []
+    monkeypatch.setattr(w, "request", lambda msg, timeout_s, what: sent.append(msg) or {})
+    prob = Problem(2, 16, 1024)
+    w.measure("k.so", prob, timing.SCREEN, gate=True, seed=7)
+    [msg] = sent
+    assert msg["shape"] == prob.to_dict()
+    assert as_problem(msg["shape"]) == prob  # what tuner/gpu_worker.py reads it back with
+    assert as_problem([2, 16, 1024]) == prob  # a request of a worker before problems
 
 
 def test_storage_urls(tmp_path: Path, plan) -> None:
@@ -424,7 +477,7 @@ def test_no_asks_beyond_what_the_gpu_can_measure_before_the_deadline(tmp_path: P
 
 
 def test_watchdog_covers_settle_and_temperature_waits() -> None:
-    shape = Shape(1, 2, 256)
+    shape = Problem(1, 2, 256)
     bare = dataclasses.replace(timing.FULL, settle_s=0.0, temp_wait_s=0.0)
     extra = (worker_client.watchdog_s(shape, timing.FULL, False)
              - worker_client.watchdog_s(shape, bare, False))

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from tuner import profile, search
 from tuner.cli import app
-from tuner.config import KernelConfig, Shape
+from tuner.config import KernelConfig
+from tuner.problem import Problem
 from tuner.space import space_from_dict
 from tuner.study import best_config, default_storage_url, open_storage
 
@@ -50,7 +51,7 @@ def _module_study(tmp_path_factory: pytest.TempPathFactory):
             # have enough completed trials and export has a pruned one to refuse.
             space=space_from_dict({"block_n": [112, 128], "k_stages": [2, 3],
                                    "v_stages": [2, 3]}),
-            shapes=[Shape(1, 2, 256), Shape(1, 2, 512)], n_trials=8, sampler="random", seed=1,
+            shapes=[Problem(1, 2, 256), Problem(1, 2, 512)], n_trials=8, sampler="random", seed=1,
             builder=FakeBuilder(root / "art"),
             worker_entry=f"{FIX / 'fake_gpu_worker.py'}:main",
         )
@@ -128,7 +129,7 @@ def test_reading_a_study_does_not_import_the_search(study: str, studies: Path) -
 
 def test_importance_too_few_trials(studies: Path, tmp_path: Path) -> None:
     search.Search(study="few", space=space_from_dict({"block_n": [128]}),
-                  shapes=[Shape(1, 2, 256)], n_trials=1, builder=FakeBuilder(tmp_path / "a"),
+                  shapes=[Problem(1, 2, 256)], n_trials=1, builder=FakeBuilder(tmp_path / "a"),
                   worker_entry=f"{FIX / 'fake_gpu_worker.py'}:main").run()
     r = runner.invoke(app, ["show", "importance", "--study", "few"])
     assert r.exit_code == 0 and "at least" in r.output
@@ -160,7 +161,7 @@ def test_export_package(study: str, tmp_path: Path) -> None:
     (["export", "--study", "s", "--trial", "999", "--out", "X"], "no trial 999"),
     (["export", "--study", "nope", "--out", "X"], "unknown study"),
     (["profile", "--study", "s", "--trial", "999", "--shape", "1x2x256"], "no trial 999"),
-    (["profile", "--study", "s", "--shape", "1x2"], "malformed shape"),
+    (["profile", "--study", "s", "--shape", "1x2"], "malformed problem"),
     (["show", "best", "--study", "s", "--storage", "nosuchdb://x"], "cannot open study storage"),
 ])
 def test_wrong_input_show_export_profile(study: str, argv, expect, tmp_path: Path) -> None:
@@ -205,10 +206,28 @@ def test_search_wrong_input(studies: Path, tmp_path: Path) -> None:
         (["search"], "--trials N and/or --timeout"),
         (["search", "--trials", "1", "--sampler", "annealing"], "unknown sampler"),
         (["search", "--trials", "1", "--study", "a/b"], "bad study name"),
-        (["search", "--trials", "1", "--shape", "4x32"], "malformed shape"),
+        (["search", "--trials", "1", "--shape", "4x32"], "malformed problem"),
+        (["search", "--trials", "1", "--shape", "1x32/8x8192:d64"],
+         "runs head dim 128 only so far (got D=64)"),
+        (["search", "--trials", "1", "--shape", "4x32x4096", "--shape", "4x32x8192:d256"],
+         "runs head dim 128 only so far (got D=256)"),
+        (["search", "--trials", "1", "--shape", "4x32x4096", "--shape", "4x32x8192:full"],
+         "mix causal and non-causal (:full) masks"),
     ]
     for argv, expect in cases:
         assert expect in one_line_exit2(runner.invoke(app, argv)), argv
+    if shutil.which("nvidia-smi"):
+        return  # a GPU may be present: the accepted problems below would really be searched
+    # GQA and non-causal D 128 problems are the kernel's: refused only later, for want of a GPU.
+    for i, shapes in enumerate((["1x32/8x8192"], ["4x32x8192:full"],
+                                ["1x32/8x8192:full", "4x32x4096:full"])):
+        argv = ["search", "--trials", "1", "--jobs", "1", "--study", f"accepted{i}",
+                "--storage", f"sqlite:///{tmp_path / f'accepted{i}.db'}"]
+        for t in shapes:
+            argv += ["--shape", t]
+        line = one_line_exit2(runner.invoke(app, argv))
+        assert "only so far" not in line and "mix causal" not in line, line
+        assert "GPU" in line or "driver" in line, line
 
 
 def test_search_cli_with_fixture_worker_missing_gpu_is_one_line(studies: Path) -> None:
@@ -289,3 +308,21 @@ def test_export_builds_standalone(studies: Path, tmp_path: Path) -> None:
     lib = ctypes.CDLL(str(so))
     lib.fa_tune_config_json.restype = ctypes.c_char_p
     assert json.loads(lib.fa_tune_config_json().decode()) == json.loads(cfg.canonical_json())
+
+
+def test_profile_driver_takes_a_problem_and_refuses_what_the_kernel_cannot_run(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from tuner import profile_driver
+
+    assert profile_driver.main(["k.so", "1", "2"]) == 2  # neither PROBLEM nor B H S
+    assert "usage:" in capsys.readouterr().err
+    assert profile_driver.main(["k.so", "4x32x8192:d64"]) == 2  # before opening a GPU
+    assert "runs head dim 128 only so far (got D=64)" in capsys.readouterr().err
+    assert profile_driver.main(["k.so", "1x32/8x8192:d256"]) == 2
+    assert "runs head dim 128 only so far (got D=256)" in capsys.readouterr().err
+    for text in ("1x32/8x8192", "4x32x8192:full"):  # the kernel's: they get past the check
+        assert profile_driver.main(["k.so", text]) == 2  # no GPU here, or no k.so
+        err = capsys.readouterr().err
+        assert err.startswith("profile_driver: error:") and "only so far" not in err, err
+    assert profile_driver.main(["k.so", "4x32"]) == 2
+    assert "malformed problem" in capsys.readouterr().err

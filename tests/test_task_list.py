@@ -29,9 +29,9 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def lists(driver: Path, B: int, H: int, num_m: int, bins: int, fixed: int = 4,
-          tiles_per_task: int = 1):
+          tiles_per_task: int = 1, causal: bool = True):
     out = subprocess.run([str(driver), str(B), str(H), str(num_m), str(bins), str(fixed),
-                          str(tiles_per_task)],
+                          str(tiles_per_task), str(int(causal))],
                          check=True, capture_output=True, text=True).stdout
     if out.startswith("ERROR"):
         return out.strip()
@@ -109,3 +109,18 @@ def test_pair_tasks_for_multicast(driver: Path, B: int, H: int, num_m: int, bins
     if num_m * H * B >= 4 * bins:
         loads = [load for load, _ in res]
         assert max(loads) - min(loads) <= 4 * (num_m - 1) + 7
+
+
+@pytest.mark.parametrize("tiles_per_task", [1, 2])
+def test_non_causal_tasks_all_cost_the_longest(driver: Path, tiles_per_task: int) -> None:
+    """Non-causal, every query tile visits every KV tile: equal costs, so the bins' loads differ
+    by at most one task and every tile is still listed exactly once."""
+    B, H, num_m, bins = 4, 32, 32, 66
+    res = lists(driver, B, H, num_m, bins, tiles_per_task=tiles_per_task, causal=False)
+    assert isinstance(res, list)
+    seen = Counter(t for _, tasks in res for t in tasks)
+    assert set(seen) == {(bm, h, b) for bm in range(num_m) for h in range(H) for b in range(B)}
+    per_task = (2 * num_m + 4) if tiles_per_task == 1 else (4 * (num_m - 1) + 3 + 4)
+    loads = [load for load, _ in res]
+    assert max(loads) - min(loads) <= per_task
+    assert all(load % per_task == 0 for load in loads)

@@ -68,6 +68,19 @@ def test_tflops_matches_the_anchor_table() -> None:
         T.tflops(SimpleNamespace(B=1, H=1, S=2), 0.0)
 
 
+def test_flops_follow_the_problem() -> None:
+    from tuner.problem import Problem
+
+    # GQA does not change the FLOPs (every query head attends); D scales them; non-causal x2.
+    base = T.flops(Problem(4, 32, 4096))
+    assert base == Problem(4, 32, 4096).flops == 2 * 4 * 32 * 4096**2 * 128
+    assert T.flops(Problem(4, 32, 4096, Hkv=8)) == base
+    assert T.flops(Problem(4, 32, 4096, Hkv=1, D=64)) == base / 2
+    assert T.flops(Problem(4, 32, 4096, D=256, causal=False)) == base * 4
+    p = Problem(1, 32, 8192, Hkv=8, causal=False)
+    assert T.tflops(p, 2.0) == pytest.approx(p.tflops(2.0))
+
+
 def test_decode_throttle() -> None:
     assert T.decode_throttle(0) == []
     assert T.decode_throttle(0x4) == ["sw_power_cap"]
@@ -174,6 +187,9 @@ def test_summarize_rounds() -> None:
     d = r.to_dict()
     assert d["rounds"][1]["samples_ms"] == [1.5, 1.6, 9.0]
     assert "temperature bound hit" in r.summary()
+    assert r.shape == d["shape"] == "1x1x1024" and r.summary().startswith("1x1x1024: median")
+    assert d["problem"] == {"B": 1, "H": 1, "Hq": 1, "Hkv": 1, "S": 1024, "D": 128,
+                            "causal": True}
     with pytest.raises(FaTuneError):
         T.make_round(0, [1.0, 0.0], _wait(), _state(), _state())
 
@@ -269,3 +285,33 @@ def test_time_kernel_rejects_mismatched_buffers(monkeypatch: pytest.MonkeyPatch)
         T.time_kernel(dev, FakeKernel([1.0]), SimpleNamespace(B=1, H=1, S=64),  # type: ignore[arg-type]
                       SimpleNamespace(shape=SimpleNamespace(B=1, H=1, S=128)),  # type: ignore[arg-type]
                       stream=FakeStream(), nvml=FakeNvml())  # type: ignore[arg-type]
+
+
+def test_summarize_rounds_for_a_gqa_non_causal_problem() -> None:
+    from tuner.problem import Problem
+
+    p = Problem(1, 32, 8192, Hkv=8, D=64, causal=False)
+    rounds = [T.make_round(0, [2.0, 2.0], _wait(), _state(), _state())]
+    r = T.summarize_rounds(T.Protocol(0, 2, 1), p, rounds, 65)
+    assert r.shape == "1x32/8x8192:d64:full" and r.median_ms == 2.0
+    assert r.tflops == pytest.approx(p.flops / 2e9)
+    d = r.to_dict()
+    assert Problem.from_dict(d["problem"]) == p and d["shape"] == str(p)
+    assert r.summary().startswith("1x32/8x8192:d64:full: median 2.0000 ms")
+
+
+def test_time_kernel_rejects_buffers_of_another_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.problem import Problem
+
+    monkeypatch.setattr(T, "Event", FakeEvent)
+    dev = SimpleNamespace(make_current=lambda: None)
+    p = Problem(1, 4, 64, Hkv=2)
+    for other in (Problem(1, 4, 64), Problem(1, 4, 64, Hkv=2, causal=False)):
+        with pytest.raises(ValueError, match="do not match"):
+            T.time_kernel(dev, FakeKernel([1.0]), other,  # type: ignore[arg-type]
+                          SimpleNamespace(shape=p), stream=FakeStream(),  # type: ignore[arg-type]
+                          nvml=FakeNvml())  # type: ignore[arg-type]
+    r = T.time_kernel(dev, FakeKernel([1.0]), p, SimpleNamespace(shape=p),  # type: ignore[arg-type]
+                      T.Protocol(0, 2, 1, settle_s=0.0), stream=FakeStream(),  # type: ignore[arg-type]
+                      nvml=FakeNvml())  # type: ignore[arg-type]
+    assert r.shape == "1x4/2x64" and r.tflops == pytest.approx(p.tflops(1.0))

@@ -234,11 +234,13 @@ def template_text(template: Path | None = None) -> str:
 STANDARD_WGMMA_N = frozenset({64, 96, 128, 192})
 
 
-def render(cfg: KernelConfig, template: Path | None = None) -> str:
-    """The compilation unit for cfg: the template with every ${knob} and ${config_json} set."""
+def render(cfg: KernelConfig, template: Path | None = None, *, causal: bool = True) -> str:
+    """The compilation unit for cfg: the template with every ${knob} and ${config_json} set,
+    and ${causal}, the problem class it serves (the mask: compiled in, not a knob)."""
     text = template_text(template)
     values = {
         **cfg.cpp_constants(),
+        "causal": "true" if causal else "false",
         "config_json": c_string_literal(cfg.canonical_json()),
         # Not a knob: does block_n need CuTe's extended wgmma atoms (fa_tune/config.cuh)?
         "extended_mma": "0" if cfg.block_n in STANDARD_WGMMA_N else "1",
@@ -681,14 +683,15 @@ def build_source(
 
 def build_config(
     cfg: KernelConfig, template: Path | None = None, cache_root: Path | None = None,
-    defines: Defines | None = None,
+    defines: Defines | None = None, *, causal: bool = True,
 ) -> BuildResult:
-    """Validate, render and compile one config (cached). ``defines``: extra -D flags for test
-    builds (build_source); None builds exactly the config's artifact."""
+    """Validate, render and compile one config for one problem class (cached). ``defines``:
+    extra -D flags for test builds (build_source); None builds exactly the config's artifact.
+    ``causal``: the mask compiled in (tuner.problem.Problem.causal)."""
     validate(cfg)
     tpl = template or _paths.kernel_template()
     return build_source(
-        render(cfg, tpl),
+        render(cfg, tpl, causal=causal),
         KERNEL_FLAGS,
         name="kernel",
         config=cfg,
@@ -723,14 +726,14 @@ class BuildOutcome:
 
 def _worker(
     cfg_dict: dict[str, Any], template: str | None, cache_root: str | None,
-    defines: dict[str, str | int] | None = None,
+    defines: dict[str, str | int] | None = None, causal: bool = True,
 ) -> tuple[str, Any, str | None]:
     # Exceptions are flattened to (kind, message, log) because FaTuneError subclasses with
     # extra constructor arguments do not survive pickling between processes intact.
     cfg = KernelConfig.from_dict(cfg_dict)
     try:
         r = build_config(cfg, Path(template) if template else None,
-                         Path(cache_root) if cache_root else None, defines)
+                         Path(cache_root) if cache_root else None, defines, causal=causal)
         return ("ok", r, None)
     except BuildError as e:
         return ("BuildError", str(e), e.log_path)
@@ -746,11 +749,13 @@ def build_many(
     template: Path | None = None,
     cache_root: Path | None = None,
     defines: Defines | None = None,
+    *,
+    causal: bool = True,
 ) -> list[BuildOutcome]:
     """Build configs in parallel worker processes; one outcome per input config, in order.
 
-    Invalid configs fail fast without compiling; duplicates compile once. ``defines`` apply to
-    every config (build_config).
+    Invalid configs fail fast without compiling; duplicates compile once. ``defines`` and
+    ``causal`` (the problem class) apply to every config (build_config).
     """
     cfgs = list(configs)
     outcomes: dict[KernelConfig, BuildOutcome] = {}
@@ -772,11 +777,12 @@ def build_many(
         root = str(cache_root) if cache_root else None
         defs = dict(defines) if defines else None
         if jobs == 1 or len(todo) == 1:
-            raw = [_worker(c.to_dict(), tpl, root, defs) for c in todo]
+            raw = [_worker(c.to_dict(), tpl, root, defs, causal) for c in todo]
         else:
             with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as ex:
                 raw = list(ex.map(_worker, [c.to_dict() for c in todo],
-                                  [tpl] * len(todo), [root] * len(todo), [defs] * len(todo)))
+                                  [tpl] * len(todo), [root] * len(todo), [defs] * len(todo),
+                                  [causal] * len(todo)))
         for c, (kind, payload, log) in zip(todo, raw, strict=True):
             if kind == "ok":
                 outcomes[c] = BuildOutcome(c, payload, None)

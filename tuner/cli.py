@@ -21,12 +21,21 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner import _paths
-from tuner.config import SEED_SHAPES, KernelConfig, Shape, list_presets, load_preset, smem_bytes
+from tuner.config import (
+    KernelConfig,
+    check_problem,
+    check_problems,
+    list_presets,
+    load_preset,
+    problem_class,
+    smem_bytes,
+)
 from tuner.errors import BundleError, ConfigError, FaTuneError
+from tuner.problem import Problem, parse_problems
 
 app = typer.Typer(
     name="fa-tune",
-    help="Autotuner for a causal FlashAttention forward kernel (BF16, sm_90a Hopper).",
+    help="Autotuner for a FlashAttention forward kernel (BF16, sm_90a Hopper).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -54,6 +63,12 @@ def _user_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+# The problem syntax as typer's rich help shows it: "[/Hkv]" unescaped would be a closing tag.
+PROBLEM_SYNTAX = r"BxHq\[/Hkv]xS\[:dD]\[:full]"
+PROBLEM_HELP = (f"Problem {PROBLEM_SYNTAX}, e.g. 4x32x8192, 1x32/8x8192 (GQA), "
+                "4x32x8192:d64, 4x32x8192:full (non-causal); repeatable (default: the 3 seed "
+                "problems).")
+ShapeOpt = Annotated[list[str] | None, typer.Option("--shape", "-s", help=PROBLEM_HELP)]
 PresetOpt = Annotated[
     str | None, typer.Option("--preset", "-p", help="Preset name (see `fa-tune presets`).")
 ]
@@ -130,10 +145,7 @@ SettleOpt = Annotated[float, typer.Option(
 def run(
     preset: PresetOpt = None,
     config: ConfigOpt = None,
-    shape: Annotated[
-        list[str] | None,
-        typer.Option("--shape", "-s", help="BxHxS, repeatable (default: the 3 seed shapes)."),
-    ] = None,
+    shape: ShapeOpt = None,
     warmup: Annotated[int, typer.Option(min=0, help="Warm-up launches per round.")] = 50,
     repeat: Annotated[int, typer.Option(min=1, help="Timed launches per round.")] = 200,
     rounds: Annotated[int, typer.Option(min=1, help="Independently warmed rounds.")] = 3,
@@ -145,7 +157,8 @@ def run(
 ) -> None:
     """Build, gate (vs the FP32 reference) and time a config; write a result folder."""
     cfg, label = load_config(preset, config)
-    shapes = [Shape.parse(s) for s in shape] if shape else list(SEED_SHAPES)
+    shapes = parse_problems(shape)
+    check_problems(cfg, shapes)
     from tuner import runner
     from tuner.measure import timing
 
@@ -320,10 +333,7 @@ def compare(
     ] = None,
     preset: PresetOpt = None,
     config: ConfigOpt = None,
-    shape: Annotated[
-        list[str] | None,
-        typer.Option("--shape", "-s", help="BxHxS, repeatable (default: the 3 seed shapes)."),
-    ] = None,
+    shape: ShapeOpt = None,
     backends: Annotated[
         str | None,
         typer.Option("--backends", "-b", help="Peers, comma-separated: fa3,cudnn,fa2,triton,"
@@ -348,7 +358,8 @@ def compare(
         raise ConfigError(f"give at most one of --study, --preset or --config (got "
                           f"{' and '.join(given)})")
     # Every cheap check before a compile that can take a minute.
-    shapes = [str(Shape.parse(s)) for s in shape] if shape else None
+    problems = parse_problems(shape)
+    shapes = [str(p) for p in problems] if shape else None
     peers = compare_mod.parse_backends(backends)
     from tuner.measure.timing import Protocol
 
@@ -363,6 +374,7 @@ def compare(
         cfg, label = load_config(preset, config)
     if cfg is not None:
         validate(cfg)
+        check_problems(cfg, problems)  # head dim 128 so far; one mask per kernel library
     if peers and module_missing("torch"):
         raise FaTuneError("fa-tune compare's peers need torch with CUDA: pip install "
                           "'fa-tune[peers]' (or --backends none for fa-tune's kernel alone)")
@@ -377,7 +389,7 @@ def compare(
         from tuner import build as build_mod
 
         console.print(f"[dim]building {label} ({cfg.config_id()}) ...[/]")
-        built = build_mod.build_config(cfg)
+        built = build_mod.build_config(cfg, causal=problem_class(problems))
         built.require_timeable()
         so_path = Path(built.so_path)
     else:
@@ -399,6 +411,11 @@ def compare(
 
 
 # ---- search, show, export, profile (issue 5) -------------------------------------------------
+def _check_search_problems(problems: list[Problem]) -> None:
+    """The search tunes fa-tune's kernel: every problem must be one the kernel runs."""
+    check_problems(KernelConfig(), problems)
+
+
 StudyOpt = Annotated[str, typer.Option("--study", help="Study name.")]
 StorageOpt = Annotated[
     str | None,
@@ -445,10 +462,7 @@ def search(
     space: Annotated[str, typer.Option("--space", help="Search space name or YAML file.")] = (
         "default"
     ),
-    shape: Annotated[
-        list[str] | None,
-        typer.Option("--shape", "-s", help="BxHxS, repeatable (default: the 3 seed shapes)."),
-    ] = None,
+    shape: ShapeOpt = None,
     trials: Annotated[
         int | None, typer.Option("--trials", "-n", help="Trials to run (compiled ones).")
     ] = None,
@@ -479,7 +493,8 @@ def search(
     from tuner.study import SearchError
 
     sp = space_mod.load_space(space)
-    shapes = [Shape.parse(s) for s in shape] if shape else list(SEED_SHAPES)
+    shapes = parse_problems(shape)
+    _check_search_problems(shapes)
     budget = search_mod.parse_duration(timeout)
     if trials is None and budget is None:
         raise SearchError("give --trials N and/or --timeout DURATION")
@@ -534,7 +549,7 @@ def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> 
     from tuner.study import SearchError
 
     if shape is not None:
-        shape = str(Shape.parse(shape))
+        shape = str(Problem.parse(shape))
     _, trials = show_mod.study_trials(study, storage)
     rows = show_mod.best_rows(trials, shape, top)
     if not rows:
@@ -571,7 +586,8 @@ def show(
     what: Annotated[str, typer.Argument(help="best | trials | importance | plots")] = "best",
     study: StudyOpt = "default",
     storage: StorageOpt = None,
-    shape: Annotated[str | None, typer.Option("--shape", help="Rank by this shape.")] = None,
+    shape: Annotated[str | None, typer.Option(
+        "--shape", help=f"Rank by this problem ({PROBLEM_SYNTAX}).")] = None,
     top: Annotated[int, typer.Option("--top", min=1, help="How many configs.")] = 5,
 ) -> None:
     """Read a study: best configs, all trials, knob importances (fANOVA), PNG plots."""
@@ -638,7 +654,9 @@ def export(
 @app.command()
 @_user_errors
 def profile(
-    shape: Annotated[str, typer.Option("--shape", "-s", help="BxHxS to profile.")],
+    shape: Annotated[str, typer.Option(
+        "--shape", "-s", help=f"Problem to profile: {PROBLEM_SYNTAX} (the kernel runs "
+        "D 128; MHA/GQA/MQA, causal or :full).")],
     study: StudyOpt = "default",
     storage: StorageOpt = None,
     trial: TrialOpt = None,
@@ -646,7 +664,8 @@ def profile(
     """Nsight Compute on one tuned kernel (one launch, --set full); print headline metrics."""
     from tuner import profile as profile_mod
 
-    sh = Shape.parse(shape)
+    sh = Problem.parse(shape)
+    check_problem(KernelConfig(), sh)
     r = profile_mod.profile_trial(study, storage, trial, sh)
     t = Table(title=f"trial {r['trial']} ({r['config_id']}) on {sh}")
     t.add_column("metric")

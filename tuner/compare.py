@@ -2,7 +2,8 @@
 
 Every backend (fa-tune's kernel through its C ABI, FlashAttention-3, cuDNN SDPA,
 FlashAttention-2, our Triton kernel) goes through the one measurement path
-(``tuner.measure.bench.Bench``), so per shape each gets:
+(``tuner.measure.bench.Bench``), so per problem (``tuner.problem.Problem``: MHA/GQA/MQA, head
+dim 64/128/256, causal or not; the ``--shape`` text ``BxHq[/Hkv]xS[:dD][:full]``) each gets:
 
 1. the same device buffers holding the same inputs (the oracle's generators, seed 42: Q, K
    uniform in [-2, 2], V uniform in [-1, 1]; BSHD, BF16); a peer sees them as torch views;
@@ -36,11 +37,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.config import SEED_SHAPES, Shape
 from tuner.errors import FaTuneError, GpuError
 from tuner.measure.timing import FULL, Protocol
 from tuner.peers import DEFAULT_PEERS, PEER_NAMES, REFERENCE_PEER, make_peer
 from tuner.peers.base import dist_version
+from tuner.problem import SEED_PROBLEMS, Problem, as_problem, describe
 
 SCHEMA_VERSION = 2
 DEFAULT_SEED = 42
@@ -51,7 +52,11 @@ SUMMARY_COLUMNS = (
     "shape",
     "B",
     "H",
+    "Hq",
+    "Hkv",
     "S",
+    "D",
+    "causal",
     "backend",
     "label",
     "status",
@@ -171,7 +176,7 @@ def make_backends(so: Any, peer_names: Sequence[str]) -> list[Backend]:
 
 
 # ---- one backend on one shape -------------------------------------------------------------
-def measure(backend: Backend, bench: Any, shape: Shape, protocol: Protocol,
+def measure(backend: Backend, bench: Any, shape: Problem, protocol: Protocol,
             position: str | None = None) -> dict[str, Any]:
     """Gate, time and re-check one backend on one shape; never raises (failures are a status)."""
     run: dict[str, Any] = {
@@ -186,6 +191,15 @@ def measure(backend: Backend, bench: Any, shape: Shape, protocol: Protocol,
     }
     if not backend.available:
         return run
+    if backend.role == "kernel":
+        from tuner.config import KernelConfig, check_problem
+        from tuner.errors import ShapeError
+
+        try:  # the kernel runs head dim 128 only so far; the CLI refuses others earlier
+            check_problem(KernelConfig(), shape)
+        except ShapeError as exc:
+            run["reason"] = str(exc)
+            return run
     launch = backend.launch
     try:
         m = bench.measure(launch, shape, protocol, gate=True, gate_after=True)
@@ -238,7 +252,7 @@ def versions() -> dict[str, Any]:
 
 def run_suite(
     backends: list[Backend],
-    shapes: Sequence[Shape],
+    shapes: Sequence[Problem],
     protocol: Protocol,
     log: Log = _stderr,
     *,
@@ -272,7 +286,8 @@ def run_suite(
         "protocol": {**protocol.to_dict(), "seed": seed},
         "inputs": {
             "seed": seed,
-            "layout": "BSHD contiguous, BF16, D=128, causal",
+            "layout": "BSHD contiguous (Q, O [B, S, Hq, D]; K, V [B, S, Hkv, D]), BF16",
+            "problems": describe(shapes),
             "sets": list(bench.input_sets),
             "timed_on": "seed: Q, K uniform[-2, 2], V uniform[-1, 1] (tuner.measure.oracle)",
         },
@@ -375,7 +390,7 @@ def summarize(payload: dict[str, Any]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     ref_name = payload.get("reference_peer")
     for s in payload["shapes"]:
-        shape = Shape(s["B"], s["H"], s["S"])
+        shape = Problem.from_dict(s)
         merged: dict[str, list[dict[str, Any]]] = {}
         for r in s["runs"]:
             merged.setdefault(r["backend"], []).append(r)
@@ -384,9 +399,7 @@ def summarize(payload: dict[str, Any]) -> list[dict[str, Any]]:
             ok = [r for r in runs if r["status"] == "ok"]
             row: dict[str, Any] = {
                 "shape": s["shape"],
-                "B": s["B"],
-                "H": s["H"],
-                "S": s["S"],
+                **{k: v for k, v in shape.to_dict().items() if k in SUMMARY_COLUMNS},
                 "backend": name,
                 "label": runs[0]["label"],
                 "median_ms": None,
@@ -477,11 +490,29 @@ def write_summary_csv(payload: dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _problems(payload: dict[str, Any]) -> list[Problem]:
+    """The payload's problems (an old payload's {B, H, S, D} entries read as MHA, causal)."""
+    return [Problem.from_dict(s) for s in payload.get("shapes", [])]
+
+
 def _shape_headers(payload: dict[str, Any]) -> list[tuple[str, str]]:
-    """[(shape key, column title)]; 'S=4096' when B and H are the same for every shape."""
+    """[(shape key, column title)]; 'S=4096' when only S differs among the problems."""
     shapes = payload.get("shapes", [])
-    same_bh = len({(s["B"], s["H"]) for s in shapes}) <= 1
-    return [(s["shape"], f"S={s['S']}" if same_bh else s["shape"]) for s in shapes]
+    same = len({(p.B, p.Hq, p.Hkv, p.D, p.causal) for p in _problems(payload)}) <= 1
+    return [(s["shape"], f"S={s['S']}" if same else s["shape"]) for s in shapes]
+
+
+def problems_title(payload: dict[str, Any]) -> str:
+    """What the payload's problems are, for titles: 'causal, D=128, MHA, B=4, H=32'."""
+    ps = _problems(payload)
+    if not ps:
+        return "no problems"
+    text = describe(ps)
+    if len({p.B for p in ps}) == 1:
+        text += f", B={ps[0].B}"
+    if len({(p.Hq, p.Hkv) for p in ps}) == 1 and ps[0].kind == "MHA":
+        text += f", H={ps[0].Hq}"
+    return text
 
 
 def _backend_order(payload: dict[str, Any]) -> list[tuple[str, str]]:
@@ -512,9 +543,11 @@ def summary_markdown(payload: dict[str, Any]) -> str:
         f"launches, {proto.get('rounds', '?')} rounds, CUDA events, median of round medians; "
         f"before each round an NVML wait (bounded) to <= {proto.get('temp_limit_c', '?')} C and "
         f"{proto.get('settle_s', '?')} s of untimed launches",
+        f"- problems: {problems_title(payload)} (columns: BxHq[/Hkv]xS[:dD][:full])",
         f"- inputs: seed {proto.get('seed', '?')}, Q/K uniform [-2, 2], V uniform [-1, 1], BSHD "
         f"BF16; every backend gated ({(payload.get('gate') or {}).get('rule', '?')})",
-        "- TFLOPS = 2*B*H*S^2*D / time (not halved for causality, as in the seeds)",
+        "- TFLOPS = FLOPs / time; FLOPs causal 2*B*Hq*S^2*D (not halved for causality, as in "
+        "the seeds), non-causal 4*B*Hq*S^2*D",
         "",
         "| implementation | " + " | ".join(f"{t} ms / TFLOPS" for _, t in cols) + " |",
         "|---|" + "---|" * len(cols),
@@ -642,13 +675,10 @@ def write_chart(payload: dict[str, Any], path: Path) -> bool:
             )
     ax.set_xticks(range(len(cols)), [t for _, t in cols])
     ax.set_ylim(bottom=0)  # zero-based: bar lengths compare honestly
-    ax.set_ylabel("TFLOPS (2·B·H·S²·D / median time)")
+    ax.set_ylabel("TFLOPS (FLOPs / median time)")
     gpu = (payload.get("gpu") or {}).get("name") or "GPU"
-    shapes = payload.get("shapes") or []
-    bh = {(s["B"], s["H"]) for s in shapes}
-    bh_text = f", B={shapes[0]['B']}, H={shapes[0]['H']}" if len(bh) == 1 else ""
     ax.set_title(
-        f"causal FlashAttention forward, BF16, D=128{bh_text}\n"
+        f"FlashAttention forward, BF16, {problems_title(payload)}\n"
         f"{gpu}; bar = median, whiskers = min-max",
         fontsize=9,
     )
@@ -679,7 +709,7 @@ def write_outputs(payload: dict[str, Any], result_dir: str | Path) -> dict[str, 
 # ---- entry points --------------------------------------------------------------------------
 def run_compare(
     so_path_or_none: Any,
-    shapes: Sequence[Shape | str] | None = None,
+    shapes: Sequence[Problem | str] | None = None,
     backends: str | Sequence[str] | None = None,
     protocol: Protocol | None = None,
     results_root: str | Path | None = None,
@@ -689,10 +719,12 @@ def run_compare(
     """Run the comparison and write its result folder; return the payload.
 
     so_path_or_none: one built kernel .so, a list of paths or (path, label) pairs, or None for
-    peers only. shapes: Shape objects or 'BxHxS' strings (default: the seed shapes). backends:
+    peers only. shapes: Problems or their text forms 'BxHq[/Hkv]xS[:dD][:full]' (default: the
+    seed problems); the kernel's own limits are the caller's check (config.check_problem: a
+    problem it cannot run would be a failed row, the peers run every one). backends:
     peer names ('fa3,cudnn,fa2,triton' by default). The payload gains 'result_dir' and 'files'.
     """
-    shape_list = [s if isinstance(s, Shape) else Shape.parse(s) for s in (shapes or SEED_SHAPES)]
+    shape_list = [as_problem(s) for s in (shapes or SEED_PROBLEMS)]
     protocol = protocol or FULL
     if results_root is None:
         from tuner import _paths
@@ -779,7 +811,7 @@ def _ms_tflops_ratio(r: dict[str, Any]) -> str:
 def format_table(payload: dict[str, Any]) -> str:
     """Plain-text table (median ms, min, max, TFLOPS, ratio to FA3), one line per row."""
     head = (
-        f"{'shape':<12} {'backend':<28} {'median':>9} {'min':>9} {'max':>9} {'TFLOPS':>7} "
+        f"{'shape':<16} {'backend':<28} {'median':>9} {'min':>9} {'max':>9} {'TFLOPS':>7} "
         f"{'xFA3':>7}  status"
     )
     lines = [head, "-" * len(head)]
@@ -787,12 +819,12 @@ def format_table(payload: dict[str, Any]) -> str:
         if r["status"] == "ok":
             ratio = f"{r['ratio_to_fa3']:.3f}" if r.get("ratio_to_fa3") else "-"
             lines.append(
-                f"{r['shape']:<12} {r['backend'][:28]:<28} {r['median_ms']:>9.4f} "
+                f"{r['shape']:<16} {r['backend'][:28]:<28} {r['median_ms']:>9.4f} "
                 f"{r['min_ms']:>9.4f} {r['max_ms']:>9.4f} {r['tflops']:>7.1f} {ratio:>7}  ok"
             )
         else:
             lines.append(
-                f"{r['shape']:<12} {r['backend'][:28]:<28} {'':>9} {'':>9} {'':>9} "
+                f"{r['shape']:<16} {r['backend'][:28]:<28} {'':>9} {'':>9} {'':>9} "
                 f"{'':>7} {'':>7}  {r['status']}: {r['reason']}"
             )
     for s in payload.get("shapes", []):

@@ -13,15 +13,16 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import yaml
 
 from tuner import _paths
 from tuner.errors import ConfigError, ShapeError
+from tuner.problem import Problem
 
 HEAD_DIM = 128
 ELEM_BYTES = 2  # BF16
@@ -446,68 +447,51 @@ def load_preset(name: str) -> KernelConfig:
     return KernelConfig.load(path)
 
 
-# ---- problem shapes -----------------------------------------------------------------------
-_SHAPE_RE = re.compile(r"\s*(\d+)\s*[xX]\s*(\d+)\s*[xX]\s*(\d+)\s*")
-# Element count of one [B, S, H, 128] tensor must fit the kernel's int32 indexing.
-_MAX_ELEMS = 2**31 - 1
+# ---- problems the kernel can run ----------------------------------------------------------
+GRID_LIMIT = 65535  # gridDim.y and gridDim.z (heads and batch of the grid launch)
+_PEERS_ONLY = ("can be compared among peers with `fa-tune compare --backends ...` without "
+               "--preset/--study/--config")
 
 
-@dataclass(frozen=True)
-class Shape:
-    """One problem: batch B, heads H (query = KV heads), sequence S (query = KV length)."""
+def check_problem(cfg: KernelConfig, problem: Problem) -> None:
+    """Raise ShapeError (one sentence) if the kernel cannot run cfg on problem; before building.
 
-    B: int
-    H: int
-    S: int
-    D: ClassVar[int] = HEAD_DIM
-
-    def __post_init__(self) -> None:
-        for name in ("B", "H", "S"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ShapeError(f"shape {name} must be a positive integer (got {v!r})")
-        if self.B * self.S * self.H * HEAD_DIM > _MAX_ELEMS:
-            raise ShapeError(
-                f"shape {self} is too large: B*S*H*128 must stay below 2^31 elements"
-            )
-
-    @classmethod
-    def parse(cls, text: str) -> Shape:
-        m = _SHAPE_RE.fullmatch(str(text))
-        if not m:
-            raise ShapeError(
-                f"malformed shape '{text}': write BxHxS with positive integers, e.g. 4x32x8192"
-            )
-        b, h, s = (int(g) for g in m.groups())
-        return cls(b, h, s)
-
-    def __str__(self) -> str:
-        return f"{self.B}x{self.H}x{self.S}"
-
-    @property
-    def flops(self) -> int:
-        """The seeds' FLOP count, 2*B*H*S*S*D (not halved for causality, as the anchors)."""
-        return 2 * self.B * self.H * self.S * self.S * HEAD_DIM
-
-    def tflops(self, ms: float) -> float:
-        return self.flops / (ms * 1e9)
-
-    def to_dict(self) -> dict[str, int]:
-        return {"B": self.B, "H": self.H, "S": self.S, "D": HEAD_DIM}
-
-
-SEED_SHAPES: tuple[Shape, ...] = (Shape(4, 32, 4096), Shape(4, 32, 8192), Shape(4, 32, 16384))
-
-
-def check_shape(cfg: KernelConfig, shape: Shape) -> None:
-    """Raise ShapeError if the kernel cannot run cfg on shape (before building or launching).
-
-    The kernel masks ragged query and KV tiles (TMA fills out-of-bounds rows), so any S works;
-    B and H index the grid, which allows at most 65535 in y and z. cfg is an argument so
-    tile-dependent limits of later kernels go here.
+    The kernel runs MHA, GQA and MQA (Hkv a run-time argument), causal or not (compiled in: a
+    kernel is built per mask, tuner.build's ``causal``), at head dim 128 so far; other head dims
+    are problems only the peers run. It masks ragged query and KV tiles (TMA fills
+    out-of-bounds rows), so any S works; B and Hq index the grid, which allows at most 65535 in
+    y and z. cfg is an argument so tile-dependent limits go here.
     """
     del cfg
-    for name in ("B", "H"):
-        v = getattr(shape, name)
-        if v > 65535:
-            raise ShapeError(f"shape {shape}: {name}={v} exceeds the kernel's grid limit 65535")
+    if problem.D != HEAD_DIM:
+        raise ShapeError(
+            f"problem {problem}: fa-tune's kernel runs head dim {HEAD_DIM} only so far (got "
+            f"D={problem.D}); other head dims {_PEERS_ONLY}"
+        )
+    for name in ("B", "Hq"):
+        v = getattr(problem, name)
+        if v > GRID_LIMIT:
+            raise ShapeError(
+                f"problem {problem}: {name}={v} exceeds the kernel's grid limit {GRID_LIMIT}"
+            )
+
+
+def problem_class(problems: Iterable[Problem]) -> bool:
+    """The one mask (causal or not) a set of problems shares: one kernel library serves them.
+    Raises ShapeError when they mix causal and non-causal problems."""
+    masks = {p.causal for p in problems}
+    if len(masks) > 1:
+        raise ShapeError(
+            "these problems mix causal and non-causal (:full) masks; a kernel is built for one "
+            "mask: run them in two invocations"
+        )
+    return masks.pop() if masks else True
+
+
+def check_problems(cfg: KernelConfig, problems: Iterable[Problem]) -> None:
+    """check_problem for each (the first one the kernel cannot run raises), and one mask for
+    all of them (a kernel library serves one: problem_class)."""
+    problems = list(problems)
+    for p in problems:
+        check_problem(cfg, p)
+    problem_class(problems)

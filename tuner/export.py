@@ -7,7 +7,8 @@ Layout of the output folder::
     build.sh             nvcc with exactly tuner/build.py's KERNEL_FLAGS -> build/libfa_tune_fwd.so
     lib/libfa_tune_fwd.so  the prebuilt sm_90a library: the very file the tuner measured
     config.yaml          the config (every knob)
-    results.json         the trial's measured results
+    results.json         the trial's measured results (per problem: its dict B, H = Hq, Hq, Hkv,
+                         S, D, causal and "shape" = its text form, as tuner/store.py writes)
     README.md            the C ABI, a C++ example and a PyTorch (ctypes) example
 
 CUTLASS/CuTe headers are not copied: build.sh takes CUTLASS_DIR (the folder holding cute/ and
@@ -90,14 +91,17 @@ def readme(cfg: KernelConfig, info: dict[str, Any]) -> str:
         for s, v in shapes.items()
     )
     knobs = "\n".join(f"    {k}: {v}" for k, v in cfg.to_dict().items())
+    causal = bool(info.get("causal", True))
+    mask = "Causal" if causal else "Non-causal"
     return f"""# fa-tune kernel {cfg.config_id()}
 
-Causal FlashAttention forward for Hopper (sm_90a): BF16 Q/K/V/O in BSHD layout
-(`[B, S, H, 128]`, contiguous), head dimension 128, FP32 accumulation, LSE in FP32
-(`[B, H, S]`, natural log). Exported by fa-tune from study `{info.get('study')}`, trial
-{info.get('trial')}; measured on {info.get('gpu', '?')} ({info.get('protocol_text', '')}):
+{mask} FlashAttention forward for Hopper (sm_90a): BF16 Q/O in BSHD layout (`[B, S, Hq, 128]`,
+contiguous) and K/V (`[B, S, Hkv, 128]`: MHA, GQA or MQA), head dimension 128, FP32
+accumulation, LSE in FP32 (`[B, Hq, S]`, natural log). Exported by fa-tune from study
+`{info.get('study')}`, trial {info.get('trial')}; measured on {info.get('gpu', '?')}
+({info.get('protocol_text', '')}):
 
-| shape (BxHxS) | median ms | TFLOPS (2·B·H·S²·128 / t) |
+| problem (BxHq[/Hkv]xS[:dD][:full]) | median ms | TFLOPS (causal 2·B·Hq·S²·D / t, non-causal 4·) |
 |---|---|---|
 {table}
 
@@ -114,22 +118,27 @@ Config (every knob; also in `config.yaml`):
   the NVIDIA driver at run time.
 * `results.json`: the measurements; `config.yaml`: the config.
 
-## C ABI
+## C ABI (version 2)
 
 ```c
+int fa_tune_abi_version(void);           // 2
 // 0 on success, else a cudaError_t value; fa_tune_last_error() then says why.
 int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse,
-                    int B, int H, int S, cudaStream_t stream);
+                    int B, int Hq, int Hkv, int S, float softmax_scale, cudaStream_t stream);
 // one-time host setup for a shape (call once per shape before forward); *host_ms = time spent
-int fa_tune_prepare(int B, int H, int S, cudaStream_t stream, double* host_ms);
+int fa_tune_prepare(int B, int Hq, int Hkv, int S, cudaStream_t stream, double* host_ms);
 const char* fa_tune_last_error(void);
 const char* fa_tune_config_json(void);   // the config this library was built from
+// compiled in: {{"head_dim":128,"causal":{str(causal).lower()}}}
+const char* fa_tune_problem_class(void);
 int fa_tune_smem_bytes(void);            // dynamic shared memory per CTA
 ```
 
-Q, K, V, O: `[B, S, H, 128]` BF16 device pointers (16-byte aligned, contiguous). `lse`:
-`[B, H, S]` FP32 or NULL. The launch is asynchronous on `stream`. The library uses the CUDA
-context current on the calling thread (the primary context, as the CUDA runtime does).
+Q, O: `[B, S, Hq, 128]`; K, V: `[B, S, Hkv, 128]` BF16 device pointers (16-byte aligned,
+contiguous); Hkv divides Hq, and query head h reads K/V head h / (Hq / Hkv). `lse`:
+`[B, Hq, S]` FP32 or NULL. `softmax_scale` 0 means 1/sqrt(128). The launch is asynchronous on
+`stream`. The library uses the CUDA context current on the calling thread (the primary context,
+as the CUDA runtime does).
 
 ## C++ example
 
@@ -140,21 +149,23 @@ context current on the calling thread (the primary context, as the CUDA runtime 
 #include <cuda_bf16.h>
 #include <cstdio>
 extern "C" {{
-int fa_tune_forward(const void*, const void*, const void*, void*, float*, int, int, int,
-                    cudaStream_t);
-int fa_tune_prepare(int, int, int, cudaStream_t, double*);
+int fa_tune_forward(const void*, const void*, const void*, void*, float*, int, int, int, int,
+                    float, cudaStream_t);
+int fa_tune_prepare(int, int, int, int, cudaStream_t, double*);
 const char* fa_tune_last_error(void);
 }}
 int main() {{
-  const int B = 4, H = 32, S = 8192, D = 128;
-  size_t n = size_t(B) * S * H * D;
+  const int B = 1, Hq = 32, Hkv = 8, S = 8192, D = 128;  // Llama-3-8B's GQA
+  size_t nq = size_t(B) * S * Hq * D, nkv = size_t(B) * S * Hkv * D;
   __nv_bfloat16 *q, *k, *v, *o; float* lse;
-  cudaMalloc(&q, n * 2); cudaMalloc(&k, n * 2); cudaMalloc(&v, n * 2); cudaMalloc(&o, n * 2);
-  cudaMalloc(&lse, size_t(B) * H * S * 4);
+  cudaMalloc(&q, nq * 2); cudaMalloc(&k, nkv * 2); cudaMalloc(&v, nkv * 2);
+  cudaMalloc(&o, nq * 2); cudaMalloc(&lse, size_t(B) * Hq * S * 4);
   // ... fill q, k, v ...
   double host_ms = 0;
-  if (fa_tune_prepare(B, H, S, 0, &host_ms)) {{ printf("%s\\n", fa_tune_last_error()); return 1; }}
-  if (int rc = fa_tune_forward(q, k, v, o, lse, B, H, S, 0)) {{
+  if (fa_tune_prepare(B, Hq, Hkv, S, 0, &host_ms)) {{
+    printf("%s\\n", fa_tune_last_error()); return 1;
+  }}
+  if (int rc = fa_tune_forward(q, k, v, o, lse, B, Hq, Hkv, S, 0.f, 0)) {{
     printf("error %d: %s\\n", rc, fa_tune_last_error()); return 1;
   }}
   cudaDeviceSynchronize();
@@ -165,32 +176,35 @@ int main() {{
 ## PyTorch example (ctypes)
 
 ```python
-import ctypes, math, torch
+import ctypes, torch
 lib = ctypes.CDLL("./lib/{LIB_NAME}")
-vp, ci = ctypes.c_void_p, ctypes.c_int
-lib.fa_tune_forward.argtypes = [vp, vp, vp, vp, vp, ci, ci, ci, vp]
-lib.fa_tune_prepare.argtypes = [ci, ci, ci, vp, ctypes.POINTER(ctypes.c_double)]
+vp, ci, cf = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+lib.fa_tune_forward.argtypes = [vp, vp, vp, vp, vp, ci, ci, ci, ci, cf, vp]
+lib.fa_tune_prepare.argtypes = [ci, ci, ci, ci, vp, ctypes.POINTER(ctypes.c_double)]
 lib.fa_tune_last_error.restype = ctypes.c_char_p
 
-def attention(q, k, v):  # [B, S, H, 128] bf16 CUDA tensors, causal
-    B, S, H, D = q.shape
+def attention(q, k, v, scale=0.0):  # q [B, S, Hq, 128], k/v [B, S, Hkv, 128], bf16 CUDA
+    B, S, Hq, D = q.shape
+    Hkv = k.shape[2]
     assert D == 128 and q.dtype == torch.bfloat16 and q.is_contiguous()
     o = torch.empty_like(q)
-    lse = torch.empty(B, H, S, device=q.device, dtype=torch.float32)
+    lse = torch.empty(B, Hq, S, device=q.device, dtype=torch.float32)
     stream = torch.cuda.current_stream().cuda_stream
     ms = ctypes.c_double()
-    if lib.fa_tune_prepare(B, H, S, stream, ctypes.byref(ms)):  # once per shape is enough
+    if lib.fa_tune_prepare(B, Hq, Hkv, S, stream, ctypes.byref(ms)):  # once per shape
         raise RuntimeError(lib.fa_tune_last_error().decode())
     rc = lib.fa_tune_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                             lse.data_ptr(), B, H, S, stream)
+                             lse.data_ptr(), B, Hq, Hkv, S, scale, stream)
     if rc:
         raise RuntimeError(f"fa_tune_forward: {{rc}}: {{lib.fa_tune_last_error().decode()}}")
     return o, lse
 
-q, k, v = (torch.randn(4, 8192, 32, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+q = torch.randn(1, 8192, 32, 128, device="cuda", dtype=torch.bfloat16)
+k, v = (torch.randn(1, 8192, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
 o, lse = attention(q, k, v)
 ref = torch.nn.functional.scaled_dot_product_attention(
-    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True).transpose(1, 2)
+    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal={causal},
+    enable_gqa=True).transpose(1, 2)
 print((o.float() - ref.float()).abs().max())
 ```
 """
@@ -198,9 +212,16 @@ print((o.float() - ref.float()).abs().max())
 
 def _results_payload(trial: Any, cfg: KernelConfig, built: Any) -> dict[str, Any]:
     conf = trial.user_attrs.get("confirmed") or {}
+    from tuner.store import with_problem
+
     rd = conf.get("results_dir")
     if rd and (Path(rd) / "results.json").is_file():
-        return json.loads((Path(rd) / "results.json").read_text())
+        payload = json.loads((Path(rd) / "results.json").read_text())
+        if isinstance(payload.get("shapes"), list):  # a file from before problems: fill in
+            payload["shapes"] = [with_problem(s) if isinstance(s, dict) else s
+                                 for s in payload["shapes"]]
+        return payload
+    per = conf.get("shapes") or trial.user_attrs.get("shapes") or {}
     return {  # a trial without a full results folder: what the study holds
         "schema": 1, "status": "passed", "failure": None,
         "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -208,7 +229,9 @@ def _results_payload(trial: Any, cfg: KernelConfig, built: Any) -> dict[str, Any
         "note": "from the study's trial attributes (search protocol; not confirmed)"
         if not conf else "from the study's trial attributes (confirmed)",
         "value_geomean_tflops": trial.value, "confirmed": conf or None,
-        "shapes": trial.user_attrs.get("shapes"), "screen": trial.user_attrs.get("screen"),
+        "shapes": [with_problem({"shape": s, **(v if isinstance(v, dict) else {})})
+                   for s, v in per.items()],
+        "screen": trial.user_attrs.get("screen"),
         "build": {"so_path": str(built.so_path), "key": getattr(built, "key", None)},
     }
 
@@ -223,11 +246,26 @@ def protocol_text(p: dict[str, Any] | None) -> str:
                                  if isinstance(settle, (int, float)) and settle > 0 else ""))
 
 
-def artifact_for(trial: Any, cfg: KernelConfig) -> Any:
-    """The cached .so the trial measured; rebuilt through the cache if it was removed."""
+def _library_causal(so: str) -> bool | None:
+    """The mask a built library serves (None: not a library this fa-tune can load)."""
+    from tuner.runtime import KernelModule
+
+    try:
+        return KernelModule(so).causal
+    except FaTuneError:
+        return None
+
+
+def artifact_for(trial: Any, cfg: KernelConfig, causal: bool | None = None) -> Any:
+    """The cached .so the trial measured (for its problems' mask, or ``causal`` when given);
+    rebuilt through the cache if it was removed, predates this fa-tune, or serves the other
+    mask."""
+    from tuner.study import trial_causal
+
+    causal = trial_causal(trial) if causal is None else causal
     b = trial.user_attrs.get("build") or {}
     so = b.get("so_path")
-    if so and Path(so).is_file():
+    if so and Path(so).is_file() and _library_causal(so) == causal:
         art = Path(so).parent / "artifact.json"
         if art.is_file():
             try:
@@ -237,7 +275,7 @@ def artifact_for(trial: Any, cfg: KernelConfig) -> Any:
         from types import SimpleNamespace
 
         return SimpleNamespace(so_path=so, key=b.get("key"))
-    return build_mod.build_config(cfg)
+    return build_mod.build_config(cfg, causal=causal)
 
 
 def export_trial(study_name: str, storage: str | None, trial_number: int | None,
@@ -252,7 +290,10 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
     if not isinstance(cfg_d, dict):
         raise SearchError(f"trial {trial.number} has no stored config")
     cfg = KernelConfig.from_dict(cfg_d)
-    built = artifact_for(trial, cfg)
+    from tuner.study import trial_causal
+
+    causal = trial_causal(trial)
+    built = artifact_for(trial, cfg, causal)
     so = Path(built.so_path)
     if not so.is_file():
         raise ExportError(f"the artifact {so} is missing; rebuild with `fa-tune build`")
@@ -261,7 +302,7 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir(parents=True)
-        (tmp / "kernel.cu").write_text(build_mod.render(cfg))
+        (tmp / "kernel.cu").write_text(build_mod.render(cfg, causal=causal))
         shutil.copytree(_paths.cuda_src_dir() / "fa_tune", tmp / "fa_tune",
                         ignore=shutil.ignore_patterns("__pycache__"))
         (tmp / "build.sh").write_text(build_script())
@@ -273,7 +314,7 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
         conf = trial.user_attrs.get("confirmed") or {}
         shapes = conf.get("shapes") or trial.user_attrs.get("shapes") or {}
         info = {
-            "study": study_name, "trial": trial.number, "shapes": shapes,
+            "study": study_name, "trial": trial.number, "shapes": shapes, "causal": causal,
             "gpu": (payload.get("gpu") or {}).get("name", "the tuning GPU"),
             "protocol_text": protocol_text(conf.get("protocol")) if conf
             else "search protocol (not confirmed)",

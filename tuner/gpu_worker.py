@@ -11,7 +11,7 @@ fixture worker. Every worker speaks the same protocol, documented here:
 
 * the parent starts ``function(conn, device_index)``; the worker first sends
   ``{"status": "ready", "gpu": {...}}`` or ``{"status": "init_failed", "reason": str}``;
-* then, per request ``{"op": "measure", "so_path": str, "shape": [B, H, S], "gate": bool,
+* then, per request ``{"op": "measure", "so_path": str, "shape": dict, "gate": bool,
   "seed": int, "protocol": tuner.measure.timing.Protocol.to_dict()}`` it replies
   ``{"status": "ok", "gate": dict | None, "timing": dict}``, or
   ``{"status": "gate_failed", "reason": str, "gate": dict}``, or
@@ -20,6 +20,12 @@ fixture worker. Every worker speaks the same protocol, documented here:
   reply, the seconds from receiving the request to replying (the search's GPU-busy time;
   without it the search counts the request's wall time);
 * ``{"op": "stop"}`` (or a closed pipe) ends it.
+
+The request's ``"shape"`` is the problem as ``tuner.problem.Problem.to_dict()``:
+``{"B", "H", "Hq", "Hkv", "S", "D", "causal"}`` (``H`` = ``Hq``), read back with
+``tuner.problem.as_problem`` (which also takes the text form ``"1x32/8x8192"`` and the
+``[B, H, S]`` list of workers before problems; a worker that cannot read it replies
+``"error"``). The parent sends only problems the kernel runs (config.check_problem).
 
 With ``gate`` false the seed inputs are generated afresh before timing (the buffers may hold
 another candidate's gate inputs or nothing yet).
@@ -70,11 +76,11 @@ def bootstrap(entry: str, conn: Any, device_index: int) -> None:
 def main(conn: Any, device_index: int) -> None:
     """The product's worker: the one measurement path (tuner.measure.bench) on a real GPU."""
     from tuner import runtime
-    from tuner.config import Shape
     from tuner.errors import FaTuneError
     from tuner.measure.bench import Bench
     from tuner.measure.launch import KernelLaunch
     from tuner.measure.timing import Protocol
+    from tuner.problem import as_problem
 
     try:
         bench = Bench(device_index)
@@ -102,7 +108,7 @@ def main(conn: Any, device_index: int) -> None:
             kernel = kernels.get(so)
             if kernel is None:
                 kernel = kernels[so] = KernelLaunch(so)
-            shape = Shape(*msg["shape"])
+            shape = as_problem(msg["shape"])
             bench.seed = int(msg.get("seed", bench.seed))
             proto = Protocol.from_dict(msg["protocol"])
             m = bench.measure(kernel, shape, proto, gate=bool(msg.get("gate")))

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner import _paths
-from tuner.config import Shape
 from tuner.errors import FaTuneError
+from tuner.problem import Problem
 
 KERNEL_REGEX = "regex:attention_fwd_kernel"
 NCU_TIMEOUT_S = 900
@@ -169,7 +169,7 @@ def explain_ncu_failure(output: str, rc: int) -> str:
     return f"ncu failed with exit code {rc}"
 
 
-def profile_artifact(so_path: str | Path, shape: Shape, name: str,
+def profile_artifact(so_path: str | Path, shape: Problem, name: str,
                      out_dir: Path | None = None) -> tuple[Path, Headline]:
     ncu = find_ncu()
     out_dir = out_dir or _paths.studies_root() / "profiles"
@@ -178,7 +178,7 @@ def profile_artifact(so_path: str | Path, shape: Shape, name: str,
     cmd = [str(ncu), "--set", "full", "--launch-count", "1", "--kernel-name", KERNEL_REGEX,
            "--clock-control", "none", "--force-overwrite", "-o", str(rep_base),
            sys.executable, "-m", "tuner.profile_driver", str(so_path),
-           str(shape.B), str(shape.H), str(shape.S)]
+           str(shape)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]
@@ -210,15 +210,16 @@ def _import(ncu: Path, rep: Path, page: str) -> str:
 
 
 def profile_trial(study: str, storage: str | None, trial: int | None,
-                  shape: Shape) -> dict[str, Any]:
-    from tuner.config import KernelConfig
+                  shape: Problem) -> dict[str, Any]:
+    from tuner.config import KernelConfig, check_problem
     from tuner.export import artifact_for
     from tuner.show import pick_trial
 
     _, t = pick_trial(study, storage, trial)
     cfg = KernelConfig.from_dict(t.user_attrs.get("config") or {})
+    check_problem(cfg, shape)
     find_ncu()  # before any rebuild: the clear line first
-    built = artifact_for(t, cfg)
+    built = artifact_for(t, cfg, shape.causal)  # a library for this problem's mask
     name = f"{study}-trial{t.number}-{shape}"
     rep, head = profile_artifact(built.so_path, shape, name)
     return {"report": rep, "headline": head, "trial": t.number, "config_id": cfg.config_id()}

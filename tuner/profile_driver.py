@@ -1,4 +1,7 @@
-"""Launch one tuned kernel once, for Nsight Compute: ``python -m tuner.profile_driver SO B H S``.
+"""Launch one tuned kernel once, for Nsight Compute: ``python -m tuner.profile_driver SO PROBLEM``.
+
+PROBLEM is the text form of a tuner.problem.Problem (``4x32x8192``; ``B H S`` as three
+arguments, the form before problems, still works).
 
 The measurement path's own pieces (tuner.measure): the kernel through its C ABI, the gate's
 seed inputs in the bench's buffers, ``fa_tune_prepare`` and ONE ``fa_tune_forward``,
@@ -12,17 +15,20 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tuner.config import Shape
+    from tuner.config import KernelConfig, check_problem
     from tuner.errors import FaTuneError
     from tuner.measure.bench import Bench
     from tuner.measure.launch import KernelLaunch
+    from tuner.problem import Problem
 
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 4:
-        sys.stderr.write("usage: python -m tuner.profile_driver KERNEL_SO B H S\n")
+    if len(args) not in (2, 4):
+        sys.stderr.write("usage: python -m tuner.profile_driver KERNEL_SO "
+                         "BxHq[/Hkv]xS[:dD][:full]\n")
         return 2
     try:
-        shape = Shape(int(args[1]), int(args[2]), int(args[3]))
+        shape = Problem.parse(args[1] if len(args) == 2 else "x".join(args[1:]))
+        check_problem(KernelConfig(), shape)
         bench = Bench(0)
         kernel = KernelLaunch(args[0])
         bufs = bench.load_inputs(shape)

@@ -1,4 +1,4 @@
-"""``fa-tune run``: build -> gate -> time -> store, for one config over shapes.
+"""``fa-tune run``: build -> gate -> time -> store, for one config over problems (shapes).
 
 The artifact that is gated and timed is exactly the cached ``.so`` that build.py produced (the
 same file an export ships), loaded once and called through its C ABI. A shape whose gate fails
@@ -15,8 +15,9 @@ from typing import Any
 
 from tuner import __version__, _paths, store
 from tuner import build as build_mod
-from tuner.config import KernelConfig, Shape, check_shape, validate
+from tuner.config import KernelConfig, check_problems, problem_class, validate
 from tuner.errors import FaTuneError
+from tuner.problem import Problem
 
 
 @dataclass
@@ -49,7 +50,7 @@ def build_summary(b: build_mod.BuildResult) -> dict[str, Any]:
 
 def run_config(
     cfg: KernelConfig,
-    shapes: Sequence[Shape],
+    shapes: Sequence[Problem],
     protocol: Any,
     results_root: str | Path | None = None,
     *,
@@ -59,11 +60,13 @@ def run_config(
     seed: int = 42,
     log: Callable[[str], None] | None = None,
 ) -> RunReport:
-    """Build cfg, then gate and time it on every shape; write the result folder.
+    """Build cfg, then gate and time it on every problem; write the result folder.
 
-    Raises FaTuneError for user-level problems found before any measurement (invalid config,
-    unsupported shape, no sm_90 GPU, compile error). A failed gate does not raise: the run is
-    stored as failed and ``RunReport.passed`` is False.
+    Raises FaTuneError for user-level errors found before any measurement (invalid config, a
+    problem the kernel cannot run (config.check_problem), no sm_90 GPU, compile error). A
+    failed gate does not raise: the run is stored as failed and ``RunReport.passed`` is False.
+    Each row of the payload carries the problem's dict (B, H = Hq, Hq, Hkv, S, D, causal) and
+    ``"shape": str(problem)``.
     """
     # Imported here so build-only commands work where the GPU modules cannot load.
     from tuner.measure.bench import Bench
@@ -71,12 +74,11 @@ def run_config(
 
     say = log or (lambda _m: None)
     validate(cfg)
-    for s in shapes:
-        check_shape(cfg, s)
+    check_problems(cfg, shapes)
     # Fail on a missing GPU before spending a minute compiling.
     bench = Bench(device_index, seed=seed)
     say(f"GPU {bench.dev.name}; building config {cfg.config_id()}")
-    built = build_mod.build_config(cfg)
+    built = build_mod.build_config(cfg, causal=problem_class(shapes))
     say(f"artifact {built.so_path} ({'cache hit' if built.cache_hit else 'compiled'})")
     built.require_timeable()
     # The exact cached artifact, through its C ABI (the same file an export ships).

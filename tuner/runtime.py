@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tuner.errors import FaTuneError, GpuError
+from tuner.problem import Problem
 
 HEAD_DIM = 128
 BF16_BYTES = 2
@@ -45,9 +46,51 @@ class KernelError(CudaError):
 
 
 class ShapeLike(Protocol):
+    """A problem as the measurement path reads it (tuner.problem.Problem; duck-typed: an object
+    with only B, H, S is MHA, D 128, causal)."""
+
     B: int
     H: int
     S: int
+
+
+def problem_dims(shape: Any) -> tuple[int, int, int, int, int, bool]:
+    """(B, Hq, Hkv, S, D, causal) of a Problem or of anything shaped like one (no validation):
+    Hq from ``Hq`` or ``H``; Hkv defaults to Hq, D to 128, causal to True."""
+    hq = int(getattr(shape, "Hq", None) or shape.H)
+    hkv = int(getattr(shape, "Hkv", None) or hq)
+    return (int(shape.B), hq, hkv, int(shape.S), int(getattr(shape, "D", None) or HEAD_DIM),
+            bool(getattr(shape, "causal", True)))
+
+
+def as_problem(shape: Any) -> Problem:
+    """The Problem for ``shape`` (itself when it already is one)."""
+    if isinstance(shape, Problem):
+        return shape
+    B, hq, hkv, S, D, causal = problem_dims(shape)
+    return Problem(B, hq, S, Hkv=hkv, D=D, causal=causal)
+
+
+def same_problem(a: Any, b: Any) -> bool:
+    return problem_dims(a) == problem_dims(b)
+
+
+def kernel_unsupported(shape: Any, *, causal: bool = True, head_dim: int = HEAD_DIM) -> str | None:
+    """Why a kernel library compiled for (head_dim, causal) cannot run ``shape`` (None: it can).
+    Hq and Hkv are run-time arguments of its C ABI (any Hkv that divides Hq); the head dim and
+    the mask are compiled in."""
+    B, hq, hkv, S, D, p_causal = problem_dims(shape)
+    what = []
+    if hq % hkv:
+        what.append(f"Hkv={hkv} does not divide Hq={hq}")
+    if D != head_dim:
+        what.append(f"D={D}")
+    if p_causal != causal:
+        what.append("non-causal" if causal else "causal")
+    if not what:
+        return None
+    mask = "causal" if causal else "non-causal"
+    return f"this kernel library runs D {head_dim}, {mask} problems; got {', '.join(what)}"
 
 
 # ---- cuda.bindings access -------------------------------------------------------------------
@@ -429,11 +472,21 @@ class Event:
 
 # ---- attention buffers ----------------------------------------------------------------------
 def elems_bshd(shape: ShapeLike) -> int:
-    return shape.B * shape.S * shape.H * HEAD_DIM
+    """Elements of Q or O: B*S*Hq*D."""
+    B, hq, _, S, D, _ = problem_dims(shape)
+    return B * S * hq * D
+
+
+def elems_kv(shape: ShapeLike) -> int:
+    """Elements of K or V: B*S*Hkv*D."""
+    B, _, hkv, S, D, _ = problem_dims(shape)
+    return B * S * hkv * D
 
 
 def elems_lse(shape: ShapeLike) -> int:
-    return shape.B * shape.H * shape.S
+    """Elements of LSE: B*Hq*S."""
+    B, hq, _, S, _, _ = problem_dims(shape)
+    return B * hq * S
 
 
 class BufferGroup:
@@ -455,22 +508,29 @@ class BufferGroup:
 
 
 class AttnBuffers(BufferGroup):
-    """Q, K, V, O ([B, S, H, 128] BF16) and LSE ([B, H, S] FP32) for one shape."""
+    """Q, O ([B, S, Hq, D] BF16), K, V ([B, S, Hkv, D] BF16) and LSE ([B, Hq, S] FP32) for one
+    problem. ``shape`` is the Problem; ``n`` the elements of Q/O, ``n_kv`` of K/V, ``n_lse`` of
+    LSE."""
 
-    def __init__(self, dev: Device, shape: ShapeLike) -> None:
+    def __init__(self, dev: Device, problem: ShapeLike) -> None:
         super().__init__(dev)
-        self.shape = shape
-        self.n = elems_bshd(shape)
-        self.n_lse = elems_lse(shape)
+        self.shape = as_problem(problem)
+        self.n = elems_bshd(self.shape)
+        self.n_kv = elems_kv(self.shape)
+        self.n_lse = elems_lse(self.shape)
         try:
             self.q = self._alloc(self.n * BF16_BYTES)
-            self.k = self._alloc(self.n * BF16_BYTES)
-            self.v = self._alloc(self.n * BF16_BYTES)
+            self.k = self._alloc(self.n_kv * BF16_BYTES)
+            self.v = self._alloc(self.n_kv * BF16_BYTES)
             self.o = self._alloc(self.n * BF16_BYTES)
             self.lse = self._alloc(self.n_lse * F32_BYTES)
         except BaseException:
             self.free()
             raise
+
+    @property
+    def problem(self) -> Problem:
+        return self.shape
 
     def __enter__(self) -> AttnBuffers:
         return self
@@ -506,30 +566,43 @@ def _bind(lib: ctypes.CDLL, path: Path, name: str, restype: Any, argtypes: Seque
     return fn
 
 
+KERNEL_ABI_VERSION = 2
+
+
 class KernelModule:
-    """A built kernel ``.so``, called through the C ABI of docs/ARCHITECTURE.md."""
+    """A built kernel ``.so``, called through the C ABI of docs/ARCHITECTURE.md (version 2)."""
 
     def __init__(self, so_path: str | Path) -> None:
         self.path = Path(so_path)
         lib = _load_so(self.path, "kernel library")
         self._lib = lib
         p = self.path
+        if not hasattr(lib, "fa_tune_abi_version"):
+            raise FaTuneError(f"{p} predates the kernel C ABI {KERNEL_ABI_VERSION} (no "
+                              "fa_tune_abi_version()): rebuild it with this fa-tune")
+        abi = int(_bind(lib, p, "fa_tune_abi_version", _c_int, [])())
+        if abi != KERNEL_ABI_VERSION:
+            raise FaTuneError(f"{p} has kernel C ABI {abi}, this fa-tune speaks "
+                              f"{KERNEL_ABI_VERSION}: rebuild it with this fa-tune")
         # int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse,
-        #                     int B, int H, int S, cudaStream_t stream);
+        #                     int B, int Hq, int Hkv, int S, float softmax_scale,
+        #                     cudaStream_t stream);
         self._forward = _bind(lib, p, "fa_tune_forward", _c_int,
-                              [_vp, _vp, _vp, _vp, _vp, _c_int, _c_int, _c_int, _vp])
-        # int fa_tune_prepare(int B, int H, int S, cudaStream_t stream, double* host_ms);
+                              [_vp, _vp, _vp, _vp, _vp, _c_int, _c_int, _c_int, _c_int,
+                               _c_float, _vp])
+        # int fa_tune_prepare(int B, int Hq, int Hkv, int S, cudaStream_t stream,
+        #                     double* host_ms);
         self._prepare = _bind(lib, p, "fa_tune_prepare", _c_int,
-                              [_c_int, _c_int, _c_int, _vp, ctypes.POINTER(ctypes.c_double)])
+                              [_c_int, _c_int, _c_int, _c_int, _vp,
+                               ctypes.POINTER(ctypes.c_double)])
         self._last_error = _bind(lib, p, "fa_tune_last_error", ctypes.c_char_p, [])
         self._config_json = _bind(lib, p, "fa_tune_config_json", ctypes.c_char_p, [])
         self._smem_bytes = _bind(lib, p, "fa_tune_smem_bytes", _c_int, [])
-        text = self.config_json()
-        try:
-            cfg = json.loads(text) if text else {}
-        except ValueError:
-            cfg = {}
-        self.config: dict[str, Any] = cfg if isinstance(cfg, dict) else {}
+        pclass = _bind(lib, p, "fa_tune_problem_class", ctypes.c_char_p, [])()
+        self.config: dict[str, Any] = _json_dict(self.config_json())
+        pc = _json_dict(pclass.decode(errors="replace") if pclass else "")
+        self.causal = bool(pc.get("causal", True))
+        self.head_dim = int(pc.get("head_dim", HEAD_DIM))
 
     @property
     def writes_lse(self) -> bool:
@@ -547,6 +620,10 @@ class KernelModule:
     def smem_bytes(self) -> int:
         return int(self._smem_bytes())
 
+    def unsupported(self, shape: Any) -> str | None:
+        """Why this library cannot run ``shape`` (None: it can)."""
+        return kernel_unsupported(shape, causal=self.causal, head_dim=self.head_dim)
+
     def _fail(self, what: str, rc: int) -> KernelError:
         why = self.last_error()
         return KernelError(
@@ -556,29 +633,50 @@ class KernelModule:
             code=rc,
         )
 
+    def _refuse(self, shape: ShapeLike, what: str) -> None:
+        why = self.unsupported(shape)
+        if why is not None:
+            raise KernelError(f"{what}: {why}")
+
     def prepare(self, shape: ShapeLike, stream: Stream | int | None) -> float:
         """One-time host setup for a shape; returns the host milliseconds it took."""
+        self._refuse(shape, "fa_tune_prepare")
+        B, hq, hkv, S, _, _ = problem_dims(shape)
         ms = ctypes.c_double(0.0)
-        rc = self._prepare(shape.B, shape.H, shape.S, stream_handle(stream) or None,
-                           ctypes.byref(ms))
+        rc = self._prepare(B, hq, hkv, S, stream_handle(stream) or None, ctypes.byref(ms))
         if rc != 0:
-            raise self._fail(f"fa_tune_prepare({shape.B}x{shape.H}x{shape.S})", rc)
+            raise self._fail(f"fa_tune_prepare({_dims_text(B, hq, hkv, S)})", rc)
         return float(ms.value)
 
     def forward(self, bufs: AttnBuffers, stream: Stream | int | None,
-                write_lse: bool | None = None) -> None:
+                write_lse: bool | None = None, softmax_scale: float = 0.0) -> None:
         """Launch once (asynchronous). LSE goes to bufs.lse when the variant writes it (or when
-        ``write_lse`` says so), else NULL is passed."""
+        ``write_lse`` says so), else NULL is passed. softmax_scale 0: 1/sqrt(D)."""
         use_lse = self.writes_lse if write_lse is None else write_lse
         s = bufs.shape
+        self._refuse(s, "fa_tune_forward")  # before launching: D and the mask are compiled in
+        B, hq, hkv, S, _, _ = problem_dims(s)
         rc = self._forward(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, bufs.o.ptr,
-                           bufs.lse.ptr if use_lse else None, s.B, s.H, s.S,
-                           stream_handle(stream) or None)
+                           bufs.lse.ptr if use_lse else None, B, hq, hkv, S,
+                           float(softmax_scale), stream_handle(stream) or None)
         if rc != 0:
-            raise self._fail(f"fa_tune_forward({s.B}x{s.H}x{s.S})", rc)
+            raise self._fail(f"fa_tune_forward({_dims_text(B, hq, hkv, S)})", rc)
 
 
-ORACLE_ABI_VERSION = 2
+def _dims_text(B: int, hq: int, hkv: int, S: int) -> str:
+    """B x Hq[/Hkv] x S, also for values a Problem would refuse (error messages)."""
+    return f"{B}x{hq}x{S}" if hq == hkv else f"{B}x{hq}/{hkv}x{S}"
+
+
+def _json_dict(text: str) -> dict[str, Any]:
+    try:
+        d = json.loads(text) if text else {}
+    except ValueError:
+        d = {}
+    return d if isinstance(d, dict) else {}
+
+
+ORACLE_ABI_VERSION = 3
 ORACLE_STATS_BYTES = 152
 ORACLE_ROW_BLOCK = 16  # query rows per block of the BF16 error budget (oracle_row_block())
 
@@ -601,18 +699,24 @@ class OracleModule:
         if rows != ORACLE_ROW_BLOCK:
             raise FaTuneError(f"{p}: oracle row block {rows}, expected {ORACLE_ROW_BLOCK}: "
                               "rebuild oracle.so")
+        i = _c_int
         self._fill_uniform = _bind(lib, p, "oracle_fill_uniform", _c_int,
                                    [_vp, _c_ll, _c_ull, _c_ull, _c_float, _c_float, _vp])
+        # (q, k, v, B, Hq, Hkv, S, D, seed, stream)
         self._gen_seed = _bind(lib, p, "oracle_gen_seed", _c_int,
-                               [_vp, _vp, _vp, _c_int, _c_int, _c_int, _c_ull, _vp])
+                               [_vp, _vp, _vp, i, i, i, i, i, _c_ull, _vp])
+        # (q, k, v, B, Hq, Hkv, S, D, seed, direction, stream)
         self._gen_rising = _bind(lib, p, "oracle_gen_rising", _c_int,
-                                 [_vp, _vp, _vp, _c_int, _c_int, _c_int, _c_ull, _c_int, _vp])
+                                 [_vp, _vp, _vp, i, i, i, i, i, _c_ull, i, _vp])
         self._poison = _bind(lib, p, "oracle_poison", _c_int, [_vp, _c_ll, _vp, _c_ll, _vp])
+        # (q, k, v, o_ref, lse_ref, B, Hq, Hkv, S, D, causal, flags, stream)
         self._reference = _bind(lib, p, "oracle_reference", _c_int,
-                                [_vp, _vp, _vp, _vp, _vp, _c_int, _c_int, _c_int, _c_int, _vp])
+                                [_vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i, _vp])
         self._f32_to_bf16 = _bind(lib, p, "oracle_f32_to_bf16", _c_int, [_vp, _vp, _c_ll, _vp])
+        # (o, o_ref, B, Hq, S, D, lse, lse_ref, o_atol, o_rtol, lse_atol, lse_rtol, stats,
+        #  block_sums, col_sums, stream)
         self._compare = _bind(lib, p, "oracle_compare", _c_int,
-                              [_vp, _vp, _c_int, _c_int, _c_int, _vp, _vp, _c_float, _c_float,
+                              [_vp, _vp, i, i, i, i, _vp, _vp, _c_float, _c_float,
                                _c_float, _c_float, _vp, _vp, _vp, _vp])
 
     @staticmethod
@@ -625,14 +729,14 @@ class OracleModule:
         self._ok(self._fill_uniform(dst, n, seed, stream_id, lo, hi,
                                     stream_handle(stream) or None), "fill_uniform")
 
-    def gen_seed(self, q: int, k: int, v: int, B: int, H: int, S: int, seed: int,
-                 stream: Stream | int | None) -> None:
-        self._ok(self._gen_seed(q, k, v, B, H, S, seed, stream_handle(stream) or None),
+    def gen_seed(self, q: int, k: int, v: int, B: int, Hq: int, Hkv: int, S: int, D: int,
+                 seed: int, stream: Stream | int | None) -> None:
+        self._ok(self._gen_seed(q, k, v, B, Hq, Hkv, S, D, seed, stream_handle(stream) or None),
                  "gen_seed")
 
-    def gen_rising(self, q: int, k: int, v: int, B: int, H: int, S: int, seed: int,
-                   direction: int, stream: Stream | int | None) -> None:
-        self._ok(self._gen_rising(q, k, v, B, H, S, seed, direction,
+    def gen_rising(self, q: int, k: int, v: int, B: int, Hq: int, Hkv: int, S: int, D: int,
+                   seed: int, direction: int, stream: Stream | int | None) -> None:
+        self._ok(self._gen_rising(q, k, v, B, Hq, Hkv, S, D, seed, direction,
                                   stream_handle(stream) or None), "gen_rising")
 
     def poison(self, o: int, n_o: int, lse: int | None, n_lse: int,
@@ -640,22 +744,34 @@ class OracleModule:
         self._ok(self._poison(o, n_o, lse or None, n_lse, stream_handle(stream) or None),
                  "poison")
 
-    def reference(self, q: int, k: int, v: int, o_ref: int, lse_ref: int | None, B: int, H: int,
-                  S: int, stream: Stream | int | None, flags: int = 0) -> None:
-        self._ok(self._reference(q, k, v, o_ref, lse_ref or None, B, H, S, flags,
-                                 stream_handle(stream) or None), "reference")
+    def reference(self, q: int, k: int, v: int, o_ref: int, lse_ref: int | None, B: int,
+                  Hq: int, Hkv: int, S: int, D: int, causal: bool,
+                  stream: Stream | int | None, flags: int = 0) -> None:
+        """FP32 attention of the problem (B, Hq, Hkv, S, D, causal) into o_ref ([B, S, Hq, D])
+        and lse_ref ([B, Hq, S], or None)."""
+        self._ok(self._reference(q, k, v, o_ref, lse_ref or None, B, Hq, Hkv, S, D,
+                                 1 if causal else 0, flags, stream_handle(stream) or None),
+                 "reference")
+
+    def reference_for(self, bufs: AttnBuffers, o_ref: int, lse_ref: int | None,
+                      stream: Stream | int | None, flags: int = 0) -> None:
+        """The reference of the inputs in ``bufs`` (its problem's dims)."""
+        B, hq, hkv, S, D, causal = problem_dims(bufs.shape)
+        self.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref, B, hq, hkv, S, D,
+                       causal, stream, flags=flags)
 
     def f32_to_bf16(self, src: int, dst: int, n: int, stream: Stream | int | None) -> None:
         self._ok(self._f32_to_bf16(src, dst, n, stream_handle(stream) or None), "f32_to_bf16")
 
-    def compare(self, o: int, o_ref: int, B: int, H: int, S: int, lse: int | None,
+    def compare(self, o: int, o_ref: int, B: int, H: int, S: int, D: int, lse: int | None,
                 lse_ref: int | None, o_atol: float, o_rtol: float, lse_atol: float,
                 lse_rtol: float, stats: int, block_sums: int | None, col_sums: int | None,
                 stream: Stream | int | None) -> None:
-        """O (and LSE, unless lse is None) against the reference; fills the stats struct and,
-        when given, the budget sums: block_sums [B, H, ceil(S / ORACLE_ROW_BLOCK), 4] float32,
-        col_sums [B, H, 128, 4] float64 (oracle.cu's header)."""
-        self._ok(self._compare(o, o_ref, B, H, S, lse or None, lse_ref or None, o_atol, o_rtol,
-                               lse_atol, lse_rtol, stats, block_sums or None, col_sums or None,
-                               stream_handle(stream) or None),
+        """O (and LSE, unless lse is None) against the reference; O is [B, S, H, D] (H = Hq).
+        Fills the stats struct and, when given, the budget sums: block_sums
+        [B, H, ceil(S / ORACLE_ROW_BLOCK), 4] float32, col_sums [B, H, D, 4] float64
+        (oracle.cu's header)."""
+        self._ok(self._compare(o, o_ref, B, H, S, D, lse or None, lse_ref or None, o_atol,
+                               o_rtol, lse_atol, lse_rtol, stats, block_sums or None,
+                               col_sums or None, stream_handle(stream) or None),
                  "compare")

@@ -37,8 +37,9 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.samplers import BaseSampler
 
-from tuner.config import KNOBS, KernelConfig, Shape, check_shape, validate
+from tuner.config import KNOBS, KernelConfig, check_problems, validate
 from tuner.errors import ConfigError, ShapeError
+from tuner.problem import Problem
 from tuner.space import SearchSpace
 from tuner.study import SearchError
 
@@ -69,15 +70,14 @@ def config_from_params(params: dict[str, Any], space: SearchSpace) -> KernelConf
     return KernelConfig.from_dict(values).effective()
 
 
-def static_check(cfg: KernelConfig, shapes: Sequence[Shape]) -> None:
+def static_check(cfg: KernelConfig, shapes: Sequence[Problem]) -> None:
     """What the search refuses without compiling: ConfigError or ShapeError saying why."""
     validate(cfg)
-    for s in shapes:
-        check_shape(cfg, s)
+    check_problems(cfg, shapes)
 
 
 def valid_config(params: dict[str, Any], space: SearchSpace,
-                 shapes: Sequence[Shape] = ()) -> KernelConfig | None:
+                 shapes: Sequence[Problem] = ()) -> KernelConfig | None:
     """The config these params measure, or None if the static check refuses it."""
     try:
         cfg = config_from_params(params, space)

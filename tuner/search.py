@@ -9,7 +9,7 @@ One invocation::
     loop:
         ask trials ahead (a batch; near the deadline only as many as the GPU can still take);
             the sampler proposes only valid, unmeasured configs (tuner/sampler.py)
-                                   -> static check (validate, check_shape) as a backstop:
+                                   -> static check (validate, check_problem) as a backstop:
             PRUNED with a violated constraint, no compile
                                    -> duplicates of a measured config: same verdict, no GPU
                                    -> the rest compile in a thread pool (--jobs nvcc at a time)
@@ -33,12 +33,15 @@ Trial user attrs: ``config`` (every knob), ``config_id``, ``owner`` (host:pid), 
 ``screen`` ({shape, median_ms, tflops}), ``shapes`` ({shape: {median_ms, min_ms, max_ms, tflops,
 max_abs_err}}), ``confirmed`` ({geomean_tflops, protocol, shapes, results_dir}),
 ``fail_reason``, ``prune_reason``, ``duplicate_of``, ``not_run``. Study user attrs: ``shapes``
-(the objective's shapes), ``space`` (the space's dict) and ``sessions`` (per invocation: wall
+(the objective's problems, as their text forms ``str(Problem)``: ``4x32x8192``, ``1x32/8x8192``;
+an MHA, D 128, causal problem keeps the name it had before problems, so old studies read the
+same), ``space`` (the space's dict) and ``sessions`` (per invocation: wall
 s, GPU-busy s, counts).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -57,11 +60,12 @@ from typing import Any
 
 from tuner import _paths
 from tuner import build as build_mod
-from tuner.config import KernelConfig, Shape, load_preset
+from tuner.config import KernelConfig, check_problems, load_preset, problem_class
 from tuner.errors import ConfigError, FaTuneError, ShapeError
 from tuner.gpu_worker import DEFAULT_ENTRY
 from tuner.measure.timing import Protocol
 from tuner.policy import SearchPolicy
+from tuner.problem import Problem
 from tuner.sampler import make_sampler, static_check, suggest_config, valid_config
 from tuner.space import SearchSpace
 from tuner.study import (
@@ -213,7 +217,7 @@ class Search:
         *,
         study: str,
         space: SearchSpace,
-        shapes: Sequence[Shape],
+        shapes: Sequence[Problem],
         storage: str | None = None,
         n_trials: int | None = None,
         timeout_s: float | None = None,
@@ -235,6 +239,11 @@ class Search:
             raise ShapeError("give at least one --shape")
         if len({str(s) for s in shapes}) != len(shapes):
             raise ShapeError("a --shape is given twice")
+        # The search tunes fa-tune's kernel: a problem it cannot run (D != 128 so far, or a mix
+        # of masks: one library serves one) is refused here, once, not as a static reject of
+        # every trial. A caller's own builder must build for the problems' mask.
+        check_problems(KernelConfig(), shapes)
+        causal = problem_class(shapes)  # the mask every candidate is built for
         if n_trials is not None and n_trials < 1:
             raise SearchError(f"--trials must be at least 1 (got {n_trials})")
         self.study_name = check_study_name(study)
@@ -249,7 +258,7 @@ class Search:
         if builder is None:
             from tuner.build import build_config
 
-            builder = build_config
+            builder = functools.partial(build_config, causal=causal)
         self.builder = builder
         self.policy = policy or SearchPolicy()
         self.gate_seed = gate_seed
@@ -305,7 +314,7 @@ class Search:
         attrs = self.study.user_attrs
         shapes = [str(s) for s in self.shapes]
         space = self.space.to_dict()
-        if "shapes" in attrs and list(attrs["shapes"]) != shapes:
+        if "shapes" in attrs and _canonical(attrs["shapes"]) != shapes:
             raise SearchError(
                 f"study '{self.study_name}' searches shapes {', '.join(attrs['shapes'])}; give "
                 f"the same --shape options or a new --study name"
@@ -706,7 +715,7 @@ class Search:
         self.storage.set_trial_state_values(trial_id, TrialState.WAITING)
 
     # -- one candidate
-    def _measure(self, so: str, shape: Shape, protocol: Protocol, gate: bool) -> dict[str, Any]:
+    def _measure(self, so: str, shape: Problem, protocol: Protocol, gate: bool) -> dict[str, Any]:
         reply = self.worker.measure(so, shape, protocol, gate=gate, seed=self.gate_seed)
         self.temp_wait_s += _temp_wait_s(reply)
         return reply
@@ -914,6 +923,17 @@ def _pid_alive(pid: int) -> bool:
 
 def _raise_stop(signum: int, frame: Any) -> None:
     raise _Stop()
+
+
+def _canonical(texts: Any) -> list[str]:
+    """A study's stored problem names in today's canonical form (unparseable ones as they are)."""
+    out = []
+    for s in list(texts or []):
+        try:
+            out.append(str(Problem.parse(str(s))))
+        except ShapeError:
+            out.append(str(s))
+    return out
 
 
 def _jsonable(d: Any) -> Any:

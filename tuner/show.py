@@ -34,7 +34,8 @@ def complete_trials(trials: list[Any]) -> list[Any]:
 
 
 def best_rows(trials: list[Any], shape: str | None, top: int) -> list[dict[str, Any]]:
-    """Rows {trial, config_id, confirmed, value, tflops per shape, diff} best first."""
+    """Rows {trial, config_id, confirmed, value, tflops per shape, diff} best first; ``shape``
+    (a problem's canonical text, str(Problem)) ranks by that problem alone."""
     done = complete_trials(trials)
     seen: set[str] = set()
     rows: list[dict[str, Any]] = []
@@ -44,9 +45,10 @@ def best_rows(trials: list[Any], shape: str | None, top: int) -> list[dict[str, 
         conf = t.user_attrs.get("confirmed") or {}
         per = conf.get("shapes") or t.user_attrs.get("shapes") or {}
         if shape is not None:
-            if shape not in per:
+            name = _stored_name(per, shape)
+            if name is None:
                 continue
-            key = float(per[shape]["tflops"])
+            key = float(per[name]["tflops"])
         else:
             key = confirmed_value(t) or float(t.value)
         cid = t.user_attrs.get("config_id", "")
@@ -61,6 +63,22 @@ def best_rows(trials: list[Any], shape: str | None, top: int) -> list[dict[str, 
         })
     rows.sort(key=lambda r: (not r["confirmed"], -r["key"]))
     return rows[:top]
+
+
+def _stored_name(per: dict[str, Any], problem: str) -> str | None:
+    """The key of ``per`` (a trial's {problem text: row}) naming the same problem, or None."""
+    if problem in per:
+        return problem
+    from tuner.errors import ShapeError
+    from tuner.problem import Problem
+
+    for k in per:
+        try:
+            if str(Problem.parse(k)) == problem:
+                return k
+        except ShapeError:
+            continue
+    return None
 
 
 STATE_LABELS = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed",

@@ -17,7 +17,10 @@ The payload ``write_results`` takes (and writes verbatim as results.json) is a J
                 "ptxas": {...main entry...}, "sass": {"hgmma", "ldl", "stl"} | None},
       "shapes": [
         {
-          "shape": "4x32x8192", "B": 4, "H": 32, "S": 8192, "D": 128, "flops": int,
+          "shape": "4x32x8192",           # str(tuner.problem.Problem): BxHq[/Hkv]xS[:dD][:full]
+          "B": 4, "Hq": 32, "Hkv": 32, "S": 8192, "D": 128, "causal": true,  # Problem.to_dict()
+          "H": 32,                        # = Hq, for readers of schema-1 files before GQA
+          "flops": int,                   # causal 2*B*Hq*S^2*D, non-causal 4*B*Hq*S^2*D
           "status": "passed" | "failed" | "error",
           "error": str | None,
           "gate": {"passed": bool, "summary": str, "max_abs_err": float, "rel_l2": float,
@@ -30,7 +33,9 @@ The payload ``write_results`` takes (and writes verbatim as results.json) is a J
       ]
     }
 
-A shape whose gate failed is never timed and never gets numbers from anywhere else.
+A shape whose gate failed is never timed and never gets numbers from anywhere else. Files
+written before problems had Hkv, D and causal lack those keys: ``problem_of`` reads them as
+MHA, D 128, causal (what the kernel ran then).
 """
 
 from __future__ import annotations
@@ -194,3 +199,26 @@ def write_results(result_dir: str | Path, payload: dict[str, Any]) -> dict[str, 
 
 def read_results(result_dir: str | Path) -> dict[str, Any]:
     return json.loads((Path(result_dir) / "results.json").read_text())
+
+
+def problem_of(entry: dict[str, Any]) -> Any:
+    """The tuner.problem.Problem of a results.json shape entry (new or old: {B, H, S, D})."""
+    from tuner.problem import Problem, as_problem
+
+    if all(k in entry for k in ("B", "S")) and ("Hq" in entry or "H" in entry):
+        return Problem.from_dict(entry)
+    return as_problem(entry.get("shape", ""))
+
+
+def with_problem(entry: dict[str, Any]) -> dict[str, Any]:
+    """A shape entry with its problem's fields filled in (B, H, Hq, Hkv, S, D, causal, flops,
+    canonical "shape"), e.g. for an entry of a file written before problems had Hkv, D, causal.
+    An entry that names no readable problem comes back unchanged."""
+    from tuner.errors import ShapeError
+
+    try:
+        prob = problem_of(entry)
+    except ShapeError:
+        return dict(entry)
+    return {"shape": str(prob), **prob.to_dict(), "flops": prob.flops,
+            **{k: v for k, v in entry.items() if k not in ("shape",)}}

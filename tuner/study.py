@@ -168,3 +168,20 @@ def best_config(study: str, storage: str | None = None) -> KernelConfig | None:
     if t is None or not isinstance(t.user_attrs.get("config"), dict):
         return None
     return KernelConfig.from_dict(t.user_attrs["config"])
+
+
+def trial_causal(t: Any) -> bool:
+    """The mask of the problems a trial was measured on (its kernel library's class); causal
+    when it names none (every study before non-causal kernels)."""
+    from tuner.problem import as_problem
+
+    conf = t.user_attrs.get("confirmed") or {}
+    names = list((conf.get("shapes") or t.user_attrs.get("shapes") or {}).keys())
+    masks = set()
+    for name in names:
+        try:
+            masks.add(as_problem(name).causal)
+        except FaTuneError:
+            continue
+    return masks.pop() if len(masks) == 1 else True
+

@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tuner.config import Shape
 from tuner.gpu_worker import DEFAULT_ENTRY
 from tuner.measure.timing import Protocol
+from tuner.problem import Problem
 from tuner.study import SearchError
 
 # Watchdog: a request may take BASE + launches x (time at WATCHDOG_MIN_TFLOPS) + per round the
@@ -40,7 +40,7 @@ class WorkerFailure(Exception):
         self.reason = reason
 
 
-def watchdog_s(shape: Shape, protocol: Protocol, gate: bool) -> float:
+def watchdog_s(shape: Problem, protocol: Protocol, gate: bool) -> float:
     """How long one measure request may take before the worker counts as hung."""
     launches = (protocol.warmup + protocol.repeat) * protocol.rounds + (4 if gate else 0)
     per_launch = shape.flops / (WATCHDOG_MIN_TFLOPS * 1e12)
@@ -96,10 +96,10 @@ class GpuWorker:
             raise SearchError(f"the GPU worker did not start: {reply.get('reason', reply)}")
         self.gpu = dict(reply.get("gpu") or {})
 
-    def measure(self, so_path: str, shape: Shape, protocol: Protocol, *, gate: bool,
+    def measure(self, so_path: str, shape: Problem, protocol: Protocol, *, gate: bool,
                 seed: int) -> dict[str, Any]:
-        """Gate (optionally) and time one kernel on one shape; the worker's reply."""
-        msg = {"op": "measure", "so_path": so_path, "shape": [shape.B, shape.H, shape.S],
+        """Gate (optionally) and time one kernel on one problem; the worker's reply."""
+        msg = {"op": "measure", "so_path": so_path, "shape": shape.to_dict(),
                "gate": gate, "seed": seed, "protocol": protocol.to_dict()}
         what = f"{'gating and ' if gate else ''}timing {shape}"
         return self.request(msg, watchdog_s(shape, protocol, gate), what)

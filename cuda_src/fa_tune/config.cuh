@@ -30,6 +30,7 @@
 #endif
 
 #include <cstdint>
+#include <type_traits>
 
 namespace fa_tune {
 
@@ -46,10 +47,19 @@ enum class Scheduler { Grid, Static, Dynamic };
 constexpr int kHeadDim = 128;
 constexpr int kWarpgroupThreads = 128;
 
+// The mask is a compile-time problem class, part of the config's identity: Config::causal
+// (a Config that does not name it is causal, the only problem before issue 14).
+template <class Cfg, class = void>
+struct CausalOf : std::true_type {};
+template <class Cfg>
+struct CausalOf<Cfg, std::void_t<decltype(Cfg::causal)>>
+    : std::integral_constant<bool, bool(Cfg::causal)> {};
+
 // Compile-time facts derived from a Config; every piece takes `Derived<Config>`.
 template <class Cfg>
 struct Derived {
   using C = Cfg;
+  static constexpr bool kCausal = CausalOf<Cfg>::value;
   static constexpr int kBlockM = Cfg::block_m;
   static constexpr int kBlockN = Cfg::block_n;
   static constexpr int kKStages = Cfg::k_stages;

@@ -31,10 +31,14 @@ struct Launcher {
   static constexpr int smem_bytes() { return int(sizeof(SharedStorage<T>)); }
 
   static cudaError_t check_args(const void* q, const void* k, const void* v, const void* o,
-                                int B, int H, int S) {
-    if (B < 1 || H < 1 || S < 1)
-      return fail(cudaErrorInvalidValue, "B, H and S must be positive, got B=" + std::to_string(B) +
-                                             " H=" + std::to_string(H) + " S=" + std::to_string(S));
+                                int B, int H, int Hkv, int S) {
+    if (B < 1 || H < 1 || Hkv < 1 || S < 1)
+      return fail(cudaErrorInvalidValue, "B, Hq, Hkv and S must be positive, got B=" +
+                                             std::to_string(B) + " Hq=" + std::to_string(H) +
+                                             " Hkv=" + std::to_string(Hkv) + " S=" + std::to_string(S));
+    if (H % Hkv != 0)
+      return fail(cudaErrorInvalidValue, "Hq=" + std::to_string(H) + " must be a multiple of Hkv=" +
+                                             std::to_string(Hkv));
     if (B > 65535 || H > 65535)
       return fail(cudaErrorInvalidValue, "B and H must be at most 65535 (grid limits)");
     for (const void* ptr : {q, k, v, o}) {
@@ -103,7 +107,8 @@ struct Launcher {
       TaskLists lists;
       const int num_tasks_m = (num_m + T::kClusterSize - 1) / T::kClusterSize;
       const std::string why = build_task_lists(B, H, num_tasks_m, prep.num_ctas / T::kClusterSize,
-                                               Cfg::fixed_cost, lists, T::kClusterSize);
+                                               Cfg::fixed_cost, lists, T::kClusterSize,
+                                               T::kCausal);
       if (!why.empty()) return fail(cudaErrorInvalidValue, why);
       uint32_t* d_tasks = nullptr;
       int* d_offsets = nullptr;
@@ -173,20 +178,24 @@ struct Launcher {
   }
 
   static cudaError_t forward(const void* q, const void* k, const void* v, void* o, float* lse,
-                             int B, int H, int S, cudaStream_t stream) {
+                             int B, int H, int Hkv, int S, float softmax_scale,
+                             cudaStream_t stream) {
     g_last_error.clear();
-    if (cudaError_t e = check_args(q, k, v, o, B, H, S); e != cudaSuccess) return e;
+    if (cudaError_t e = check_args(q, k, v, o, B, H, Hkv, S); e != cudaSuccess) return e;
+    if (!(softmax_scale >= 0.f) || std::isinf(softmax_scale))
+      return fail(cudaErrorInvalidValue, "softmax_scale must be finite and >= 0 (0: 1/sqrt(D))");
     const Prepared* prep = nullptr;
     if (cudaError_t e = prepare(B, H, S, &prep, nullptr); e != cudaSuccess) return e;
     Params p{};
-    p.shape = ShapeInfo{B, H, S, (S + T::kBlockM - 1) / T::kBlockM};
+    p.shape = ShapeInfo{B, H, S, (S + T::kBlockM - 1) / T::kBlockM, Hkv, H / Hkv};
     p.sched = prep->sched;
     p.lse = lse;
-    p.scale_log2 = float(1.4426950408889634 / std::sqrt(double(kHeadDim)));
+    const double scale = softmax_scale > 0.f ? double(softmax_scale) : 1.0 / std::sqrt(double(kHeadDim));
+    p.scale_log2 = float(1.4426950408889634 * scale);
     cudaError_t e;
     if ((e = encode_bshd_map(&p.tma_q, q, B, S, H, T::kQBoxRows)) != cudaSuccess ||
-        (e = encode_bshd_map(&p.tma_k, k, B, S, H, T::kBlockN)) != cudaSuccess ||
-        (e = encode_bshd_map(&p.tma_v, v, B, S, H, T::kBlockN)) != cudaSuccess ||
+        (e = encode_bshd_map(&p.tma_k, k, B, S, Hkv, T::kBlockN)) != cudaSuccess ||
+        (e = encode_bshd_map(&p.tma_v, v, B, S, Hkv, T::kBlockN)) != cudaSuccess ||
         (e = encode_bshd_map(&p.tma_o, o, B, S, H, 64)) != cudaSuccess)
       return fail(e, "cuTensorMapEncodeTiled failed for this shape");
     if constexpr (Cfg::scheduler == Scheduler::Dynamic) {
@@ -225,20 +234,29 @@ struct Launcher {
 
 extern "C" {
 
-FA_TUNE_API int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse, int B,
-                    int H, int S, cudaStream_t stream) {
-  return int(fa_tune::Launcher<Config>::forward(q, k, v, o, lse, B, H, S, stream));
+// The C ABI's version: 2 adds Hkv (GQA/MQA) and the softmax scale (docs/ARCHITECTURE.md).
+FA_TUNE_API int fa_tune_abi_version(void) { return 2; }
+
+// Q, O: [B, S, Hq, D]; K, V: [B, S, Hkv, D] (BF16, contiguous); lse: [B, Hq, S] FP32 or NULL.
+// softmax_scale 0 means 1/sqrt(D). Causal or not and D are compiled in (the config).
+FA_TUNE_API int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse,
+                                int B, int Hq, int Hkv, int S, float softmax_scale,
+                                cudaStream_t stream) {
+  return int(fa_tune::Launcher<Config>::forward(q, k, v, o, lse, B, Hq, Hkv, S, softmax_scale,
+                                                stream));
 }
 
 // One-time setup for a shape: the static scheduler's task lists (built and uploaded), the
 // dynamic scheduler's counter. *host_ms: time spent (0 when already prepared). forward()
 // prepares on first use too, so calling this only moves the cost out of the first launch.
-FA_TUNE_API int fa_tune_prepare(int B, int H, int S, cudaStream_t /*stream*/, double* host_ms) {
+FA_TUNE_API int fa_tune_prepare(int B, int H, int Hkv, int S, cudaStream_t /*stream*/,
+                                double* host_ms) {
   using L = fa_tune::Launcher<Config>;
   fa_tune::g_last_error.clear();
   if (host_ms != nullptr) *host_ms = 0.0;
-  if (B < 1 || H < 1 || S < 1)
-    return int(fa_tune::fail(cudaErrorInvalidValue, "B, H and S must be positive"));
+  if (B < 1 || H < 1 || Hkv < 1 || S < 1 || H % Hkv != 0)
+    return int(fa_tune::fail(cudaErrorInvalidValue,
+                             "B, Hq, Hkv and S must be positive and Hkv must divide Hq"));
   const L::Prepared* prep = nullptr;
   return int(L::prepare(B, H, S, &prep, host_ms));
 }
@@ -246,6 +264,12 @@ FA_TUNE_API int fa_tune_prepare(int B, int H, int S, cudaStream_t /*stream*/, do
 FA_TUNE_API const char* fa_tune_last_error(void) { return fa_tune::g_last_error.c_str(); }
 
 FA_TUNE_API const char* fa_tune_config_json(void) { return Config::json; }
+
+// The problem class compiled in (D and the mask); Hq and Hkv are run-time arguments.
+FA_TUNE_API const char* fa_tune_problem_class(void) {
+  return fa_tune::Derived<Config>::kCausal ? "{\"head_dim\":128,\"causal\":true}"
+                                           : "{\"head_dim\":128,\"causal\":false}";
+}
 
 FA_TUNE_API int fa_tune_smem_bytes(void) { return fa_tune::Launcher<Config>::smem_bytes(); }
 

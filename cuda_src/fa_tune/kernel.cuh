@@ -115,8 +115,8 @@ struct Consumer {
       };
       typename ML::Softmax sm;
       float inv_sum[2];
-      ML::run(st, ss, sm, n_blocks, num_unmasked_kv_blocks<T>(first_row, n_blocks), n_skip, row0,
-              p.scale_log2, wg, !next.valid, release_q, issue_next, inv_sum);
+      ML::run(st, ss, sm, n_blocks, num_unmasked_kv_blocks<T>(first_row, n_blocks, p.shape.S),
+              n_skip, row0, p.shape.S, p.scale_log2, wg, !next.valid, release_q, issue_next, inv_sum);
       Epilogue<Cfg>::run(p, ss, mma_pv, tOrO, sm, inv_sum, t, first_row, row0, wg, tid);
       if constexpr (Cfg::q_release == QRelease::AtEnd) ss.q_ring.release(qst);
       qst.advance<1>();

@@ -46,20 +46,20 @@ struct Mainloop {
   // right after the last PV is issued; with early_next_qk it issues one more QK, which is
   // still in flight on return.
   // n_blocks: KV tiles this warpgroup visits (diagonal first); n_unmasked: how many of them
-  // (from key 0) need no mask; n_skip: tiles above them that the task's other rows need
+  // (from key 0) need no mask; key_end: the sequence end (the non-causal mask); n_skip: tiles above them that the task's other rows need
   // (kv_multicast), whose stages this warpgroup must release: skip_top (before the first QK)
   // and, with overlap, skip_top_v (here, once the first softmax is done).
   template <class St, class ReleaseQ, class IssueNext>
   __device__ __forceinline__ static void run(St& st, SharedStorage<T>& ss, Softmax& sm,
                                              int n_blocks, int n_unmasked, int n_skip, int row0,
-                                             float scale_log2, int wg, bool last_tile,
+                                             int key_end, float scale_log2, int wg, bool last_tile,
                                              ReleaseQ&& release_q, IssueNext&& issue_next,
                                              float (&inv_sum)[2]) {
     if constexpr (T::kOverlap) {
-      overlapped(st, ss, sm, n_blocks, n_unmasked, n_skip, row0, scale_log2, wg, last_tile,
+      overlapped(st, ss, sm, n_blocks, n_unmasked, n_skip, row0, key_end, scale_log2, wg, last_tile,
                  release_q, issue_next, inv_sum);
     } else {
-      serial(st, ss, sm, n_blocks, n_unmasked, row0, scale_log2, wg, last_tile, release_q,
+      serial(st, ss, sm, n_blocks, n_unmasked, row0, key_end, scale_log2, wg, last_tile, release_q,
              inv_sum);
     }
   }
@@ -134,7 +134,7 @@ struct Mainloop {
   template <class St, class ReleaseQ, class IssueNext>
   __device__ __forceinline__ static void overlapped(St& st, SharedStorage<T>& ss, Softmax& sm,
                                                     int n_blocks, int n_unmasked, int n_skip,
-                                                    int row0,
+                                                    int row0, int key_end,
                                                     float scale_log2, int wg, bool last_tile,
                                                     ReleaseQ& release_q, IssueNext& issue_next,
                                                     float (&inv_sum)[2]) {
@@ -149,7 +149,7 @@ struct Mainloop {
     warpgroup_wait_for<0>(st.tSrS);
     if (n_blocks == 1) release_q();
     if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
-    apply_causal_mask(st.tSrS, row0, n * T::kBlockN);
+    apply_mask<T::kCausal>(st.tSrS, row0, n * T::kBlockN, key_end);
     sm.template update<true>(st.tSrS, scale_log2, rescale);
     if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
     st.kst.template advance<T::kKStages>();
@@ -171,7 +171,7 @@ struct Mainloop {
       warpgroup_wait_for<1>(st.tSrS);  // QK[n] done, PV[n+1] may still run
       if (n == 0) release_q();
       if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
-      if constexpr (kMask) apply_causal_mask(st.tSrS, row0, n * T::kBlockN);
+      if constexpr (kMask) apply_mask<T::kCausal>(st.tSrS, row0, n * T::kBlockN, key_end);
       const bool needed = sm.template update<false>(st.tSrS, scale_log2, rescale);
       if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
       st.kst.template advance<T::kKStages>();
@@ -207,7 +207,8 @@ struct Mainloop {
 
   template <class St, class ReleaseQ>
   __device__ __forceinline__ static void serial(St& st, SharedStorage<T>& ss, Softmax& sm, int n_blocks,
-                                int n_unmasked, int row0, float scale_log2, int wg, bool last_tile,
+                                int n_unmasked, int row0, int key_end, float scale_log2, int wg,
+                                bool last_tile,
                                 ReleaseQ& release_q, float (&inv_sum)[2]) {
     using namespace cute;
     PipeState v_prev;
@@ -222,7 +223,7 @@ struct Mainloop {
       warpgroup_wait_for<0>(st.tSrS);
       if (n == 0) release_q();
       if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
-      if constexpr (kMask) apply_causal_mask(st.tSrS, row0, n * T::kBlockN);
+      if constexpr (kMask) apply_mask<T::kCausal>(st.tSrS, row0, n * T::kBlockN, key_end);
       if (first) {
         sm.template update<true>(st.tSrS, scale_log2, rescale);
       } else if (sm.template update<false>(st.tSrS, scale_log2, rescale)) {

@@ -8,8 +8,10 @@
 namespace fa_tune {
 
 struct ShapeInfo {
-  int B, H, S;
+  int B, H, S;       // H: query heads
   int num_m_blocks;
+  int Hkv;           // K/V heads (H for MHA, 1 for MQA)
+  int group;         // H / Hkv: query heads per K/V head; query head h reads K/V head h / group
 };
 
 struct TileCoord {
@@ -42,9 +44,11 @@ struct Params {
   float scale_log2;   // log2(e) / sqrt(head_dim)
 };
 
-// KV tiles that query rows below row_end visit (causal: every key <= the last valid row).
+// KV tiles that query rows below row_end visit (causal: every key <= the last valid row;
+// otherwise every key).
 template <class T>
 __host__ __device__ __forceinline__ int kv_blocks_below(const ShapeInfo& s, int row_end) {
+  if constexpr (!T::kCausal) return (s.S + T::kBlockN - 1) / T::kBlockN;
   return (min(row_end, s.S) + T::kBlockN - 1) / T::kBlockN;
 }
 
@@ -66,10 +70,11 @@ __host__ __device__ __forceinline__ int wg_first_row(int m_block, int wg, int ra
   }
 }
 
-// KV tiles [0, this) of the n a warpgroup visits lie entirely at or below its first query
-// row: no mask needed.
+// KV tiles [0, this) of the n a warpgroup visits need no mask: causal, those entirely at or
+// below its first query row; otherwise those entirely below the sequence end S.
 template <class T>
-__host__ __device__ __forceinline__ int num_unmasked_kv_blocks(int first_row, int n) {
+__host__ __device__ __forceinline__ int num_unmasked_kv_blocks(int first_row, int n, int S) {
+  if constexpr (!T::kCausal) return min(n, S / T::kBlockN);
   return min(n, (first_row + 1) / T::kBlockN);
 }
 

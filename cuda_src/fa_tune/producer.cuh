@@ -83,7 +83,8 @@ struct Producer {
 
   __device__ static void load_kv(const Params& p, SharedStorage<T>& ss, const TileCoord& t,
                                  PipeState& kst, PipeState& vst, int rank) {
-    const int h = t.head, b = t.batch;
+    // GQA / MQA: query head h reads K/V head h / group.
+    const int h = t.head / p.shape.group, b = t.batch;
     const int n_blocks = num_kv_blocks<T>(p.shape, t.m_block);
     auto load_k = [&](int n) {
       load_tile<Cfg::hint_k>(&p.tma_k, ss.k_ring, kst, ss.k, n, h, b, rank);

@@ -38,6 +38,29 @@ __device__ __forceinline__ void apply_causal_mask(Frag& s, int row0, int col0) {
   }
 }
 
+// Non-causal: set scores of keys at or past the sequence end (TMA fills them with zeros) to
+// -inf. col0: key index of this tile's first column.
+template <class Frag>
+__device__ __forceinline__ void apply_key_end_mask(Frag& s, int col0, int key_end) {
+  constexpr int N = decltype(cute::size(s))::value;
+  const int lane_col = col0 + 2 * (threadIdx.x % 4);
+  CUTE_UNROLL
+  for (int e = 0; e < N; ++e) {
+    const int i0 = e % 2, i2 = e / 4;
+    if (lane_col + 8 * i2 + i0 >= key_end) s(e) = -INFINITY;
+  }
+}
+
+// The mask of the problem class: causal (key > query) or the sequence end only.
+template <bool kCausal, class Frag>
+__device__ __forceinline__ void apply_mask(Frag& s, int row0, int col0, int key_end) {
+  if constexpr (kCausal) {
+    apply_causal_mask(s, row0, col0);
+  } else {
+    apply_key_end_mask(s, col0, key_end);
+  }
+}
+
 // kLazy: a row keeps its reference max until a tile raises it by more than kLazyThreshold
 // (log2 units). Exact, because O and the row sum always share the reference: probabilities
 // then reach at most 2^8, far inside FP32 and BF16 range, and most tiles skip the O rescale.

@@ -1,28 +1,36 @@
-/* A host-only stand-in for a built kernel .so: the fa-tune C ABI without CUDA, so the ctypes
- * binding in tuner/runtime.py can be tested on machines without a GPU. forward() fails with
- * cudaErrorInvalidValue (1) when B == 0, otherwise records its arguments. */
+/* A host-only stand-in for a built kernel .so: the fa-tune C ABI (version 2) without CUDA, so
+ * the ctypes binding in tuner/runtime.py can be tested on machines without a GPU. forward()
+ * fails with cudaErrorInvalidValue (1) when B == 0, otherwise records its arguments. Built with
+ * -DFAKE_WRITE_LSE="true"|"false" and optionally -DFAKE_CAUSAL="false" (default "true"). */
 #include <stddef.h>
 
-static const char* g_err = "";
-static long long g_last[9];
+#ifndef FAKE_CAUSAL
+#define FAKE_CAUSAL "true"
+#endif
 
+static const char* g_err = "";
+static long long g_last[11];
+
+int fa_tune_abi_version(void) { return 2; }
 int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse, int B,
-                    int H, int S, void* stream) {
+                    int Hq, int Hkv, int S, float softmax_scale, void* stream) {
     if (B == 0) { g_err = "B must be positive"; return 1; }
     g_last[0] = (long long)(size_t)q; g_last[1] = (long long)(size_t)k;
     g_last[2] = (long long)(size_t)v; g_last[3] = (long long)(size_t)o;
-    g_last[4] = (long long)(size_t)lse; g_last[5] = B; g_last[6] = H; g_last[7] = S;
-    g_last[8] = (long long)(size_t)stream;
+    g_last[4] = (long long)(size_t)lse; g_last[5] = B; g_last[6] = Hq; g_last[7] = S;
+    g_last[8] = (long long)(size_t)stream; g_last[9] = Hkv;
+    g_last[10] = (long long)(softmax_scale * 1000.0f);
     g_err = "";
     return 0;
 }
-int fa_tune_prepare(int B, int H, int S, void* stream, double* host_ms) {
-    (void)stream;
+int fa_tune_prepare(int B, int Hq, int Hkv, int S, void* stream, double* host_ms) {
+    (void)stream; (void)Hkv;
     if (S % 128) { g_err = "S must be a multiple of 128"; return 1; }
-    *host_ms = 0.25 * B + H + S * 0.0;
+    *host_ms = 0.25 * B + Hq + S * 0.0;
     return 0;
 }
 const char* fa_tune_last_error(void) { return g_err; }
 const char* fa_tune_config_json(void) { return "{\"block_m\":128,\"write_lse\":" FAKE_WRITE_LSE "}"; }
+const char* fa_tune_problem_class(void) { return "{\"head_dim\":128,\"causal\":" FAKE_CAUSAL "}"; }
 int fa_tune_smem_bytes(void) { return 123456; }
 long long fake_last(int i) { return g_last[i]; }

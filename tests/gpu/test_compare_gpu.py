@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from tuner import build, compare
-from tuner.config import Shape, load_preset
+from tuner.config import load_preset
 from tuner.measure.timing import Protocol
+from tuner.problem import Problem
 
 pytestmark = pytest.mark.gpu
 
@@ -52,13 +53,96 @@ def test_peer_sees_the_oracle_inputs() -> None:
     from tuner.measure.bench import Bench
     from tuner.measure.launch import torch_views
 
-    shape = Shape(1, 2, 64)
     bench = Bench(0)
-    bufs = bench.load_inputs(shape)
-    q, k, v, o, lse = torch_views(bufs)
-    hq, hk, hv = oracle.host_inputs(shape, "seed", bench.seed)  # BF16 bit patterns, uint16
-    for t, want in ((q, hq), (k, hk), (v, hv)):
-        got = t.view(torch.int16).cpu().numpy().view(np.uint16)
-        assert (got == want).all()
-    assert o.shape == (1, 64, 2, 128) and lse.shape == (1, 2, 64)
+    for shape in (Problem(1, 2, 64), Problem(1, 8, 64, Hkv=2, D=64, causal=False)):
+        bufs = bench.load_inputs(shape)
+        q, k, v, o, lse = torch_views(bufs)
+        hq, hk, hv = oracle.host_inputs(shape, "seed", bench.seed)  # BF16 bit patterns, uint16
+        for t, want in ((q, hq), (k, hk), (v, hv)):
+            got = t.view(torch.int16).cpu().numpy().view(np.uint16)
+            assert (got == want).all()
+        assert o.shape == q.shape == (1, 64, shape.Hq, shape.D)
+        assert k.shape == v.shape == (1, 64, shape.Hkv, shape.D)
+        assert lse.shape == (1, shape.Hq, 64)
+        bench.release(shape)
     bench.close()
+
+
+# Small problems of each kind: FA3 and cuDNN must pass the gate on them. Both are independent,
+# widely used implementations, so this checks the oracle's GQA mapping, its D 64/256 paths and
+# its non-causal mask (and the peers' plumbing: views, enable_gqa, is_causal).
+FAMILY = [
+    Problem(2, 8, 1000),  # MHA, D 128, causal (the baseline)
+    Problem(2, 8, 1000, Hkv=2),  # GQA
+    Problem(1, 8, 777, Hkv=1),  # MQA
+    Problem(2, 4, 1000, D=64),
+    Problem(1, 4, 640, D=256),
+    Problem(2, 8, 1000, causal=False),
+    Problem(1, 8, 1024, Hkv=2, D=64, causal=False),
+    Problem(1, 8, 513, Hkv=4, D=256, causal=False),
+]
+
+
+@pytest.mark.parametrize("peer_name", ["fa3", "cudnn"])
+def test_peers_pass_the_gate_on_the_family(peer_name: str) -> None:
+    """Gate only (no timing): every input set against the FP32 reference. A peer that is not
+    installed skips; a problem the peer declines at prepare (Unsupported) is listed, not
+    failed, except that FA3 must run every problem of the family."""
+    from tuner.measure.bench import Bench
+    from tuner.measure.launch import PeerLaunch
+    from tuner.peers import make_peer
+    from tuner.peers.base import Unsupported
+
+    peer = make_peer(peer_name)
+    ok, why = peer.available()
+    if not ok:
+        pytest.skip(f"{peer_name}: {why}")
+    bench = Bench(0)
+    launch = PeerLaunch(peer)
+    declined, failed = [], []
+    try:
+        for problem in FAMILY:
+            assert launch.supports(problem) is None, problem
+            try:
+                g = bench.gate(launch, problem)
+            except Unsupported as e:
+                declined.append(f"{problem}: {e}")
+                continue
+            finally:
+                launch.release()
+            print(f"{peer_name} {g.summary()}")
+            if not g.passed:
+                failed.append(g.summary())
+            assert [m.input_set for m in g.sets] == ["seed", "rising"]
+            if peer_name == "fa3":
+                assert all(m.lse_checked for m in g.sets), g.summary()  # [B, Hq, S] LSE
+            bench.release(problem)
+    finally:
+        bench.close()
+    print(f"{peer_name} declined: {declined}")
+    assert not failed, failed
+    if peer_name == "fa3":
+        assert not declined, declined
+    assert len(declined) < len(FAMILY) - 1  # cuDNN runs at least MHA and some of the rest
+
+
+def test_kernel_is_unavailable_for_problems_it_cannot_run() -> None:
+    """A causal D 128 library runs MHA, GQA and MQA; it is reported, never launched, for a
+    problem of another head dim or the other mask."""
+    from tuner.measure.bench import Bench
+    from tuner.measure.launch import KernelLaunch
+
+    so = build.build_config(load_preset("default")).so_path
+    bench = Bench(0)
+    try:
+        k = KernelLaunch(so)
+        for problem in FAMILY:
+            m = bench.measure(k, problem, QUICK)
+            if problem.D == 128 and problem.causal:
+                assert m.status == "ok", (problem, m.reason)
+            else:
+                assert m.status == "unavailable" and "runs D 128, causal" in m.reason, (
+                    problem, m.reason)
+            bench.release(problem)
+    finally:
+        bench.close()

@@ -15,8 +15,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the knob
 from knob_sample import gpu_sample  # noqa: E402
 
 from tuner import build
-from tuner.config import SEED_SHAPES, KernelConfig  # noqa: E402
+from tuner.config import KernelConfig  # noqa: E402
 from tuner.measure import oracle  # noqa: E402
+from tuner.problem import SEED_PROBLEMS  # noqa: E402
 from tuner.runtime import AttnBuffers, Device, KernelModule  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -35,7 +36,7 @@ def built(dev: Device) -> Iterator[dict[KernelConfig, build.BuildOutcome]]:
     yield {o.config: o for o in outcomes}
 
 
-@pytest.mark.parametrize("shape", SEED_SHAPES, ids=str)
+@pytest.mark.parametrize("shape", SEED_PROBLEMS, ids=str)
 @pytest.mark.parametrize("cfg", SAMPLE, ids=lambda c: c.config_id())
 def test_sample_config_passes_gate(
     dev: Device, built: dict[KernelConfig, build.BuildOutcome], cfg: KernelConfig, shape: object

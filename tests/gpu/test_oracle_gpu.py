@@ -1,6 +1,7 @@
 """GPU tests of the oracle: generators vs the NumPy twin, the FP32 reference vs NumPy float64 on
 sampled rows, oracle_compare (stats and BF16 budget sums) vs its NumPy twin, and the gate against
-the reference kernel with injected bugs."""
+the reference kernel with injected bugs; for MHA D 128 causal and for the problem family (GQA,
+MQA, head dims 64 and 256, non-causal)."""
 
 from __future__ import annotations
 
@@ -12,13 +13,26 @@ import numpy as np
 import pytest
 
 from tuner.measure import oracle as O
+from tuner.problem import Problem
 from tuner.runtime import AttnBuffers, Device, OracleModule, Stream
 
 pytestmark = pytest.mark.gpu
 
 
-def Shape(B: int, H: int, S: int) -> SimpleNamespace:  # noqa: N802 - like tuner.config.Shape
+def Shape(B: int, H: int, S: int) -> SimpleNamespace:  # noqa: N802 - an MHA D 128 problem
     return SimpleNamespace(B=B, H=H, S=S)
+
+
+# Small problems of each kind (the reference's GQA mapping, D templates and mask).
+FAMILY = [
+    Problem(1, 4, 256, Hkv=2),  # GQA
+    Problem(2, 4, 200, Hkv=1),  # MQA, S not a multiple of 64
+    Problem(1, 2, 256, D=64),
+    Problem(1, 2, 200, D=256),
+    Problem(1, 2, 256, causal=False),
+    Problem(1, 8, 320, Hkv=2, D=64, causal=False),
+    Problem(1, 4, 130, Hkv=1, D=256, causal=False),
+]
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +69,11 @@ def test_buffers_roundtrip(dev: Device) -> None:
         assert set(b.copy_to_host(np.uint8).tolist()) == {0xAB}
 
 
+@pytest.mark.parametrize("shape", [Shape(2, 3, 256), Problem(2, 6, 100, Hkv=2, D=64),
+                                   Problem(1, 4, 64, Hkv=1, D=256, causal=False)], ids=str)
 @pytest.mark.parametrize("input_set", sorted(O.INPUT_SETS))
 def test_generators_equal_numpy_twin(dev: Device, orc: OracleModule, stream: Stream,
-                                     input_set: str) -> None:
-    shape = Shape(2, 3, 256)
+                                     input_set: str, shape: Any) -> None:
     with AttnBuffers(dev, shape) as bufs:
         O.fill_inputs(orc, bufs, input_set, 42, stream)
         stream.synchronize()
@@ -109,8 +124,7 @@ def test_reference_matches_float64(dev: Device, orc: OracleModule, stream: Strea
     with AttnBuffers(dev, shape) as bufs, dev.alloc(bufs.n * 4) as o_ref, \
             dev.alloc(bufs.n_lse * 4) as lse_ref:
         O.fill_inputs(orc, bufs, input_set, 42, stream)
-        orc.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref.ptr, lse_ref.ptr,
-                      shape.B, shape.H, shape.S, stream)
+        orc.reference_for(bufs, o_ref.ptr, lse_ref.ptr, stream)
         stream.synchronize()
         q, k, v = O.inputs_to_host(bufs)
         o_gpu = o_ref.copy_to_host(np.float32).reshape(shape.B, shape.S, shape.H, 128)
@@ -122,6 +136,28 @@ def test_reference_matches_float64(dev: Device, orc: OracleModule, stream: Strea
         np.testing.assert_allclose(o_gpu[b, s, h], o_np[i], atol=1e-4, rtol=0,
                                    err_msg=f"row {(b, h, s)}")
         assert abs(l_gpu[b, h, s] - l_np[i]) <= 1e-5 * (1 + abs(l_np[i])), (b, h, s)
+
+
+@pytest.mark.parametrize("problem", FAMILY, ids=str)
+@pytest.mark.parametrize("input_set", ["seed", "rising"])
+def test_reference_matches_float64_for_the_family(dev: Device, orc: OracleModule,
+                                                  stream: Stream, problem: Problem,
+                                                  input_set: str) -> None:
+    """The whole FP32 reference (every row, every head) against NumPy float64: GQA mapping
+    (query head h reads K/V head h / group), 1/sqrt(D), the D 64/256 templates and the mask."""
+    with AttnBuffers(dev, problem) as bufs, dev.alloc(bufs.n * 4) as o_ref, \
+            dev.alloc(bufs.n_lse * 4) as lse_ref:
+        O.fill_inputs(orc, bufs, input_set, 42, stream)
+        orc.reference_for(bufs, o_ref.ptr, lse_ref.ptr, stream)
+        stream.synchronize()
+        q, k, v = O.inputs_to_host(bufs)
+        o_gpu = o_ref.copy_to_host(np.float32).reshape(problem.B, problem.S, problem.Hq,
+                                                       problem.D)
+        l_gpu = lse_ref.copy_to_host(np.float32).reshape(problem.B, problem.Hq, problem.S)
+    o_np, l_np = O.numpy_reference(q, k, v, problem.causal)
+    assert np.isfinite(o_gpu).all() and np.isfinite(l_gpu).all()
+    np.testing.assert_allclose(o_gpu, o_np, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(l_gpu, l_np, atol=1e-5, rtol=1e-5)
 
 
 # ---- the gate -------------------------------------------------------------------------------
@@ -252,22 +288,24 @@ def _scale_rows_after(rows: np.ndarray | slice, factor: float, cols: slice = sli
     def after(bufs: AttnBuffers, st: Stream) -> None:
         st.synchronize()
         s = bufs.shape
-        o = O.bf16_bits_to_f32(bufs.o.copy_to_host(np.uint16, bufs.n)).reshape(s.B, s.S, s.H, 128)
+        o = O.bf16_bits_to_f32(bufs.o.copy_to_host(np.uint16, bufs.n)).reshape(s.B, s.S, s.H,
+                                                                              s.D)
         o[:, rows, :, cols] *= np.float32(factor)
         bufs.o.copy_from_host(O.f32_to_bf16_bits(o).reshape(-1))
     return after
 
 
-@pytest.mark.parametrize("shape", [Shape(2, 3, 1000), Shape(1, 2, 37), Shape(1, 1, 1)], ids=str)
+@pytest.mark.parametrize("shape", [Shape(2, 3, 1000), Shape(1, 2, 37), Shape(1, 1, 1),
+                                   Problem(2, 4, 700, Hkv=2, D=64),
+                                   Problem(1, 3, 600, Hkv=1, D=256, causal=False)], ids=str)
 def test_compare_matches_numpy_twin(dev: Device, orc: OracleModule, stream: Stream,
-                                    shape: SimpleNamespace) -> None:
+                                    shape: Any) -> None:
     """The one-pass compare kernel (row blocks per warp, columns per lane, atomics) computes the
     same counters and sums as the NumPy twin, poison and NaN included."""
     with AttnBuffers(dev, shape) as bufs, dev.alloc(bufs.n * 4) as o_ref, \
             dev.alloc(bufs.n_lse * 4) as lse_ref:
         O.fill_inputs(orc, bufs, "seed", 42, stream)
-        orc.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref.ptr, lse_ref.ptr,
-                      shape.B, shape.H, shape.S, stream)
+        orc.reference_for(bufs, o_ref.ptr, lse_ref.ptr, stream)
         kern = O.ReferenceKernel(dev, orc, after=_scale_rows_after(slice(0, 8), 1.01))
         try:
             kern.forward(bufs, stream)
@@ -283,7 +321,7 @@ def test_compare_matches_numpy_twin(dev: Device, orc: OracleModule, stream: Stre
         ref = o_ref.copy_to_host(np.float32)
         lse = bufs.lse.copy_to_host(np.uint32)
         lref = lse_ref.copy_to_host(np.float32)
-    dims = (shape.B, shape.S, shape.H, 128)
+    dims = (shape.B, shape.S, shape.H, getattr(shape, "D", 128))
     want, wsums = O.compare_numpy(o.reshape(dims), ref.reshape(dims),
                                   lse.reshape(shape.B, shape.H, shape.S),
                                   lref.reshape(shape.B, shape.H, shape.S))
@@ -332,3 +370,40 @@ def test_check_output_rechecks_the_last_launch(dev: Device, orc: OracleModule, s
         assert not bad.passed and "BF16 error budget" in " ".join(bad.reasons)
     finally:
         kern.free()
+
+
+# ---- the gate on the problem family -----------------------------------------------------------
+@pytest.mark.parametrize("problem", FAMILY, ids=str)
+def test_gate_on_the_family(dev: Device, orc: OracleModule, stream: Stream,
+                            problem: Problem) -> None:
+    """The reference rounded to BF16 passes on every set (exactly its rounding error); the
+    rescale bugs are caught by the rising sets (which must rise for GQA, every D and the
+    non-causal walk too); 1% on 4 columns fails by the budget alone."""
+    sets = ("seed", "rising", "rising_fwd")
+    with AttnBuffers(dev, problem) as bufs:
+        cache = O.ReferenceCache()
+        try:
+            def gate(kern: Any) -> O.GateResult:
+                try:
+                    return O.gate(dev, kern, problem, bufs, 42, sets, oracle=orc, stream=stream,
+                                  reference_cache=cache)
+                finally:
+                    kern.free()
+
+            g = gate(O.ReferenceKernel(dev, orc))
+            assert g.passed, g.summary()
+            assert g.shape == str(problem) and g.problem == problem.to_dict()
+            for m in g.sets:
+                assert m.bf16_ratio == pytest.approx(1.0, abs=1e-3) and m.lse_checked
+            assert gate(O.ReferenceKernel(dev, orc, O.REF_REVERSE)).passed
+            for flags, catching in ((O.REF_REVERSE | O.REF_BUG_NO_RESCALE_O, "rising"),
+                                    (O.REF_REVERSE | O.REF_BUG_NO_RESCALE_L, "rising"),
+                                    (O.REF_BUG_NO_RESCALE_O, "rising_fwd")):
+                m = gate(O.ReferenceKernel(dev, orc, flags)).by_set[catching]
+                assert not m.passed and m.violations > 0, (flags, m.brief())
+            bad = gate(O.ReferenceKernel(dev, orc, after=_scale_rows_after(
+                slice(None), 1.01, slice(0, 4))))
+            for m in bad.sets:
+                assert not m.passed and "head-dim columns" in " ".join(m.reasons), m.brief()
+        finally:
+            cache.clear()

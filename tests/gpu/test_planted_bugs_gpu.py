@@ -22,13 +22,14 @@ from pathlib import Path
 import pytest
 
 from tuner import _paths, build
-from tuner.config import Shape, list_presets, load_preset
+from tuner.config import list_presets, load_preset
 from tuner.measure import oracle
+from tuner.problem import Problem
 from tuner.runtime import AttnBuffers, Device, KernelModule
 
 pytestmark = pytest.mark.gpu
 
-SHAPES = [Shape(2, 4, 1000), Shape(1, 8, 4096)]
+SHAPES = [Problem(2, 4, 1000), Problem(1, 8, 4096)]
 ALL_SETS = ("seed", "rising", "rising_fwd")
 
 
@@ -89,7 +90,7 @@ def _fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def _gate(dev: Device, so_path: str, shape: Shape, sets: tuple[str, ...],
+def _gate(dev: Device, so_path: str, shape: Problem, sets: tuple[str, ...],
           rows: list[tuple[str, ...]], variant: str) -> oracle.GateResult:
     kernel = KernelModule(so_path)
     with AttnBuffers(dev, shape) as bufs:
@@ -105,7 +106,7 @@ def _gate(dev: Device, so_path: str, shape: Shape, sets: tuple[str, ...],
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("preset", list_presets())
 def test_every_preset_passes_with_margin(dev: Device, artifacts: dict, table: list,
-                                         preset: str, shape: Shape) -> None:
+                                         preset: str, shape: Problem) -> None:
     g = _gate(dev, artifacts[f"preset {preset}"].so_path, shape, ALL_SETS, table,
               f"preset {preset}")
     assert g.passed, g.summary()
@@ -116,7 +117,7 @@ def test_every_preset_passes_with_margin(dev: Device, artifacts: dict, table: li
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 @pytest.mark.parametrize("bug", sorted(BUGS), ids=lambda n: f"bug{n}")
 def test_gate_rejects_planted_bug(dev: Device, artifacts: dict, table: list, bug: int,
-                                  shape: Shape) -> None:
+                                  shape: Problem) -> None:
     g = _gate(dev, artifacts[f"bug {bug}"].so_path, shape, oracle.DEFAULT_INPUT_SETS, table,
               f"bug {bug}")
     what = BUGS[bug]

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import pytest
 
 from tuner import build
-from tuner.config import SEED_SHAPES, KernelConfig, Shape, load_preset
+from tuner.config import KernelConfig, load_preset
 from tuner.measure import oracle
+from tuner.problem import SEED_PROBLEMS, Problem
 from tuner.runtime import AttnBuffers, Device, KernelModule
 
 pytestmark = pytest.mark.gpu
@@ -25,7 +26,7 @@ CONFIGS = [load_preset("default"), load_preset("static"), load_preset("dynamic")
            load_preset("multicast"),
            load_preset("multicast").replace(q_in_regs=False),
            load_preset("multicast").replace(lazy_rescale=True, intra_wg_overlap=False)]
-ODD_SHAPES = [Shape(1, 3, 1152), Shape(2, 5, 1000), Shape(1, 1, 77), Shape(3, 7, 4200)]
+ODD_SHAPES = [Problem(1, 3, 1152), Problem(2, 5, 1000), Problem(1, 1, 77), Problem(3, 7, 4200)]
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +44,14 @@ def kernels(dev: Device) -> Iterator[dict[KernelConfig, KernelModule]]:
     yield out
 
 
-@pytest.mark.parametrize("shape", [*ODD_SHAPES, *SEED_SHAPES], ids=str)
+@pytest.mark.parametrize("shape", [*ODD_SHAPES, *SEED_PROBLEMS], ids=str)
 @pytest.mark.parametrize(
     "cfg", CONFIGS,
     ids=lambda c: f"{c.scheduler}-{c.q_release}" + ("-early" if c.early_next_qk else "")
     + ("-multicast" if c.kv_multicast else "") + ("-qregs" if c.q_in_regs else "")
     + ("" if c.intra_wg_overlap else "-serial"))
-def test_scheduler_passes_gate(dev: Device, kernels: dict, cfg: KernelConfig, shape: Shape) -> None:
+def test_scheduler_passes_gate(dev: Device, kernels: dict, cfg: KernelConfig,
+                               shape: Problem) -> None:
     kernel = kernels[cfg]
     with AttnBuffers(dev, shape) as bufs:
         g = oracle.gate(dev, kernel, shape, bufs)
@@ -58,7 +60,7 @@ def test_scheduler_passes_gate(dev: Device, kernels: dict, cfg: KernelConfig, sh
 
 def test_prepare_is_timed_once(dev: Device, kernels: dict) -> None:
     kernel = kernels[load_preset("static")]
-    shape = Shape(2, 3, 3000)  # not prepared by the other tests
+    shape = Problem(2, 3, 3000)  # not prepared by the other tests
     with dev.stream() as stream:
         first = kernel.prepare(shape, stream)
         again = kernel.prepare(shape, stream)

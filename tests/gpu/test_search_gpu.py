@@ -56,11 +56,11 @@ def test_export_builds_and_passes_gate(gpu_study: tuple[str, str], tmp_path: Pat
                        timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]
     from tuner import runtime
-    from tuner.config import Shape
     from tuner.measure import oracle
+    from tuner.problem import Problem
 
     dev = runtime.Device.open(0)
-    shape = Shape(2, 16, 2048)
+    shape = Problem(2, 16, 2048)
     for so in (out / "build" / "libfa_tune_fwd.so", out / "lib" / "libfa_tune_fwd.so"):
         kernel = runtime.KernelModule(so)
         with runtime.AttnBuffers(dev, shape) as bufs:

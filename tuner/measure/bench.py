@@ -1,7 +1,12 @@
 """A measurement session on one GPU: the API every command measures through.
 
-``Bench`` owns the device, the oracle, one set of buffers and one reference cache per shape,
-one stream and the NVML handle. ``measure(launch, shape, protocol)`` is the whole path:
+``Bench`` owns the device, the oracle, one set of buffers and one reference cache per problem,
+one stream and the NVML handle. A shape is a ``tuner.problem.Problem`` (MHA/GQA/MQA, head dim,
+mask). ``measure(launch, shape, protocol)`` is the whole path:
+
+0. a launchable that cannot run the problem (``supports(problem)`` gives a reason: fa-tune's
+   kernel library runs D 128 and its compiled mask; a peer may lack GQA or a head dim) is
+   ``unavailable``, with that reason, before anything is generated or launched;
 
 1. the gate (tuner.measure.oracle): every input set generated on the GPU, O and LSE poisoned,
    one launch, compared with the FP32 reference; a failed gate ends here (no timing);
@@ -21,16 +26,19 @@ from typing import Any
 
 from tuner import store
 from tuner.measure import oracle, timing
-from tuner.runtime import AttnBuffers, Device, ShapeLike
+from tuner.measure.launch import launch_supports
+from tuner.peers.base import Unsupported
+from tuner.runtime import AttnBuffers, Device, ShapeLike, problem_dims
 
 
-def _key(shape: ShapeLike) -> tuple[int, int, int]:
-    return (shape.B, shape.H, shape.S)
+def _key(shape: ShapeLike) -> tuple[int, int, int, int, int, bool]:
+    return problem_dims(shape)  # (B, Hq, Hkv, S, D, causal)
 
 
 @dataclass
 class Measurement:
-    """One launchable on one shape. ``status``: ok | gate_failed."""
+    """One launchable on one problem. ``status``: ok | gate_failed | unavailable (the launchable
+    does not support the problem; ``reason`` says why)."""
 
     status: str
     reason: str
@@ -87,8 +95,8 @@ class Bench:
         # A suite-wide cap on temperature waiting (compare): a card that idles hot delays the
         # comparison, it never outlives the caller's time limit. None: only per-round bounds.
         self.wait_left_s = temp_wait_total_s
-        self._bufs: dict[tuple[int, int, int], AttnBuffers] = {}
-        self._refs: dict[tuple[int, int, int], oracle.ReferenceCache] = {}
+        self._bufs: dict[tuple[Any, ...], AttnBuffers] = {}
+        self._refs: dict[tuple[Any, ...], oracle.ReferenceCache] = {}
 
     # -- buffers
     def buffers(self, shape: ShapeLike) -> AttnBuffers:
@@ -148,13 +156,20 @@ class Bench:
 
     def measure(self, launch: Any, shape: ShapeLike, protocol: timing.Protocol, *,
                 gate: bool = True, gate_after: bool = False) -> Measurement:
-        """Gate (unless ``gate`` is False), time, and optionally check the last output."""
+        """Gate (unless ``gate`` is False), time, and optionally check the last output. A
+        launchable that does not support the problem is ``unavailable`` (nothing runs)."""
+        why = launch_supports(launch, shape)
+        if why is not None:
+            return Measurement("unavailable", why, None, None)
         g = None
-        if gate:
-            g = self.gate(launch, shape)
-            if not g.passed:
-                return Measurement("gate_failed", g.summary(), g, None)
-        t = self.time(launch, shape, protocol, fresh_inputs=not gate)
+        try:  # a peer may find only at prepare() (in bind) that it cannot run the inputs
+            if gate:
+                g = self.gate(launch, shape)
+                if not g.passed:
+                    return Measurement("gate_failed", g.summary(), g, None)
+            t = self.time(launch, shape, protocol, fresh_inputs=not gate)
+        except Unsupported as e:
+            return Measurement("unavailable", str(e), None, None)
         after = None
         if gate_after:
             after = self.check_output(launch, shape)

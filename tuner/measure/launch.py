@@ -1,7 +1,9 @@
 """Launchables: what the gate and the timing loop call.
 
-A launchable has ``name``, ``label``, ``writes_lse``, ``prepare(shape, stream) -> host ms`` and
-``forward(bufs, stream)`` (one launch, enqueued on ``stream``, reading bufs.q/k/v). fa-tune's own
+A launchable has ``name``, ``label``, ``writes_lse``, ``supports(problem) -> reason | None``,
+``prepare(shape, stream) -> host ms`` and ``forward(bufs, stream)`` (one launch, enqueued on
+``stream``, reading bufs.q/k/v). ``launch_supports`` asks a launchable (None = it can run the
+problem; launchables without ``supports`` are taken to run everything). fa-tune's own
 kernel is ``tuner.runtime.KernelModule`` (the one binding of the C ABI), wrapped here only to
 give it a name. A peer (FlashAttention-3, cuDNN, ...; ``tuner.peers``) is a torch callable;
 ``PeerLaunch`` puts it on the same path: torch views alias the very device buffers the oracle
@@ -16,7 +18,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tuner.runtime import AttnBuffers, DeviceBuffer, KernelModule, ShapeLike, Stream, stream_handle
+from tuner.runtime import (
+    AttnBuffers,
+    DeviceBuffer,
+    KernelModule,
+    ShapeLike,
+    Stream,
+    as_problem,
+    problem_dims,
+    stream_handle,
+)
+
+
+def launch_supports(launch: Any, problem: ShapeLike) -> str | None:
+    """Why ``launch`` cannot run ``problem`` (a one-line reason), or None when it can."""
+    supports = getattr(launch, "supports", None)
+    return None if supports is None else supports(problem)
 
 
 class KernelLaunch:
@@ -33,6 +50,11 @@ class KernelLaunch:
     @property
     def writes_lse(self) -> bool:
         return self.module.writes_lse
+
+    def supports(self, problem: ShapeLike) -> str | None:
+        """The library's rule (KernelModule.forward refuses the rest): its compiled head dim
+        and mask; any Hkv that divides Hq."""
+        return self.module.unsupported(problem)
 
     def prepare(self, shape: ShapeLike, stream: Stream | int | None) -> float:
         return self.module.prepare(shape, stream)
@@ -64,17 +86,20 @@ class _Cai:
 
 
 def torch_views(bufs: AttnBuffers) -> tuple[Any, Any, Any, Any, Any]:
-    """q, k, v, o ([B, S, H, 128] bf16) and lse ([B, H, S] fp32) torch tensors aliasing bufs."""
+    """q, o ([B, S, Hq, D] bf16), k, v ([B, S, Hkv, D] bf16) and lse ([B, Hq, S] fp32) torch
+    tensors aliasing bufs; returned as (q, k, v, o, lse)."""
     import torch
 
-    s = bufs.shape
-    bshd = (s.B, s.S, s.H, bufs.n // (s.B * s.S * s.H))
+    B, hq, hkv, S, D, _ = problem_dims(bufs.shape)
+    q_dims, kv_dims = (B, S, hq, D), (B, S, hkv, D)
 
-    def bf16(buf: DeviceBuffer) -> Any:  # CAI has no bf16 typestr: alias as int16, reinterpret
-        return torch.as_tensor(_Cai(buf, bshd, "<i2"), device="cuda").view(torch.bfloat16)
+    def bf16(buf: DeviceBuffer, dims: tuple[int, ...]) -> Any:
+        # CAI has no bf16 typestr: alias as int16, reinterpret
+        return torch.as_tensor(_Cai(buf, dims, "<i2"), device="cuda").view(torch.bfloat16)
 
-    lse = torch.as_tensor(_Cai(bufs.lse, (s.B, s.H, s.S), "<f4"), device="cuda")
-    return bf16(bufs.q), bf16(bufs.k), bf16(bufs.v), bf16(bufs.o), lse
+    lse = torch.as_tensor(_Cai(bufs.lse, (B, hq, S), "<f4"), device="cuda")
+    return (bf16(bufs.q, q_dims), bf16(bufs.k, kv_dims), bf16(bufs.v, kv_dims),
+            bf16(bufs.o, q_dims), lse)
 
 
 class PeerLaunch:
@@ -90,7 +115,11 @@ class PeerLaunch:
         self._views: tuple[Any, ...] | None = None
         self._ext: Any = None
         self._out: Any = None
-        self.writes_lse = False  # known once bound: whether the peer returns a [B, H, S] LSE
+        self.writes_lse = False  # known once bound: whether the peer returns a [B, Hq, S] LSE
+
+    def supports(self, problem: ShapeLike) -> str | None:
+        """The peer's own answer (tuner.peers.base.Peer.supports)."""
+        return self.peer.supports(as_problem(problem))
 
     def _stream_ctx(self, stream: Stream | int | None) -> Any:
         import torch
@@ -103,16 +132,21 @@ class PeerLaunch:
 
     def bind(self, bufs: AttnBuffers, stream: Stream | int | None) -> None:
         """Alias bufs as torch tensors and let the peer do its one-time work (JIT, autotune)
-        now, outside any timed region; learns whether it returns an LSE we can check."""
-        s = bufs.shape
-        key = (bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, bufs.o.ptr, bufs.lse.ptr, s.B, s.H, s.S,
-               stream_handle(stream))
+        now, outside any timed region; learns whether it returns an LSE we can check. The peer
+        is told the problem's mask (``causal``); Hkv and D are in the views' shapes. A problem
+        the peer does not support raises ValueError with its reason."""
+        key = (bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, bufs.o.ptr, bufs.lse.ptr,
+               *problem_dims(bufs.shape), stream_handle(stream))
         if self._bound == key:
             return
+        why = self.supports(bufs.shape)
+        if why is not None:
+            raise ValueError(f"{self.name} cannot run {as_problem(bufs.shape)}: {why}")
         self._views = torch_views(bufs)
         q, k, v, _, lse = self._views
+        causal = problem_dims(bufs.shape)[5]
         with self._stream_ctx(stream):
-            self.peer.prepare(q, k, v)
+            self.peer.prepare(q, k, v, causal)
             peer_lse = self.peer.lse()
         self.writes_lse = peer_lse is not None and tuple(peer_lse.shape) == tuple(lse.shape)
         self._bound = key

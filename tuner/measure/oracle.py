@@ -13,9 +13,14 @@ for every (b, h, block of 16 query rows) and every (b, h, head-dim column d) ove
 rms_err <= BUDGET_K * rms_bf16 + BUDGET_FLOOR * 2^-9 * rms_ref, where rms_bf16 is the RMS of
 (bf16_rn(ref) - ref) over the same elements (for a column: at least its head's).
 
+Every problem of the family (tuner.problem.Problem: GQA/MQA with Hkv K/V heads, head dim D in
+{64, 128, 256}, causal or not) goes through the same path: the generators, the reference and the
+comparison take Hq, Hkv, D and the mask from the problem; O, its reference and the budget sums
+are per query head ([B, S, Hq, D]; blocks of 16 rows x D columns; columns d < D).
+
 Also here: a NumPy twin of the GPU input generators (bit-exact, for tests and for checking the
 "rising" property on the host), a NumPy twin of the budget sums, and a float64 NumPy reference
-for sampled rows.
+for sampled rows (GQA mapping and mask included).
 """
 
 from __future__ import annotations
@@ -31,7 +36,6 @@ import numpy as np
 from tuner.errors import FaTuneError
 from tuner.runtime import (
     F32_BYTES,
-    HEAD_DIM,
     ORACLE_ROW_BLOCK,
     ORACLE_STATS_BYTES,
     AttnBuffers,
@@ -42,8 +46,12 @@ from tuner.runtime import (
     OracleModule,
     ShapeLike,
     Stream,
+    as_problem,
     elems_bshd,
+    elems_kv,
     elems_lse,
+    problem_dims,
+    same_problem,
 )
 
 # ---- the rule -------------------------------------------------------------------------------
@@ -189,26 +197,28 @@ class OracleStats:
 
 # ---- index decoding -------------------------------------------------------------------------
 def decode_bshd(index: int, shape: ShapeLike) -> tuple[int, int, int, int]:
-    """Flat index into a contiguous [B, S, H, 128] tensor -> (b, s, h, d)."""
+    """Flat index into a contiguous [B, S, Hq, D] tensor (Q, O) -> (b, s, h, d)."""
+    _, hq, _, S, D, _ = problem_dims(shape)
     n = elems_bshd(shape)
     if not 0 <= index < n:
         raise ValueError(f"index {index} outside [0, {n})")
-    d = index % HEAD_DIM
-    row = index // HEAD_DIM
-    h = row % shape.H
-    s = (row // shape.H) % shape.S
-    b = row // (shape.H * shape.S)
+    d = index % D
+    row = index // D
+    h = row % hq
+    s = (row // hq) % S
+    b = row // (hq * S)
     return b, s, h, d
 
 
 def decode_bhs(index: int, shape: ShapeLike) -> tuple[int, int, int]:
-    """Flat index into a contiguous [B, H, S] tensor (LSE) -> (b, h, s)."""
+    """Flat index into a contiguous [B, Hq, S] tensor (LSE) -> (b, h, s)."""
+    _, hq, _, S, _, _ = problem_dims(shape)
     n = elems_lse(shape)
     if not 0 <= index < n:
         raise ValueError(f"index {index} outside [0, {n})")
-    s = index % shape.S
-    h = (index // shape.S) % shape.H
-    b = index // (shape.S * shape.H)
+    s = index % S
+    h = (index // S) % hq
+    b = index // (S * hq)
     return b, h, s
 
 
@@ -220,9 +230,10 @@ def n_row_blocks(S: int, row_block: int = ROW_BLOCK) -> int:
 @dataclass(frozen=True)
 class BudgetSums:
     """What oracle_compare writes for the budget, as float64 arrays:
-    ``blocks`` [B, H, ceil(S / row_block), 4] per (b, h, block of row_block query rows) and
-    ``cols`` [B, H, 128, 4] per (b, h, head-dim column), each holding (sum err^2,
-    sum (bf16_rn(ref) - ref)^2, sum ref^2, element count) over the compared finite elements."""
+    ``blocks`` [B, Hq, ceil(S / row_block), 4] per (b, h, block of row_block query rows; D
+    columns each) and ``cols`` [B, Hq, D, 4] per (b, h, head-dim column), each holding (sum
+    err^2, sum (bf16_rn(ref) - ref)^2, sum ref^2, element count) over the compared finite
+    elements."""
 
     blocks: np.ndarray
     cols: np.ndarray
@@ -230,26 +241,28 @@ class BudgetSums:
 
     @classmethod
     def device_bytes(cls, shape: ShapeLike, row_block: int = ROW_BLOCK) -> tuple[int, int]:
-        """(block_sums bytes, col_sums bytes) oracle_compare needs for a shape."""
-        heads = shape.B * shape.H
-        return heads * n_row_blocks(shape.S, row_block) * 4 * 4, heads * HEAD_DIM * 4 * 8
+        """(block_sums bytes, col_sums bytes) oracle_compare needs for a problem."""
+        B, hq, _, S, D, _ = problem_dims(shape)
+        heads = B * hq
+        return heads * n_row_blocks(S, row_block) * 4 * 4, heads * D * 4 * 8
 
     @classmethod
     def from_device(cls, shape: ShapeLike, blocks_f32: np.ndarray, cols_f64: np.ndarray,
                     row_block: int = ROW_BLOCK) -> BudgetSums:
-        nb = n_row_blocks(shape.S, row_block)
+        B, hq, _, S, D, _ = problem_dims(shape)
+        nb = n_row_blocks(S, row_block)
         return cls(
             blocks=np.asarray(blocks_f32, dtype=np.float32).astype(np.float64).reshape(
-                shape.B, shape.H, nb, 4),
-            cols=np.asarray(cols_f64, dtype=np.float64).reshape(shape.B, shape.H, HEAD_DIM, 4),
+                B, hq, nb, 4),
+            cols=np.asarray(cols_f64, dtype=np.float64).reshape(B, hq, D, 4),
             row_block=row_block,
         )
 
 
 def budget_sums_numpy(o: np.ndarray, ref: np.ndarray, row_block: int = ROW_BLOCK,
                       ) -> BudgetSums:
-    """NumPy twin of oracle_compare's budget sums. ``o``: [B, S, H, 128] BF16 bits (uint16) or
-    floats; ``ref``: [B, S, H, 128] FP32 reference. Non-finite pairs are left out, as on the
+    """NumPy twin of oracle_compare's budget sums. ``o``: [B, S, Hq, D] BF16 bits (uint16) or
+    floats; ``ref``: [B, S, Hq, D] FP32 reference. Non-finite pairs are left out, as on the
     GPU (they fail the gate on their own). Sums in float64 (the GPU's block sums are float32)."""
     of = bf16_bits_to_f32(o) if o.dtype == np.uint16 else np.asarray(o, dtype=np.float32)
     rf = np.asarray(ref, dtype=np.float32)
@@ -275,8 +288,8 @@ def compare_numpy(o: np.ndarray, ref: np.ndarray, lse: np.ndarray | None = None,
                   lse_ref: np.ndarray | None = None, *, o_atol: float = O_ATOL,
                   o_rtol: float = O_RTOL, lse_atol: float = LSE_ATOL,
                   lse_rtol: float = LSE_RTOL) -> tuple[OracleStats, BudgetSums]:
-    """NumPy twin of oracle_compare for small tensors (tests): ``o`` [B, S, H, 128] BF16 bits,
-    ``ref`` its FP32 reference; ``lse``/``lse_ref`` [B, H, S] FP32 (lse as float32 values or
+    """NumPy twin of oracle_compare for small tensors (tests): ``o`` [B, S, Hq, D] BF16 bits,
+    ``ref`` its FP32 reference; ``lse``/``lse_ref`` [B, Hq, S] FP32 (lse as float32 values or
     uint32 bits) or None. Same counters, same first-violation indices, same sums (up to FP
     summation order, and to FMA contraction of the tolerance at exact ties)."""
 
@@ -433,7 +446,8 @@ def check_budget(sums: BudgetSums, S: int, k: float = BUDGET_K,
 
 # ---- metrics and verdict --------------------------------------------------------------------
 def _shape_str(shape: ShapeLike) -> str:
-    return f"{shape.B}x{shape.H}x{shape.S}"
+    """The problem's canonical text (tuner.problem.Problem's str: 4x32x8192, 1x32/8x8192:d64)."""
+    return str(as_problem(shape))
 
 
 @dataclass
@@ -445,7 +459,7 @@ class SetMetrics:
     max_abs_err: float
     rel_l2: float
     violations: int
-    first_violation: tuple[int, int, int, int] | None  # (b, s, h, d)
+    first_violation: tuple[int, int, int, int] | None  # (b, s, h, d); h a query head
     nan_count: int  # computed NaN/Inf, poison excluded
     unwritten: int
     elements: int
@@ -572,8 +586,9 @@ def evaluate(
     if stats.o_sum_sq_bf16 > 0:
         m.err_over_bf16 = math.sqrt(stats.o_sum_sq_err / stats.o_sum_sq_bf16)
     if budget is not None:
-        want_blocks = (shape.B, shape.H, n_row_blocks(shape.S, budget.row_block), 4)
-        want_cols = (shape.B, shape.H, HEAD_DIM, 4)
+        B, hq, _, S, D, _ = problem_dims(shape)
+        want_blocks = (B, hq, n_row_blocks(S, budget.row_block), 4)
+        want_cols = (B, hq, D, 4)
         if (budget.blocks.shape != want_blocks or budget.cols.shape != want_cols
                 or stats.o_block_rows != budget.row_block):
             reasons.append(
@@ -582,7 +597,7 @@ def evaluate(
                 f"{budget.row_block}-row blocks (oracle bug)"
             )
         else:
-            bc = check_budget(budget, shape.S, budget_k, budget_floor)
+            bc = check_budget(budget, S, budget_k, budget_floor)
             m.budget_ratio, m.bf16_ratio = bc.budget_ratio, bc.bf16_ratio
             m.block_budget_ratio, m.block_bf16_ratio = bc.block_budget_ratio, bc.block_bf16_ratio
             m.block_failures, m.block_worst = bc.block_failures, bc.block_worst
@@ -611,13 +626,14 @@ def evaluate(
 
 @dataclass
 class GateResult:
-    """The gate's verdict for one (kernel, shape)."""
+    """The gate's verdict for one (kernel, problem)."""
 
     passed: bool
-    shape: tuple[int, int, int]  # (B, H, S)
+    shape: str  # the problem's text (str(Problem): "4x32x8192", "1x32/8x8192:d64:full")
     seed: int
     sets: list[SetMetrics]
     prepare_host_ms: float | None = None
+    problem: dict[str, Any] | None = None  # Problem.to_dict()
 
     @property
     def by_set(self) -> dict[str, SetMetrics]:
@@ -649,15 +665,20 @@ class GateResult:
     def first_failure(self) -> SetMetrics | None:
         return next((m for m in self.sets if not m.passed), None)
 
+    @property
+    def shape_text(self) -> str:
+        s = self.shape
+        return "x".join(str(x) for x in s) if isinstance(s, (tuple, list)) else str(s)
+
     def summary(self) -> str:
-        b, h, s = self.shape
-        head = f"gate {'PASS' if self.passed else 'FAIL'} {b}x{h}x{s} seed {self.seed}"
+        head = f"gate {'PASS' if self.passed else 'FAIL'} {self.shape_text} seed {self.seed}"
         return head + " | " + " | ".join(m.brief() for m in self.sets)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "passed": self.passed,
-            "shape": list(self.shape),
+            "shape": self.shape_text,
+            "problem": self.problem,
             "seed": self.seed,
             "prepare_host_ms": self.prepare_host_ms,
             "max_abs_err": self.max_abs_err,
@@ -719,12 +740,12 @@ def fill_inputs(oracle: OracleModule, bufs: AttnBuffers, input_set: str, seed: i
     shape = bufs.shape
     check_input_set(input_set, shape)
     kind, direction = INPUT_SETS[input_set]
+    B, hq, hkv, S, D, _ = problem_dims(shape)
     if kind == "seed":
-        oracle.gen_seed(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, shape.B, shape.H, shape.S, seed,
-                        stream)
+        oracle.gen_seed(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, B, hq, hkv, S, D, seed, stream)
     else:
-        oracle.gen_rising(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, shape.B, shape.H, shape.S, seed,
-                          direction, stream)
+        oracle.gen_rising(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, B, hq, hkv, S, D, seed, direction,
+                          stream)
 
 
 def poison(oracle: OracleModule, bufs: AttnBuffers, stream: Stream | int | None) -> None:
@@ -732,22 +753,23 @@ def poison(oracle: OracleModule, bufs: AttnBuffers, stream: Stream | int | None)
 
 
 class ReferenceCache:
-    """FP32 reference outputs per (device, shape, input set, seed).
+    """FP32 reference outputs per (device, problem, input set, seed); the problem's key is all
+    of it (B, Hq, Hkv, S, D, causal): a causal and a non-causal reference of the same inputs
+    differ.
 
-    They are expensive (seconds at S=16384) and large (2x the BF16 output), so only ONE shape
-    is kept: asking for another shape frees everything first.
+    They are expensive (seconds at S=16384) and large (2x the BF16 output), so only ONE problem
+    is kept: asking for another problem frees everything first.
     """
 
     def __init__(self) -> None:
         self._entries: dict[tuple[Any, ...], tuple[DeviceBuffer, DeviceBuffer]] = {}
-        self._shape_key: tuple[int, int, int, int] | None = None
+        self._shape_key: tuple[Any, ...] | None = None
 
     def get(self, dev: Device, oracle: OracleModule, bufs: AttnBuffers, input_set: str, seed: int,
             stream: Stream | int | None) -> tuple[DeviceBuffer, DeviceBuffer]:
         """The reference for the inputs CURRENTLY in bufs (which must be ``input_set``/``seed``:
         the caller has just generated them). Computes on ``stream`` on a miss."""
-        s = bufs.shape
-        shape_key = (dev.index, s.B, s.H, s.S)
+        shape_key = (dev.index, *problem_dims(bufs.shape))
         if self._shape_key != shape_key:
             self.clear()
             self._shape_key = shape_key
@@ -762,8 +784,9 @@ class ReferenceCache:
             o_ref.free()
             raise
         try:
+            B, hq, hkv, S, D, causal = problem_dims(bufs.shape)
             oracle.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref.ptr, lse_ref.ptr,
-                             s.B, s.H, s.S, stream)
+                             B, hq, hkv, S, D, causal, stream)
         except BaseException:
             o_ref.free()
             lse_ref.free()
@@ -792,7 +815,7 @@ def clear_reference_cache() -> None:
 
 class CompareScratch(BufferGroup):
     """The device buffers one comparison writes: the stats struct and the budget sums
-    (B*H*ceil(S/16)*16 + B*H*128*32 bytes: 2.5 MB at 4x32x16384)."""
+    (B*Hq*ceil(S/16)*16 + B*Hq*D*32 bytes: 2.5 MB at 4x32x16384, D 128)."""
 
     def __init__(self, dev: Device, shape: ShapeLike) -> None:
         super().__init__(dev)
@@ -813,11 +836,12 @@ def compare(dev: Device, oracle: OracleModule, bufs: AttnBuffers, o_ref: DeviceB
     """Compare bufs.o (and bufs.lse when lse_ref is given) with the reference; synchronises.
     Returns the stats struct and the budget sums."""
     s = bufs.shape
+    B, hq, _, S, D, _ = problem_dims(s)
     own = scratch is None
     sc = CompareScratch(dev, s) if scratch is None else scratch
     try:
         oracle.compare(
-            bufs.o.ptr, o_ref.ptr, s.B, s.H, s.S,
+            bufs.o.ptr, o_ref.ptr, B, hq, S, D,
             bufs.lse.ptr if lse_ref is not None else None,
             lse_ref.ptr if lse_ref is not None else None,
             O_ATOL, O_RTOL, LSE_ATOL, LSE_RTOL, sc.stats.ptr, sc.blocks.ptr, sc.cols.ptr, stream,
@@ -853,13 +877,15 @@ def gate(
     stream: Stream | None = None,
     reference_cache: ReferenceCache | None = None,
 ) -> GateResult:
-    """Check one kernel on one shape against the FP32 reference, for each input set.
+    """Check one kernel on one problem against the FP32 reference, for each input set.
 
-    Launches the kernel once per set on poisoned outputs. On return bufs holds the "seed" input
-    set for ``seed`` again (what timing uses). A launch error raises KernelError; a fault during
-    the checked launch raises CudaError (the context is then unusable: run in a fresh process).
+    ``shape`` is a tuner.problem.Problem (or anything with its fields: B, H/Hq, S, and
+    optionally Hkv, D, causal). Launches the kernel once per set on poisoned outputs. On return
+    bufs holds the "seed" input set for ``seed`` again (what timing uses). A launch error
+    raises KernelError; a fault during the checked launch raises CudaError (the context is then
+    unusable: run in a fresh process).
     """
-    if (bufs.shape.B, bufs.shape.H, bufs.shape.S) != (shape.B, shape.H, shape.S):
+    if not same_problem(bufs.shape, shape):
         raise ValueError(f"buffers are for {_shape_str(bufs.shape)}, not {_shape_str(shape)}")
     if not input_sets:
         raise ValueError("gate needs at least one input set")
@@ -907,12 +933,14 @@ def gate(
                 cleanup()
             except Exception:  # noqa: BLE001
                 pass
+    problem = as_problem(shape)
     return GateResult(
         passed=all(m.passed for m in results),
-        shape=(shape.B, shape.H, shape.S),
+        shape=str(problem),
         seed=seed,
         sets=results,
         prepare_host_ms=prep_ms,
+        problem=problem.to_dict(),
     )
 
 
@@ -930,7 +958,7 @@ def check_output(
     """Check what the kernel's LAST launch left in bufs (no new launch) against the "seed" set's
     reference, with the gate's rule; bufs must hold the seed inputs for ``seed`` (what gate()
     leaves and timing uses). For a kernel that is right only when the GPU is idle."""
-    if (bufs.shape.B, bufs.shape.H, bufs.shape.S) != (shape.B, shape.H, shape.S):
+    if not same_problem(bufs.shape, shape):
         raise ValueError(f"buffers are for {_shape_str(bufs.shape)}, not {_shape_str(shape)}")
     dev.make_current()
     orc = oracle if oracle is not None else get_oracle()
@@ -982,10 +1010,10 @@ class ReferenceKernel:
             if self._scratch is not None:
                 self._scratch.free()
             self._scratch = self.dev.alloc(bufs.n * F32_BYTES)
-        s = bufs.shape
+        B, hq, hkv, S, D, causal = problem_dims(bufs.shape)
         lse = bufs.lse.ptr if (self._writes_lse and self.lse_target == "lse") else None
         self.oracle.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, self._scratch.ptr, lse,
-                              s.B, s.H, s.S, stream, flags=self.flags)
+                              B, hq, hkv, S, D, causal, stream, flags=self.flags)
         self.oracle.f32_to_bf16(self._scratch.ptr, bufs.o.ptr, bufs.n, stream)
         if self.after is not None:
             self.after(bufs, stream)
@@ -997,12 +1025,13 @@ class ReferenceKernel:
 
 
 def inputs_to_host(bufs: AttnBuffers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q, K, V from the device as BF16 bits, [B, S, H, 128] uint16 (synchronous copies)."""
-    s = bufs.shape
-    dims = (s.B, s.S, s.H, HEAD_DIM)
-    return tuple(  # type: ignore[return-value]
-        b.copy_to_host(np.uint16, bufs.n).reshape(dims) for b in (bufs.q, bufs.k, bufs.v)
-    )
+    """Q ([B, S, Hq, D]), K and V ([B, S, Hkv, D]) from the device as BF16 bits, uint16
+    (synchronous copies)."""
+    B, hq, hkv, S, D, _ = problem_dims(bufs.shape)
+    n_kv = elems_kv(bufs.shape)
+    return (bufs.q.copy_to_host(np.uint16, bufs.n).reshape(B, S, hq, D),
+            bufs.k.copy_to_host(np.uint16, n_kv).reshape(B, S, hkv, D),
+            bufs.v.copy_to_host(np.uint16, n_kv).reshape(B, S, hkv, D))
 
 
 # ---- NumPy twin of the GPU generators (bit-exact) -------------------------------------------
@@ -1054,61 +1083,88 @@ def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
 
 def host_inputs(shape: ShapeLike, input_set: str, seed: int = DEFAULT_SEED,
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Q, K, V exactly as the GPU generates them: BF16 bit patterns, [B, S, H, 128] uint16.
+    """Q ([B, S, Hq, D]), K and V ([B, S, Hkv, D]) exactly as the GPU generates them: BF16 bit
+    patterns, uint16.
 
-    For small shapes (tests): memory is O(B*S*H*128) 8-byte temporaries.
+    For small problems (tests): memory is O(B*S*Hq*D) 8-byte temporaries.
     """
     check_input_set(input_set, shape)
-    B, H, S = shape.B, shape.H, shape.S
-    dims = (B, S, H, HEAD_DIM)
-    n = B * S * H * HEAD_DIM
-    i = np.arange(n, dtype=np.uint64)
+    B, H, Hkv, S, D, _ = problem_dims(shape)
+    dims_q, dims_kv = (B, S, H, D), (B, S, Hkv, D)
+    iq = np.arange(B * S * H * D, dtype=np.uint64)
+    ikv = np.arange(B * S * Hkv * D, dtype=np.uint64)
     kind, direction = INPUT_SETS[input_set]
     if kind == "seed":
-        q = f32_to_bf16_bits(uniform_in(seed, STREAM_Q, i, -2.0, 2.0))
-        k = f32_to_bf16_bits(uniform_in(seed, STREAM_K, i, -2.0, 2.0))
-        v = f32_to_bf16_bits(uniform_in(seed, STREAM_V, i, -1.0, 1.0))
-        return q.reshape(dims), k.reshape(dims), v.reshape(dims)
+        q = f32_to_bf16_bits(uniform_in(seed, STREAM_Q, iq, -2.0, 2.0))
+        k = f32_to_bf16_bits(uniform_in(seed, STREAM_K, ikv, -2.0, 2.0))
+        v = f32_to_bf16_bits(uniform_in(seed, STREAM_V, ikv, -1.0, 1.0))
+        return q.reshape(dims_q), k.reshape(dims_kv), v.reshape(dims_kv)
 
     # "rising": see cuda_src/oracle.cu's header for the construction and its proof.
     b_idx = np.arange(B, dtype=np.int64)[:, None, None]
     s_idx = np.arange(S, dtype=np.int64)[None, :, None]
-    h_idx = np.arange(H, dtype=np.int64)[None, None, :]
-    row_key = ((b_idx * H + h_idx) * S + s_idx).astype(np.uint64)  # [B, S, H]
+    q_key = ((b_idx * H + np.arange(H, dtype=np.int64)[None, None, :]) * S
+             + s_idx).astype(np.uint64)  # [B, S, Hq]: per query row
+    kv_key = ((b_idx * Hkv + np.arange(Hkv, dtype=np.int64)[None, None, :]) * S
+              + s_idx).astype(np.uint64)  # [B, S, Hkv]: per key of a K/V head
     c2 = bf16_bits_to_f32(f32_to_bf16_bits(
-        np.float32(0.09) + np.float32(0.045) * uniform01(seed, STREAM_RC2, row_key)))
-    jit = (hash3(seed, STREAM_RJIT, row_key) >> np.uint64(62)).astype(np.int64)
+        np.float32(0.09) + np.float32(0.045) * uniform01(seed, STREAM_RC2, q_key)))
+    c2 = c2 * np.float32(rising_c2_scale(D))  # exact: a power of two
+    jit = (hash3(seed, STREAM_RJIT, kv_key) >> np.uint64(62)).astype(np.int64)
     half = S // 2
     t = (4 * (half - s_idx) if direction < 0 else 4 * (s_idx - half)) + jit
     hi = np.floor_divide(t, 256)
     lo = t - 256 * hi
 
-    qf = uniform_in(seed, STREAM_RQ, i, -1.0, 1.0).reshape(dims)
+    qf = uniform_in(seed, STREAM_RQ, iq, -1.0, 1.0).reshape(dims_q)
     qf[..., 0] = c2 * np.float32(256.0)
     qf[..., 1] = c2
-    k_strong = uniform_in(seed, STREAM_RK, i, -1.0, 1.0).reshape(dims)
-    k_weak = uniform_in(seed, STREAM_RK, i, -0.01, 0.01).reshape(dims)
-    kf = np.where(np.arange(HEAD_DIM) < 10, k_strong, k_weak).astype(np.float32)
+    k_strong = uniform_in(seed, STREAM_RK, ikv, -1.0, 1.0).reshape(dims_kv)
+    k_weak = uniform_in(seed, STREAM_RK, ikv, -0.01, 0.01).reshape(dims_kv)
+    kf = np.where(np.arange(D) < 10, k_strong, k_weak).astype(np.float32)
     kf[..., 0] = hi.astype(np.float32)
     kf[..., 1] = lo.astype(np.float32)
-    vf = uniform_in(seed, STREAM_RV, i, -1.0, 1.0).reshape(dims)
+    vf = uniform_in(seed, STREAM_RV, ikv, -1.0, 1.0).reshape(dims_kv)
     return f32_to_bf16_bits(qf), f32_to_bf16_bits(kf), f32_to_bf16_bits(vf)
 
 
+def rising_c2_scale(D: int) -> float:
+    """m_D of the rising construction: Q's trend coefficient c2 is doubled at D = 256 so every
+    tile still beats the running max by a margin (oracle.cu's header: >= 1.53 logits)."""
+    return 2.0 if D == 256 else 1.0
+
+
+def rising_noise_bound(D: int) -> float:
+    """Worst-case |logit - trend| of the rising set: (8 + (D - 10) * bf16(0.01)) / sqrt(D)."""
+    return (8 + (D - 10) * 0.010009765625) / math.sqrt(D)
+
+
+def rising_min_rise(D: int) -> float:
+    """The guaranteed rise of the running max per tile (>= 64 keys), in logits."""
+    return 0.08984375 * rising_c2_scale(D) * 253 / math.sqrt(D) - 2 * rising_noise_bound(D)
+
+
 # ---- float64 NumPy reference and the rising check -------------------------------------------
+def _f32(x: np.ndarray) -> np.ndarray:
+    return bf16_bits_to_f32(x) if x.dtype == np.uint16 else x
+
+
 def numpy_reference_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                         rows: Iterable[tuple[int, int, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Causal attention in float64 for sampled rows (b, h, s); inputs [B, S, H, 128] BF16 bits
-    or floats. Returns (o [n, 128], lse [n])."""
-    qf = bf16_bits_to_f32(q) if q.dtype == np.uint16 else q
-    kf = bf16_bits_to_f32(k) if k.dtype == np.uint16 else k
-    vf = bf16_bits_to_f32(v) if v.dtype == np.uint16 else v
+                         rows: Iterable[tuple[int, int, int]], causal: bool = True,
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """Attention in float64 for sampled rows (b, h, s), h a query head; q [B, S, Hq, D], k and
+    v [B, S, Hkv, D] (BF16 bits or floats); query head h reads K/V head h // (Hq / Hkv); causal:
+    keys <= s, else all. Scale 1/sqrt(D). Returns (o [n, D], lse [n])."""
+    qf, kf, vf = _f32(q), _f32(k), _f32(v)
+    group = qf.shape[2] // kf.shape[2]
     outs, lses = [], []
-    scale = 1.0 / math.sqrt(HEAD_DIM)
+    scale = 1.0 / math.sqrt(qf.shape[-1])
     for b, h, s in rows:
+        g = h // group
+        end = s + 1 if causal else kf.shape[1]
         qr = qf[b, s, h, :].astype(np.float64)
-        kr = kf[b, : s + 1, h, :].astype(np.float64)
-        vr = vf[b, : s + 1, h, :].astype(np.float64)
+        kr = kf[b, :end, g, :].astype(np.float64)
+        vr = vf[b, :end, g, :].astype(np.float64)
         sc = kr @ qr * scale
         m = sc.max()
         p = np.exp(sc - m)
@@ -1118,31 +1174,56 @@ def numpy_reference_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray,
     return np.array(outs), np.array(lses)
 
 
+def numpy_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True,
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The whole float64 reference (small problems): (o [B, S, Hq, D], lse [B, Hq, S])."""
+    qf, kf, vf = (_f32(a).astype(np.float64) for a in (q, k, v))
+    B, S, H, D = qf.shape
+    group = H // kf.shape[2]
+    out = np.empty((B, S, H, D))
+    lse = np.empty((B, H, S))
+    mask = np.tril(np.ones((S, S), dtype=bool)) if causal else np.ones((S, S), dtype=bool)
+    for b in range(B):
+        for h in range(H):
+            g = h // group
+            sc = np.where(mask, qf[b, :, h] @ kf[b, :, g].T / math.sqrt(D), -np.inf)
+            m = sc.max(axis=1, keepdims=True)
+            p = np.exp(sc - m)
+            lsum = p.sum(axis=1, keepdims=True)
+            out[b, :, h] = p @ vf[b, :, g] / lsum
+            lse[b, h] = (m + np.log(lsum))[:, 0]
+    return out, lse
+
+
 def scores_f64(q: np.ndarray, k: np.ndarray, b: int, h: int) -> np.ndarray:
-    """[S, S] float64 logits q.k/sqrt(128) of one (b, h), causal entries only meaningful."""
-    qf = bf16_bits_to_f32(q[b, :, h, :]).astype(np.float64)
-    kf = bf16_bits_to_f32(k[b, :, h, :]).astype(np.float64)
-    return qf @ kf.T / math.sqrt(HEAD_DIM)
+    """[S, S] float64 logits q.k/sqrt(D) of one (b, query head h) against its K/V head
+    h // (Hq / Hkv); the mask is not applied."""
+    group = q.shape[2] // k.shape[2]
+    qf = _f32(q[b, :, h, :]).astype(np.float64)
+    kf = _f32(k[b, :, h // group, :]).astype(np.float64)
+    return qf @ kf.T / math.sqrt(q.shape[-1])
 
 
 def rising_failures(q: np.ndarray, k: np.ndarray, block_n: int, reverse: bool = True,
-                    min_rise: float = 0.0) -> int:
+                    min_rise: float = 0.0, causal: bool = True) -> int:
     """How many (b, h, row, tile) steps of a KV-tile walk do NOT raise the running row max by
-    more than ``min_rise`` (the first tile of each row excluded). 0 for a correct rising set."""
+    more than ``min_rise`` (the first tile of each row excluded); h runs over the query heads
+    (GQA: each against its K/V head). Causal: a row walks the tiles up to its diagonal one;
+    non-causal: every tile (a reverse walk starts at the last). 0 for a correct rising set."""
     B, S, H, _ = q.shape
+    n_tiles = (S + block_n - 1) // block_n
     fails = 0
     for b in range(B):
         for h in range(H):
             sc = scores_f64(q, k, b, h)
-            rows = np.arange(S)
-            mask = np.arange(S)[None, :] <= rows[:, None]
-            sc = np.where(mask, sc, -np.inf)
-            n_tiles = (S + block_n - 1) // block_n
+            if causal:
+                rows = np.arange(S)
+                sc = np.where(np.arange(S)[None, :] <= rows[:, None], sc, -np.inf)
             tile_max = np.stack(
                 [sc[:, t * block_n:(t + 1) * block_n].max(axis=1) for t in range(n_tiles)], axis=1
             )  # [S, n_tiles]; -inf where the tile is fully masked
             for r in range(S):
-                last = r // block_n
+                last = r // block_n if causal else n_tiles - 1
                 order = range(last, -1, -1) if reverse else range(0, last + 1)
                 run = -np.inf
                 for j, t in enumerate(order):

@@ -3,8 +3,9 @@
 Per round (``Protocol``): a bounded wait until NVML reads <= ``temp_limit_c``; ``settle_s``
 seconds of untimed launches (the power ramp); ``warmup`` launches; ``repeat`` launches, each
 bracketed by its own pair of CUDA events. Round median; result = median of the round medians,
-min and max over every sample (all samples are kept). TFLOPS = 2*B*H*S*S*128 / (ms*1e9): the
-seeds' convention (full S^2, as in the anchors the project started from), not the causal half.
+min and max over every sample (all samples are kept). TFLOPS = problem.flops / (ms*1e9), with
+tuner.problem.Problem's convention: causal 2*B*Hq*S^2*D (full S^2, as in the anchors the project
+started from, not the causal half), non-causal 4*B*Hq*S^2*D.
 
 NVML (nvidia-ml-py) is optional: without it there is no temperature wait and the state fields
 are None, and the result says why.
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tuner.errors import FaTuneError
-from tuner.runtime import HEAD_DIM, AttnBuffers, Device, Event, ShapeLike, Stream
+from tuner.runtime import AttnBuffers, Device, Event, ShapeLike, Stream, as_problem, same_problem
 
 DEFAULT_TEMP_LIMIT_C = 65
 DEFAULT_TEMP_WAIT_S = 60.0
@@ -78,16 +79,16 @@ SURVEY = Protocol(warmup=20, repeat=100, rounds=1, settle_s=0.0, temp_wait_s=10.
 SCREEN = Protocol(warmup=10, repeat=30, rounds=1, settle_s=0.0, temp_wait_s=10.0)
 
 
-def flops(shape: ShapeLike) -> float:
-    """The seeds' FLOP count of one forward: 2*B*H*S*S*D (D = 128)."""
-    return 2.0 * shape.B * shape.H * shape.S * shape.S * HEAD_DIM
+def flops(problem: ShapeLike) -> float:
+    """FLOPs of one forward, ``Problem.flops``: causal 2*B*Hq*S*S*D, non-causal twice that."""
+    return float(as_problem(problem).flops)
 
 
-def tflops(shape: ShapeLike, ms: float) -> float:
-    """TFLOPS = 2*B*H*S*S*128 / (ms*1e9)."""
+def tflops(problem: ShapeLike, ms: float) -> float:
+    """TFLOPS = flops(problem) / (ms*1e9)."""
     if not ms > 0:
         raise ValueError(f"time must be positive (got {ms!r} ms)")
-    return flops(shape) / (ms * 1e9)
+    return flops(problem) / (ms * 1e9)
 
 
 # ---- NVML -----------------------------------------------------------------------------------
@@ -291,7 +292,7 @@ class RoundResult:
 @dataclass
 class TimingResult:
     protocol: Protocol
-    shape: tuple[int, int, int]  # (B, H, S)
+    shape: str  # the problem's text, str(Problem): "4x32x8192", "1x32/8x8192:d64:full"
     median_ms: float  # median of the round medians
     min_ms: float  # over every sample
     max_ms: float
@@ -305,6 +306,7 @@ class TimingResult:
     nvml_note: str | None = None
     prepare_host_ms: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    problem: dict[str, Any] = field(default_factory=dict)  # Problem.to_dict()
 
     @property
     def samples_ms(self) -> list[float]:
@@ -315,10 +317,9 @@ class TimingResult:
         return [r.median_ms for r in self.rounds]
 
     def summary(self) -> str:
-        b, h, s = self.shape
         warn = " (temperature bound hit)" if self.temp_wait_bound_hit else ""
         return (
-            f"{b}x{h}x{s}: median {self.median_ms:.4f} ms ({self.tflops:.1f} TFLOPS), "
+            f"{self.shape}: median {self.median_ms:.4f} ms ({self.tflops:.1f} TFLOPS), "
             f"min {self.min_ms:.4f}, max {self.max_ms:.4f} ms over "
             f"{self.protocol.rounds}x{self.protocol.repeat} launches{warn}"
         )
@@ -326,7 +327,8 @@ class TimingResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "protocol": self.protocol.to_dict(),
-            "shape": list(self.shape),
+            "shape": self.shape,
+            "problem": self.problem,
             "median_ms": self.median_ms,
             "min_ms": self.min_ms,
             "max_ms": self.max_ms,
@@ -353,9 +355,11 @@ def summarize_rounds(protocol: Protocol, shape: ShapeLike, rounds: list[RoundRes
     med = float(statistics.median(r.median_ms for r in rounds))
     lo = min(r.min_ms for r in rounds)
     hi = max(r.max_ms for r in rounds)
+    problem = as_problem(shape)
     return TimingResult(
         protocol=protocol,
-        shape=(shape.B, shape.H, shape.S),
+        shape=str(problem),
+        problem=problem.to_dict(),
         median_ms=med,
         min_ms=lo,
         max_ms=hi,
@@ -442,8 +446,8 @@ def time_kernel(
     round's temperature wait (a suite-wide budget); ``on_wait`` sees every wait.
     """
     proto = protocol or Protocol()
-    if (bufs.shape.B, bufs.shape.H, bufs.shape.S) != (shape.B, shape.H, shape.S):
-        raise ValueError("buffers do not match the shape")
+    if not same_problem(bufs.shape, shape):
+        raise ValueError("buffers do not match the problem")
     dev.make_current()
     nv = nvml if nvml is not None else nvml_for(dev)
     st = stream if stream is not None else dev.stream()

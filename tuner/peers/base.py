@@ -1,11 +1,16 @@
 """What every peer backend of ``fa-tune compare`` looks like.
 
-A peer wraps one attention implementation behind four calls so that ``tuner.compare`` can time
+A peer wraps one attention implementation behind a few calls so that ``tuner.compare`` can time
 them all with one protocol: ``available()`` says whether it can run here (and why not),
-``version()`` names what was measured, ``prepare(q, k, v)`` binds the shared BSHD inputs and does
-one-time work (allocation, JIT, autotuning) outside the timed region, and ``run()`` launches one
-forward on torch's current stream and returns the output as a [B, S, H, D] tensor (a view is
-fine). ``lse()`` returns the [B, H, S] log-sum-exp of the last run when the backend produces it.
+``supports(problem)`` whether it can run one problem of the family (tuner.problem.Problem: GQA,
+head dim, mask; None = yes, else a one-line reason), ``version()`` names what was measured,
+``prepare(q, k, v, causal)`` binds the shared BSHD inputs (q [B, S, Hq, D], k and v
+[B, S, Hkv, D]; Hkv < Hq is GQA/MQA) and the mask, and does one-time work (allocation, JIT,
+autotuning) outside the timed region, and ``run()`` launches one forward on torch's current
+stream and returns the output as a [B, S, Hq, D] tensor (a view is fine). ``lse()`` returns the
+[B, Hq, S] log-sum-exp of the last run when the backend produces it. A peer that finds at
+``prepare`` that it cannot run the inputs raises ``Unsupported`` (a ValueError) with the reason:
+the measurement path reports it as "unavailable" for that problem, not as an error.
 
 Nothing here imports torch: ``tuner`` and its CLI must import on machines without it.
 """
@@ -52,8 +57,29 @@ def dist_version(*names: str) -> str:
     return "unknown"
 
 
+class Unsupported(ValueError):
+    """The peer cannot run this problem (the message says why): a row status, not a failure."""
+
+
+def problem_reason(problem: Any, *, gqa: bool = True, head_dims: tuple[int, ...] = (64, 128, 256),
+                   causal_only: bool = False, who: str = "this peer") -> str | None:
+    """A supports() answer from a peer's scope: GQA/MQA or not, head dims, causal only."""
+    hq = getattr(problem, "Hq", None) or problem.H
+    hkv = getattr(problem, "Hkv", None) or hq
+    d = getattr(problem, "D", 128)
+    causal = getattr(problem, "causal", True)
+    why = []
+    if not gqa and hkv != hq:
+        why.append(f"Hkv={hkv} != Hq={hq} (no GQA/MQA)")
+    if d not in head_dims:
+        why.append(f"head dim {d} (supports {', '.join(map(str, head_dims))})")
+    if causal_only and not causal:
+        why.append("non-causal (causal only)")
+    return f"{who} cannot run {problem}: {'; '.join(why)}" if why else None
+
+
 class Peer:
-    """Base class; subclasses set ``name``/``label`` and implement the four calls."""
+    """Base class; subclasses set ``name``/``label`` and implement the calls."""
 
     name: str = "peer"  # short key used on the command line and in results
     label: str = "peer"  # human name used in tables and charts
@@ -64,14 +90,18 @@ class Peer:
     def version(self) -> str:
         raise NotImplementedError
 
-    def prepare(self, q: Any, k: Any, v: Any) -> None:
+    def supports(self, problem: Any) -> str | None:
+        """None when this peer can run ``problem`` (a tuner.problem.Problem), else why not."""
+        return None
+
+    def prepare(self, q: Any, k: Any, v: Any, causal: bool) -> None:
         raise NotImplementedError
 
     def run(self) -> Any:
         raise NotImplementedError
 
     def lse(self) -> Any | None:
-        """[B, H, S] FP32 log-sum-exp (natural log) of the last run, or None."""
+        """[B, Hq, S] FP32 log-sum-exp (natural log) of the last run, or None."""
         return None
 
     def details(self) -> dict[str, Any]:

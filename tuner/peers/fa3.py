@@ -1,10 +1,12 @@
 """FlashAttention-3 through flash-attn-4's CuTe DSL port (its sm90 path).
 
-``flash_attn.cute.interface.flash_attn_func(q, k, v, causal=True)`` takes BSHD tensors, so the
-shared inputs go in untouched. We ask for the LSE too (``return_lse=True``): fa-tune's kernel
-writes it by default, and FA3 skips it when no input needs a gradient, so without the flag FA3
-would do less work than the kernel it is compared with. The first call JIT-compiles the kernel
-(CuTe DSL -> cubin, seconds); ``prepare`` makes that call, outside the timed region.
+``flash_attn.cute.interface.flash_attn_func(q, k, v, causal=...)`` takes BSHD tensors, so the
+shared inputs go in untouched: q [B, S, Hq, D] and k, v [B, S, Hkv, D] natively (GQA/MQA when
+Hkv < Hq), head dims 64, 128 and 256, causal or not. We ask for the LSE too
+(``return_lse=True``): fa-tune's kernel writes it by default, and FA3 skips it when no input
+needs a gradient, so without the flag FA3 would do less work than the kernel it is compared
+with. The first call JIT-compiles the kernel (CuTe DSL -> cubin, seconds; once per head dim,
+GQA group and mask); ``prepare`` makes that call, outside the timed region.
 
 Installing without a network: lab/h200/fa3_stage1.sh and fa3_stage2.sh; with ``pip --target`` the
 folder ``<target>/nvidia_cutlass_dsl/dsl_packages`` must be on PYTHONPATH as well.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.peers.base import Peer, dist_version, module_missing, torch_cuda_reason
+from tuner.peers.base import Peer, dist_version, module_missing, problem_reason, torch_cuda_reason
 
 
 class FA3Peer(Peer):
@@ -25,6 +27,7 @@ class FA3Peer(Peer):
         self.return_lse = return_lse
         self._fn: Any = None
         self._qkv: tuple[Any, Any, Any] | None = None
+        self._causal = True
         self._lse: Any = None
 
     def available(self) -> tuple[bool, str]:
@@ -55,15 +58,19 @@ class FA3Peer(Peer):
             f"quack-kernels {dist_version('quack-kernels')}"
         )
 
-    def prepare(self, q: Any, k: Any, v: Any) -> None:
+    def supports(self, problem: Any) -> str | None:
+        return problem_reason(problem, who=self.name)
+
+    def prepare(self, q: Any, k: Any, v: Any, causal: bool) -> None:
         self._load()
         self._qkv = (q, k, v)
+        self._causal = bool(causal)
         self.run()  # JIT compile now, not in the first warm-up launch
 
     def run(self) -> Any:
         assert self._qkv is not None, "prepare() first"
         q, k, v = self._qkv
-        out, lse = self._fn(q, k, v, causal=True, return_lse=self.return_lse)
+        out, lse = self._fn(q, k, v, causal=self._causal, return_lse=self.return_lse)
         self._lse = lse
         return out
 
@@ -71,7 +78,8 @@ class FA3Peer(Peer):
         return self._lse
 
     def details(self) -> dict[str, Any]:
-        return {"return_lse": self.return_lse, "call": "flash_attn.cute.interface.flash_attn_func"}
+        return {"return_lse": self.return_lse, "causal": self._causal,
+                "call": "flash_attn.cute.interface.flash_attn_func"}
 
     def release(self) -> None:
         self._qkv = None

@@ -9,14 +9,20 @@ again, for the gate. If a backend ever copied its inputs to a contiguous BHSD la
 would be timed too -- deliberately: it is what a BSHD user of the backend pays.
 
 ``sdpa_kernel([backend])`` allows exactly one backend, so a backend that cannot take the inputs
-raises instead of silently falling back to another (a peer is never replaced by another).
+raises instead of silently falling back to another (a peer is never replaced by another); that
+error at ``prepare`` is reported as ``Unsupported`` (the row says "unavailable" and why).
+
+The problem family: ``is_causal`` follows the problem's mask (S_q = S_kv, so top-left and
+bottom-right alignment agree); GQA/MQA (k, v with Hkv < Hq heads) passes ``enable_gqa=True``
+(torch >= 2.5), which the FA2 and cuDNN backends take without copying K/V; the memory-efficient
+backend rejects unequal head counts, so it reports GQA as unsupported up front.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tuner.peers.base import Peer, torch_cuda_reason
+from tuner.peers.base import Peer, Unsupported, problem_reason, torch_cuda_reason
 
 # name -> (SDPBackend member, label)
 SDPA_BACKENDS: dict[str, tuple[str, str]] = {
@@ -33,6 +39,8 @@ class SdpaPeer(Peer):
         self.name = name
         self.backend_member, self.label = SDPA_BACKENDS[name]
         self._views: tuple[Any, Any, Any] | None = None
+        self._causal = True
+        self._gqa = False
 
     def available(self) -> tuple[bool, str]:
         reason = torch_cuda_reason()
@@ -57,19 +65,34 @@ class SdpaPeer(Peer):
             parts.append(f"cuDNN {torch.backends.cudnn.version()}")
         return ", ".join(parts)
 
-    def prepare(self, q: Any, k: Any, v: Any) -> None:
+    def supports(self, problem: Any) -> str | None:
+        # The memory-efficient backend needs equal head counts; the others are asked at prepare.
+        return problem_reason(problem, gqa=self.name != "mem_efficient", who=self.name)
+
+    def prepare(self, q: Any, k: Any, v: Any, causal: bool) -> None:
         self._views = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        self.run()  # surfaces "backend cannot run these inputs" before timing
+        self._causal = bool(causal)
+        self._gqa = k.shape[2] != q.shape[2]
+        try:
+            self.run()  # surfaces "backend cannot run these inputs" before timing
+        except RuntimeError as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            self._views = None
+            raise Unsupported(
+                f"{self.name} (SDPBackend.{self.backend_member}) cannot run q "
+                f"{tuple(q.shape)}, k/v {tuple(k.shape)}, causal={self._causal}: {first}"
+            ) from None
 
     def run(self) -> Any:
         import torch.nn.functional as F
 
         assert self._views is not None, "prepare() first"
         q, k, v = self._views
+        kw = {"enable_gqa": True} if self._gqa else {}
         # sdpa_kernel is a one-shot context manager over a global flag: cheap to enter per call
         # (host side only), and it keeps the backend choice from leaking into the other peers.
         with self._ctx_manager():
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=self._causal, **kw)
         return out.transpose(1, 2)
 
     def _ctx_manager(self) -> Any:
@@ -81,6 +104,8 @@ class SdpaPeer(Peer):
         return {
             "backend": f"SDPBackend.{self.backend_member}",
             "inputs": "BSHD tensors passed as q.transpose(1, 2) views (no copy)",
+            "is_causal": self._causal,
+            "enable_gqa": self._gqa,
         }
 
     def release(self) -> None:

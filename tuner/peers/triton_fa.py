@@ -1,7 +1,9 @@
 """Peer: fa-tune's own Triton flash-attention forward (see ``_triton_kernel.py``).
 
 It stands for "what a good hand-written Triton kernel gets": FA2-style, causal, BF16, D=128,
-autotuned over BLOCK_M, BLOCK_N, num_warps and num_stages (20 configs). Autotuning runs inside
+autotuned over BLOCK_M, BLOCK_N, num_warps and num_stages (20 configs). It runs MHA, D 128,
+causal only: ``supports`` says so for every other problem, and ``prepare`` refuses them
+(``Unsupported``). Autotuning runs inside
 ``prepare`` (Triton times every config once per (S, H) key), never in the timed region.
 """
 
@@ -10,7 +12,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tuner.peers.base import Peer, dist_version, module_missing, torch_cuda_reason
+from tuner.peers.base import (
+    Peer,
+    Unsupported,
+    dist_version,
+    module_missing,
+    problem_reason,
+    torch_cuda_reason,
+)
 
 HEAD_DIM = 128
 LOG2E = 1.4426950408889634
@@ -49,13 +58,20 @@ class TritonPeer(Peer):
     def version(self) -> str:
         return f"triton {dist_version('triton')}"
 
-    def prepare(self, q: Any, k: Any, v: Any) -> None:
+    def supports(self, problem: Any) -> str | None:
+        return problem_reason(problem, gqa=False, head_dims=(HEAD_DIM,), causal_only=True,
+                              who=self.name)
+
+    def prepare(self, q: Any, k: Any, v: Any, causal: bool) -> None:
+        B, S, H, D = q.shape
+        if D != HEAD_DIM or tuple(k.shape) != tuple(q.shape) or not causal:
+            raise Unsupported(
+                f"{self.name} runs MHA, D {HEAD_DIM}, causal only: got q {tuple(q.shape)}, "
+                f"k/v {tuple(k.shape)}, causal={bool(causal)}"
+            )
         import torch
 
         self._load()
-        B, S, H, D = q.shape
-        if D != HEAD_DIM:
-            raise ValueError(f"head dim must be {HEAD_DIM}, got {D}")
         for t in (q, k, v):
             if t.stride(-1) != 1:
                 raise ValueError("the last (head) dimension must be contiguous")

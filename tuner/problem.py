@@ -1,0 +1,196 @@
+"""The attention problem: what is computed, apart from how (the kernel config).
+
+A ``Problem`` is batch B, query heads Hq, K/V heads Hkv (Hq a multiple of Hkv: Hkv = Hq is MHA,
+Hkv = 1 is MQA, between is GQA), sequence length S (query = key length), head dim D and whether
+the mask is causal. It flows wherever a shape flows: the CLI, the search objective, results,
+study attributes, the gate, timing, export.
+
+Text form (the CLI's ``--shape``)::
+
+    B x Hq[/Hkv] x S [:dD] [:full | :causal]
+
+``4x32x8192`` is today's seed problem (MHA, D 128, causal); ``1x32/8x8192`` is Llama-3-8B's GQA;
+``4x32x8192:d64``; ``4x32x8192:full`` is non-causal; ``1x64/8x8192:d256:full``. ``str()`` gives
+the canonical form: the parts that differ from MHA / D 128 / causal only, so every problem the
+tool knew before keeps its name (and the study attributes and result files that use it).
+
+FLOPs follow the anchors' convention: causal 2*B*Hq*S^2*D, non-causal 4*B*Hq*S^2*D.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from tuner.errors import ShapeError
+
+HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
+DEFAULT_HEAD_DIM = 128
+# Offsets into Q/K/V/O are 32-bit in the kernel and the oracle: B*S*Hq*D must stay below 2^31.
+_MAX_ELEMS = 2**31 - 1
+
+_RE = re.compile(
+    r"\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+)\s*)?x\s*(\d+)\s*((?::\s*[A-Za-z0-9]+\s*)*)",
+    re.IGNORECASE,  # the BxHxS parser before problems took '4X32X8192', so this one does too
+)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One attention problem. Positional (B, Hq, S) is today's MHA, D 128, causal problem."""
+
+    B: int
+    Hq: int
+    S: int
+    Hkv: int = field(default=0)  # 0: same as Hq (MHA); normalised in __post_init__
+    D: int = DEFAULT_HEAD_DIM
+    causal: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("B", "Hq", "S", "D"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ShapeError(f"problem {name} must be a positive integer (got {v!r})")
+        if not isinstance(self.Hkv, int) or isinstance(self.Hkv, bool) or self.Hkv < 0:
+            raise ShapeError(f"problem Hkv must be a positive integer (got {self.Hkv!r})")
+        if self.Hkv == 0:
+            object.__setattr__(self, "Hkv", self.Hq)
+        if self.Hq % self.Hkv:
+            raise ShapeError(
+                f"problem {self}: Hq={self.Hq} must be a multiple of Hkv={self.Hkv} "
+                "(each K/V head serves the same number of query heads)"
+            )
+        if self.D not in HEAD_DIMS:
+            raise ShapeError(
+                f"problem head dim D={self.D} is not supported: choose from "
+                f"{', '.join(map(str, HEAD_DIMS))}"
+            )
+        if not isinstance(self.causal, bool):
+            raise ShapeError(f"problem causal must be true or false (got {self.causal!r})")
+        if self.B * self.S * self.Hq * self.D > _MAX_ELEMS:
+            raise ShapeError(
+                f"problem {self} is too large: B*S*Hq*D must stay below 2^31 elements"
+            )
+
+    # -- names
+    @property
+    def H(self) -> int:  # noqa: N802 - the seeds' name for the (query) head count
+        """Query heads (= Hq): the name code written for MHA uses."""
+        return self.Hq
+
+    @property
+    def group(self) -> int:
+        """Query heads per K/V head (1 for MHA)."""
+        return self.Hq // self.Hkv
+
+    @property
+    def kind(self) -> str:
+        if self.Hkv == self.Hq:
+            return "MHA"
+        return "MQA" if self.Hkv == 1 else "GQA"
+
+    @classmethod
+    def parse(cls, text: str) -> Problem:
+        m = _RE.fullmatch(str(text))
+        if not m:
+            raise ShapeError(
+                f"malformed problem '{text}': write BxHq[/Hkv]xS[:dD][:full], e.g. 4x32x8192, "
+                "1x32/8x8192, 4x16x8192:d256, 4x32x8192:full"
+            )
+        b, hq, hkv, s, opts = m.groups()
+        if hkv is not None and int(hkv) < 1:  # '/0' is not MHA (Hkv=0 only means it in code)
+            raise ShapeError(f"problem '{text}': Hkv must be a positive integer (got {hkv})")
+        d, causal = DEFAULT_HEAD_DIM, True
+        for opt in (o.strip().lower() for o in opts.split(":") if o.strip()):
+            if opt in ("full", "noncausal", "non-causal"):
+                causal = False
+            elif opt == "causal":
+                causal = True
+            elif re.fullmatch(r"d\d+", opt):
+                d = int(opt[1:])
+            else:
+                raise ShapeError(
+                    f"malformed problem '{text}': unknown option ':{opt}' (use :dD for the head "
+                    "dim, e.g. :d64, and :full for a non-causal mask)"
+                )
+        return cls(int(b), int(hq), int(s), Hkv=int(hkv) if hkv else 0, D=d, causal=causal)
+
+    def __str__(self) -> str:
+        heads = f"{self.Hq}" if self.Hkv == self.Hq else f"{self.Hq}/{self.Hkv}"
+        text = f"{self.B}x{heads}x{self.S}"
+        if self.D != DEFAULT_HEAD_DIM:
+            text += f":d{self.D}"
+        if not self.causal:
+            text += ":full"
+        return text
+
+    # -- cost
+    @property
+    def flops(self) -> int:
+        """Causal 2*B*Hq*S^2*D (not halved, as the anchors count it); non-causal twice that."""
+        f = 2 * self.B * self.Hq * self.S * self.S * self.D
+        return f if self.causal else 2 * f
+
+    def tflops(self, ms: float) -> float:
+        return self.flops / (ms * 1e9)
+
+    def to_dict(self) -> dict[str, int | bool]:
+        return {"B": self.B, "H": self.Hq, "Hq": self.Hq, "Hkv": self.Hkv, "S": self.S,
+                "D": self.D, "causal": self.causal}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Problem:
+        hq = d.get("Hq", d.get("H"))
+        return cls(int(d["B"]), int(hq), int(d["S"]), Hkv=int(d.get("Hkv") or 0),
+                   D=int(d.get("D", DEFAULT_HEAD_DIM)), causal=bool(d.get("causal", True)))
+
+
+SEED_PROBLEMS: tuple[Problem, ...] = (Problem(4, 32, 4096), Problem(4, 32, 8192),
+                                      Problem(4, 32, 16384))
+
+
+# ---- helpers (callers: cli, compare, the GPU worker, results) ----------------------------------
+def as_problem(obj: object) -> Problem:
+    """A Problem from a Problem, its text form, its dict (``to_dict()``; an old results file's
+    {B, H, S, D} too) or an old worker request's [B, H, S] list."""
+    if isinstance(obj, Problem):
+        return obj
+    if isinstance(obj, str):
+        return Problem.parse(obj)
+    if isinstance(obj, dict):
+        try:
+            return Problem.from_dict(obj)
+        except (KeyError, TypeError, ValueError):
+            raise ShapeError(f"malformed problem {obj!r}: needs B, Hq (or H) and S") from None
+    if isinstance(obj, (list, tuple)) and len(obj) == 3:
+        return Problem(*(int(v) for v in obj))
+    raise ShapeError(f"malformed problem {obj!r}: give a Problem, 'BxHq[/Hkv]xS[:dD][:full]' "
+                     "or a dict")
+
+
+def parse_problems(texts: Iterable[object] | None) -> list[Problem]:
+    """The CLI's ``--shape`` values -> problems (the seed problems when none are given)."""
+    if not texts:
+        return list(SEED_PROBLEMS)
+    return [as_problem(t) for t in texts]
+
+
+def describe(problems: Iterable[object]) -> str:
+    """What a list of problems has in common, for titles: 'causal, D=128, MHA' (a part that
+    differs among them is named as varying: 'D varies')."""
+    ps = [as_problem(p) for p in problems]
+    if not ps:
+        return ""
+    masks = {p.causal for p in ps}
+    dims = {p.D for p in ps}
+    kinds = {p.kind for p in ps}
+    parts = [("causal" if masks == {True} else "non-causal") if len(masks) == 1
+             else "causal and non-causal"]
+    parts.append(f"D={ps[0].D}" if len(dims) == 1 else f"D={'/'.join(map(str, sorted(dims)))}")
+    heads = {(p.Hq, p.Hkv) for p in ps}
+    if len(heads) == 1 and ps[0].kind != "MHA":
+        parts.append(f"{ps[0].kind} (Hq={ps[0].Hq}, Hkv={ps[0].Hkv})")
+    else:
+        parts.append(ps[0].kind if len(kinds) == 1 else "/".join(sorted(kinds)))
+    return ", ".join(parts)
