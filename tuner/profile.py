@@ -99,7 +99,10 @@ def parse_details_csv(text: str) -> Headline:
         i_id = head.index("ID")
     except ValueError:
         raise ProfileError("unexpected ncu CSV header (no Section/Metric columns)") from None
-    body = [r for r in rows[1:] if len(r) == len(head)]
+    # A metric row ends after its value with a trailing comma (no rule columns): ncu 2025.3.1
+    # prints 16 fields under a 20-field header. Keep every row that reaches the value column.
+    need = max(i_kernel, i_sec, i_name, i_unit, i_val, i_id)
+    body = [r for r in rows[1:] if len(r) > need]
     if not body:
         raise ProfileError("the ncu report has no kernel rows (did the kernel-name filter match?)")
     first = body[0][i_id]
