@@ -252,12 +252,18 @@ def test_compare_failed_peer_gate_is_not_our_failure(monkeypatch: pytest.MonkeyP
     assert r.exit_code == 0, r.output
 
 
-def test_compare_peers_only_passes_no_kernel(monkeypatch: pytest.MonkeyPatch,
-                                             tmp_path: Path) -> None:
-    calls: list[dict[str, Any]] = []
+def _peers_only_payload() -> dict[str, Any]:
+    """_payload's peer rows alone (a compare without --study/--preset/--config)."""
     payload = _payload("ok")
     payload["backends"] = payload["backends"][1:]
     payload["summary"] = payload["summary"][1:]
+    return payload
+
+
+def test_compare_peers_only_passes_no_kernel(monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    payload = _peers_only_payload()
     _fake_gpu_path(monkeypatch, payload, calls, tmp_path)
     r = runner.invoke(app, ["compare"])
     assert r.exit_code == 0, r.output
@@ -321,9 +327,7 @@ def test_compare_peers_only_accepts_a_gqa_problem_up_to_the_gpu_check(
 def test_compare_peers_only_passes_gqa_problems_through(monkeypatch: pytest.MonkeyPatch,
                                                         tmp_path: Path) -> None:
     calls: list[dict[str, Any]] = []
-    payload = _payload("ok")
-    payload["backends"] = payload["backends"][1:]
-    payload["summary"] = payload["summary"][1:]
+    payload = _peers_only_payload()
     _fake_gpu_path(monkeypatch, payload, calls, tmp_path)
     r = runner.invoke(app, ["compare", "--shape", "1x32/8x8192", "--shape", "2x16x4096:D64:FULL",
                             "--backends", "fa3,cudnn"])
