@@ -1,7 +1,7 @@
 """Copies the top-level data folders into the wheel (tuner/_data/...).
 
 Everything else lives in pyproject.toml. A wheel cannot carry top-level folders, and
-templates/, cuda_src/ and search_spaces/ must stay top-level in the checkout (docs/
+templates/, cuda_src/, search_spaces/ and workloads/ must stay top-level in the checkout (docs/
 ARCHITECTURE.md), so build_py copies them; tuner/_paths.py looks in the checkout first, then
 in tuner/_data.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-DATA_DIRS = ("templates", "cuda_src", "search_spaces")
+DATA_DIRS = ("templates", "cuda_src", "search_spaces", "workloads")
 
 
 class BuildPyWithData(build_py):

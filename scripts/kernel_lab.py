@@ -31,10 +31,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner import build, config  # noqa: E402
-from tuner.config import KernelConfig, check_problems, problem_class  # noqa: E402
+from tuner.config import KernelConfig, check_problem  # noqa: E402
 from tuner.errors import ShapeError  # noqa: E402
 from tuner.measure.timing import Protocol  # noqa: E402
-from tuner.problem import Problem  # noqa: E402
+from tuner.problem import (  # noqa: E402
+    DEFAULT_CLASS,
+    Problem,  # noqa: E402
+    ProblemClass,
+    class_of,
+)
 
 
 class Variant:
@@ -50,9 +55,10 @@ class Variant:
         self.label = self.cfg.config_id() + tag
 
 
-def compile_all(variants: list[Variant], jobs: int, causal: bool = True) -> list[Path | None]:
+def compile_all(variants: list[Variant], jobs: int,
+                pclass: ProblemClass = DEFAULT_CLASS) -> list[Path | None]:
     """Build every variant through the product's build path (lab macros as -D defines), for
-    one mask (the problems' class)."""
+    one problem class (head dim and mask: the problems')."""
     groups: dict[str, list[int]] = {}
     for i, v in enumerate(variants):
         groups.setdefault(json.dumps(v.lab, sort_keys=True), []).append(i)
@@ -60,7 +66,7 @@ def compile_all(variants: list[Variant], jobs: int, causal: bool = True) -> list
     for lab_json, idx in groups.items():
         defines = json.loads(lab_json) or None
         built = build.build_many([variants[i].cfg for i in idx], jobs=jobs, defines=defines,
-                                 causal=causal)
+                                 pclass=pclass)
         for i, outcome in zip(idx, built, strict=True):
             if outcome.ok and not outcome.result.unfit:
                 sos[i] = Path(outcome.result.so_path)
@@ -149,11 +155,13 @@ def main() -> None:
     variants = [Variant(v) for v in (texts or ["default"])]
     try:  # before compiling: a problem the kernel cannot run is one line
         problems = [Problem.parse(s) for s in (args.shape or ["4x32x8192"])]
-        check_problems(KernelConfig(), problems)
+        for p in problems:
+            check_problem(KernelConfig(), p)
+        pclass = class_of(problems)
     except ShapeError as e:
         raise SystemExit(f"kernel_lab: {e}") from None
     t0 = time.time()
-    sos = compile_all(variants, args.jobs, problem_class(problems))
+    sos = compile_all(variants, args.jobs, pclass)
     print(f"built {len(sos)} variants in {time.time() - t0:.1f}s", flush=True)
     if args.build_only:
         return

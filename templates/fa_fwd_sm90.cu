@@ -1,5 +1,6 @@
-// fa-tune kernel template: FlashAttention forward, BF16, BSHD, head dim 128, sm_90a; MHA, GQA
-// and MQA at run time (Hkv), causal or not at compile time (a problem class, not a knob).
+// fa-tune kernel template: FlashAttention forward, BF16, BSHD, sm_90a; MHA, GQA and MQA at run
+// time (Hkv); head dim 64/128/256 and causal or not at compile time (the problem class, not
+// knobs).
 // Rendered by tuner/build.py: each $${knob} becomes a C++ constant (docs/ARCHITECTURE.md).
 // The kernel itself lives in cuda_src/fa_tune/; this unit only fixes its knobs.
 #define FA_TUNE_EXTENDED_MMA ${extended_mma}  // derived from block_n (fa_tune/config.cuh)
@@ -10,7 +11,8 @@
 // each other's template code or statics.
 namespace {
 struct Config {
-  static constexpr bool causal = ${causal};  // the problem class this library serves
+  static constexpr int head_dim = ${head_dim};  // the problem class this library serves
+  static constexpr bool causal = ${causal};
   static constexpr int block_m = ${block_m};
   static constexpr int block_n = ${block_n};
   static constexpr int k_stages = ${k_stages};

@@ -53,10 +53,6 @@ def no_builds(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(("shape", "needle"), [
-    ("4x32x8192:d64", "runs head dim 128 only so far (got D=64); other head dims can be "
-                      "compared among peers with `fa-tune compare --backends ...` without "
-                      "--preset/--study/--config"),
-    ("1x32/8x8192:d256", "runs head dim 128 only so far (got D=256)"),
     ("1x70000x128", "Hq=70000 exceeds the kernel's grid limit 65535"),
 ])
 @pytest.mark.parametrize("command", ["run", "search", "profile"])
@@ -75,16 +71,28 @@ def test_kernel_problem_it_cannot_run_exit_2_before_building(
     assert not (tmp_path / "x.db").exists()  # search refused before opening its study
 
 
+@pytest.mark.parametrize(("other", "needle"), [("4x32x8192:d64", "mix head dims"),
+                                              ("4x32x4096:full", "mix causal and non-causal")])
 @pytest.mark.parametrize("command", ["run", "search"])
-def test_mixed_masks_exit_2_before_building(no_builds: None, command: str, tmp_path: Path) -> None:
-    """A kernel library serves one mask: causal and :full problems in one invocation are one
-    line, exit 2, before any compile."""
+def test_mixed_problem_classes_exit_2_before_building(no_builds: None, command: str, other: str,
+                                                      needle: str, tmp_path: Path) -> None:
+    """A kernel library serves one problem class (head dim and mask): problems of two classes
+    in one invocation are one line, exit 2, before any compile or study."""
     argv = {"run": ["run", "--preset", "baseline"],
             "search": ["search", "--trials", "1", "--study", "x", "--storage",
                        f"sqlite:///{tmp_path / 'x.db'}"]}[command]
-    r = runner.invoke(app, [*argv, "--shape", "1x32/8x4096", "--shape", "4x32x4096:full"])
+    r = runner.invoke(app, [*argv, "--shape", "1x32/8x4096", "--shape", other])
     assert r.exit_code == 2, r.output
-    assert "mix causal and non-causal" in _one_error_line(r.output)
+    assert needle in _one_error_line(r.output)
+    assert not (tmp_path / "x.db").exists()
+
+
+def test_config_that_cannot_fit_the_head_dim_exit_2_before_building(no_builds: None) -> None:
+    """The static check is per head dim; the line names that head dim's default preset."""
+    r = runner.invoke(app, ["run", "--preset", "default", "--shape", "4x16x8192:d256"])
+    assert r.exit_code == 2, r.output
+    line = _one_error_line(r.output)
+    assert "shared memory" in line and "head dim 256" in line and "'d256'" in line
 
 
 def test_unknown_preset_exit_2() -> None:

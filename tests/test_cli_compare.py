@@ -17,6 +17,7 @@ from tuner import build as build_mod
 from tuner import compare as compare_mod
 from tuner import peers
 from tuner.cli import app
+from tuner.problem import Problem, ProblemClass
 
 REPO = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -42,11 +43,11 @@ def no_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--preset", "default", "--shape", "0x1x128"], "B must be a positive integer"),
         (["--shape", "4x32/3x128"], "Hq=32 must be a multiple of Hkv=3"),
         (["--shape", "1x32/8x8192:d80"], "D=80 is not supported"),
-        (["--preset", "default", "--shape", "1x32/8x8192:d256"], "runs head dim 128 only so far "
-         "(got D=256); other head dims can be compared among peers with `fa-tune compare "
-         "--backends ...` without --preset/--study/--config"),
+        (["--preset", "default", "--shape", "1x32/8x8192:d256"], "head dim 256), more than the "
+         "232448 an sm_90 CTA can have; lower block_m, block_n or the stages (for head dim 256 "
+         "problems; preset 'd256' is the default there)"),
         (["--preset", "default", "--shape", "4x32x4096", "--shape", "4x32x8192:d64"],
-         "runs head dim 128 only so far (got D=64)"),
+         "these problems mix head dims"),
         (["--config", "CFG", "--shape", "4x32x4096", "--shape", "4x32x8192:full"],
          "these problems mix causal and non-causal (:full) masks; a kernel is built for one "
          "mask: run them in two invocations"),
@@ -184,7 +185,7 @@ def test_compare_passes_options_through(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert c["shapes"] == ["2x4x1024"] and c["backends"] == "fa3,cudnn"
     assert (c["warmup"], c["repeat"], c["rounds"]) == (1, 2, 1)
     assert c["results_root"] == tmp_path / "res"
-    assert builds == [{"causal": True}]  # the kernel is built for the problems' mask
+    assert builds == [{"pclass": ProblemClass(128, True)}]  # the problems' class
 
 
 @pytest.mark.parametrize(("texts", "causal"), [
@@ -192,19 +193,21 @@ def test_compare_passes_options_through(monkeypatch: pytest.MonkeyPatch, tmp_pat
     (["4x32x4096", "1x32/1x8192"], True),
     (["4x32x8192:full"], False),
     (["4x32x8192:full", "1x32/8x8192:full"], False),
+    (["1x32/8x8192:d64"], True),
 ])
 def test_compare_kernel_runs_gqa_and_non_causal_problems(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path, texts: list[str], causal: bool) -> None:
-    """GQA/MQA and :full problems at D 128 are the kernel's, built for the problems' one mask."""
+    """GQA/MQA, :full and D 64 problems are the kernel's, built for the problems' one class."""
     calls: list[dict[str, Any]] = []
     builds: list[dict[str, Any]] = []
     _fake_gpu_path(monkeypatch, _payload("ok"), calls, tmp_path, builds)
-    argv = ["compare", "--preset", "default", "--backends", "fa3"]
+    argv = ["compare", "--preset", "d64" if ":d64" in texts[0] else "default", "--backends",
+            "fa3"]
     for t in texts:
         argv += ["--shape", t]
     r = runner.invoke(app, argv)
     assert r.exit_code == 0, r.output
-    assert builds == [{"causal": causal}]
+    assert builds == [{"pclass": Problem.parse(texts[0]).problem_class}]
     [c] = calls
     assert c["so_path"] == tmp_path / "kernel.so" and c["shapes"] == texts
 
@@ -219,7 +222,7 @@ def test_compare_study_passes_the_confirmed_number(monkeypatch: pytest.MonkeyPat
     r = runner.invoke(app, ["compare", "--study", "s", "--storage", url, "--backends", "fa3"])
     assert r.exit_code == 0, r.output
     assert calls[0]["confirmed"] == conf
-    assert builds == [{"causal": True}]
+    assert builds == [{"pclass": ProblemClass(128, True)}]
 
 
 def test_check_confirmed_ratio() -> None:
@@ -295,9 +298,9 @@ def test_compare_without_torch_is_one_line_before_building() -> None:
 def test_compare_study_with_a_problem_the_kernel_cannot_run_exit_2(tmp_path: Path) -> None:
     url = _study(tmp_path, "s", {"block_n": 112})
     r = runner.invoke(app, ["compare", "--study", "s", "--storage", url,
-                            "--shape", "2x16/2x4096:d64", "--backends", "fa3"])
-    assert r.exit_code == 2, r.output
-    assert "runs head dim 128 only so far (got D=64)" in _one_error_line(r.output)
+                            "--shape", "2x16/2x4096:d256", "--backends", "fa3"])
+    assert r.exit_code == 2, r.output  # the study's block_n 112 does not fit D 256
+    assert "head dim 256" in _one_error_line(r.output)
     r = runner.invoke(app, ["compare", "--study", "s", "--storage", url, "--shape",
                             "2x16/2x4096", "--shape", "2x16x4096:full", "--backends", "fa3"])
     assert r.exit_code == 2, r.output
@@ -412,12 +415,12 @@ def test_compare_kernel_row_for_a_problem_it_cannot_run_is_unavailable() -> None
 
     class Boom:
         def measure(self, *a: Any, **k: Any) -> None:
-            raise AssertionError("the kernel was launched on a D 64 problem")
+            raise AssertionError("the kernel was launched past the grid limit")
 
     launch = types.SimpleNamespace(details=lambda: {}, release=lambda: None)
     b = compare_mod.Backend("fa-tune", "fa-tune", "kernel", launch, True, "ok")
-    run = compare_mod.measure(b, Boom(), Problem.parse("1x32/8x8192:d64"), SCREEN)
-    assert run["status"] == "unavailable" and "runs head dim 128 only so far" in run["reason"]
+    run = compare_mod.measure(b, Boom(), Problem(1, 70000, 128), SCREEN)
+    assert run["status"] == "unavailable" and "grid limit" in run["reason"]
 
     # GQA and non-causal D 128 problems are the kernel's: they reach the bench.
     measured: list[str] = []

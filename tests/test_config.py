@@ -15,11 +15,10 @@ from tuner.config import (
     check_problems,
     list_presets,
     load_preset,
-    problem_class,
     validate,
 )
 from tuner.errors import ConfigError, ShapeError
-from tuner.problem import SEED_PROBLEMS, Problem
+from tuner.problem import SEED_PROBLEMS, Problem, ProblemClass, class_of
 
 ARCH_DEFAULTS = {
     "block_m": 128, "block_n": 128, "k_stages": 2, "v_stages": 2, "k_release": "after_qk",
@@ -196,7 +195,7 @@ def test_presets() -> None:
     f = load_preset("fa3")
     assert (f.k_stages, f.v_stages, f.intra_wg_overlap, f.pingpong) == (2, 2, True, True)
     for name in list_presets():
-        validate(load_preset(name))
+        validate(load_preset(name), C.preset_head_dim(name))
 
 
 def test_unknown_preset() -> None:
@@ -233,22 +232,43 @@ def test_problem_too_large_and_grid_check() -> None:
 
 
 @pytest.mark.parametrize(
-    ("text", "needle"),
-    [
-        ("4x32x8192:d64", "runs head dim 128 only so far (got D=64); other head dims can be "
-                          "compared among peers with `fa-tune compare --backends ...` without "
-                          "--preset/--study/--config"),
-        ("4x16x8192:d256", "runs head dim 128 only so far (got D=256)"),
-        ("1x32/8x8192:d64", "runs head dim 128 only so far (got D=64)"),
-        ("4x32x8192:d256:full", "runs head dim 128 only so far (got D=256)"),
-    ],
+    ("text", "preset"),
+    [("4x32x8192:d64", "d64"), ("4x16x8192:d256", "d256"), ("1x32/8x8192:d64", "d64"),
+     ("4x32x8192:d256:full", "d256")],
 )
-def test_check_problem_names_what_the_kernel_cannot_run(text: str, needle: str) -> None:
-    with pytest.raises(ShapeError) as ei:
-        check_problem(KernelConfig(), Problem.parse(text))
-    msg = str(ei.value)
-    assert needle in msg and text in msg and "\n" not in msg
-    assert "fa-tune compare --backends" in msg  # where such a problem can be measured today
+def test_check_problems_per_head_dim(text: str, preset: str) -> None:
+    """D 64 and 256 are problem classes of the kernel: the static check is per head dim, and a
+    config that cannot fit one says so and names that head dim's default preset."""
+    problem = Problem.parse(text)
+    check_problem(KernelConfig(), problem)  # the problem itself is one the kernel runs
+    pclass = check_problems(load_preset(preset), [problem])
+    assert (pclass.head_dim, pclass.causal) == (problem.D, problem.causal)
+    if problem.D == 256:  # 128 x 128 tiles and 2 + 2 stages need 328 704 B at D 256
+        with pytest.raises(ConfigError) as ei:
+            check_problems(KernelConfig(), [problem])
+        msg = str(ei.value)
+        assert "shared memory" in msg and "head dim 256" in msg and "'d256'" in msg
+        assert "\n" not in msg
+
+
+def test_static_check_per_head_dim() -> None:
+    """Registers per head dim (scripts/reg_calibration.py, docs/PERF.md step 26): the O
+    accumulator is D/2 per thread, so what fits at D 64 does not at D 256 and back."""
+    wide = KernelConfig(block_m=192, block_n=128, producer_regs=32, consumer_regs=160)
+    validate(wide, 64)  # FA3's D 64 choice (the d64 preset)
+    with pytest.raises(ConfigError, match="at head dim 128 .*O 64"):
+        validate(wide, 128)
+    d256 = load_preset("d256")
+    validate(d256, 256)
+    with pytest.raises(ConfigError, match="at head dim 256 .*O 128"):  # spilled 64 B
+        validate(d256.replace(block_n=96, k_stages=1), 256)
+    with pytest.raises(ConfigError, match="needs head dim >= 128"):
+        validate(load_preset("multicast"), 64)
+    with pytest.raises(ConfigError, match="head dim 96 is not one"):
+        validate(KernelConfig(), 96)
+    for d, name in C.DEFAULT_PRESETS.items():
+        validate(C.default_preset(d), d)
+        assert name in list_presets()
 
 
 @pytest.mark.parametrize("text", ["1x32/8x8192", "1x32/1x8192", "4x32x8192:full",
@@ -266,11 +286,10 @@ def test_check_problems_refuses_a_mix_of_masks() -> None:
     msg = str(ei.value)
     assert "mix causal and non-causal (:full) masks" in msg and "two invocations" in msg
     assert "\n" not in msg
-    assert problem_class([causal, Problem.parse("1x32/8x8192")]) is True
-    assert problem_class([full, Problem.parse("1x32/1x8192:full")]) is False
-    # a head dim the kernel cannot run is named before the mix
-    with pytest.raises(ShapeError, match="got D=64"):
-        check_problems(KernelConfig(), [Problem.parse("4x32x8192:d64"), full])
+    assert class_of([causal, Problem.parse("1x32/8x8192")]) == ProblemClass(128, True)
+    assert class_of([full, Problem.parse("1x32/1x8192:full")]) == ProblemClass(128, False)
+    with pytest.raises(ShapeError, match="mix head dims"):
+        check_problems(KernelConfig(), [Problem.parse("4x32x8192:d64"), causal])
 
 
 def test_effective_drops_knobs_that_cannot_matter() -> None:

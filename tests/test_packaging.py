@@ -27,8 +27,11 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_wheel_contains_data(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
-    for rel in ("search_spaces/default.yaml", "search_spaces/presets/baseline.yaml"):
+    for rel in ("search_spaces/default.yaml", "search_spaces/presets/baseline.yaml",
+                "workloads/llama3-8b.yaml", "workloads/llama3-70b.yaml"):
         assert f"tuner/_data/{rel}" in names
+    # The package a workload export ships is copied from the installed tuner/fa_tune_ops.
+    assert {"tuner/fa_tune_ops/op.py", "tuner/fa_tune_ops/hf.py"} <= names
     for d in ("templates", "cuda_src"):
         src = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / d).rglob("*") if p.is_file()
                      and "__pycache__" not in p.parts)
@@ -46,6 +49,8 @@ def test_installed_copy_finds_its_data(wheel: Path, tmp_path: Path) -> None:
         "assert _paths.data_root() == _paths._PKG_DIR / '_data', _paths.data_root(); "
         "assert not _paths.is_source_checkout(); "
         "assert {'baseline', 'default', 'fa3'} <= set(config.list_presets()); "
+        "from tuner import workload; "
+        "assert workload.load_workload('llama3-8b').attention.Hq == 32; "
         "print(len(build.render(config.load_preset('baseline'))))"
     )
     env = {**os.environ, "PYTHONPATH": str(site)}

@@ -318,8 +318,8 @@ def test_resume_with_other_shapes_is_refused(tmp_path: Path, plan) -> None:
 
 
 def test_search_refuses_problems_the_kernel_cannot_run(tmp_path: Path, plan) -> None:
-    for extra, needle in (([Problem.parse("1x2x256:d64")], "head dim 128 only"),
-                          ([Problem.parse("1x32/8x8192:d256")], "head dim 128 only"),
+    for extra, needle in (([Problem.parse("1x2x256:d64")], "mix head dims"),
+                          ([Problem.parse("1x32/8x8192:d256")], "mix head dims"),
                           ([Problem.parse("1x2x256:full")], "mix causal and non-causal"),
                           ([Problem.parse("1x32/8x8192"), Problem.parse("1x32/8x8192:full")],
                            "mix causal and non-causal")):
@@ -329,9 +329,11 @@ def test_search_refuses_problems_the_kernel_cannot_run(tmp_path: Path, plan) -> 
 
 
 @pytest.mark.parametrize("texts", [["1x2x512", "1x32/8x8192"], ["1x8/1x256"],
-                                   ["4x32x8192:full"], ["1x2x512:full", "1x32/8x1024:full"]])
+                                   ["4x32x8192:full"], ["1x2x512:full", "1x32/8x1024:full"],
+                                   ["1x32/8x8192:d64"], ["4x16x8192:d256:full"]])
 def test_search_accepts_gqa_and_non_causal_problems(tmp_path: Path, plan, texts) -> None:
-    """GQA/MQA (Hkv a run-time argument) and one shared mask (causal or :full) are searched."""
+    """GQA/MQA (Hkv a run-time argument) and one shared problem class (head dim and mask) are
+    searched."""
     s = make(tmp_path, {"block_n": [128]}, trials=1, shapes=[Problem.parse(t) for t in texts])
     assert [str(p) for p in s.shapes] == texts
     assert (tmp_path / "t.db").exists()
@@ -339,7 +341,8 @@ def test_search_accepts_gqa_and_non_causal_problems(tmp_path: Path, plan, texts)
     real = search.Search(study="u", space=space_from_dict({"block_n": [128]}, "test-space"),
                          shapes=[Problem.parse(t) for t in texts], storage=url_for(tmp_path, "u"),
                          n_trials=1, sampler="random", seed=0, jobs=1, worker_entry=WORKER)
-    assert real.builder.keywords == {"causal": not texts[0].endswith(":full")}
+    want = Problem.parse(texts[0]).problem_class
+    assert real.builder.keywords == {"pclass": want}
 
 
 def test_old_study_shape_names_still_resume(tmp_path: Path, plan) -> None:

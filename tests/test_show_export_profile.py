@@ -5,6 +5,7 @@ written from Nsight Compute's documented ``--csv --page details`` / ``--page raw
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -207,10 +208,8 @@ def test_search_wrong_input(studies: Path, tmp_path: Path) -> None:
         (["search", "--trials", "1", "--sampler", "annealing"], "unknown sampler"),
         (["search", "--trials", "1", "--study", "a/b"], "bad study name"),
         (["search", "--trials", "1", "--shape", "4x32"], "malformed problem"),
-        (["search", "--trials", "1", "--shape", "1x32/8x8192:d64"],
-         "runs head dim 128 only so far (got D=64)"),
         (["search", "--trials", "1", "--shape", "4x32x4096", "--shape", "4x32x8192:d256"],
-         "runs head dim 128 only so far (got D=256)"),
+         "mix head dims"),
         (["search", "--trials", "1", "--shape", "4x32x4096", "--shape", "4x32x8192:full"],
          "mix causal and non-causal (:full) masks"),
     ]
@@ -220,13 +219,14 @@ def test_search_wrong_input(studies: Path, tmp_path: Path) -> None:
         return  # a GPU may be present: the accepted problems below would really be searched
     # GQA and non-causal D 128 problems are the kernel's: refused only later, for want of a GPU.
     for i, shapes in enumerate((["1x32/8x8192"], ["4x32x8192:full"],
-                                ["1x32/8x8192:full", "4x32x4096:full"])):
+                                ["1x32/8x8192:full", "4x32x4096:full"], ["1x32/8x8192:d64"],
+                                ["4x16x8192:d256:full"])):
         argv = ["search", "--trials", "1", "--jobs", "1", "--study", f"accepted{i}",
                 "--storage", f"sqlite:///{tmp_path / f'accepted{i}.db'}"]
         for t in shapes:
             argv += ["--shape", t]
         line = one_line_exit2(runner.invoke(app, argv))
-        assert "only so far" not in line and "mix causal" not in line, line
+        assert "mix" not in line and "head dim" not in line, line
         assert "GPU" in line or "driver" in line, line
 
 
@@ -316,13 +316,206 @@ def test_profile_driver_takes_a_problem_and_refuses_what_the_kernel_cannot_run(
 
     assert profile_driver.main(["k.so", "1", "2"]) == 2  # neither PROBLEM nor B H S
     assert "usage:" in capsys.readouterr().err
-    assert profile_driver.main(["k.so", "4x32x8192:d64"]) == 2  # before opening a GPU
-    assert "runs head dim 128 only so far (got D=64)" in capsys.readouterr().err
-    assert profile_driver.main(["k.so", "1x32/8x8192:d256"]) == 2
-    assert "runs head dim 128 only so far (got D=256)" in capsys.readouterr().err
-    for text in ("1x32/8x8192", "4x32x8192:full"):  # the kernel's: they get past the check
-        assert profile_driver.main(["k.so", text]) == 2  # no GPU here, or no k.so
+    assert profile_driver.main(["k.so", "1x2x256", "--vs"]) == 2  # --vs without a kernel
+    assert "usage:" in capsys.readouterr().err
+    assert profile_driver.main(["k.so", "1x70000x128"]) == 2  # before opening a GPU
+    assert "exceeds the kernel's grid limit" in capsys.readouterr().err
+    for argv in (["k.so", "1x32/8x8192"], ["k.so", "4x32x8192:full"],
+                 ["k.so", "4", "32", "8192"], ["k.so", "4x32x8192", "--vs", "fa3"],
+                 ["k.so", "4x32x8192", "--vs", "other.so"]):
+        assert profile_driver.main(argv) == 2  # no GPU here, or no k.so: one line
         err = capsys.readouterr().err
-        assert err.startswith("profile_driver: error:") and "only so far" not in err, err
+        assert err.startswith("profile_driver: error:") and "Traceback" not in err, err
     assert profile_driver.main(["k.so", "4x32"]) == 2
     assert "malformed problem" in capsys.readouterr().err
+    assert profile_driver.parse_args(["a.so", "4x32x8192", "--vs", "fa3"]) == (
+        "a.so", "4x32x8192", "fa3")
+    assert profile_driver.parse_args(["a.so", "--vs", "b.so", "4", "32", "8192"]) == (
+        "a.so", "4x32x8192", "b.so")
+
+
+# ---- fa-tune profile through the CLI, with tests/fixtures/fake_ncu.py as `ncu` ----------------
+@pytest.fixture
+def fake_ncu(studies: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """`ncu` on PATH is the test fixture tests/fixtures/fake_ncu.py (a two-line wrapper, so the
+    checkout's file mode does not matter); the trial's library is not built (a placeholder
+    path: the fake ncu never runs the profiled program)."""
+    from types import SimpleNamespace
+
+    from tuner import export
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "ncu"
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{FIX / "fake_ncu.py"}" "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    log = tmp_path / "ncu_calls.jsonl"
+    monkeypatch.setenv("FAKE_NCU_LOG", str(log))
+    monkeypatch.setattr(export, "artifact_for", lambda trial, cfg, *a, **k: SimpleNamespace(
+        so_path=str(tmp_path / f"trial{trial.number}.so")))
+    details, raw = tmp_path / "details.csv", tmp_path / "raw.csv"
+    monkeypatch.setenv("FAKE_NCU_DETAILS", str(details))
+    monkeypatch.setenv("FAKE_NCU_RAW", str(raw))
+    return {"log": log, "details": details, "raw": raw}
+
+
+def _ncu_calls(log: Path) -> list[list[str]]:
+    return [json.loads(ln) for ln in log.read_text().splitlines()] if log.exists() else []
+
+
+def _complete(study: str) -> list[int]:
+    st = optuna.load_study(study_name=study, storage=default_storage_url(study))
+    return [t.number for t in st.get_trials() if t.state.name == "COMPLETE"]
+
+
+@pytest.mark.parametrize("mode, expect", [
+    ("noperm", "cannot read the GPU performance counters (ERR_NVGPUCTRPERM)"),
+    ("nokernels", "ncu profiled no kernel: the kernel-name filter "
+                  "regex:attention_fwd_kernel matched nothing"),
+])
+def test_profile_ncu_failures_are_one_line(study: str, fake_ncu: dict[str, Path], mode: str,
+                                           expect: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_NCU_MODE", mode)
+    r = runner.invoke(app, ["profile", "--study", study, "--shape", "1x2x256"])
+    line = one_line_exit2(r)
+    assert expect in line, line
+    assert "Traceback" not in r.output
+
+
+def test_profile_one_kernel_prints_and_stores_the_headline(
+        study: str, fake_ncu: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(FIX))
+    import ncu_two_kernels as two
+
+    monkeypatch.setenv("FAKE_NCU_MODE", "ok")
+    fake_ncu["details"].write_text(two.real_details())  # the H200 capture, as ncu prints it
+    fake_ncu["raw"].write_text(two.real_raw())
+    best = _complete(study)[0]
+    r = runner.invoke(app, ["profile", "--study", study, "--trial", str(best),
+                            "--shape", "1x2x256"], env={"COLUMNS": "160"})
+    assert r.exit_code == 0, r.output
+    for need in ("duration [ms]", "2.987", "SM clock [GHz]", "1.688", "tensor pipe (GMMA)",
+                 "82.8", "XU pipe", "42.7", "stall: wait", "shared-memory bank conflicts",
+                 "288,944", "L2 hit rate", "86.3", "DRAM throughput", "358.7",
+                 "registers / thread", "168", "193.0", "ncu 2025.3.1.0",
+                 "board power: n/a", f"report: {Path(os.environ['FA_TUNE_STUDIES'])}"):
+        assert need in r.output, need
+    assert "n/a in one column" not in r.output
+    prof_run = next(c for c in _ncu_calls(fake_ncu["log"]) if "-o" in c)
+    joined = " ".join(prof_run)
+    for need in ("--set full", "--profile-from-start off", "--launch-count 1",
+                 "--kernel-name-base demangled", "--kernel-name regex:attention_fwd_kernel",
+                 "--clock-control none", "-m tuner.profile_driver"):
+        assert need in joined, need
+    assert prof_run[-1] == "1x2x256" and prof_run[-2].endswith(f"trial{best}.so")
+    # The headline is stored with the trial, and `fa-tune show` lists it.
+    t = optuna.load_study(study_name=study, storage=default_storage_url(study)).trials[best]
+    rec = t.user_attrs["profile"]["1x2x256"]
+    assert rec["metrics"]["duration_ms"] == pytest.approx(2.9872)
+    assert rec["ncu_version"] == "2025.3.1.0" and rec["report"].endswith(".ncu-rep")
+    assert rec["kernel"].startswith("void attention_fwd_kernel") and "vs" not in rec
+    assert t.state.name == "COMPLETE" and t.user_attrs.get("config")  # nothing else changed
+    for what in ("trials", "best"):
+        r = runner.invoke(app, ["show", what, "--study", study], env={"COLUMNS": "200"})
+        assert r.exit_code == 0, r.output
+        assert "profiles (fa-tune profile):" in r.output
+        assert f"trial {best} on 1x2x256" in r.output and "duration 2.987 ms" in r.output
+
+
+def test_profile_vs_trial_side_by_side(study: str, fake_ncu: dict[str, Path],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(FIX))
+    import ncu_two_kernels as two
+
+    monkeypatch.setenv("FAKE_NCU_MODE", "ok")
+    # Two results of attention_fwd_kernel (relabelled capture rows): the second one slower,
+    # with fewer registers and no bank conflicts.
+    fake_ncu["details"].write_text(two.details_two(changes={
+        ("GPU Speed Of Light Throughput", "Duration"): "3.20"}))
+    fake_ncu["raw"].write_text(two.raw_two(changes={
+        "gpu__time_duration.sum": "3.200000", "launch__registers_per_thread": "128",
+        "l1tex__data_bank_conflicts_pipe_lsu_mem_shared.sum": "0"}))
+    a, b = _complete(study)[:2]
+    r = runner.invoke(app, ["profile", "--study", study, "--trial", str(a), "--vs-trial",
+                            str(b), "--shape", "1x2x256"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert f"trial {a}" in r.output and f"trial {b}" in r.output
+    assert f"trial {b} / trial {a}" in r.output  # the ratio column
+    assert "3.200" in r.output and "1.07x *" in r.output and "0.76x *" in r.output
+    assert "* the rows that differ most" in r.output
+    assert r.output.count("kernel 0: void attention_fwd_kernel") == 1
+    assert r.output.count("kernel 1: void attention_fwd_kernel") == 1
+    prof_run = next(c for c in _ncu_calls(fake_ncu["log"]) if "-o" in c)
+    assert "--launch-count" in prof_run and prof_run[prof_run.index("--launch-count") + 1] == "2"
+    assert prof_run[-3:-1] == ["1x2x256", "--vs"] and prof_run[-1].endswith(f"trial{b}.so")
+    assert prof_run[-4].endswith(f"trial{a}.so")
+    trials = optuna.load_study(study_name=study, storage=default_storage_url(study)).trials
+    ra, rb = (trials[n].user_attrs["profile"]["1x2x256"] for n in (a, b))
+    assert ra["metrics"]["duration_ms"] == pytest.approx(2.9872)
+    assert rb["metrics"]["duration_ms"] == pytest.approx(3.2)
+    assert ra["vs"]["label"] == f"trial {b}" and rb["vs"]["label"] == f"trial {a}"
+    assert ra["vs"]["metrics"]["registers_per_thread"] == 128
+
+
+def test_profile_filter_matching_one_of_two_kernels(study: str, fake_ncu: dict[str, Path],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(FIX))
+    import ncu_two_kernels as two
+
+    monkeypatch.setenv("FAKE_NCU_MODE", "ok")
+    fake_ncu["details"].write_text(two.real_details())  # one result for two launches
+    fake_ncu["raw"].write_text(two.real_raw())
+    a, b = _complete(study)[:2]
+    line = one_line_exit2(runner.invoke(app, ["profile", "--study", study, "--trial", str(a),
+                                              "--vs-trial", str(b), "--shape", "1x2x256"]))
+    assert "ncu profiled 1 kernel(s) for 2 launches" in line
+    assert "regex:attention_fwd_kernel did not match every kernel" in line
+
+
+def test_profile_vs_fa3_without_flash_attn(study: str, fake_ncu: dict[str, Path],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") and importlib.util.find_spec("torch"):
+        pytest.skip("flash-attn is installed here")
+    monkeypatch.setenv("FAKE_NCU_MODE", "ok")
+    line = one_line_exit2(runner.invoke(app, ["profile", "--study", study, "--vs", "fa3",
+                                              "--shape", "1x2x256"]))
+    assert "--vs fa3: FlashAttention-3 cannot run here" in line
+    assert "is not installed" in line and "flash-attn-4" in line
+    assert not any("-o" in c for c in _ncu_calls(fake_ncu["log"]))  # refused before ncu ran
+
+
+@pytest.mark.parametrize("extra, expect", [
+    (["--vs", "cudnn"], "unknown --vs 'cudnn'"),
+    (["--vs", "fa3", "--vs-trial", "1"], "give --vs fa3 or --vs-trial N, not both"),
+    (["--trial", "{a}", "--vs-trial", "{a}"], "is the trial being profiled"),
+    (["--vs-trial", "999"], "no trial 999"),
+])
+def test_profile_side_by_side_wrong_input(study: str, fake_ncu: dict[str, Path], extra: list[str],
+                                          expect: str) -> None:
+    a = _complete(study)[0]
+    argv = [x.format(a=a) for x in extra]
+    line = one_line_exit2(runner.invoke(app, ["profile", "--study", study, "--shape",
+                                              "1x2x256", *argv]))
+    assert expect in line, line
+
+
+def test_show_profile_lines_skip_malformed_records() -> None:
+    from types import SimpleNamespace
+
+    from tuner import show
+
+    good = {"date": "2026-12-01T00:00:00Z", "ncu_version": "2025.3.1.0", "report": "r.ncu-rep",
+            "metrics": {"duration_ms": 2.9872, "tensor_pipe_pct": 82.77, "bogus": 1.0,
+                        "issued_ipc": "high"},
+            "vs": {"label": "FlashAttention-3", "metrics": {"duration_ms": 3.16}}}
+    trials = [SimpleNamespace(number=2, user_attrs={"profile": {"1x2x256": good,
+                                                                "1x2x512": "junk"}}),
+              SimpleNamespace(number=1, user_attrs={"profile": ["junk"]}),
+              SimpleNamespace(number=0, user_attrs={})]
+    [line] = show.profile_lines(trials)
+    assert line == ("trial 2 on 1x2x256 (2026-12-01T00:00:00Z, ncu 2025.3.1.0): duration 2.987 ms, "
+                    "tensor pipe (GMMA) 82.8 %; beside FlashAttention-3: duration 3.160 ms; "
+                    "report r.ncu-rep")

@@ -4,23 +4,34 @@ from pathlib import Path
 
 import pytest
 
-from tuner.config import KNOBS, KernelConfig, list_presets, load_preset
+from tuner.config import KNOBS, KernelConfig, list_presets, load_preset, preset_head_dim
 from tuner.errors import ConfigError
-from tuner.space import load_space, space_from_dict
+from tuner.space import DEFAULT_SPACES, load_space, space_from_dict
 
 
 def test_default_space_covers_every_knob_and_value() -> None:
     sp = load_space("default")
     assert set(sp.dims) == set(KNOBS)
-    # Deliberate narrowings: equal work to FlashAttention-3 (it writes the LSE), and CTA counts
-    # around one per SM (more only queue CTAs).
-    narrowed = {"write_lse": {True}, "persistent_ctas": {0, 128}}
+    # Deliberate narrowings: equal work to FlashAttention-3 (it writes the LSE), CTA counts
+    # around one per SM (more only queue CTAs), and consumer_regs from 160: below that only D 64's
+    # three warpgroups beside a persistent producer fit (d64.yaml), and the D 128 space stays the
+    # one its studies were created with.
+    narrowed = {"write_lse": {True}, "persistent_ctas": {0, 128},
+                "consumer_regs": set(range(160, 241, 8))}
     for name, knob in KNOBS.items():
         assert set(sp.choices(name)) == narrowed.get(name, set(knob.choices)), name
     assert sp.dims["block_n"].int_range == (64, 192, 16)
     assert sp.contains(KernelConfig())
     for p in list_presets():
-        assert sp.contains(load_preset(p))
+        if preset_head_dim(p) == 128:
+            assert sp.contains(load_preset(p))
+    # Each head dim's space holds its presets and has its own seeds.
+    for d, name in DEFAULT_SPACES.items():
+        space = load_space(name)
+        assert space.seeds, name
+        for p in list_presets():
+            if preset_head_dim(p) == d:
+                assert space.contains(load_preset(p)), (name, p)
     assert "block_m" in sp.free_knobs and "scheduler" in sp.free_knobs
     assert sp.size() > 1
 

@@ -1,7 +1,8 @@
 """Where fa-tune's non-Python files live.
 
-The kernel templates, the shared CUDA sources and the search spaces are top-level folders of the
-source checkout (``templates/``, ``cuda_src/``, ``search_spaces/``). A wheel cannot ship
+The kernel templates, the shared CUDA sources, the search spaces and the workload files are
+top-level folders of the source checkout (``templates/``, ``cuda_src/``, ``search_spaces/``,
+``workloads/``). A wheel cannot ship
 top-level folders, so ``setup.py`` copies them into ``tuner/_data/`` at build time. We look at
 the checkout first (editable installs and ``python -m`` from the repo see the live files), then
 at the packaged copy.
@@ -13,7 +14,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-DATA_DIRS = ("templates", "cuda_src", "search_spaces")
+DATA_DIRS = ("templates", "cuda_src", "search_spaces", "workloads")
 
 _PKG_DIR = Path(__file__).resolve().parent
 
@@ -49,6 +50,10 @@ def search_spaces_dir() -> Path:
 
 def presets_dir() -> Path:
     return search_spaces_dir() / "presets"
+
+
+def workloads_dir() -> Path:
+    return data_root() / "workloads"
 
 
 def kernel_template() -> Path:

@@ -6,11 +6,19 @@ source, every file under cuda_src/ (the source may include any of them), the log
 the nvcc version and the CUTLASS version. An entry is built in a temp folder and renamed into
 place, ``artifact.json`` included, so a killed build never leaves half an entry and a present
 entry is always a cache hit. Failed builds keep their log under ``studies/cache/failed/``.
+
+Several builders share one cache (the compile pools of several search workers, ``fa-tune
+search --gpus``; separate processes): a build holds an exclusive lock on its key (``flock`` on
+``studies/.cache.locks/<key>.lock``) from its cache lookup to the published entry, so a config
+is compiled once; one that waited for the lock finds the entry and returns it as a cache hit,
+or, when the build it waited for failed, that failure (a failure is not cached otherwise).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -21,7 +29,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -32,6 +40,7 @@ from typing import Any
 from tuner import _paths
 from tuner.config import KernelConfig, validate
 from tuner.errors import BuildError, ConfigError, FaTuneError
+from tuner.problem import DEFAULT_CLASS, ProblemClass
 
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"  # -arch=sm_90a has failed with nvcc 13.0
 # Placeholders stand for include dirs so the cache key depends on their content (hashed
@@ -234,13 +243,15 @@ def template_text(template: Path | None = None) -> str:
 STANDARD_WGMMA_N = frozenset({64, 96, 128, 192})
 
 
-def render(cfg: KernelConfig, template: Path | None = None, *, causal: bool = True) -> str:
+def render(cfg: KernelConfig, template: Path | None = None, *,
+           pclass: ProblemClass = DEFAULT_CLASS) -> str:
     """The compilation unit for cfg: the template with every ${knob} and ${config_json} set,
-    and ${causal}, the problem class it serves (the mask: compiled in, not a knob)."""
+    and ${head_dim} / ${causal}, the problem class it serves (compiled in, not knobs)."""
     text = template_text(template)
     values = {
         **cfg.cpp_constants(),
-        "causal": "true" if causal else "false",
+        "head_dim": str(pclass.head_dim),
+        "causal": "true" if pclass.causal else "false",
         "config_json": c_string_literal(cfg.canonical_json()),
         # Not a knob: does block_n need CuTe's extended wgmma atoms (fa_tune/config.cuh)?
         "extended_mma": "0" if cfg.block_n in STANDARD_WGMMA_N else "1",
@@ -589,23 +600,88 @@ def build_source(
     key = cache_key(text + "".join(tree_hash(p) for p in extra_inc), logical_flags, ver)
     root = Path(cache_root or _paths.cache_root())
     entry = root / key
-    art = entry / "artifact.json"
-    if art.is_file():
-        try:
-            result = BuildResult.from_json(json.loads(art.read_text()), cache_hit=True)
-        except (ValueError, TypeError):
-            result = None  # unreadable entry (older format): rebuild below
-        if result is not None:
-            result.cache_dir, result.so_path = str(entry), str(entry / f"{name}.so")
-            if not result.sass_checked:
-                # cuobjdump may have been installed since; checking needs no recompile.
-                sass, note = sass_report(Path(result.so_path), nvcc)
-                if sass is not None:
-                    result.sass, result.sass_checked, result.sass_note = sass, True, ""
-                    _atomic_write(art, json.dumps(result.to_json(), indent=2))
-            return result
-        shutil.rmtree(entry, ignore_errors=True)
+    hit = _cached(entry, name, nvcc)
+    if hit is not None:
+        return hit
+    with _key_lock(root, key) as waited_since:
+        # Another builder may have published the entry while we waited: a hit, not a compile.
+        hit = _cached(entry, name, nvcc)
+        if hit is not None:
+            return hit
+        if waited_since is not None:
+            _raise_failure_since(root, key, waited_since)
+        return _compile(text, flags, extra_inc, nvcc, ver, logical_flags, key, root, name,
+                        config, template_sha256)
 
+
+def _cached(entry: Path, name: str, nvcc: Path) -> BuildResult | None:
+    """The cache entry's result (a hit), or None when there is no readable entry."""
+    art = entry / "artifact.json"
+    if not art.is_file():
+        return None
+    try:
+        result = BuildResult.from_json(json.loads(art.read_text()), cache_hit=True)
+    except (ValueError, TypeError):
+        shutil.rmtree(entry, ignore_errors=True)  # unreadable entry (older format): rebuild
+        return None
+    result.cache_dir, result.so_path = str(entry), str(entry / f"{name}.so")
+    if not result.sass_checked:
+        # cuobjdump may have been installed since; checking needs no recompile.
+        sass, note = sass_report(Path(result.so_path), nvcc)
+        if sass is not None:
+            result.sass, result.sass_checked, result.sass_note = sass, True, ""
+            _atomic_write(art, json.dumps(result.to_json(), indent=2))
+    return result
+
+
+def _lock_dir(root: Path) -> Path:
+    # Beside the cache, not in it: the cache folder holds entries (and failed/) only.
+    return root.parent / f".{root.name}.locks"
+
+
+@contextlib.contextmanager
+def _key_lock(root: Path, key: str) -> Iterator[float | None]:
+    """Hold the cache key's lock (threads and processes alike: each open() is its own lock
+    owner to flock). Yields None when it was free, else the time.time() we started waiting."""
+    d = _lock_dir(root)
+    d.mkdir(parents=True, exist_ok=True)
+    fd = os.open(d / f"{key}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        waited: float | None = None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            waited = time.time()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield waited
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _record_failure(root: Path, key: str, message: str, log_path: str) -> None:
+    """What a builder waiting on this key reads instead of compiling the same failure again."""
+    with contextlib.suppress(OSError):
+        _atomic_write(_lock_dir(root) / f"{key}.failed",
+                      json.dumps({"message": message, "log_path": log_path}))
+
+
+def _raise_failure_since(root: Path, key: str, since: float) -> None:
+    """Raise the failure of the build we waited for (recorded after ``since``), if it failed."""
+    marker = _lock_dir(root) / f"{key}.failed"
+    try:
+        if marker.stat().st_mtime < since:
+            return
+        rec = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return
+    raise BuildError(str(rec.get("message")), log_path=rec.get("log_path"))
+
+
+def _compile(text: str, flags: Sequence[str], extra_inc: Sequence[Path], nvcc: Path, ver: str,
+             logical_flags: list[str], key: str, root: Path, name: str,
+             config: KernelConfig | None, template_sha256: str | None) -> BuildResult:
+    """nvcc into a temp folder, then the entry published by one rename (key lock held)."""
+    entry = root / key
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:16]}-", dir=root))
     try:
@@ -634,11 +710,9 @@ def build_source(
             what = f"config {config.config_id()}" if config else name
             # Name the source by its file name; the temp folder it lived in is gone.
             first = _first_error_line(log.split("\n", 1)[-1]).replace(f"{tmp}/", "")
-            raise BuildError(
-                f"nvcc failed for {what}: {first} "
-                f"(log: {failed / 'build.log'})",
-                log_path=str(failed / "build.log"),
-            )
+            message = f"nvcc failed for {what}: {first} (log: {failed / 'build.log'})"
+            _record_failure(root, key, message, str(failed / "build.log"))
+            raise BuildError(message, log_path=str(failed / "build.log"))
         sass, note = sass_report(so, nvcc)
         smem_dyn = _exported_smem_bytes(so)
         result = BuildResult(
@@ -683,15 +757,15 @@ def build_source(
 
 def build_config(
     cfg: KernelConfig, template: Path | None = None, cache_root: Path | None = None,
-    defines: Defines | None = None, *, causal: bool = True,
+    defines: Defines | None = None, *, pclass: ProblemClass = DEFAULT_CLASS,
 ) -> BuildResult:
     """Validate, render and compile one config for one problem class (cached). ``defines``:
     extra -D flags for test builds (build_source); None builds exactly the config's artifact.
-    ``causal``: the mask compiled in (tuner.problem.Problem.causal)."""
-    validate(cfg)
+    ``pclass``: the head dim and mask compiled in (tuner.problem.ProblemClass)."""
+    validate(cfg, pclass.head_dim)
     tpl = template or _paths.kernel_template()
     return build_source(
-        render(cfg, tpl, causal=causal),
+        render(cfg, tpl, pclass=pclass),
         KERNEL_FLAGS,
         name="kernel",
         config=cfg,
@@ -726,14 +800,14 @@ class BuildOutcome:
 
 def _worker(
     cfg_dict: dict[str, Any], template: str | None, cache_root: str | None,
-    defines: dict[str, str | int] | None = None, causal: bool = True,
+    defines: dict[str, str | int] | None = None, pclass: ProblemClass = DEFAULT_CLASS,
 ) -> tuple[str, Any, str | None]:
     # Exceptions are flattened to (kind, message, log) because FaTuneError subclasses with
     # extra constructor arguments do not survive pickling between processes intact.
     cfg = KernelConfig.from_dict(cfg_dict)
     try:
         r = build_config(cfg, Path(template) if template else None,
-                         Path(cache_root) if cache_root else None, defines, causal=causal)
+                         Path(cache_root) if cache_root else None, defines, pclass=pclass)
         return ("ok", r, None)
     except BuildError as e:
         return ("BuildError", str(e), e.log_path)
@@ -750,12 +824,12 @@ def build_many(
     cache_root: Path | None = None,
     defines: Defines | None = None,
     *,
-    causal: bool = True,
+    pclass: ProblemClass = DEFAULT_CLASS,
 ) -> list[BuildOutcome]:
     """Build configs in parallel worker processes; one outcome per input config, in order.
 
     Invalid configs fail fast without compiling; duplicates compile once. ``defines`` and
-    ``causal`` (the problem class) apply to every config (build_config).
+    ``pclass`` (the problem class) apply to every config (build_config).
     """
     cfgs = list(configs)
     outcomes: dict[KernelConfig, BuildOutcome] = {}
@@ -764,7 +838,7 @@ def build_many(
         if c in outcomes or c in todo:
             continue
         try:
-            validate(c)
+            validate(c, pclass.head_dim)
         except ConfigError as e:
             outcomes[c] = BuildOutcome(c, None, e)
             continue
@@ -777,12 +851,12 @@ def build_many(
         root = str(cache_root) if cache_root else None
         defs = dict(defines) if defines else None
         if jobs == 1 or len(todo) == 1:
-            raw = [_worker(c.to_dict(), tpl, root, defs, causal) for c in todo]
+            raw = [_worker(c.to_dict(), tpl, root, defs, pclass) for c in todo]
         else:
             with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as ex:
                 raw = list(ex.map(_worker, [c.to_dict() for c in todo],
                                   [tpl] * len(todo), [root] * len(todo), [defs] * len(todo),
-                                  [causal] * len(todo)))
+                                  [pclass] * len(todo)))
         for c, (kind, payload, log) in zip(todo, raw, strict=True):
             if kind == "ok":
                 outcomes[c] = BuildOutcome(c, payload, None)

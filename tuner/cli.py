@@ -27,11 +27,10 @@ from tuner.config import (
     check_problems,
     list_presets,
     load_preset,
-    problem_class,
     smem_bytes,
 )
 from tuner.errors import BundleError, ConfigError, FaTuneError
-from tuner.problem import Problem, parse_problems
+from tuner.problem import HEAD_DIMS, Problem, ProblemClass, class_of, parse_problems
 
 app = typer.Typer(
     name="fa-tune",
@@ -98,23 +97,31 @@ def build(
     preset: PresetOpt = None,
     config: ConfigOpt = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel nvcc jobs.")] = 1,
+    head_dim: Annotated[int, typer.Option(
+        "--head-dim", help="Head dim compiled in: 64, 128 or 256.")] = 128,
+    full: Annotated[bool, typer.Option(
+        "--full", help="Build the non-causal kernel (default: causal).")] = False,
 ) -> None:
     """Compile a config for sm_90a (no GPU needed) and print its ptxas/SASS report."""
     from tuner import build as build_mod
 
+    if head_dim not in HEAD_DIMS:
+        raise ConfigError(f"--head-dim must be one of {', '.join(map(str, HEAD_DIMS))} "
+                          f"(got {head_dim})")
+    pclass = ProblemClass(head_dim, not full)
     cfg, label = load_config(preset, config)
-    [outcome] = build_mod.build_many([cfg], jobs=jobs)
+    [outcome] = build_mod.build_many([cfg], jobs=jobs, pclass=pclass)
     if outcome.error is not None:
         raise outcome.error
     r = outcome.result
     assert r is not None
     e = r.main_entry
     sass = r.sass or {}
-    t = Table(title=f"{label} ({cfg.config_id()})")
+    t = Table(title=f"{label} ({cfg.config_id()}), {pclass}")
     t.add_column("resource")
     t.add_column("value", justify="right")
     spills = f"{e.get('spill_stores', '?')} B stores / {e.get('spill_loads', '?')} B loads"
-    smem_dyn = r.smem_dynamic if r.smem_dynamic is not None else smem_bytes(cfg)
+    smem_dyn = r.smem_dynamic if r.smem_dynamic is not None else smem_bytes(cfg, head_dim)
     rows = [
         ("registers / thread", str(e.get("registers", "?"))),
         ("spills", spills if not r.any_spills else f"[red]{spills}[/]"),
@@ -349,7 +356,6 @@ def compare(
 ) -> None:
     """Time fa-tune's kernel beside FA3, cuDNN, FA2 and Triton on the same inputs (gated)."""
     from tuner import compare as compare_mod
-    from tuner.config import validate
     from tuner.peers.base import module_missing
 
     given = [n for n, v in (("--study", study), ("--preset", preset), ("--config", config))
@@ -373,8 +379,7 @@ def compare(
     elif given:
         cfg, label = load_config(preset, config)
     if cfg is not None:
-        validate(cfg)
-        check_problems(cfg, problems)  # head dim 128 so far; one mask per kernel library
+        pclass = check_problems(cfg, problems)  # one problem class per kernel library
     if peers and module_missing("torch"):
         raise FaTuneError("fa-tune compare's peers need torch with CUDA: pip install "
                           "'fa-tune[peers]' (or --backends none for fa-tune's kernel alone)")
@@ -389,7 +394,7 @@ def compare(
         from tuner import build as build_mod
 
         console.print(f"[dim]building {label} ({cfg.config_id()}) ...[/]")
-        built = build_mod.build_config(cfg, causal=problem_class(problems))
+        built = build_mod.build_config(cfg, pclass=pclass)
         built.require_timeable()
         so_path = Path(built.so_path)
     else:
@@ -412,11 +417,33 @@ def compare(
 
 # ---- search, show, export, profile (issue 5) -------------------------------------------------
 def _check_search_problems(problems: list[Problem]) -> None:
-    """The search tunes fa-tune's kernel: every problem must be one the kernel runs."""
-    check_problems(KernelConfig(), problems)
+    """The search tunes fa-tune's kernel: every problem must be one the kernel runs, all of one
+    problem class (head dim and mask: one kernel library serves one)."""
+    for p in problems:
+        check_problem(KernelConfig(), p)
+    class_of(problems)
 
 
 StudyOpt = Annotated[str, typer.Option("--study", help="Study name.")]
+TrialsOpt = Annotated[int | None, typer.Option(
+    "--trials", "-n", help="Trials to run (compiled ones); with --gpus, for all GPUs together.")]
+TimeoutOpt = Annotated[
+    str | None, typer.Option("--timeout", help="Wall-time budget, e.g. 90s, 10m, 1h.")
+]
+SamplerOpt = Annotated[str, typer.Option("--sampler", help="tpe | random | grid | cmaes.")]
+SeedOpt = Annotated[int | None, typer.Option(
+    "--seed", help="Sampler seed (with --gpus, GPU i's worker samples with seed + i).")]
+JobsOpt = Annotated[int | None, typer.Option(
+    "--jobs", "-j", min=1, help="Parallel nvcc (default: cores; with --gpus, split evenly).")]
+DeviceOpt = Annotated[int | None, typer.Option(min=0, help="CUDA device index (default 0).")]
+GpusOpt = Annotated[str | None, typer.Option(
+    "--gpus", help="Several GPUs of this host, one worker each, all on the study: 0,1,... or "
+    "all.")]
+MixedOpt = Annotated[bool, typer.Option(
+    "--allow-mixed-gpus", help="Join a study measured on another GPU model anyway (its "
+    "timings will not compare).")]
+WorkerEntryOpt = Annotated[str | None, typer.Option(
+    "--worker", hidden=True, help="GPU worker entry point (module:function).")]
 StorageOpt = Annotated[
     str | None,
     typer.Option("--storage", help="Optuna RDB URL (default sqlite:///studies/<study>.db)."),
@@ -459,52 +486,104 @@ def _live_table(p: Any) -> Any:
 @_user_errors
 def search(
     study: StudyOpt = "default",
-    space: Annotated[str, typer.Option("--space", help="Search space name or YAML file.")] = (
-        "default"
-    ),
+    space: Annotated[str | None, typer.Option(
+        "--space", help="Search space name or YAML file (default: the one for the problems' "
+        "head dim: default (D 128), d64, d256).")] = None,
     shape: ShapeOpt = None,
-    trials: Annotated[
-        int | None, typer.Option("--trials", "-n", help="Trials to run (compiled ones).")
-    ] = None,
-    timeout: Annotated[
-        str | None, typer.Option("--timeout", help="Wall-time budget, e.g. 90s, 10m, 1h.")
-    ] = None,
+    trials: TrialsOpt = None,
+    timeout: TimeoutOpt = None,
     storage: StorageOpt = None,
-    sampler: Annotated[str, typer.Option("--sampler", help="tpe | random | grid | cmaes.")] = (
-        "tpe"
-    ),
-    seed: Annotated[int | None, typer.Option("--seed", help="Sampler seed.")] = None,
-    jobs: Annotated[
-        int | None, typer.Option("--jobs", "-j", min=1, help="Parallel nvcc (default: cores).")
-    ] = None,
-    device: Annotated[int, typer.Option(min=0, help="CUDA device index.")] = 0,
-    worker: Annotated[
-        str | None,
-        typer.Option("--worker", hidden=True, help="GPU worker entry point (module:function)."),
-    ] = None,
+    sampler: SamplerOpt = "tpe",
+    seed: SeedOpt = None,
+    jobs: JobsOpt = None,
+    device: DeviceOpt = None,
+    gpus: GpusOpt = None,
+    allow_mixed_gpus: MixedOpt = False,
+    create_only: Annotated[bool, typer.Option(
+        "--create-only", help="Create the study (problems, space, known-good points) and "
+        "exit; workers join it with `fa-tune worker`. No GPU needed.")] = False,
+    worker: WorkerEntryOpt = None,
 ) -> None:
     """Search the kernel's knobs with Optuna; resumable (same --study continues)."""
-    from rich.live import Live
-
     from tuner import search as search_mod
     from tuner import space as space_mod
+
+    shapes = parse_problems(shape)
+    _check_search_problems(shapes)
+    sp = space_mod.load_space(space or space_mod.default_space_name(class_of(shapes).head_dim))
+    if create_only:
+        s = search_mod.Search(study=study, space=sp, shapes=shapes, storage=storage,
+                              heartbeat_s=None)
+        s.prepare()
+        console.print(f"study {s.study_name} ready ({', '.join(map(str, shapes))}; space "
+                      f"{sp.source}); storage: {search_mod.redact(s.url)}", soft_wrap=True)
+        console.print(f"join it from each GPU host: fa-tune worker --study {s.study_name} "
+                      f"--storage URL --gpus all --timeout DURATION", soft_wrap=True)
+        return
+    _run_search(study=study, space=sp, shapes=shapes, storage=storage, trials=trials,
+                timeout=timeout, sampler=sampler, seed=seed, jobs=jobs, device=device,
+                gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker)
+
+
+@app.command("worker")
+@_user_errors
+def worker_cmd(
+    study: Annotated[str, typer.Option("--study", help="The study to join (it must exist).")],
+    storage: StorageOpt = None,
+    trials: TrialsOpt = None,
+    timeout: TimeoutOpt = None,
+    sampler: SamplerOpt = "tpe",
+    seed: SeedOpt = None,
+    jobs: JobsOpt = None,
+    device: DeviceOpt = None,
+    gpus: GpusOpt = None,
+    allow_mixed_gpus: MixedOpt = False,
+    worker: WorkerEntryOpt = None,
+) -> None:
+    """Join an existing study as one more worker (this host's GPUs), from any host."""
+    from tuner import fleet
+
+    space, shapes = fleet.study_spec(study, storage)
+    _check_search_problems(shapes)
+    _run_search(study=study, space=space, shapes=shapes, storage=storage, trials=trials,
+                timeout=timeout, sampler=sampler, seed=seed, jobs=jobs, device=device,
+                gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker)
+
+
+def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str | None,
+                trials: int | None, timeout: str | None, sampler: str, seed: int | None,
+                jobs: int | None, device: int | None, gpus: str | None,
+                allow_mixed_gpus: bool, worker: str | None) -> None:
+    """One worker in this process (one GPU), or a fleet of them (--gpus with several)."""
+    from rich.live import Live
+
+    from tuner import fleet
+    from tuner import search as search_mod
     from tuner.gpu_worker import DEFAULT_ENTRY
     from tuner.sampler import SAMPLERS
     from tuner.study import SearchError
 
-    sp = space_mod.load_space(space)
-    shapes = parse_problems(shape)
-    _check_search_problems(shapes)
     budget = search_mod.parse_duration(timeout)
     if trials is None and budget is None:
         raise SearchError("give --trials N and/or --timeout DURATION")
     if sampler not in SAMPLERS:
         raise SearchError(f"unknown sampler '{sampler}'; choose one of {', '.join(SAMPLERS)}")
+    if gpus is not None and device is not None:
+        raise SearchError("give --device or --gpus, not both")
+    devices = fleet.parse_gpus(gpus) if gpus is not None else [device or 0]
+    kwargs: dict[str, Any] = dict(
+        study=study, space=space, shapes=shapes, storage=storage, n_trials=trials,
+        timeout_s=budget, sampler=sampler, seed=seed, jobs=jobs,
+        worker_entry=worker or DEFAULT_ENTRY, allow_mixed_gpus=allow_mixed_gpus,
+    )
+    if len(devices) > 1:
+        _run_fleet(devices, kwargs)
+        return
     nvml = None
     try:
         from tuner.measure.timing import Nvml
 
-        nvml = Nvml(index=device)
+        nvml = Nvml(index=devices[0])
     except Exception:  # noqa: BLE001 - NVML is optional
         nvml = None
     live = Live(console=console, refresh_per_second=4, transient=False)
@@ -515,18 +594,22 @@ def search(
             p.gpu_state = f"{st.temperature_c} C, SM clock {st.sm_clock_mhz} MHz"
         live.update(_live_table(p))
 
-    s = search_mod.Search(
-        study=study, space=sp, shapes=shapes, storage=storage, n_trials=trials,
-        timeout_s=budget, sampler=sampler, seed=seed, jobs=jobs, device_index=device,
-        worker_entry=worker or DEFAULT_ENTRY, progress_cb=on_progress,
-    )
-    with live:
+    s = search_mod.Search(**kwargs, device_index=devices[0], progress_cb=on_progress)
+    live.start()
+    try:
         summary = s.run()
+    except FaTuneError:
+        live.transient = True  # a refusal (no GPU, another GPU model) is its one line alone
+        raise
+    finally:
+        live.stop()
+        if not live.transient:
+            _end_live()
     console.print(
         f"study {summary.study}: {summary.trials_run} trials in {summary.wall_s:.0f} s "
         f"({summary.trials_per_hour:.0f}/h; complete {summary.complete}, pruned "
-        f"{summary.pruned}, failed {summary.failed}, static rejects {summary.rejected}); "
-        f"GPU busy {100 * summary.gpu_busy_fraction:.0f} %"
+        f"{summary.pruned}, failed {summary.failed}, static rejects {summary.rejected}, "
+        f"duplicates {summary.duplicates}); GPU busy {100 * summary.gpu_busy_fraction:.0f} %"
         + (f" (of which {summary.temp_wait_s:.0f} s waiting for the GPU to cool)"
            if summary.temp_wait_s >= 0.5 else "")
         + f"; stopped: {summary.stopped_by}"
@@ -542,6 +625,96 @@ def search(
     console.print(f"storage: {summary.storage}", soft_wrap=True)
     if summary.stopped_by.startswith("interrupted"):
         raise typer.Exit(130)
+
+
+def _end_live() -> None:
+    """Piped (a log file), rich leaves the live view's last line open: end it."""
+    if not console.is_terminal:
+        console.print()
+
+
+def _fleet_table(fp: Any) -> Any:
+    """The live view of a fleet: one row per GPU, the study's best, recent events."""
+    import time as _time
+
+    elapsed = _time.monotonic() - fp.started
+    left = "" if fp.deadline is None else \
+        f", {max(0.0, fp.deadline - _time.monotonic()):.0f} s left"
+    t = Table(title=f"fa-tune search: study {fp.study} on {len(fp.workers)} GPUs "
+                    f"({elapsed:.0f} s{left})")
+    for col in ("GPU", "trials", "complete / pruned / failed", "dups / waiting", "compile queue",
+                "GPU busy", "now"):
+        t.add_column(col)
+    best = None
+    for dev, w in fp.workers.items():
+        p = w.progress
+        name = f"{dev}" + (f" {p.gpu_name}" if p is not None and p.gpu_name else "")
+        if p is None:
+            t.add_row(name, "-", "-", "-", "-", "-", w.error or "starting")
+            continue
+        run_s = _time.monotonic() - p.started
+        busy = 100.0 * p.gpu_busy_s / run_s if run_s > 0 else 0.0
+        now = w.error or (f"stopped: {w.summary.stopped_by}" if w.summary else p.current or "-")
+        t.add_row(name, str(p.done), f"{p.complete} / {p.pruned} / {p.failed}",
+                  f"{p.duplicates} / {p.waiting}", str(p.compile_queue), f"{busy:.0f} %",
+                  now[:60])
+        if p.best_value is not None and (best is None or p.best_value > best.best_value):
+            best = p
+    if best is not None:
+        per = ", ".join(f"{s} {v:.1f}" for s, v in best.best_shapes.items())
+        t.add_row("best", "", "", "", "", "", f"trial {best.best_trial} (confirmed): "
+                  f"{best.best_value:.1f} TFLOPS ({per})")
+    for e in fp.events[-4:]:
+        t.add_row("", "", "", "", "", "", f"[dim]{e[:60]}[/]")
+    return t
+
+
+def _run_fleet(devices: list[int], kwargs: dict[str, Any]) -> None:
+    from rich.live import Live
+
+    from tuner import fleet
+
+    live = Live(console=console, refresh_per_second=4, transient=False)
+    f = fleet.Fleet(devices, kwargs, progress_cb=lambda fp: live.update(_fleet_table(fp)))
+    live.start()
+    try:
+        summary = f.run()
+    except FaTuneError:
+        live.transient = True  # the same refusal from every worker: its one line alone
+        raise
+    finally:
+        live.stop()
+        if not live.transient:
+            _end_live()
+    console.print(
+        f"study {summary.study}: {summary.trials_run} trials in {summary.wall_s:.0f} s "
+        f"({summary.trials_per_hour:.0f}/h) on {len(devices)} GPUs; stopped: "
+        f"{summary.stopped_by}", soft_wrap=True)
+    for w in summary.workers:
+        s = w.summary
+        if s is None:
+            console.print(f"  GPU {w.device}: {w.error or 'no summary'}", soft_wrap=True)
+            continue
+        console.print(
+            f"  GPU {w.device} ({s.gpu_name or '?'}): {s.trials_run} trials (complete "
+            f"{s.complete}, pruned {s.pruned}, failed {s.failed}, static rejects {s.rejected}, "
+            f"duplicates {s.duplicates}); GPU busy {100 * s.gpu_busy_fraction:.0f} %"
+            + (f" (of which {s.temp_wait_s:.0f} s cooling)" if s.temp_wait_s >= 0.5 else "")
+            + f"; stopped: {s.stopped_by}"
+            + (f"; {s.not_run} not measured wait in the study" if s.not_run else ""),
+            soft_wrap=True)
+    if summary.best:
+        c = summary.best["confirmed"] or {}
+        per = ", ".join(f"{k} {v['tflops']:.1f}" for k, v in (c.get("shapes") or {}).items())
+        where = (summary.best.get("gpu") or {}).get("device")
+        console.print(f"best: trial {summary.best['trial']} ({summary.best['config_id']}): "
+                      f"{c.get('geomean_tflops', 0):.1f} TFLOPS geomean, confirmed ({per})"
+                      + (f" on GPU {where}" if where is not None else ""), soft_wrap=True)
+    console.print(f"storage: {summary.storage}", soft_wrap=True)
+    if summary.stopped_by.startswith("interrupted"):
+        raise typer.Exit(130)
+    if any(w.error for w in summary.workers):
+        raise typer.Exit(1)
 
 
 def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> None:
@@ -596,6 +769,7 @@ def show(
 
     if what == "best":
         _show_best(study, storage, shape, top)
+        _print_profiles(show_mod.study_trials(study, storage)[1])
         what = "importance+plots"
     elif what == "trials":
         _, trials = show_mod.study_trials(study, storage)
@@ -609,6 +783,7 @@ def show(
                       "-" if r["confirmed"] is None else f"{r['confirmed']:.1f}",
                       r["config_id"], r["reason"][:120])
         console.print(t)
+        _print_profiles(trials)
         return
     elif what not in ("importance", "plots"):
         raise SearchError(f"unknown `show {what}`; use best, trials, importance or plots")
@@ -640,40 +815,180 @@ def show(
 @_user_errors
 def export(
     out: Annotated[Path, typer.Option("--out", "-o", help="New folder for the package.")],
-    study: StudyOpt = "default",
+    study: Annotated[str | None, typer.Option(
+        "--study", help="Study name (default: default).")] = None,
     storage: StorageOpt = None,
     trial: TrialOpt = None,
+    workload: Annotated[str | None, typer.Option(
+        "--workload", "-w", help="Export one library for this workload (a file, or a name from "
+        "workloads/): every bucket's kernel behind a dispatcher, and the PyTorch op.")] = None,
+    bucket: Annotated[list[str] | None, typer.Option(
+        "--bucket", "-b", help="With --workload: NAME=SOURCE, SOURCE = study:NAME[:TRIAL], "
+        "preset:NAME or a config file; repeatable.")] = None,
+    study_prefix: Annotated[str | None, typer.Option(
+        "--study-prefix", help="With --workload: a bucket without --bucket takes the best "
+        "trial of study PREFIX<bucket> when it exists.")] = None,
+    default: Annotated[str | None, typer.Option(
+        "--default", help="With --workload: SOURCE for the buckets left.")] = None,
+    table: Annotated[Path | None, typer.Option(
+        "--table", help="Export the library of a dispatch table (a workload export's "
+        "dispatch.json) instead.")] = None,
+    no_build: Annotated[bool, typer.Option(
+        "--no-build", help="Workload library: write the sources only (no nvcc).")] = False,
+    jobs: Annotated[int | None, typer.Option(
+        "--jobs", "-j", min=1, help="Workload library: kernels compiled at once (default: "
+        "cores).")] = None,
 ) -> None:
-    """Write a standalone package of a tuned kernel (source, build.sh, .so, README)."""
+    """Write a standalone package of a tuned kernel (source, build.sh, .so, README), or with
+    --workload one library serving every length bucket of a workload."""
     from tuner import export as export_mod
 
-    r = export_mod.export_trial(study, storage, trial, out)
-    console.print(f"exported trial {r['trial']} ({r['config_id']}) to {r['out']}", soft_wrap=True)
+    if workload is None and table is None:
+        if bucket or study_prefix or default or no_build or jobs:
+            raise FaTuneError("--bucket, --study-prefix, --default, --no-build and --jobs go "
+                              "with --workload or --table")
+        r = export_mod.export_trial(study or "default", storage, trial, out)
+        console.print(f"exported trial {r['trial']} ({r['config_id']}) to {r['out']}",
+                      soft_wrap=True)
+        return
+    from tuner import dispatch as dispatch_mod
+    from tuner import workload as workload_mod
+
+    if study is not None or trial is not None:
+        raise FaTuneError("--study/--trial export one kernel; --workload/--table export a "
+                          "workload library (name its buckets' studies with --bucket or "
+                          "--study-prefix)")
+    wfile, resolved = None, None
+    if table is not None:
+        if workload is not None or bucket or study_prefix or default:
+            raise FaTuneError("--table holds every bucket's config already: give it alone, or "
+                              "--workload with --bucket/--study-prefix/--default")
+        t = dispatch_mod.DispatchTable.load(table)
+    else:
+        assert workload is not None
+        wfile = workload_mod.workload_path(workload)
+        w = workload_mod.load_workload(wfile)
+        resolved = dispatch_mod.bucket_sources(w, bucket, study_prefix, default, storage)
+        t = dispatch_mod.table_for_workload(w, resolved)
+    r = export_mod.export_workload(t, out, resolved=resolved, workload_file=wfile,
+                                   build=not no_build, jobs=jobs)
+    for e in t.entries:
+        console.print(f"  {e.bucket}: S {e.range_text()}, {e.config.config_id()} "
+                      f"({e.source_text()})", markup=False, soft_wrap=True)
+    what = f"library {r['so']}" if r["so"] else "sources (not built: run build.sh)"
+    console.print(f"exported workload {t.name} ({len(t.entries)} buckets) to {r['out']}: {what}",
+                  markup=False, soft_wrap=True)
+
+
+@app.command("workload")
+@_user_errors
+def workload_cmd(
+    workload: Annotated[str, typer.Argument(
+        help="A workload file, or a name from workloads/ (e.g. llama3-8b).")],
+    max_problems: Annotated[int | None, typer.Option(
+        "--max-problems", min=1, help="Problems per bucket (default: the file's, else 3).")] = None,
+) -> None:
+    """Show a workload's buckets and the problems to tune each on (most attention time first),
+    with the search and export commands."""
+    from tuner import workload as workload_mod
+
+    w = workload_mod.load_workload(workload)
+    a = w.attention
+    t = Table(title=f"workload {w.name}: Hq {a.Hq}, Hkv {a.Hkv}, D {a.head_dim}, "
+              f"{'causal' if a.causal else 'non-causal'}")
+    for col in ("bucket", "S", "calls", "attention time", "problems (share of bucket time)"):
+        t.add_column(col)
+    plans = w.plan(max_problems)
+    for p in plans:
+        probs = ", ".join(f"{x.problem} ({100 * x.time_share:.0f}%)" for x in p.problems)
+        t.add_row(p.bucket.name, p.bucket.range_text(), f"{100 * p.call_share:.1f}%",
+                  f"{100 * p.time_share:.1f}%", probs)
+    console.print(t)
+    console.print("tune each bucket (one study each; the same command resumes):", markup=False)
+    for p in plans:
+        shapes = " ".join(f"--shape {s}" for s in p.shapes)
+        console.print(f"  fa-tune search --study {w.name}-{p.bucket.name} {shapes} --timeout 30m",
+                      markup=False, soft_wrap=True)
+    console.print(f"then: fa-tune export --workload {workload} --study-prefix {w.name}- "
+                  f"--out {w.name}-lib", markup=False, soft_wrap=True)
 
 
 @app.command()
 @_user_errors
 def profile(
     shape: Annotated[str, typer.Option(
-        "--shape", "-s", help=f"Problem to profile: {PROBLEM_SYNTAX} (the kernel runs "
-        "D 128; MHA/GQA/MQA, causal or :full).")],
+        "--shape", "-s", help=f"Problem to profile: {PROBLEM_SYNTAX}, e.g. 4x32x8192.")],
     study: StudyOpt = "default",
     storage: StorageOpt = None,
     trial: TrialOpt = None,
+    vs_trial: Annotated[int | None, typer.Option(
+        "--vs-trial", help="Profile this trial's kernel beside it, in the same ncu run.")] = None,
+    vs: Annotated[str | None, typer.Option(
+        "--vs", help="Profile a peer beside it, in the same ncu run: fa3 (FlashAttention-3's "
+        "sm90 kernel; needs flash-attn-4).")] = None,
 ) -> None:
-    """Nsight Compute on one tuned kernel (one launch, --set full); print headline metrics."""
+    """Nsight Compute on one tuned kernel (one launch, --set full), alone or beside another
+    trial's or FA3's: the metrics that explain time on Hopper, the rows that differ most
+    highlighted; the headline is stored with the trial (fa-tune show lists it)."""
     from tuner import profile as profile_mod
 
     sh = Problem.parse(shape)
     check_problem(KernelConfig(), sh)
-    r = profile_mod.profile_trial(study, storage, trial, sh)
-    t = Table(title=f"trial {r['trial']} ({r['config_id']}) on {sh}")
+    _print_profile(profile_mod.profile_trial(study, storage, trial, sh, vs_trial=vs_trial, vs=vs))
+
+
+def _column_name(c: Any, long: bool = True) -> str:
+    s = c.subject
+    if s.trial is None:
+        return s.label if long else s.target
+    return f"trial {s.trial} ({s.config_id})" if long and s.config_id else f"trial {s.trial}"
+
+
+def _print_profile(r: Any) -> None:
+    """A profile's table (one column per kernel, and their ratio) and where it went."""
+    from rich.text import Text
+
+    tab = r.table()
+    cols = r.columns
+    pair = len(cols) == 2
+    t = Table(title=" vs ".join(_column_name(c) for c in cols) + f" on {r.shape}",
+              caption=f"ncu {r.ncu_version}, one launch{' each' if pair else ''}, clocks not "
+              "locked")
     t.add_column("metric")
-    t.add_column("value", justify="right")
-    for k, v in r["headline"].rows():
-        t.add_row(k, v)
+    for c in cols:
+        t.add_column(_column_name(c), justify="right")
+    if pair:
+        t.add_column(f"{_column_name(cols[1], False)} / {_column_name(cols[0], False)}",
+                     justify="right")
+    for row in tab.rows:  # Text cells: labels hold "[ms]", not rich markup
+        cells = [row.label, *row.cells] + ([row.ratio + (" *" if row.highlight else "")]
+                                           if pair else [])
+        t.add_row(*(Text(c) for c in cells), style="bold yellow" if row.highlight else None)
     console.print(t)
-    console.print(f"report: {r['report']}", soft_wrap=True)
+    if pair:
+        console.print("* the rows that differ most (relative difference)", markup=False)
+    for note in tab.notes:
+        console.print(note, markup=False, soft_wrap=True)
+    for i, c in enumerate(cols):
+        console.print(f"kernel {i}: {c.kernel.name}", markup=False, soft_wrap=True)
+    console.print(f"report: {r.report}", markup=False, soft_wrap=True)
+    if r.stored:
+        console.print("headline stored with trial " + ", ".join(map(str, r.stored))
+                      + " (user attr 'profile'; `fa-tune show` lists it)", markup=False)
+    if r.store_error:
+        sys.stderr.write(f"fa-tune: warning: headline not stored in the study: "
+                         f"{r.store_error}\n")
+
+
+def _print_profiles(trials: list[Any]) -> None:
+    """The headlines `fa-tune profile` stored with trials, one line each (none: nothing)."""
+    from tuner import show as show_mod
+
+    lines = show_mod.profile_lines(trials)
+    if lines:
+        console.print("profiles (fa-tune profile):", markup=False)
+        for line in lines:
+            console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:

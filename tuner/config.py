@@ -22,7 +22,7 @@ import yaml
 
 from tuner import _paths
 from tuner.errors import ConfigError, ShapeError
-from tuner.problem import Problem
+from tuner.problem import HEAD_DIMS, Problem, ProblemClass, class_of
 
 HEAD_DIM = 128
 ELEM_BYTES = 2  # BF16
@@ -55,6 +55,15 @@ CONSUMER_REG_OVERHEAD_Q = 40
 # compiled clean at 40 (sm_90a builds, 2026-11-29; docs/PERF.md). With block_m 64 the dynamic
 # producer still spilled 16 B at 40; one consumer warpgroup leaves registers to spare there, so
 # block_m 64 asks for 56.
+# Head-dim corrections to the overheads above (calibrated at D 128), keyed (D, overlap): what
+# ptxas did with 22 builds around the boundary (scripts/reg_calibration.py, nvcc 13.0,
+# 2026-11-30; docs/PERF.md step 26). D 64, overlap: 192x128 fit at 160 registers (estimate
+# 200), 192x176 spilled (236), 128x192 fit at 240 (248): -40. D 64, serial: 192x128 fit at 160
+# (156), 192x176 serialized its wgmma (192): 0. D 256, overlap: 128x80 fit at 240 (260),
+# 128x96 spilled 64 B (272): -24. D 256, serial: 128x80 fit (216), 128x96 spilled 8 B (228): +16.
+CONSUMER_REG_OVERHEAD_D: dict[tuple[int, bool], int] = {
+    (64, True): -40, (64, False): 0, (256, True): -24, (256, False): 16,
+}
 PERSISTENT_PRODUCER_REGS = 40
 PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
 
@@ -117,7 +126,7 @@ KNOBS: dict[str, Knob] = {
         Knob("hint_o", "enum", _HINTS, "CacheHint"),
         Knob("producer_regs", "int", (24, 32, 40, 56)),
         Knob(
-            "consumer_regs", "int", tuple(range(160, 241, 8)), range_text="160..240 in steps of 8"
+            "consumer_regs", "int", tuple(range(144, 241, 8)), range_text="144..240 in steps of 8"
         ),
         Knob("intra_wg_overlap", "bool", (False, True)),
         Knob("pingpong", "bool", (False, True)),
@@ -294,8 +303,8 @@ def camel_case(value: str) -> str:
 
 
 # ---- static validity --------------------------------------------------------------------
-def smem_bytes(cfg: KernelConfig) -> int:
-    tile = HEAD_DIM * ELEM_BYTES
+def smem_bytes(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> int:
+    tile = head_dim * ELEM_BYTES
     # O reuses Q's buffer unless Q is handed back after the last QK (then the next tile's Q
     # may land while O is staged, so O gets its own buffer): cuda_src/fa_tune/traits.cuh.
     o_tile = cfg.block_m * tile if cfg.q_release == "after_last_qk" else 0
@@ -324,27 +333,41 @@ def launch_registers(cfg: KernelConfig) -> int:
     return threads * per_thread
 
 
-def consumer_reg_estimate(cfg: KernelConfig) -> int:
-    """Per-thread registers a consumer warpgroup needs: S, P, O, (Q), overhead.
+def consumer_reg_parts(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> dict[str, int]:
+    """Per-thread registers a consumer warpgroup needs, by part: S, P, O, (Q), overhead.
 
     S tile 64 x block_n fp32 over 128 threads = block_n/2; a P tile in BF16 = block_n/4 (with
-    overlap the previous tile's, held while the next QK runs); O tile 64 x 128 fp32 = 64; Q held
-    in registers (q_in_regs) 64 x 128 BF16 = 32.
+    overlap the previous tile's, held while the next QK runs); O tile 64 x D fp32 = D/2 (64 at
+    D 128, 128 at D 256); Q held in registers (q_in_regs) 64 x D BF16 = D/4.
     """
-    s_acc = cfg.block_n // 2
-    p_tile = cfg.block_n // 4
-    q_frag = Q_IN_REGS if cfg.q_in_regs else 0
-    return s_acc + p_tile + 64 + q_frag + consumer_reg_overhead(cfg)
+    parts = {"S": cfg.block_n // 2, "P": cfg.block_n // 4, "O": head_dim // 2}
+    if cfg.q_in_regs:
+        parts["Q"] = Q_IN_REGS * head_dim // HEAD_DIM
+    parts["overhead"] = consumer_reg_overhead(cfg, head_dim)
+    return parts
 
 
-def consumer_reg_overhead(cfg: KernelConfig) -> int:
+def consumer_reg_estimate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> int:
+    return sum(consumer_reg_parts(cfg, head_dim).values())
+
+
+def consumer_reg_overhead(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> int:
+    fix = CONSUMER_REG_OVERHEAD_D.get((head_dim, cfg.intra_wg_overlap), 0)
     if not cfg.intra_wg_overlap:
-        return CONSUMER_REG_OVERHEAD_SERIAL
-    return CONSUMER_REG_OVERHEAD_Q if cfg.q_in_regs else CONSUMER_REG_OVERHEAD
+        return CONSUMER_REG_OVERHEAD_SERIAL + fix
+    # ptxas absorbing most of the Q fragment was measured at D 128 only; at D 64, 192x112 with
+    # Q in registers spilled 72 B at 152 registers where the absorbed estimate said 132 (H200
+    # lab, 2026-12-01), and 192x96 fit at the unabsorbed one (152): count Q in full there.
+    base = (CONSUMER_REG_OVERHEAD_Q if cfg.q_in_regs and head_dim == HEAD_DIM
+            else CONSUMER_REG_OVERHEAD)
+    return base + fix
 
 
-def validate(cfg: KernelConfig) -> KernelConfig:
-    """Raise ConfigError with one sentence if cfg cannot work on sm_90a; else return cfg."""
+def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> KernelConfig:
+    """Raise ConfigError with one sentence if cfg cannot work on sm_90a for head dim
+    ``head_dim`` (its problem class); else return cfg."""
+    if head_dim not in HEAD_DIMS:
+        raise ConfigError(f"head dim {head_dim} is not one the kernel builds: {HEAD_DIMS}")
     if cfg.kv_multicast:
         if cfg.scheduler != "static":
             raise ConfigError(
@@ -357,12 +380,18 @@ def validate(cfg: KernelConfig) -> KernelConfig:
             )
         if cfg.early_next_qk:
             raise ConfigError("kv_multicast does not support early_next_qk; set it false")
-    smem = smem_bytes(cfg)
+        if head_dim < 128:
+            raise ConfigError(
+                f"kv_multicast splits each K/V tile's 64-column boxes between the two CTAs and "
+                f"needs head dim >= 128 (got {head_dim}); set it false"
+            )
+    smem = smem_bytes(cfg, head_dim)
     if smem > SMEM_LIMIT_BYTES:
         raise ConfigError(
             f"config needs {smem} bytes of shared memory (Q {cfg.block_m} rows"
             f"{' + a separate O tile' if cfg.q_release == 'after_last_qk' else ''} + "
-            f"{cfg.k_stages} K and {cfg.v_stages} V stages of {cfg.block_n} rows), more than the "
+            f"{cfg.k_stages} K and {cfg.v_stages} V stages of {cfg.block_n} rows, head dim "
+            f"{head_dim}), more than the "
             f"{SMEM_LIMIT_BYTES} an sm_90 CTA can have; lower block_m, block_n or the stages"
         )
     regs = register_budget(cfg)
@@ -415,15 +444,16 @@ def validate(cfg: KernelConfig) -> KernelConfig:
             f"{' with block_m 64' if cfg.block_m == 64 else ''} (got {cfg.producer_regs}; "
             "fewer spill it to local memory); raise producer_regs and lower consumer_regs to fit"
         )
-    est = consumer_reg_estimate(cfg)
+    parts = consumer_reg_parts(cfg, head_dim)
+    est = sum(parts.values())
     if est > cfg.consumer_regs:
-        parts = f"S {cfg.block_n // 2}"
-        parts += f" + {'previous ' if cfg.intra_wg_overlap else ''}P {cfg.block_n // 4}"
-        parts += " + O 64" + (f" + Q {Q_IN_REGS}" if cfg.q_in_regs else "")
-        parts += f" + overhead {consumer_reg_overhead(cfg)}"
+        text = " + ".join(
+            f"{'previous ' if k == 'P' and cfg.intra_wg_overlap else ''}{k} {v}"
+            for k, v in parts.items())
         raise ConfigError(
-            f"consumer warpgroups need about {est} registers per thread ({parts}) but "
-            f"consumer_regs is {cfg.consumer_regs}; lower block_n or raise consumer_regs"
+            f"consumer warpgroups need about {est} registers per thread at head dim {head_dim} "
+            f"({text}) but consumer_regs is {cfg.consumer_regs}; lower block_n or raise "
+            "consumer_regs"
         )
     return cfg
 
@@ -434,6 +464,23 @@ def list_presets() -> list[str]:
     if not d.is_dir():
         return []
     return sorted(p.stem for p in d.glob("*.yaml"))
+
+
+# The default preset per head dim (for both masks): FA3's tile choice for that head dim.
+DEFAULT_PRESETS: dict[int, str] = {64: "d64", 128: "default", 256: "d256"}
+
+
+def default_preset(head_dim: int) -> KernelConfig:
+    return load_preset(DEFAULT_PRESETS.get(head_dim, "default"))
+
+
+def preset_head_dim(name: str) -> int:
+    """The head dim a preset is made for: presets named d64* or d256* serve that head dim, the
+    others head dim 128 (the tests and the GPU host's prebuild build each for its own)."""
+    for d in HEAD_DIMS:
+        if d != HEAD_DIM and re.match(rf"d{d}(\b|[-_.])", name):
+            return d
+    return HEAD_DIM
 
 
 def load_preset(name: str) -> KernelConfig:
@@ -449,25 +496,18 @@ def load_preset(name: str) -> KernelConfig:
 
 # ---- problems the kernel can run ----------------------------------------------------------
 GRID_LIMIT = 65535  # gridDim.y and gridDim.z (heads and batch of the grid launch)
-_PEERS_ONLY = ("can be compared among peers with `fa-tune compare --backends ...` without "
-               "--preset/--study/--config")
 
 
 def check_problem(cfg: KernelConfig, problem: Problem) -> None:
     """Raise ShapeError (one sentence) if the kernel cannot run cfg on problem; before building.
 
-    The kernel runs MHA, GQA and MQA (Hkv a run-time argument), causal or not (compiled in: a
-    kernel is built per mask, tuner.build's ``causal``), at head dim 128 so far; other head dims
-    are problems only the peers run. It masks ragged query and KV tiles (TMA fills
-    out-of-bounds rows), so any S works; B and Hq index the grid, which allows at most 65535 in
-    y and z. cfg is an argument so tile-dependent limits go here.
+    The kernel runs MHA, GQA and MQA (Hkv a run-time argument), head dim 64, 128 or 256 and
+    causal or not (both compiled in: a kernel is built per problem class, tuner.build's
+    ``pclass``). It masks ragged query and KV tiles (TMA fills out-of-bounds rows), so any S
+    works; B and Hq index the grid, which allows at most 65535 in y and z. Whether cfg fits the
+    problem's head dim (shared memory, registers) is validate(cfg, problem.D)'s ConfigError.
     """
     del cfg
-    if problem.D != HEAD_DIM:
-        raise ShapeError(
-            f"problem {problem}: fa-tune's kernel runs head dim {HEAD_DIM} only so far (got "
-            f"D={problem.D}); other head dims {_PEERS_ONLY}"
-        )
     for name in ("B", "Hq"):
         v = getattr(problem, name)
         if v > GRID_LIMIT:
@@ -476,22 +516,20 @@ def check_problem(cfg: KernelConfig, problem: Problem) -> None:
             )
 
 
-def problem_class(problems: Iterable[Problem]) -> bool:
-    """The one mask (causal or not) a set of problems shares: one kernel library serves them.
-    Raises ShapeError when they mix causal and non-causal problems."""
-    masks = {p.causal for p in problems}
-    if len(masks) > 1:
-        raise ShapeError(
-            "these problems mix causal and non-causal (:full) masks; a kernel is built for one "
-            "mask: run them in two invocations"
-        )
-    return masks.pop() if masks else True
-
-
-def check_problems(cfg: KernelConfig, problems: Iterable[Problem]) -> None:
-    """check_problem for each (the first one the kernel cannot run raises), and one mask for
-    all of them (a kernel library serves one: problem_class)."""
+def check_problems(cfg: KernelConfig, problems: Iterable[Problem]) -> ProblemClass:
+    """check_problem for each (the first one the kernel cannot run raises), one problem class
+    (head dim and mask) for all of them (a kernel library serves one: class_of), and cfg valid
+    for that class (validate). Returns the class: what to build cfg for."""
     problems = list(problems)
     for p in problems:
         check_problem(cfg, p)
-    problem_class(problems)
+    pclass = class_of(problems)
+    try:
+        validate(cfg, pclass.head_dim)
+    except ConfigError as e:
+        d = pclass.head_dim
+        if d != HEAD_DIM:
+            raise ConfigError(f"{e} (for head dim {d} problems; preset "
+                              f"'{DEFAULT_PRESETS[d]}' is the default there)") from None
+        raise
+    return pclass

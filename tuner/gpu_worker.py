@@ -10,7 +10,9 @@ Which function runs in the subprocess is a parameter of the search (``worker_ent
 fixture worker. Every worker speaks the same protocol, documented here:
 
 * the parent starts ``function(conn, device_index)``; the worker first sends
-  ``{"status": "ready", "gpu": {...}}`` or ``{"status": "init_failed", "reason": str}``;
+  ``{"status": "ready", "gpu": {...}}`` or ``{"status": "init_failed", "reason": str}``
+  (the product's ``gpu`` is ``Bench.gpu_info()``; the search reads its ``name``, ``sm_count``
+  and ``driver_version``: the study's GPU-model guard and each trial's ``gpu`` record);
 * then, per request ``{"op": "measure", "so_path": str, "shape": dict, "gate": bool,
   "seed": int, "protocol": tuner.measure.timing.Protocol.to_dict()}`` it replies
   ``{"status": "ok", "gate": dict | None, "timing": dict}``, or

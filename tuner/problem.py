@@ -85,6 +85,11 @@ class Problem:
         return self.Hq // self.Hkv
 
     @property
+    def problem_class(self) -> ProblemClass:
+        """The compile-time part (head dim, mask): which kernel library can run it."""
+        return ProblemClass(self.D, self.causal)
+
+    @property
     def kind(self) -> str:
         if self.Hkv == self.Hq:
             return "MHA"
@@ -144,6 +149,45 @@ class Problem:
         hq = d.get("Hq", d.get("H"))
         return cls(int(d["B"]), int(hq), int(d["S"]), Hkv=int(d.get("Hkv") or 0),
                    D=int(d.get("D", DEFAULT_HEAD_DIM)), causal=bool(d.get("causal", True)))
+
+
+@dataclass(frozen=True)
+class ProblemClass:
+    """What a kernel library is compiled for: head dim and mask (Hq, Hkv, B and S are run-time
+    arguments). Part of a built kernel's identity (its cache key) beside the config."""
+
+    head_dim: int = DEFAULT_HEAD_DIM
+    causal: bool = True
+
+    def __str__(self) -> str:
+        return f"D {self.head_dim}, {'causal' if self.causal else 'non-causal'}"
+
+    def to_dict(self) -> dict:
+        return {"head_dim": self.head_dim, "causal": self.causal}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ProblemClass:
+        return cls(int(d.get("head_dim", DEFAULT_HEAD_DIM)), bool(d.get("causal", True)))
+
+
+DEFAULT_CLASS = ProblemClass()
+
+
+def class_of(problems: Iterable[object]) -> ProblemClass:
+    """The one problem class (D and mask) a set of problems shares: one kernel library serves
+    them. Raises ShapeError when they mix head dims or masks; the default class for none."""
+    ps = [as_problem(p) for p in problems]
+    if len({p.D for p in ps}) > 1:
+        raise ShapeError(
+            "these problems mix head dims; a kernel is built for one head dim: run them in "
+            "separate invocations"
+        )
+    if len({p.causal for p in ps}) > 1:
+        raise ShapeError(
+            "these problems mix causal and non-causal (:full) masks; a kernel is built for one "
+            "mask: run them in two invocations"
+        )
+    return ps[0].problem_class if ps else DEFAULT_CLASS
 
 
 SEED_PROBLEMS: tuple[Problem, ...] = (Problem(4, 32, 4096), Problem(4, 32, 8192),

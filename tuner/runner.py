@@ -15,7 +15,7 @@ from typing import Any
 
 from tuner import __version__, _paths, store
 from tuner import build as build_mod
-from tuner.config import KernelConfig, check_problems, problem_class, validate
+from tuner.config import KernelConfig, check_problems
 from tuner.errors import FaTuneError
 from tuner.problem import Problem
 
@@ -73,12 +73,11 @@ def run_config(
     from tuner.measure.launch import KernelLaunch
 
     say = log or (lambda _m: None)
-    validate(cfg)
-    check_problems(cfg, shapes)
+    pclass = check_problems(cfg, shapes)  # validates cfg for the problems' class
     # Fail on a missing GPU before spending a minute compiling.
     bench = Bench(device_index, seed=seed)
     say(f"GPU {bench.dev.name}; building config {cfg.config_id()}")
-    built = build_mod.build_config(cfg, causal=problem_class(shapes))
+    built = build_mod.build_config(cfg, pclass=pclass)
     say(f"artifact {built.so_path} ({'cache hit' if built.cache_hit else 'compiled'})")
     built.require_timeable()
     # The exact cached artifact, through its C ABI (the same file an export ships).

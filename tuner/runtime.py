@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tuner.errors import FaTuneError, GpuError
-from tuner.problem import Problem
+from tuner.problem import Problem, ProblemClass
 
 HEAD_DIM = 128
 BF16_BYTES = 2
@@ -603,6 +603,11 @@ class KernelModule:
         pc = _json_dict(pclass.decode(errors="replace") if pclass else "")
         self.causal = bool(pc.get("causal", True))
         self.head_dim = int(pc.get("head_dim", HEAD_DIM))
+
+    @property
+    def problem_class(self) -> ProblemClass:
+        """The head dim and mask compiled into this library."""
+        return ProblemClass(self.head_dim, self.causal)
 
     @property
     def writes_lse(self) -> bool:

@@ -72,8 +72,10 @@ def config_from_params(params: dict[str, Any], space: SearchSpace) -> KernelConf
 
 def static_check(cfg: KernelConfig, shapes: Sequence[Problem]) -> None:
     """What the search refuses without compiling: ConfigError or ShapeError saying why."""
-    validate(cfg)
-    check_problems(cfg, shapes)
+    if shapes:
+        check_problems(cfg, shapes)  # validates cfg for the problems' class
+    else:
+        validate(cfg)
 
 
 def valid_config(params: dict[str, Any], space: SearchSpace,

@@ -5,7 +5,7 @@ One invocation::
     open/create the study (tuner/study.py; default sqlite:///<studies>/<study>.db)
     settle RUNNING trials a killed run left (as a stop settles its own, below); re-enqueue
     what an interrupted run cut mid-measurement
-    enqueue the known-good points (SEED_POINTS) the study has not seen yet
+    enqueue the known-good points (the space's seeds) the study has not seen yet
     loop:
         ask trials ahead (a batch; near the deadline only as many as the GPU can still take);
             the sampler proposes only valid, unmeasured configs (tuner/sampler.py)
@@ -28,15 +28,29 @@ SIGTERM, a bug): one cut mid-measurement fails as "interrupted" and is re-enqueu
 the ones that never reached the GPU go back to WAITING (params fixed, user attr ``not_run``),
 so the next search measures them first and no one reads them as failures.
 
+Several workers, one study: every worker (a process per GPU with ``--gpus``, tuner/fleet.py;
+``fa-tune worker`` on other hosts) runs this loop against the same storage. Dedupe spans them:
+the sampler skips configs another worker is measuring (RUNNING trials with that
+``config_id``), a finished trial of any worker is a verdict for all, and a trial asked with a
+config another worker is measuring at that moment waits for that trial's verdict (``waits_for``;
+when two wait for each other, the lower trial number measures). Each trial this process holds
+is kept alive by a heartbeat (tuner/rdb.py); a worker that dies (kill -9, host lost) stops
+beating, and after the grace period another worker fails its trials and Optuna enqueues each
+again. A worker whose GPU model differs from the study's refuses to join (``gpu_model`` study
+attr) unless ``allow_mixed_gpus``; each measured trial records its ``gpu``.
+
 Trial user attrs: ``config`` (every knob), ``config_id``, ``owner`` (host:pid), ``source``
 ("preset:NAME" for enqueued points), ``build`` (key, so_path, compile seconds, cache hit),
 ``screen`` ({shape, median_ms, tflops}), ``shapes`` ({shape: {median_ms, min_ms, max_ms, tflops,
 max_abs_err}}), ``confirmed`` ({geomean_tflops, protocol, shapes, results_dir}),
-``fail_reason``, ``prune_reason``, ``duplicate_of``, ``not_run``. Study user attrs: ``shapes``
+``fail_reason``, ``prune_reason``, ``duplicate_of``, ``not_run``, ``gpu`` ({name, sm_count,
+driver_version, nvcc_version, host, device}), ``waits_for``, ``retry_of`` (a heartbeat retry).
+Study user attrs: ``shapes``
 (the objective's problems, as their text forms ``str(Problem)``: ``4x32x8192``, ``1x32/8x8192``;
 an MHA, D 128, causal problem keeps the name it had before problems, so old studies read the
-same), ``space`` (the space's dict) and ``sessions`` (per invocation: wall
-s, GPU-busy s, counts).
+same), ``space`` (the space's dict), ``gpu_model`` ({name, sm_count} of the first worker's
+GPU) and ``sessions`` (per invocation: wall s, GPU-busy s, counts, device, GPU; each also under
+its own key ``session <UTC> <owner>``, which concurrent workers cannot overwrite).
 """
 
 from __future__ import annotations
@@ -54,18 +68,18 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from tuner import _paths
+from tuner import _paths, rdb
 from tuner import build as build_mod
-from tuner.config import KernelConfig, check_problems, load_preset, problem_class
+from tuner.config import KernelConfig, check_problem, load_preset
 from tuner.errors import ConfigError, FaTuneError, ShapeError
 from tuner.gpu_worker import DEFAULT_ENTRY
 from tuner.measure.timing import Protocol
 from tuner.policy import SearchPolicy
-from tuner.problem import Problem
+from tuner.problem import Problem, class_of
 from tuner.sampler import make_sampler, static_check, suggest_config, valid_config
 from tuner.space import SearchSpace
 from tuner.study import (
@@ -81,21 +95,22 @@ from tuner.study import (
 from tuner.worker_client import GpuWorker, WorkerFailure
 
 # ---- the search's constants -------------------------------------------------------------------
-# The known-good points enqueued first, as (source, preset, changes): FA3's heuristic, the
-# 3 K / 3 V stage variant, the static persistent kernel (lab run 6 on the H200, 2026-11-29:
-# 1.02 / 1.03 / 1.01x FA3) and the same with K/V multicast and Q in registers (lab run 9,
-# 2026-11-30: 1.048 / 1.065 / 1.057x). A study that lacks one (an older study) gets it on resume.
-SEED_POINTS: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    ("preset:default", "default", {}),
-    ("preset:default+k3v3", "default", {"k_stages": 3, "v_stages": 3}),
-    ("preset:static", "static", {}),
-    ("preset:multicast", "multicast", {}),
-)
 # FAIL reasons of trials whose measurement was cut, not judged: re-enqueued on resume.
 # "not run: search stopped" is what earlier versions told trials they never started.
 REQUEUE_REASONS = ("interrupted", "not run: search stopped")
 # Stop when the sampler proposes this many invalid or already-measured configs in a row.
 MAX_IDLE_ASKS = 300
+# Heartbeat of the trials a worker holds (tuner/rdb.py): a beat every HEARTBEAT_S; a trial
+# without one for GRACE_S belongs to a dead worker and is failed and enqueued again. The grace
+# outlasts a storage hiccup; a dead worker's config waits that long for its retry.
+HEARTBEAT_S = 10
+GRACE_S = 60
+# A RUNNING trial without an owner (versions before owners) counts as killed only when it
+# started this long before us: a trial another worker asked a moment ago has no owner yet.
+OWNERLESS_GRACE_S = 120.0
+# A worker with nothing left to ask waits this long after the others' last trial ended, for
+# the retries of a dead worker's trials to be enqueued (rdb.RequeueStaleTrial).
+LINGER_TAIL_S = 3.0
 
 Builder = Callable[[KernelConfig], Any]  # -> an object with so_path, local_memory, ...
 
@@ -128,10 +143,16 @@ def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def seed_params(space: SearchSpace) -> list[tuple[str, dict[str, Any] | None]]:
-    """(source, params) of every known-good point; params None when it lies outside space."""
-    return [(source, params_for(load_preset(preset).replace(**changes), space))
-            for source, preset, changes in SEED_POINTS]
+def seed_params(space: SearchSpace, head_dim: int = 128
+                ) -> list[tuple[str, dict[str, Any] | None]]:
+    """(source, params) of every known-good point (the space file's ``seeds``; a file without
+    them gets those of its head dim's default space); params None when it lies outside space.
+    A study that lacks one (an older study) gets it on resume."""
+    from tuner.space import default_space_name, load_space
+
+    seeds = space.seeds or load_space(default_space_name(head_dim)).seeds
+    return [(s.source, params_for(load_preset(s.preset).replace(**dict(s.changes)), space))
+            for s in seeds]
 
 
 def params_for(cfg: KernelConfig, space: SearchSpace) -> dict[str, Any] | None:
@@ -167,6 +188,9 @@ class Progress:
     worker_restarts: int = 0
     gpu_state: str = ""  # filled by the CLI from NVML (temperature, SM clock)
     last_events: list[str] = field(default_factory=list)
+    device: int = 0  # the CUDA device this worker measures on
+    gpu_name: str = ""  # as its GPU worker reports it
+    waiting: int = 0  # trials waiting for another worker's verdict on their config
 
     def event(self, text: str) -> None:
         self.last_events = (self.last_events + [text])[-6:]
@@ -188,6 +212,9 @@ class SearchSummary:
     stopped_by: str
     temp_wait_s: float = 0.0  # part of gpu_busy_s spent waiting for the GPU to cool
     not_run: int = 0  # asked, never measured: back to WAITING, measured first next time
+    device: int = 0
+    gpu_name: str = ""
+    owner: str = ""  # host:pid of this worker
 
     @property
     def gpu_busy_fraction(self) -> float:
@@ -200,6 +227,10 @@ class SearchSummary:
 
 class _Stop(Exception):
     """SIGTERM (or another requested stop) in the main thread."""
+
+
+class _TrialLost(Exception):
+    """A trial this process holds was finished by another worker (its heartbeat sweep)."""
 
 
 @dataclass
@@ -231,6 +262,9 @@ class Search:
         results_root: Path | None = None,
         progress_cb: Callable[[Progress], None] | None = None,
         policy: SearchPolicy | None = None,
+        heartbeat_s: int | None = HEARTBEAT_S,
+        grace_s: int | None = GRACE_S,
+        allow_mixed_gpus: bool = False,
     ) -> None:
         import optuna
 
@@ -239,11 +273,12 @@ class Search:
             raise ShapeError("give at least one --shape")
         if len({str(s) for s in shapes}) != len(shapes):
             raise ShapeError("a --shape is given twice")
-        # The search tunes fa-tune's kernel: a problem it cannot run (D != 128 so far, or a mix
-        # of masks: one library serves one) is refused here, once, not as a static reject of
-        # every trial. A caller's own builder must build for the problems' mask.
-        check_problems(KernelConfig(), shapes)
-        causal = problem_class(shapes)  # the mask every candidate is built for
+        # The search tunes fa-tune's kernel: a problem it cannot run (past the grid limits, or
+        # a mix of head dims or masks: one library serves one class) is refused here, once, not
+        # as a static reject of every trial. A caller's own builder must build for the class.
+        for s in shapes:
+            check_problem(KernelConfig(), s)
+        self.pclass = class_of(shapes)  # the head dim and mask every candidate is built for
         if n_trials is not None and n_trials < 1:
             raise SearchError(f"--trials must be at least 1 (got {n_trials})")
         self.study_name = check_study_name(study)
@@ -258,7 +293,7 @@ class Search:
         if builder is None:
             from tuner.build import build_config
 
-            builder = functools.partial(build_config, causal=causal)
+            builder = functools.partial(build_config, pclass=self.pclass)
         self.builder = builder
         self.policy = policy or SearchPolicy()
         self.gate_seed = gate_seed
@@ -268,7 +303,10 @@ class Search:
         self.t_start = time.monotonic()
         self.started_utc = datetime.now(timezone.utc)
 
-        self.storage = open_storage(self.url)
+        self.allow_mixed_gpus = allow_mixed_gpus
+        self.grace_s = grace_s or GRACE_S
+        self.storage = open_storage(self.url, heartbeat_s=heartbeat_s, grace_s=grace_s,
+                                    notify=self._storage_note)
         samp = make_sampler(sampler, seed, space, accept=self._acceptable)
         try:
             self.study = optuna.create_study(
@@ -281,11 +319,22 @@ class Search:
         self.worker = GpuWorker(worker_entry, device_index, tick=self._tick,
                                 background=self._ask_while_gpu_works)
         self.progress = Progress(study, [str(s) for s in self.shapes], n_trials,
-                                 None if timeout_s is None else self.t_start + timeout_s)
+                                 None if timeout_s is None else self.t_start + timeout_s,
+                                 device=device_index)
+        self.heartbeat = rdb.TrialHeartbeat(self.study, self.storage, heartbeat_s,
+                                            self._open_ids) if heartbeat_s else None
         self.open: dict[int, Any] = {}  # trial number -> Trial asked and not yet told
         self.known: dict[str, Any] = {}  # config_id -> finished FrozenTrial (dedupe)
         self.pending: dict[str, int] = {}  # config_id -> trial number in the pipeline
         self.dups: dict[int, list[Any]] = {}  # trial number -> trials asked with its config
+        # Other workers: config_ids they are measuring now (the sampler skips them), and our
+        # trials waiting for one of theirs (number -> (trial, config, their trial number)).
+        self.foreign: set[str] = set()
+        self.waiting: dict[int, tuple[Any, KernelConfig, int]] = {}
+        self._last_sync = 0.0
+        self._study_waiting = False  # the study holds WAITING trials (as of the last _sync)
+        self._foreign_seen = 0.0  # when _sync last saw another worker measuring
+        self._nvcc: str | None | bool = False  # False: not looked up yet
         self.incumbent: Any | None = None
         self._last_tick = 0.0
         self._avg_compile_s = 60.0
@@ -307,7 +356,23 @@ class Search:
         if cfg is None:
             return False
         cid = cfg.config_id()
-        return cid not in self.known and cid not in self.pending
+        return cid not in self.known and cid not in self.pending and cid not in self.foreign
+
+    def _open_ids(self) -> list[int]:
+        """Storage ids of the trials this process holds (the heartbeat thread beats them)."""
+        while True:
+            try:
+                return [t._trial_id for t in list(self.open.values())]
+            except RuntimeError:  # the main thread changed the dict meanwhile
+                continue
+
+    def _storage_note(self, text: str) -> None:
+        """The storage lost its database, or has it again (tuner/rdb.py): one line on stderr,
+        and in the live view."""
+        rdb.notify_stderr(text)
+        prog = getattr(self, "progress", None)
+        if prog is not None:
+            prog.event(text[:160])
 
     # -- study metadata
     def _check_study_attrs(self) -> None:
@@ -349,6 +414,7 @@ class Search:
         search settles its own when it stops: one that reached the GPU (it has a ``build``)
         fails as "interrupted", one that never did goes back to WAITING. Returns the trial
         numbers (failed, put back)."""
+        import optuna
         from optuna.trial import TrialState
 
         failed: list[int] = []
@@ -364,15 +430,29 @@ class Search:
                 start = t.datetime_start
                 if start is not None and start.tzinfo is None:
                     start = start.replace(tzinfo=timezone.utc)
-                stale = start is None or start < self.started_utc
-            if stale and "build" not in t.user_attrs:
-                self._put_back(t._trial_id, t.params, "killed")
-                put_back.append(t.number)
-            elif stale:
-                self.storage.set_trial_user_attr(t._trial_id, "fail_reason", "interrupted")
-                self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-                failed.append(t.number)
+                stale = start is None or start < self.started_utc - timedelta(
+                    seconds=OWNERLESS_GRACE_S)
+            # Another host's trials are the heartbeat's (rdb.TrialHeartbeat): no pid to check.
+            try:
+                if stale and "build" not in t.user_attrs:
+                    self._put_back(t._trial_id, t.params, "killed")
+                    put_back.append(t.number)
+                elif stale:
+                    self.storage.set_trial_user_attr(t._trial_id, "fail_reason", "interrupted")
+                    self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                    failed.append(t.number)
+            except optuna.exceptions.UpdateFinishedTrialError:
+                continue  # another worker settled it first
         return failed, put_back
+
+    def prepare(self) -> None:
+        """Settle what killed runs left and enqueue the known-good points: what every run does
+        first, and what ``fa-tune search --create-only`` and a fleet's parent do once before
+        any worker starts (so simultaneous workers do not enqueue the seeds twice)."""
+        failed, put_back = self.recover()
+        self.progress.event(f"stale RUNNING trials: failed {failed or 'none'}, "
+                            f"back to waiting {put_back or 'none'}")
+        self._enqueue_start_points()
 
     def _enqueue_start_points(self) -> None:
         from optuna.trial import TrialState
@@ -392,7 +472,7 @@ class Search:
                 self.study.enqueue_trial(dict(t.params), user_attrs={"requeued_from": t.number})
                 waiting.add(t.user_attrs.get("config_id"))
         sources = {t.user_attrs.get("source") for t in trials}
-        for source, params in seed_params(self.space):
+        for source, params in seed_params(self.space, self.pclass.head_dim):
             if source in sources:
                 continue
             if params is None:
@@ -402,18 +482,10 @@ class Search:
                                      skip_if_exists=True)
 
     def _load_known(self) -> None:
-        from optuna.trial import TrialState
-
         trials = self.study.get_trials(deepcopy=False)
         for t in trials:
             cid = t.user_attrs.get("config_id")
-            if not cid:
-                continue
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (
-                t.state == TrialState.FAIL
-                and t.user_attrs.get("fail_reason") not in REQUEUE_REASONS
-                and not t.user_attrs.get("transient")
-            ):
+            if cid and _is_verdict(t):
                 self.known.setdefault(cid, t)
         self.incumbent = best_confirmed(trials)
         if self.incumbent is not None:
@@ -427,6 +499,8 @@ class Search:
 
     # -- main loop
     def run(self) -> SearchSummary:
+        import optuna
+
         failed, put_back = self.recover()
         self.progress.event(f"stale RUNNING trials: failed {failed or 'none'}, "
                             f"back to waiting {put_back or 'none'}")
@@ -434,6 +508,11 @@ class Search:
         self.progress.current = "starting the GPU worker"
         self._emit()
         self.worker.start()
+        try:
+            self._check_gpu_model()  # before any trial: a refused worker leaves no trace
+        except BaseException:
+            self.worker.stop()
+            raise
         self._enqueue_start_points()
         self._load_known()
         stopped_by = "finished"
@@ -441,6 +520,8 @@ class Search:
         old_term = None
         if threading.current_thread() is threading.main_thread():
             old_term = signal.signal(signal.SIGTERM, _raise_stop)
+        if self.heartbeat is not None:
+            self.heartbeat.start()
         try:
             self._asking = True
             while True:
@@ -452,7 +533,9 @@ class Search:
                     self._fill()
                 if why and stopped_by == "finished":
                     stopped_by = why
-                if not self.queue:
+                if not self.queue and not self.waiting and not why and self._linger():
+                    continue
+                if not self.queue and not self.waiting:
                     if self._exhausted and stopped_by == "finished":
                         stopped_by = self._exhausted
                     break
@@ -464,7 +547,10 @@ class Search:
                 self._sync_queue()
                 gpu_s = self.worker.wall_s
                 self._in_flight = cand.trial.number
-                self._evaluate(cand)
+                try:
+                    self._evaluate(cand)
+                except (_TrialLost, optuna.exceptions.UpdateFinishedTrialError):
+                    self._lost(cand.trial)
                 self._in_flight = None
                 gpu_s = self.worker.wall_s - gpu_s
                 if gpu_s > 0:  # it reached the GPU
@@ -482,12 +568,36 @@ class Search:
             self._asking = False
             self.pool.shutdown(wait=False, cancel_futures=True)
             not_run = self._settle_open(stopped_by)
+            if self.heartbeat is not None:
+                self.heartbeat.stop()
             self.worker.stop()
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
             summary = self._summary(stopped_by, not_run)
             self._record_session(summary)
         return summary
+
+    def _linger(self) -> bool:
+        """Nothing left to ask here (the space looks exhausted) while other workers still
+        measure: wait, since a trial of theirs may come back (a dead worker's, enqueued again
+        by the heartbeat) and be ours to measure. True while lingering. (Without a heartbeat
+        a dead worker's trial never comes back: no lingering then.)"""
+        if self.heartbeat is None or not self._exhausted or (
+                self.n_trials is not None and self._asked >= self.n_trials):
+            return False
+        # A sweep fails a dead worker's trials first and enqueues their retries after: a
+        # moment with neither, which a few seconds' tail outlasts.
+        if not self.foreign and time.monotonic() - self._foreign_seen > LINGER_TAIL_S:
+            return False
+        self.progress.current = (f"nothing left to ask; {len(self.foreign)} configs still "
+                                 "measured by other workers")
+        self._tick()
+        time.sleep(0.5)
+        self._sync()
+        if self._study_waiting:  # enqueued (a retry): ask again
+            self._exhausted = None
+            self._idle = 0
+        return True
 
     def _fill(self, max_asks: int | None = None) -> int:
         """Ask until ``lookahead`` trials are in the pipeline (or ``max_asks`` asks); returns
@@ -529,7 +639,9 @@ class Search:
         taking the queue strictly in order let one slow compile hold the GPU idle while faster
         ones behind it were ready; the queue then refilled in waves (H200 search, 2026-11-29:
         GPU busy 28%). Known-good points are asked first, so they still go first when their
-        compiles finish first. Returns None when the search should stop before any is ready.
+        compiles finish first. Returns None when the search should stop before any is ready,
+        or when nothing is left in the pipeline (trials that waited for another worker's
+        verdict got it).
         """
         while True:
             for cand in self.queue:
@@ -540,7 +652,15 @@ class Search:
                 return None
             if self._fill(max_asks=1):
                 continue  # a free slot got a candidate (or a reject): look again
-            wait_futures([c.future for c in self.queue], timeout=0.25, return_when=FIRST_COMPLETED)
+            if self.waiting:
+                self._sync(min_age_s=0.5)  # another worker's verdict, or ours to measure
+            if not self.queue:
+                if not self.waiting:
+                    return None
+                time.sleep(0.25)
+            else:
+                wait_futures([c.future for c in self.queue], timeout=0.25,
+                             return_when=FIRST_COMPLETED)
             self._tick()
 
     def _should_stop(self) -> str | None:
@@ -574,9 +694,24 @@ class Search:
 
     def _ask(self, pool: ThreadPoolExecutor) -> _Candidate | None:
         """Ask one trial; a static reject or a duplicate is told at once (returns None)."""
+        import optuna
 
+        self._sync()  # the sampler's filter and the dedupe see what other workers did
         trial = self.study.ask()
         self.open[trial.number] = trial
+        try:
+            return self._take(trial, pool)
+        except (_TrialLost, optuna.exceptions.UpdateFinishedTrialError):
+            self._lost(trial)
+            return None
+
+    def _take(self, trial: Any, pool: ThreadPoolExecutor) -> _Candidate | None:
+        """A trial just asked: its verdict at once (static reject, duplicate), a wait for
+        another worker's verdict, or a candidate whose compile starts now."""
+        if self.heartbeat is not None:
+            # Beat before anything else: a trial put back and asked again must not read as
+            # stale to another worker's sweep.
+            self.heartbeat.beat(trial._trial_id)
         trial.set_user_attr("owner", self.owner)
         try:
             cfg = suggest_config(trial, self.space)
@@ -600,15 +735,170 @@ class Search:
         if prev is not None:
             self._tell_duplicate(trial, prev)
             return None
+        verdict, other = self._elsewhere(trial.number, cid)
+        if verdict is not None:  # another worker told it since our last look
+            self.known.setdefault(cid, verdict)
+            self._tell_duplicate(trial, verdict)
+            return None
+        if other is not None:
+            # Another worker measures this config right now: its verdict, not a second timing.
+            trial.set_user_attr("waits_for", other)
+            self.waiting[trial.number] = (trial, cfg, other)
+            self.progress.waiting = len(self.waiting)
+            self.progress.event(f"trial {trial.number}: trial {other} (another worker) "
+                                "measures this config; waiting for its verdict")
+            return None
         self.pending[cid] = trial.number
         return _Candidate(trial, cfg, pool.submit(self.builder, cfg))
+
+    # -- other workers
+    def _elsewhere(self, number: int, cid: str) -> tuple[Any | None, int | None]:
+        """Another worker's trial of this config, read afresh: (a finished trial that judged
+        it, else None; else the lowest-numbered RUNNING one, else None).
+
+        Our ``config_id`` is stored before this read, so of two workers that take the same
+        config at the same moment at least one sees the other; one that sees waits (``waits_for``)
+        and two that see each other are settled in ``_sync`` (the lower number measures). A
+        verdict told since the last ``_sync`` is seen here too (Optuna's cache re-reads every
+        trial that was unfinished)."""
+        from optuna.trial import TrialState
+
+        running: list[int] = []
+        for t in self.study.get_trials(deepcopy=False):
+            if t.number == number or t.number in self.open or \
+                    t.user_attrs.get("config_id") != cid:
+                continue
+            if t.state.is_finished() and _is_verdict(t):
+                return t, None
+            if t.state == TrialState.RUNNING:
+                running.append(t.number)
+        return None, (min(running) if running else None)
+
+    def _sync(self, min_age_s: float = 0.0) -> None:
+        """Read what other workers did: their finished trials become verdicts here (dedupe),
+        their RUNNING configs are skipped by the sampler, a better confirmed trial becomes the
+        incumbent (pruning and confirming compare against the study's best, not this worker's),
+        and trials that wait for another worker's verdict take it or, when that trial ends
+        without one (its worker died) or waits for ours, are measured here."""
+        from optuna.trial import TrialState
+
+        now = time.monotonic()
+        if now - self._last_sync < min_age_s:
+            return
+        self._last_sync = now
+        trials = self.study.get_trials(deepcopy=False)
+        foreign: set[str] = set()
+        by_number: dict[int, Any] = {}
+        self._study_waiting = False
+        for t in trials:
+            by_number[t.number] = t
+            if t.state == TrialState.WAITING:
+                self._study_waiting = True
+            cid = t.user_attrs.get("config_id")
+            if t.number in self.open or not cid:
+                continue
+            if t.state == TrialState.RUNNING:
+                foreign.add(cid)
+            elif _is_verdict(t):
+                self.known.setdefault(cid, t)
+        self.foreign = foreign
+        if foreign:
+            self._foreign_seen = now
+        best = best_confirmed(trials)
+        if best is not None and self.policy.is_new_best(best, self.incumbent) and (
+                self.incumbent is None or best.number != self.incumbent.number):
+            self.incumbent = best
+            self._show_best(best)
+        for number, (trial, cfg, other) in list(self.waiting.items()):
+            o = by_number.get(other)
+            if o is None:
+                continue
+            if o.state.is_finished() and _is_verdict(o):
+                del self.waiting[number]
+                self._tell_duplicate(trial, o)
+            elif o.state != TrialState.RUNNING or (
+                    o.user_attrs.get("waits_for") == number and number < other):
+                del self.waiting[number]
+                self._promote(trial, cfg)
+        self.progress.waiting = len(self.waiting)
+
+    def _promote(self, trial: Any, cfg: KernelConfig) -> None:
+        """A waiting trial is measured here after all (as if just asked, without the wait)."""
+        trial.set_user_attr("waits_for", None)
+        cid = cfg.config_id()
+        first = self.pending.get(cid)
+        if first is not None:
+            self.dups.setdefault(first, []).append(trial)
+        elif cid in self.known:
+            self._tell_duplicate(trial, self.known[cid])
+        elif self.pool is not None:
+            self.pending[cid] = trial.number
+            self.queue.append(_Candidate(trial, cfg, self.pool.submit(self.builder, cfg)))
+            self._asked += 1
+            self._sync_queue()
+
+    def _lost(self, trial: Any) -> None:
+        """Another worker failed this trial while we held it: no heartbeat of ours reached the
+        storage for the grace period (an outage, a stalled host). Optuna enqueued it again, and
+        that copy measures the config; here it is only dropped."""
+        import optuna
+
+        self.open.pop(trial.number, None)
+        self.waiting.pop(trial.number, None)
+        for cid, n in list(self.pending.items()):
+            if n == trial.number:
+                del self.pending[cid]
+        for dup in self.dups.pop(trial.number, []):
+            try:
+                self._fail(dup, "not run: duplicate of a trial that could not be measured",
+                           counted=False, transient=True)
+            except (_TrialLost, optuna.exceptions.UpdateFinishedTrialError):
+                self.open.pop(dup.number, None)  # lost as well
+        self.progress.event(f"trial {trial.number} was failed by another worker (no heartbeat "
+                            f"from this one for {self.grace_s} s); its retry measures it")
+
+    def _check_gpu_model(self) -> None:
+        """The heterogeneity guard: timings of two GPU models do not compare, so a worker
+        joins only a study made on its own model (name and SM count), unless allowed."""
+        mine = gpu_model(self.worker.gpu)
+        self.progress.gpu_name = str(mine.get("name") or "")
+        theirs = self.study.user_attrs.get("gpu_model")
+        if not isinstance(theirs, dict):
+            self.study.set_user_attr("gpu_model", mine)
+            return
+        if _same_model(mine, theirs):
+            return
+        what = f"GPU {self.worker.device_index} is {_model_text(mine)}"
+        if not self.allow_mixed_gpus:
+            raise SearchError(
+                f"{what}, but study '{self.study_name}' was measured on {_model_text(theirs)}; "
+                "timings would not compare: use another --study, or --allow-mixed-gpus to "
+                "join anyway"
+            )
+        self.progress.event(f"mixed GPUs: {what}, the study's is {_model_text(theirs)}")
+
+    def _gpu_record(self, built: Any) -> dict[str, Any]:
+        """What a trial records about where it was measured (the heterogeneity record)."""
+        g = self.worker.gpu
+        nvcc = getattr(built, "nvcc_version", None)
+        if not nvcc:
+            if self._nvcc is False:
+                try:
+                    self._nvcc = build_mod.nvcc_version()
+                except FaTuneError:
+                    self._nvcc = None
+            nvcc = self._nvcc
+        return {"name": g.get("name"), "sm_count": g.get("sm_count"),
+                "driver_version": g.get("driver_version") or g.get("nvidia_driver_version"),
+                "nvcc_version": nvcc, "host": socket.gethostname(),
+                "device": self.worker.device_index}
 
     def _tell_duplicate(self, trial: Any, prev: Any) -> None:
         from optuna.trial import TrialState
 
         self.progress.duplicates += 1
         trial.set_user_attr("duplicate_of", prev.number)
-        for k in ("build", "screen", "shapes", "prune_reason", "fail_reason"):
+        for k in ("build", "screen", "shapes", "prune_reason", "fail_reason", "gpu"):
             if k in prev.user_attrs:
                 trial.set_user_attr(k, prev.user_attrs[k])
         if prev.state == TrialState.COMPLETE:
@@ -625,16 +915,18 @@ class Search:
     def _tell(self, trial: Any, state: Any, value: float | None = None) -> Any:
         from optuna.trial import TrialState
 
-        if state == TrialState.COMPLETE:
-            ft = self.study.tell(trial, value)
-        else:
-            ft = self.study.tell(trial, state=state)
+        try:
+            if state == TrialState.COMPLETE:
+                ft = self.study.tell(trial, value)
+            else:
+                ft = self.study.tell(trial, state=state)
+        except ValueError as e:
+            if "Cannot tell a" in str(e):  # finished by another worker (a heartbeat sweep)
+                raise _TrialLost(trial.number) from None
+            raise
         self.open.pop(trial.number, None)
         cid = ft.user_attrs.get("config_id")
-        if cid and not ft.user_attrs.get("transient") and (
-            ft.state != TrialState.FAIL
-            or ft.user_attrs.get("fail_reason") not in REQUEUE_REASONS
-        ):
+        if cid and _is_verdict(ft):
             self.known.setdefault(cid, ft)
         if cid and self.pending.get(cid) == trial.number:
             del self.pending[cid]
@@ -713,6 +1005,7 @@ class Search:
             # As study.enqueue_trial stores them: the sampler leaves such a trial alone.
             self.storage.set_trial_system_attr(trial_id, "fixed_params", dict(params))
         self.storage.set_trial_state_values(trial_id, TrialState.WAITING)
+        self.storage.forget_heartbeat(trial_id)
 
     # -- one candidate
     def _measure(self, so: str, shape: Problem, protocol: Protocol, gate: bool) -> dict[str, Any]:
@@ -739,6 +1032,7 @@ class Search:
             "key": getattr(built, "key", None), "so_path": str(built.so_path),
             "compile_seconds": secs, "cache_hit": bool(getattr(built, "cache_hit", False)),
         })
+        trial.set_user_attr("gpu", self._gpu_record(built))
         why = built.unfit
         if why:
             self._fail(trial, f"artifact unfit to time: {why}")
@@ -863,20 +1157,28 @@ class Search:
             complete=p.complete, pruned=p.pruned, failed=p.failed, rejected=p.rejected,
             duplicates=p.duplicates, best=best, wall_s=time.monotonic() - self.t_start,
             gpu_busy_s=self.worker.busy_s, stopped_by=stopped_by, temp_wait_s=self.temp_wait_s,
-            not_run=not_run,
+            not_run=not_run, device=self.worker.device_index, gpu_name=p.gpu_name,
+            owner=self.owner,
         )
 
     def _record_session(self, s: SearchSummary) -> None:
+        """The session's record, under a key of its own (``session <UTC> <owner>``: workers
+        that stop together cannot overwrite each other's) and appended to ``sessions``
+        (read-modify-write: with several workers a record may miss that list, never its key)."""
         try:
-            sessions = list(self.study.user_attrs.get("sessions", []))
-            sessions.append({
-                "started_utc": self.started_utc.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            started = self.started_utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+            rec = {
+                "started_utc": started,
                 "owner": self.owner, "wall_s": round(s.wall_s, 2),
                 "gpu_busy_s": round(s.gpu_busy_s, 2), "temp_wait_s": round(s.temp_wait_s, 2),
                 "trials": s.trials_run,
                 "complete": s.complete, "pruned": s.pruned, "failed": s.failed,
                 "rejected": s.rejected, "not_run": s.not_run, "stopped_by": s.stopped_by,
-            })
+                "device": s.device, "gpu": s.gpu_name,
+            }
+            self.study.set_user_attr(f"session {started} {self.owner}", rec)
+            sessions = list(self.study.user_attrs.get("sessions", []))
+            sessions.append(rec)
             self.study.set_user_attr("sessions", sessions[-200:])
         except Exception:  # noqa: BLE001 - bookkeeping must not mask the search's outcome
             pass
@@ -903,6 +1205,33 @@ def _temp_wait_s(reply: dict[str, Any]) -> float:
         if isinstance(waited, (int, float)):
             total += float(waited)
     return total
+
+
+def _is_verdict(t: Any) -> bool:
+    """Whether a finished trial judged its config (so another trial of it is a duplicate):
+    COMPLETE or PRUNED, or FAIL with a reason that is the config's (not an interruption, not
+    a missing tool, not a worker that died without telling: rdb.stale_failed)."""
+    from optuna.trial import TrialState
+
+    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    return (t.state == TrialState.FAIL and not rdb.stale_failed(t)
+            and t.user_attrs.get("fail_reason") not in REQUEUE_REASONS
+            and not t.user_attrs.get("transient"))
+
+
+def gpu_model(gpu: dict[str, Any]) -> dict[str, Any]:
+    """What makes two GPUs time alike (the heterogeneity guard): model name and SM count."""
+    return {"name": gpu.get("name"), "sm_count": gpu.get("sm_count")}
+
+
+def _same_model(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.get("name") == b.get("name") and a.get("sm_count") == b.get("sm_count")
+
+
+def _model_text(m: dict[str, Any]) -> str:
+    sms = f", {m['sm_count']} SMs" if m.get("sm_count") else ""
+    return f"{m.get('name') or 'an unnamed GPU'}{sms}"
 
 
 def _is_transient_build(e: FaTuneError) -> bool:

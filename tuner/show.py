@@ -229,3 +229,26 @@ def pick_trial(study: str, storage: str | None, trial: int | None) -> tuple[Any,
     if not rows:
         raise SearchError(f"study '{study}' has no completed trial yet")
     return st, next(t for t in trials if t.number == rows[0]["trial"])
+
+
+def profile_lines(trials: list[Any]) -> list[str]:
+    """One line per headline ``fa-tune profile`` stored with a trial (its user attr ``profile``:
+    {problem: record}), in trial order; malformed records are skipped."""
+    from tuner.profile import PROFILE_ATTR, record_line
+
+    out = []
+    for t in sorted(trials, key=lambda t: t.number):
+        recs = t.user_attrs.get(PROFILE_ATTR)
+        if not isinstance(recs, dict):
+            continue
+        for problem, rec in recs.items():
+            if not isinstance(rec, dict):
+                continue
+            line = (f"trial {t.number} on {problem} ({rec.get('date', '?')}, ncu "
+                    f"{rec.get('ncu_version', '?')}): {record_line(rec) or 'no metrics'}")
+            vs = rec.get("vs")
+            if isinstance(vs, dict):
+                line += f"; beside {vs.get('label', '?')}: " + (
+                    record_line(vs, ("duration_ms", "sm_clock_ghz", "tensor_pipe_pct")) or "-")
+            out.append(f"{line}; report {rec.get('report', '?')}")
+    return out

@@ -7,6 +7,12 @@ File format (``search_spaces/<name>.yaml``)::
 
 A knob left out stays at its default. Every value must be one the knob allows; a bad file is a
 ConfigError naming the file and the knob.
+
+The reserved key ``seeds`` lists the known-good points a new study measures first, each a preset
+plus optional knob changes (``- {preset: default, k_stages: 3}``; its source is named
+``preset:default+k_stages=3`` unless ``name:`` says otherwise). Each head dim has its own space
+file (``default`` for D 128, ``d64``, ``d256``: DEFAULT_SPACES), since tiles, stages and the
+register split that fit differ per head dim.
 """
 
 from __future__ import annotations
@@ -33,10 +39,24 @@ class Dimension:
     int_range: tuple[int, int, int] | None = None
 
 
+# The space a search uses when --space is not given, per head dim of its problems.
+DEFAULT_SPACES: dict[int, str] = {64: "d64", 128: "default", 256: "d256"}
+
+
+@dataclass(frozen=True)
+class Seed:
+    """A known-good point: a preset with knob changes, named ``source`` in the study."""
+
+    source: str
+    preset: str
+    changes: tuple[tuple[str, Any], ...] = ()
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     source: str
     dims: dict[str, Dimension]
+    seeds: tuple[Seed, ...] = ()
 
     def choices(self, knob: str) -> tuple[Any, ...]:
         """The values a knob may take (its default alone when the space leaves it out)."""
@@ -105,17 +125,48 @@ def _dimension(source: str, knob: str, spec: Any) -> Dimension:
     return Dimension(knob, values, rng)
 
 
+def _seeds(source: str, spec: Any) -> tuple[Seed, ...]:
+    where = f"{source}: seeds"
+    if not isinstance(spec, list):
+        raise ConfigError(f"{where} must be a list of {{preset: NAME, knob: value, ...}}")
+    out: list[Seed] = []
+    for item in spec:
+        if not isinstance(item, Mapping) or not isinstance(item.get("preset"), str):
+            raise ConfigError(f"{where}: each seed needs 'preset: NAME' (got {item!r})")
+        changes = {k: v for k, v in item.items() if k not in ("preset", "name")}
+        for k, v in changes.items():
+            if k not in KNOBS:
+                raise ConfigError(f"{where}: unknown knob '{k}' in a seed")
+            try:
+                KNOBS[k].check(v)
+            except ConfigError as e:
+                raise ConfigError(f"{where}: {e}") from None
+        name = item.get("name") or "preset:" + item["preset"] + "".join(
+            f"+{k}={v}" for k, v in changes.items())
+        out.append(Seed(str(name), item["preset"], tuple(changes.items())))
+    return tuple(out)
+
+
 def space_from_dict(data: Any, source: str = "<space>") -> SearchSpace:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: a search space must be a mapping of knob: choices")
     dims: dict[str, Dimension] = {}
+    seeds: tuple[Seed, ...] = ()
     for knob, spec in data.items():
+        if knob == "seeds":
+            seeds = _seeds(source, spec)
+            continue
         if knob not in KNOBS:
             raise ConfigError(
                 f"{source}: unknown knob '{knob}'; known knobs: {', '.join(KNOBS)}"
             )
         dims[knob] = _dimension(source, knob, spec)
-    return SearchSpace(source, dims)
+    return SearchSpace(source, dims, seeds)
+
+
+def default_space_name(head_dim: int) -> str:
+    """The space a search of head dim ``head_dim`` uses when none is named."""
+    return DEFAULT_SPACES.get(head_dim, "default")
 
 
 def load_space(name_or_path: str | Path = "default") -> SearchSpace:

@@ -4,21 +4,25 @@ Shared by ``fa-tune search`` (tuner/search.py) and the commands that read a stud
 (show, export, profile, ``compare --study``), which import only this module: reading a study
 needs neither the search loop nor the GPU worker.
 
-Default storage is ``sqlite:///<studies>/<study>.db`` (SQLite in WAL mode); any SQLAlchemy URL
-Optuna's RDBStorage takes works (PostgreSQL for several hosts). "Best" always means the
+Default storage is ``sqlite:///<studies>/<study>.db`` (SQLite in WAL mode, a 60 s busy
+timeout: several writer processes of one host, ``fa-tune search --gpus``, share it); any
+SQLAlchemy URL Optuna's RDBStorage takes works (PostgreSQL for several hosts; ``postgresql://``
+uses the installed driver). Every storage opened here retries its calls while the database is
+unreachable, and a search's also heartbeats its trials (tuner/rdb.py). "Best" always means the
 highest ``confirmed`` number (the full protocol, tuner/policy.py) over COMPLETE trials.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from tuner import _paths
 from tuner.config import KernelConfig
 from tuner.errors import FaTuneError
+from tuner.problem import DEFAULT_CLASS, ProblemClass
 
 DEFAULT_STUDY = "default"
 
@@ -50,14 +54,40 @@ def redact(url: str) -> str:
 
 
 def quiet_optuna() -> None:
+    import warnings
+
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # The heartbeat (tuner/rdb.py) is Optuna's, used through ask/tell: its "experimental" notes
+    # and its advice to use study.optimize would print on every ask and every beat.
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 
 
-def open_storage(url: str, *, create_dirs: bool = True) -> Any:
-    """An Optuna RDBStorage for url; an unreachable or malformed URL is one SearchError line."""
-    import optuna
+def driver_url(url: str) -> str:
+    """The SQLAlchemy URL with the PostgreSQL driver named: a plain ``postgresql://`` means
+    psycopg 3 to SQLAlchemy 2.1 but psycopg2 to 2.0; fa-tune's ``postgres`` extra installs
+    psycopg2, so that one is taken when present."""
+    import importlib.util
+
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("postgresql", "postgres"):
+        return url
+    for module, driver in (("psycopg2", "psycopg2"), ("psycopg", "psycopg")):
+        if importlib.util.find_spec(module) is not None:
+            return f"postgresql+{driver}://{rest}"
+    raise SearchError(f"cannot open study storage {redact(url)}: no PostgreSQL driver; "
+                      "pip install 'fa-tune[postgres]'")
+
+
+def open_storage(url: str, *, create_dirs: bool = True, heartbeat_s: int | None = None,
+                 grace_s: int | None = None, notify: Callable[[str], None] | None = None) -> Any:
+    """An Optuna RDBStorage for url (tuner/rdb.py: calls retried while the database is
+    unreachable); an unreachable or malformed URL is one SearchError line. With
+    ``heartbeat_s``, trials of workers that stop beating for ``grace_s`` fail and are
+    re-enqueued (rdb.TrialHeartbeat, rdb.RequeueStaleTrial)."""
+    from tuner import rdb
 
     quiet_optuna()
     if url.startswith("sqlite:///") and create_dirs:
@@ -70,8 +100,17 @@ def open_storage(url: str, *, create_dirs: bool = True) -> Any:
                     f"cannot open study storage {url}: cannot create {Path(path).parent}: "
                     f"{e.strerror or e}"
                 ) from None
+    beat: dict[str, Any] = {}
+    if heartbeat_s:
+        beat = {"heartbeat_interval": int(heartbeat_s),
+                "grace_period": int(grace_s or 6 * heartbeat_s),
+                "heartbeat_stale_trial_callback": rdb.RequeueStaleTrial(max_retry=rdb.MAX_RETRY)}
     try:
-        storage = optuna.storages.RDBStorage(url, engine_kwargs=_engine_kwargs(url))
+        storage = rdb.ResilientRDBStorage(driver_url(url), display_url=redact(url),
+                                          notify=notify, engine_kwargs=_engine_kwargs(url),
+                                          **beat)
+    except SearchError:
+        raise
     except Exception as e:  # noqa: BLE001 - sqlalchemy / driver errors of every kind
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise SearchError(f"cannot open study storage {redact(url)}: {first}") from None
@@ -89,10 +128,17 @@ def _sqlite_wal(engine: Any) -> None:
     local ask+tell from 74 to 47 ms (docs/PERF.md). WAL is safe for several processes on one
     machine and survives a crash of the tuner; a power loss can lose the last commits but not
     corrupt the file.
+
+    Every transaction starts with BEGIN IMMEDIATE (the write lock, waited for up to the busy
+    timeout), not pysqlite's deferred BEGIN at the first write: Optuna reads a row, then writes
+    it, in one transaction (a WAITING trial is popped by checking its state, then setting it
+    RUNNING), and with the read outside the lock two worker processes popped the same enqueued
+    trial and measured it twice (PostgreSQL locks the row: SELECT ... FOR UPDATE).
     """
     from sqlalchemy import event
 
     def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # pysqlite emits no BEGIN of its own: on_begin does
         cur = dbapi_conn.cursor()
         try:
             cur.execute("PRAGMA journal_mode=WAL")
@@ -100,14 +146,24 @@ def _sqlite_wal(engine: Any) -> None:
         finally:
             cur.close()
 
+    def on_begin(conn: Any) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
     event.listen(engine, "connect", on_connect)
+    event.listen(engine, "begin", on_begin)
     engine.dispose()  # connections opened during Optuna's setup reconnect with the pragmas
 
 
 def _engine_kwargs(url: str) -> dict[str, Any]:
     if url.startswith("sqlite"):
-        return {"connect_args": {"timeout": 60}}
-    return {"pool_pre_ping": True}
+        return {"connect_args": {"timeout": 60}}  # the busy timeout: writers wait their turn
+    kw: dict[str, Any] = {"pool_pre_ping": True}
+    if driver_url(url).startswith("postgresql+psycopg2://"):
+        # An unreachable server fails a connect in 10 s (then rdb retries), and a connection
+        # to a host that vanished is found dead in about a minute, not at TCP's two hours.
+        kw["connect_args"] = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30,
+                              "keepalives_interval": 10, "keepalives_count": 3}
+    return kw
 
 
 def load_existing_study(study: str, storage: str | None) -> Any:
@@ -170,18 +226,18 @@ def best_config(study: str, storage: str | None = None) -> KernelConfig | None:
     return KernelConfig.from_dict(t.user_attrs["config"])
 
 
-def trial_causal(t: Any) -> bool:
-    """The mask of the problems a trial was measured on (its kernel library's class); causal
-    when it names none (every study before non-causal kernels)."""
+def trial_class(t: Any) -> ProblemClass:
+    """The problem class (head dim, mask) of the problems a trial was measured on: its kernel
+    library's class. D 128, causal when it names none (every study before the kernel family)."""
     from tuner.problem import as_problem
 
     conf = t.user_attrs.get("confirmed") or {}
     names = list((conf.get("shapes") or t.user_attrs.get("shapes") or {}).keys())
-    masks = set()
+    classes = set()
     for name in names:
         try:
-            masks.add(as_problem(name).causal)
+            classes.add(as_problem(name).problem_class)
         except FaTuneError:
             continue
-    return masks.pop() if len(masks) == 1 else True
+    return classes.pop() if len(classes) == 1 else DEFAULT_CLASS
 

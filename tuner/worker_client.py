@@ -157,7 +157,9 @@ class GpuWorker:
         deadline = time.monotonic() + timeout_s
         while True:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 and not self._has_reply():
+                # (A reply that came while the parent was busy, e.g. in an ask that waited out
+                # a storage outage, is not a hang.)
                 self.kill()
                 raise WorkerFailure(f"watchdog: the GPU worker did not answer within "
                                     f"{timeout_s:.0f} s while {what} (hung kernel?); killed")
@@ -176,6 +178,12 @@ class GpuWorker:
                         f"the GPU worker died while {what} ({_exit_text(code)})"
                     ) from None
             self.tick()
+
+    def _has_reply(self) -> bool:
+        try:
+            return bool(self.conn.poll(0))
+        except (OSError, EOFError):
+            return True  # dead: the recv below says so
 
     def _reap(self) -> int | None:
         if self.proc is None:

@@ -25,6 +25,7 @@
 //                   (reads K before the TMA lands; the wait follows; intra_wg_overlap path)
 //   6 epilogue.cuh  O x 1.01 on head-dim columns 0-3 of every row
 //   7 softmax.cuh   the row sum is not rescaled when a row's running max rises (O is)
+//   8 producer.cuh  GQA head mapping: query head h reads K/V head h % Hkv, not h / group
 #ifndef FA_TUNE_PLANT_BUG
 #define FA_TUNE_PLANT_BUG 0
 #endif
@@ -44,7 +45,6 @@ enum class RescaleO { AfterPv, BeforePv };
 enum class TileOrder { LongestFirst, Natural };
 enum class Scheduler { Grid, Static, Dynamic };
 
-constexpr int kHeadDim = 128;
 constexpr int kWarpgroupThreads = 128;
 
 // The mask is a compile-time problem class, part of the config's identity: Config::causal
@@ -55,11 +55,22 @@ template <class Cfg>
 struct CausalOf<Cfg, std::void_t<decltype(Cfg::causal)>>
     : std::integral_constant<bool, bool(Cfg::causal)> {};
 
+// The head dim is the other compile-time problem class: Config::head_dim (128 when absent).
+template <class Cfg, class = void>
+struct HeadDimOf : std::integral_constant<int, 128> {};
+template <class Cfg>
+struct HeadDimOf<Cfg, std::void_t<decltype(Cfg::head_dim)>>
+    : std::integral_constant<int, int(Cfg::head_dim)> {};
+
 // Compile-time facts derived from a Config; every piece takes `Derived<Config>`.
 template <class Cfg>
 struct Derived {
   using C = Cfg;
   static constexpr bool kCausal = CausalOf<Cfg>::value;
+  static constexpr int kHeadDim = HeadDimOf<Cfg>::value;
+  // TMA moves 64 BF16 head-dim columns per box (128 bytes, the swizzle's span): D / 64 boxes.
+  static constexpr int kDBoxes = kHeadDim / 64;
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim: 64, 128 or 256");
   static constexpr int kBlockM = Cfg::block_m;
   static constexpr int kBlockN = Cfg::block_n;
   static constexpr int kKStages = Cfg::k_stages;
@@ -91,6 +102,8 @@ struct Derived {
   static_assert(!kMulticast || (Cfg::scheduler == Scheduler::Static && kConsumerWGs == 2 &&
                                 !kEarlyNextQk),
                 "kv_multicast needs the static scheduler, block_m 128 and no early_next_qk");
+  // Each CTA of the pair loads half of a K/V tile's column boxes, so there must be two or more.
+  static_assert(!kMulticast || kDBoxes >= 2, "kv_multicast needs head_dim >= 128");
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;

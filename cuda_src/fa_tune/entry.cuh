@@ -47,8 +47,8 @@ struct Launcher {
         return fail(cudaErrorInvalidValue, "Q, K, V and O must be 16-byte aligned (TMA)");
     }
     // TMA global strides must stay below 2^40 bytes.
-    if (double(S) * H * kHeadDim * 2 >= 1099511627776.0)
-      return fail(cudaErrorInvalidValue, "S*H*128*2 bytes exceeds TMA's 2^40 stride limit");
+    if (double(S) * H * T::kHeadDim * 2 >= 1099511627776.0)
+      return fail(cudaErrorInvalidValue, "S*H*D*2 bytes exceeds TMA's 2^40 stride limit");
     return cudaSuccess;
   }
 
@@ -132,7 +132,7 @@ struct Launcher {
       int l2_bytes = 0;
       if ((e = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, dev)) != cudaSuccess)
         return fail(e, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e));
-      const double kv_bytes = 2.0 * S * kHeadDim * sizeof(typename T::Element);
+      const double kv_bytes = 2.0 * S * T::kHeadDim * sizeof(typename T::Element);
       prep.sched.section_heads =
           int(std::clamp<double>(std::floor(0.6 * l2_bytes / kv_bytes), 1.0, double(B) * H));
     }
@@ -190,13 +190,14 @@ struct Launcher {
     p.shape = ShapeInfo{B, H, S, (S + T::kBlockM - 1) / T::kBlockM, Hkv, H / Hkv};
     p.sched = prep->sched;
     p.lse = lse;
-    const double scale = softmax_scale > 0.f ? double(softmax_scale) : 1.0 / std::sqrt(double(kHeadDim));
+    const double scale = softmax_scale > 0.f ? double(softmax_scale) : 1.0 / std::sqrt(double(T::kHeadDim));
     p.scale_log2 = float(1.4426950408889634 * scale);
     cudaError_t e;
-    if ((e = encode_bshd_map(&p.tma_q, q, B, S, H, T::kQBoxRows)) != cudaSuccess ||
-        (e = encode_bshd_map(&p.tma_k, k, B, S, Hkv, T::kBlockN)) != cudaSuccess ||
-        (e = encode_bshd_map(&p.tma_v, v, B, S, Hkv, T::kBlockN)) != cudaSuccess ||
-        (e = encode_bshd_map(&p.tma_o, o, B, S, H, 64)) != cudaSuccess)
+    constexpr int D = T::kHeadDim;
+    if ((e = encode_bshd_map(&p.tma_q, q, B, S, H, D, T::kQBoxRows)) != cudaSuccess ||
+        (e = encode_bshd_map(&p.tma_k, k, B, S, Hkv, D, T::kBlockN)) != cudaSuccess ||
+        (e = encode_bshd_map(&p.tma_v, v, B, S, Hkv, D, T::kBlockN)) != cudaSuccess ||
+        (e = encode_bshd_map(&p.tma_o, o, B, S, H, D, 64)) != cudaSuccess)
       return fail(e, "cuTensorMapEncodeTiled failed for this shape");
     if constexpr (Cfg::scheduler == Scheduler::Dynamic) {
       // The counter starts where the grid's first tiles end; zero it on the launch's stream.
@@ -231,17 +232,26 @@ struct Launcher {
 
 // The only symbols a kernel library exports (it is built with -fvisibility=hidden).
 #define FA_TUNE_API __attribute__((visibility("default")))
+// The C ABI's names are FA_TUNE_API_PREFIX + name, fa_tune_ unless the build says otherwise:
+// a workload library (`fa-tune export --workload`) links several kernels into one .so, each
+// under its own prefix, behind a dispatcher that exports the fa_tune_ names.
+#ifndef FA_TUNE_API_PREFIX
+#define FA_TUNE_API_PREFIX fa_tune_
+#endif
+#define FA_TUNE_CAT_(a, b) a##b
+#define FA_TUNE_CAT(a, b) FA_TUNE_CAT_(a, b)
+#define FA_TUNE_FN(name) FA_TUNE_CAT(FA_TUNE_API_PREFIX, name)
 
 extern "C" {
 
 // The C ABI's version: 2 adds Hkv (GQA/MQA) and the softmax scale (docs/ARCHITECTURE.md).
-FA_TUNE_API int fa_tune_abi_version(void) { return 2; }
+FA_TUNE_API int FA_TUNE_FN(abi_version)(void) { return 2; }
 
 // Q, O: [B, S, Hq, D]; K, V: [B, S, Hkv, D] (BF16, contiguous); lse: [B, Hq, S] FP32 or NULL.
 // softmax_scale 0 means 1/sqrt(D). Causal or not and D are compiled in (the config).
-FA_TUNE_API int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse,
-                                int B, int Hq, int Hkv, int S, float softmax_scale,
-                                cudaStream_t stream) {
+FA_TUNE_API int FA_TUNE_FN(forward)(const void* q, const void* k, const void* v, void* o,
+                                    float* lse, int B, int Hq, int Hkv, int S,
+                                    float softmax_scale, cudaStream_t stream) {
   return int(fa_tune::Launcher<Config>::forward(q, k, v, o, lse, B, Hq, Hkv, S, softmax_scale,
                                                 stream));
 }
@@ -249,8 +259,8 @@ FA_TUNE_API int fa_tune_forward(const void* q, const void* k, const void* v, voi
 // One-time setup for a shape: the static scheduler's task lists (built and uploaded), the
 // dynamic scheduler's counter. *host_ms: time spent (0 when already prepared). forward()
 // prepares on first use too, so calling this only moves the cost out of the first launch.
-FA_TUNE_API int fa_tune_prepare(int B, int H, int Hkv, int S, cudaStream_t /*stream*/,
-                                double* host_ms) {
+FA_TUNE_API int FA_TUNE_FN(prepare)(int B, int H, int Hkv, int S, cudaStream_t /*stream*/,
+                                    double* host_ms) {
   using L = fa_tune::Launcher<Config>;
   fa_tune::g_last_error.clear();
   if (host_ms != nullptr) *host_ms = 0.0;
@@ -261,16 +271,18 @@ FA_TUNE_API int fa_tune_prepare(int B, int H, int Hkv, int S, cudaStream_t /*str
   return int(L::prepare(B, H, S, &prep, host_ms));
 }
 
-FA_TUNE_API const char* fa_tune_last_error(void) { return fa_tune::g_last_error.c_str(); }
+FA_TUNE_API const char* FA_TUNE_FN(last_error)(void) { return fa_tune::g_last_error.c_str(); }
 
-FA_TUNE_API const char* fa_tune_config_json(void) { return Config::json; }
+FA_TUNE_API const char* FA_TUNE_FN(config_json)(void) { return Config::json; }
 
 // The problem class compiled in (D and the mask); Hq and Hkv are run-time arguments.
-FA_TUNE_API const char* fa_tune_problem_class(void) {
-  return fa_tune::Derived<Config>::kCausal ? "{\"head_dim\":128,\"causal\":true}"
-                                           : "{\"head_dim\":128,\"causal\":false}";
+FA_TUNE_API const char* FA_TUNE_FN(problem_class)(void) {
+  using D = fa_tune::Derived<Config>;
+  static const std::string json = "{\"head_dim\":" + std::to_string(D::kHeadDim) +
+                                   ",\"causal\":" + (D::kCausal ? "true" : "false") + "}";
+  return json.c_str();
 }
 
-FA_TUNE_API int fa_tune_smem_bytes(void) { return fa_tune::Launcher<Config>::smem_bytes(); }
+FA_TUNE_API int FA_TUNE_FN(smem_bytes)(void) { return fa_tune::Launcher<Config>::smem_bytes(); }
 
 }  // extern "C"

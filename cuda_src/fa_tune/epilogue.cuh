@@ -68,7 +68,7 @@ struct Epilogue {
 
     if (tid % kWarpgroupThreads == 0) {
       if (first_row < p.shape.S) {
-        for (int c = 0; c < 2; ++c)  // two 64-column boxes; rows past S are clipped by TMA
+        for (int c = 0; c < T::kDBoxes; ++c)  // 64-column boxes; rows past S are clipped by TMA
           tma_store_4d<Cfg::hint_o>(&p.tma_o, o_smem + (c * T::kBlockM + wg * 64) * kBoxCols,
                                     c * kBoxCols, first_row, t.head, t.batch);
       }

@@ -43,7 +43,7 @@ struct Consumer {
     Tensor tSrK = thr_qk.partition_fragment_B(sK);
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<T::kBlockM>, Int<T::kBlockN>>{});
-    Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<T::kBlockM>, Int<kHeadDim>>{});
+    Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{});
     Tensor tOrP = make_tensor<Element>(typename T::LayoutP{});
     PipeState kst, vst, qst;
     typename Mainloop<Cfg>::template State<decltype(tSrQ), decltype(tSrK), decltype(tOrV),

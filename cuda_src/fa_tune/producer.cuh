@@ -30,13 +30,13 @@ struct Producer {
     while (t.valid) {
       const int h = t.head, b = t.batch;
       if (leader) {
-        // Q: two 64-column boxes of block_m rows, or with kv_multicast one pair of boxes per
+        // Q: D / 64 column boxes of block_m rows, or with kv_multicast one pair of boxes per
         // warpgroup (its 64 rows sit apart in the pair: params.cuh, wg_first_row).
         uint64_t* bar = ss.q_ring.acquire(qst, T::kQBytes);
         constexpr int kQBoxes = T::kBlockM / T::kQBoxRows;
         for (int r = 0; r < kQBoxes; ++r) {
           const int row = wg_first_row<T>(t.m_block, r, rank);  // no multicast: r = 0, the tile's first row
-          for (int c = 0; c < 2; ++c)
+          for (int c = 0; c < T::kDBoxes; ++c)
             tma_load_4d<Cfg::hint_q>(&p.tma_q, bar,
                                      ss.q + (c * T::kBlockM + r * T::kQBoxRows) * kBoxCols,
                                      c * kBoxCols, row, h, b);
@@ -58,22 +58,24 @@ struct Producer {
     }
   }
 
-  // One K or V tile n into the ring's next stage: two 64-column boxes on one full barrier.
-  // With kv_multicast this CTA loads only column box `rank` and TMA writes it into both CTAs;
-  // the peer loads the other box, and each CTA's barrier waits for the whole tile.
+  // One K or V tile n into the ring's next stage: D / 64 column boxes on one full barrier.
+  // With kv_multicast this CTA loads only its half of the column boxes and TMA writes them into
+  // both CTAs; the peer loads the other half, and each CTA's barrier waits for the whole tile.
   template <CacheHint kHint, class Ring>
   __device__ static void load_tile(const CUtensorMap* map, Ring& ring, PipeState& st,
                                    typename T::Element* base, int n, int h, int b, int rank) {
     const bool load = kLabKvLoadEvery == 1 || n % kLabKvLoadEvery == 0;
     uint64_t* bar = ring.acquire(st, load ? T::kKVTileBytes : 0);
-    auto* dst = base + st.index * T::kBlockN * kHeadDim;
+    auto* dst = base + st.index * T::kBlockN * T::kHeadDim;
     if (load) {
       if constexpr (T::kMulticast) {
-        tma_load_4d_multicast<kHint>(map, bar, dst + rank * T::kBlockN * kBoxCols,
-                                     uint16_t((1u << T::kClusterSize) - 1u), rank * kBoxCols,
-                                     n * T::kBlockN, h, b);
+        constexpr int kMine = T::kDBoxes / T::kClusterSize;
+        for (int c = rank * kMine; c < (rank + 1) * kMine; ++c)
+          tma_load_4d_multicast<kHint>(map, bar, dst + c * T::kBlockN * kBoxCols,
+                                       uint16_t((1u << T::kClusterSize) - 1u), c * kBoxCols,
+                                       n * T::kBlockN, h, b);
       } else {
-        for (int c = 0; c < 2; ++c)
+        for (int c = 0; c < T::kDBoxes; ++c)
           tma_load_4d<kHint>(map, bar, dst + c * T::kBlockN * kBoxCols, c * kBoxCols,
                              n * T::kBlockN, h, b);
       }
@@ -83,8 +85,9 @@ struct Producer {
 
   __device__ static void load_kv(const Params& p, SharedStorage<T>& ss, const TileCoord& t,
                                  PipeState& kst, PipeState& vst, int rank) {
-    // GQA / MQA: query head h reads K/V head h / group.
-    const int h = t.head / p.shape.group, b = t.batch;
+    // GQA / MQA: query head h reads K/V head h / group. TEST ONLY: planted bug 8 (config.cuh)
+    // interleaves instead (h % Hkv), the same head for MHA and MQA, another one for GQA.
+    const int h = kPlantBug == 8 ? t.head % p.shape.Hkv : t.head / p.shape.group, b = t.batch;
     const int n_blocks = num_kv_blocks<T>(p.shape, t.m_block);
     auto load_k = [&](int n) {
       load_tile<Cfg::hint_k>(&p.tma_k, ss.k_ring, kst, ss.k, n, h, b, rank);

@@ -15,7 +15,7 @@
 namespace fa_tune {
 
 // A TMA box spans 64 BF16 head-dim columns: 128 bytes, the span of the 128-byte swizzle.
-// A 128-wide row is two boxes.
+// A D-wide row is D / 64 boxes (Derived::kDBoxes).
 constexpr int kBoxCols = 64;
 
 template <CacheHint H>
@@ -110,10 +110,10 @@ __device__ __forceinline__ void fence_view_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
-// Host: a BSHD BF16 tensor [B, S, H, 128] viewed as 4-D (d, s, h, b), read in boxes of
+// Host: a BSHD BF16 tensor [B, S, H, D] viewed as 4-D (d, s, h, b), read in boxes of
 // 64 head-dim elements (128 bytes, the 128-byte swizzle's span) by `rows` sequence rows.
 inline cudaError_t encode_bshd_map(CUtensorMap* map, const void* base, int B, int S, int H,
-                                   int rows) {
+                                   int D, int rows) {
   using EncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
@@ -128,9 +128,9 @@ inline cudaError_t encode_bshd_map(CUtensorMap* map, const void* base, int B, in
     if (q != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorNotSupported;
     encode = reinterpret_cast<EncodeFn>(fn);
   }
-  const cuuint64_t dims[4] = {cuuint64_t(kHeadDim), cuuint64_t(S), cuuint64_t(H), cuuint64_t(B)};
-  const cuuint64_t strides[3] = {cuuint64_t(H) * kHeadDim * 2, cuuint64_t(kHeadDim) * 2,
-                                 cuuint64_t(S) * H * kHeadDim * 2};
+  const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(S), cuuint64_t(H), cuuint64_t(B)};
+  const cuuint64_t strides[3] = {cuuint64_t(H) * D * 2, cuuint64_t(D) * 2,
+                                 cuuint64_t(S) * H * D * 2};
   const cuuint32_t box[4] = {cuuint32_t(kBoxCols), cuuint32_t(rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims,

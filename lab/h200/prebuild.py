@@ -1,5 +1,6 @@
 """Warm the build cache on the GPU host while the other calls of a session run (16 cores):
-every preset for both masks, and the planted-bug variants of the gate tests.
+every preset for its head dim (config.preset_head_dim) and both masks, and the planted-bug
+variants of the gate tests.
 
     python3 lab/h200/prebuild.py > .device/prebuild.log 2>&1 &
 """
@@ -14,17 +15,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tuner import build  # noqa: E402
-from tuner.config import list_presets, load_preset  # noqa: E402
+from tuner.config import list_presets, load_preset, preset_head_dim  # noqa: E402
+from tuner.problem import HEAD_DIMS, ProblemClass  # noqa: E402
 
 
 def main() -> None:
     t0 = time.time()
     build.build_oracle()
-    presets = [load_preset(p) for p in list_presets()]
     for causal in (True, False):
-        for o in build.build_many(presets, causal=causal):
-            print(f"{'causal' if causal else 'full'} {o.config.config_id()} "
-                  f"{'ok' if o.ok else o.error}", flush=True)
+        for d in HEAD_DIMS:
+            names = [n for n in list_presets() if preset_head_dim(n) == d]
+            pclass = ProblemClass(d, causal)
+            for n, o in zip(names, build.build_many([load_preset(n) for n in names],
+                                                    pclass=pclass), strict=True):
+                print(f"{pclass} {n} {'ok' if o.ok else o.error}", flush=True)
     default = load_preset("default")
     with ThreadPoolExecutor(7) as ex:  # each build is one nvcc process
         for bug, r in zip(range(1, 8), ex.map(

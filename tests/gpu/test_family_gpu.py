@@ -1,7 +1,12 @@
-"""Issue 14 on an H200: fa-tune's kernel on GQA/MQA (Hkv a run-time argument) and non-causal
-problems (the mask compiled in), at head dim 128, for every scheduler: every variant passes the
-gate (every input set, the BF16 budget) on problems whose tiles do not divide evenly; a library
-refuses a problem of the other mask before launching."""
+"""Issue 14 on an H200: the kernel family. Hkv is a run-time argument (MHA, GQA, MQA); the head
+dim (64, 128, 256) and the mask are the problem class, compiled in. Every variant passes the
+gate (every input set, the BF16 budget) on problems no tile divides, with Hq/Hkv in
+{1, 2, 4, 8, 32}, MQA and B > 1: at D 128 the presets of every scheduler, at D 64 and 256 the
+head dim's presets and its search space's seeds (static and multicast among them). A library
+refuses a problem of another class before launching.
+
+    pytest -s -m gpu tests/gpu/test_family_gpu.py
+"""
 
 from __future__ import annotations
 
@@ -10,25 +15,40 @@ from collections.abc import Iterator
 import pytest
 
 from tuner import build
-from tuner.config import KernelConfig, load_preset
+from tuner.config import KernelConfig, list_presets, load_preset, preset_head_dim
 from tuner.measure.bench import Bench
 from tuner.measure.launch import KernelLaunch
-from tuner.problem import Problem
+from tuner.problem import Problem, ProblemClass
 from tuner.runtime import KernelError
+from tuner.sampler import config_from_params
+from tuner.search import seed_params
+from tuner.space import default_space_name, load_space
 
 pytestmark = pytest.mark.gpu
 
-CONFIGS = [load_preset("default"), load_preset("baseline"), load_preset("static"),
-           load_preset("dynamic"), load_preset("multicast")]
-CAUSAL = [Problem(2, 8, 1000, Hkv=2), Problem(1, 6, 333, Hkv=1), Problem(2, 4, 1000),
-          Problem(3, 16, 2000, Hkv=4)]
-FULL = [Problem(2, 4, 1000, causal=False), Problem(1, 8, 777, Hkv=2, causal=False),
-        Problem(2, 16, 2000, Hkv=1, causal=False), Problem(1, 1, 77, causal=False)]
+
+def _configs(d: int) -> list[KernelConfig]:
+    if d == 128:
+        return [load_preset(n) for n in ("default", "baseline", "static", "dynamic", "multicast")]
+    out = [load_preset(n) for n in list_presets() if preset_head_dim(n) == d]
+    space = load_space(default_space_name(d))
+    out += [config_from_params(p, space) for _, p in seed_params(space, d) if p is not None]
+    return list(dict.fromkeys(out))
 
 
-def _id(c: KernelConfig) -> str:
-    return (f"{c.scheduler}" + ("-multicast" if c.kv_multicast else "")
-            + ("-baseline" if c.k_stages == 1 else ""))
+CONFIGS = {d: _configs(d) for d in (64, 128, 256)}
+# Uneven problems; groups 4, 6 (MQA), 1, 4, 1, 2.
+PROBLEMS = [Problem(2, 8, 1000, Hkv=2), Problem(1, 6, 333, Hkv=1), Problem(3, 4, 777),
+            Problem(1, 32, 1500, Hkv=8), Problem(2, 32, 600, Hkv=32), Problem(1, 8, 2048, Hkv=4)]
+CASES = [(c, Problem(p.B, p.Hq, p.S, Hkv=p.Hkv, D=d, causal=causal))
+         for d, cfgs in CONFIGS.items() for c in cfgs for causal in (True, False)
+         for p in (PROBLEMS if causal else PROBLEMS[::2])]
+
+
+def _id(x: object) -> str:
+    if isinstance(x, KernelConfig):
+        return (f"{x.config_id()}-{x.scheduler}" + ("-multicast" if x.kv_multicast else ""))
+    return str(x)
 
 
 @pytest.fixture(scope="module")
@@ -39,32 +59,38 @@ def bench() -> Iterator[Bench]:
 
 
 @pytest.fixture(scope="module")
-def kernels() -> dict[tuple[KernelConfig, bool], KernelLaunch]:
+def kernels() -> dict[tuple[KernelConfig, ProblemClass], KernelLaunch]:
     out = {}
-    for causal in (True, False):
-        for o in build.build_many(CONFIGS, jobs=len(CONFIGS), causal=causal):
-            assert o.ok and o.result is not None, f"{o.config.diff_from_default()}: {o.error}"
-            o.result.require_timeable()
-            out[(o.config, causal)] = KernelLaunch(o.result.so_path)
+    for d, cfgs in CONFIGS.items():
+        for causal in (True, False):
+            pclass = ProblemClass(d, causal)
+            for o in build.build_many(cfgs, pclass=pclass):
+                assert o.ok and o.result is not None, f"{o.config.diff_from_default()}: {o.error}"
+                o.result.require_timeable()
+                out[(o.config, pclass)] = KernelLaunch(o.result.so_path)
     return out
 
 
-@pytest.mark.parametrize("problem", [*CAUSAL, *FULL], ids=str)
-@pytest.mark.parametrize("cfg", CONFIGS, ids=_id)
+@pytest.mark.parametrize(("cfg", "problem"), CASES, ids=_id)
 def test_family_passes_gate(bench: Bench, kernels: dict, cfg: KernelConfig,
                             problem: Problem) -> None:
-    kernel = kernels[(cfg, problem.causal)]
-    assert kernel.module.causal is problem.causal
+    kernel = kernels[(cfg, problem.problem_class)]
+    assert kernel.module.problem_class == problem.problem_class
     g = bench.gate(kernel, problem)
     bench.release(problem)
-    print(f"{_id(cfg):40s} {problem!s:16s} {g.summary()}")
+    print(f"{_id(cfg):36s} {problem!s:22s} {g.summary()}")
     assert g.passed, g.summary()
 
 
-def test_library_refuses_the_other_mask(bench: Bench, kernels: dict) -> None:
-    causal_lib = kernels[(CONFIGS[0], True)]
-    p = Problem(1, 4, 256, causal=False)
-    assert causal_lib.supports(p) is not None
-    with pytest.raises(KernelError, match="runs D 128, causal problems"):
-        causal_lib.forward(bench.load_inputs(p), bench.stream)
-    bench.release(p)
+@pytest.mark.parametrize(("lib", "problem", "needle"), [
+    (ProblemClass(128, True), Problem(1, 4, 256, causal=False), "runs D 128, causal problems"),
+    (ProblemClass(256, True), Problem(1, 4, 256), "runs D 256, causal problems"),
+    (ProblemClass(64, False), Problem(1, 4, 256, D=128, causal=False), "runs D 64, non-causal"),
+], ids=str)
+def test_library_refuses_another_class(bench: Bench, kernels: dict, lib: ProblemClass,
+                                       problem: Problem, needle: str) -> None:
+    kernel = kernels[(CONFIGS[lib.head_dim][0], lib)]
+    assert kernel.supports(problem) is not None
+    with pytest.raises(KernelError, match=needle):
+        kernel.forward(bench.load_inputs(problem), bench.stream)
+    bench.release(problem)

@@ -3,8 +3,9 @@
 Each planted bug (FA_TUNE_PLANT_BUG = N, documented in cuda_src/fa_tune/config.cuh) is compiled
 into the default preset through the product's own build path (tuner.build.build_config with
 ``defines``), loaded through tuner.runtime.KernelModule and gated by tuner.measure.oracle.gate at
-a shape no tile divides (2x4x1000) and at 1x8x4096. Every preset of search_spaces/presets/ must
-pass on seed, rising and rising_fwd at the same shapes. With ``pytest -s`` a table shows, per
+a shape no tile divides (2x4x1000) and at 1x8x4096 (bug 8, the GQA head mapping, at GQA shapes).
+Every preset of search_spaces/presets/ must pass on seed, rising and rising_fwd at the same
+shapes, at its own head dim (config.preset_head_dim). With ``pytest -s`` a table shows, per
 variant, shape and input set, the worst rms_err / rms_bf16 over the 16-row blocks and over the
 head-dim columns, the worst rms_err / budget (<= 1 passes) and the verdict: the margins that
 confirm BUDGET_K (docs/GATE.md).
@@ -14,6 +15,7 @@ confirm BUDGET_K (docs/GATE.md).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,14 +24,16 @@ from pathlib import Path
 import pytest
 
 from tuner import _paths, build
-from tuner.config import list_presets, load_preset
+from tuner.config import list_presets, load_preset, preset_head_dim
 from tuner.measure import oracle
-from tuner.problem import Problem
+from tuner.problem import Problem, ProblemClass
 from tuner.runtime import AttnBuffers, Device, KernelModule
 
 pytestmark = pytest.mark.gpu
 
 SHAPES = [Problem(2, 4, 1000), Problem(1, 8, 4096)]
+GQA_SHAPES = [Problem(2, 8, 1000, Hkv=2), Problem(1, 8, 4096, Hkv=4)]
+GQA_ONLY = {8}  # the head mapping is the identity for MHA
 ALL_SETS = ("seed", "rising", "rising_fwd")
 
 
@@ -64,7 +68,8 @@ def artifacts() -> dict[str, build.BuildResult]:
     def one(item: tuple[str, int | None]) -> build.BuildResult:
         preset, bug = item
         defines = None if bug is None else {"FA_TUNE_PLANT_BUG": bug}
-        return build.build_config(load_preset(preset), defines=defines)
+        pclass = ProblemClass(preset_head_dim(preset), True)
+        return build.build_config(load_preset(preset), defines=defines, pclass=pclass)
 
     with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), build.usable_cpus()))) as ex:
         results = dict(zip(jobs, ex.map(one, jobs.values()), strict=True))
@@ -107,6 +112,7 @@ def _gate(dev: Device, so_path: str, shape: Problem, sets: tuple[str, ...],
 @pytest.mark.parametrize("preset", list_presets())
 def test_every_preset_passes_with_margin(dev: Device, artifacts: dict, table: list,
                                          preset: str, shape: Problem) -> None:
+    shape = dataclasses.replace(shape, D=preset_head_dim(preset))
     g = _gate(dev, artifacts[f"preset {preset}"].so_path, shape, ALL_SETS, table,
               f"preset {preset}")
     assert g.passed, g.summary()
@@ -114,8 +120,9 @@ def test_every_preset_passes_with_margin(dev: Device, artifacts: dict, table: li
         assert m.budget_ratio is not None and m.budget_ratio <= 1.0, m.brief()
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-@pytest.mark.parametrize("bug", sorted(BUGS), ids=lambda n: f"bug{n}")
+@pytest.mark.parametrize(("bug", "shape"), [
+    (b, s) for b in sorted(BUGS) for s in (GQA_SHAPES if b in GQA_ONLY else SHAPES)],
+    ids=lambda x: f"bug{x}" if isinstance(x, int) else str(x))
 def test_gate_rejects_planted_bug(dev: Device, artifacts: dict, table: list, bug: int,
                                   shape: Problem) -> None:
     g = _gate(dev, artifacts[f"bug {bug}"].so_path, shape, oracle.DEFAULT_INPUT_SETS, table,

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Kernel-family session on a lent H200 (issue 14: head dims 64 and 256, non-causal): the
+# workloads of lab/h200/variants/*.txt, each built for its problem class.
+#
+#   call 1, carry [".whl"]:        bash lab/h200/family.sh build
+#       installs our wheels; builds (background, all cores) the presets of every class, the
+#       planted bugs and every variants file for its class
+#   call 2, carry [".fa3/part1"]:  bash lab/h200/fa3_stage1.sh
+#   call 3, carry [".fa3/part2"]:  bash lab/h200/family.sh run [WORKLOAD...]
+#       installs FA3, waits for the builds, runs the head-dim GPU tests and the planted-bug
+#       tests, then times each workload's variants beside FA3 (first and last) in one process
+#
+# Workloads: name -> variants file, problem (SHAPE below); FAMILY_WORKLOADS="d64b ..." picks
+# which ones the build step builds, SKIP_PREBUILD=1 skips the presets and planted bugs, and
+# SKIP_TESTS=1 the GPU tests of the run step. Timing protocol LAB_PROTOCOL (default the seeds'
+# "50 200 3" with 2 s settle). Logs and JSON land in $OUT.
+set -euo pipefail
+cmd=${1:?usage: family.sh build|run [WORKLOAD...]}
+shift
+LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DEV=${FA_TUNE_DEVICE_DIR:-$(cd "$LAB/../.." && pwd)/.device}
+mkdir -p "$DEV"
+declare -A SHAPE=([d64]=4x32x8192:d64 [d64b]=4x32x8192:d64 [d256]=4x16x8192:d256
+               [full128]=4x32x8192:full)
+ORDER=(${FAMILY_WORKLOADS:-d256 d64 full128})
+
+case "$cmd" in
+build)
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$DEV/site" .whl/*.whl
+  rm -f "$DEV/family_build.log"
+  E="bash $LAB/gpu_session.sh env --"
+  cmds=""
+  [ -n "${SKIP_PREBUILD:-}" ] || cmds="$E python3 $LAB/prebuild.py;"
+  for w in "${ORDER[@]}"; do
+    cmds+=" $E python3 scripts/kernel_lab.py --build-only --variants-file $LAB/variants/$w.txt"
+    cmds+=" --shape ${SHAPE[$w]} --jobs $(nproc);"
+  done
+  setsid nohup bash -c "$cmds echo FAMILY-BUILT" > "$DEV/family_build.log" 2>&1 < /dev/null &
+  echo "building in the background"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv
+  ;;
+run)
+  OUT=${OUT:-$DEV/out}
+  FA3_SMOKE=0 bash "$LAB/fa3_stage2.sh" > "$OUT/fa3_install.log" 2>&1 \
+    || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed: timing without it"; }
+  for _ in $(seq 200); do grep -q '^FAMILY-BUILT' "$DEV/family_build.log" 2>/dev/null && break; sleep 3; done
+  grep -E "^built|NO |error|Error" "$DEV/family_build.log" | head -20 || true
+  cp "$DEV/family_build.log" "$OUT/"
+  E="bash $LAB/gpu_session.sh env --"
+  if [ -z "${SKIP_TESTS:-}" ]; then
+    timeout 240 $E python3 -m pytest -q -s -m gpu tests/gpu/test_family_gpu.py \
+      tests/gpu/test_planted_bugs_gpu.py -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1 || true
+    grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -15
+  fi
+  read -r warm rep rounds <<< "${LAB_PROTOCOL:-50 200 3}"
+  for w in "${@:-${ORDER[@]}}"; do
+    timeout "${LAB_TIMEOUT:-200}" $E python3 scripts/kernel_lab.py \
+      --variants-file "$LAB/variants/$w.txt" --shape "${SHAPE[$w]}" \
+      --warmup "$warm" --repeat "$rep" --rounds "$rounds" > "$OUT/lab_$w.log" 2>&1 \
+      || echo "lab $w exited $?"
+    mv -f "$OUT/kernel_lab.json" "$OUT/kernel_lab_$w.json" 2>/dev/null || true
+    grep -A40 "^shape " "$OUT/lab_$w.log" | grep -v "^$" || tail -5 "$OUT/lab_$w.log"
+  done
+  ;;
+*)
+  echo "usage: family.sh build|run [WORKLOAD...]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""A Llama-3-8B-shaped prefill with attn_implementation="fa_tune" and "sdpa", in one process.
+
+The model is built from LlamaConfig with random weights (nothing is downloaded): hidden 4096, 32
+query heads, 8 K/V heads, head dim 128, MLP 14336, vocab 128256, RoPE theta 500000 (Llama-3-8B's
+sizes), with the layers cut to --layers (default 4). The same weights and token ids run a
+prefill of --seq tokens (default 8192, batch 1) through both backends; the logits are compared
+(BF16 tolerance: each BF16 run's mean |difference| / mean |logit| against the same model in
+FP32 with sdpa; fa_tune's at most 1.25x sdpa's + 1e-3; top-1 agreement is reported) and each
+backend's prefill is timed with CUDA events, alternating the backends so drift hits both alike.
+
+Needs an sm_90 GPU, torch with CUDA, transformers, and a workload export whose library serves
+the model's heads (Hq 32, Hkv 8) at --seq, e.g.:
+
+    fa-tune export --workload llama3-8b --default preset:multicast --out /tmp/l8b
+    python scripts/llama_prefill.py --export /tmp/l8b
+
+Exit 0 when the logits agree, 1 when they do not, 2 for a usage error (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def fail(msg: str) -> None:
+    sys.stderr.write(f"llama_prefill: error: {msg}\n")
+    raise SystemExit(2)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--export", required=True, type=Path,
+                    help="A workload export folder (holds fa_tune_ops/ and lib/).")
+    ap.add_argument("--seq", type=int, default=8192, help="Prefill tokens (default 8192).")
+    ap.add_argument("--batch", type=int, default=1, help="Batch size (default 1).")
+    ap.add_argument("--layers", type=int, default=4, help="Decoder layers (default 4).")
+    ap.add_argument("--warmup", type=int, default=2, help="Untimed prefills per backend.")
+    ap.add_argument("--iters", type=int, default=5, help="Timed prefills per backend.")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None, help="Also write the results here.")
+    a = ap.parse_args(argv)
+    for name in ("seq", "batch", "layers", "iters"):
+        if getattr(a, name) < 1:
+            fail(f"--{name} must be at least 1")
+    if not (a.export / "fa_tune_ops" / "__init__.py").is_file():
+        fail(f"{a.export} is not a workload export (no fa_tune_ops/); make one with "
+             "`fa-tune export --workload llama3-8b ... --out DIR`")
+    return a
+
+
+def build_model(layers: int, seed: int) -> Any:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                      head_dim=128, intermediate_size=14336, vocab_size=128256,
+                      num_hidden_layers=layers, max_position_embeddings=8192,
+                      rms_norm_eps=1e-5, rope_parameters={"rope_type": "default",
+                                                          "rope_theta": 500000.0})
+    torch.manual_seed(seed)
+    # Built on the GPU in BF16 directly: a CPU FP32 init of ~2 B parameters takes minutes.
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("cuda"):
+            model = LlamaForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(old)
+    return model.eval()
+
+
+def prefill_ms(model: Any, ids: Any) -> float:
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.inference_mode():
+        start.record()
+        model(ids, use_cache=False, logits_to_keep=1)
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        fail(f"needs torch with CUDA and transformers: {e}")
+    if not torch.cuda.is_available():
+        fail("torch sees no CUDA GPU")
+    sys.path.insert(0, str(a.export.resolve()))
+    import fa_tune_ops
+
+    lib = fa_tune_ops.library()
+    if lib.bucket_for(a.batch, 32, 8, a.seq) == -1:
+        fail(f"{lib.path} serves no bucket for B={a.batch} Hq=32 Hkv=8 S={a.seq}; it serves "
+             f"{lib.serves_text()}")
+    fa_tune_ops.register_hf()
+    model = build_model(a.layers, a.seed)
+    g = torch.Generator(device="cuda").manual_seed(a.seed + 1)
+    ids = torch.randint(0, model.config.vocab_size, (a.batch, a.seq), device="cuda", generator=g)
+    backends = ("sdpa", "fa_tune")
+
+    # Correctness: full logits of one prefill per backend.
+    logits = {}
+    for impl in backends:
+        model.set_attn_implementation(impl)
+        with torch.inference_mode():
+            logits[impl] = model(ids, use_cache=False).logits.float()
+    ours, ref = logits["fa_tune"], logits["sdpa"]
+    rel = ((ours - ref).abs().mean() / ref.abs().mean()).item()
+    max_abs = (ours - ref).abs().max().item()
+    agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
+
+    # Timing: the last position's logits only (the prefill a server runs), backends alternated.
+    times: dict[str, list[float]] = {b: [] for b in backends}
+    for i in range(a.warmup + a.iters):
+        for impl in (backends if i % 2 == 0 else backends[::-1]):
+            model.set_attn_implementation(impl)
+            ms = prefill_ms(model, ids)
+            if i >= a.warmup:
+                times[impl].append(ms)
+    med = {b: statistics.median(v) for b, v in times.items()}
+
+    # "Within BF16 tolerance" judged against the same model in FP32 (sdpa): fa_tune's BF16 logits
+    # must be about as close to it as sdpa's BF16 logits are. Random weights make the logits
+    # near-uniform, so top-1 flips between two BF16 runs say little (it is reported, not judged).
+    model.float()
+    model.set_attn_implementation("sdpa")
+    with torch.inference_mode():
+        ref32 = model(ids, use_cache=False).logits.float()
+    scale = ref32.abs().mean()
+    err = {b: ((logits[b] - ref32).abs().mean() / scale).item() for b in backends}
+    del logits, ours, ref, ref32
+    torch.cuda.empty_cache()
+    ok = err["fa_tune"] <= 1.25 * err["sdpa"] + 1e-3
+    result = {
+        "model": f"Llama-3-8B-shaped, {a.layers} layers, random weights", "batch": a.batch,
+        "seq": a.seq, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+        "transformers": transformers.__version__, "library": str(lib.path),
+        "logits": {"mean_rel_diff": rel, "max_abs_diff": max_abs, "top1_agreement": agree,
+                   "rel_err_vs_fp32": err,
+                   "ok": ok},
+        "prefill_ms": {b: {"median": med[b], "all": times[b]} for b in backends},
+        "speedup_vs_sdpa": med["sdpa"] / med["fa_tune"],
+    }
+    print(f"{result['model']}, B={a.batch}, S={a.seq}, {result['gpu']}")
+    print(f"logits fa_tune vs sdpa: mean |diff| / mean |logit| = {rel:.2e}, max |diff| = "
+          f"{max_abs:.3f}, top-1 agreement {100 * agree:.2f}%")
+    print(f"vs the FP32 model (sdpa): fa_tune {err['fa_tune']:.2e}, sdpa {err['sdpa']:.2e} "
+          f"mean |diff| / mean |logit| -> {'OK' if ok else 'FAIL'} (fa_tune <= 1.25 x sdpa + 1e-3)")
+    for b in backends:
+        print(f"prefill {b:8s}: median {med[b]:.2f} ms over {a.iters} "
+              f"(min {min(times[b]):.2f}, max {max(times[b]):.2f})")
+    print(f"fa_tune / sdpa speedup: {result['speedup_vs_sdpa']:.3f}x")
+    if a.json:
+        a.json.write_text(json.dumps(result, indent=2))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Calibrate the static register check per head dim: compile configs around its boundary
+WITHOUT validate() and report what ptxas did (registers, stack, local memory, serialized wgmma).
+
+    python scripts/reg_calibration.py --head-dim 256 --jobs 2 [--out FILE.json]
+
+Each row: config id, the knobs that vary, the static estimate (config.consumer_reg_estimate)
+vs consumer_regs, and the build's verdict. Used for CONSUMER_REG_OVERHEAD_D in tuner/config.py
+(docs/PERF.md, step 26). CPU only: nvcc 13.0 builds sm_90a without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tuner import build  # noqa: E402
+from tuner.config import KernelConfig, consumer_reg_estimate  # noqa: E402
+from tuner.problem import ProblemClass  # noqa: E402
+
+# Configs around the boundary, per head dim: (block_m, block_n, overlap, q_in_regs, regs).
+GRID: dict[int, list[dict]] = {
+    64: [dict(block_m=bm, block_n=bn, intra_wg_overlap=ov, consumer_regs=r, producer_regs=p,
+              pingpong=bm > 64)
+         for bm, r, p in ((192, 160, 24), (128, 240, 24))
+         for bn in (128, 176, 192) for ov in (True, False)],
+    256: [dict(block_m=128, block_n=bn, intra_wg_overlap=ov, consumer_regs=240, producer_regs=24,
+               k_stages=2, v_stages=2, pingpong=True)
+          for bn in (64, 80, 96, 112) for ov in (True, False)]
+          + [dict(block_m=64, block_n=bn, intra_wg_overlap=True, consumer_regs=240,
+                  producer_regs=24, pingpong=False, k_stages=2, v_stages=2)
+             for bn in (96, 128)],
+}
+
+
+def one(args: tuple[dict, int]) -> dict:
+    knobs, d = args
+    cfg = KernelConfig.from_dict(knobs)
+    src = build.render(cfg, pclass=ProblemClass(d, True))
+    row = {"head_dim": d, **knobs, "estimate": consumer_reg_estimate(cfg, d)}
+    try:
+        r = build.build_source(src, build.KERNEL_FLAGS, name="kernel", config=cfg)
+    except Exception as e:  # noqa: BLE001 - a failed build is a row, not the end
+        row["error"] = str(e).splitlines()[0][:200]
+        return row
+    e = r.main_entry
+    row.update(registers=e.get("registers"), stack=e.get("stack_frame"),
+               spills=r.any_spills, local=r.local_memory, sass=r.sass_note,
+               compile_s=round(r.compile_seconds, 1))
+    return row
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--head-dim", type=int, choices=sorted(GRID), required=True)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    with ProcessPoolExecutor(a.jobs) as ex:
+        rows = list(ex.map(one, [(k, a.head_dim) for k in GRID[a.head_dim]]))
+    for r in rows:
+        print(json.dumps(r))
+    if a.out:
+        a.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The artifact cache under concurrent builders: one compile per key, across processes.
+
+nvcc is tests/fixtures/fake_nvcc.py (a clearly named test fixture that sleeps, logs each
+compile and writes an empty .so), so builders that want the same key meet inside the compile.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import stat
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tuner import build
+from tuner.errors import BuildError
+
+FIX = Path(__file__).resolve().parent / "fixtures"
+SOURCE = "// fa-tune cache lock test\nextern \"C\" int f() { return 1; }\n"
+
+
+@pytest.fixture
+def fake_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """CUDA_HOME with the fixture nvcc; returns the log every compile appends a line to."""
+    bindir = tmp_path / "cuda" / "bin"
+    bindir.mkdir(parents=True)
+    nvcc = bindir / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\nexec {sys.executable} {FIX / 'fake_nvcc.py'} \"$@\"\n")
+    nvcc.chmod(nvcc.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    log = tmp_path / "nvcc.log"
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setenv("FAKE_NVCC_LOG", str(log))
+    build._nvcc_version_of.cache_clear()
+    yield log
+    build._nvcc_version_of.cache_clear()
+
+
+def _build_in_process(source: str, root: str) -> tuple[str, object]:
+    """A separate process's builder (spawned): (key, cache_hit) or ("error", message)."""
+    try:
+        r = build.build_source(source, name="k", cache_root=Path(root))
+    except BuildError as e:
+        return ("error", str(e))
+    return (r.key, r.cache_hit)
+
+
+def test_same_key_compiles_once_across_processes_and_threads(fake_nvcc: Path,
+                                                             tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(3) as procs, ThreadPoolExecutor(3) as threads:
+        far = [procs.apply_async(_build_in_process, (SOURCE, str(root))) for _ in range(3)]
+        near = [threads.submit(_build_in_process, SOURCE, str(root)) for _ in range(3)]
+        results = [f.get(timeout=120) for f in far] + [f.result(timeout=120) for f in near]
+    assert len(fake_nvcc.read_text().splitlines()) == 1  # one nvcc for six builders
+    keys = {k for k, _ in results}
+    assert len(keys) == 1 and "error" not in keys
+    assert sorted(hit for _, hit in results) == [False] + [True] * 5
+    [key] = keys
+    assert [p.name for p in root.iterdir()] == [key]  # no temp folders, no lock files here
+    assert (root.parent / ".cache.locks" / f"{key}.lock").is_file()
+
+
+def test_a_failed_build_is_not_compiled_again_by_those_waiting_for_it(
+        fake_nvcc: Path, tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    bad = SOURCE + "// FAKE_NVCC_FAIL\n"
+    with ThreadPoolExecutor(4) as threads:
+        results = list(threads.map(lambda _: _build_in_process(bad, str(root)), range(4)))
+    assert len(fake_nvcc.read_text().splitlines()) == 1
+    assert all(k == "error" and "planted failure" in str(m) for k, m in results)
+    # Not cached: a later build (nvcc fixed, say) compiles again.
+    assert _build_in_process(bad, str(root))[0] == "error"
+    assert len(fake_nvcc.read_text().splitlines()) == 2
+
+
+def test_lock_is_free_again_after_a_builder_dies(fake_nvcc: Path, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """flock dies with its process: a builder killed mid-compile blocks no one."""
+    root = tmp_path / "cache"
+    pidfile = tmp_path / "nvcc.pid"
+    monkeypatch.setenv("FAKE_NVCC_DELAY_S", "30")
+    monkeypatch.setenv("FAKE_NVCC_PIDFILE", str(pidfile))
+    p = mp.get_context("spawn").Process(target=_build_in_process, args=(SOURCE, str(root)))
+    p.start()
+    for _ in range(400):  # until its (fake) nvcc runs, the key's lock held
+        if pidfile.is_file() and pidfile.read_text():
+            break
+        p.join(0.05)
+    p.kill()
+    p.join(10)
+    os.kill(int(pidfile.read_text()), signal.SIGKILL)  # the orphaned compile, ours to end
+    monkeypatch.setenv("FAKE_NVCC_DELAY_S", "0")
+    key, hit = _build_in_process(SOURCE, str(root))
+    assert key != "error" and hit is False

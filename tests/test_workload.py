@@ -1,0 +1,148 @@
+"""Workload files: the shipped ones, bucket selection, the tuning plan, and one clear line for
+every malformed file (tuner/workload.py, `fa-tune workload`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from cli_helpers import one_error_line
+from typer.testing import CliRunner
+
+from tuner.cli import app
+from tuner.errors import FaTuneError
+from tuner.problem import Problem
+from tuner.workload import WorkloadError, load_workload, shipped_workloads, workload_from_dict
+
+runner = CliRunner()
+
+GOOD = {
+    "name": "w",
+    "attention": {"Hq": 32, "Hkv": 8, "head_dim": 128, "causal": True},
+    "buckets": [{"name": "a", "max_s": 1024}, {"name": "b", "max_s": 4096},
+                {"name": "c", "max_s": None}],
+    "traffic": {"lengths": {512: 1, 1024: 1, 2048: 2, 16384: 1}, "batch": {1: 3, 4: 1},
+                "shapes": [{"B": 2, "S": 1024, "weight": 2}]},
+}
+
+
+def test_shipped_llama_workloads() -> None:
+    assert {"llama3-8b", "llama3-70b"} <= set(shipped_workloads())
+    w8, w70 = load_workload("llama3-8b"), load_workload("llama3-70b")
+    assert (w8.attention.Hq, w8.attention.Hkv, w8.attention.head_dim, w8.attention.causal) == (
+        32, 8, 128, True)
+    assert (w70.attention.Hq, w70.attention.Hkv, w70.attention.head_dim,
+            w70.attention.causal) == (64, 8, 128, True)
+    for w in (w8, w70):
+        assert abs(sum(t.weight for t in w.traffic) - 1) < 1e-12
+        assert [b.name for b in w.buckets] == ["s1k", "s2k", "s4k", "s8k"]
+        assert all(w.bucket_for(t.S) is not None for t in w.traffic)
+    # The benchmark problems are part of the 8B traffic and land in the top buckets.
+    plans = {p.bucket.name: p.shapes for p in w8.plan()}
+    assert "1x32/8x8192" in plans["s8k"] and "4x32/8x4096" in plans["s4k"]
+
+
+def test_bucket_selection_edges() -> None:
+    w = workload_from_dict(GOOD)
+    assert [(b.name, b.s_min, b.s_max) for b in w.buckets] == [
+        ("a", 1, 1024), ("b", 1025, 4096), ("c", 4097, None)]
+    names = {s: (w.bucket_for(s).name if w.bucket_for(s) else None)
+             for s in (1, 1024, 1025, 4096, 4097, 10**6)}
+    assert names == {1: "a", 1024: "a", 1025: "b", 4096: "b", 4097: "c", 10**6: "c"}
+    closed = workload_from_dict({**GOOD, "buckets": GOOD["buckets"][:2],
+                                 "traffic": {"shapes": [{"S": 100}]}})
+    assert closed.bucket_for(4097) is None and closed.bucket_for(0) is None
+
+
+def test_plan_ranks_by_attention_time_and_keeps_max_problems() -> None:
+    w = workload_from_dict({**GOOD, "tuning": {"max_problems": 2}})
+    plans = {p.bucket.name: p for p in w.plan()}
+    a = plans["a"]
+    # In bucket a: (1,512) w=3, (4,512) w=1, (1,1024) w=3, (4,1024) w=1, (2,1024) w=2 (the
+    # shape); time ~ weight * B * S^2: (4,1024) 4M, (2,1024) 4M, (1,1024) 3M ... ties by S, B.
+    assert a.shapes == ["2x32/8x1024", "4x32/8x1024"]
+    assert len(w.plan(1)[0].problems) == 1 and len(w.plan(5)[0].problems) == 5
+    assert abs(sum(p.call_share for p in plans.values()) - 1) < 1e-12
+    assert abs(sum(p.time_share for p in plans.values()) - 1) < 1e-12
+    assert plans["c"].shapes == ["4x32/8x16384", "1x32/8x16384"]
+    assert all(isinstance(x.problem, Problem) and x.problem.Hkv == 8 for x in a.problems)
+    with pytest.raises(WorkloadError, match="at least 1"):
+        w.plan(0)
+
+
+def test_bucket_without_traffic_is_tuned_on_its_upper_edge() -> None:
+    w = workload_from_dict({**GOOD, "traffic": {"shapes": [{"S": 100}]}})
+    plans = {p.bucket.name: p for p in w.plan()}
+    assert plans["b"].shapes == ["1x32/8x4096"] and plans["b"].call_share == 0.0
+    assert plans["c"].shapes == ["1x32/8x4097"]
+
+
+def _bad(**changes):
+    d = {**GOOD, **changes}
+    return {k: v for k, v in d.items() if v is not ...}
+
+
+@pytest.mark.parametrize("data, needle", [
+    (_bad(name=...), "missing 'name'"),
+    (_bad(colour="red"), "unknown key colour"),
+    (_bad(attention={"Hq": 32}), "attention needs Hkv"),
+    (_bad(attention={"Hq": "32", "Hkv": 8}), "attention.Hq must be a positive integer"),
+    (_bad(attention={"Hq": 32, "Hkv": 6}), "multiple of Hkv"),
+    (_bad(attention={"Hq": 32, "Hkv": 8, "head_dim": 96}), "head dim D=96"),
+    (_bad(attention={"Hq": 32, "Hkv": 8, "causal": "yes"}), "causal must be true or false"),
+    (_bad(attention={"Hq": 32, "Hkv": 8, "heads": 3}), "unknown key heads in attention"),
+    (_bad(buckets=[]), "non-empty list"),
+    (_bad(buckets=[{"name": "a", "max_s": 10}, {"name": "a", "max_s": 20}]), "used twice"),
+    (_bad(buckets=[{"name": "a", "max_s": 20}, {"name": "b", "max_s": 10}]), "must grow"),
+    (_bad(buckets=[{"name": "a", "max_s": None}, {"name": "b", "max_s": 10}]), "only the last"),
+    (_bad(buckets=[{"name": "a b", "max_s": 10}]), "name must be letters"),
+    (_bad(buckets=[{"name": "a"}]), "needs max_s"),
+    (_bad(buckets=[{"name": "a", "max_s": 2048}]), "S=16384 falls in no bucket"),
+    (_bad(traffic={}), "traffic names no shapes"),
+    (_bad(traffic={"batch": {1: 1}}), "traffic.batch needs traffic.lengths"),
+    (_bad(traffic={"lengths": {512: -1}}), "must be a finite number >= 0"),
+    (_bad(traffic={"lengths": {512: 0}}), "weights sum to 0"),
+    (_bad(traffic={"lengths": {"long": 1}}), "traffic.lengths key 'long'"),
+    (_bad(traffic={"shapes": [{"B": 1}]}), "traffic.shapes[0] needs S"),
+    (_bad(traffic={"shapes": [{"S": 10**6, "B": 64}]}), "too large"),
+    (_bad(tuning={"max_problems": 0}), "tuning.max_problems"),
+    ("just text", "must be a mapping"),
+])
+def test_bad_workloads_are_one_line(data, needle: str) -> None:
+    with pytest.raises(WorkloadError) as e:
+        workload_from_dict(data, "f.yaml")
+    msg = str(e.value)
+    assert needle in msg and msg.startswith("f.yaml: ") and "\n" not in msg
+
+
+def test_files_and_names(tmp_path: Path) -> None:
+    p = tmp_path / "w.yaml"
+    p.write_text(yaml.safe_dump(GOOD))
+    assert load_workload(p).name == "w" and load_workload(str(p)).source == str(p)
+    (tmp_path / "bad.yaml").write_text("name: [unclosed\n")
+    with pytest.raises(WorkloadError, match=r"not valid YAML \(line"):
+        load_workload(tmp_path / "bad.yaml")
+    with pytest.raises(WorkloadError, match="llama3-8b"):
+        load_workload("no-such-workload")
+
+
+def test_workload_command_prints_the_plan() -> None:
+    r = runner.invoke(app, ["workload", "llama3-8b", "--max-problems", "2"])
+    assert r.exit_code == 0, r.output
+    assert "s8k" in r.output and "1x32/8x8192" in r.output
+    assert "fa-tune search --study llama3-8b-s8k --shape 1x32/8x8192 --shape 4x32/8x8192" in (
+        r.output)
+    assert "fa-tune export --workload llama3-8b --study-prefix llama3-8b-" in r.output
+
+
+def test_workload_command_bad_file_one_line(tmp_path: Path) -> None:
+    p = tmp_path / "w.yaml"
+    p.write_text(yaml.safe_dump(_bad(attention={"Hq": 32, "Hkv": 6})))
+    r = runner.invoke(app, ["workload", str(p)])
+    assert r.exit_code == 2
+    assert "multiple of Hkv" in one_error_line(r.output)
+
+
+def test_workload_error_is_a_user_error() -> None:
+    assert issubclass(WorkloadError, FaTuneError)

@@ -1,0 +1,225 @@
+"""The custom op ``fa_tune::attention`` (torch.library): checks, fake and CUDA implementations.
+
+Schema::
+
+    fa_tune::attention(Tensor q, Tensor k, Tensor v, bool causal=True, float? softmax_scale=None,
+                       Tensor? cu_seqlens=None, SymInt? max_seqlen=None) -> (Tensor out, Tensor lse)
+
+q [B, S, Hq, D], k/v [B, S, Hkv, D]: BF16, contiguous, one CUDA device; out like q, lse
+[B, Hq, S] FP32. The CUDA implementation allocates both outputs with torch (its caching
+allocator, so CUDA graph pools work) and launches on torch's current stream without
+synchronising the host (only a shape's first call does its one-time setup, a synchronous upload
+of the scheduler's task lists: run each shape once before a CUDA graph capture); the fake
+implementation gives the same shapes from metadata alone, so
+torch.compile(fullgraph=True) traces through the op. cu_seqlens / max_seqlen are in the schema
+for the varlen kernel and refused until it is built. Forward only (no autograd formula).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from .library import Library, LibraryError, default_path
+
+NAMESPACE = "fa_tune"
+SCHEMA = ("attention(Tensor q, Tensor k, Tensor v, bool causal=True, float? softmax_scale=None, "
+          "Tensor? cu_seqlens=None, SymInt? max_seqlen=None) -> (Tensor out, Tensor lse)")
+MAX_ELEMS = 2**31 - 1  # the kernel's offsets into Q/K/V/O are 32-bit
+_BF16 = torch.bfloat16
+
+_lib: Library | None = None
+# Shapes whose one-time setup (fa_tune_prepare) ran: (device, B, Hq, Hkv, S).
+_prepared: set[tuple[int, int, int, int, int]] = set()
+
+
+def load(path: str | None = None) -> Library:
+    """Load the kernel library the op calls (default: $FA_TUNE_LIB, else ../lib beside this
+    package); replaces the one loaded before."""
+    global _lib
+    lib = Library(path if path is not None else default_path())
+    _lib = lib
+    _prepared.clear()
+    return lib
+
+
+def library() -> Library:
+    """The loaded library (loading the default one on first use)."""
+    if _lib is None:
+        try:
+            return load()
+        except LibraryError as e:
+            raise ValueError(f"fa_tune::attention: {e}") from None
+    return _lib
+
+
+def _fail(msg: str) -> None:
+    raise ValueError(f"fa_tune::attention: {msg}")
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                 softmax_scale: float | None, cu_seqlens: torch.Tensor | None = None,
+                 max_seqlen: Any = None, lib: Library | None = None) -> None:
+    """Raise ValueError (one sentence) for input the library cannot run; metadata only (no
+    data access, no sync), so the fake implementation runs it too."""
+    lib = lib or library()
+    if cu_seqlens is not None or max_seqlen is not None:
+        _fail("varlen (cu_seqlens, max_seqlen) is not built yet; pass fixed-length BSHD tensors")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        _fail(f"q, k and v must be 4-D BSHD [batch, seq, heads, head_dim]; got q {_shape(q)}, "
+              f"k {_shape(k)}, v {_shape(v)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype != _BF16:
+            _fail(f"{name} is {t.dtype}; the kernel takes torch.bfloat16 only")
+    if k.device != q.device or v.device != q.device:
+        _fail(f"q, k and v must be on one device; got {q.device}, {k.device}, {v.device}")
+    B, S, Hq, D = q.shape
+    if B < 1 or S < 1 or Hq < 1:
+        _fail(f"q {_shape(q)} is empty; B, S and Hq must be at least 1")
+    if tuple(k.shape) != tuple(v.shape) or k.shape[0] != B or k.shape[1] != S or k.shape[3] != D:
+        _fail(f"k and v must be [{B}, {S}, Hkv, {D}] for q {_shape(q)}; got k {_shape(k)}, "
+              f"v {_shape(v)} (query length = key length: prefill only)")
+    if D != lib.head_dim:
+        _fail(f"head dim {D}: this library is built for head dim {lib.head_dim}")
+    Hkv = k.shape[2]
+    if Hkv < 1 or Hq % Hkv != 0:
+        _fail(f"Hq={Hq} must be a multiple of Hkv={Hkv}")
+    if bool(causal) != lib.causal:
+        _fail(f"causal={bool(causal)}: this library is built "
+              f"{'causal' if lib.causal else 'non-causal'} only")
+    if softmax_scale is not None and not (softmax_scale > 0 and math.isfinite(softmax_scale)):
+        _fail(f"softmax_scale must be finite and > 0 (None: 1/sqrt(head_dim)); got {softmax_scale}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not t.is_contiguous():
+            _fail(f"{name} {_shape(t)} with strides {tuple(t.stride())} is not contiguous; the "
+                  "kernel reads dense BSHD (a [B, H, S, D] tensor's .transpose(1, 2) is BSHD "
+                  "only if its memory is laid out so)")
+    if q.numel() > MAX_ELEMS:
+        _fail(f"q {_shape(q)} has 2^31 elements or more; the kernel's offsets are 32-bit")
+    dims = (B, Hq, Hkv, S)
+    if all(isinstance(x, int) for x in dims) and lib.bucket_for(*dims) == -1:
+        _fail(f"no bucket of {lib.path.name} serves B={B} Hq={Hq} Hkv={Hkv} S={S}; it serves "
+              f"{lib.serves_text()}")
+
+
+def _fast_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+             lib: Library) -> bool:
+    """The common case in one expression (the launch path's budget is microseconds);
+    check_inputs explains anything else."""
+    qs, ks = q.shape, k.shape
+    return (q.dtype == _BF16 and k.dtype == _BF16 and v.dtype == _BF16 and len(qs) == 4
+            and len(ks) == 4 and ks == v.shape and qs[0] == ks[0] and qs[1] == ks[1]
+            and qs[3] == lib.head_dim and ks[3] == qs[3] and ks[2] > 0 and qs[2] % ks[2] == 0
+            and qs[0] > 0 and qs[1] > 0
+            and bool(causal) == lib.causal and q.is_contiguous() and k.is_contiguous()
+            and v.is_contiguous() and k.get_device() == q.get_device() == v.get_device())
+
+
+def _raw_stream(device: int) -> int:
+    try:  # what torch.compile's generated code uses: no Stream object
+        return torch._C._cuda_getCurrentRawStream(device)
+    except AttributeError:
+        return torch.cuda.current_stream(device).cuda_stream
+
+
+def _prepare(lib: Library, key: tuple[int, int, int, int, int], stream: int) -> None:
+    """A shape's one-time setup (cudaMalloc + a synchronous upload of task lists): never inside
+    a CUDA graph capture, where those calls are illegal."""
+    import ctypes
+
+    if torch.cuda.is_current_stream_capturing():
+        _fail(f"shape B={key[1]} Hq={key[2]} Hkv={key[3]} S={key[4]} is first run inside a CUDA "
+              "graph capture; run it once before capturing (its one-time setup uploads the "
+              "scheduler's task lists)")
+    ms = ctypes.c_double(0.0)
+    rc = lib.prepare(key[1], key[2], key[3], key[4], stream, ctypes.byref(ms))
+    if rc != 0:
+        raise RuntimeError(f"fa_tune::attention: fa_tune_prepare failed with CUDA error {rc}: "
+                           f"{lib.last_error()}")
+    _prepared.add(key)
+
+
+def _current_device() -> int:
+    try:  # torch.cuda.current_device() without its lazy-init check (the op runs on CUDA)
+        return torch._C._cuda_getDevice()
+    except AttributeError:
+        return torch.cuda.current_device()
+
+
+def _cuda_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+               softmax_scale: float | None = None, cu_seqlens: torch.Tensor | None = None,
+               max_seqlen: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    lib = _lib or library()
+    dev = q.get_device()
+    if (cu_seqlens is not None or max_seqlen is not None or dev < 0
+            or not _fast_ok(q, k, v, causal, lib)
+            or (softmax_scale is not None
+                and not (softmax_scale > 0 and math.isfinite(softmax_scale)))):
+        check_inputs(q, k, v, causal, softmax_scale, cu_seqlens, max_seqlen, lib)
+        if dev < 0:
+            _fail(f"q, k and v must be CUDA tensors; got {q.device}")
+    if _current_device() != dev:  # the library launches on the current device
+        with torch.cuda.device(dev):
+            return _cuda_impl(q, k, v, causal, softmax_scale)
+    B, S, Hq, _ = q.shape
+    Hkv = k.shape[2]
+    stream = _raw_stream(dev)
+    key = (dev, B, Hq, Hkv, S)
+    if key not in _prepared:
+        if lib.bucket_for(B, Hq, Hkv, S) == -1:
+            check_inputs(q, k, v, causal, softmax_scale, lib=lib)  # says what it serves
+        _prepare(lib, key, stream)
+    out = torch.empty_like(q)
+    lse = torch.empty((B, Hq, S), dtype=torch.float32, device=q.device)
+    rc = lib.forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), lse.data_ptr(),
+                     B, Hq, Hkv, S, softmax_scale or 0.0, stream)
+    if rc != 0:
+        raise RuntimeError(f"fa_tune::attention: fa_tune_forward failed with CUDA error {rc}: "
+                           f"{lib.last_error()}")
+    return out, lse
+
+
+def _cpu_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+              softmax_scale: float | None = None, cu_seqlens: torch.Tensor | None = None,
+              max_seqlen: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    check_inputs(q, k, v, causal, softmax_scale, cu_seqlens, max_seqlen)
+    _fail(f"q, k and v must be CUDA tensors; got {q.device}")
+    raise AssertionError  # unreachable: _fail raised
+
+
+def _fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+          softmax_scale: float | None = None, cu_seqlens: torch.Tensor | None = None,
+          max_seqlen: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    check_inputs(q, k, v, causal, softmax_scale, cu_seqlens, max_seqlen)
+    B, S, Hq, _ = q.shape
+    return torch.empty_like(q), q.new_empty((B, Hq, S), dtype=torch.float32)
+
+
+def _register() -> Any:
+    try:
+        lib = torch.library.Library(NAMESPACE, "DEF")
+    except RuntimeError:
+        raise ImportError(
+            f"the op {NAMESPACE}::attention is registered already in this process (another copy "
+            "of fa_tune_ops was imported first); import one copy per process"
+        ) from None
+    lib.define(SCHEMA)
+    lib.impl("attention", _cuda_impl, "CUDA")
+    lib.impl("attention", _cpu_impl, "CPU")
+    torch.library.register_fake(f"{NAMESPACE}::attention", _fake, lib=lib)
+    return lib
+
+
+_TORCH_LIBRARY = _register()  # held: the registration lives as long as this object
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
+              softmax_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.ops.fa_tune.attention: (out [B, S, Hq, D], lse [B, Hq, S] FP32)."""
+    return torch.ops.fa_tune.attention(q, k, v, causal, softmax_scale)
