@@ -519,3 +519,23 @@ def test_show_profile_lines_skip_malformed_records() -> None:
     assert line == ("trial 2 on 1x2x256 (2026-12-01T00:00:00Z, ncu 2025.3.1.0): duration 2.987 ms, "
                     "tensor pipe (GMMA) 82.8 %; beside FlashAttention-3: duration 3.160 ms; "
                     "report r.ncu-rep")
+
+
+def test_show_says_why_a_heartbeat_failed_trial_failed() -> None:
+    """A trial Optuna's heartbeat failed carries no fail_reason (no worker told it): show names
+    the dead worker instead of an empty reason; a told failure keeps its own reason."""
+    import optuna
+    from optuna.trial import TrialState
+
+    from tuner.show import trial_rows
+
+    st = optuna.create_study()
+    dead = st.ask()
+    st.tell(dead, state=TrialState.FAIL)
+    told = st.ask()
+    told.set_user_attr("fail_reason", "gate failed: 7 elements outside tolerance")
+    st.tell(told, state=TrialState.FAIL)
+    rows = trial_rows(st.get_trials())
+    why = [str(r) for r in rows]
+    assert "no heartbeat" in why[0] and "measured again" in why[0]
+    assert "gate failed" in why[1] and "heartbeat" not in why[1]

@@ -110,11 +110,21 @@ def not_run_reason(t: Any) -> str | None:
     return f"enqueued ({source})" if source else "enqueued"
 
 
+def _why(t: Any) -> str:
+    """Why a trial did not complete, in a few words ("" when it says nothing)."""
+    from tuner.rdb import stale_failed
+
+    a = t.user_attrs
+    if stale_failed(t):  # failed by Optuna's heartbeat: no worker told it anything
+        return "its worker stopped (no heartbeat); the config is measured again as a retry"
+    return a.get("fail_reason") or a.get("prune_reason") or ""
+
+
 def trial_rows(trials: list[Any]) -> list[dict[str, Any]]:
     out = []
     for t in trials:
         a = t.user_attrs
-        why = not_run_reason(t) or a.get("fail_reason") or a.get("prune_reason") or ""
+        why = not_run_reason(t) or _why(t)
         if "duplicate_of" in a:
             why = f"duplicate of {a['duplicate_of']}" + (f"; {why}" if why else "")
         out.append({
@@ -221,7 +231,7 @@ def pick_trial(study: str, storage: str | None, trial: int | None) -> tuple[Any,
             raise SearchError(f"study '{study}' has no trial {trial} (trials 0..{len(trials) - 1})")
         t = match[0]
         if not complete_trials([t]):
-            why = t.user_attrs.get("fail_reason") or t.user_attrs.get("prune_reason") or ""
+            why = _why(t)
             raise SearchError(f"trial {trial} of study '{study}' is {t.state.name}"
                               + (f" ({why[:150]})" if why else "") + "; pick a COMPLETE trial")
         return st, t
