@@ -165,6 +165,9 @@ def test_bundle_refuses_non_empty_dir(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "not an empty folder" in _one_error_line(r.output)
     r = runner.invoke(app, ["bundle", "--out", str(tmp_path / "new"), "--python", "three"])
     assert r.exit_code == 2 and "--python" in _one_error_line(r.output)
+    r = runner.invoke(app, ["bundle", "--out", str(tmp_path / "new2"), "--extra", "postgress"])
+    assert r.exit_code == 2
+    assert "unknown --extra 'postgress'; choose from postgres" in _one_error_line(r.output)
 
 
 @pytest.mark.skipif(has_sm90_gpu(), reason="checks the no-GPU message")

@@ -279,6 +279,10 @@ def _pip(args: list[str], what: str) -> None:
         raise BundleError(f"{what} failed: {lines[0].strip() if lines else p.returncode}")
 
 
+# Extras a wheelhouse may carry (pyproject's optional dependencies that GPU hosts run with).
+BUNDLE_EXTRAS = ("postgres", "peers", "torch", "hf")
+
+
 @app.command()
 @_user_errors
 def bundle(
@@ -286,12 +290,19 @@ def bundle(
     python: Annotated[
         str, typer.Option("--python", help="Target Python version, e.g. 3.12.")
     ] = f"{sys.version_info.major}.{sys.version_info.minor}",
+    extra: Annotated[list[str] | None, typer.Option(
+        "--extra", help="Also bundle an optional extra's dependencies, e.g. postgres (a worker "
+        "on a PostgreSQL study).")] = None,
 ) -> None:
     """Write a wheelhouse so `pip install --no-index --find-links DIR fa-tune` works offline."""
     import re
 
     if not re.fullmatch(r"3\.\d{1,2}", python):
         raise BundleError(f"--python must look like 3.12 (got '{python}')")
+    extras = sorted(set(extra or []))
+    for e in extras:
+        if e not in BUNDLE_EXTRAS:
+            raise BundleError(f"unknown --extra '{e}'; choose from {', '.join(BUNDLE_EXTRAS)}")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise BundleError(f"{out} exists and is not an empty folder; choose a new --out")
     if not _paths.is_source_checkout() or not (_paths.data_root() / "pyproject.toml").is_file():
@@ -304,14 +315,16 @@ def bundle(
         shutil.copy2(whl, out / whl.name)
     console.print(f"downloading dependencies for CPython {python} manylinux x86_64 ...")
     plat = [a for p in BUNDLE_PLATFORMS for a in ("--platform", p)]
+    req = str(out / whl.name) + (f"[{','.join(extras)}]" if extras else "")
     _pip(
-        ["download", str(out / whl.name), "-d", str(out), "--only-binary=:all:",
+        ["download", req, "-d", str(out), "--only-binary=:all:",
          "--python-version", python, "--implementation", "cp", *plat],
         "pip download",
     )
     n = len(list(out.glob("*.whl")))
+    what = "fa-tune" + (f"[{','.join(extras)}]" if extras else "")
     console.print(f"{n} wheels in {out}; on the GPU host: "
-                  f"pip install --no-index --find-links {out} fa-tune")
+                  f"pip install --no-index --find-links {out} '{what}'")
 
 
 # ---- compare ------------------------------------------------------------------------------
