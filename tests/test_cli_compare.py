@@ -17,6 +17,7 @@ from tuner import build as build_mod
 from tuner import compare as compare_mod
 from tuner import peers
 from tuner.cli import app
+from tuner.config import load_preset
 from tuner.problem import Problem, ProblemClass
 
 REPO = Path(__file__).resolve().parent.parent
@@ -222,7 +223,29 @@ def test_compare_study_passes_the_confirmed_number(monkeypatch: pytest.MonkeyPat
     r = runner.invoke(app, ["compare", "--study", "s", "--storage", url, "--backends", "fa3"])
     assert r.exit_code == 0, r.output
     assert calls[0]["confirmed"] == conf
+    assert calls[0]["shapes"] == ["4x32x4096"]  # the study's own problems
     assert builds == [{"pclass": ProblemClass(128, True)}]
+
+
+def test_compare_study_defaults_to_its_own_problem_class(monkeypatch: pytest.MonkeyPatch,
+                                                        tmp_path: Path) -> None:
+    """A D 256 study compared without --shape runs its own (D 256) problems, built for D 256,
+    not the seed problems; --shape still overrides."""
+    calls: list[dict[str, Any]] = []
+    builds: list[dict[str, Any]] = []
+    _fake_gpu_path(monkeypatch, _payload("ok"), calls, tmp_path, builds)
+    d256 = load_preset("d256").to_dict()
+    conf = {"geomean_tflops": 650.0, "shapes": {"4x16x8192:d256": {"tflops": 650.0}}}
+    url = _study(tmp_path, "d", d256, conf)
+    r = runner.invoke(app, ["compare", "--study", "d", "--storage", url, "--backends", "fa3"])
+    assert r.exit_code == 0, r.output
+    assert calls[0]["shapes"] == ["4x16x8192:d256"]
+    assert builds == [{"pclass": ProblemClass(256, True)}]
+    r = runner.invoke(app, ["compare", "--study", "d", "--storage", url, "--backends", "fa3",
+                            "--shape", "1x16x4096:d256:full"])
+    assert r.exit_code == 0, r.output
+    assert calls[1]["shapes"] == ["1x16x4096:d256:full"]
+    assert builds[1] == {"pclass": ProblemClass(256, False)}
 
 
 def test_check_confirmed_ratio() -> None:

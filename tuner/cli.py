@@ -328,16 +328,18 @@ def bundle(
 
 
 # ---- compare ------------------------------------------------------------------------------
-def _study_best(study: str, storage: str | None) -> tuple[KernelConfig, dict[str, Any] | None]:
-    """The study's best config and what the search confirmed for it (None if unconfirmed)."""
-    from tuner.study import best_trial
+def _study_best(study: str, storage: str | None
+                ) -> tuple[KernelConfig, dict[str, Any] | None, list[Problem]]:
+    """The study's best config, what the search confirmed for it (None if unconfirmed) and the
+    problems it was measured on."""
+    from tuner.study import best_trial, trial_problems
 
     t = best_trial(study, storage)
     if t is None or not isinstance(t.user_attrs.get("config"), dict):
         raise ConfigError(f"study '{study}' has no best config (no trial passed its gate yet)")
     cfg = KernelConfig.from_dict(t.user_attrs["config"], source=f"study '{study}'")
     conf = t.user_attrs.get("confirmed")
-    return cfg, conf if isinstance(conf, dict) else None
+    return cfg, conf if isinstance(conf, dict) else None, trial_problems(t)
 
 
 @app.command()
@@ -388,7 +390,10 @@ def compare(
     if storage is not None and study is None:
         raise ConfigError("--storage goes with --study")
     if study is not None:
-        (cfg, confirmed), label = _study_best(study, storage), f"study {study}"
+        cfg, confirmed, measured = _study_best(study, storage)
+        label = f"study {study}"
+        if not shape and measured:  # the study's own problems (a D 256 study: D 256 ones)
+            problems, shapes = measured, [str(p) for p in measured]
     elif given:
         cfg, label = load_config(preset, config)
     if cfg is not None:

@@ -22,7 +22,7 @@ from typing import Any
 from tuner import _paths
 from tuner.config import KernelConfig
 from tuner.errors import FaTuneError
-from tuner.problem import DEFAULT_CLASS, ProblemClass
+from tuner.problem import DEFAULT_CLASS, Problem, ProblemClass
 
 DEFAULT_STUDY = "default"
 
@@ -226,18 +226,24 @@ def best_config(study: str, storage: str | None = None) -> KernelConfig | None:
     return KernelConfig.from_dict(t.user_attrs["config"])
 
 
-def trial_class(t: Any) -> ProblemClass:
-    """The problem class (head dim, mask) of the problems a trial was measured on: its kernel
-    library's class. D 128, causal when it names none (every study before the kernel family)."""
+def trial_problems(t: Any) -> list[Problem]:
+    """The problems a trial was measured on (its confirmed ones, else its search's), in order;
+    names this fa-tune cannot read are left out."""
     from tuner.problem import as_problem
 
     conf = t.user_attrs.get("confirmed") or {}
-    names = list((conf.get("shapes") or t.user_attrs.get("shapes") or {}).keys())
-    classes = set()
-    for name in names:
+    out = []
+    for name in (conf.get("shapes") or t.user_attrs.get("shapes") or {}):
         try:
-            classes.add(as_problem(name).problem_class)
+            out.append(as_problem(name))
         except FaTuneError:
             continue
+    return out
+
+
+def trial_class(t: Any) -> ProblemClass:
+    """The problem class (head dim, mask) of the problems a trial was measured on: its kernel
+    library's class. D 128, causal when it names none (every study before the kernel family)."""
+    classes = {p.problem_class for p in trial_problems(t)}
     return classes.pop() if len(classes) == 1 else DEFAULT_CLASS
 
