@@ -146,3 +146,33 @@ def test_workload_command_bad_file_one_line(tmp_path: Path) -> None:
 
 def test_workload_error_is_a_user_error() -> None:
     assert issubclass(WorkloadError, FaTuneError)
+
+
+def test_tune_searches_each_bucket_in_its_own_study(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fa-tune tune --workload`: one search per bucket, study <workload>-<bucket>, on the
+    bucket's planned problems (the orchestration only: the search itself is tested elsewhere);
+    the same names on a rerun, so it resumes; then the export command."""
+    from typer.testing import CliRunner
+
+    from tuner import cli
+    from tuner.workload import load_workload
+
+    calls: list[dict] = []
+    monkeypatch.setattr(cli, "_run_search", lambda **kw: calls.append(kw))
+    w = load_workload("llama3-8b")
+    plans = w.plan(None)
+    r = CliRunner().invoke(cli.app, ["tune", "--workload", "llama3-8b", "--timeout", "30m"])
+    assert r.exit_code == 0, r.output
+    assert [c["study"] for c in calls] == [f"llama3-8b-{p.bucket.name}" for p in plans]
+    for c, p in zip(calls, plans, strict=True):
+        assert [str(s) for s in c["shapes"]] == p.shapes
+        assert c["timeout"] == "30m" and c["space"].source.endswith("default.yaml")
+    assert "fa-tune export --workload llama3-8b --study-prefix llama3-8b-" in r.output
+    calls.clear()
+    one = plans[-1].bucket.name
+    r = CliRunner().invoke(cli.app, ["tune", "--workload", "llama3-8b", "--trials", "5",
+                                     "--bucket", one])
+    assert r.exit_code == 0 and [c["study"] for c in calls] == [f"llama3-8b-{one}"]
+    r = CliRunner().invoke(cli.app, ["tune", "--workload", "llama3-8b", "--trials", "5",
+                                     "--bucket", "s99k"])
+    assert r.exit_code == 2 and "has no bucket 's99k'" in r.output

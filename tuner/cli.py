@@ -933,6 +933,60 @@ def workload_cmd(
 
 @app.command()
 @_user_errors
+def tune(
+    workload: Annotated[str, typer.Option(
+        "--workload", help="A workload file, or a name from workloads/ (e.g. llama3-8b).")],
+    trials: TrialsOpt = None,
+    timeout: Annotated[str | None, typer.Option(
+        "--timeout", help="Wall-time budget PER BUCKET, e.g. 30m.")] = None,
+    bucket: Annotated[list[str] | None, typer.Option(
+        "--bucket", help="Only these buckets (default: all of the workload's).")] = None,
+    max_problems: Annotated[int | None, typer.Option(
+        "--max-problems", min=1, help="Problems per bucket (default: the file's, else 3).")] = None,
+    storage: StorageOpt = None,
+    sampler: SamplerOpt = "tpe",
+    seed: SeedOpt = None,
+    jobs: JobsOpt = None,
+    device: DeviceOpt = None,
+    gpus: GpusOpt = None,
+    allow_mixed_gpus: MixedOpt = False,
+    worker: WorkerEntryOpt = None,
+) -> None:
+    """Search every bucket of a workload, one study each (<workload>-<bucket>), in turn; the
+    same command resumes them. Then export the workload's library from those studies."""
+    from tuner import space as space_mod
+    from tuner import workload as workload_mod
+    from tuner.study import redact
+
+    w = workload_mod.load_workload(workload)
+    plans = w.plan(max_problems)
+    names = [p.bucket.name for p in plans]
+    for b in bucket or []:
+        if b not in names:
+            raise workload_mod.WorkloadError(
+                f"workload {w.name} has no bucket '{b}'; its buckets: {', '.join(names)}")
+    plans = [p for p in plans if not bucket or p.bucket.name in bucket]
+    # One shared storage holds every bucket's study only when given; else each study gets its
+    # own default file (studies/<workload>-<bucket>.db), as `fa-tune search` would.
+    sp = space_mod.load_space(space_mod.default_space_name(w.attention.head_dim))
+    for i, p in enumerate(plans, 1):
+        problems = [x.problem for x in p.problems]
+        _check_search_problems(problems)
+        study = f"{w.name}-{p.bucket.name}"
+        console.print(f"[bold]bucket {i}/{len(plans)}: {p.bucket.name} "
+                      f"(S {p.bucket.range_text()}), study {study}: "
+                      f"{', '.join(map(str, problems))}[/]", soft_wrap=True)
+        _run_search(study=study, space=sp, shapes=problems, storage=storage, trials=trials,
+                    timeout=timeout, sampler=sampler, seed=seed, jobs=jobs, device=device,
+                    gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker)
+    console.print(f"export the library: fa-tune export --workload {workload} --study-prefix "
+                  f"{w.name}- --out {w.name}-lib"
+                  + (f" --storage {redact(storage)}" if storage else ""), markup=False,
+                  soft_wrap=True)
+
+
+@app.command()
+@_user_errors
 def profile(
     shape: Annotated[str, typer.Option(
         "--shape", "-s", help=f"Problem to profile: {PROBLEM_SYNTAX}, e.g. 4x32x8192.")],
