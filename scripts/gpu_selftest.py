@@ -153,7 +153,9 @@ def main() -> int:
     check("rising set rises (GPU inputs, 1x2x1024, float64)", rising_gpu)
 
     # -- reference vs NumPy float64
-    def ref_vs_numpy(shape: SimpleNamespace, input_set: str, n_bh: int) -> tuple[bool, str]:
+    def gpu_reference(shape: Any, input_set: str) -> tuple[Any, ...]:
+        """Inputs (host) and the GPU reference's O [B, S, H, D] and LSE [B, H, S] for a problem."""
+        D = getattr(shape, "D", 128)  # Shape() is MHA, D 128
         with AttnBuffers(dev, shape) as bufs:
             o_ref = dev.alloc(bufs.n * 4)
             lse_ref = dev.alloc(bufs.n_lse * 4)
@@ -162,11 +164,15 @@ def main() -> int:
                 orc.reference_for(bufs, o_ref.ptr, lse_ref.ptr, stream)
                 stream.synchronize()
                 q, k, v = O.inputs_to_host(bufs)
-                o_gpu = o_ref.copy_to_host(np.float32).reshape(shape.B, shape.S, shape.H, 128)
+                o_gpu = o_ref.copy_to_host(np.float32).reshape(shape.B, shape.S, shape.H, D)
                 l_gpu = lse_ref.copy_to_host(np.float32).reshape(shape.B, shape.H, shape.S)
             finally:
                 o_ref.free()
                 lse_ref.free()
+        return q, k, v, o_gpu, l_gpu
+
+    def ref_vs_numpy(shape: SimpleNamespace, input_set: str, n_bh: int) -> tuple[bool, str]:
+        q, k, v, o_gpu, l_gpu = gpu_reference(shape, input_set)
         rows = sample_rows(shape, n_bh)
         o_np, l_np = O.numpy_reference_rows(q, k, v, rows)
         o_err = max(float(np.abs(o_gpu[b, s, h] - o_np[i]).max()) for i, (b, h, s) in
@@ -187,19 +193,7 @@ def main() -> int:
                   lambda s=shape, n=n_bh, i=input_set: ref_vs_numpy(s, i, n))
 
     def ref_family(p: Problem, input_set: str) -> tuple[bool, str]:
-        with AttnBuffers(dev, p) as bufs:
-            o_ref = dev.alloc(bufs.n * 4)
-            lse_ref = dev.alloc(bufs.n_lse * 4)
-            try:
-                O.fill_inputs(orc, bufs, input_set, 42, stream)
-                orc.reference_for(bufs, o_ref.ptr, lse_ref.ptr, stream)
-                stream.synchronize()
-                q, k, v = O.inputs_to_host(bufs)
-                o_gpu = o_ref.copy_to_host(np.float32).reshape(p.B, p.S, p.Hq, p.D)
-                l_gpu = lse_ref.copy_to_host(np.float32).reshape(p.B, p.Hq, p.S)
-            finally:
-                o_ref.free()
-                lse_ref.free()
+        q, k, v, o_gpu, l_gpu = gpu_reference(p, input_set)
         o_np, l_np = O.numpy_reference(q, k, v, p.causal)
         o_err = float(np.abs(o_gpu - o_np).max())
         l_err = float((np.abs(l_gpu - l_np) / (1 + np.abs(l_np))).max())

@@ -267,7 +267,7 @@ def test_static_check_per_head_dim() -> None:
     with pytest.raises(ConfigError, match="head dim 96 is not one"):
         validate(KernelConfig(), 96)
     for d, name in C.DEFAULT_PRESETS.items():
-        validate(C.default_preset(d), d)
+        validate(load_preset(name), d)
         assert name in list_presets()
 
 

@@ -22,9 +22,9 @@ import yaml
 
 from tuner import _paths
 from tuner.errors import ConfigError, ShapeError
-from tuner.problem import HEAD_DIMS, Problem, ProblemClass, class_of
+from tuner.problem import DEFAULT_HEAD_DIM, HEAD_DIMS, Problem, ProblemClass, class_of
 
-HEAD_DIM = 128
+HEAD_DIM = DEFAULT_HEAD_DIM  # the head dim studies meant before the kernel family
 ELEM_BYTES = 2  # BF16
 
 # sm_90: 227 KB of shared memory per CTA at most (232448 bytes = 227 * 1024).
@@ -468,10 +468,6 @@ def list_presets() -> list[str]:
 
 # The default preset per head dim (for both masks): FA3's tile choice for that head dim.
 DEFAULT_PRESETS: dict[int, str] = {64: "d64", 128: "default", 256: "d256"}
-
-
-def default_preset(head_dim: int) -> KernelConfig:
-    return load_preset(DEFAULT_PRESETS.get(head_dim, "default"))
 
 
 def preset_head_dim(name: str) -> int:

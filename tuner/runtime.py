@@ -25,9 +25,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from tuner.errors import FaTuneError, GpuError
-from tuner.problem import Problem, ProblemClass
+from tuner.problem import DEFAULT_HEAD_DIM, Problem, ProblemClass
 
-HEAD_DIM = 128
+HEAD_DIM = DEFAULT_HEAD_DIM
 BF16_BYTES = 2
 F32_BYTES = 4
 REQUIRED_CC = (9, 0)
