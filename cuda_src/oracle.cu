@@ -67,6 +67,14 @@
 //       FP32). Non-causal doubles it; D 256 doubles the FMAs at half the occupancy (expect
 //       2-3x D 128's time); D 64 halves them.
 //
+//   int oracle_reference_varlen(const void* q, const void* k, const void* v, float* o_ref,
+//                               float* lse_ref, const int* cu_seqlens, int num_seqs,
+//                               int max_seqlen, int total, int Hq, int Hkv, int D, int causal,
+//                               int flags, cudaStream_t s);
+//       The same reference for a packed batch (Q, K, V, O [total, H, D]; lse [Hq, total]):
+//       each sequence of cu_seqlens (int32 on the device, num_seqs + 1 entries, every length
+//       <= max_seqlen) is its own attention problem. The rows of a length-0 sequence are none.
+//
 //   int oracle_f32_to_bf16(const float* src, void* dst_bf16, long long n, cudaStream_t s);
 //       dst = bf16_rn(src): a "perfect kernel" for gate self-tests.
 //
@@ -151,7 +159,8 @@
 
 #define ORACLE_API extern "C" __attribute__((visibility("default")))
 
-#define ORACLE_ABI_VERSION 3
+// 4: oracle_reference_varlen
+#define ORACLE_ABI_VERSION 4
 #define ORACLE_ROW_BLOCK 16
 #define ORACLE_POISON_BF16 0x7FBFu
 #define ORACLE_POISON_F32 0x7FBADBADu
@@ -343,12 +352,13 @@ __device__ __forceinline__ float ref_scale() {
     return D == 64 ? 0.125f : D == 128 ? 0.088388347648318440f : 0.0625f;  // 1/sqrt(D)
 }
 
-// Stage rows [row0, row0 + 64) of one (b, head) slice of a BSHD BF16 tensor with `heads` heads
-// into shared memory as FP32 (rows >= S become zeros). 16-byte global loads: 8 BF16 per load,
-// D/8 loads per row.
+// Stage rows [row0, row0 + 64) of one (sequence, head) slice of a BSHD BF16 tensor with `heads`
+// heads into shared memory as FP32 (rows >= S become zeros). The sequence starts at tensor row
+// `base` (b * S, or its cu_seqlens entry in a packed batch). 16-byte global loads: 8 BF16 per
+// load, D/8 loads per row.
 template <int D>
 __device__ __forceinline__ void stage_tile(float* __restrict__ dst,
-                                           const __nv_bfloat16* __restrict__ src, int b,
+                                           const __nv_bfloat16* __restrict__ src, long long base,
                                            int head, int row0, int heads, int S) {
     constexpr int kChunks = D / 8;
     constexpr int kLd = RefTraits<D>::kLd;
@@ -359,7 +369,7 @@ __device__ __forceinline__ void stage_tile(float* __restrict__ dst,
         float* out = dst + r * kLd + c8;
         if (s < S) {
             const uint4 w = __ldg(reinterpret_cast<const uint4*>(
-                src + (((long long)b * S + s) * heads + head) * D + c8));
+                src + ((base + s) * heads + head) * D + c8));
             // BF16 -> FP32 is a 16-bit shift; the low half of each word is the lower element.
             const float4 lo4 = make_float4(__uint_as_float(w.x << 16), __uint_as_float(w.x & 0xFFFF0000u),
                                            __uint_as_float(w.y << 16), __uint_as_float(w.y & 0xFFFF0000u));
@@ -379,7 +389,8 @@ template <int D>
 __global__ void __launch_bounds__(kRefThreads, RefTraits<D>::kMinBlocks)
 reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                  const __nv_bfloat16* __restrict__ v, float* __restrict__ o_ref,
-                 float* __restrict__ lse_ref, int Hq, int Hkv, int S, int causal, int flags) {
+                 float* __restrict__ lse_ref, int Hq, int Hkv, int S_arg, int causal, int flags,
+                 const int* __restrict__ cu_seqlens, int total) {
     constexpr int kLd = RefTraits<D>::kLd;
     constexpr int kOC = RefTraits<D>::kOutCols;  // 4, 8 or 16
     constexpr int kGroups = kOC / 4;             // groups of 4 output dims, 64 apart
@@ -388,18 +399,28 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
     float* KVs = Qs + kRefM * kLd;  // holds K, then V, of the current tile
     float* Ps = KVs + kRefN * kLd;
 
+    const int h = blockIdx.y;
+    const int b = blockIdx.z;
+    // Fixed length: batch b is rows [b*S, b*S + S), LSE [B, Hq, S]. Varlen (cu_seqlens): the
+    // packed sequence b, LSE [Hq, total]; the grid covers the longest, shorter ones stop early.
+    int S = S_arg;
+    long long base = (long long)b * S, lse_base = ((long long)b * Hq + h) * S;
+    if (cu_seqlens != nullptr) {
+        base = cu_seqlens[b];
+        S = cu_seqlens[b + 1] - cu_seqlens[b];
+        lse_base = (long long)h * total + base;
+    }
     const int n_qblocks = (S + kRefM - 1) / kRefM;
     const int qb = n_qblocks - 1 - (int)blockIdx.x;  // longest rows first: shorter tail
-    const int h = blockIdx.y;
+    if (qb < 0) return;
     const int hkv = h / (Hq / Hkv);  // the K/V head this query head reads
-    const int b = blockIdx.z;
     const int q0 = qb * kRefM;
     const int tid = threadIdx.x;
     const int ty = tid >> 4;  // rows ty*4 .. ty*4+3
     const int tx = tid & 15;  // score cols tx + 16*j; output dims 64*g + tx*4 + {0..3}
     const float scale = ref_scale<D>();
 
-    stage_tile<D>(Qs, q, b, h, q0, Hq, S);
+    stage_tile<D>(Qs, q, base, h, q0, Hq, S);
 
     float m[4], l[4], acc_o[4][kOC];
 #pragma unroll
@@ -417,7 +438,7 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
         const int kv0 = tile * kRefN;
 
         __syncthreads();  // previous tile's readers of KVs/Ps are done (and Qs is staged)
-        stage_tile<D>(KVs, k, b, hkv, kv0, Hkv, S);
+        stage_tile<D>(KVs, k, base, hkv, kv0, Hkv, S);
         __syncthreads();
 
         // S = Q K^T for this thread's 4x4 block.
@@ -487,7 +508,7 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
         }
 
         __syncthreads();  // everyone is done with K and has written P
-        stage_tile<D>(KVs, v, b, hkv, kv0, Hkv, S);
+        stage_tile<D>(KVs, v, base, hkv, kv0, Hkv, S);
         __syncthreads();
 
         // O += P V for this thread's 4 rows x D/16 dims.
@@ -526,20 +547,22 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
         const int s = q0 + ty * 4 + i;
         if (s >= S) continue;
         const float inv = 1.f / l[i];
-        float* out = o_ref + (((long long)b * S + s) * Hq + h) * D;
+        float* out = o_ref + ((base + s) * Hq + h) * D;
 #pragma unroll
         for (int g = 0; g < kGroups; ++g)
             *reinterpret_cast<float4*>(out + 64 * g + tx * 4) =
                 make_float4(acc_o[i][4 * g + 0] * inv, acc_o[i][4 * g + 1] * inv,
                             acc_o[i][4 * g + 2] * inv, acc_o[i][4 * g + 3] * inv);
         if (lse_ref != nullptr && tx == 0)
-            lse_ref[((long long)b * Hq + h) * S + s] = m[i] + logf(l[i]);
+            lse_ref[lse_base + s] = m[i] + logf(l[i]);
     }
 }
 
+// Varlen: B sequences of cu_seqlens (device), S the longest, total the tokens.
 template <int D>
 int launch_reference(const void* q, const void* k, const void* v, float* o_ref, float* lse_ref,
-                     int B, int Hq, int Hkv, int S, int causal, int flags, cudaStream_t s) {
+                     int B, int Hq, int Hkv, int S, int causal, int flags, cudaStream_t s,
+                     const int* cu_seqlens = nullptr, int total = 0) {
     constexpr size_t smem = RefTraits<D>::kSmemBytes;
     // > 48 KB of dynamic shared memory needs an explicit opt-in (cheap; done every call so the
     // attribute is set in whatever context is current).
@@ -548,7 +571,8 @@ int launch_reference(const void* q, const void* k, const void* v, float* o_ref, 
     const dim3 grid((S + kRefM - 1) / kRefM, Hq, B);
     reference_kernel<D><<<grid, kRefThreads, smem, s>>>(
         static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k),
-        static_cast<const __nv_bfloat16*>(v), o_ref, lse_ref, Hq, Hkv, S, causal, flags);
+        static_cast<const __nv_bfloat16*>(v), o_ref, lse_ref, Hq, Hkv, S, causal, flags,
+        cu_seqlens, total);
     return (int)cudaGetLastError();
 }
 
@@ -884,6 +908,25 @@ ORACLE_API int oracle_reference(const void* q, const void* k, const void* v, flo
     if (D == 64) return launch_reference<64>(q, k, v, o_ref, lse_ref, B, Hq, Hkv, S, c, flags, s);
     if (D == 128) return launch_reference<128>(q, k, v, o_ref, lse_ref, B, Hq, Hkv, S, c, flags, s);
     return launch_reference<256>(q, k, v, o_ref, lse_ref, B, Hq, Hkv, S, c, flags, s);
+}
+
+ORACLE_API int oracle_reference_varlen(const void* q, const void* k, const void* v,
+                                       float* o_ref, float* lse_ref, const int* cu_seqlens,
+                                       int num_seqs, int max_seqlen, int total, int Hq, int Hkv,
+                                       int D, int causal, int flags, cudaStream_t s) {
+    if (q == nullptr || k == nullptr || v == nullptr || o_ref == nullptr || cu_seqlens == nullptr ||
+        bad_problem(1, Hq, Hkv, total, D) || max_seqlen < 1 || num_seqs < 1 || num_seqs > 65535 ||
+        Hq > 65535 || (flags & ~7) != 0)
+        return (int)cudaErrorInvalidValue;
+    const int c = causal != 0;
+    if (D == 64)
+        return launch_reference<64>(q, k, v, o_ref, lse_ref, num_seqs, Hq, Hkv, max_seqlen, c,
+                                    flags, s, cu_seqlens, total);
+    if (D == 128)
+        return launch_reference<128>(q, k, v, o_ref, lse_ref, num_seqs, Hq, Hkv, max_seqlen, c,
+                                     flags, s, cu_seqlens, total);
+    return launch_reference<256>(q, k, v, o_ref, lse_ref, num_seqs, Hq, Hkv, max_seqlen, c, flags,
+                                 s, cu_seqlens, total);
 }
 
 ORACLE_API int oracle_f32_to_bf16(const float* src, void* dst, long long n, cudaStream_t s) {

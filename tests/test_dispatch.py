@@ -185,6 +185,11 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, Dispatc
     vp, ci = ctypes.c_void_p, ctypes.c_int
     lib.fa_tune_forward.argtypes = [vp] * 5 + [ci] * 4 + [ctypes.c_float, vp]
     lib.fa_tune_prepare.argtypes = [ci] * 4 + [vp, ctypes.POINTER(ctypes.c_double)]
+    lib.fa_tune_forward_varlen.argtypes = ([vp] * 6 + [ci] * 5
+                                           + [ctypes.c_float, vp, ctypes.c_size_t, vp])
+    lib.fa_tune_varlen_workspace_bytes.argtypes = [ci] * 4
+    lib.fa_tune_varlen_workspace_bytes.restype = ctypes.c_size_t
+    lib.stub_varlen.restype = ctypes.c_longlong
     return lib, t
 
 
@@ -195,7 +200,9 @@ def test_dispatcher_selects_like_the_table(stub) -> None:
         for s in (1, 777, 1024, 1025, 2048, 2049, 4096, 4097, 8192, 8193, 1 << 20):
             assert lib.fa_tune_bucket_for(2, hq, hkv, s) == t.index_for(hq, hkv, s), (hq, hkv, s)
     assert json.loads(lib.fa_tune_dispatch_json()) == json.loads(t.dumps())
-    assert json.loads(lib.fa_tune_problem_class()) == {"head_dim": 128, "causal": True}
+    # varlen: some bucket serves it (s1k and s2k; see test_dispatcher_routes_varlen)
+    assert json.loads(lib.fa_tune_problem_class()) == {"head_dim": 128, "causal": True,
+                                                       "varlen": True}
     conf = json.loads(lib.fa_tune_config_json())
     assert conf["dispatch"] == "llama3-8b" and conf["write_lse"] is True
     assert [b["prefix"] for b in conf["buckets"]] == [f"fa_tune_b{i}_" for i in range(4)]
@@ -222,12 +229,79 @@ def test_dispatcher_forwards_and_reports(stub) -> None:
     assert err.startswith("no bucket of this library serves B=1 Hq=64 Hkv=8 S=100; it serves "
                           "Hq=32 Hkv=8: S 1..1024 (s1k)")
     assert lib.fa_tune_prepare(1, 32, 8, 9000, None, ctypes.byref(ms)) == 801 and ms.value == 0
-    # Varlen is declared and exported, not built.
-    rc = lib.fa_tune_forward_varlen(None, None, None, None, None, None, 0, 0, 0, 32, 8,
-                                    ctypes.c_float(0), None)
-    assert rc == 801 and lib.fa_tune_last_error().startswith(b"varlen is not built yet")
     assert lib.fa_tune_forward(None, None, None, None, None, 1, 32, 8, 100, 0.0, None) == 0
     assert lib.fa_tune_last_error() == b""  # a success clears it
+
+
+def _varlen(lib: ctypes.CDLL, max_seqlen: int, hkv: int = 8, num_seqs: int = 3) -> int:
+    return lib.fa_tune_forward_varlen(0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, num_seqs,
+                                      5000, max_seqlen, 32, hkv, 0.125, 0x7000, 4096, 0xABC)
+
+
+def test_dispatcher_routes_varlen(stub) -> None:
+    """By (Hq, Hkv, max_seqlen), as fixed length by S. The stub's s1k and s2k serve varlen, s4k
+    is an object from before varlen (no functions), s8k has them without the kernel (the
+    multicast preset's build)."""
+    lib, t = stub
+    for max_seqlen, bucket in ((1, 0), (1024, 0), (1025, 1), (2048, 1)):
+        assert _varlen(lib, max_seqlen) == 0, max_seqlen
+        assert lib.stub_last_bucket() == bucket and lib.fa_tune_last_error() == b""
+        assert lib.fa_tune_bucket_for(1, 32, 8, max_seqlen) == bucket
+    # Every argument reaches the bucket as given.
+    assert [lib.stub_varlen(j) for j in range(15)] == [
+        0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000, 0xABC, 3, 5000, 2048, 32, 8,
+        125, 4096]
+    assert _varlen(lib, 100, num_seqs=0) == 1  # the bucket's own failure, named
+    assert lib.fa_tune_last_error() == b"bucket s1k: num_seqs must be positive"
+    calls = lib.stub_calls()
+    assert _varlen(lib, 3000) == 801 and lib.stub_calls() == calls  # s4k: nothing to call
+    assert lib.fa_tune_last_error() == (b"bucket s4k: its kernel was built before the varlen "
+                                        b"entry points (export the library again)")
+    assert _varlen(lib, 8192) == 801  # s8k: the bucket's own refusal
+    assert lib.fa_tune_last_error() == b"bucket s8k: kv_multicast cannot serve varlen"
+    for max_seqlen, hkv in ((9000, 8), (100, 4)):
+        assert _varlen(lib, max_seqlen, hkv) == 801
+        assert lib.fa_tune_last_error().decode().startswith(
+            f"no bucket of this library serves varlen Hq=32 Hkv={hkv} max_seqlen={max_seqlen}; "
+            "it serves Hq=32 Hkv=8: S 1..1024 (s1k)")
+    calls = lib.stub_calls()
+    assert _varlen(lib, 0) == 1 and lib.stub_calls() == calls  # cudaErrorInvalidValue
+    assert lib.fa_tune_last_error() == b"max_seqlen must be positive (the longest sequence), got 0"
+    # The workspace of the bucket max_seqlen picks (stub: 1000 * (index + 1) + num_seqs); 0
+    # where none serves, or the bucket says the arguments are invalid.
+    ws = lib.fa_tune_varlen_workspace_bytes
+    assert [ws(3, 32, 5000, m) for m in (1, 1024, 2048, 3000, 8192, 9000)] == [
+        1003, 1003, 2003, 0, 4003, 0]
+    assert ws(3, 64, 5000, 100) == 0 and ws(0, 32, 5000, 100) == 0
+
+
+def _library_module():
+    """tuner/fa_tune_ops/library.py alone: it needs neither torch nor fa-tune (the package's
+    __init__ imports torch)."""
+    import importlib.util
+
+    path = Path(dispatch.__file__).parent / "fa_tune_ops" / "library.py"
+    spec = importlib.util.spec_from_file_location("fa_tune_ops_library", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_exported_binding_reads_varlen(stub) -> None:
+    lib_mod = _library_module()
+    lib, _ = stub
+    L = lib_mod.Library(lib._name)
+    assert L.varlen is True and L.forward_varlen is not None
+    assert int(L.varlen_workspace_bytes(2, 32, 100, 1500)) == 2002
+    assert L.varlen_missing() is None and L.varlen_missing(0) is None
+    assert L.varlen_missing(1) is None
+    assert L.varlen_missing(2) == ("bucket s4k of libfa_tune_fwd.so cannot run varlen: it was "
+                                   "built without the varlen kernel (fa-tune export leaves it "
+                                   "out where the config cannot serve varlen: its README says "
+                                   "why)")
+    assert L.varlen_missing(3) == ("bucket s8k of libfa_tune_fwd.so cannot run varlen: its "
+                                   "config uses kv_multicast, whose static schedule cannot serve "
+                                   "varlen")
 
 
 # ---- fa-tune export --workload (no build) ------------------------------------------------------
@@ -251,10 +325,19 @@ def test_export_workload_sources(two_file: Path, tmp_path: Path) -> None:
     sh = (out / "build.sh").read_text()
     assert '"short fa_tune_b0_" "long fa_tune_b1_"' in sh and "-DFA_TUNE_API_PREFIX" in sh
     assert " -shared" not in sh.split("KERNEL_FLAGS=(")[1].split(")")[0]
+    # Every bucket is rendered with the varlen kernel, but a multicast one (it cannot serve it).
+    assert '"$NVCC" "${KERNEL_FLAGS[@]}" -DFA_TUNE_API_PREFIX="$2" -c' in sh
+    for b, on in (("short", 1), ("long", 0)):
+        assert f"#define FA_TUNE_VARLEN {on}" in (out / "buckets" / b / "kernel.cu").read_text()
+    assert "| no (kv_multicast) |" in (out / "README.md").read_text()
     res = json.loads((out / "results.json").read_text())
     assert res["buckets"]["long"]["results"]["status"] == "not measured"
     readme = (out / "README.md").read_text()
-    assert "varlen is not built yet" in readme and "fa_tune_b1_" in readme
+    assert "fa_tune_varlen_workspace_bytes" in readme and "fa_tune_b1_" in readme
+    assert "| long | 32/8 | >= 2049 | `fa_tune_b1_` | " in readme
+    assert " | no (kv_multicast) | preset multicast |" in readme
+    header = (out / "include" / "fa_tune.h").read_text()
+    assert "void* workspace," in header and "size_t fa_tune_varlen_workspace_bytes" in header
     # The table exports again by itself, to the same sources.
     out2 = tmp_path / "again"
     r = runner.invoke(app, ["export", "--table", str(out / "dispatch.json"), "--no-build",

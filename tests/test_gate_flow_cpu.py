@@ -125,6 +125,12 @@ class FakeOracle:
     def poison(self, o: int, n_o: int, lse: int | None, n_lse: int, stream: Any) -> None:
         self.calls.append(("poison", lse is not None))
 
+    def reference_for(self, bufs: Any, o_ref: int, lse_ref: int | None, stream: Any,
+                      flags: int = 0) -> None:
+        B, hq, hkv, S, D, causal = problem_dims(bufs.shape)  # fixed-length problems only here
+        self.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref, B, hq, hkv, S, D,
+                       causal, stream, flags=flags)
+
     def reference(self, *a: Any, **kw: Any) -> None:
         # (q, k, v, o_ref, lse_ref, B, Hq, Hkv, S, D, causal, stream): the mask and GQA too
         assert tuple(a[5:11]) == problem_dims(self.shape), a

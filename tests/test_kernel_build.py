@@ -80,3 +80,43 @@ def test_multicast_kernel_shares_kv_across_the_cluster() -> None:
     mc, plain = sass("multicast"), sass("static")
     assert "UTMALDG.4D.MULTICAST" in mc and "UTMALDG.4D.MULTICAST" not in plain
     assert "SYNCS.ARRIVE.TRANS64.RED" in mc and "SYNCS.ARRIVE.TRANS64.RED" not in plain
+
+
+@pytest.mark.parametrize(("preset", "head_dim", "causal", "tweak"), [
+    ("default", 128, True, {}),
+    ("d64-static", 64, False, {}),
+    ("d256", 256, True, {"block_n": 64}),  # 128x80's varlen consumers spill (check_varlen)
+], ids=["default-d128", "d64-static-full", "d256-bn64"])
+def test_varlen_class_compiles_both_kernels_clean(preset: str, head_dim: int, causal: bool,
+                                                  tweak: dict) -> None:
+    """A varlen problem class builds the fixed-length kernel, the varlen kernel (the producer
+    given the persistent loop's registers: kernel.cuh RegSplit) and the schedule kernel, all
+    without local memory, and the library says it runs varlen."""
+    import ctypes
+    import dataclasses
+    import json
+
+    from tuner.config import check_varlen
+    from tuner.problem import ProblemClass
+
+    cfg = dataclasses.replace(load_preset(preset), **tweak)
+    check_varlen(cfg, head_dim)  # what the static check lets through must compile clean
+    r = build.build_config(cfg, pclass=ProblemClass(head_dim, causal, varlen=True))
+    names = list(r.ptxas["entries"])
+    assert sum("attention_fwd_kernel" in n for n in names) == 2, names
+    assert any("varlen_prepare_kernel" in n for n in names), names
+    for name, e in r.ptxas["entries"].items():
+        assert e["spill_stores"] == 0 and e["spill_loads"] == 0 and not e["stack_frame"], (name, e)
+    assert r.sass_checked, r.sass_note
+    assert r.sass["ldl"] == 0 and r.sass["stl"] == 0, "local memory traffic in the SASS"
+    hgmma = [f["hgmma"] for n, f in r.sass["functions"].items() if "attention_fwd_kernel" in n]
+    assert len(hgmma) == 2 and min(hgmma) > 0, hgmma
+    assert r.wgmma_serialized is None, r.wgmma_serialized
+    lib = ctypes.CDLL(r.so_path)
+    lib.fa_tune_problem_class.restype = ctypes.c_char_p
+    assert json.loads(lib.fa_tune_problem_class()) == {"head_dim": head_dim, "causal": causal,
+                                                       "varlen": True}
+    lib.fa_tune_varlen_workspace_bytes.restype = ctypes.c_size_t
+    # 16 bytes of counter, then 16 per tile: Hq * (total / block_m + num_seqs) tiles at most.
+    tiles = 32 * min(32768 // cfg.block_m + 15, 15 * -(-8192 // cfg.block_m))
+    assert lib.fa_tune_varlen_workspace_bytes(15, 32, 32768, 8192) == 16 + 16 * tiles

@@ -9,7 +9,9 @@ from tuner.errors import ShapeError
 from tuner.problem import (
     SEED_PROBLEMS,
     Problem,
+    ProblemClass,
     as_problem,
+    class_of,
     describe,
     parse_problems,
 )
@@ -176,3 +178,58 @@ def test_describe_names_what_problems_share() -> None:
     assert describe(["4x32x8192:full:d64"]) == "non-causal, D=64, MHA"
     assert describe(["4x32x8192", "4x32x8192:d64:full"]) == "causal and non-causal, D=64/128, MHA"
     assert describe([]) == ""
+
+
+# ---- varlen (packed) batches -------------------------------------------------------------------
+def test_varlen_text_form_round_trips() -> None:
+    p = Problem.parse("32/8x[8192,4096*2,2048*4,1024*8]")
+    assert p.is_varlen and p.B == 15 and p.S == 8192 and p.tokens == 32768
+    assert p.seqlens[:4] == (8192, 4096, 4096, 2048) and len(p.seqlens) == 15
+    assert str(p) == "32/8x[8192,4096*2,2048*4,1024*8]"
+    assert Problem.parse(str(p)) == p and as_problem(p.to_dict()) == p
+    q = Problem.parse(" 8 x [ 0 , 1 , 100*2 ] :d64:full")
+    assert q.seqlens == (0, 1, 100, 100) and q.D == 64 and not q.causal and q.Hkv == 8
+    assert str(q) == "8x[0,1,100*2]:d64:full"
+    # A fixed problem's dict has no seqlens key: stored results and studies stay as they were.
+    assert "seqlens" not in Problem(4, 32, 8192).to_dict()
+
+
+def test_varlen_flops_layout_and_class() -> None:
+    p = Problem.varlen([8192, 4096, 4096] + [2048] * 4 + [1024] * 8, 32, Hkv=8)
+    # The anchors' convention: the sum over sequences of 2*Hq*s^2*D (causal).
+    assert p.flops == sum(2 * 32 * s * s * 128 for s in p.seqlens) == 1_030_792_151_040
+    assert Problem.varlen([100], 4, causal=False).flops == 4 * 4 * 100 * 100 * 128
+    # Memory: one batch of all tokens; the kernel and reference follow cu_seqlens.
+    assert p.layout == Problem(1, 32, 32768, Hkv=8)
+    assert p.cu_seqlens()[:4] == [0, 8192, 12288, 16384] and p.cu_seqlens()[-1] == 32768
+    assert p.problem_class == ProblemClass(128, True, varlen=True)
+    # A varlen library serves fixed-length problems too: one class for a mix.
+    assert class_of([p, Problem(1, 32, 8192, Hkv=8)]) == ProblemClass(128, True, varlen=True)
+    assert class_of([Problem(1, 32, 8192)]).varlen is False
+    assert ProblemClass(128, True, True).serves(ProblemClass(128, True))
+    assert not ProblemClass(128, True).serves(ProblemClass(128, True, True))
+    assert ProblemClass.from_dict(ProblemClass(64, False, True).to_dict()) == ProblemClass(
+        64, False, True)
+    assert ProblemClass().to_dict() == {"head_dim": 128, "causal": True}
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("32/8x[]", "is not a length"),
+    ("32/8x[0,0]", "at least one sequence and one token"),
+    ("32/8x[100,x]", "'x' is not a length"),
+    ("32/8x[100*0]", "count 0"),
+    ("32/8x[100*70000]", "count 70000"),
+    ("32/8x[100]:d96", "head dim D=96"),
+    ("32/5x[100]", "multiple of Hkv=5"),
+])
+def test_varlen_bad_text_is_one_clear_line(text: str, needle: str) -> None:
+    with pytest.raises(ShapeError) as e:
+        Problem.parse(text)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_varlen_needs_its_constructor() -> None:
+    with pytest.raises(ShapeError, match=r"Problem\.varlen"):
+        Problem(2, 8, 50, seqlens=(100, 20))
+    with pytest.raises(ShapeError, match="at most 65535 sequences"):
+        Problem.varlen([1] * 65536, 8)

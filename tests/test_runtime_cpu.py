@@ -221,3 +221,56 @@ def test_kernel_module_passes_gqa_through(fake_so: Path) -> None:
     last.argtypes = [ctypes.c_int]
     km.forward(_bufs(Problem(1, 32, 256, Hkv=8)), None)  # type: ignore[arg-type]
     assert [last(5), last(6), last(9), last(7)] == [1, 32, 8, 256]
+
+
+# ---- varlen entry points ----------------------------------------------------------------------
+def _fake_variant(tmp_path: Path, varlen: int) -> Path:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    out = tmp_path / f"fake_varlen{varlen}.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", '-DFAKE_WRITE_LSE="true"',
+                    f"-DFAKE_VARLEN={varlen}", "-o", str(out), str(DATA / "fake_kernel_abi.c")],
+                   check=True)
+    return out
+
+
+def test_kernel_module_binds_varlen(fake_so: Path) -> None:
+    km = R.KernelModule(fake_so)
+    assert km.varlen is True and km.has_varlen is True
+    assert km.varlen_workspace_bytes(3, 32, 5000, 4096) == 3 * 1000 + 32 * 100 + 4096
+    assert km.varlen_workspace_bytes(0, 32, 5000, 4096) == 0  # invalid arguments: 0
+    km.forward_varlen(0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 3, 5000, 4096, 32, 8,
+                      0xABC, softmax_scale=0.125, workspace=0x7000, workspace_bytes=11296)
+    last = km._lib.fake_varlen
+    last.restype = ctypes.c_longlong
+    last.argtypes = [ctypes.c_int]
+    got = [last(i) for i in range(15)]
+    assert got[:8] == [0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000, 0xABC]
+    assert got[8:] == [3, 5000, 4096, 32, 8, 125, 11296]
+    # No LSE, the library's own workspace (NULL, 0 bytes), the legacy stream.
+    km.forward_varlen(0x1000, 0x2000, 0x3000, 0x4000, None, 0x6000, 1, 10, 10, 4, 4, None,
+                      workspace_bytes=99)
+    assert [last(4), last(6), last(7), last(14), last(13)] == [0, 0, 0, 0, 0]
+    with pytest.raises(R.KernelError) as ei:
+        km.forward_varlen(1, 2, 3, 4, 5, 6, 0, 10, 10, 4, 4, None)
+    msg = str(ei.value)
+    assert msg.startswith("fa_tune_forward_varlen(num_seqs=0, total_tokens=10, max_seqlen=10, "
+                          "Hq=4, Hkv=4) failed with cudaErrorInvalidValue (1): num_seqs must be "
+                          "positive") and "\n" not in msg and ei.value.code == 1
+
+
+def test_kernel_module_without_varlen(tmp_path: Path) -> None:
+    old = R.KernelModule(_fake_variant(tmp_path, 0))  # a library from before varlen
+    assert old.varlen is False and old.has_varlen is False
+    old.forward(_bufs(SimpleNamespace(B=1, H=1, S=128)), None)  # fixed length still runs
+    for call in (lambda: old.varlen_workspace_bytes(1, 1, 1, 1),
+                 lambda: old.forward_varlen(1, 2, 3, 4, 5, 6, 1, 10, 10, 4, 4, None)):
+        with pytest.raises(R.KernelError, match="predates the varlen entry points") as ei:
+            call()
+        assert ei.value.code == 801 and "\n" not in str(ei.value)
+    mc = R.KernelModule(_fake_variant(tmp_path, 2))  # the functions, not the kernel
+    assert mc.varlen is False and mc.has_varlen is False
+    with pytest.raises(R.KernelError, match=r"cudaErrorNotSupported \(801\): kv_multicast "
+                                            "cannot serve varlen"):
+        mc.forward_varlen(1, 2, 3, 4, 5, 6, 1, 10, 10, 4, 4, None)

@@ -238,8 +238,12 @@ def test_a_worker_on_another_gpu_model_refuses_to_join(pg_url: str, tmp_path: Pa
 def test_a_dead_postgres_connection_is_retried_and_nothing_is_lost(tmp_path: Path) -> None:
     server = pg_server.PgServer().start()  # its own: this test restarts it
     url = server.url
-    p = start_worker(url, "down", tmp_path / "art", "--timeout", "60", "--delay", "0.2",
-                     "--heartbeat", "1", "--grace", "20")
+    err_file = tmp_path / "worker.err"  # read while it runs: the outage lasts until it notices
+    with err_file.open("w") as err_out:
+        p = subprocess.Popen(
+            [sys.executable, str(WORKER_SCRIPT), url, "down", str(tmp_path / "art"), "--timeout",
+             "60", "--delay", "0.2", "--heartbeat", "1", "--grace", "20"],
+            stdout=subprocess.PIPE, stderr=err_out, text=True, env=ENV)
     try:
         def finished() -> list:
             if not _exists(url, "down"):
@@ -249,9 +253,15 @@ def test_a_dead_postgres_connection_is_retried_and_nothing_is_lost(tmp_path: Pat
 
         before = wait_for("two finished trials", finished)
         server.stop("fast")  # every client connection is cut
-        time.sleep(4)
+        # Down until the worker has met the dead connection (a fixed sleep raced a busy host).
+        wait_for("the worker to report the outage",
+                 lambda: "unreachable" in err_file.read_text(), timeout=60)
+        time.sleep(1)
         server.start()
-        out, err = finish(p, timeout=90)
+        out, _ = p.communicate(timeout=90)
+        err = err_file.read_text()
+        assert p.returncode == 0, f"exit {p.returncode}\n{out[-2000:]}\n{err[-3000:]}"
+        assert "Traceback" not in err, err[-3000:]
         after = {t.number: t for t in trials(url, "down")}
     finally:
         if p.poll() is None:

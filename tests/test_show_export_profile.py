@@ -155,6 +155,36 @@ def test_export_package(study: str, tmp_path: Path) -> None:
     assert "already exists" in one_line_exit2(r)
 
 
+def test_export_builds_the_library_with_varlen(study: str, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export ships the config built for its class with the varlen kernel (the class's
+    varlen flag: kernel.cu defines FA_TUNE_VARLEN 1), not the search's artifact (built
+    without)."""
+    from types import SimpleNamespace
+
+    from tuner import build
+    from tuner.problem import ProblemClass
+
+    calls: list[dict] = []
+    so = tmp_path / "varlen.so"
+    so.write_text("a library")
+
+    def fake_build(cfg: KernelConfig, *args, **kwargs) -> SimpleNamespace:
+        calls.append({"args": args, **kwargs})
+        return SimpleNamespace(so_path=str(so), key="k")
+
+    monkeypatch.setattr(build, "build_config", fake_build)
+    out = tmp_path / "pkg"
+    r = runner.invoke(app, ["export", "--study", study, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert calls == [{"args": (), "pclass": ProblemClass(varlen=True)}]
+    assert (out / "lib" / "libfa_tune_fwd.so").read_text() == "a library"
+    assert "#define FA_TUNE_VARLEN 1" in (out / "kernel.cu").read_text()
+    readme = (out / "README.md").read_text()
+    assert "fa_tune_forward_varlen" in readme
+    assert '{"head_dim":128,"causal":true,"varlen":true}' in readme
+
+
 @pytest.mark.parametrize("argv, expect", [
     (["show", "best", "--study", "nope"], "unknown study"),
     (["show", "trials", "--study", "nope"], "unknown study"),

@@ -38,7 +38,7 @@ from string import Template
 from typing import Any
 
 from tuner import _paths
-from tuner.config import KernelConfig, validate
+from tuner.config import KernelConfig, check_varlen, validate
 from tuner.errors import BuildError, ConfigError, FaTuneError
 from tuner.problem import DEFAULT_CLASS, ProblemClass
 
@@ -246,12 +246,14 @@ STANDARD_WGMMA_N = frozenset({64, 96, 128, 192})
 def render(cfg: KernelConfig, template: Path | None = None, *,
            pclass: ProblemClass = DEFAULT_CLASS) -> str:
     """The compilation unit for cfg: the template with every ${knob} and ${config_json} set,
-    and ${head_dim} / ${causal}, the problem class it serves (compiled in, not knobs)."""
+    and ${head_dim} / ${causal} / ${varlen}, the problem class it serves (compiled in, not
+    knobs)."""
     text = template_text(template)
     values = {
         **cfg.cpp_constants(),
         "head_dim": str(pclass.head_dim),
         "causal": "true" if pclass.causal else "false",
+        "varlen": "1" if pclass.varlen else "0",
         "config_json": c_string_literal(cfg.canonical_json()),
         # Not a knob: does block_n need CuTe's extended wgmma atoms (fa_tune/config.cuh)?
         "extended_mma": "0" if cfg.block_n in STANDARD_WGMMA_N else "1",
@@ -763,6 +765,8 @@ def build_config(
     extra -D flags for test builds (build_source); None builds exactly the config's artifact.
     ``pclass``: the head dim and mask compiled in (tuner.problem.ProblemClass)."""
     validate(cfg, pclass.head_dim)
+    if pclass.varlen:  # its varlen kernel must work too (multicast cannot; spills are refused)
+        check_varlen(cfg, pclass.head_dim)
     tpl = template or _paths.kernel_template()
     return build_source(
         render(cfg, tpl, pclass=pclass),
@@ -839,6 +843,8 @@ def build_many(
             continue
         try:
             validate(c, pclass.head_dim)
+            if pclass.varlen:
+                check_varlen(c, pclass.head_dim)
         except ConfigError as e:
             outcomes[c] = BuildOutcome(c, None, e)
             continue

@@ -333,6 +333,44 @@ def launch_registers(cfg: KernelConfig) -> int:
     return threads * per_thread
 
 
+def varlen_register_split(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> tuple[int, int]:
+    """(producer, consumer) registers of the cfg's varlen kernel (cuda_src/fa_tune/kernel.cuh,
+    RegSplit): its producer always runs the persistent loop, so it gets at least the persistent
+    producer's registers (56 at head dim 256: four column boxes per tile; it spilled 4 B at
+    40), taken from the consumers when the launch pool has no more."""
+    need = (PERSISTENT_PRODUCER_REGS_BLOCK_M64 if cfg.block_m == 64 or head_dim == 256
+            else PERSISTENT_PRODUCER_REGS)
+    producer = max(cfg.producer_regs, need)
+    spare = (launch_registers(cfg) // THREADS_PER_WARPGROUP - producer) \
+        // cfg.consumer_warpgroups // 8 * 8
+    return producer, min(cfg.consumer_regs, spare)
+
+
+def varlen_reason(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> str | None:
+    """Why cfg's varlen kernel cannot work (check_varlen's sentence), or None when it can."""
+    try:
+        check_varlen(cfg, head_dim)
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def check_varlen(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> None:
+    """Raise ConfigError with one sentence if cfg's varlen kernel cannot work (a varlen
+    problem class builds it beside the fixed-length one)."""
+    if cfg.kv_multicast:
+        raise ConfigError("kv_multicast cannot serve varlen problems (its static task lists need "
+                          "the lengths on the host); use a config without it")
+    producer, consumer = varlen_register_split(cfg, head_dim)
+    est = consumer_reg_estimate(cfg, head_dim)
+    if est > consumer:
+        raise ConfigError(
+            f"the varlen kernel's producer needs {producer} registers, which leaves the "
+            f"consumers {consumer} (consumer_regs {cfg.consumer_regs}), and this config's "
+            f"consumers need about {est}; pick a config with producer_regs >= {producer} that "
+            "fits (d64-static at head dim 64)")
+
+
 def consumer_reg_parts(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> dict[str, int]:
     """Per-thread registers a consumer warpgroup needs, by part: S, P, O, (Q), overhead.
 
@@ -522,6 +560,8 @@ def check_problems(cfg: KernelConfig, problems: Iterable[Problem]) -> ProblemCla
     pclass = class_of(problems)
     try:
         validate(cfg, pclass.head_dim)
+        if pclass.varlen:
+            check_varlen(cfg, pclass.head_dim)
     except ConfigError as e:
         d = pclass.head_dim
         if d != HEAD_DIM:

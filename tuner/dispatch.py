@@ -10,8 +10,11 @@ from the same template with its C ABI renamed by ``-DFA_TUNE_API_PREFIX=fa_tune_
 (cuda_src/fa_tune/entry.cuh), and exports the fa_tune_ C ABI v2 itself: ``fa_tune_forward``
 picks the first entry whose heads match and whose S range holds S (``select`` is the same rule
 in Python), and returns cudaErrorNotSupported with a last_error naming what the library serves
-for a problem no bucket serves. ``fa_tune_forward_varlen`` is declared and exported but returns
-cudaErrorNotSupported ("varlen is not built yet") until the varlen kernel exists.
+for a problem no bucket serves. ``fa_tune_forward_varlen`` picks the bucket the same way by
+(Hq, Hkv, max_seqlen); ``fa_tune_varlen_workspace_bytes`` answers for it. Every bucket is built
+with the varlen kernel (its kernel.cu defines FA_TUNE_VARLEN 1) except where its config cannot
+serve varlen (kv_multicast): that bucket answers cudaErrorNotSupported, and the library's
+problem_class says ``"varlen": true`` when some bucket serves it.
 """
 
 from __future__ import annotations
@@ -31,8 +34,7 @@ from tuner.workload import Workload
 
 SCHEMA = 1
 ABI_VERSION = 2
-CUDA_ERROR_NOT_SUPPORTED = 801  # cudaErrorNotSupported: no bucket serves it / varlen
-VARLEN_NOT_BUILT = "varlen is not built yet (fa_tune_forward_varlen is declared for the ABI only)"
+CUDA_ERROR_NOT_SUPPORTED = 801  # cudaErrorNotSupported: no bucket serves it / no varlen kernel
 
 
 class DispatchError(FaTuneError):
@@ -381,6 +383,7 @@ HEADER = """\
 // result is 0 on success, else a cudaError_t value, and fa_tune_last_error() says why.
 #pragma once
 #include <cuda_runtime.h>
+#include <stddef.h>
 
 #ifndef FA_TUNE_API
 #define FA_TUNE_API __attribute__((visibility("default")))
@@ -400,20 +403,35 @@ FA_TUNE_API int fa_tune_forward(const void* q, const void* k, const void* v, voi
 // upload); forward() does it on first use, so call it before capturing a CUDA graph.
 FA_TUNE_API int fa_tune_prepare(int B, int Hq, int Hkv, int S, cudaStream_t stream,
                                 double* host_ms);
-// Varlen (packed) prefill: Q, O [total_tokens, Hq, D], K, V [total_tokens, Hkv, D], int32
-// cu_seqlens [num_seqs + 1] on the device, lse [Hq, total_tokens] or NULL, causal per
-// sequence. NOT BUILT YET: returns cudaErrorNotSupported, last_error "varlen is not built yet".
-// The signature may change when the varlen kernel lands.
+// Varlen (packed) prefill, causal or not as the library's class, per sequence (query length =
+// key length): Q, O [total_tokens, Hq, D]; K, V [total_tokens, Hkv, D] (BF16, contiguous);
+// cu_seqlens: int32 [num_seqs + 1] ON THE DEVICE (cu_seqlens[0] = 0, non-decreasing,
+// cu_seqlens[num_seqs] = total_tokens); max_seqlen >= every length (as FA3's
+// flash_attn_varlen_func); lse: FP32 [Hq, total_tokens] or NULL. The library picks the bucket
+// serving (Hq, Hkv, max_seqlen). workspace: device memory of at least
+// fa_tune_varlen_workspace_bytes(num_seqs, Hq, total_tokens, max_seqlen) bytes, or NULL for a
+// library-owned one (grown on demand with cudaMalloc: never inside a CUDA graph capture, one
+// stream at a time). No host sync: the schedule is built on the device from cu_seqlens by a
+// small kernel. A bucket without the varlen kernel (a kv_multicast config) returns
+// cudaErrorNotSupported (801).
 FA_TUNE_API int fa_tune_forward_varlen(const void* q, const void* k, const void* v, void* o,
                                        float* lse, const int* cu_seqlens, int num_seqs,
                                        int total_tokens, int max_seqlen, int Hq, int Hkv,
-                                       float softmax_scale, cudaStream_t stream);
+                                       float softmax_scale, void* workspace,
+                                       size_t workspace_bytes, cudaStream_t stream);
+// Bytes of workspace a varlen call needs (host only, no CUDA call); 0 when the arguments are
+// invalid or no bucket serves them. It takes no Hkv: the most any bucket with these Hq whose
+// S range holds max_seqlen needs.
+FA_TUNE_API size_t fa_tune_varlen_workspace_bytes(int num_seqs, int Hq, int total_tokens,
+                                                  int max_seqlen);
 FA_TUNE_API const char* fa_tune_last_error(void);     // this thread's last error
 FA_TUNE_API const char* fa_tune_config_json(void);    // {"dispatch": name, "buckets": [...]}
-FA_TUNE_API const char* fa_tune_problem_class(void);  // {"head_dim":D,"causal":bool}
+// {"head_dim":D,"causal":bool,"varlen":bool}; varlen: some bucket serves varlen (each
+// bucket's fa_tune_b<i>_problem_class says whether it does).
+FA_TUNE_API const char* fa_tune_problem_class(void);
 FA_TUNE_API int fa_tune_smem_bytes(void);             // the largest bucket's, per CTA
 // The dispatcher's own: how many buckets, which serves a problem (-1: none; host only, no
-// CUDA call), and the dispatch table (dispatch.json, compact).
+// CUDA call; for varlen pass max_seqlen as S), and the dispatch table (dispatch.json, compact).
 FA_TUNE_API int fa_tune_bucket_count(void);
 FA_TUNE_API int fa_tune_bucket_for(int B, int Hq, int Hkv, int S);
 FA_TUNE_API const char* fa_tune_dispatch_json(void);
@@ -451,16 +469,24 @@ def dispatcher_source(table: DispatchTable) -> str:
             f"int {p}forward(const void*, const void*, const void*, void*, float*, int, int, int,"
             f" int, float, cudaStream_t);\n"
             f"int {p}prepare(int, int, int, int, cudaStream_t, double*);\n"
+            f"int {p}forward_varlen(const void*, const void*, const void*, void*, float*,"
+            f" const int*, int, int, int, int, int, float, void*, size_t,\n"
+            f"    cudaStream_t) FA_TUNE_WEAK;\n"
+            f"size_t {p}varlen_workspace_bytes(int, int, int, int) FA_TUNE_WEAK;\n"
             f"const char* {p}last_error(void);\n"
+            f"const char* {p}problem_class(void);\n"
             f"int {p}smem_bytes(void);"
         )
         s_max = -1 if e.s_max is None else e.s_max
         rows.append(f"    {{{c_string_literal(e.bucket)}, {e.Hq}, {e.Hkv}, {e.s_min}, {s_max}, "
-                    f"{p}forward, {p}prepare, {p}last_error, {p}smem_bytes}},"
+                    f"{p}forward, {p}prepare, {p}forward_varlen, {p}varlen_workspace_bytes, "
+                    f"{p}last_error, {p}problem_class, {p}smem_bytes}},"
                     f"  // {e.config.config_id()}: {_comment(e.source_text())}")
     pc = table.problem_class
     compact = json.dumps(table.to_dict(), sort_keys=True, separators=(",", ":"))
-    pclass = json.dumps({"head_dim": pc.head_dim, "causal": pc.causal}, separators=(",", ":"))
+    # The varlen flag is the buckets' (asked at run time), the rest is the table's.
+    pclass_head = json.dumps({"head_dim": pc.head_dim, "causal": pc.causal},
+                             separators=(",", ":"))[:-1] + ',"varlen":'
     decl_text = "\n".join(decls)
     row_text = "\n".join(rows)
     return f"""\
@@ -468,13 +494,19 @@ def dispatcher_source(table: DispatchTable) -> str:
 // The dispatcher of a workload library: every bucket's kernel is the template rendered for its
 // config (buckets/<name>/kernel.cu) and compiled with -DFA_TUNE_API_PREFIX=fa_tune_b<i>_, so
 // its C ABI is renamed; this unit exports the fa_tune_ C ABI v2 and forwards each call to the
-// first bucket serving (Hq, Hkv, S). D and the mask are the library's class ({pc}).
+// first bucket serving (Hq, Hkv, S), a varlen call to the one serving (Hq, Hkv, max_seqlen).
+// D and the mask are the library's class ({pc}).
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "{HEADER_NAME}"
+
+// Weak: a bucket object built before the varlen entry points still links; its pointers are
+// then null and a varlen call to it answers cudaErrorNotSupported.
+#define FA_TUNE_WEAK __attribute__((weak))
 
 extern "C" {{
 {decl_text}
@@ -485,6 +517,9 @@ namespace {{
 using ForwardFn = int (*)(const void*, const void*, const void*, void*, float*, int, int, int,
                           int, float, cudaStream_t);
 using PrepareFn = int (*)(int, int, int, int, cudaStream_t, double*);
+using VarlenFn = int (*)(const void*, const void*, const void*, void*, float*, const int*, int,
+                         int, int, int, int, float, void*, size_t, cudaStream_t);
+using WorkspaceFn = size_t (*)(int, int, int, int);
 using TextFn = const char* (*)(void);
 using IntFn = int (*)(void);
 
@@ -493,7 +528,10 @@ struct Bucket {{
   int hq, hkv, s_min, s_max;  // s_max -1: no upper bound
   ForwardFn forward;
   PrepareFn prepare;
+  VarlenFn forward_varlen;               // null: built before varlen
+  WorkspaceFn varlen_workspace_bytes;    // null: built before varlen
   TextFn last_error;
+  TextFn problem_class;
   IntFn smem_bytes;
 }};
 
@@ -503,26 +541,31 @@ const Bucket kBuckets[] = {{
 constexpr int kNumBuckets = int(sizeof(kBuckets) / sizeof(kBuckets[0]));
 
 const char kServes[] = {c_string_literal(table.serves_text())};
-const char kProblemClass[] = {c_string_literal(pclass)};
+const char kProblemClassHead[] = {c_string_literal(pclass_head)};
 const char kConfigJson[] = {c_string_literal(_library_config_json(table))};
 const char kDispatchJson[] = {c_string_literal(compact)};
 
 thread_local std::string g_error;
 
+bool holds(const Bucket& b, int S) {{ return S >= b.s_min && (b.s_max < 0 || S <= b.s_max); }}
+
 // Buckets are few (one per length range): a scan beats anything cleverer.
 int find(int Hq, int Hkv, int S) {{
   for (int i = 0; i < kNumBuckets; ++i) {{
     const Bucket& b = kBuckets[i];
-    if (b.hq == Hq && b.hkv == Hkv && S >= b.s_min && (b.s_max < 0 || S <= b.s_max)) return i;
+    if (b.hq == Hq && b.hkv == Hkv && holds(b, S)) return i;
   }}
   return -1;
 }}
 
-int no_bucket(int B, int Hq, int Hkv, int S) {{
-  g_error = "no bucket of this library serves B=" + std::to_string(B) + " Hq=" +
-            std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) + " S=" + std::to_string(S) +
-            "; it serves " + kServes;
+int no_bucket(const std::string& what) {{
+  g_error = "no bucket of this library serves " + what + "; it serves " + kServes;
   return int(cudaErrorNotSupported);
+}}
+
+std::string dims(int B, int Hq, int Hkv, int S) {{
+  return "B=" + std::to_string(B) + " Hq=" + std::to_string(Hq) + " Hkv=" +
+         std::to_string(Hkv) + " S=" + std::to_string(S);
 }}
 
 // A bucket's failure: its own message, prefixed with the bucket (its last_error is per kernel).
@@ -532,6 +575,17 @@ int result(const Bucket& b, int rc) {{
     g_error = std::string("bucket ") + b.name + ": " + (why != nullptr ? why : "");
   }}
   return rc;
+}}
+
+// Whether a bucket's kernel serves varlen: its entry points and its problem_class's flag.
+bool serves_varlen(const Bucket& b) {{
+  if (b.forward_varlen == nullptr || b.varlen_workspace_bytes == nullptr) return false;
+  const char* json = b.problem_class();
+  const char* at = json != nullptr ? std::strstr(json, "\\"varlen\\"") : nullptr;
+  if (at == nullptr) return false;
+  at += std::strlen("\\"varlen\\"");
+  while (*at == ' ' || *at == ':') ++at;
+  return std::strncmp(at, "true", 4) == 0;
 }}
 
 }}  // namespace
@@ -545,7 +599,7 @@ FA_TUNE_API int fa_tune_forward(const void* q, const void* k, const void* v, voi
                                 float softmax_scale, cudaStream_t stream) {{
   g_error.clear();
   const int i = find(Hq, Hkv, S);
-  if (i < 0) return no_bucket(B, Hq, Hkv, S);
+  if (i < 0) return no_bucket(dims(B, Hq, Hkv, S));
   const Bucket& b = kBuckets[i];
   return result(b, b.forward(q, k, v, o, lse, B, Hq, Hkv, S, softmax_scale, stream));
 }}
@@ -555,23 +609,62 @@ FA_TUNE_API int fa_tune_prepare(int B, int Hq, int Hkv, int S, cudaStream_t stre
   g_error.clear();
   if (host_ms != nullptr) *host_ms = 0.0;
   const int i = find(Hq, Hkv, S);
-  if (i < 0) return no_bucket(B, Hq, Hkv, S);
+  if (i < 0) return no_bucket(dims(B, Hq, Hkv, S));
   const Bucket& b = kBuckets[i];
   return result(b, b.prepare(B, Hq, Hkv, S, stream, host_ms));
 }}
 
-FA_TUNE_API int fa_tune_forward_varlen(const void*, const void*, const void*, void*, float*,
-                                       const int*, int, int, int, int, int, float,
-                                       cudaStream_t) {{
-  g_error = {c_string_literal(VARLEN_NOT_BUILT)};
-  return int(cudaErrorNotSupported);
+FA_TUNE_API int fa_tune_forward_varlen(const void* q, const void* k, const void* v, void* o,
+                                       float* lse, const int* cu_seqlens, int num_seqs,
+                                       int total_tokens, int max_seqlen, int Hq, int Hkv,
+                                       float softmax_scale, void* workspace,
+                                       size_t workspace_bytes, cudaStream_t stream) {{
+  g_error.clear();
+  if (max_seqlen < 1) {{
+    g_error = "max_seqlen must be positive (the longest sequence), got " +
+              std::to_string(max_seqlen);
+    return int(cudaErrorInvalidValue);
+  }}
+  const int i = find(Hq, Hkv, max_seqlen);
+  if (i < 0) {{
+    return no_bucket("varlen Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
+                     " max_seqlen=" + std::to_string(max_seqlen));
+  }}
+  const Bucket& b = kBuckets[i];
+  if (b.forward_varlen == nullptr) {{
+    g_error = std::string("bucket ") + b.name +
+              ": its kernel was built before the varlen entry points (export the library again)";
+    return int(cudaErrorNotSupported);
+  }}
+  return result(b, b.forward_varlen(q, k, v, o, lse, cu_seqlens, num_seqs, total_tokens,
+                                    max_seqlen, Hq, Hkv, softmax_scale, workspace,
+                                    workspace_bytes, stream));
+}}
+
+// No Hkv here: the most any bucket for Hq whose S range holds max_seqlen needs, which covers
+// the one forward_varlen picks.
+FA_TUNE_API size_t fa_tune_varlen_workspace_bytes(int num_seqs, int Hq, int total_tokens,
+                                                  int max_seqlen) {{
+  size_t most = 0;
+  for (const Bucket& b : kBuckets) {{
+    if (b.hq == Hq && holds(b, max_seqlen) && b.varlen_workspace_bytes != nullptr)
+      most = std::max(most, b.varlen_workspace_bytes(num_seqs, Hq, total_tokens, max_seqlen));
+  }}
+  return most;
 }}
 
 FA_TUNE_API const char* fa_tune_last_error(void) {{ return g_error.c_str(); }}
 
 FA_TUNE_API const char* fa_tune_config_json(void) {{ return kConfigJson; }}
 
-FA_TUNE_API const char* fa_tune_problem_class(void) {{ return kProblemClass; }}
+FA_TUNE_API const char* fa_tune_problem_class(void) {{
+  static const std::string json = [] {{
+    bool any = false;
+    for (const Bucket& b : kBuckets) any = any || serves_varlen(b);
+    return std::string(kProblemClassHead) + (any ? "true" : "false") + "}}";
+  }}();
+  return json.c_str();
+}}
 
 FA_TUNE_API int fa_tune_smem_bytes(void) {{
   int most = 0;

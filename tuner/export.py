@@ -5,7 +5,9 @@ Layout of the output folder::
     kernel.cu            the rendered compilation unit (tuner.build.render of the config)
     fa_tune/*.cuh        the shared kernel headers it includes (copied from cuda_src/fa_tune)
     build.sh             nvcc with exactly tuner/build.py's KERNEL_FLAGS -> build/libfa_tune_fwd.so
-    lib/libfa_tune_fwd.so  the prebuilt sm_90a library: the very file the tuner measured
+    lib/libfa_tune_fwd.so  the prebuilt sm_90a library: the measured config, built (cached) for
+                         its class with the varlen kernel too (ProblemClass.varlen), so it
+                         exports a working fa_tune_forward_varlen
     config.yaml          the config (every knob)
     results.json         the trial's measured results (per problem: its dict B, H = Hq, Hq, Hkv,
                          S, D, causal and "shape" = its text form, as tuner/store.py writes)
@@ -17,6 +19,7 @@ cutlass/), else finds the nvidia-cutlass wheel's headers with the python on PATH
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 import shutil
@@ -26,7 +29,7 @@ from typing import Any
 
 from tuner import _paths
 from tuner import build as build_mod
-from tuner.config import KernelConfig
+from tuner.config import KernelConfig, varlen_reason
 from tuner.errors import FaTuneError
 from tuner.problem import ProblemClass
 from tuner.study import SearchError
@@ -75,7 +78,8 @@ fi
 def build_script() -> str:
     flags = " \\\n    ".join(nvcc_flags())
     return f"""#!/usr/bin/env bash
-# Builds build/{LIB_NAME} for sm_90a from kernel.cu with the flags fa-tune used.
+# Builds build/{LIB_NAME} for sm_90a from kernel.cu with the flags fa-tune used (kernel.cu
+# defines FA_TUNE_VARLEN 1: the varlen kernel, fa_tune_forward_varlen, is built too).
 #   NVCC         the nvcc to use (default: nvcc on PATH, then $CUDA_HOME/bin/nvcc)
 #   CUTLASS_DIR  CUTLASS include folder (holds cute/ and cutlass/); default: the headers of the
 #                nvidia-cutlass pip wheel found with `python3` (pip install nvidia-cutlass)
@@ -100,6 +104,13 @@ def readme(cfg: KernelConfig, info: dict[str, Any]) -> str:
     causal = bool(info.get("causal", True))
     mask = "Causal" if causal else "Non-causal"
     d = int(info.get("head_dim", 128))
+    why_not = varlen_reason(cfg, d)
+    pclass_json = json.dumps({"head_dim": d, "causal": causal, "varlen": why_not is None},
+                             separators=(",", ":"))
+    varlen = ("`fa_tune_problem_class()` says `\"varlen\":true`." if why_not is None else
+              "`fa_tune_problem_class()` says `\"varlen\":false` and `fa_tune_forward_varlen` "
+              f"returns cudaErrorNotSupported (801), since this library has no varlen kernel: "
+              f"{why_not}.")
     return f"""# fa-tune kernel {cfg.config_id()}
 
 {mask} FlashAttention forward for Hopper (sm_90a): BF16 Q/O in BSHD layout (`[B, S, Hq, {d}]`,
@@ -118,7 +129,9 @@ Config (every knob; also in `config.yaml`):
 
 ## Files
 
-* `lib/{LIB_NAME}`: the prebuilt library, the exact file fa-tune gated and timed.
+* `lib/{LIB_NAME}`: the prebuilt library: the config fa-tune gated and timed, compiled with the
+  same flags from the same source plus the varlen kernel (`kernel.cu` defines `FA_TUNE_VARLEN
+  1`: `fa_tune_forward_varlen`, below), a second instantiation beside the fixed-length one.
 * `kernel.cu` + `fa_tune/*.cuh`: its source; `./build.sh` rebuilds it into
   `build/{LIB_NAME}` (needs nvcc >= 12.3 and the CUTLASS headers: set `CUTLASS_DIR`, or
   `pip install nvidia-cutlass`). The CUDA runtime is linked statically; the library needs only
@@ -134,9 +147,16 @@ int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float*
                     int B, int Hq, int Hkv, int S, float softmax_scale, cudaStream_t stream);
 // one-time host setup for a shape (call once per shape before forward); *host_ms = time spent
 int fa_tune_prepare(int B, int Hq, int Hkv, int S, cudaStream_t stream, double* host_ms);
+// varlen (packed) prefill; 0 or a cudaError_t value, as forward
+int fa_tune_forward_varlen(const void* q, const void* k, const void* v, void* o, float* lse,
+                           const int* cu_seqlens, int num_seqs, int total_tokens, int max_seqlen,
+                           int Hq, int Hkv, float softmax_scale, void* workspace,
+                           size_t workspace_bytes, cudaStream_t stream);
+// bytes of workspace a varlen call needs (host only, no CUDA call); 0: invalid arguments
+size_t fa_tune_varlen_workspace_bytes(int num_seqs, int Hq, int total_tokens, int max_seqlen);
 const char* fa_tune_last_error(void);
 const char* fa_tune_config_json(void);   // the config this library was built from
-// compiled in: {{"head_dim":{d},"causal":{str(causal).lower()}}}
+// compiled in: {pclass_json}
 const char* fa_tune_problem_class(void);
 int fa_tune_smem_bytes(void);            // dynamic shared memory per CTA
 ```
@@ -146,6 +166,16 @@ contiguous); Hkv divides Hq, and query head h reads K/V head h / (Hq / Hkv). `ls
 `[B, Hq, S]` FP32 or NULL. `softmax_scale` 0 means 1/sqrt({d}). The launch is asynchronous on
 `stream`. The library uses the CUDA context current on the calling thread (the primary context,
 as the CUDA runtime does).
+
+**Varlen** (packed sequences, FA3's `flash_attn_varlen_func` layout), {mask.lower()} per
+sequence, query length = key length: Q, O `[total_tokens, Hq, {d}]`, K, V `[total_tokens, Hkv,
+{d}]` (BF16, contiguous); `cu_seqlens` int32 `[num_seqs + 1]` on the device (`cu_seqlens[0]` =
+0, non-decreasing, `cu_seqlens[num_seqs]` = total_tokens); `max_seqlen` at least every
+sequence's length; `lse` FP32 `[Hq, total_tokens]` or NULL. `workspace`: device memory of at
+least `fa_tune_varlen_workspace_bytes(num_seqs, Hq, total_tokens, max_seqlen)` bytes, or NULL
+for a library-owned one (grown on demand with cudaMalloc: never inside a CUDA graph capture, one
+stream at a time). No host sync: a small kernel builds the schedule from `cu_seqlens` on the
+device. {varlen}
 
 ## C++ example
 
@@ -300,7 +330,10 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
     from tuner.study import trial_class
 
     pclass = trial_class(trial)
-    built = artifact_for(trial, cfg, pclass)
+    # The measured config with the varlen kernel too (cached; the search built it without),
+    # unless the config cannot serve varlen (config.varlen_reason; the README says why).
+    pclass = dataclasses.replace(pclass, varlen=varlen_reason(cfg, pclass.head_dim) is None)
+    built = build_mod.build_config(cfg, pclass=pclass)
     so = Path(built.so_path)
     if not so.is_file():
         raise ExportError(f"the artifact {so} is missing; rebuild with `fa-tune build`")
@@ -339,10 +372,11 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
 # Layout of a workload export::
 #
 #     lib/libfa_tune_fwd.so     the dispatcher library: every bucket's kernel + dispatch.cu
-#     include/fa_tune.h         the C ABI (fixed-length, varlen declared, dispatcher extras)
+#     include/fa_tune.h         the C ABI (fixed-length, varlen, dispatcher extras)
 #     dispatch.cu               the generated dispatcher (tuner/dispatch.py)
 #     buckets/<name>/kernel.cu  each bucket's rendered kernel; fa_tune/*.cuh the shared headers
-#     build.sh                  compiles each bucket with -DFA_TUNE_API_PREFIX, links all
+#     build.sh                  compiles each bucket with -DFA_TUNE_API_PREFIX (each kernel.cu
+#                               defines FA_TUNE_VARLEN 1: the varlen kernel too), links all
 #     configs/<name>.yaml       each bucket's config
 #     dispatch.json             the dispatch table (tuner.dispatch.DispatchTable, round-trips)
 #     workload.yaml             the workload file it was made from (when given)
@@ -355,8 +389,9 @@ WORKLOAD_BUILD_TIMEOUT_S = 1800.0
 
 def workload_build_script(table: Any) -> str:
     """build.sh of a workload export: the bucket kernels with exactly the tuner's KERNEL_FLAGS
-    (compiled, not linked: -c instead of -shared) and their C ABI renamed, then the dispatcher,
-    then one link. The device code is the tuner's: the prefix renames host functions only."""
+    (compiled, not linked: -c instead of -shared; each rendered with the varlen kernel too) and
+    their C ABI renamed, then the dispatcher, then one link. The prefix renames host functions
+    only."""
     from tuner import dispatch as dispatch_mod
 
     flags = " \\\n    ".join(f for f in nvcc_flags() if f != "-shared")
@@ -365,8 +400,9 @@ def workload_build_script(table: Any) -> str:
     objs = " ".join(f'"$OBJ/{e.bucket}.o"' for e in table.entries)
     return f"""#!/usr/bin/env bash
 # Builds build/{LIB_NAME} for sm_90a: each bucket's kernel (buckets/<name>/kernel.cu) with the
-# flags fa-tune used and its C ABI renamed (-DFA_TUNE_API_PREFIX=fa_tune_b<i>_), the dispatcher
-# (dispatch.cu), linked into one library that exports the fa_tune_ C ABI (include/fa_tune.h).
+# flags fa-tune used (each kernel.cu defines FA_TUNE_VARLEN 1) and its C ABI renamed
+# (-DFA_TUNE_API_PREFIX=fa_tune_b<i>_), the dispatcher (dispatch.cu), linked into one library
+# that exports the fa_tune_ C ABI (include/fa_tune.h).
 #   NVCC         the nvcc to use (default: nvcc on PATH, then $CUDA_HOME/bin/nvcc)
 #   CUTLASS_DIR  CUTLASS include folder (holds cute/ and cutlass/); default: the headers of the
 #                nvidia-cutlass pip wheel found with `python3` (pip install nvidia-cutlass)
@@ -414,6 +450,18 @@ def _md_cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _with_varlen(cfg: KernelConfig, pclass: ProblemClass) -> ProblemClass:
+    """pclass with the varlen kernel, unless cfg cannot serve varlen (config.varlen_reason):
+    such a bucket answers varlen calls with cudaErrorNotSupported."""
+    return dataclasses.replace(pclass, varlen=varlen_reason(cfg, pclass.head_dim) is None)
+
+
+def _varlen_cell(cfg: KernelConfig, head_dim: int) -> str:
+    if cfg.kv_multicast:
+        return "no (kv_multicast)"
+    return "yes" if varlen_reason(cfg, head_dim) is None else "no (its varlen kernel spills)"
+
+
 def workload_readme(table: Any) -> str:
     from tuner import dispatch as dispatch_mod
 
@@ -427,6 +475,7 @@ def workload_readme(table: Any) -> str:
                          for s, v in meas.items() if isinstance(v, dict)) or "not measured"
         rows.append(f"| {_md_cell(e.bucket)} | {e.Hq}/{e.Hkv} | {e.range_text()} | "
                     f"`{dispatch_mod.symbol_prefix(i)}` | {e.config.config_id()} | "
+                    f"{_varlen_cell(e.config, d)} | "
                     f"{_md_cell(e.source_text())} | {_md_cell(nums)} |")
     table_md = "\n".join(rows)
     mask = "causal" if causal else "non-causal"
@@ -434,11 +483,12 @@ def workload_readme(table: Any) -> str:
 
 One shared library for the workload `{table.name}`: a {mask} FlashAttention forward for Hopper
 (sm_90a), BF16, head dim {d}, with one tuned kernel per length bucket and a dispatcher that
-picks the bucket on every call by (Hq, Hkv, S). Q/O are `[B, S, Hq, {d}]`, K/V `[B, S, Hkv, {d}]`
-(BSHD, contiguous), LSE `[B, Hq, S]` FP32 (natural log).
+picks the bucket on every call by (Hq, Hkv, S), or for packed sequences (varlen) by (Hq, Hkv,
+max_seqlen). Q/O are `[B, S, Hq, {d}]`, K/V `[B, S, Hkv, {d}]` (BSHD, contiguous), LSE
+`[B, Hq, S]` FP32 (natural log); varlen below.
 
-| bucket | Hq/Hkv | S | symbol prefix | config | from | measured |
-|---|---|---|---|---|---|---|
+| bucket | Hq/Hkv | S | symbol prefix | config | varlen | from | measured |
+|---|---|---|---|---|---|---|---|
 {table_md}
 
 A problem no bucket serves (other heads, S outside every range) returns cudaErrorNotSupported
@@ -453,7 +503,8 @@ choice.
   rebuilds the library into `build/{LIB_NAME}` (nvcc >= 12.3, the CUTLASS headers: set
   `CUTLASS_DIR` or `pip install nvidia-cutlass`; `JOBS` kernels at once). Each kernel is
   compiled with the flags fa-tune measured it with, plus `-DFA_TUNE_API_PREFIX=<prefix>`, which
-  renames its C ABI functions only (the device code is the same). The CUDA runtime is linked
+  renames its C ABI functions only; each `kernel.cu` defines `FA_TUNE_VARLEN 1`, which adds
+  the bucket's varlen kernel beside its fixed-length one. The CUDA runtime is linked
   statically: only the NVIDIA driver is needed at run time.
 * `configs/<name>.yaml`: each bucket's config; `dispatch.json`: the dispatch table (buckets, S
   ranges, configs, sources, measured numbers); `results.json`: each bucket's measured results;
@@ -470,10 +521,12 @@ int fa_tune_prepare(int B, int Hq, int Hkv, int S, cudaStream_t stream, double* 
 int fa_tune_forward_varlen(const void* q, const void* k, const void* v, void* o, float* lse,
                            const int* cu_seqlens, int num_seqs, int total_tokens,
                            int max_seqlen, int Hq, int Hkv, float softmax_scale,
-                           cudaStream_t stream);  // NOT BUILT YET: cudaErrorNotSupported
+                           void* workspace, size_t workspace_bytes, cudaStream_t stream);
+size_t fa_tune_varlen_workspace_bytes(int num_seqs, int Hq, int total_tokens, int max_seqlen);
 const char* fa_tune_last_error(void);
 const char* fa_tune_config_json(void);    // {{"dispatch":..., "buckets":[{{bucket, config}}...]}}
-const char* fa_tune_problem_class(void);  // {{"head_dim":{d},"causal":{str(causal).lower()}}}
+// {{"head_dim":{d},"causal":{str(causal).lower()},"varlen":...}}: varlen when some bucket serves it
+const char* fa_tune_problem_class(void);
 int fa_tune_smem_bytes(void);             // the largest bucket's
 int fa_tune_bucket_count(void);
 int fa_tune_bucket_for(int B, int Hq, int Hkv, int S);  // -1: none (host only, no CUDA)
@@ -488,8 +541,17 @@ synchronous upload); `fa_tune_forward` does it on first use of a shape, so prepa
 before capturing a CUDA graph. Each bucket's own entry points (`fa_tune_b<i>_forward`, ...: the
 same ABI, no dispatch) are exported too.
 
-**Varlen** (packed sequences with `cu_seqlens`) is declared for the ABI but not built yet: the
-call returns cudaErrorNotSupported (801) with last_error "varlen is not built yet".
+**Varlen** (packed sequences, FA3's `flash_attn_varlen_func` layout): {mask} per sequence,
+query length = key length. Q, O `[total_tokens, Hq, {d}]`, K, V `[total_tokens, Hkv, {d}]`
+(BF16, contiguous); `cu_seqlens` int32 `[num_seqs + 1]` on the device (`cu_seqlens[0]` = 0,
+non-decreasing, `cu_seqlens[num_seqs]` = total_tokens); `max_seqlen` at least every sequence's
+length (it picks the bucket, as S does); `lse` FP32 `[Hq, total_tokens]` or NULL. `workspace`:
+device memory of at least `fa_tune_varlen_workspace_bytes(num_seqs, Hq, total_tokens,
+max_seqlen)` bytes, or NULL for a library-owned one (grown on demand with cudaMalloc: never
+inside a CUDA graph capture, one stream at a time). No host sync: a small kernel builds the
+schedule from `cu_seqlens` on the device. A bucket whose config uses kv_multicast (its static
+schedule cannot serve varlen; the table's varlen column) returns cudaErrorNotSupported (801)
+for varlen calls.
 
 ## PyTorch
 
@@ -500,16 +562,22 @@ q = torch.randn(1, 8192, {table.entries[0].Hq}, {d}, device="cuda", dtype=torch.
 k, v = (torch.randn(1, 8192, {table.entries[0].Hkv}, {d}, device="cuda", dtype=torch.bfloat16)
         for _ in range(2))
 out, lse = torch.ops.fa_tune.attention(q, k, v, {causal}, None)  # softmax_scale None: 1/sqrt(D)
+# Packed: sequences of 3000 and 5192 tokens in one [8192, H, {d}] batch.
+cu = torch.tensor([0, 3000, 8192], dtype=torch.int32, device="cuda")
+out, lse = torch.ops.fa_tune.attention(q[0], k[0], v[0], {causal}, None, cu, 5192)
 ```
 
 `fa_tune::attention(q, k, v, causal=True, softmax_scale=None, cu_seqlens=None,
 max_seqlen=None) -> (out, lse)` takes BSHD BF16 CUDA tensors, contiguous, head dim {d}, the
-library's mask; anything else is a ValueError saying what is wrong (cu_seqlens: varlen is not
-built yet). It launches on torch's current stream, allocates its outputs with torch, does not
-synchronise the host (a shape's first call does the one-time setup above), and has a fake
-(meta) implementation, so it works under
-`torch.compile(fullgraph=True)` and in CUDA graph capture (run each shape once before
-capturing: the one-time setup above must not happen inside a capture). Forward only.
+library's mask; out is like q, lse `[B, Hq, S]` FP32. With `cu_seqlens` (int32, 1-D, on q's
+device) and `max_seqlen` (an int at least every length), it is the varlen call: q
+`[total_tokens, Hq, {d}]`, k/v `[total_tokens, Hkv, {d}]`, lse `[Hq, total_tokens]`. Anything
+else is a ValueError saying what is wrong. It launches on torch's current stream, allocates
+its outputs (and the varlen workspace) with torch, does not synchronise the host (a fixed-length
+shape's first call does the one-time setup above; varlen needs none), and has a fake (meta)
+implementation, so it works under `torch.compile(fullgraph=True)` and in CUDA graph capture
+(run each fixed-length shape once before capturing: the one-time setup above must not happen
+inside a capture). Forward only.
 The library is `lib/{LIB_NAME}` beside the package, or `$FA_TUNE_LIB`, or
 `fa_tune_ops.load(PATH)`.
 
@@ -524,8 +592,12 @@ model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="fa_tune")
 
 The backend serves prefill without padding: query length = key length (no KV cache in use, or
 an empty one), no attention mask other than the model's own causal one, dropout 0, BF16, head
-dim {d}. Anything else (decoding steps, padded batches, softcapping, sliding windows) is a
-ValueError naming the cause; use another backend for those calls.
+dim {d}. Packed sequences run the varlen kernel: given as FlashAttention's keyword arguments
+(`cu_seq_lens_q` = `cu_seq_lens_k`, `max_length_q`/`max_length_k`, e.g. from
+`DataCollatorWithFlattening(return_flash_attn_kwargs=True)`), or found by transformers in
+`position_ids` that restart (no cache, no padding mask). Anything else (decoding steps, padded
+batches, softcapping, sliding windows) is a ValueError naming the cause; use another backend for
+those calls.
 """
 
 
@@ -562,7 +634,8 @@ def _check_built_library(so: Path, table: Any) -> None:
         pclass = json.loads(lib.fa_tune_problem_class().decode())
         ok = (lib.fa_tune_abi_version() == 2 and lib.fa_tune_bucket_count() == len(table.entries)
               and got == json.loads(json.dumps(table.to_dict()))
-              and pclass == table.problem_class.to_dict())
+              and {k: pclass.get(k) for k in ("head_dim", "causal")}
+              == table.problem_class.to_dict() and isinstance(pclass.get("varlen"), bool))
     except (OSError, AttributeError, ValueError) as e:
         raise ExportError(f"the built library {so} cannot be checked: {e}") from None
     if not ok:
@@ -619,7 +692,7 @@ def export_workload(table: Any, out: Path, *, resolved: Any = None,
         for e in table.entries:
             (tmp / "buckets" / e.bucket).mkdir(parents=True)
             (tmp / "buckets" / e.bucket / "kernel.cu").write_text(
-                build_mod.render(e.config, pclass=pclass))
+                build_mod.render(e.config, pclass=_with_varlen(e.config, pclass)))
             (tmp / "configs").mkdir(exist_ok=True)
             (tmp / "configs" / f"{e.bucket}.yaml").write_text(e.config.to_yaml())
         (tmp / "include").mkdir()

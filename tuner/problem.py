@@ -8,13 +8,23 @@ study attributes, the gate, timing, export.
 Text form (the CLI's ``--shape``)::
 
     B x Hq[/Hkv] x S [:dD] [:full | :causal]
+    Hq[/Hkv] x [len, len*count, ...] [:dD] [:full | :causal]     (varlen: a packed batch)
 
 ``4x32x8192`` is today's seed problem (MHA, D 128, causal); ``1x32/8x8192`` is Llama-3-8B's GQA;
 ``4x32x8192:d64``; ``4x32x8192:full`` is non-causal; ``1x64/8x8192:d256:full``. ``str()`` gives
 the canonical form: the parts that differ from MHA / D 128 / causal only, so every problem the
 tool knew before keeps its name (and the study attributes and result files that use it).
 
-FLOPs follow the anchors' convention: causal 2*B*Hq*S^2*D, non-causal 4*B*Hq*S^2*D.
+A varlen problem (``seqlens``) is a packed batch: its sequences' tokens one after another in
+[total, Hq, D] tensors (FA3's ``flash_attn_varlen_func`` layout, cu_seqlens the prefix sums of
+the lengths), each sequence its own attention problem (query length = key length). B is the
+number of sequences and S the longest (max_seqlen); ``32/8x[8192,4096*2,2048*4,1024*8]`` is the
+anchors' varlen batch. Its memory is a fixed problem of B=1, S=total (``layout``): buffers, input
+generation, poisoning and comparison treat it so; the reference and the kernel follow the
+sequence boundaries.
+
+FLOPs follow the anchors' convention: causal 2*B*Hq*S^2*D, non-causal 4*B*Hq*S^2*D; varlen the
+sum over its sequences.
 """
 
 from __future__ import annotations
@@ -34,6 +44,57 @@ _RE = re.compile(
     r"\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+)\s*)?x\s*(\d+)\s*((?::\s*[A-Za-z0-9]+\s*)*)",
     re.IGNORECASE,  # the BxHxS parser before problems took '4X32X8192', so this one does too
 )
+_RE_VARLEN = re.compile(
+    r"\s*(\d+)\s*(?:/\s*(\d+)\s*)?x\s*\[([^\]]*)\]\s*((?::\s*[A-Za-z0-9]+\s*)*)",
+    re.IGNORECASE,
+)
+MAX_SEQS = 65535  # sequences in one varlen batch (the device-side schedule's bound)
+
+
+def _parse_lengths(text: str, where: str) -> tuple[int, ...]:
+    """'8192,4096*2,1024' -> (8192, 4096, 4096, 1024)."""
+    out: list[int] = []
+    for part in (x.strip() for x in text.split(",")):
+        m = re.fullmatch(r"(\d+)\s*(?:\*\s*(\d+))?", part)
+        if not m:
+            raise ShapeError(f"malformed problem '{where}': '{part}' is not a length or "
+                             "length*count (e.g. [8192,4096*2,1024])")
+        count = int(m.group(2) or 1)
+        if count < 1 or count > MAX_SEQS:
+            raise ShapeError(f"malformed problem '{where}': count {count} in '{part}' must be "
+                             f"1..{MAX_SEQS}")
+        out.extend([int(m.group(1))] * count)
+    return tuple(out)
+
+
+def _lengths_text(seqlens: tuple[int, ...]) -> str:
+    """Run-length form: (8192, 4096, 4096) -> '8192,4096*2'."""
+    parts: list[str] = []
+    i = 0
+    while i < len(seqlens):
+        j = i
+        while j < len(seqlens) and seqlens[j] == seqlens[i]:
+            j += 1
+        parts.append(str(seqlens[i]) if j - i == 1 else f"{seqlens[i]}*{j - i}")
+        i = j
+    return ",".join(parts)
+
+
+def _parse_options(opts: str, text: str) -> tuple[int, bool]:
+    d, causal = DEFAULT_HEAD_DIM, True
+    for opt in (o.strip().lower() for o in opts.split(":") if o.strip()):
+        if opt in ("full", "noncausal", "non-causal"):
+            causal = False
+        elif opt == "causal":
+            causal = True
+        elif re.fullmatch(r"d\d+", opt):
+            d = int(opt[1:])
+        else:
+            raise ShapeError(
+                f"malformed problem '{text}': unknown option ':{opt}' (use :dD for the head "
+                "dim, e.g. :d64, and :full for a non-causal mask)"
+            )
+    return d, causal
 
 
 @dataclass(frozen=True)
@@ -46,6 +107,24 @@ class Problem:
     Hkv: int = field(default=0)  # 0: same as Hq (MHA); normalised in __post_init__
     D: int = DEFAULT_HEAD_DIM
     causal: bool = True
+    # Varlen: the packed batch's sequence lengths (then B = len(seqlens), S = max(seqlens));
+    # empty for a fixed-length batch. Use Problem.varlen() to make one.
+    seqlens: tuple[int, ...] = ()
+
+    @classmethod
+    def varlen(cls, seqlens: Iterable[int], Hq: int, Hkv: int = 0, D: int = DEFAULT_HEAD_DIM,
+               causal: bool = True) -> Problem:
+        """A packed batch of these sequence lengths (0 allowed; at least one token in all)."""
+        lens = tuple(seqlens)
+        for x in lens:
+            if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+                raise ShapeError(f"varlen sequence lengths must be integers >= 0 (got {x!r})")
+        if not lens or sum(lens) < 1:
+            raise ShapeError("a varlen batch needs at least one sequence and one token")
+        if len(lens) > MAX_SEQS:
+            raise ShapeError(f"a varlen batch holds at most {MAX_SEQS} sequences "
+                             f"(got {len(lens)}); split it")
+        return cls(len(lens), Hq, max(max(lens), 1), Hkv=Hkv, D=D, causal=causal, seqlens=lens)
 
     def __post_init__(self) -> None:
         for name in ("B", "Hq", "S", "D"):
@@ -68,10 +147,15 @@ class Problem:
             )
         if not isinstance(self.causal, bool):
             raise ShapeError(f"problem causal must be true or false (got {self.causal!r})")
-        if self.B * self.S * self.Hq * self.D > _MAX_ELEMS:
-            raise ShapeError(
-                f"problem {self} is too large: B*S*Hq*D must stay below 2^31 elements"
-            )
+        if not isinstance(self.seqlens, tuple):
+            object.__setattr__(self, "seqlens", tuple(self.seqlens))
+        if self.seqlens and (self.B != len(self.seqlens)
+                             or self.S != max(max(self.seqlens), 1)):
+            raise ShapeError("a varlen problem's B and S are its number of sequences and its "
+                             "longest length: make it with Problem.varlen()")
+        if self.tokens * self.Hq * self.D > _MAX_ELEMS:
+            what = "total tokens*Hq*D" if self.seqlens else "B*S*Hq*D"
+            raise ShapeError(f"problem {self} is too large: {what} must stay below 2^31 elements")
 
     # -- names
     @property
@@ -85,9 +169,35 @@ class Problem:
         return self.Hq // self.Hkv
 
     @property
+    def is_varlen(self) -> bool:
+        return bool(self.seqlens)
+
+    @property
+    def tokens(self) -> int:
+        """Query (= key) rows in the tensors: B*S, or the packed batch's total."""
+        return sum(self.seqlens) if self.seqlens else self.B * self.S
+
+    def cu_seqlens(self) -> list[int]:
+        """Varlen: the prefix sums of the lengths (num_seqs + 1 entries, first 0)."""
+        out = [0]
+        for x in self.seqlens:
+            out.append(out[-1] + x)
+        return out
+
+    @property
+    def layout(self) -> Problem:
+        """The fixed-length problem with this one's memory: itself, or for a packed batch one
+        batch of all its tokens (B=1, S=total): what buffers, input generation, poisoning and
+        the comparison see."""
+        if not self.seqlens:
+            return self
+        return Problem(1, self.Hq, self.tokens, Hkv=self.Hkv, D=self.D, causal=self.causal)
+
+    @property
     def problem_class(self) -> ProblemClass:
-        """The compile-time part (head dim, mask): which kernel library can run it."""
-        return ProblemClass(self.D, self.causal)
+        """The compile-time part (head dim, mask; varlen needs the packed-sequence kernel too):
+        which kernel library can run it."""
+        return ProblemClass(self.D, self.causal, self.is_varlen)
 
     @property
     def kind(self) -> str:
@@ -98,32 +208,29 @@ class Problem:
     @classmethod
     def parse(cls, text: str) -> Problem:
         m = _RE.fullmatch(str(text))
-        if not m:
+        v = None if m else _RE_VARLEN.fullmatch(str(text))
+        if not m and not v:
             raise ShapeError(
                 f"malformed problem '{text}': write BxHq[/Hkv]xS[:dD][:full], e.g. 4x32x8192, "
-                "1x32/8x8192, 4x16x8192:d256, 4x32x8192:full"
+                "1x32/8x8192, 4x16x8192:d256, 4x32x8192:full; or a packed varlen batch "
+                "Hq[/Hkv]x[len,len*count,...], e.g. 32/8x[8192,4096*2,1024*8]"
             )
-        b, hq, hkv, s, opts = m.groups()
+        if v:
+            hq, hkv, lens, opts = v.groups()
+        else:
+            b, hq, hkv, s, opts = m.groups()  # type: ignore[union-attr]
         if hkv is not None and int(hkv) < 1:  # '/0' is not MHA (Hkv=0 only means it in code)
             raise ShapeError(f"problem '{text}': Hkv must be a positive integer (got {hkv})")
-        d, causal = DEFAULT_HEAD_DIM, True
-        for opt in (o.strip().lower() for o in opts.split(":") if o.strip()):
-            if opt in ("full", "noncausal", "non-causal"):
-                causal = False
-            elif opt == "causal":
-                causal = True
-            elif re.fullmatch(r"d\d+", opt):
-                d = int(opt[1:])
-            else:
-                raise ShapeError(
-                    f"malformed problem '{text}': unknown option ':{opt}' (use :dD for the head "
-                    "dim, e.g. :d64, and :full for a non-causal mask)"
-                )
+        d, causal = _parse_options(opts, str(text))
+        if v:
+            return cls.varlen(_parse_lengths(lens, str(text)), int(hq),
+                              Hkv=int(hkv) if hkv else 0, D=d, causal=causal)
         return cls(int(b), int(hq), int(s), Hkv=int(hkv) if hkv else 0, D=d, causal=causal)
 
     def __str__(self) -> str:
         heads = f"{self.Hq}" if self.Hkv == self.Hq else f"{self.Hq}/{self.Hkv}"
-        text = f"{self.B}x{heads}x{self.S}"
+        text = (f"{heads}x[{_lengths_text(self.seqlens)}]" if self.seqlens
+                else f"{self.B}x{heads}x{self.S}")
         if self.D != DEFAULT_HEAD_DIM:
             text += f":d{self.D}"
         if not self.causal:
@@ -133,22 +240,31 @@ class Problem:
     # -- cost
     @property
     def flops(self) -> int:
-        """Causal 2*B*Hq*S^2*D (not halved, as the anchors count it); non-causal twice that."""
-        f = 2 * self.B * self.Hq * self.S * self.S * self.D
+        """Causal 2*B*Hq*S^2*D (not halved, as the anchors count it); non-causal twice that.
+        Varlen: the sum over its sequences (s^2 for B*S^2)."""
+        sq = sum(x * x for x in self.seqlens) if self.seqlens else self.B * self.S * self.S
+        f = 2 * self.Hq * sq * self.D
         return f if self.causal else 2 * f
 
     def tflops(self, ms: float) -> float:
         return self.flops / (ms * 1e9)
 
-    def to_dict(self) -> dict[str, int | bool]:
-        return {"B": self.B, "H": self.Hq, "Hq": self.Hq, "Hkv": self.Hkv, "S": self.S,
-                "D": self.D, "causal": self.causal}
+    def to_dict(self) -> dict[str, int | bool | list[int]]:
+        out: dict[str, int | bool | list[int]] = {
+            "B": self.B, "H": self.Hq, "Hq": self.Hq, "Hkv": self.Hkv, "S": self.S, "D": self.D,
+            "causal": self.causal}
+        if self.seqlens:  # only then: a fixed problem's dict stays what it always was
+            out["seqlens"] = list(self.seqlens)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> Problem:
         hq = d.get("Hq", d.get("H"))
-        return cls(int(d["B"]), int(hq), int(d["S"]), Hkv=int(d.get("Hkv") or 0),
-                   D=int(d.get("D", DEFAULT_HEAD_DIM)), causal=bool(d.get("causal", True)))
+        kw = {"Hkv": int(d.get("Hkv") or 0), "D": int(d.get("D", DEFAULT_HEAD_DIM)),
+              "causal": bool(d.get("causal", True))}
+        if d.get("seqlens"):
+            return cls.varlen([int(x) for x in d["seqlens"]], int(hq), **kw)
+        return cls(int(d["B"]), int(hq), int(d["S"]), **kw)
 
 
 @dataclass(frozen=True)
@@ -158,16 +274,30 @@ class ProblemClass:
 
     head_dim: int = DEFAULT_HEAD_DIM
     causal: bool = True
+    # The library also holds the packed-sequence (varlen) kernel: a second instantiation of the
+    # same pieces, so twice the compile; only exports and varlen problems ask for it.
+    varlen: bool = False
 
     def __str__(self) -> str:
-        return f"D {self.head_dim}, {'causal' if self.causal else 'non-causal'}"
+        return (f"D {self.head_dim}, {'causal' if self.causal else 'non-causal'}"
+                + (", with varlen" if self.varlen else ""))
 
     def to_dict(self) -> dict:
-        return {"head_dim": self.head_dim, "causal": self.causal}
+        out: dict = {"head_dim": self.head_dim, "causal": self.causal}
+        if self.varlen:  # only then: stored classes of fixed-length studies stay as they were
+            out["varlen"] = True
+        return out
 
     @classmethod
     def from_dict(cls, d: dict) -> ProblemClass:
-        return cls(int(d.get("head_dim", DEFAULT_HEAD_DIM)), bool(d.get("causal", True)))
+        return cls(int(d.get("head_dim", DEFAULT_HEAD_DIM)), bool(d.get("causal", True)),
+                   bool(d.get("varlen", False)))
+
+    def serves(self, other: ProblemClass) -> bool:
+        """Whether a library of this class runs problems of ``other``: same head dim and mask;
+        a varlen library runs fixed-length problems too."""
+        return (self.head_dim == other.head_dim and self.causal == other.causal
+                and (self.varlen or not other.varlen))
 
 
 DEFAULT_CLASS = ProblemClass()
@@ -187,7 +317,10 @@ def class_of(problems: Iterable[object]) -> ProblemClass:
             "these problems mix causal and non-causal (:full) masks; a kernel is built for one "
             "mask: run them in two invocations"
         )
-    return ps[0].problem_class if ps else DEFAULT_CLASS
+    if not ps:
+        return DEFAULT_CLASS
+    # A varlen library runs fixed-length problems too: one library for a mix.
+    return ProblemClass(ps[0].D, ps[0].causal, any(p.is_varlen for p in ps))
 
 
 SEED_PROBLEMS: tuple[Problem, ...] = (Problem(4, 32, 4096), Problem(4, 32, 8192),

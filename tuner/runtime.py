@@ -55,8 +55,13 @@ class ShapeLike(Protocol):
 
 
 def problem_dims(shape: Any) -> tuple[int, int, int, int, int, bool]:
-    """(B, Hq, Hkv, S, D, causal) of a Problem or of anything shaped like one (no validation):
-    Hq from ``Hq`` or ``H``; Hkv defaults to Hq, D to 128, causal to True."""
+    """(B, Hq, Hkv, S, D, causal) of a problem's tensors, for a Problem or anything shaped like
+    one (no validation): Hq from ``Hq`` or ``H``; Hkv defaults to Hq, D to 128, causal to True.
+    A packed varlen batch's tensors are one batch of all its tokens (``Problem.layout``: B=1,
+    S=total): buffers, input generation, poisoning and comparison read them so; the reference
+    and the kernel launch follow its sequences (``as_problem(shape).seqlens``)."""
+    if isinstance(shape, Problem) and shape.seqlens:
+        shape = shape.layout
     hq = int(getattr(shape, "Hq", None) or shape.H)
     hkv = int(getattr(shape, "Hkv", None) or hq)
     return (int(shape.B), hq, hkv, int(shape.S), int(getattr(shape, "D", None) or HEAD_DIM),
@@ -72,7 +77,7 @@ def as_problem(shape: Any) -> Problem:
 
 
 def same_problem(a: Any, b: Any) -> bool:
-    return problem_dims(a) == problem_dims(b)
+    return as_problem(a) == as_problem(b)  # a varlen batch's lengths too
 
 
 def kernel_unsupported(shape: Any, *, causal: bool = True, head_dim: int = HEAD_DIM) -> str | None:
@@ -510,7 +515,8 @@ class BufferGroup:
 class AttnBuffers(BufferGroup):
     """Q, O ([B, S, Hq, D] BF16), K, V ([B, S, Hkv, D] BF16) and LSE ([B, Hq, S] FP32) for one
     problem. ``shape`` is the Problem; ``n`` the elements of Q/O, ``n_kv`` of K/V, ``n_lse`` of
-    LSE."""
+    LSE. A packed varlen batch: [total, H, D] and [Hq, total] (problem_dims), and ``cu``, its
+    cu_seqlens (int32, num_seqs + 1) on the device; ``cu`` is None otherwise."""
 
     def __init__(self, dev: Device, problem: ShapeLike) -> None:
         super().__init__(dev)
@@ -524,6 +530,10 @@ class AttnBuffers(BufferGroup):
             self.v = self._alloc(self.n_kv * BF16_BYTES)
             self.o = self._alloc(self.n * BF16_BYTES)
             self.lse = self._alloc(self.n_lse * F32_BYTES)
+            self.cu: DeviceBuffer | None = None
+            if self.shape.is_varlen:
+                self.cu = self._alloc(4 * (self.shape.B + 1))
+                self.cu.copy_from_host(np.asarray(self.shape.cu_seqlens(), dtype=np.int32))
         except BaseException:
             self.free()
             raise
@@ -566,11 +576,21 @@ def _bind(lib: ctypes.CDLL, path: Path, name: str, restype: Any, argtypes: Seque
     return fn
 
 
+def _bind_optional(lib: ctypes.CDLL, name: str, restype: Any, argtypes: Sequence[Any]) -> Any:
+    """``name`` bound like _bind, or None when the library predates it."""
+    fn = getattr(lib, name, None)
+    if fn is not None:
+        fn.restype = restype
+        fn.argtypes = list(argtypes)
+    return fn
+
+
 KERNEL_ABI_VERSION = 2
 
 
 class KernelModule:
-    """A built kernel ``.so``, called through the C ABI of docs/ARCHITECTURE.md (version 2)."""
+    """A built kernel ``.so``, called through the C ABI of docs/ARCHITECTURE.md (version 2,
+    with the varlen entry points when the library has them: ``has_varlen``)."""
 
     def __init__(self, so_path: str | Path) -> None:
         self.path = Path(so_path)
@@ -598,16 +618,39 @@ class KernelModule:
         self._last_error = _bind(lib, p, "fa_tune_last_error", ctypes.c_char_p, [])
         self._config_json = _bind(lib, p, "fa_tune_config_json", ctypes.c_char_p, [])
         self._smem_bytes = _bind(lib, p, "fa_tune_smem_bytes", _c_int, [])
+        # Varlen (same ABI version; libraries built before it lack both functions):
+        # int fa_tune_forward_varlen(q, k, v, o, lse, const int* cu_seqlens, int num_seqs,
+        #     int total_tokens, int max_seqlen, int Hq, int Hkv, float softmax_scale,
+        #     void* workspace, size_t workspace_bytes, cudaStream_t stream);
+        # size_t fa_tune_varlen_workspace_bytes(int num_seqs, int Hq, int total_tokens,
+        #                                       int max_seqlen);
+        self._forward_varlen = _bind_optional(
+            lib, "fa_tune_forward_varlen", _c_int,
+            [_vp, _vp, _vp, _vp, _vp, _vp, _c_int, _c_int, _c_int, _c_int, _c_int, _c_float,
+             _vp, ctypes.c_size_t, _vp])
+        self._varlen_workspace_bytes = _bind_optional(
+            lib, "fa_tune_varlen_workspace_bytes", ctypes.c_size_t,
+            [_c_int, _c_int, _c_int, _c_int])
         pclass = _bind(lib, p, "fa_tune_problem_class", ctypes.c_char_p, [])()
         self.config: dict[str, Any] = _json_dict(self.config_json())
         pc = _json_dict(pclass.decode(errors="replace") if pclass else "")
         self.causal = bool(pc.get("causal", True))
         self.head_dim = int(pc.get("head_dim", HEAD_DIM))
+        # What problem_class says: the varlen kernel is compiled in (false for a class without
+        # varlen and for a kv_multicast config; absent before varlen existed).
+        self.varlen = bool(pc.get("varlen", False))
 
     @property
     def problem_class(self) -> ProblemClass:
-        """The head dim and mask compiled into this library."""
-        return ProblemClass(self.head_dim, self.causal)
+        """The head dim and mask compiled into this library, and whether it runs varlen."""
+        return ProblemClass(self.head_dim, self.causal, self.has_varlen)
+
+    @property
+    def has_varlen(self) -> bool:
+        """Whether forward_varlen can run: both entry points exported and the kernel compiled
+        in."""
+        return (self.varlen and self._forward_varlen is not None
+                and self._varlen_workspace_bytes is not None)
 
     @property
     def writes_lse(self) -> bool:
@@ -627,7 +670,11 @@ class KernelModule:
 
     def unsupported(self, shape: Any) -> str | None:
         """Why this library cannot run ``shape`` (None: it can)."""
-        return kernel_unsupported(shape, causal=self.causal, head_dim=self.head_dim)
+        why = kernel_unsupported(shape, causal=self.causal, head_dim=self.head_dim)
+        if why is None and getattr(shape, "seqlens", ()) and not self.has_varlen:
+            why = ("this kernel library has no varlen kernel (built for fixed-length problems, "
+                   "or its config uses kv_multicast); build it for a varlen problem class")
+        return why
 
     def _fail(self, what: str, rc: int) -> KernelError:
         why = self.last_error()
@@ -646,6 +693,8 @@ class KernelModule:
     def prepare(self, shape: ShapeLike, stream: Stream | int | None) -> float:
         """One-time host setup for a shape; returns the host milliseconds it took."""
         self._refuse(shape, "fa_tune_prepare")
+        if getattr(shape, "seqlens", ()):
+            return 0.0  # the varlen schedule is built on the device, in every launch
         B, hq, hkv, S, _, _ = problem_dims(shape)
         ms = ctypes.c_double(0.0)
         rc = self._prepare(B, hq, hkv, S, stream_handle(stream) or None, ctypes.byref(ms))
@@ -660,12 +709,49 @@ class KernelModule:
         use_lse = self.writes_lse if write_lse is None else write_lse
         s = bufs.shape
         self._refuse(s, "fa_tune_forward")  # before launching: D and the mask are compiled in
+        if getattr(s, "seqlens", ()):  # packed: bufs.cu holds cu_seqlens; the library's workspace
+            p = as_problem(s)
+            self.forward_varlen(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, bufs.o.ptr,
+                                bufs.lse.ptr if use_lse else None, bufs.cu.ptr, p.B, p.tokens,
+                                p.S, p.Hq, p.Hkv, stream, softmax_scale)
+            return
         B, hq, hkv, S, _, _ = problem_dims(s)
         rc = self._forward(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, bufs.o.ptr,
                            bufs.lse.ptr if use_lse else None, B, hq, hkv, S,
                            float(softmax_scale), stream_handle(stream) or None)
         if rc != 0:
             raise self._fail(f"fa_tune_forward({_dims_text(B, hq, hkv, S)})", rc)
+
+
+    def _no_varlen(self, what: str) -> KernelError:
+        # 801 (cudaErrorNotSupported): what a library without the kernel answers, too.
+        return KernelError(f"{what}: this library predates the varlen entry points (rebuild "
+                           f"it) [{self.path.parent.name}/{self.path.name}]", code=801)
+
+    def varlen_workspace_bytes(self, num_seqs: int, Hq: int, total_tokens: int,
+                               max_seqlen: int) -> int:
+        """Device workspace bytes a varlen call needs (host only); 0: the library calls the
+        arguments invalid."""
+        if self._varlen_workspace_bytes is None:
+            raise self._no_varlen("fa_tune_varlen_workspace_bytes")
+        return int(self._varlen_workspace_bytes(num_seqs, Hq, total_tokens, max_seqlen))
+
+    def forward_varlen(self, q: int, k: int, v: int, o: int, lse: int | None, cu_seqlens: int,
+                       num_seqs: int, total_tokens: int, max_seqlen: int, Hq: int, Hkv: int,
+                       stream: Stream | int | None, softmax_scale: float = 0.0,
+                       workspace: int | None = None, workspace_bytes: int = 0) -> None:
+        """Launch the varlen kernel once (asynchronous): Q, O [total_tokens, Hq, D], K, V
+        [total_tokens, Hkv, D], cu_seqlens int32 [num_seqs + 1] on the device, lse [Hq,
+        total_tokens] or None. workspace None: the library's own (not in a graph capture)."""
+        if self._forward_varlen is None:
+            raise self._no_varlen("fa_tune_forward_varlen")
+        rc = self._forward_varlen(q, k, v, o, lse or None, cu_seqlens, num_seqs, total_tokens,
+                                  max_seqlen, Hq, Hkv, float(softmax_scale), workspace or None,
+                                  workspace_bytes if workspace else 0,
+                                  stream_handle(stream) or None)
+        if rc != 0:
+            raise self._fail(f"fa_tune_forward_varlen(num_seqs={num_seqs}, total_tokens="
+                             f"{total_tokens}, max_seqlen={max_seqlen}, Hq={Hq}, Hkv={Hkv})", rc)
 
 
 def _dims_text(B: int, hq: int, hkv: int, S: int) -> str:
@@ -681,7 +767,7 @@ def _json_dict(text: str) -> dict[str, Any]:
     return d if isinstance(d, dict) else {}
 
 
-ORACLE_ABI_VERSION = 3
+ORACLE_ABI_VERSION = 4  # 4: oracle_reference_varlen
 ORACLE_STATS_BYTES = 152
 ORACLE_ROW_BLOCK = 16  # query rows per block of the BF16 error budget (oracle_row_block())
 
@@ -717,6 +803,11 @@ class OracleModule:
         # (q, k, v, o_ref, lse_ref, B, Hq, Hkv, S, D, causal, flags, stream)
         self._reference = _bind(lib, p, "oracle_reference", _c_int,
                                 [_vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i, _vp])
+        # (q, k, v, o_ref, lse_ref, cu_seqlens, num_seqs, max_seqlen, total, Hq, Hkv, D, causal,
+        #  flags, stream)
+        self._reference_varlen = _bind(lib, p, "oracle_reference_varlen", _c_int,
+                                       [_vp, _vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i, i,
+                                        _vp])
         self._f32_to_bf16 = _bind(lib, p, "oracle_f32_to_bf16", _c_int, [_vp, _vp, _c_ll, _vp])
         # (o, o_ref, B, Hq, S, D, lse, lse_ref, o_atol, o_rtol, lse_atol, lse_rtol, stats,
         #  block_sums, col_sums, stream)
@@ -758,10 +849,28 @@ class OracleModule:
                                  1 if causal else 0, flags, stream_handle(stream) or None),
                  "reference")
 
+    def reference_varlen(self, q: int, k: int, v: int, o_ref: int, lse_ref: int | None,
+                         cu_seqlens: int, num_seqs: int, max_seqlen: int, total: int, Hq: int,
+                         Hkv: int, D: int, causal: bool, stream: Stream | int | None,
+                         flags: int = 0) -> None:
+        """The reference of a packed batch: each sequence of cu_seqlens (int32 on the device)
+        its own problem; o_ref [total, Hq, D], lse_ref [Hq, total] (or None)."""
+        self._ok(self._reference_varlen(q, k, v, o_ref, lse_ref or None, cu_seqlens, num_seqs,
+                                        max_seqlen, total, Hq, Hkv, D, 1 if causal else 0,
+                                        flags, stream_handle(stream) or None),
+                 "reference_varlen")
+
     def reference_for(self, bufs: AttnBuffers, o_ref: int, lse_ref: int | None,
                       stream: Stream | int | None, flags: int = 0) -> None:
-        """The reference of the inputs in ``bufs`` (its problem's dims)."""
-        B, hq, hkv, S, D, causal = problem_dims(bufs.shape)
+        """The reference of the inputs in ``bufs`` (its problem; a packed batch per sequence,
+        with bufs.cu)."""
+        p = as_problem(bufs.shape)
+        if p.is_varlen:
+            self.reference_varlen(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref,
+                                  bufs.cu.ptr, p.B, p.S, p.tokens, p.Hq, p.Hkv, p.D, p.causal,
+                                  stream, flags=flags)
+            return
+        B, hq, hkv, S, D, causal = problem_dims(p)
         self.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref, B, hq, hkv, S, D,
                        causal, stream, flags=flags)
 

@@ -5,7 +5,7 @@ A workload (``workloads/<name>.yaml``) is what one exported library is tuned for
     name: llama3-8b
     description: free text
     attention: {Hq: 32, Hkv: 8, head_dim: 128, causal: true}
-    buckets:                     # by S (a varlen batch's max_seqlen, once varlen exists);
+    buckets:                     # by S (a varlen batch's max_seqlen);
       - {name: s1k, max_s: 1024} # each bucket serves (previous max_s, max_s]; the last may
       - {name: s8k, max_s: 8192} # say max_s: null (no upper bound)
     traffic:                     # relative call frequencies; any of the three, all combined

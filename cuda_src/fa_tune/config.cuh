@@ -25,7 +25,8 @@
 //                   (reads K before the TMA lands; the wait follows; intra_wg_overlap path)
 //   6 epilogue.cuh  O x 1.01 on head-dim columns 0-3 of every row
 //   7 softmax.cuh   the row sum is not rescaled when a row's running max rises (O is)
-//   8 producer.cuh  GQA head mapping: query head h reads K/V head h % Hkv, not h / group
+//   8 scheduler.cuh GQA head mapping: query head h reads K/V head h % Hkv, not h / group
+//                   (fixed-length schedulers; varlen tasks carry their K/V head)
 #ifndef FA_TUNE_PLANT_BUG
 #define FA_TUNE_PLANT_BUG 0
 #endif

@@ -15,6 +15,12 @@
 
 #include "kernel.cuh"
 #include "task_list.h"
+// The varlen kernel is a second instantiation of the same pieces: built only when asked
+// (FA_TUNE_VARLEN=1: exports and workload libraries), since it doubles a candidate's compile.
+#ifndef FA_TUNE_VARLEN
+#define FA_TUNE_VARLEN 0
+#endif
+#include "varlen.cuh"
 
 namespace fa_tune {
 
@@ -144,10 +150,11 @@ struct Launcher {
   }
 
   // The dynamic shared-memory attribute is per function: set once per process.
+  template <bool kVarlen = false>
   static cudaError_t set_attributes() {
     static bool done = false;
     if (done) return cudaSuccess;
-    cudaError_t e = cudaFuncSetAttribute(attention_fwd_kernel<Cfg>,
+    cudaError_t e = cudaFuncSetAttribute(attention_fwd_kernel<Cfg, kVarlen>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes());
     if (e != cudaSuccess) return fail(e, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e));
     done = true;
@@ -205,9 +212,14 @@ struct Launcher {
         return fail(e, std::string("resetting the tile counter: ") + cudaGetErrorString(e));
     }
 
-    auto kernel = attention_fwd_kernel<Cfg>;
-    if ((e = set_attributes()) != cudaSuccess) return e;
-    const dim3 g = grid(p.shape, *prep);
+    return launch<false>(p, grid(p.shape, *prep), stream);
+  }
+
+  template <bool kVarlen>
+  static cudaError_t launch(const Params& p, dim3 g, cudaStream_t stream) {
+    auto kernel = attention_fwd_kernel<Cfg, kVarlen>;
+    cudaError_t e;
+    if ((e = set_attributes<kVarlen>()) != cudaSuccess) return e;
     cudaLaunchAttribute attr{};
     const cudaLaunchConfig_t lc = launch_config(g, stream, attr);
     e = cudaLaunchKernelEx(&lc, kernel, p);
@@ -225,6 +237,127 @@ struct Launcher {
       return fail(e, buf);
     }
     return cudaSuccess;
+  }
+
+  // -- varlen (packed sequences; varlen.cuh builds the schedule on the device)
+  static constexpr bool kHasVarlen = FA_TUNE_VARLEN && !T::kMulticast;
+
+  static VarlenPlan varlen_plan(int num_seqs, int H, int Hkv, int total, int max_seqlen) {
+    return VarlenPlan::make(num_seqs, H, H / Hkv, total, max_seqlen, T::kRowsPerTask);
+  }
+
+  // The library's own workspace, per device, grown on demand (callers that pass none).
+  static cudaError_t own_workspace(size_t bytes, cudaStream_t stream, void** out) {
+    static std::map<int, std::pair<void*, size_t>> spaces;
+    static std::mutex m;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return fail(e, std::string("cudaGetDevice: ") + cudaGetErrorString(e));
+    std::lock_guard<std::mutex> lock(m);
+    auto& ws = spaces[dev];
+    if (ws.second < bytes) {
+      cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+      cudaStreamIsCapturing(stream, &cap);
+      if (cap != cudaStreamCaptureStatusNone)
+        return fail(cudaErrorStreamCaptureUnsupported,
+                    "the varlen workspace must grow (" + std::to_string(bytes) +
+                        " bytes) inside a CUDA graph capture; pass a workspace, or run a batch "
+                        "this large once before capturing");
+      if (ws.first != nullptr) cudaFree(ws.first);
+      ws = {nullptr, 0};
+      if ((e = cudaMalloc(&ws.first, bytes)) != cudaSuccess)
+        return fail(e, std::string("allocating the varlen workspace: ") + cudaGetErrorString(e));
+      ws.second = bytes;
+    }
+    *out = ws.first;
+    return cudaSuccess;
+  }
+
+  static cudaError_t forward_varlen(const void* q, const void* k, const void* v, void* o,
+                                    float* lse, const int* cu_seqlens, int num_seqs, int total,
+                                    int max_seqlen, int H, int Hkv, float softmax_scale,
+                                    void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+    g_last_error.clear();
+    if constexpr (!kHasVarlen) {
+      return fail(cudaErrorNotSupported,
+                  T::kMulticast
+                      ? "this config uses kv_multicast, whose static task lists need the lengths "
+                        "on the host; varlen needs a config without it"
+                      : "this library was built without the varlen kernel (built for a "
+                        "fixed-length problem class; fa-tune export builds it where the "
+                        "config can serve varlen)");
+    } else {
+      if (num_seqs < 1 || total < 0 || H < 1 || Hkv < 1 || H % Hkv != 0)
+        return fail(cudaErrorInvalidValue,
+                    "num_seqs, Hq and Hkv must be positive, total_tokens >= 0 and Hkv must divide "
+                    "Hq; got num_seqs=" + std::to_string(num_seqs) + " total_tokens=" +
+                        std::to_string(total) + " Hq=" + std::to_string(H) + " Hkv=" +
+                        std::to_string(Hkv));
+      if (cu_seqlens == nullptr) return fail(cudaErrorInvalidValue, "cu_seqlens must be non-null");
+      if (total == 0) return cudaSuccess;  // no tokens: nothing to compute or write
+      if (max_seqlen < 1)
+        return fail(cudaErrorInvalidValue, "max_seqlen must be >= 1 (the longest sequence)");
+      if (cudaError_t e = check_args(q, k, v, o, 1, H, Hkv, total); e != cudaSuccess) return e;
+      if (!(softmax_scale >= 0.f) || std::isinf(softmax_scale))
+        return fail(cudaErrorInvalidValue, "softmax_scale must be finite and >= 0 (0: 1/sqrt(D))");
+      const VarlenPlan plan = varlen_plan(num_seqs, H, Hkv, total, max_seqlen);
+      if (plan.bound > 0x7fffffffLL)
+        return fail(cudaErrorInvalidValue, "too many query tiles for one varlen launch");
+      const size_t prep_smem = plan.prep_smem_bytes();
+      if (prep_smem > 200 * 1024)
+        return fail(cudaErrorInvalidValue,
+                    "num_seqs + max_seqlen / " + std::to_string(T::kRowsPerTask) +
+                        " is too large for the device-side schedule (" +
+                        std::to_string(prep_smem) + " B of shared memory > 200 KiB); split the batch");
+      const size_t need = plan.workspace_bytes();
+      cudaError_t e;
+      if (workspace == nullptr) {
+        if ((e = own_workspace(need, stream, &workspace)) != cudaSuccess) return e;
+      } else if (workspace_bytes < need) {
+        return fail(cudaErrorInvalidValue, "the varlen workspace holds " +
+                                               std::to_string(workspace_bytes) + " bytes; this batch needs " +
+                                               std::to_string(need) +
+                                               " (fa_tune_varlen_workspace_bytes)");
+      } else if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+        return fail(cudaErrorInvalidValue, "the varlen workspace must be 16-byte aligned");
+      }
+      int* counter = static_cast<int*>(workspace);
+      auto* tasks = reinterpret_cast<VarlenTask*>(static_cast<char*>(workspace) + 16);
+
+      if (prep_smem > 48 * 1024) {  // above the default limit (batches of thousands only)
+        if ((e = cudaFuncSetAttribute(varlen_prepare_kernel<>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(prep_smem))) != cudaSuccess)
+          return fail(e, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e));
+      }
+      varlen_prepare_kernel<><<<1, kVarlenPrepThreads, prep_smem, stream>>>(cu_seqlens, plan,
+                                                                            tasks, counter);
+      if ((e = cudaGetLastError()) != cudaSuccess)
+        return fail(e, std::string("varlen schedule kernel: ") + cudaGetErrorString(e));
+
+      Params p{};
+      p.shape = ShapeInfo{num_seqs, H, total, 0, Hkv, H / Hkv};
+      p.sched.num_tiles = int(plan.bound);
+      p.sched.varlen_tasks = tasks;
+      p.sched.tile_counter = counter;
+      p.lse = lse;
+      p.o = o;
+      const double scale =
+          softmax_scale > 0.f ? double(softmax_scale) : 1.0 / std::sqrt(double(T::kHeadDim));
+      p.scale_log2 = float(1.4426950408889634 * scale);
+      constexpr int D = T::kHeadDim;  // the pack is one batch of `total` rows
+      if ((e = encode_bshd_map(&p.tma_q, q, 1, total, H, D, T::kQBoxRows)) != cudaSuccess ||
+          (e = encode_bshd_map(&p.tma_k, k, 1, total, Hkv, D, T::kBlockN)) != cudaSuccess ||
+          (e = encode_bshd_map(&p.tma_v, v, 1, total, Hkv, D, T::kBlockN)) != cudaSuccess ||
+          (e = encode_bshd_map(&p.tma_o, o, 1, total, H, D, 64)) != cudaSuccess)
+        return fail(e, "cuTensorMapEncodeTiled failed for this varlen batch");
+      int dev = 0, sms = 0;  // one CTA per SM (persistent), no more than there are tiles
+      if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+          (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+        return fail(e, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e));
+      const long long ctas = Cfg::persistent_ctas > 0 ? Cfg::persistent_ctas : sms;
+      return launch<true>(p, dim3(unsigned(std::min<long long>(ctas, plan.bound))), stream);
+    }
   }
 };
 
@@ -271,6 +404,30 @@ FA_TUNE_API int FA_TUNE_FN(prepare)(int B, int H, int Hkv, int S, cudaStream_t /
   return int(L::prepare(B, H, S, &prep, host_ms));
 }
 
+// Varlen (packed) prefill: Q, O [total_tokens, Hq, D]; K, V [total_tokens, Hkv, D]; int32
+// cu_seqlens [num_seqs + 1] on the device; lse [Hq, total_tokens] or NULL; causal or not per
+// sequence as compiled. workspace: fa_tune_varlen_workspace_bytes() bytes of device memory, or
+// NULL for the library's own (grown with cudaMalloc: not inside a graph capture; one stream at
+// a time). No host sync: a small kernel builds the schedule from cu_seqlens on the stream.
+FA_TUNE_API int FA_TUNE_FN(forward_varlen)(const void* q, const void* k, const void* v, void* o,
+                                           float* lse, const int* cu_seqlens, int num_seqs,
+                                           int total_tokens, int max_seqlen, int Hq, int Hkv,
+                                           float softmax_scale, void* workspace,
+                                           size_t workspace_bytes, cudaStream_t stream) {
+  return int(fa_tune::Launcher<Config>::forward_varlen(
+      q, k, v, o, lse, cu_seqlens, num_seqs, total_tokens, max_seqlen, Hq, Hkv, softmax_scale,
+      workspace, workspace_bytes, stream));
+}
+
+// Bytes of workspace a varlen call needs (host only); 0 for invalid arguments or a library
+// without the varlen kernel.
+FA_TUNE_API size_t FA_TUNE_FN(varlen_workspace_bytes)(int num_seqs, int Hq, int total_tokens,
+                                                      int max_seqlen) {
+  using L = fa_tune::Launcher<Config>;
+  if (!L::kHasVarlen || num_seqs < 1 || Hq < 1 || total_tokens < 0 || max_seqlen < 0) return 0;
+  return L::varlen_plan(num_seqs, Hq, Hq, total_tokens, max_seqlen).workspace_bytes();  // no Hkv in it
+}
+
 FA_TUNE_API const char* FA_TUNE_FN(last_error)(void) { return fa_tune::g_last_error.c_str(); }
 
 FA_TUNE_API const char* FA_TUNE_FN(config_json)(void) { return Config::json; }
@@ -278,8 +435,10 @@ FA_TUNE_API const char* FA_TUNE_FN(config_json)(void) { return Config::json; }
 // The problem class compiled in (D and the mask); Hq and Hkv are run-time arguments.
 FA_TUNE_API const char* FA_TUNE_FN(problem_class)(void) {
   using D = fa_tune::Derived<Config>;
-  static const std::string json = "{\"head_dim\":" + std::to_string(D::kHeadDim) +
-                                   ",\"causal\":" + (D::kCausal ? "true" : "false") + "}";
+  static const std::string json =
+      "{\"head_dim\":" + std::to_string(D::kHeadDim) + ",\"causal\":" +
+      (D::kCausal ? "true" : "false") + ",\"varlen\":" +
+      (fa_tune::Launcher<Config>::kHasVarlen ? "true" : "false") + "}";
   return json.c_str();
 }
 

@@ -32,10 +32,29 @@ __device__ __forceinline__ void planted_normalize(TOrO& tOrO, const float (&inv_
   }
 }
 
-template <class Cfg>
+template <class Cfg, class Sched>
 struct Epilogue {
   using T = Traits<Cfg>;
   using Element = typename T::Element;
+
+  // Varlen: rows [first_row, S) of a tile that ends past its sequence (S rows), 16 bytes per
+  // thread-step from the staged tile. TMA would clip only at the end of the whole pack and so
+  // overwrite the next sequence's first rows; this path runs once per sequence and head.
+  template <class SO>
+  __device__ static void store_rows(const Params& p, const SO& sO, const TileCoord& t,
+                                    int first_row, int S, int wg, int tid) {
+    constexpr int kChunks = T::kHeadDim / 8;  // 16-byte pieces per row
+    const int rows = min(64, S - first_row);
+    const int row_base = Sched::seq_start(t) + first_row;
+    auto* o = static_cast<Element*>(p.o);
+    for (int i = tid % kWarpgroupThreads; i < rows * kChunks; i += kWarpgroupThreads) {
+      const int r = i / kChunks, c = (i % kChunks) * 8;
+      if (row_base + r >= p.shape.S) break;  // a cu_seqlens past the pack: never write past it
+      // The 128-byte swizzle moves whole 16-byte pieces, so 8 aligned columns stay contiguous.
+      const uint4 v = *reinterpret_cast<const uint4*>(&sO(wg * 64 + r, c));
+      *reinterpret_cast<uint4*>(o + (size_t(row_base + r) * p.shape.H + t.head) * T::kHeadDim + c) = v;
+    }
+  }
 
   // Returns once the TMA store has finished reading shared memory, so the caller may hand
   // the O/Q buffer back to the producer. first_row: the warpgroup's first query row
@@ -66,23 +85,32 @@ struct Epilogue {
     fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(kWarpgroupThreads, kEpilogueBar + wg);
 
-    if (tid % kWarpgroupThreads == 0) {
-      if (first_row < p.shape.S) {
+    const int S = Sched::seq_len(p, t), start = Sched::seq_start(t);
+    bool stored = false;
+    if constexpr (Sched::kPacked) {
+      if (first_row + 64 > S) {
+        if (first_row < S) store_rows(p, sO, t, first_row, S, wg, tid);
+        stored = true;
+      }
+    }
+    if (!stored && tid % kWarpgroupThreads == 0) {
+      if (first_row < S) {
         for (int c = 0; c < T::kDBoxes; ++c)  // 64-column boxes; rows past S are clipped by TMA
           tma_store_4d<Cfg::hint_o>(&p.tma_o, o_smem + (c * T::kBlockM + wg * 64) * kBoxCols,
-                                    c * kBoxCols, first_row, t.head, t.batch);
+                                    c * kBoxCols, start + first_row, t.head, t.batch);
       }
       tma_store_commit();
       tma_store_wait_read();
     }
 
     if constexpr (Cfg::write_lse) {
+      // [B, H, S]; varlen [H, total tokens] (batch 0, S the pack's tokens, rows from start).
       if (p.lse != nullptr && (threadIdx.x % 4) == 0) {
-        float* lse = p.lse + (size_t(t.batch) * p.shape.H + t.head) * p.shape.S;
+        float* lse = p.lse + (size_t(t.batch) * p.shape.H + t.head) * p.shape.S + start;
         const float scale_log2 = p.scale_log2;
         for (int r = 0; r < 2; ++r) {
           const int row = row0 + 8 * r;
-          if (row < p.shape.S) lse[row] = sm.lse(r, scale_log2);
+          if (row < S) lse[row] = sm.lse(r, scale_log2);
         }
       }
     }

@@ -13,10 +13,9 @@
 
 namespace fa_tune {
 
-template <class Cfg>
+template <class Cfg, class Sched>
 struct Consumer {
   using T = Traits<Cfg>;
-  using Sched = SchedulerFor<Cfg>;
   using Element = typename T::Element;
 
   // q_in_regs: shared memory -> the QK MMA's register A fragment, with ldmatrix.
@@ -83,8 +82,9 @@ struct Consumer {
       const int row0 = first_row + warp_in_wg * 16 + lane / 4;
       // Without multicast both warpgroups visit all of the tile's KV tiles (the masked ones
       // included); with it, a warpgroup whose rows end lower skips the task's top tiles.
-      const int n_task = num_kv_blocks<T>(p.shape, t.m_block);
-      const int n_blocks = T::kMulticast ? kv_blocks_below<T>(p.shape, first_row + 64) : n_task;
+      const int S = Sched::seq_len(p, t);  // the tile's sequence (varlen: one of the pack)
+      const int n_task = num_kv_blocks<T>(S, t.m_block);
+      const int n_blocks = T::kMulticast ? kv_blocks_below<T>(S, first_row + 64) : n_task;
       const int n_skip = n_task - n_blocks;
       if constexpr (kEarlyNext) {
         // Q copied to registers is handed back only now, after next(): the dynamic scheduler
@@ -115,9 +115,9 @@ struct Consumer {
       };
       typename ML::Softmax sm;
       float inv_sum[2];
-      ML::run(st, ss, sm, n_blocks, num_unmasked_kv_blocks<T>(first_row, n_blocks, p.shape.S),
-              n_skip, row0, p.shape.S, p.scale_log2, wg, !next.valid, release_q, issue_next, inv_sum);
-      Epilogue<Cfg>::run(p, ss, mma_pv, tOrO, sm, inv_sum, t, first_row, row0, wg, tid);
+      ML::run(st, ss, sm, n_blocks, num_unmasked_kv_blocks<T>(first_row, n_blocks, S), n_skip,
+              row0, S, p.scale_log2, wg, !next.valid, release_q, issue_next, inv_sum);
+      Epilogue<Cfg, Sched>::run(p, ss, mma_pv, tOrO, sm, inv_sum, t, first_row, row0, wg, tid);
       if constexpr (Cfg::q_release == QRelease::AtEnd) ss.q_ring.release(qst);
       qst.advance<1>();
       t = next;
@@ -126,10 +126,28 @@ struct Consumer {
   }
 };
 
-template <class Cfg>
+// The register split of setmaxnreg: the config's. The varlen kernel always runs the persistent
+// producer loop, which spilled below 40 registers (56 with one consumer warpgroup; config.py,
+// PERSISTENT_PRODUCER_REGS). The varlen producer spilled 20 B at 32, and at head dim 256 (four
+// column boxes per tile) 4 B at 40 and none at 56 (nvcc 13.0, 2026-12-01). A config made for
+// the grid scheduler gives it fewer, so there the producer takes what it needs from the
+// consumers (which may then spill: config.check_varlen says so before compiling).
+template <class Cfg, bool kVarlen>
+struct RegSplit {
+  using D = Derived<Cfg>;
+  static constexpr int kMinProducer = D::kConsumerWGs == 1 || D::kHeadDim == 256 ? 56 : 40;
+  static constexpr int kProducer =
+      kVarlen && Cfg::producer_regs < kMinProducer ? kMinProducer : Cfg::producer_regs;
+  static constexpr int kSpare = (D::kLaunchRegs / kWarpgroupThreads - kProducer) / D::kConsumerWGs / 8 * 8;
+  static constexpr int kConsumer = Cfg::consumer_regs < kSpare ? Cfg::consumer_regs : kSpare;
+};
+
+// kVarlen: packed sequences (cu_seqlens) on the varlen scheduler; the same pieces otherwise.
+template <class Cfg, bool kVarlen = false>
 __global__ void __launch_bounds__(Derived<Cfg>::kThreads, 1)
     attention_fwd_kernel(const __grid_constant__ Params p) {
   using T = Traits<Cfg>;
+  using Sched = SchedulerFor<Cfg, kVarlen>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   auto& ss = *reinterpret_cast<SharedStorage<T>*>(smem_raw);
   const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);
@@ -152,11 +170,11 @@ __global__ void __launch_bounds__(Derived<Cfg>::kThreads, 1)
 
   // Each role is one branch, as setmaxnreg requires.
   if (warp < 4) {
-    cutlass::arch::warpgroup_reg_dealloc<Cfg::producer_regs>();
-    if (warp == 0) Producer<Cfg, SchedulerFor<Cfg>>::run(p, ss);
+    cutlass::arch::warpgroup_reg_dealloc<RegSplit<Cfg, kVarlen>::kProducer>();
+    if (warp == 0) Producer<Cfg, Sched>::run(p, ss);
   } else {
-    cutlass::arch::warpgroup_reg_alloc<Cfg::consumer_regs>();
-    Consumer<Cfg>::run(p, ss, warp / 4 - 1);
+    cutlass::arch::warpgroup_reg_alloc<RegSplit<Cfg, kVarlen>::kConsumer>();
+    Consumer<Cfg, Sched>::run(p, ss, warp / 4 - 1);
   }
 }
 

@@ -8,7 +8,7 @@
 namespace fa_tune {
 
 struct ShapeInfo {
-  int B, H, S;       // H: query heads
+  int B, H, S;       // H: query heads; varlen: B sequences, S all of their tokens (packed)
   int num_m_blocks;
   int Hkv;           // K/V heads (H for MHA, 1 for MQA)
   int group;         // H / Hkv: query heads per K/V head; query head h reads K/V head h / group
@@ -21,6 +21,21 @@ struct TileCoord {
   int idx;   // scheduler cursor: task index (static) or tile number (dynamic)
   int turn;  // how many times `next` has been asked (the dynamic scheduler's slot parity)
   bool valid;
+  // Varlen only (the schedulers' seq_start / seq_len / kv_head read them): the tile's
+  // sequence, its first row in the packed tensors and its length; the K/V head.
+  int start = 0;
+  int len = 0;
+  int kv_head = 0;
+};
+
+// One query tile of a varlen launch, as the device-side schedule stores it (varlen.cuh): 16
+// bytes, one load. The K/V head comes precomputed, so the producer (32-40 registers) does no
+// integer division per tile.
+struct VarlenTask {
+  int m_block;  // < 0: past the last tile
+  int heads;    // query head | K/V head << 16
+  int start;    // cu_seqlens[sequence]
+  int len;
 };
 
 // What the persistent schedulers read (unused by the grid scheduler).
@@ -29,7 +44,8 @@ struct SchedParams {
   const int* offsets;      // static: CTA i owns tasks[offsets[i], offsets[i+1])
   int* tile_counter;       // dynamic: next tile to hand out (zeroed before each launch)
   uint32_t m_bits, h_bits; // static: packing widths (task_list.h)
-  int num_tiles;           // dynamic: query tiles over all heads and batches
+  int num_tiles;           // dynamic: query tiles over all heads and batches; varlen: a bound
+  const VarlenTask* varlen_tasks;  // varlen: the tiles in order, built on the device
   int section_heads;       // dynamic: (batch, head) pairs per L2 section (>= 1)
 };
 
@@ -38,7 +54,8 @@ struct Params {
   CUtensorMap tma_k;  // boxes of (64 cols, block_n rows)
   CUtensorMap tma_v;
   CUtensorMap tma_o;  // boxes of (64 cols, 64 rows): each warpgroup stores its own rows
-  float* lse;         // [B, H, S] or null
+  float* lse;         // [B, H, S] or null; varlen [H, total tokens]
+  void* o;            // varlen: a tile that ends past its sequence is stored without TMA
   ShapeInfo shape;
   SchedParams sched;
   float scale_log2;   // log2(e) / sqrt(head_dim)
@@ -46,16 +63,17 @@ struct Params {
 
 // KV tiles that query rows below row_end visit (causal: every key <= the last valid row;
 // otherwise every key).
+// S: the tile's sequence length.
 template <class T>
-__host__ __device__ __forceinline__ int kv_blocks_below(const ShapeInfo& s, int row_end) {
-  if constexpr (!T::kCausal) return (s.S + T::kBlockN - 1) / T::kBlockN;
-  return (min(row_end, s.S) + T::kBlockN - 1) / T::kBlockN;
+__host__ __device__ __forceinline__ int kv_blocks_below(int S, int row_end) {
+  if constexpr (!T::kCausal) return (S + T::kBlockN - 1) / T::kBlockN;
+  return (min(row_end, S) + T::kBlockN - 1) / T::kBlockN;
 }
 
 // KV tiles the producer loads for a task (a query tile, or with kv_multicast a pair of them).
 template <class T>
-__host__ __device__ __forceinline__ int num_kv_blocks(const ShapeInfo& s, int m_block) {
-  return kv_blocks_below<T>(s, (m_block + 1) * T::kRowsPerTask);
+__host__ __device__ __forceinline__ int num_kv_blocks(int S, int m_block) {
+  return kv_blocks_below<T>(S, (m_block + 1) * T::kRowsPerTask);
 }
 
 // First query row of warpgroup wg's 64 in task m_block, on the CTA of cluster rank `rank`.

@@ -28,7 +28,7 @@ struct Producer {
     PipeState qst, kst, vst;
     TileCoord t = Sched::first(p, ss.tile_slot);
     while (t.valid) {
-      const int h = t.head, b = t.batch;
+      const int h = t.head, b = t.batch, start = Sched::seq_start(t);
       if (leader) {
         // Q: D / 64 column boxes of block_m rows, or with kv_multicast one pair of boxes per
         // warpgroup (its 64 rows sit apart in the pair: params.cuh, wg_first_row).
@@ -39,7 +39,7 @@ struct Producer {
           for (int c = 0; c < T::kDBoxes; ++c)
             tma_load_4d<Cfg::hint_q>(&p.tma_q, bar,
                                      ss.q + (c * T::kBlockM + r * T::kQBoxRows) * kBoxCols,
-                                     c * kBoxCols, row, h, b);
+                                     c * kBoxCols, start + row, h, b);
         }
       }
       qst.advance<1>();
@@ -48,7 +48,7 @@ struct Producer {
       // it after the loads (scheduler.cuh: ticket / resolve).
       const int ticket = Sched::ticket(p, t, ss.tile_slot);
       if (leader) load_kv(p, ss, t, kst, vst, rank);
-      t = Sched::resolve(p, ticket, t);
+      t = Sched::resolve(p, ticket, t, ss.tile_slot);
     }
     if constexpr (T::kMulticast) {
       if (leader) {
@@ -58,12 +58,14 @@ struct Producer {
     }
   }
 
-  // One K or V tile n into the ring's next stage: D / 64 column boxes on one full barrier.
+  // One K or V tile n (rows from `row`) into the ring's next stage: D / 64 column boxes on
+  // one full barrier.
   // With kv_multicast this CTA loads only its half of the column boxes and TMA writes them into
   // both CTAs; the peer loads the other half, and each CTA's barrier waits for the whole tile.
   template <CacheHint kHint, class Ring>
   __device__ static void load_tile(const CUtensorMap* map, Ring& ring, PipeState& st,
-                                   typename T::Element* base, int n, int h, int b, int rank) {
+                                   typename T::Element* base, int n, int row, int h, int b,
+                                   int rank) {
     const bool load = kLabKvLoadEvery == 1 || n % kLabKvLoadEvery == 0;
     uint64_t* bar = ring.acquire(st, load ? T::kKVTileBytes : 0);
     auto* dst = base + st.index * T::kBlockN * T::kHeadDim;
@@ -73,11 +75,10 @@ struct Producer {
         for (int c = rank * kMine; c < (rank + 1) * kMine; ++c)
           tma_load_4d_multicast<kHint>(map, bar, dst + c * T::kBlockN * kBoxCols,
                                        uint16_t((1u << T::kClusterSize) - 1u), c * kBoxCols,
-                                       n * T::kBlockN, h, b);
+                                       row, h, b);
       } else {
         for (int c = 0; c < T::kDBoxes; ++c)
-          tma_load_4d<kHint>(map, bar, dst + c * T::kBlockN * kBoxCols, c * kBoxCols,
-                             n * T::kBlockN, h, b);
+          tma_load_4d<kHint>(map, bar, dst + c * T::kBlockN * kBoxCols, c * kBoxCols, row, h, b);
       }
     }
     st.template advance<Ring::kStages>();
@@ -85,15 +86,18 @@ struct Producer {
 
   __device__ static void load_kv(const Params& p, SharedStorage<T>& ss, const TileCoord& t,
                                  PipeState& kst, PipeState& vst, int rank) {
-    // GQA / MQA: query head h reads K/V head h / group. TEST ONLY: planted bug 8 (config.cuh)
-    // interleaves instead (h % Hkv), the same head for MHA and MQA, another one for GQA.
-    const int h = kPlantBug == 8 ? t.head % p.shape.Hkv : t.head / p.shape.group, b = t.batch;
-    const int n_blocks = num_kv_blocks<T>(p.shape, t.m_block);
+    const int h = Sched::kv_head(p, t), b = t.batch;  // GQA / MQA: the K/V head it reads
+    // Varlen: a tile past its sequence's end also holds the next sequence's first keys; the
+    // causal mask hides them from the sequence's rows (the non-causal mask ends at its length).
+    const int n_blocks = num_kv_blocks<T>(Sched::seq_len(p, t), t.m_block);
+    const int start = Sched::seq_start(t);
     auto load_k = [&](int n) {
-      load_tile<Cfg::hint_k>(&p.tma_k, ss.k_ring, kst, ss.k, n, h, b, rank);
+      load_tile<Cfg::hint_k>(&p.tma_k, ss.k_ring, kst, ss.k, n, start + n * T::kBlockN, h, b,
+                             rank);
     };
     auto load_v = [&](int n) {
-      load_tile<Cfg::hint_v>(&p.tma_v, ss.v_ring, vst, ss.v, n, h, b, rank);
+      load_tile<Cfg::hint_v>(&p.tma_v, ss.v_ring, vst, ss.v, n, start + n * T::kBlockN, h, b,
+                             rank);
     };
     // Issue in the order the consumers need the tiles (diagonal first, toward key 0), so
     // a small ring never holds a tile the consumers cannot reach yet.

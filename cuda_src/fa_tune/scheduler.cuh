@@ -25,6 +25,15 @@ constexpr int kSchedulerBar = 12;  // named barrier: producer warp -> consumers 
 template <class Cfg>
 struct GridScheduler {
   static constexpr bool kPersistent = false;
+  static constexpr bool kPacked = false;  // varlen: sequences packed along S
+  // Fixed length: every tile's sequence is its batch's S rows, from row 0.
+  __device__ static int seq_start(const TileCoord&) { return 0; }
+  __device__ static int seq_len(const Params& p, const TileCoord&) { return p.shape.S; }
+  // GQA / MQA: query head h reads K/V head h / group. TEST ONLY: planted bug 8 (config.cuh)
+  // interleaves instead (h % Hkv), the same head for MHA and MQA, another one for GQA.
+  __device__ static int kv_head(const Params& p, const TileCoord& t) {
+    return kPlantBug == 8 ? t.head % p.shape.Hkv : t.head / p.shape.group;
+  }
   __device__ static TileCoord first(const Params& p, int* /*slot*/) {
     const int x = blockIdx.x;
     const int m = Cfg::tile_order == TileOrder::LongestFirst ? p.shape.num_m_blocks - 1 - x : x;
@@ -34,7 +43,7 @@ struct GridScheduler {
     return {0, 0, 0, 0, 0, false};
   }
   __device__ static int ticket(const Params&, const TileCoord&, int* /*slot*/) { return 0; }
-  __device__ static TileCoord resolve(const Params&, int, const TileCoord&) {
+  __device__ static TileCoord resolve(const Params&, int, const TileCoord&, const int*) {
     return {0, 0, 0, 0, 0, false};
   }
 };
@@ -45,6 +54,15 @@ struct GridScheduler {
 template <class Cfg>
 struct StaticScheduler {
   static constexpr bool kPersistent = true;
+  static constexpr bool kPacked = false;
+  // Fixed length: every tile's sequence is its batch's S rows, from row 0.
+  __device__ static int seq_start(const TileCoord&) { return 0; }
+  __device__ static int seq_len(const Params& p, const TileCoord&) { return p.shape.S; }
+  // GQA / MQA: query head h reads K/V head h / group. TEST ONLY: planted bug 8 (config.cuh)
+  // interleaves instead (h % Hkv), the same head for MHA and MQA, another one for GQA.
+  __device__ static int kv_head(const Params& p, const TileCoord& t) {
+    return kPlantBug == 8 ? t.head % p.shape.Hkv : t.head / p.shape.group;
+  }
   __device__ static int list() { return int(blockIdx.x) / Derived<Cfg>::kClusterSize; }
   __device__ static TileCoord at(const Params& p, int idx) {
     if (idx >= p.sched.offsets[list() + 1]) return {0, 0, 0, idx, 0, false};
@@ -63,7 +81,7 @@ struct StaticScheduler {
   __device__ static int ticket(const Params&, const TileCoord& cur, int* /*slot*/) {
     return cur.idx + 1;
   }
-  __device__ static TileCoord resolve(const Params& p, int idx, const TileCoord&) {
+  __device__ static TileCoord resolve(const Params& p, int idx, const TileCoord&, const int*) {
     return at(p, idx);
   }
 };
@@ -80,6 +98,15 @@ struct StaticScheduler {
 template <class Cfg>
 struct DynamicScheduler {
   static constexpr bool kPersistent = true;
+  static constexpr bool kPacked = false;
+  // Fixed length: every tile's sequence is its batch's S rows, from row 0.
+  __device__ static int seq_start(const TileCoord&) { return 0; }
+  __device__ static int seq_len(const Params& p, const TileCoord&) { return p.shape.S; }
+  // GQA / MQA: query head h reads K/V head h / group. TEST ONLY: planted bug 8 (config.cuh)
+  // interleaves instead (h % Hkv), the same head for MHA and MQA, another one for GQA.
+  __device__ static int kv_head(const Params& p, const TileCoord& t) {
+    return kPlantBug == 8 ? t.head % p.shape.Hkv : t.head / p.shape.group;
+  }
   static constexpr uint32_t kBarThreads = 32 + Derived<Cfg>::kConsumerThreads;
   __device__ static TileCoord decode(const Params& p, int t, int turn) {
     if (t >= p.sched.num_tiles) return {0, 0, 0, t, turn, false};
@@ -111,15 +138,68 @@ struct DynamicScheduler {
     cutlass::arch::NamedBarrier::arrive(kBarThreads, kSchedulerBar);
     return __shfl_sync(0xffffffffu, t, 0);
   }
-  __device__ static TileCoord resolve(const Params& p, int t, const TileCoord& cur) {
+  __device__ static TileCoord resolve(const Params& p, int t, const TileCoord& cur, const int*) {
     return decode(p, t, cur.turn + 1);
   }
 };
 
+// Varlen, persistent and dynamic: the tiles of every sequence, in the order a small kernel
+// wrote them from cu_seqlens on the device (varlen.cuh: longest work first across all
+// sequences), handed out by a global counter. The producer warp takes a number, reads its task
+// and publishes the task itself in shared memory (one 16-byte slot), so the consumers read no
+// global memory for it. Tile coordinates are sequence-local; seq_start places them in the
+// packed tensors (batch coordinate 0).
 template <class Cfg>
+struct VarlenScheduler {
+  static constexpr bool kPersistent = true;
+  static constexpr bool kPacked = true;
+  static constexpr uint32_t kBarThreads = 32 + Derived<Cfg>::kConsumerThreads;
+  __device__ static int seq_start(const TileCoord& t) { return t.start; }
+  __device__ static int seq_len(const Params&, const TileCoord& t) { return t.len; }
+  __device__ static int kv_head(const Params&, const TileCoord& t) { return t.kv_head; }
+  __device__ static TileCoord from_task(const VarlenTask& w, int t, int turn) {
+    return {w.m_block, w.heads & 0xffff, 0, t, turn, w.m_block >= 0, w.start, w.len,
+            w.heads >> 16};
+  }
+  __device__ static VarlenTask task(const Params& p, int t) {
+    if (t >= p.sched.num_tiles) return {-1, 0, 0, 0};
+    return p.sched.varlen_tasks[t];
+  }
+  __device__ static TileCoord first(const Params& p, int* /*slot*/) {
+    return from_task(task(p, int(blockIdx.x)), int(blockIdx.x), 0);
+  }
+  // Consumers (every consumer thread): read the task the producer published.
+  __device__ static TileCoord next(const Params&, const TileCoord& cur, int* slot) {
+    cutlass::arch::NamedBarrier::sync(kBarThreads, kSchedulerBar);
+    const VarlenTask w = reinterpret_cast<const VarlenTask*>(slot)[cur.turn & 1];
+    return from_task(w, 0, cur.turn + 1);
+  }
+  // Producer warp (all 32 lanes): take the next number, publish its task to the consumers.
+  __device__ static int ticket(const Params& p, const TileCoord& cur, int* slot) {
+    int t;
+    if ((threadIdx.x & 31) == 0) {
+      t = atomicAdd(p.sched.tile_counter, 1) + int(gridDim.x);
+      reinterpret_cast<VarlenTask*>(slot)[cur.turn & 1] = task(p, t);
+    }
+    __syncwarp();
+    cutlass::arch::NamedBarrier::arrive(kBarThreads, kSchedulerBar);
+    return __shfl_sync(0xffffffffu, t, 0);
+  }
+  // The producer reads back what its lane 0 published (the consumers never write the slot).
+  __device__ static TileCoord resolve(const Params&, int t, const TileCoord& cur,
+                                      const int* slot) {
+    return from_task(reinterpret_cast<const VarlenTask*>(slot)[cur.turn & 1], t, cur.turn + 1);
+  }
+};
+
+// kVarlen: the packed-sequence kernel, always on the varlen scheduler (the config's scheduler
+// knob picks the fixed-length one).
+template <class Cfg, bool kVarlen = false>
 using SchedulerFor = std::conditional_t<
-    Cfg::scheduler == Scheduler::Static, StaticScheduler<Cfg>,
-    std::conditional_t<Cfg::scheduler == Scheduler::Dynamic, DynamicScheduler<Cfg>,
-                       GridScheduler<Cfg>>>;
+    kVarlen, VarlenScheduler<Cfg>,
+    std::conditional_t<
+        Cfg::scheduler == Scheduler::Static, StaticScheduler<Cfg>,
+        std::conditional_t<Cfg::scheduler == Scheduler::Dynamic, DynamicScheduler<Cfg>,
+                           GridScheduler<Cfg>>>>;
 
 }  // namespace fa_tune

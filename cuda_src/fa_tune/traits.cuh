@@ -102,7 +102,9 @@ struct SharedStorage {
   StageRing<1> q_ring;
   StageRing<T::kKStages, T::kClusterSize> k_ring;
   StageRing<T::kVStages, T::kClusterSize> v_ring;
-  int tile_slot[2];  // dynamic scheduler: the producer publishes the next tile here
+  // Dynamic scheduler: the producer publishes the next tile number here (two alternating
+  // slots); varlen: the next tile's task (two 16-byte VarlenTasks).
+  alignas(16) int tile_slot[8];
 };
 
 }  // namespace fa_tune

@@ -10,11 +10,8 @@ refuses a problem of another class before launching.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from tuner import build
 from tuner.config import KernelConfig, list_presets, load_preset, preset_head_dim
 from tuner.measure.bench import Bench
 from tuner.measure.launch import KernelLaunch
@@ -52,23 +49,8 @@ def _id(x: object) -> str:
 
 
 @pytest.fixture(scope="module")
-def bench() -> Iterator[Bench]:
-    b = Bench(0)
-    yield b
-    b.close()
-
-
-@pytest.fixture(scope="module")
-def kernels() -> dict[tuple[KernelConfig, ProblemClass], KernelLaunch]:
-    out = {}
-    for d, cfgs in CONFIGS.items():
-        for causal in (True, False):
-            pclass = ProblemClass(d, causal)
-            for o in build.build_many(cfgs, pclass=pclass):
-                assert o.ok and o.result is not None, f"{o.config.diff_from_default()}: {o.error}"
-                o.result.require_timeable()
-                out[(o.config, pclass)] = KernelLaunch(o.result.so_path)
-    return out
+def kernels(launches_for) -> dict[tuple[KernelConfig, ProblemClass], KernelLaunch]:
+    return launches_for(CONFIGS)
 
 
 @pytest.mark.parametrize(("cfg", "problem"), CASES, ids=_id)

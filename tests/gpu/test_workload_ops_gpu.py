@@ -220,3 +220,57 @@ def test_transformers_llama_prefill(lib_dir: Path) -> None:
                for k, v in logits.items()}
         print(f"S={S}: error vs FP32: fa_tune {err['fa_tune']:.2e}, sdpa {err['sdpa']:.2e}")
         assert err["fa_tune"] <= 1.25 * err["sdpa"] + 1e-3, err
+
+
+def test_library_gates_varlen_through_the_dispatcher(lib_dir: Path) -> None:
+    """Packed batches through the dispatcher's fa_tune_forward_varlen: short (default preset)
+    serves max_seqlen <= 2048; long (multicast) has no varlen kernel and says so."""
+    from tuner.measure.bench import Bench
+    from tuner.measure.launch import KernelLaunch
+    from tuner.problem import Problem
+    from tuner.runtime import KernelError
+
+    bench = Bench(0)
+    launch = KernelLaunch(lib_dir / "lib" / "libfa_tune_fwd.so", "two")
+    for shape in ("32/8x[1000,0,1,17,2048,777]", "32/8x[64*20,129]"):
+        g = bench.gate(launch, Problem.parse(shape))
+        bench.release(Problem.parse(shape))
+        assert g.passed, (shape, g.summary())
+    with pytest.raises(KernelError, match="kv_multicast"):
+        bench.gate(launch, Problem.parse("32/8x[4096,100]"))
+
+
+def _packed(lengths: list[int], seed: int = 0) -> tuple[torch.Tensor, ...]:
+    total = sum(lengths)
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(total, HQ, D, device="cuda", dtype=BF16, generator=g)
+    k = torch.randn(total, HKV, D, device="cuda", dtype=BF16, generator=g)
+    v = torch.randn(total, HKV, D, device="cuda", dtype=BF16, generator=g)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], device="cuda",
+                      dtype=torch.int32)
+    return q, k, v, cu
+
+
+def test_op_varlen_matches_sdpa_per_sequence_and_replays_in_a_graph(lib_dir: Path) -> None:
+    lengths = [1500, 1, 0, 333, 2048, 64]
+    q, k, v, cu = _packed(lengths, seed=3)
+    out, lse = torch.ops.fa_tune.attention(q, k, v, True, None, cu, max(lengths))
+    assert out.shape == q.shape and lse.shape == (HQ, q.shape[0])
+    start = 0
+    for s in lengths:
+        if s:
+            sl = slice(start, start + s)
+            ref = _sdpa(q[None, sl], k[None, sl], v[None, sl], None, torch.float32)[0]
+            err = (out[sl].float() - ref).abs().max().item()
+            assert err < 2e-2, (s, err)
+        start += s
+    # CUDA graph: first use inside the capture (the schedule is built on the device).
+    q2, k2, v2, cu2 = _packed([700, 300, 1024], seed=4)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o_graph, _ = torch.ops.fa_tune.attention(q2, k2, v2, True, None, cu2, 1024)
+    graph.replay()
+    torch.cuda.synchronize()
+    o_eager, _ = torch.ops.fa_tune.attention(q2, k2, v2, True, None, cu2, 1024)
+    assert torch.equal(o_graph, o_eager)

@@ -3,7 +3,8 @@
 The exported package must work where fa-tune is not installed, so it carries this small binding
 instead of tuner.runtime.KernelModule (which needs cuda-python). It binds what a workload
 library exports (include/fa_tune.h); a single-kernel export lacks the dispatcher's extras
-(bucket_for, dispatch_json), which then answer None.
+(bucket_for, dispatch_json), which then answer None, and a library from before varlen lacks
+forward_varlen and varlen_workspace_bytes (then None, and ``varlen`` False).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 LIB_NAME = "libfa_tune_fwd.so"
 ABI_VERSION = 2
-_vp, _ci, _cf = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+_vp, _ci, _cf, _sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_size_t
 
 
 def default_path() -> Path:
@@ -53,15 +54,70 @@ class Library:
         self.prepare = lib.fa_tune_prepare
         self.prepare.argtypes = [_ci, _ci, _ci, _ci, _vp, ctypes.POINTER(ctypes.c_double)]
         self.prepare.restype = _ci
+        self.forward_varlen = getattr(lib, "fa_tune_forward_varlen", None)
+        if self.forward_varlen is not None:
+            # (q, k, v, o, lse, cu_seqlens, num_seqs, total_tokens, max_seqlen, Hq, Hkv,
+            #  softmax_scale, workspace, workspace_bytes, stream)
+            self.forward_varlen.argtypes = [_vp, _vp, _vp, _vp, _vp, _vp, _ci, _ci, _ci, _ci,
+                                            _ci, _cf, _vp, _sz, _vp]
+            self.forward_varlen.restype = _ci
+        self.varlen_workspace_bytes = getattr(lib, "fa_tune_varlen_workspace_bytes", None)
+        if self.varlen_workspace_bytes is not None:
+            self.varlen_workspace_bytes.argtypes = [_ci, _ci, _ci, _ci]
+            self.varlen_workspace_bytes.restype = _sz
         lib.fa_tune_last_error.restype = ctypes.c_char_p
         lib.fa_tune_problem_class.restype = ctypes.c_char_p
         pc = json.loads(lib.fa_tune_problem_class().decode())
         self.head_dim = int(pc.get("head_dim", 128))
         self.causal = bool(pc.get("causal", True))
+        # A workload library says varlen when some bucket serves it; varlen_missing(i) says
+        # which do not, and why.
+        self.varlen = (bool(pc.get("varlen", False)) and self.forward_varlen is not None
+                       and self.varlen_workspace_bytes is not None)
         self._bucket_for = getattr(lib, "fa_tune_bucket_for", None)
         if self._bucket_for is not None:
             self._bucket_for.argtypes = [_ci, _ci, _ci, _ci]
             self._bucket_for.restype = _ci
+        self._bucket_varlen = self._read_bucket_varlen() if self._bucket_for is not None else []
+
+    def _read_bucket_varlen(self) -> list[bool]:
+        """Each bucket's own problem_class (fa_tune_b<i>_problem_class, exported beside the
+        dispatcher's): whether its kernel serves varlen."""
+        out = []
+        for i in range(int(self._lib.fa_tune_bucket_count())):
+            fn = getattr(self._lib, f"fa_tune_b{i}_problem_class", None)
+            if fn is None:
+                out.append(False)
+                continue
+            fn.restype = ctypes.c_char_p
+            out.append(bool(json.loads(fn().decode()).get("varlen", False)))
+        return out
+
+    def varlen_missing(self, index: int | None = None) -> str | None:
+        """Why the library (or its bucket ``index``) cannot run varlen; None when it can."""
+        if self.forward_varlen is None or self.varlen_workspace_bytes is None:
+            return f"{self.path.name} predates the varlen kernel (export it again)"
+        if self._bucket_for is None:  # one kernel
+            return None if self.varlen else (f"{self.path.name} cannot run varlen: "
+                                              f"{_no_varlen_reason(self._config())}")
+        if index is None:
+            return None if self.varlen else (
+                f"no bucket of {self.path.name} serves varlen (each uses kv_multicast or was "
+                "built without the varlen kernel)")
+        if self._bucket_varlen[index]:
+            return None
+        entry = ((self.dispatch() or {}).get("entries") or [{}] * (index + 1))[index]
+        return (f"bucket {entry.get('bucket', index)} of {self.path.name} cannot run varlen: "
+                f"{_no_varlen_reason(entry.get('config') or {})}")
+
+    def _config(self) -> dict[str, Any]:
+        fn = self._lib.fa_tune_config_json
+        fn.restype = ctypes.c_char_p
+        try:
+            d = json.loads(fn().decode())
+        except ValueError:
+            return {}
+        return d if isinstance(d, dict) else {}
 
     def last_error(self) -> str:
         raw = self._lib.fa_tune_last_error()
@@ -90,3 +146,10 @@ class Library:
                          + (f"{e['s_min']}..{e['s_max']}" if e["s_max"] is not None
                             else f">= {e['s_min']}") + f" ({e['bucket']})"
                          for e in table.get("entries", []))
+
+
+def _no_varlen_reason(config: dict[str, Any]) -> str:
+    if config.get("kv_multicast"):
+        return "its config uses kv_multicast, whose static schedule cannot serve varlen"
+    return ("it was built without the varlen kernel (fa-tune export leaves it out where the config "
+            "cannot serve varlen: its README says why)")

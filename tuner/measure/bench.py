@@ -28,11 +28,12 @@ from tuner import store
 from tuner.measure import oracle, timing
 from tuner.measure.launch import launch_supports
 from tuner.peers.base import Unsupported
-from tuner.runtime import AttnBuffers, Device, ShapeLike, problem_dims
+from tuner.problem import Problem
+from tuner.runtime import AttnBuffers, Device, ShapeLike, as_problem
 
 
-def _key(shape: ShapeLike) -> tuple[int, int, int, int, int, bool]:
-    return problem_dims(shape)  # (B, Hq, Hkv, S, D, causal)
+def _key(shape: ShapeLike) -> Problem:
+    return as_problem(shape)  # all of it: a varlen batch's lengths too
 
 
 @dataclass
@@ -95,8 +96,8 @@ class Bench:
         # A suite-wide cap on temperature waiting (compare): a card that idles hot delays the
         # comparison, it never outlives the caller's time limit. None: only per-round bounds.
         self.wait_left_s = temp_wait_total_s
-        self._bufs: dict[tuple[Any, ...], AttnBuffers] = {}
-        self._refs: dict[tuple[Any, ...], oracle.ReferenceCache] = {}
+        self._bufs: dict[Problem, AttnBuffers] = {}
+        self._refs: dict[Problem, oracle.ReferenceCache] = {}
 
     # -- buffers
     def buffers(self, shape: ShapeLike) -> AttnBuffers:

@@ -135,8 +135,9 @@ class PeerLaunch:
         now, outside any timed region; learns whether it returns an LSE we can check. The peer
         is told the problem's mask (``causal``); Hkv and D are in the views' shapes. A problem
         the peer does not support raises ValueError with its reason."""
-        key = (bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, bufs.o.ptr, bufs.lse.ptr,
-               *problem_dims(bufs.shape), stream_handle(stream))
+        problem = as_problem(bufs.shape)
+        key = (bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, bufs.o.ptr, bufs.lse.ptr, problem,
+               stream_handle(stream))
         if self._bound == key:
             return
         why = self.supports(bufs.shape)
@@ -144,9 +145,14 @@ class PeerLaunch:
             raise ValueError(f"{self.name} cannot run {as_problem(bufs.shape)}: {why}")
         self._views = torch_views(bufs)
         q, k, v, _, lse = self._views
-        causal = problem_dims(bufs.shape)[5]
         with self._stream_ctx(stream):
-            self.peer.prepare(q, k, v, causal)
+            if problem.is_varlen:  # packed: the views are [1, total, H, D]; cu_seqlens beside
+                import torch
+
+                cu = torch.as_tensor(_Cai(bufs.cu, (problem.B + 1,), "<i4"), device="cuda")
+                self.peer.prepare(q, k, v, problem.causal, (cu, problem.S))
+            else:
+                self.peer.prepare(q, k, v, problem.causal)
             peer_lse = self.peer.lse()
         self.writes_lse = peer_lse is not None and tuple(peer_lse.shape) == tuple(lse.shape)
         self._bound = key

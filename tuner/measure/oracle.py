@@ -730,8 +730,9 @@ def check_input_set(name: str, shape: ShapeLike) -> None:
         raise FaTuneError(
             f"unknown input set '{name}' (known: {', '.join(sorted(INPUT_SETS))})"
         )
-    if INPUT_SETS[name][0] == "rising" and shape.S > RISING_MAX_S:
-        raise FaTuneError(f"input set '{name}' supports S <= {RISING_MAX_S} (got {shape.S})")
+    S = problem_dims(shape)[3]  # the tensors' rows: a packed batch's total
+    if INPUT_SETS[name][0] == "rising" and S > RISING_MAX_S:
+        raise FaTuneError(f"input set '{name}' supports S <= {RISING_MAX_S} (got {S})")
 
 
 def fill_inputs(oracle: OracleModule, bufs: AttnBuffers, input_set: str, seed: int,
@@ -769,7 +770,7 @@ class ReferenceCache:
             stream: Stream | int | None) -> tuple[DeviceBuffer, DeviceBuffer]:
         """The reference for the inputs CURRENTLY in bufs (which must be ``input_set``/``seed``:
         the caller has just generated them). Computes on ``stream`` on a miss."""
-        shape_key = (dev.index, *problem_dims(bufs.shape))
+        shape_key = (dev.index, as_problem(bufs.shape))  # varlen: the lengths too
         if self._shape_key != shape_key:
             self.clear()
             self._shape_key = shape_key
@@ -784,9 +785,7 @@ class ReferenceCache:
             o_ref.free()
             raise
         try:
-            B, hq, hkv, S, D, causal = problem_dims(bufs.shape)
-            oracle.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref.ptr, lse_ref.ptr,
-                             B, hq, hkv, S, D, causal, stream)
+            oracle.reference_for(bufs, o_ref.ptr, lse_ref.ptr, stream)  # varlen: per sequence
         except BaseException:
             o_ref.free()
             lse_ref.free()
@@ -1010,10 +1009,8 @@ class ReferenceKernel:
             if self._scratch is not None:
                 self._scratch.free()
             self._scratch = self.dev.alloc(bufs.n * F32_BYTES)
-        B, hq, hkv, S, D, causal = problem_dims(bufs.shape)
         lse = bufs.lse.ptr if (self._writes_lse and self.lse_target == "lse") else None
-        self.oracle.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, self._scratch.ptr, lse,
-                              B, hq, hkv, S, D, causal, stream, flags=self.flags)
+        self.oracle.reference_for(bufs, self._scratch.ptr, lse, stream, flags=self.flags)
         self.oracle.f32_to_bf16(self._scratch.ptr, bufs.o.ptr, bufs.n, stream)
         if self.after is not None:
             self.after(bufs, stream)

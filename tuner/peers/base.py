@@ -62,13 +62,17 @@ class Unsupported(ValueError):
 
 
 def problem_reason(problem: Any, *, gqa: bool = True, head_dims: tuple[int, ...] = (64, 128, 256),
-                   causal_only: bool = False, who: str = "this peer") -> str | None:
-    """A supports() answer from a peer's scope: GQA/MQA or not, head dims, causal only."""
+                   causal_only: bool = False, varlen: bool = False,
+                   who: str = "this peer") -> str | None:
+    """A supports() answer from a peer's scope: GQA/MQA or not, head dims, causal only, packed
+    varlen batches or not."""
     hq = getattr(problem, "Hq", None) or problem.H
     hkv = getattr(problem, "Hkv", None) or hq
     d = getattr(problem, "D", 128)
     causal = getattr(problem, "causal", True)
     why = []
+    if not varlen and getattr(problem, "seqlens", ()):
+        why.append("a packed varlen batch (fixed-length batches only)")
     if not gqa and hkv != hq:
         why.append(f"Hkv={hkv} != Hq={hq} (no GQA/MQA)")
     if d not in head_dims:
@@ -94,14 +98,19 @@ class Peer:
         """None when this peer can run ``problem`` (a tuner.problem.Problem), else why not."""
         return None
 
-    def prepare(self, q: Any, k: Any, v: Any, causal: bool) -> None:
+    def prepare(self, q: Any, k: Any, v: Any, causal: bool,
+                varlen: tuple[Any, int] | None = None) -> None:
+        """Bind the inputs (BSHD views) and do the one-time work. ``varlen``: (cu_seqlens int32
+        CUDA tensor, max_seqlen) of a packed batch, whose views are then [1, total, H, D]; only
+        peers whose supports() accepts varlen problems are given one."""
         raise NotImplementedError
 
     def run(self) -> Any:
         raise NotImplementedError
 
     def lse(self) -> Any | None:
-        """[B, Hq, S] FP32 log-sum-exp (natural log) of the last run, or None."""
+        """[B, Hq, S] FP32 log-sum-exp (natural log) of the last run ([1, Hq, total] for a
+        packed batch), or None."""
         return None
 
     def details(self) -> dict[str, Any]:

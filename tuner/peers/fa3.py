@@ -1,7 +1,9 @@
 """FlashAttention-3 through flash-attn-4's CuTe DSL port (its sm90 path).
 
 ``flash_attn.cute.interface.flash_attn_func(q, k, v, causal=...)`` takes BSHD tensors, so the
-shared inputs go in untouched: q [B, S, Hq, D] and k, v [B, S, Hkv, D] natively (GQA/MQA when
+shared inputs go in untouched (a packed varlen batch goes to ``flash_attn_varlen_func`` with
+cu_seqlens for both queries and keys, its [total, H, D] tensors being the [1, total, H, D]
+views without the leading 1): q [B, S, Hq, D] and k, v [B, S, Hkv, D] natively (GQA/MQA when
 Hkv < Hq), head dims 64, 128 and 256, causal or not. We ask for the LSE too
 (``return_lse=True``): fa-tune's kernel writes it by default, and FA3 skips it when no input
 needs a gradient, so without the flag FA3 would do less work than the kernel it is compared
@@ -26,7 +28,9 @@ class FA3Peer(Peer):
     def __init__(self, return_lse: bool = True) -> None:
         self.return_lse = return_lse
         self._fn: Any = None
+        self._varlen_fn: Any = None
         self._qkv: tuple[Any, Any, Any] | None = None
+        self._varlen: tuple[Any, int] | None = None
         self._causal = True
         self._lse: Any = None
 
@@ -46,9 +50,10 @@ class FA3Peer(Peer):
 
     def _load(self) -> Any:
         if self._fn is None:
-            from flash_attn.cute.interface import flash_attn_func
+            from flash_attn.cute.interface import flash_attn_func, flash_attn_varlen_func
 
             self._fn = flash_attn_func
+            self._varlen_fn = flash_attn_varlen_func
         return self._fn
 
     def version(self) -> str:
@@ -59,10 +64,14 @@ class FA3Peer(Peer):
         )
 
     def supports(self, problem: Any) -> str | None:
-        return problem_reason(problem, who=self.name)
+        return problem_reason(problem, varlen=True, who=self.name)
 
-    def prepare(self, q: Any, k: Any, v: Any, causal: bool) -> None:
+    def prepare(self, q: Any, k: Any, v: Any, causal: bool,
+                varlen: tuple[Any, int] | None = None) -> None:
         self._load()
+        self._varlen = varlen
+        if varlen is not None:  # [1, total, H, D] views -> the packed [total, H, D]
+            q, k, v = q[0], k[0], v[0]
         self._qkv = (q, k, v)
         self._causal = bool(causal)
         self.run()  # JIT compile now, not in the first warm-up launch
@@ -70,6 +79,13 @@ class FA3Peer(Peer):
     def run(self) -> Any:
         assert self._qkv is not None, "prepare() first"
         q, k, v = self._qkv
+        if self._varlen is not None:
+            cu, max_seqlen = self._varlen
+            out, lse = self._varlen_fn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
+                                       max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen,
+                                       causal=self._causal, return_lse=self.return_lse)
+            self._lse = None if lse is None else lse.unsqueeze(0)  # [Hq, total] -> [1, Hq, total]
+            return out.unsqueeze(0)
         out, lse = self._fn(q, k, v, causal=self._causal, return_lse=self.return_lse)
         self._lse = lse
         return out
@@ -78,9 +94,11 @@ class FA3Peer(Peer):
         return self._lse
 
     def details(self) -> dict[str, Any]:
+        fn = "flash_attn_varlen_func" if self._varlen is not None else "flash_attn_func"
         return {"return_lse": self.return_lse, "causal": self._causal,
-                "call": "flash_attn.cute.interface.flash_attn_func"}
+                "call": f"flash_attn.cute.interface.{fn}"}
 
     def release(self) -> None:
         self._qkv = None
         self._lse = None
+        self._varlen = None

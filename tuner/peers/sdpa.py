@@ -69,7 +69,8 @@ class SdpaPeer(Peer):
         # The memory-efficient backend needs equal head counts; the others are asked at prepare.
         return problem_reason(problem, gqa=self.name != "mem_efficient", who=self.name)
 
-    def prepare(self, q: Any, k: Any, v: Any, causal: bool) -> None:
+    def prepare(self, q: Any, k: Any, v: Any, causal: bool,
+                varlen: tuple[Any, int] | None = None) -> None:
         self._views = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         self._causal = bool(causal)
         self._gqa = k.shape[2] != q.shape[2]

@@ -62,7 +62,8 @@ class TritonPeer(Peer):
         return problem_reason(problem, gqa=False, head_dims=(HEAD_DIM,), causal_only=True,
                               who=self.name)
 
-    def prepare(self, q: Any, k: Any, v: Any, causal: bool) -> None:
+    def prepare(self, q: Any, k: Any, v: Any, causal: bool,
+                varlen: tuple[Any, int] | None = None) -> None:
         B, S, H, D = q.shape
         if D != HEAD_DIM or tuple(k.shape) != tuple(q.shape) or not causal:
             raise Unsupported(

@@ -1,0 +1,90 @@
+"""Issue 15 on an H200: the varlen (packed) kernel. Every library built with the varlen kernel
+passes the gate (every input set, the BF16 budget, poisoned outputs) on packed batches with
+lengths 0 and 1, sequences shorter than a tile, uneven lengths, GQA and MQA, at D 64, 128 and
+256, causal and not; the reference computes each sequence on its own, so a tile that reads or
+writes across a sequence boundary fails. A library without the varlen kernel, or a multicast
+config, refuses a varlen problem before launching; a varlen library still runs fixed-length
+problems.
+
+    pytest -s -m gpu tests/gpu/test_varlen_gpu.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tuner import build
+from tuner.config import KernelConfig, load_preset
+from tuner.errors import ConfigError
+from tuner.measure.bench import Bench
+from tuner.measure.launch import KernelLaunch
+from tuner.problem import Problem, ProblemClass
+from tuner.runtime import KernelError
+
+pytestmark = pytest.mark.gpu
+
+# Per head dim, configs whose varlen kernel compiles without local memory (config.check_varlen:
+# a grid config hands the varlen producer 40 registers, 56 at D 256, from its consumers).
+CONFIGS: dict[int, list[KernelConfig]] = {
+    64: [load_preset("d64-static")],
+    128: [load_preset(n) for n in ("default", "dynamic", "static", "baseline")],
+    256: [dataclasses.replace(load_preset("d256"), block_n=64)],  # 128x80 spills (check_varlen)
+}
+LENGTHS = [
+    [1000, 333, 0, 1, 17, 64, 129],   # 0 and 1, shorter than a tile, tile edges, uneven
+    [2048, 1, 1500, 777],
+    [5] * 40 + [300],                # many short sequences and one longer
+]
+HEADS = [(8, 2), (6, 1), (4, 4)]      # GQA, MQA, MHA
+CASES = [(c, Problem.varlen(lens, hq, Hkv=hkv, D=d, causal=causal))
+         for d, cfgs in CONFIGS.items() for c in cfgs for causal in (True, False)
+         for lens, (hq, hkv) in zip(LENGTHS, HEADS, strict=True)]
+
+
+def _id(x: object) -> str:
+    if isinstance(x, KernelConfig):
+        return f"{x.config_id()}-{x.scheduler}"
+    return str(x)
+
+
+@pytest.fixture(scope="module")
+def kernels(launches_for) -> dict[tuple[KernelConfig, ProblemClass], KernelLaunch]:
+    return launches_for(CONFIGS, varlen=True)
+
+
+@pytest.mark.parametrize(("cfg", "problem"), CASES, ids=_id)
+def test_varlen_passes_gate(bench: Bench, kernels: dict, cfg: KernelConfig,
+                            problem: Problem) -> None:
+    kernel = kernels[(cfg, problem.problem_class)]
+    assert kernel.module.problem_class == problem.problem_class
+    g = bench.gate(kernel, problem)
+    bench.release(problem)
+    print(f"{_id(cfg):36s} {problem!s:40s} {g.summary()}")
+    assert g.passed, g.summary()
+
+
+def test_varlen_library_runs_fixed_length_too(bench: Bench, kernels: dict) -> None:
+    kernel = kernels[(CONFIGS[128][0], ProblemClass(128, True, varlen=True))]
+    problem = Problem(2, 8, 1000, Hkv=2)
+    g = bench.gate(kernel, problem)
+    bench.release(problem)
+    assert g.passed, g.summary()
+
+
+def test_fixed_library_and_multicast_refuse_varlen(bench: Bench) -> None:
+    problem = Problem.varlen([300, 100], 8, Hkv=2)
+    fixed = build.build_config(load_preset("default"), pclass=ProblemClass(128, True))
+    # A multicast config's varlen kernel is refused before compiling (config.check_varlen); one
+    # rendered with FA_TUNE_VARLEN 1 anyway still has none (entry.cuh: kHasVarlen).
+    with pytest.raises(ConfigError, match="kv_multicast cannot serve varlen"):
+        build.build_config(load_preset("multicast"), pclass=ProblemClass(128, True, True))
+    mc = build.build_config(load_preset("multicast"), defines={"FA_TUNE_VARLEN": 1},
+                            pclass=ProblemClass(128, True))
+    for so, needle in ((fixed.so_path, "no varlen kernel"), (mc.so_path, "no varlen kernel")):
+        kernel = KernelLaunch(so)
+        assert kernel.supports(problem) is not None
+        with pytest.raises(KernelError, match=needle):
+            kernel.forward(bench.load_inputs(problem), bench.stream)
+    bench.release(problem)
