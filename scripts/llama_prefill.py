@@ -8,12 +8,15 @@ prefill of --seq tokens (default 8192, batch 1) through both backends; the logit
 (BF16 tolerance: each BF16 run's mean |difference| / mean |logit| against the same model in
 FP32 with sdpa; fa_tune's at most 1.25x sdpa's + 1e-3; top-1 agreement is reported) and each
 backend's prefill is timed with CUDA events, alternating the backends so drift hits both alike.
+With --packed LENGTHS the same is done for a packed varlen batch as well: one row of all the
+sequences' tokens, position_ids restarting at 0 for each, which transformers turns into
+per-sequence causal attention (fa_tune: its varlen kernel; sdpa: a block-diagonal mask).
 
 Needs an sm_90 GPU, torch with CUDA, transformers, and a workload export whose library serves
 the model's heads (Hq 32, Hkv 8) at --seq, e.g.:
 
     fa-tune export --workload llama3-8b --default preset:multicast --out /tmp/l8b
-    python scripts/llama_prefill.py --export /tmp/l8b
+    python scripts/llama_prefill.py --export /tmp/l8b --packed 4096,2048,1024*2
 
 Exit 0 when the logits agree, 1 when they do not, 2 for a usage error (one line).
 """
@@ -43,8 +46,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=2, help="Untimed prefills per backend.")
     ap.add_argument("--iters", type=int, default=5, help="Timed prefills per backend.")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--packed", default=None,
+                    help="Also a packed varlen batch of these lengths, e.g. 4096,2048,1024*2.")
     ap.add_argument("--json", type=Path, default=None, help="Also write the results here.")
     a = ap.parse_args(argv)
+    a.lengths = None
+    if a.packed:
+        from tuner.errors import ShapeError
+        from tuner.problem import Problem  # the one parser of length lists
+
+        try:
+            a.lengths = list(Problem.parse(f"32/8x[{a.packed}]").seqlens)
+        except ShapeError as e:
+            fail(f"--packed: {e}")
     for name in ("seq", "batch", "layers", "iters"):
         if getattr(a, name) < 1:
             fail(f"--{name} must be at least 1")
@@ -75,16 +89,78 @@ def build_model(layers: int, seed: int) -> Any:
     return model.eval()
 
 
-def prefill_ms(model: Any, ids: Any) -> float:
+def prefill_ms(model: Any, ids: Any, pos: Any) -> float:
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.inference_mode():
         start.record()
-        model(ids, use_cache=False, logits_to_keep=1)
+        model(ids, position_ids=pos, use_cache=False, logits_to_keep=1)
         end.record()
     end.synchronize()
     return start.elapsed_time(end)
+
+
+def run_case(model: Any, ids: Any, pos: Any, a: argparse.Namespace) -> dict[str, Any]:
+    """Logits of both backends against the FP32 model, and each backend's prefill timed."""
+    import torch
+
+    backends = ("sdpa", "fa_tune")
+    # Correctness: full logits of one prefill per backend.
+    logits = {}
+    for impl in backends:
+        model.set_attn_implementation(impl)
+        with torch.inference_mode():
+            logits[impl] = model(ids, position_ids=pos, use_cache=False).logits.float()
+    ours, ref = logits["fa_tune"], logits["sdpa"]
+    rel = ((ours - ref).abs().mean() / ref.abs().mean()).item()
+    max_abs = (ours - ref).abs().max().item()
+    agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
+
+    # Timing: the last position's logits only (the prefill a server runs), backends alternated.
+    times: dict[str, list[float]] = {b: [] for b in backends}
+    for i in range(a.warmup + a.iters):
+        for impl in (backends if i % 2 == 0 else backends[::-1]):
+            model.set_attn_implementation(impl)
+            ms = prefill_ms(model, ids, pos)
+            if i >= a.warmup:
+                times[impl].append(ms)
+    med = {b: statistics.median(v) for b, v in times.items()}
+
+    # "Within BF16 tolerance" judged against the same model in FP32 (sdpa): fa_tune's BF16 logits
+    # must be about as close to it as sdpa's BF16 logits are. Random weights make the logits
+    # near-uniform, so top-1 flips between two BF16 runs say little (it is reported, not judged).
+    model.float()
+    model.set_attn_implementation("sdpa")
+    with torch.inference_mode():
+        ref32 = model(ids, position_ids=pos, use_cache=False).logits.float()
+    model.to(dtype=torch.bfloat16)
+    scale = ref32.abs().mean()
+    err = {b: ((logits[b] - ref32).abs().mean() / scale).item() for b in backends}
+    del logits, ours, ref, ref32
+    torch.cuda.empty_cache()
+    ok = err["fa_tune"] <= 1.25 * err["sdpa"] + 1e-3
+    return {
+        "logits": {"mean_rel_diff": rel, "max_abs_diff": max_abs, "top1_agreement": agree,
+                   "rel_err_vs_fp32": err, "ok": ok},
+        "prefill_ms": {b: {"median": med[b], "all": times[b]} for b in backends},
+        "speedup_vs_sdpa": med["sdpa"] / med["fa_tune"],
+    }
+
+
+def report(title: str, r: dict[str, Any], iters: int) -> None:
+    lg, err = r["logits"], r["logits"]["rel_err_vs_fp32"]
+    print(title)
+    print(f"  logits fa_tune vs sdpa: mean |diff| / mean |logit| = {lg['mean_rel_diff']:.2e}, "
+          f"max |diff| = {lg['max_abs_diff']:.3f}, top-1 agreement "
+          f"{100 * lg['top1_agreement']:.2f}%")
+    print(f"  vs the FP32 model (sdpa): fa_tune {err['fa_tune']:.2e}, sdpa {err['sdpa']:.2e} "
+          f"mean |diff| / mean |logit| -> {'OK' if lg['ok'] else 'FAIL'} "
+          "(fa_tune <= 1.25 x sdpa + 1e-3)")
+    for b, t in r["prefill_ms"].items():
+        print(f"  prefill {b:8s}: median {t['median']:.2f} ms over {iters} "
+              f"(min {min(t['all']):.2f}, max {max(t['all']):.2f})")
+    print(f"  fa_tune / sdpa speedup: {r['speedup_vs_sdpa']:.3f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,64 +179,29 @@ def main(argv: list[str] | None = None) -> int:
     if lib.bucket_for(a.batch, 32, 8, a.seq) == -1:
         fail(f"{lib.path} serves no bucket for B={a.batch} Hq=32 Hkv=8 S={a.seq}; it serves "
              f"{lib.serves_text()}")
+    if a.lengths and lib.bucket_for(1, 32, 8, max(a.lengths)) == -1:
+        fail(f"{lib.path} serves no bucket for max_seqlen {max(a.lengths)}")
     fa_tune_ops.register_hf()
     model = build_model(a.layers, a.seed)
     g = torch.Generator(device="cuda").manual_seed(a.seed + 1)
     ids = torch.randint(0, model.config.vocab_size, (a.batch, a.seq), device="cuda", generator=g)
-    backends = ("sdpa", "fa_tune")
-
-    # Correctness: full logits of one prefill per backend.
-    logits = {}
-    for impl in backends:
-        model.set_attn_implementation(impl)
-        with torch.inference_mode():
-            logits[impl] = model(ids, use_cache=False).logits.float()
-    ours, ref = logits["fa_tune"], logits["sdpa"]
-    rel = ((ours - ref).abs().mean() / ref.abs().mean()).item()
-    max_abs = (ours - ref).abs().max().item()
-    agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
-
-    # Timing: the last position's logits only (the prefill a server runs), backends alternated.
-    times: dict[str, list[float]] = {b: [] for b in backends}
-    for i in range(a.warmup + a.iters):
-        for impl in (backends if i % 2 == 0 else backends[::-1]):
-            model.set_attn_implementation(impl)
-            ms = prefill_ms(model, ids)
-            if i >= a.warmup:
-                times[impl].append(ms)
-    med = {b: statistics.median(v) for b, v in times.items()}
-
-    # "Within BF16 tolerance" judged against the same model in FP32 (sdpa): fa_tune's BF16 logits
-    # must be about as close to it as sdpa's BF16 logits are. Random weights make the logits
-    # near-uniform, so top-1 flips between two BF16 runs say little (it is reported, not judged).
-    model.float()
-    model.set_attn_implementation("sdpa")
-    with torch.inference_mode():
-        ref32 = model(ids, use_cache=False).logits.float()
-    scale = ref32.abs().mean()
-    err = {b: ((logits[b] - ref32).abs().mean() / scale).item() for b in backends}
-    del logits, ours, ref, ref32
-    torch.cuda.empty_cache()
-    ok = err["fa_tune"] <= 1.25 * err["sdpa"] + 1e-3
-    result = {
+    result: dict[str, Any] = {
         "model": f"Llama-3-8B-shaped, {a.layers} layers, random weights", "batch": a.batch,
         "seq": a.seq, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
         "transformers": transformers.__version__, "library": str(lib.path),
-        "logits": {"mean_rel_diff": rel, "max_abs_diff": max_abs, "top1_agreement": agree,
-                   "rel_err_vs_fp32": err,
-                   "ok": ok},
-        "prefill_ms": {b: {"median": med[b], "all": times[b]} for b in backends},
-        "speedup_vs_sdpa": med["sdpa"] / med["fa_tune"],
+        **run_case(model, ids, None, a),
     }
-    print(f"{result['model']}, B={a.batch}, S={a.seq}, {result['gpu']}")
-    print(f"logits fa_tune vs sdpa: mean |diff| / mean |logit| = {rel:.2e}, max |diff| = "
-          f"{max_abs:.3f}, top-1 agreement {100 * agree:.2f}%")
-    print(f"vs the FP32 model (sdpa): fa_tune {err['fa_tune']:.2e}, sdpa {err['sdpa']:.2e} "
-          f"mean |diff| / mean |logit| -> {'OK' if ok else 'FAIL'} (fa_tune <= 1.25 x sdpa + 1e-3)")
-    for b in backends:
-        print(f"prefill {b:8s}: median {med[b]:.2f} ms over {a.iters} "
-              f"(min {min(times[b]):.2f}, max {max(times[b]):.2f})")
-    print(f"fa_tune / sdpa speedup: {result['speedup_vs_sdpa']:.3f}x")
+    report(f"{result['model']}, B={a.batch}, S={a.seq}, {result['gpu']}", result, a.iters)
+    ok = result["logits"]["ok"]
+    if a.lengths:
+        # One row of every sequence's tokens; position_ids restart per sequence (packing).
+        pos = torch.cat([torch.arange(n, device="cuda") for n in a.lengths])[None]
+        ids = torch.randint(0, model.config.vocab_size, (1, pos.shape[1]), device="cuda",
+                            generator=g)
+        packed = {"lengths": a.lengths, **run_case(model, ids, pos, a)}
+        result["packed"] = packed
+        report(f"packed varlen batch {a.packed} ({pos.shape[1]} tokens)", packed, a.iters)
+        ok = ok and packed["logits"]["ok"]
     if a.json:
         a.json.write_text(json.dumps(result, indent=2))
     return 0 if ok else 1

@@ -88,3 +88,40 @@ def test_fixed_library_and_multicast_refuse_varlen(bench: Bench) -> None:
         with pytest.raises(KernelError, match=needle):
             kernel.forward(bench.load_inputs(problem), bench.stream)
     bench.release(problem)
+
+
+def test_oracle_varlen_reference_is_each_sequence_on_its_own(bench: Bench) -> None:
+    """The gate's varlen reference (oracle_reference_varlen) equals, bit for bit, the fixed
+    reference of each sequence alone: the packed indexing (rows, K/V heads, LSE [Hq, total])
+    is the reference's, not borrowed from the kernel under test."""
+    import numpy as np
+
+    from tuner.measure.oracle import inputs_to_host
+    from tuner.runtime import AttnBuffers
+
+    for causal in (True, False):
+        p = Problem.varlen([300, 0, 1, 130, 64], 8, Hkv=2, causal=causal)
+        bufs = bench.load_inputs(p)
+        dev, orc, st = bench.dev, bench.oracle, bench.stream
+        with dev.alloc(bufs.n * 4) as o_ref, dev.alloc(bufs.n_lse * 4) as lse_ref:
+            orc.reference_for(bufs, o_ref.ptr, lse_ref.ptr, st)
+            st.synchronize()
+            o_all = o_ref.copy_to_host(np.float32).reshape(p.tokens, p.Hq, p.D)
+            lse_all = lse_ref.copy_to_host(np.float32).reshape(p.Hq, p.tokens)
+        q, k, v = (x[0] for x in inputs_to_host(bufs))
+        cu = p.cu_seqlens()
+        for b, n in enumerate(p.seqlens):
+            if n == 0:
+                continue
+            rows = slice(cu[b], cu[b + 1])
+            with AttnBuffers(dev, Problem(1, p.Hq, n, Hkv=p.Hkv, causal=causal)) as one, \
+                    dev.alloc(one.n * 4) as o1, dev.alloc(one.n_lse * 4) as l1:
+                for buf, x in ((one.q, q), (one.k, k), (one.v, v)):
+                    buf.copy_from_host(np.ascontiguousarray(x[rows]))
+                orc.reference_for(one, o1.ptr, l1.ptr, st)
+                st.synchronize()
+                assert np.array_equal(o1.copy_to_host(np.float32).reshape(n, p.Hq, p.D),
+                                      o_all[rows]), (causal, b)
+                assert np.array_equal(l1.copy_to_host(np.float32).reshape(p.Hq, n),
+                                      lse_all[:, rows]), (causal, b)
+        bench.release(p)
