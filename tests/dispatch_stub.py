@@ -49,7 +49,7 @@ static long long g_varlen[15];
       float* lse, const int* cu, int num_seqs, int total, int max_seqlen, int Hq, int Hkv,      \
       float scale, void* ws, size_t ws_bytes, cudaStream_t stream) {                            \
     g_bucket = i; g_calls++;                                                                    \
-    if (!VARLEN) { g_err = "kv_multicast cannot serve varlen"; return 801; }                    \
+    if (!VARLEN) { g_err = "built without the varlen kernel (stub)"; return 801; }              \
     if (num_seqs == 0) { g_err = "num_seqs must be positive"; return 1; }                       \
     const void* ptrs[] = {q, k, v, o, lse, cu, ws, stream};                                     \
     for (int j = 0; j < 8; ++j) g_varlen[j] = (long long)(size_t)ptrs[j];                       \

@@ -314,12 +314,12 @@ def test_varlen_register_split_gives_the_producer_the_persistent_loop() -> None:
     # consumers; a persistent config's split stays.
     assert C.varlen_register_split(load_preset("default")) == (40, 232)
     assert C.varlen_register_split(load_preset("static")) == (40, 232)
+    assert C.varlen_register_split(load_preset("multicast")) == (40, 232)
     assert C.varlen_register_split(load_preset("d64"), 64) == (40, 152)
     assert C.varlen_register_split(load_preset("d256"), 256) == (56, 224)
 
 
 @pytest.mark.parametrize(("preset", "head_dim", "needle"), [
-    ("multicast", 128, "kv_multicast cannot serve varlen"),
     # Measured with nvcc 13.0 (2026-12-01): 192x128 at 152 consumer registers spilled 80 B,
     # 128x80 at head dim 256 at 224 spilled 16 B.
     ("d64", 64, "leaves the consumers 152"),
@@ -331,14 +331,14 @@ def test_check_varlen_refuses_what_cannot_serve_varlen(preset: str, head_dim: in
     with pytest.raises(ConfigError, match=needle):
         C.check_varlen(cfg, head_dim)
     assert needle.split()[0] in (C.varlen_reason(cfg, head_dim) or "")
-    for ok, d in (("default", 128), ("dynamic", 128), ("d64-static", 64)):
+    for ok, d in (("default", 128), ("dynamic", 128), ("multicast", 128), ("d64-static", 64)):
         assert C.varlen_reason(load_preset(ok), d) is None
 
 
 def test_check_problems_checks_varlen_only_for_varlen_problems() -> None:
-    mc = load_preset("multicast")
-    assert C.check_problems(mc, [Problem(1, 32, 8192, Hkv=8)]).varlen is False
-    with pytest.raises(ConfigError, match="kv_multicast cannot serve varlen"):
-        C.check_problems(mc, [Problem.parse("32/8x[8192,4096*2]")])
+    d64 = load_preset("d64")
+    assert C.check_problems(d64, [Problem(1, 32, 8192, Hkv=8, D=64)]).varlen is False
+    with pytest.raises(ConfigError, match="leaves the consumers 152"):
+        C.check_problems(d64, [Problem.parse("32/8x[8192,4096*2]:d64")])
     assert C.check_problems(load_preset("default"), [Problem.parse("32/8x[100,1]")]) == \
         ProblemClass(128, True, varlen=True)

@@ -240,8 +240,8 @@ def _varlen(lib: ctypes.CDLL, max_seqlen: int, hkv: int = 8, num_seqs: int = 3) 
 
 def test_dispatcher_routes_varlen(stub) -> None:
     """By (Hq, Hkv, max_seqlen), as fixed length by S. The stub's s1k and s2k serve varlen, s4k
-    is an object from before varlen (no functions), s8k has them without the kernel (the
-    multicast preset's build)."""
+    is an object from before varlen (no functions), s8k has them without the kernel (a config
+    that cannot serve varlen)."""
     lib, t = stub
     for max_seqlen, bucket in ((1, 0), (1024, 0), (1025, 1), (2048, 1)):
         assert _varlen(lib, max_seqlen) == 0, max_seqlen
@@ -258,7 +258,7 @@ def test_dispatcher_routes_varlen(stub) -> None:
     assert lib.fa_tune_last_error() == (b"bucket s4k: its kernel was built before the varlen "
                                         b"entry points (export the library again)")
     assert _varlen(lib, 8192) == 801  # s8k: the bucket's own refusal
-    assert lib.fa_tune_last_error() == b"bucket s8k: kv_multicast cannot serve varlen"
+    assert lib.fa_tune_last_error() == b"bucket s8k: built without the varlen kernel (stub)"
     for max_seqlen, hkv in ((9000, 8), (100, 4)):
         assert _varlen(lib, max_seqlen, hkv) == 801
         assert lib.fa_tune_last_error().decode().startswith(
@@ -299,9 +299,10 @@ def test_exported_binding_reads_varlen(stub) -> None:
                                    "built without the varlen kernel (fa-tune export leaves it "
                                    "out where the config cannot serve varlen: its README says "
                                    "why)")
-    assert L.varlen_missing(3) == ("bucket s8k of libfa_tune_fwd.so cannot run varlen: its "
-                                   "config uses kv_multicast, whose static schedule cannot serve "
-                                   "varlen")
+    assert L.varlen_missing(3) == ("bucket s8k of libfa_tune_fwd.so cannot run varlen: it was "
+                                   "built without the varlen kernel (fa-tune export leaves it "
+                                   "out where the config cannot serve varlen: its README says "
+                                   "why)")
 
 
 # ---- fa-tune export --workload (no build) ------------------------------------------------------
@@ -325,17 +326,16 @@ def test_export_workload_sources(two_file: Path, tmp_path: Path) -> None:
     sh = (out / "build.sh").read_text()
     assert '"short fa_tune_b0_" "long fa_tune_b1_"' in sh and "-DFA_TUNE_API_PREFIX" in sh
     assert " -shared" not in sh.split("KERNEL_FLAGS=(")[1].split(")")[0]
-    # Every bucket is rendered with the varlen kernel, but a multicast one (it cannot serve it).
+    # Every bucket is rendered with the varlen kernel (multicast too: its clusters share tasks).
     assert '"$NVCC" "${KERNEL_FLAGS[@]}" -DFA_TUNE_API_PREFIX="$2" -c' in sh
-    for b, on in (("short", 1), ("long", 0)):
-        assert f"#define FA_TUNE_VARLEN {on}" in (out / "buckets" / b / "kernel.cu").read_text()
-    assert "| no (kv_multicast) |" in (out / "README.md").read_text()
+    for b in ("short", "long"):
+        assert "#define FA_TUNE_VARLEN 1" in (out / "buckets" / b / "kernel.cu").read_text()
     res = json.loads((out / "results.json").read_text())
     assert res["buckets"]["long"]["results"]["status"] == "not measured"
     readme = (out / "README.md").read_text()
     assert "fa_tune_varlen_workspace_bytes" in readme and "fa_tune_b1_" in readme
     assert "| long | 32/8 | >= 2049 | `fa_tune_b1_` | " in readme
-    assert " | no (kv_multicast) | preset multicast |" in readme
+    assert " | yes | preset multicast |" in readme
     header = (out / "include" / "fa_tune.h").read_text()
     assert "void* workspace," in header and "size_t fa_tune_varlen_workspace_bytes" in header
     # The table exports again by itself, to the same sources.

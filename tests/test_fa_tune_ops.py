@@ -234,8 +234,8 @@ def test_varlen_refused_by_a_bucket_without_it(four_buckets) -> None:
             (4096, "bucket s4k of libfa_tune_fwd.so cannot run varlen: it was built without "
                    "the varlen kernel (fa-tune export leaves it out where the config cannot "
                    "serve varlen: its README says why) (max_seqlen=4096 picks it)"),
-            (8192, "bucket s8k of libfa_tune_fwd.so cannot run varlen: its config uses "
-                   "kv_multicast, whose static schedule cannot serve varlen")):
+            (8192, "bucket s8k of libfa_tune_fwd.so cannot run varlen: it was built without "
+                   "the varlen kernel")):
         with pytest.raises(ValueError) as e:
             torch.ops.fa_tune.attention(q, k, v, True, None, cu, max_seqlen)
         assert needle in str(e.value) and "\n" not in str(e.value)

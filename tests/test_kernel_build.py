@@ -84,9 +84,10 @@ def test_multicast_kernel_shares_kv_across_the_cluster() -> None:
 
 @pytest.mark.parametrize(("preset", "head_dim", "causal", "tweak"), [
     ("default", 128, True, {}),
+    ("multicast", 128, True, {}),  # VarlenStaticScheduler: clusters take tile pairs
     ("d64-static", 64, False, {}),
     ("d256", 256, True, {"block_n": 64}),  # 128x80's varlen consumers spill (check_varlen)
-], ids=["default-d128", "d64-static-full", "d256-bn64"])
+], ids=["default-d128", "multicast-d128", "d64-static-full", "d256-bn64"])
 def test_varlen_class_compiles_both_kernels_clean(preset: str, head_dim: int, causal: bool,
                                                   tweak: dict) -> None:
     """A varlen problem class builds the fixed-length kernel, the varlen kernel (the producer
@@ -117,6 +118,8 @@ def test_varlen_class_compiles_both_kernels_clean(preset: str, head_dim: int, ca
     assert json.loads(lib.fa_tune_problem_class()) == {"head_dim": head_dim, "causal": causal,
                                                        "varlen": True}
     lib.fa_tune_varlen_workspace_bytes.restype = ctypes.c_size_t
-    # 16 bytes of counter, then 16 per tile: Hq * (total / block_m + num_seqs) tiles at most.
-    tiles = 32 * min(32768 // cfg.block_m + 15, 15 * -(-8192 // cfg.block_m))
+    # 16 bytes of counter, then 16 per task: Hq * (total / rows + num_seqs) tasks at most, a
+    # task being block_m rows (two tiles with kv_multicast).
+    rows = cfg.block_m * (2 if cfg.kv_multicast else 1)
+    tiles = 32 * min(32768 // rows + 15, 15 * -(-8192 // rows))
     assert lib.fa_tune_varlen_workspace_bytes(15, 32, 32768, 8192) == 16 + 16 * tiles

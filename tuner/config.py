@@ -358,9 +358,6 @@ def varlen_reason(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> str | None:
 def check_varlen(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> None:
     """Raise ConfigError with one sentence if cfg's varlen kernel cannot work (a varlen
     problem class builds it beside the fixed-length one)."""
-    if cfg.kv_multicast:
-        raise ConfigError("kv_multicast cannot serve varlen problems (its static task lists need "
-                          "the lengths on the host); use a config without it")
     producer, consumer = varlen_register_split(cfg, head_dim)
     est = consumer_reg_estimate(cfg, head_dim)
     if est > consumer:

@@ -13,7 +13,7 @@ in Python), and returns cudaErrorNotSupported with a last_error naming what the 
 for a problem no bucket serves. ``fa_tune_forward_varlen`` picks the bucket the same way by
 (Hq, Hkv, max_seqlen); ``fa_tune_varlen_workspace_bytes`` answers for it. Every bucket is built
 with the varlen kernel (its kernel.cu defines FA_TUNE_VARLEN 1) except where its config cannot
-serve varlen (kv_multicast): that bucket answers cudaErrorNotSupported, and the library's
+serve varlen (config.check_varlen): that bucket answers cudaErrorNotSupported, and the library's
 problem_class says ``"varlen": true`` when some bucket serves it.
 """
 

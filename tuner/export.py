@@ -457,8 +457,6 @@ def _with_varlen(cfg: KernelConfig, pclass: ProblemClass) -> ProblemClass:
 
 
 def _varlen_cell(cfg: KernelConfig, head_dim: int) -> str:
-    if cfg.kv_multicast:
-        return "no (kv_multicast)"
     return "yes" if varlen_reason(cfg, head_dim) is None else "no (its varlen kernel spills)"
 
 

@@ -637,7 +637,7 @@ class KernelModule:
         self.causal = bool(pc.get("causal", True))
         self.head_dim = int(pc.get("head_dim", HEAD_DIM))
         # What problem_class says: the varlen kernel is compiled in (false for a class without
-        # varlen and for a kv_multicast config; absent before varlen existed).
+        # varlen; absent before varlen existed).
         self.varlen = bool(pc.get("varlen", False))
 
     @property
@@ -673,7 +673,7 @@ class KernelModule:
         why = kernel_unsupported(shape, causal=self.causal, head_dim=self.head_dim)
         if why is None and getattr(shape, "seqlens", ()) and not self.has_varlen:
             why = ("this kernel library has no varlen kernel (built for fixed-length problems, "
-                   "or its config uses kv_multicast); build it for a varlen problem class")
+                   "for example); build it for a varlen problem class")
         return why
 
     def _fail(self, what: str, rc: int) -> KernelError:

@@ -91,24 +91,7 @@ struct Launcher {
     const int num_m = (S + T::kBlockM - 1) / T::kBlockM;
     const long long num_tiles = (long long)num_m * H * B;
     if (num_tiles > 0x7fffffffLL) return fail(cudaErrorInvalidValue, "too many query tiles for one launch");
-    int sms = 0;
-    if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
-      return fail(e, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e));
-    // persistent_ctas = 0 means one CTA per SM of the device it runs on.
-    prep.num_ctas = Cfg::persistent_ctas > 0 ? Cfg::persistent_ctas : sms;
-    if constexpr (T::kMulticast) {
-      // Whole clusters only, and no more than fit at once: a persistent cluster left waiting
-      // for an SM pair would run its lists after everyone else.
-      if ((e = set_attributes()) != cudaSuccess) return e;
-      cudaLaunchAttribute attr{};
-      const cudaLaunchConfig_t lc = launch_config(dim3(T::kClusterSize * 64), nullptr, attr);
-      int fit = 0;
-      e = cudaOccupancyMaxActiveClusters(&fit, attention_fwd_kernel<Cfg>, &lc);
-      if (e != cudaSuccess)
-        return fail(e, std::string("cudaOccupancyMaxActiveClusters: ") + cudaGetErrorString(e));
-      if (fit < 1) return fail(cudaErrorInvalidConfiguration, "no 2-CTA cluster of this kernel fits the device");
-      prep.num_ctas = T::kClusterSize * std::max(1, std::min(prep.num_ctas / T::kClusterSize, fit));
-    }
+    if ((e = persistent_ctas<false>(dev, &prep.num_ctas)) != cudaSuccess) return e;
     if constexpr (Cfg::scheduler == Scheduler::Static) {
       TaskLists lists;
       const int num_tasks_m = (num_m + T::kClusterSize - 1) / T::kClusterSize;
@@ -146,6 +129,39 @@ struct Launcher {
     prep.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (host_ms) *host_ms = prep.host_ms;
     *out = &cache().emplace(Key{dev, B, H, S}, prep).first->second;
+    return cudaSuccess;
+  }
+
+  // CTAs of a persistent launch on device `dev`: persistent_ctas (0: one per SM); with
+  // kv_multicast whole clusters only, and no more than fit at once (a persistent cluster left
+  // waiting for an SM pair would run its tasks after everyone else). Cached per device.
+  template <bool kVarlen>
+  static cudaError_t persistent_ctas(int dev, int* out) {
+    static std::mutex m;
+    static std::map<int, int> cache;
+    std::lock_guard<std::mutex> lock(m);
+    if (auto it = cache.find(dev); it != cache.end()) {
+      *out = it->second;
+      return cudaSuccess;
+    }
+    int sms = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess)
+      return fail(e, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e));
+    int n = Cfg::persistent_ctas > 0 ? Cfg::persistent_ctas : sms;
+    if constexpr (T::kMulticast) {
+      if ((e = set_attributes<kVarlen>()) != cudaSuccess) return e;
+      cudaLaunchAttribute attr{};
+      const cudaLaunchConfig_t lc = launch_config(dim3(T::kClusterSize * 64), nullptr, attr);
+      int fit = 0;
+      e = cudaOccupancyMaxActiveClusters(&fit, attention_fwd_kernel<Cfg, kVarlen>, &lc);
+      if (e != cudaSuccess)
+        return fail(e, std::string("cudaOccupancyMaxActiveClusters: ") + cudaGetErrorString(e));
+      if (fit < 1)
+        return fail(cudaErrorInvalidConfiguration, "no 2-CTA cluster of this kernel fits the device");
+      n = T::kClusterSize * std::max(1, std::min(n / T::kClusterSize, fit));
+    }
+    *out = cache[dev] = n;
     return cudaSuccess;
   }
 
@@ -240,7 +256,7 @@ struct Launcher {
   }
 
   // -- varlen (packed sequences; varlen.cuh builds the schedule on the device)
-  static constexpr bool kHasVarlen = FA_TUNE_VARLEN && !T::kMulticast;
+  static constexpr bool kHasVarlen = FA_TUNE_VARLEN;
 
   static VarlenPlan varlen_plan(int num_seqs, int H, int Hkv, int total, int max_seqlen) {
     return VarlenPlan::make(num_seqs, H, H / Hkv, total, max_seqlen, T::kRowsPerTask);
@@ -280,12 +296,8 @@ struct Launcher {
     g_last_error.clear();
     if constexpr (!kHasVarlen) {
       return fail(cudaErrorNotSupported,
-                  T::kMulticast
-                      ? "this config uses kv_multicast, whose static task lists need the lengths "
-                        "on the host; varlen needs a config without it"
-                      : "this library was built without the varlen kernel (built for a "
-                        "fixed-length problem class; fa-tune export builds it where the "
-                        "config can serve varlen)");
+                  "this library was built without the varlen kernel (built for a fixed-length "
+                  "problem class; fa-tune export builds it where the config can serve varlen)");
     } else {
       if (num_seqs < 1 || total < 0 || H < 1 || Hkv < 1 || H % Hkv != 0)
         return fail(cudaErrorInvalidValue,
@@ -351,12 +363,12 @@ struct Launcher {
           (e = encode_bshd_map(&p.tma_v, v, 1, total, Hkv, D, T::kBlockN)) != cudaSuccess ||
           (e = encode_bshd_map(&p.tma_o, o, 1, total, H, D, 64)) != cudaSuccess)
         return fail(e, "cuTensorMapEncodeTiled failed for this varlen batch");
-      int dev = 0, sms = 0;  // one CTA per SM (persistent), no more than there are tiles
-      if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
-          (e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
-        return fail(e, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e));
-      const long long ctas = Cfg::persistent_ctas > 0 ? Cfg::persistent_ctas : sms;
-      return launch<true>(p, dim3(unsigned(std::min<long long>(ctas, plan.bound))), stream);
+      int dev = 0, ctas = 0;  // persistent, no more clusters than there are tasks
+      if ((e = cudaGetDevice(&dev)) != cudaSuccess)
+        return fail(e, std::string("cudaGetDevice: ") + cudaGetErrorString(e));
+      if ((e = persistent_ctas<true>(dev, &ctas)) != cudaSuccess) return e;
+      const long long clusters = std::min<long long>(ctas / T::kClusterSize, plan.bound);
+      return launch<true>(p, dim3(unsigned(clusters * T::kClusterSize)), stream);
     }
   }
 };

@@ -143,17 +143,13 @@ struct DynamicScheduler {
   }
 };
 
-// Varlen, persistent and dynamic: the tiles of every sequence, in the order a small kernel
-// wrote them from cu_seqlens on the device (varlen.cuh: longest work first across all
-// sequences), handed out by a global counter. The producer warp takes a number, reads its task
-// and publishes the task itself in shared memory (one 16-byte slot), so the consumers read no
-// global memory for it. Tile coordinates are sequence-local; seq_start places them in the
-// packed tensors (batch coordinate 0).
-template <class Cfg>
-struct VarlenScheduler {
+// Varlen: the tiles of every sequence, in the order a small kernel wrote them from cu_seqlens
+// on the device (varlen.cuh: longest work first across all sequences; with kv_multicast a
+// task is a pair of query tiles). Tile coordinates are sequence-local; seq_start places them in
+// the packed tensors (batch coordinate 0). What both varlen schedulers share:
+struct VarlenTiles {
   static constexpr bool kPersistent = true;
   static constexpr bool kPacked = true;
-  static constexpr uint32_t kBarThreads = 32 + Derived<Cfg>::kConsumerThreads;
   __device__ static int seq_start(const TileCoord& t) { return t.start; }
   __device__ static int seq_len(const Params&, const TileCoord& t) { return t.len; }
   __device__ static int kv_head(const Params&, const TileCoord& t) { return t.kv_head; }
@@ -165,6 +161,14 @@ struct VarlenScheduler {
     if (t >= p.sched.num_tiles) return {-1, 0, 0, 0};
     return p.sched.varlen_tasks[t];
   }
+};
+
+// Varlen, dynamic: a global counter hands out list positions. The producer warp takes a
+// number, reads its task and publishes the task itself in shared memory (one 16-byte slot), so
+// the consumers read no global memory for it.
+template <class Cfg>
+struct VarlenScheduler : VarlenTiles {
+  static constexpr uint32_t kBarThreads = 32 + Derived<Cfg>::kConsumerThreads;
   __device__ static TileCoord first(const Params& p, int* /*slot*/) {
     return from_task(task(p, int(blockIdx.x)), int(blockIdx.x), 0);
   }
@@ -192,11 +196,35 @@ struct VarlenScheduler {
   }
 };
 
-// kVarlen: the packed-sequence kernel, always on the varlen scheduler (the config's scheduler
-// knob picks the fixed-length one).
+// Varlen with kv_multicast: both CTAs of a cluster must take the same task with no handshake,
+// so the list is dealt statically. In round r cluster c takes position r*G + c, or r*G + G-1-c
+// in odd rounds (G clusters): a snake over the longest-first list, so the falling costs even
+// out across clusters instead of favouring the last ones every round.
+template <class Cfg>
+struct VarlenStaticScheduler : VarlenTiles {
+  __device__ static TileCoord at(const Params& p, int r) {
+    constexpr int kCtas = Derived<Cfg>::kClusterSize;
+    const int G = int(gridDim.x) / kCtas, c = int(blockIdx.x) / kCtas;
+    return from_task(task(p, r * G + ((r & 1) ? G - 1 - c : c)), r, 0);
+  }
+  __device__ static TileCoord first(const Params& p, int* /*slot*/) { return at(p, 0); }
+  __device__ static TileCoord next(const Params& p, const TileCoord& cur, int* /*slot*/) {
+    return at(p, cur.idx + 1);
+  }
+  __device__ static int ticket(const Params&, const TileCoord& cur, int* /*slot*/) {
+    return cur.idx + 1;
+  }
+  __device__ static TileCoord resolve(const Params& p, int r, const TileCoord&, const int*) {
+    return at(p, r);
+  }
+};
+
+// kVarlen: the packed-sequence kernel, always on a varlen scheduler (the config's scheduler
+// knob picks the fixed-length one; kv_multicast, whose clusters share tasks, the static one).
 template <class Cfg, bool kVarlen = false>
 using SchedulerFor = std::conditional_t<
-    kVarlen, VarlenScheduler<Cfg>,
+    kVarlen,
+    std::conditional_t<Derived<Cfg>::kMulticast, VarlenStaticScheduler<Cfg>, VarlenScheduler<Cfg>>,
     std::conditional_t<
         Cfg::scheduler == Scheduler::Static, StaticScheduler<Cfg>,
         std::conditional_t<Cfg::scheduler == Scheduler::Dynamic, DynamicScheduler<Cfg>,

@@ -56,7 +56,7 @@ int fa_tune_forward_varlen(const void* q, const void* k, const void* v, void* o,
                            const int* cu_seqlens, int num_seqs, int total_tokens, int max_seqlen,
                            int Hq, int Hkv, float softmax_scale, void* workspace,
                            size_t workspace_bytes, void* stream) {
-    if (FAKE_VARLEN == 2) { g_err = "kv_multicast cannot serve varlen"; return 801; }
+    if (FAKE_VARLEN == 2) { g_err = "built without the varlen kernel (fake)"; return 801; }
     if (num_seqs == 0) { g_err = "num_seqs must be positive"; return 1; }
     const void* ptrs[] = {q, k, v, o, lse, cu_seqlens, workspace, stream};
     for (int i = 0; i < 8; ++i) g_varlen[i] = (long long)(size_t)ptrs[i];
