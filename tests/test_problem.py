@@ -206,8 +206,6 @@ def test_varlen_flops_layout_and_class() -> None:
     # A varlen library serves fixed-length problems too: one class for a mix.
     assert class_of([p, Problem(1, 32, 8192, Hkv=8)]) == ProblemClass(128, True, varlen=True)
     assert class_of([Problem(1, 32, 8192)]).varlen is False
-    assert ProblemClass(128, True, True).serves(ProblemClass(128, True))
-    assert not ProblemClass(128, True).serves(ProblemClass(128, True, True))
     assert ProblemClass.from_dict(ProblemClass(64, False, True).to_dict()) == ProblemClass(
         64, False, True)
     assert ProblemClass().to_dict() == {"head_dim": 128, "causal": True}

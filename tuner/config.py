@@ -333,6 +333,12 @@ def launch_registers(cfg: KernelConfig) -> int:
     return threads * per_thread
 
 
+# Per head dim, a config whose varlen kernel compiles clean (nvcc 13.0, 2026-12-01; its
+# default preset's does not at 64 and 256).
+VARLEN_FIT_HINT = {64: "preset d64-static", 128: "preset default",
+                   256: "preset d256 with block_n 64"}
+
+
 def varlen_register_split(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> tuple[int, int]:
     """(producer, consumer) registers of the cfg's varlen kernel (cuda_src/fa_tune/kernel.cuh,
     RegSplit): its producer always runs the persistent loop, so it gets at least the persistent
@@ -364,8 +370,8 @@ def check_varlen(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> None:
         raise ConfigError(
             f"the varlen kernel's producer needs {producer} registers, which leaves the "
             f"consumers {consumer} (consumer_regs {cfg.consumer_regs}), and this config's "
-            f"consumers need about {est}; pick a config with producer_regs >= {producer} that "
-            "fits (d64-static at head dim 64)")
+            f"consumers need about {est}; for varlen at head dim {head_dim} use "
+            f"{VARLEN_FIT_HINT.get(head_dim, 'a config whose consumers fit')}")
 
 
 def consumer_reg_parts(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> dict[str, int]:
@@ -557,12 +563,12 @@ def check_problems(cfg: KernelConfig, problems: Iterable[Problem]) -> ProblemCla
     pclass = class_of(problems)
     try:
         validate(cfg, pclass.head_dim)
-        if pclass.varlen:
-            check_varlen(cfg, pclass.head_dim)
     except ConfigError as e:
         d = pclass.head_dim
         if d != HEAD_DIM:
             raise ConfigError(f"{e} (for head dim {d} problems; preset "
                               f"'{DEFAULT_PRESETS[d]}' is the default there)") from None
         raise
+    if pclass.varlen:  # its own hint: the default preset may be the config it refuses
+        check_varlen(cfg, pclass.head_dim)
     return pclass

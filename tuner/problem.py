@@ -293,11 +293,6 @@ class ProblemClass:
         return cls(int(d.get("head_dim", DEFAULT_HEAD_DIM)), bool(d.get("causal", True)),
                    bool(d.get("varlen", False)))
 
-    def serves(self, other: ProblemClass) -> bool:
-        """Whether a library of this class runs problems of ``other``: same head dim and mask;
-        a varlen library runs fixed-length problems too."""
-        return (self.head_dim == other.head_dim and self.causal == other.causal
-                and (self.varlen or not other.varlen))
 
 
 DEFAULT_CLASS = ProblemClass()

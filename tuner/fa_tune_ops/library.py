@@ -98,8 +98,7 @@ class Library:
         if self.forward_varlen is None or self.varlen_workspace_bytes is None:
             return f"{self.path.name} predates the varlen kernel (export it again)"
         if self._bucket_for is None:  # one kernel
-            return None if self.varlen else (f"{self.path.name} cannot run varlen: "
-                                              f"{_no_varlen_reason(self._config())}")
+            return None if self.varlen else f"{self.path.name} cannot run varlen: {_NO_VARLEN}"
         if index is None:
             return None if self.varlen else (
                 f"no bucket of {self.path.name} serves varlen (each was built without the "
@@ -108,16 +107,7 @@ class Library:
             return None
         entry = ((self.dispatch() or {}).get("entries") or [{}] * (index + 1))[index]
         return (f"bucket {entry.get('bucket', index)} of {self.path.name} cannot run varlen: "
-                f"{_no_varlen_reason(entry.get('config') or {})}")
-
-    def _config(self) -> dict[str, Any]:
-        fn = self._lib.fa_tune_config_json
-        fn.restype = ctypes.c_char_p
-        try:
-            d = json.loads(fn().decode())
-        except ValueError:
-            return {}
-        return d if isinstance(d, dict) else {}
+                f"{_NO_VARLEN}")
 
     def last_error(self) -> str:
         raw = self._lib.fa_tune_last_error()
@@ -148,9 +138,7 @@ class Library:
                          for e in table.get("entries", []))
 
 
-def _no_varlen_reason(config: dict[str, Any]) -> str:
-    """Why a kernel has no varlen kernel (its config says nothing more: the export's README
-    names the reason per bucket)."""
-    del config
-    return ("it was built without the varlen kernel (fa-tune export leaves it out where the config "
-            "cannot serve varlen: its README says why)")
+# Why a kernel has no varlen kernel: its library says nothing more; the export's README names
+# the reason per bucket.
+_NO_VARLEN = ("it was built without the varlen kernel (fa-tune export leaves it out where the "
+              "config cannot serve varlen: its README says why)")
