@@ -471,3 +471,70 @@ def test_hf_backend_runs_packed_sequences_as_varlen(stub_lib: Path,
                  max_length_q=4000, max_length_k=4000)
     assert calls[-1][6] == 4000
 
+
+
+# ---- the C++ launch path (native.py) -------------------------------------------------------------
+_NATIVE_PROBE = """
+import os, torch, tuner.fa_tune_ops as ops
+from tuner.fa_tune_ops import native
+print('at import:', native.status())
+ops.load(os.environ.get('PROBE_LIB'))
+print('after load:', native.status())
+dump = torch._C._dispatch_dump('fa_tune::attention')
+print('CUDA kernel:', [ln for ln in dump.splitlines() if ln.startswith('CUDA')])
+q = torch.empty(1, 1024, 32, 128, dtype=torch.bfloat16, device='meta')
+k = torch.empty(1, 1024, 8, 128, dtype=torch.bfloat16, device='meta')
+out, lse = torch.ops.fa_tune.attention(q, k, k, True, None)
+print('meta:', tuple(out.shape), tuple(lse.shape))
+try:
+    c = torch.empty(1, 1024, 8, 128, dtype=torch.bfloat16)
+    torch.ops.fa_tune.attention(torch.empty(1, 1024, 32, 128), c, c, True, None)
+except ValueError as e:
+    print('refused:', e)
+"""
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="needs g++")
+@pytest.mark.parametrize("when", ["import", "load", "off"])
+def test_native_launch_path_builds_loads_and_binds(stub_lib: Path, tmp_path: Path,
+                                                   when: str) -> None:
+    """The extension compiles against this torch and becomes the op's CUDA kernel when found
+    beside the library: the default one at import, or one given to load() later (it replaces
+    the Python kernel); FA_TUNE_OPS_NATIVE=0 keeps the Python one. It binds on load and leaves
+    the fake implementation and the errors as they were."""
+    import os
+    import shutil
+
+    from tuner.fa_tune_ops import native
+
+    lib = tmp_path / "lib" / stub_lib.name
+    lib.parent.mkdir()
+    shutil.copy2(stub_lib, lib)
+    ext = native.build(lib.parent)
+    assert ext.name == native.ext_name() and ext.is_file()
+    env = {**os.environ, "FA_TUNE_OPS_NATIVE": "0" if when == "off" else "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env.pop("FA_TUNE_LIB", None)
+    env["FA_TUNE_LIB" if when == "import" else "PROBE_LIB"] = str(lib)
+    p = subprocess.run([sys.executable, "-c", _NATIVE_PROBE], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = p.stdout
+    if when != "off":
+        first = "loaded, not bound yet" if when == "import" else "no libfa_tune_torch"
+        assert f"at import: {first}" in out and "after load: active" in out
+        assert "attention_op.cpp" in out.split("CUDA kernel:")[1].splitlines()[0]
+    else:
+        assert "at import: off (FA_TUNE_OPS_NATIVE=0)" in out
+        assert "attention_op.cpp" not in out.split("CUDA kernel:")[1].splitlines()[0]
+    assert "meta: (1, 1024, 32, 128) (1, 32, 1024)" in out
+    assert "refused: fa_tune::attention: q is torch.float32" in out
+
+
+def test_native_build_error_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.fa_tune_ops import native
+
+    monkeypatch.setenv("CXX", "false")
+    with pytest.raises(native.NativeBuildError, match="^false failed"):
+        native.build(tmp_path)
+    assert not any(tmp_path.iterdir())  # nothing half-written

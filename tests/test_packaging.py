@@ -31,7 +31,8 @@ def test_wheel_contains_data(wheel: Path) -> None:
                 "workloads/llama3-8b.yaml", "workloads/llama3-70b.yaml"):
         assert f"tuner/_data/{rel}" in names
     # The package a workload export ships is copied from the installed tuner/fa_tune_ops.
-    assert {"tuner/fa_tune_ops/op.py", "tuner/fa_tune_ops/hf.py"} <= names
+    assert {"tuner/fa_tune_ops/op.py", "tuner/fa_tune_ops/hf.py",
+            "tuner/fa_tune_ops/csrc/attention_op.cpp"} <= names
     for d in ("templates", "cuda_src"):
         src = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / d).rglob("*") if p.is_file()
                      and "__pycache__" not in p.parts)

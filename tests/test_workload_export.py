@@ -80,6 +80,7 @@ def test_shipped_package_finds_the_library(exported: Path) -> None:
         "k = torch.empty(1, 4096, 8, 128, dtype=torch.bfloat16, device='meta')\n"
         "out, lse = torch.ops.fa_tune.attention(q, k, k, True, None)\n"
         "print(tuple(out.shape), tuple(lse.shape))\n"
+        "print('native:', fa_tune_ops.native.status())\n"
         "try:\n"
         "    torch.ops.fa_tune.attention(q.float(), k, k, True, None)\n"
         "except ValueError as e:\n"
@@ -92,4 +93,9 @@ def test_shipped_package_finds_the_library(exported: Path) -> None:
     lines = p.stdout.splitlines()
     assert lines[0] == "libfa_tune_fwd.so 128 True"
     assert lines[1] == "(1, 4096, 32, 128) (1, 32, 4096)"
-    assert "q is torch.float32; the kernel takes torch.bfloat16 only" in lines[2]
+    # build.sh built the op's C++ launch path for this python's torch, beside the library.
+    import torch
+
+    assert (exported / "lib" / f"libfa_tune_torch.{torch.__version__}.so").is_file()
+    assert lines[2] == "native: active"
+    assert "q is torch.float32; the kernel takes torch.bfloat16 only" in lines[3]

@@ -151,8 +151,8 @@ struct Launcher {
     int n = Cfg::persistent_ctas > 0 ? Cfg::persistent_ctas : sms;
     if constexpr (T::kMulticast) {
       if ((e = set_attributes<kVarlen>()) != cudaSuccess) return e;
-      cudaLaunchAttribute attr{};
-      const cudaLaunchConfig_t lc = launch_config(dim3(T::kClusterSize * 64), nullptr, attr);
+      cudaLaunchAttribute attrs[2]{};
+      const cudaLaunchConfig_t lc = launch_config(dim3(T::kClusterSize * 64), nullptr, attrs);
       int fit = 0;
       e = cudaOccupancyMaxActiveClusters(&fit, attention_fwd_kernel<Cfg, kVarlen>, &lc);
       if (e != cudaSuccess)
@@ -177,20 +177,27 @@ struct Launcher {
     return cudaSuccess;
   }
 
-  // Launch geometry; with kv_multicast, 2-CTA clusters along x (attr must outlive the config).
-  static cudaLaunchConfig_t launch_config(dim3 g, cudaStream_t stream, cudaLaunchAttribute& attr) {
+  // Launch geometry; with kv_multicast, 2-CTA clusters along x; `dependent`: a programmatic
+  // dependent launch (varlen, behind its schedule kernel). attrs must outlive the config.
+  static cudaLaunchConfig_t launch_config(dim3 g, cudaStream_t stream, cudaLaunchAttribute* attrs,
+                                          bool dependent = false) {
     cudaLaunchConfig_t lc{};
     lc.gridDim = g;
     lc.blockDim = dim3(T::kThreads);
     lc.dynamicSmemBytes = smem_bytes();
     lc.stream = stream;
+    lc.attrs = attrs;
     if constexpr (T::kMulticast) {
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = unsigned(T::kClusterSize);
-      attr.val.clusterDim.y = 1;
-      attr.val.clusterDim.z = 1;
-      lc.attrs = &attr;
-      lc.numAttrs = 1;
+      cudaLaunchAttribute& a = attrs[lc.numAttrs++];
+      a.id = cudaLaunchAttributeClusterDimension;
+      a.val.clusterDim.x = unsigned(T::kClusterSize);
+      a.val.clusterDim.y = 1;
+      a.val.clusterDim.z = 1;
+    }
+    if (dependent) {
+      cudaLaunchAttribute& a = attrs[lc.numAttrs++];
+      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      a.val.programmaticStreamSerializationAllowed = 1;
     }
     return lc;
   }
@@ -236,8 +243,8 @@ struct Launcher {
     auto kernel = attention_fwd_kernel<Cfg, kVarlen>;
     cudaError_t e;
     if ((e = set_attributes<kVarlen>()) != cudaSuccess) return e;
-    cudaLaunchAttribute attr{};
-    const cudaLaunchConfig_t lc = launch_config(g, stream, attr);
+    cudaLaunchAttribute attrs[2]{};
+    const cudaLaunchConfig_t lc = launch_config(g, stream, attrs, kVarlen);
     e = cudaLaunchKernelEx(&lc, kernel, p);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) {

@@ -167,6 +167,9 @@ __global__ void __launch_bounds__(Derived<Cfg>::kThreads, 1)
   } else {
     __syncthreads();
   }
+  // Varlen runs behind the schedule kernel as a programmatic dependent launch: the prologue
+  // above overlapped it; the task list and the tile counter are read only past this wait.
+  if constexpr (kVarlen) asm volatile("griddepcontrol.wait;" ::: "memory");
 
   // Each role is one branch, as setmaxnreg requires.
   if (warp < 4) {

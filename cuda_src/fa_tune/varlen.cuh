@@ -105,6 +105,9 @@ __global__ void __launch_bounds__(kThreads, 1)
                           int* counter) {
   using namespace varlen_detail;
   extern __shared__ int prep_smem[];
+  // The attention kernel may launch now (PDL): its prologue overlaps this kernel, and it waits
+  // (griddepcontrol.wait) for all of this kernel's writes before reading them.
+  asm volatile("griddepcontrol.launch_dependents;");
   const int M = plan.max_tiles, B = plan.num_seqs, H = plan.heads;
   int* hist = prep_smem;       // [M + 1]: sequences with n tiles; later the placement cursors
   int* level = hist + M + 1;   // [M + 1]: above(m), then the first tile of level m

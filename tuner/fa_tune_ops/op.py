@@ -12,7 +12,9 @@ cu_seqlens and max_seqlen: q [total, Hq, D], k/v [total, Hkv, D], cu_seqlens int
 (not checked: that would read cu_seqlens, a host sync); out like q, lse [Hq, total] FP32; causal
 or not per sequence; the bucket is the one serving (Hq, Hkv, max_seqlen).
 
-The CUDA implementation allocates the outputs (and varlen's workspace) with torch (its caching
+The CUDA implementation runs in C++ where the extension beside the library was built for this
+torch (native.py; ``native.status()`` says whether), in Python otherwise: same checks and
+results. It allocates the outputs (and varlen's workspace) with torch (its caching
 allocator, so CUDA graph pools work) and launches on torch's current stream without
 synchronising the host (only a fixed-length shape's first call does its one-time setup, a
 synchronous upload of the scheduler's task lists: run each shape once before a CUDA graph
@@ -28,6 +30,7 @@ from typing import Any
 
 import torch
 
+from . import native
 from .library import Library, LibraryError, default_path
 
 NAMESPACE = "fa_tune"
@@ -48,6 +51,8 @@ def load(path: str | None = None) -> Library:
     lib = Library(path if path is not None else default_path())
     _lib = lib
     _prepared.clear()
+    _use_native_beside(lib.path)
+    native.bind(lib)
     return lib
 
 
@@ -315,13 +320,42 @@ def _register() -> Any:
             "of fa_tune_ops was imported first); import one copy per process"
         ) from None
     lib.define(SCHEMA)
-    lib.impl("attention", _cuda_impl, "CUDA")
+    # The Python implementation under its own name too: the C++ launch path (native.py) runs
+    # the steady state and hands everything else (checks, errors, one-time setup) to it.
+    lib.define(SCHEMA.replace("attention(", "_attention_py(", 1))
+    lib.impl("_attention_py", _cuda_impl, "CUDA")
     lib.impl("attention", _cpu_impl, "CPU")
     torch.library.register_fake(f"{NAMESPACE}::attention", _fake, lib=lib)
     return lib
 
 
+def _python_cuda_kernel() -> Any:
+    """The Python CUDA kernel of fa_tune::attention, in a registration of its own, so the C++
+    one can replace it."""
+    lib = torch.library.Library(NAMESPACE, "IMPL")
+    lib.impl("attention", _cuda_impl, "CUDA")
+    return lib
+
+
+def _use_native_beside(lib_path: Any) -> None:
+    """Switch the op's CUDA kernel to the C++ launch path if its extension is beside the kernel
+    library (once per process; native.status() says what happened)."""
+    global _PY_CUDA
+    if native.loaded():
+        return
+    ext = native.find(lib_path)
+    if ext is None:
+        return
+    if _PY_CUDA is not None:
+        _PY_CUDA._destroy()  # the extension's static registration takes the CUDA key
+        _PY_CUDA = None
+    if not native.load(ext):
+        _PY_CUDA = _python_cuda_kernel()
+
+
 _TORCH_LIBRARY = _register()  # held: the registration lives as long as this object
+_PY_CUDA: Any = _python_cuda_kernel()
+_use_native_beside(default_path())
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True,
