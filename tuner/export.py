@@ -592,8 +592,9 @@ The library is `lib/{LIB_NAME}` beside the package, or `$FA_TUNE_LIB`, or
 The op's launch path is C++ (`lib/libfa_tune_torch.<torch version>.so`, built by `build.sh`
 where `python3` has torch; `$PYTHON` picks another interpreter) when it was built for the
 torch you import, and Python otherwise: the same checks and results, with 4.5 us instead of
-13.4 us of host time per call above a direct launch (varlen: 6.1 and 22.8 us; H200, 2026-12-01). `fa_tune_ops.native.status()` says which runs and why;
-`FA_TUNE_OPS_NATIVE=0` turns the C++ path off. A call the C++ path cannot vouch for (a
+13.4 us of host time per call above a direct launch (varlen: 6.1 and 22.8 us; H200,
+2026-12-01). `fa_tune_ops.native.status()` says which runs and why; `FA_TUNE_OPS_NATIVE=0`
+turns the C++ path off. A call the C++ path cannot vouch for (a
 shape's first call, any input it would refuse) takes the Python path, which says what is wrong.
 
 ### Hugging Face transformers
