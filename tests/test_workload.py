@@ -107,6 +107,14 @@ def _bad(**changes):
     (_bad(traffic={"shapes": [{"B": 1}]}), "traffic.shapes[0] needs S"),
     (_bad(traffic={"shapes": [{"S": 10**6, "B": 64}]}), "too large"),
     (_bad(tuning={"max_problems": 0}), "tuning.max_problems"),
+    (_bad(traffic={"packed": {"lengths": "512"}}), "traffic.packed must be a list"),
+    (_bad(traffic={"packed": [{"weight": 1}]}), "traffic.packed[0] needs lengths"),
+    (_bad(traffic={"packed": [{"lengths": "512,x"}]}), "'x' is not a length"),
+    (_bad(traffic={"packed": [{"lengths": [512, -3]}]}), "entries must be a positive integer"),
+    (_bad(traffic={"packed": [{"lengths": "0,0"}]}), "at least one sequence of 1 token"),
+    (_bad(traffic={"packed": [{"lengths": 512}]}), "must be sequence lengths"),
+    (_bad(buckets=[{"name": "a", "max_s": 2048}], traffic={"packed": [{"lengths": "100,4096"}]}),
+     "S=4096 (its longest sequence) falls in no bucket"),
     ("just text", "must be a mapping"),
 ])
 def test_bad_workloads_are_one_line(data, needle: str) -> None:
@@ -176,3 +184,48 @@ def test_tune_searches_each_bucket_in_its_own_study(monkeypatch: pytest.MonkeyPa
     r = CliRunner().invoke(cli.app, ["tune", "--workload", "llama3-8b", "--trials", "5",
                                      "--bucket", "s99k"])
     assert r.exit_code == 2 and "has no bucket 's99k'" in r.output
+
+
+def test_packed_traffic_is_tuned_as_varlen_in_the_bucket_of_its_longest_sequence() -> None:
+    """A packed batch (a prefill server's) is one traffic point: its bucket is the one serving
+    its longest sequence (the dispatcher picks by max_seqlen), its time share is its FLOPs
+    (the sum over its sequences), and the bucket tunes on it as a varlen problem; the text and
+    list forms are one point; to_dict keeps the lengths (dispatch tables carry it)."""
+    w = workload_from_dict({**GOOD, "traffic": {
+        "shapes": [{"B": 1, "S": 4096, "weight": 1}],
+        "packed": [{"lengths": "4096,2048*2,512*8", "weight": 1},
+                   {"lengths": [4096, 2048, 2048] + [512] * 8, "weight": 1},
+                   {"lengths": "[900,100]", "weight": 2}]}})
+    assert len(w.traffic) == 3  # the two spellings of one batch merged
+    plans = {p.bucket.name: p for p in w.plan()}
+    assert plans["b"].shapes == ["32/8x[4096,2048*2,512*8]", "1x32/8x4096"]
+    packed = plans["b"].problems[0].problem
+    assert packed.is_varlen and packed.problem_class.varlen and packed.S == 4096
+    assert plans["a"].shapes == ["32/8x[900,100]"]
+    assert abs(plans["b"].problems[0].weight - 2 / 3) < 1e-12  # 2 of the bucket's 3 calls
+    d = w.to_dict()["traffic"]
+    assert {"B": 11, "S": 4096, "weight": 0.4, "lengths": "4096,2048*2,512*8"} in d
+    assert {"B": 1, "S": 4096, "weight": 0.2} in d
+
+
+def test_tune_runs_a_packed_bucket_as_varlen(monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: Path) -> None:
+    from tuner import cli
+
+    calls: list[dict] = []
+    monkeypatch.setattr(cli, "_run_search", lambda **kw: calls.append(kw))
+    f = tmp_path / "w.yaml"
+    f.write_text(yaml.safe_dump({**GOOD, "traffic": {"packed": [{"lengths": "3000,1000*4"}]}}))
+    r = runner.invoke(app, ["tune", "--workload", str(f), "--bucket", "b", "--trials", "3"])
+    assert r.exit_code == 0, r.output
+    [c] = calls
+    assert [str(s) for s in c["shapes"]] == ["32/8x[3000,1000*4]"]
+    assert c["shapes"][0].is_varlen
+
+
+def test_workload_command_quotes_packed_shapes(tmp_path: Path) -> None:
+    f = tmp_path / "w.yaml"
+    f.write_text(yaml.safe_dump({**GOOD, "traffic": {"packed": [{"lengths": "3000,1000*4"}]}}))
+    r = runner.invoke(app, ["workload", str(f)])
+    assert r.exit_code == 0, r.output
+    assert "fa-tune search --study w-b --shape '32/8x[3000,1000*4]'" in r.output

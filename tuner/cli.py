@@ -8,6 +8,7 @@ compare) are added the same way: ``@app.command()`` + ``@_user_errors``.
 from __future__ import annotations
 
 import functools
+import shlex
 import shutil
 import subprocess
 import sys
@@ -924,7 +925,7 @@ def workload_cmd(
     console.print(t)
     console.print("tune each bucket (one study each; the same command resumes):", markup=False)
     for p in plans:
-        shapes = " ".join(f"--shape {s}" for s in p.shapes)
+        shapes = " ".join(f"--shape {shlex.quote(s)}" for s in p.shapes)  # [..] and * in varlen
         console.print(f"  fa-tune search --study {w.name}-{p.bucket.name} {shapes} --timeout 30m",
                       markup=False, soft_wrap=True)
     console.print(f"then: fa-tune export --workload {workload} --study-prefix {w.name}- "

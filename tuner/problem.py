@@ -51,7 +51,7 @@ _RE_VARLEN = re.compile(
 MAX_SEQS = 65535  # sequences in one varlen batch (the device-side schedule's bound)
 
 
-def _parse_lengths(text: str, where: str) -> tuple[int, ...]:
+def parse_lengths(text: str, where: str) -> tuple[int, ...]:
     """'8192,4096*2,1024' -> (8192, 4096, 4096, 1024)."""
     out: list[int] = []
     for part in (x.strip() for x in text.split(",")):
@@ -67,7 +67,7 @@ def _parse_lengths(text: str, where: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _lengths_text(seqlens: tuple[int, ...]) -> str:
+def lengths_text(seqlens: tuple[int, ...]) -> str:
     """Run-length form: (8192, 4096, 4096) -> '8192,4096*2'."""
     parts: list[str] = []
     i = 0
@@ -223,13 +223,13 @@ class Problem:
             raise ShapeError(f"problem '{text}': Hkv must be a positive integer (got {hkv})")
         d, causal = _parse_options(opts, str(text))
         if v:
-            return cls.varlen(_parse_lengths(lens, str(text)), int(hq),
+            return cls.varlen(parse_lengths(lens, str(text)), int(hq),
                               Hkv=int(hkv) if hkv else 0, D=d, causal=causal)
         return cls(int(b), int(hq), int(s), Hkv=int(hkv) if hkv else 0, D=d, causal=causal)
 
     def __str__(self) -> str:
         heads = f"{self.Hq}" if self.Hkv == self.Hq else f"{self.Hq}/{self.Hkv}"
-        text = (f"{heads}x[{_lengths_text(self.seqlens)}]" if self.seqlens
+        text = (f"{heads}x[{lengths_text(self.seqlens)}]" if self.seqlens
                 else f"{self.B}x{heads}x{self.S}")
         if self.D != DEFAULT_HEAD_DIM:
             text += f":d{self.D}"

@@ -8,16 +8,20 @@ A workload (``workloads/<name>.yaml``) is what one exported library is tuned for
     buckets:                     # by S (a varlen batch's max_seqlen);
       - {name: s1k, max_s: 1024} # each bucket serves (previous max_s, max_s]; the last may
       - {name: s8k, max_s: 8192} # say max_s: null (no upper bound)
-    traffic:                     # relative call frequencies; any of the three, all combined
+    traffic:                     # relative call frequencies; any of these, all combined
       lengths: {512: 3, 2048: 2} # prefill length S -> weight ...
       batch: {1: 0.7, 4: 0.3}    # ... times batch size B -> weight (default {1: 1})
       shapes:                    # and fixed (B, S) shapes with their own weights
         - {B: 1, S: 8192, weight: 1}
+      packed:                    # and packed varlen batches (a prefill server's): the lengths
+        - {lengths: "4096,2048*2,512*8", weight: 1}   # as in a problem's [...], or a list
     tuning: {max_problems: 3}    # problems per bucket to tune on (default 3)
 
 ``plan()`` turns it into the problems to tune per bucket: the traffic points in the bucket,
 ranked by their share of attention time there (weight x FLOPs, the time at a constant TFLOPS
-rate), the top ``max_problems``; a bucket without traffic is tuned on its upper edge (B=1).
+rate), the top ``max_problems``; a bucket without traffic is tuned on its upper edge (B=1). A
+packed batch lands in the bucket of its longest sequence (the dispatcher picks by max_seqlen)
+and is tuned on as a varlen problem, so that bucket's search builds the varlen kernel too.
 A bad file is one ``WorkloadError`` line naming the file and the entry.
 """
 
@@ -33,7 +37,7 @@ import yaml
 
 from tuner import _paths
 from tuner.errors import FaTuneError
-from tuner.problem import Problem, ProblemClass
+from tuner.problem import Problem, ProblemClass, ShapeError, lengths_text, parse_lengths
 
 DEFAULT_MAX_PROBLEMS = 3
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -63,6 +67,9 @@ class Attention:
     def problem(self, B: int, S: int) -> Problem:
         return Problem(B, self.Hq, S, Hkv=self.Hkv, D=self.head_dim, causal=self.causal)
 
+    def packed(self, lengths: tuple[int, ...]) -> Problem:
+        return Problem.varlen(lengths, self.Hq, Hkv=self.Hkv, D=self.head_dim, causal=self.causal)
+
     def to_dict(self) -> dict[str, Any]:
         return {"Hq": self.Hq, "Hkv": self.Hkv, "head_dim": self.head_dim, "causal": self.causal}
 
@@ -87,11 +94,22 @@ class Bucket:
 
 @dataclass(frozen=True)
 class TrafficPoint:
-    """One (B, S) the model is called with; weight = its share of calls (all sum to 1)."""
+    """One (B, S) the model is called with, or one packed batch of these sequence lengths (then
+    B is their count and S the longest); weight = its share of calls (all sum to 1)."""
 
     B: int
     S: int
     weight: float
+    lengths: tuple[int, ...] = ()
+
+    def problem(self, att: Attention) -> Problem:
+        return att.packed(self.lengths) if self.lengths else att.problem(self.B, self.S)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"B": self.B, "S": self.S, "weight": self.weight}
+        if self.lengths:
+            d["lengths"] = lengths_text(self.lengths)
+        return d
 
 
 @dataclass(frozen=True)
@@ -139,7 +157,7 @@ class Workload:
         keep = self.max_problems if max_problems is None else max_problems
         if keep < 1:
             raise WorkloadError(f"max problems per bucket must be at least 1 (got {keep})")
-        total_time = sum(t.weight * self.attention.problem(t.B, t.S).flops for t in self.traffic)
+        total_time = sum(t.weight * t.problem(self.attention).flops for t in self.traffic)
         plans = []
         for b in self.buckets:
             pts = [t for t in self.traffic if b.contains(t.S)]
@@ -148,7 +166,7 @@ class Workload:
                 p = self.attention.problem(1, b.s_max if b.s_max is not None else b.s_min)
                 plans.append(BucketPlan(b, (PlannedProblem(p, 0.0, 0.0),), 0.0, 0.0))
                 continue
-            cost = [(t, self.attention.problem(t.B, t.S)) for t in pts]
+            cost = [(t, t.problem(self.attention)) for t in pts]
             time = sum(t.weight * p.flops for t, p in cost)
             ranked = sorted(cost, key=lambda tp: (-tp[0].weight * tp[1].flops, tp[1].S, tp[1].B))
             problems = tuple(PlannedProblem(p, t.weight / calls, t.weight * p.flops / time)
@@ -162,7 +180,7 @@ class Workload:
             "name": self.name, "description": self.description,
             "attention": self.attention.to_dict(),
             "buckets": [b.to_dict() for b in self.buckets],
-            "traffic": [{"B": t.B, "S": t.S, "weight": t.weight} for t in self.traffic],
+            "traffic": [t.to_dict() for t in self.traffic],
             "max_problems": self.max_problems,
         }
 
@@ -242,10 +260,30 @@ def _buckets(items: Any, src: str) -> tuple[Bucket, ...]:
     return tuple(out)
 
 
-def _traffic(d: Any, src: str) -> list[tuple[int, int, float, str]]:
-    """(B, S, weight, where) before normalising."""
-    d = _mapping(d, "traffic", src, {"lengths", "batch", "shapes"})
-    pts: list[tuple[int, int, float, str]] = []
+Raw = tuple[int, int, float, str, tuple[int, ...]]  # (B, S, weight, where, packed lengths)
+
+
+def _packed_lengths(value: Any, what: str, src: str) -> tuple[int, ...]:
+    if isinstance(value, str):
+        try:
+            lengths = parse_lengths(value.strip("[] "), value)
+        except ShapeError as e:
+            raise WorkloadError(f"{src}: {what}: {e}") from None
+    elif isinstance(value, list) and value:
+        lengths = tuple(v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else
+                        _pos_int(v, f"{what} entries", src) for v in value)
+    else:
+        raise WorkloadError(f"{src}: {what} must be sequence lengths: text as in a problem "
+                            f"('4096,2048*2,512*8') or a list of integers (got {value!r})")
+    if not lengths or max(lengths) < 1:
+        raise WorkloadError(f"{src}: {what} must hold at least one sequence of 1 token or more")
+    return lengths
+
+
+def _traffic(d: Any, src: str) -> list[Raw]:
+    """(B, S, weight, where, lengths) before normalising."""
+    d = _mapping(d, "traffic", src, {"lengths", "batch", "shapes", "packed"})
+    pts: list[Raw] = []
     if "lengths" in d:
         lengths = _mapping(d["lengths"], "traffic.lengths", src)
         batch = _mapping(d.get("batch", {1: 1}), "traffic.batch", src)
@@ -257,7 +295,7 @@ def _traffic(d: Any, src: str) -> list[tuple[int, int, float, str]]:
             for b, wb in batch.items():
                 B = _pos_int(b, f"traffic.batch key {b!r}", src)
                 pts.append((B, S, w_s * _weight(wb, f"traffic.batch[{b}]", src),
-                            f"traffic.lengths[{S}] x batch[{B}]"))
+                            f"traffic.lengths[{S}] x batch[{B}]", ()))
     elif "batch" in d:
         raise WorkloadError(f"{src}: traffic.batch needs traffic.lengths (batch sizes weight "
                             "the lengths)")
@@ -271,10 +309,21 @@ def _traffic(d: Any, src: str) -> list[tuple[int, int, float, str]]:
             raise WorkloadError(f"{src}: {what} needs S")
         pts.append((_pos_int(item.get("B", 1), f"{what}.B", src),
                     _pos_int(item["S"], f"{what}.S", src),
-                    _weight(item.get("weight", 1), f"{what}.weight", src), what))
+                    _weight(item.get("weight", 1), f"{what}.weight", src), what, ()))
+    packed = d.get("packed", [])
+    if not isinstance(packed, list):
+        raise WorkloadError(f"{src}: traffic.packed must be a list of {{lengths, weight}}")
+    for i, item in enumerate(packed):
+        what = f"traffic.packed[{i}]"
+        item = _mapping(item, what, src, {"lengths", "weight"})
+        if "lengths" not in item:
+            raise WorkloadError(f"{src}: {what} needs lengths (e.g. '4096,2048*2,512*8')")
+        lengths = _packed_lengths(item["lengths"], f"{what}.lengths", src)
+        pts.append((len(lengths), max(lengths),
+                    _weight(item.get("weight", 1), f"{what}.weight", src), what, lengths))
     if not pts:
-        raise WorkloadError(f"{src}: traffic names no shapes: give traffic.lengths (and batch) "
-                            "or traffic.shapes")
+        raise WorkloadError(f"{src}: traffic names no shapes: give traffic.lengths (and batch), "
+                            "traffic.shapes or traffic.packed")
     return pts
 
 
@@ -295,21 +344,24 @@ def workload_from_dict(data: Any, source: str = "<workload>") -> Workload:
     att = _attention(d["attention"], src)
     buckets = _buckets(d["buckets"], src)
     raw = _traffic(d["traffic"], src)
-    merged: dict[tuple[int, int], float] = {}
-    for B, S, w, where in raw:
+    merged: dict[tuple[int, int, tuple[int, ...]], float] = {}
+    for B, S, w, where, lengths in raw:
         try:
-            att.problem(B, S)
+            att.packed(lengths) if lengths else att.problem(B, S)
         except FaTuneError as e:
             raise WorkloadError(f"{src}: {where}: {e}") from None
         if not any(b.contains(S) for b in buckets):
-            raise WorkloadError(f"{src}: {where}: S={S} falls in no bucket (the last serves "
-                                f"{buckets[-1].range_text()}); add a bucket or max_s: null")
-        merged[(B, S)] = merged.get((B, S), 0.0) + w
+            longest = " (its longest sequence)" if lengths else ""
+            raise WorkloadError(f"{src}: {where}: S={S}{longest} falls in no bucket (the last "
+                                f"serves {buckets[-1].range_text()}); add a bucket or max_s: "
+                                "null")
+        merged[(B, S, lengths)] = merged.get((B, S, lengths), 0.0) + w
     total = sum(merged.values())
     if total <= 0:
         raise WorkloadError(f"{src}: traffic weights sum to 0; give some weight > 0")
-    traffic = tuple(TrafficPoint(B, S, w / total) for (B, S), w in sorted(merged.items(),
-                                                                        key=lambda x: x[0][::-1]))
+    # Fixed shapes by (S, B), then packed batches by (S, B, lengths).
+    order = sorted(merged.items(), key=lambda x: (bool(x[0][2]), x[0][1], x[0][0], x[0][2]))
+    traffic = tuple(TrafficPoint(B, S, w / total, lengths) for (B, S, lengths), w in order)
     tuning = _mapping(d.get("tuning", {}), "tuning", src, {"max_problems"})
     keep = _pos_int(tuning.get("max_problems", DEFAULT_MAX_PROBLEMS), "tuning.max_problems", src)
     return Workload(name, att, buckets, traffic, desc, keep, src)
