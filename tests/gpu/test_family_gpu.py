@@ -11,6 +11,7 @@ refuses a problem of another class before launching.
 from __future__ import annotations
 
 import pytest
+from gate_cases import case_id, gate_case
 
 from tuner.config import KernelConfig, list_presets, load_preset, preset_head_dim
 from tuner.measure.bench import Bench
@@ -42,25 +43,15 @@ CASES = [(c, Problem(p.B, p.Hq, p.S, Hkv=p.Hkv, D=d, causal=causal))
          for p in (PROBLEMS if causal else PROBLEMS[::2])]
 
 
-def _id(x: object) -> str:
-    if isinstance(x, KernelConfig):
-        return (f"{x.config_id()}-{x.scheduler}" + ("-multicast" if x.kv_multicast else ""))
-    return str(x)
-
-
 @pytest.fixture(scope="module")
 def kernels(launches_for) -> dict[tuple[KernelConfig, ProblemClass], KernelLaunch]:
     return launches_for(CONFIGS)
 
 
-@pytest.mark.parametrize(("cfg", "problem"), CASES, ids=_id)
+@pytest.mark.parametrize(("cfg", "problem"), CASES, ids=case_id)
 def test_family_passes_gate(bench: Bench, kernels: dict, cfg: KernelConfig,
                             problem: Problem) -> None:
-    kernel = kernels[(cfg, problem.problem_class)]
-    assert kernel.module.problem_class == problem.problem_class
-    g = bench.gate(kernel, problem)
-    bench.release(problem)
-    print(f"{_id(cfg):36s} {problem!s:22s} {g.summary()}")
+    g = gate_case(bench, kernels, cfg, problem)
     assert g.passed, g.summary()
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from gate_cases import case_id, gate_case
 
 from tuner import build
 from tuner.config import KernelConfig, load_preset
@@ -42,25 +43,15 @@ CASES = [(c, Problem.varlen(lens, hq, Hkv=hkv, D=d, causal=causal))
          for lens, (hq, hkv) in zip(LENGTHS, HEADS, strict=True)]
 
 
-def _id(x: object) -> str:
-    if isinstance(x, KernelConfig):
-        return f"{x.config_id()}-{x.scheduler}"
-    return str(x)
-
-
 @pytest.fixture(scope="module")
 def kernels(launches_for) -> dict[tuple[KernelConfig, ProblemClass], KernelLaunch]:
     return launches_for(CONFIGS, varlen=True)
 
 
-@pytest.mark.parametrize(("cfg", "problem"), CASES, ids=_id)
+@pytest.mark.parametrize(("cfg", "problem"), CASES, ids=case_id)
 def test_varlen_passes_gate(bench: Bench, kernels: dict, cfg: KernelConfig,
                             problem: Problem) -> None:
-    kernel = kernels[(cfg, problem.problem_class)]
-    assert kernel.module.problem_class == problem.problem_class
-    g = bench.gate(kernel, problem)
-    bench.release(problem)
-    print(f"{_id(cfg):36s} {problem!s:40s} {g.summary()}")
+    g = gate_case(bench, kernels, cfg, problem)
     assert g.passed, g.summary()
 
 
