@@ -51,10 +51,12 @@ CONSUMER_REG_OVERHEAD_SERIAL = 28
 # 200 registers and block_m 64 / 176 (CPU knob sample, 2026-11-29): they count all 32.
 Q_IN_REGS = 32
 CONSUMER_REG_OVERHEAD_Q = 40
-# The persistent producer (tile loop, scheduler, Q handoff) spilled at 24 and 32 registers and
-# compiled clean at 40 (sm_90a builds, 2026-11-29; docs/PERF.md). With block_m 64 the dynamic
-# producer still spilled 16 B at 40; one consumer warpgroup leaves registers to spare there, so
-# block_m 64 asks for 56.
+# The persistent producer (tile loop, scheduler, Q handoff) runs on the whole warp, its state
+# warp-uniform (uniform registers), one elected lane issuing TMA: static, dynamic, multicast and
+# varlen compiled clean at 24 registers at D 64, 128 and 256 (nvcc 13.0, 2026-12-01, docs/PERF.md
+# step 33; with the loop on one lane it had spilled at 24 and 32 and needed 40). With block_m 64
+# (one consumer warpgroup, registers to spare) a D 256 varlen build still had 32 B of stack at
+# 24, so block_m 64 asks for 56 as before.
 # Head-dim corrections to the overheads above (calibrated at D 128), keyed (D, overlap): what
 # ptxas did with 22 builds around the boundary (scripts/reg_calibration.py, nvcc 13.0,
 # 2026-11-30; docs/PERF.md step 26). D 64, overlap: 192x128 fit at 160 registers (estimate
@@ -64,7 +66,7 @@ CONSUMER_REG_OVERHEAD_Q = 40
 CONSUMER_REG_OVERHEAD_D: dict[tuple[int, bool], int] = {
     (64, True): -40, (64, False): 0, (256, True): -24, (256, False): 16,
 }
-PERSISTENT_PRODUCER_REGS = 40
+PERSISTENT_PRODUCER_REGS = 24
 PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
 
 
@@ -333,18 +335,17 @@ def launch_registers(cfg: KernelConfig) -> int:
     return threads * per_thread
 
 
-# Per head dim, a config whose varlen kernel compiles clean (nvcc 13.0, 2026-12-01; its
-# default preset's does not at 64 and 256).
-VARLEN_FIT_HINT = {64: "preset d64-static", 128: "preset default",
-                   256: "preset d256 with block_n 64"}
+# Per head dim, a config whose varlen kernel compiles clean (nvcc 13.0, 2026-12-01: with the
+# warp-uniform producer, every preset's does).
+VARLEN_FIT_HINT = {64: "preset d64", 128: "preset default", 256: "preset d256"}
 
 
 def varlen_register_split(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> tuple[int, int]:
     """(producer, consumer) registers of the cfg's varlen kernel (cuda_src/fa_tune/kernel.cuh,
     RegSplit): its producer always runs the persistent loop, so it gets at least the persistent
-    producer's registers (56 at head dim 256: four column boxes per tile; it spilled 4 B at
-    40), taken from the consumers when the launch pool has no more."""
-    need = (PERSISTENT_PRODUCER_REGS_BLOCK_M64 if cfg.block_m == 64 or head_dim == 256
+    producer's registers (56 with block_m 64), taken from the consumers when the launch pool has
+    no more."""
+    need = (PERSISTENT_PRODUCER_REGS_BLOCK_M64 if cfg.block_m == 64
             else PERSISTENT_PRODUCER_REGS)
     producer = max(cfg.producer_regs, need)
     spare = (launch_registers(cfg) // THREADS_PER_WARPGROUP - producer) \

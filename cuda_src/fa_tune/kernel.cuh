@@ -127,15 +127,14 @@ struct Consumer {
 };
 
 // The register split of setmaxnreg: the config's. The varlen kernel always runs the persistent
-// producer loop, which spilled below 40 registers (56 with one consumer warpgroup; config.py,
-// PERSISTENT_PRODUCER_REGS). The varlen producer spilled 20 B at 32, and at head dim 256 (four
-// column boxes per tile) 4 B at 40 and none at 56 (nvcc 13.0, 2026-12-01). A config made for
-// the grid scheduler gives it fewer, so there the producer takes what it needs from the
-// consumers (which may then spill: config.check_varlen says so before compiling).
+// producer loop, which needs 24 registers since it runs warp-uniform (56 with one consumer
+// warpgroup; config.py, PERSISTENT_PRODUCER_REGS). A config made for the grid scheduler may
+// give it fewer, so there the producer takes what it needs from the consumers (which may then
+// spill: config.check_varlen says so before compiling).
 template <class Cfg, bool kVarlen>
 struct RegSplit {
   using D = Derived<Cfg>;
-  static constexpr int kMinProducer = D::kConsumerWGs == 1 || D::kHeadDim == 256 ? 56 : 40;
+  static constexpr int kMinProducer = D::kConsumerWGs == 1 ? 56 : 24;
   static constexpr int kProducer =
       kVarlen && Cfg::producer_regs < kMinProducer ? kMinProducer : Cfg::producer_regs;
   static constexpr int kSpare = (D::kLaunchRegs / kWarpgroupThreads - kProducer) / D::kConsumerWGs / 8 * 8;

@@ -40,11 +40,14 @@ struct StageRing {
       cutlass::arch::ClusterBarrier::init(&empty[s], consumer_arrivals * kCtas);
     }
   }
-  // Producer: wait until the slot is free (the first pass over the ring never blocks),
-  // then announce how many bytes TMA will deliver into it.
-  __device__ __forceinline__ uint64_t* acquire(const PipeState& st, uint32_t bytes) {
+  // Producer (the whole warp, so its loop state stays warp-uniform): wait until the slot is
+  // free (the first pass over the ring never blocks); the elected lane announces how many
+  // bytes TMA will deliver into it.
+  __device__ __forceinline__ uint64_t* acquire(const PipeState& st, uint32_t bytes,
+                                               bool elected) {
     cutlass::arch::ClusterBarrier::wait(&empty[st.index], st.phase ^ 1u);
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[st.index], bytes);
+    if (elected)
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[st.index], bytes);
     return &full[st.index];
   }
   __device__ __forceinline__ void wait_full(const PipeState& st) {

@@ -20,19 +20,20 @@ template <class Cfg, class Sched>
 struct Producer {
   using T = Traits<Cfg>;
 
-  // Runs on the whole producer warp (the dynamic scheduler's named barrier counts warps);
-  // one elected lane issues the TMA copies and waits on the rings.
+  // Runs on the whole producer warp: the loop, the ring waits and the scheduler run on every
+  // lane, so its state is warp-uniform (uniform registers: the persistent loop fits in few
+  // vector registers); one elected lane arms the barriers and issues the TMA copies.
   __device__ static void run(const Params& p, SharedStorage<T>& ss) {
-    const bool leader = (threadIdx.x & 31) == 0;
+    const bool leader = cute::elect_one_sync();
     const int rank = T::kMulticast ? int(cute::block_rank_in_cluster()) : 0;
     PipeState qst, kst, vst;
     TileCoord t = Sched::first(p, ss.tile_slot);
     while (t.valid) {
       const int h = t.head, b = t.batch, start = Sched::seq_start(t);
+      // Q: D / 64 column boxes of block_m rows, or with kv_multicast one pair of boxes per
+      // warpgroup (its 64 rows sit apart in the pair: params.cuh, wg_first_row).
+      uint64_t* bar = ss.q_ring.acquire(qst, T::kQBytes, leader);
       if (leader) {
-        // Q: D / 64 column boxes of block_m rows, or with kv_multicast one pair of boxes per
-        // warpgroup (its 64 rows sit apart in the pair: params.cuh, wg_first_row).
-        uint64_t* bar = ss.q_ring.acquire(qst, T::kQBytes);
         constexpr int kQBoxes = T::kBlockM / T::kQBoxRows;
         for (int r = 0; r < kQBoxes; ++r) {
           const int row = wg_first_row<T>(t.m_block, r, rank);  // no multicast: r = 0, the tile's first row
@@ -47,14 +48,12 @@ struct Producer {
       // the start of each tile and must not wait on loads they have yet to release); decode
       // it after the loads (scheduler.cuh: ticket / resolve).
       const int ticket = Sched::ticket(p, t, ss.tile_slot);
-      if (leader) load_kv(p, ss, t, kst, vst, rank);
+      load_kv(p, ss, t, kst, vst, rank, leader);
       t = Sched::resolve(p, ticket, t, ss.tile_slot);
     }
     if constexpr (T::kMulticast) {
-      if (leader) {
-        ss.k_ring.drain(kst);
-        ss.v_ring.drain(vst);
-      }
+      ss.k_ring.drain(kst);
+      ss.v_ring.drain(vst);
     }
   }
 
@@ -65,11 +64,11 @@ struct Producer {
   template <CacheHint kHint, class Ring>
   __device__ static void load_tile(const CUtensorMap* map, Ring& ring, PipeState& st,
                                    typename T::Element* base, int n, int row, int h, int b,
-                                   int rank) {
+                                   int rank, bool leader) {
     const bool load = kLabKvLoadEvery == 1 || n % kLabKvLoadEvery == 0;
-    uint64_t* bar = ring.acquire(st, load ? T::kKVTileBytes : 0);
+    uint64_t* bar = ring.acquire(st, load ? T::kKVTileBytes : 0, leader);
     auto* dst = base + st.index * T::kBlockN * T::kHeadDim;
-    if (load) {
+    if (load && leader) {
       if constexpr (T::kMulticast) {
         constexpr int kMine = T::kDBoxes / T::kClusterSize;
         for (int c = rank * kMine; c < (rank + 1) * kMine; ++c)
@@ -85,7 +84,7 @@ struct Producer {
   }
 
   __device__ static void load_kv(const Params& p, SharedStorage<T>& ss, const TileCoord& t,
-                                 PipeState& kst, PipeState& vst, int rank) {
+                                 PipeState& kst, PipeState& vst, int rank, bool leader) {
     const int h = Sched::kv_head(p, t), b = t.batch;  // GQA / MQA: the K/V head it reads
     // Varlen: a tile past its sequence's end also holds the next sequence's first keys; the
     // causal mask hides them from the sequence's rows (the non-causal mask ends at its length).
@@ -93,11 +92,11 @@ struct Producer {
     const int start = Sched::seq_start(t);
     auto load_k = [&](int n) {
       load_tile<Cfg::hint_k>(&p.tma_k, ss.k_ring, kst, ss.k, n, start + n * T::kBlockN, h, b,
-                             rank);
+                             rank, leader);
     };
     auto load_v = [&](int n) {
       load_tile<Cfg::hint_v>(&p.tma_v, ss.v_ring, vst, ss.v, n, start + n * T::kBlockN, h, b,
-                             rank);
+                             rank, leader);
     };
     // Issue in the order the consumers need the tiles (diagonal first, toward key 0), so
     // a small ring never holds a tile the consumers cannot reach yet.
