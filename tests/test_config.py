@@ -27,6 +27,7 @@ ARCH_DEFAULTS = {
     "consumer_regs": 240, "intra_wg_overlap": True, "pingpong": True, "rescale_o": "after_pv",
     "lazy_rescale": False,
     "tree_reduce": False,
+    "poly_exp2": 0,
     "q_in_regs": False,
     "early_next_qk": False,
     "kv_multicast": False,

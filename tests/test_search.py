@@ -317,6 +317,19 @@ def test_resume_with_other_shapes_is_refused(tmp_path: Path, plan) -> None:
     assert len(trials_of(tmp_path)) >= 1  # nothing lost
 
 
+def test_study_from_before_a_new_knob_still_resumes(tmp_path: Path, plan) -> None:
+    """A study recorded before a knob existed (its space lacks poly_exp2) resumes under a space
+    that pins the new knob to its default; one that searches the new knob is another space."""
+    make(tmp_path, {"block_n": [128], "poly_exp2": [0]}, trials=1).run()
+    st = optuna.load_study(study_name="t", storage=url_for(tmp_path))
+    old = dict(st.user_attrs["space"])
+    del old["poly_exp2"]
+    st.set_user_attr("space", old)
+    make(tmp_path, {"block_n": [128], "poly_exp2": [0]}, trials=1).run()  # not refused
+    with pytest.raises(SearchError, match="another search space"):
+        make(tmp_path, {"block_n": [128], "poly_exp2": [0, 2]}, trials=1)
+
+
 def test_search_refuses_problems_the_kernel_cannot_run(tmp_path: Path, plan) -> None:
     for extra, needle in (([Problem.parse("1x2x256:d64")], "mix head dims"),
                           ([Problem.parse("1x32/8x8192:d256")], "mix head dims"),

@@ -135,6 +135,7 @@ KNOBS: dict[str, Knob] = {
         Knob("rescale_o", "enum", ("after_pv", "before_pv"), "RescaleO"),
         Knob("lazy_rescale", "bool", (False, True)),
         Knob("tree_reduce", "bool", (False, True)),
+        Knob("poly_exp2", "int", tuple(range(9)), range_text="an integer from 0 to 8 (eighths)"),
         Knob("q_in_regs", "bool", (False, True)),
         Knob("early_next_qk", "bool", (False, True)),
         Knob("kv_multicast", "bool", (False, True)),
@@ -174,6 +175,7 @@ class KernelConfig:
     rescale_o: str = "after_pv"
     lazy_rescale: bool = False
     tree_reduce: bool = False
+    poly_exp2: int = 0
     q_in_regs: bool = False
     early_next_qk: bool = False
     kv_multicast: bool = False

@@ -384,7 +384,7 @@ class Search:
                 f"study '{self.study_name}' searches shapes {', '.join(attrs['shapes'])}; give "
                 f"the same --shape options or a new --study name"
             )
-        if "space" in attrs and attrs["space"] != _jsonable(space):
+        if "space" in attrs and not _same_space(attrs["space"], _jsonable(space)):
             raise SearchError(
                 f"study '{self.study_name}' was created with another search space; give the "
                 f"same --space or a new --study name"
@@ -1252,6 +1252,19 @@ def _pid_alive(pid: int) -> bool:
 
 def _raise_stop(signum: int, frame: Any) -> None:
     raise _Stop()
+
+
+def _same_space(stored: Any, current: dict[str, Any]) -> bool:
+    """Whether a study's recorded space searches what ``current`` does. A knob added to fa-tune
+    after the study was created, and pinned to its default in ``current``, changes nothing the
+    study searched (its trials ran that default), so the study still resumes."""
+    if not isinstance(stored, dict):
+        return False
+    defaults = KernelConfig().to_dict()
+    added = set(current) - set(stored)
+    return (set(stored) <= set(current)
+            and all(stored[k] == current[k] for k in stored)
+            and all(current[k] == [defaults[k]] for k in added))
 
 
 def _canonical(texts: Any) -> list[str]:

@@ -35,7 +35,9 @@ cd "$REPO"
 # Optional: fa-tune's own wheels (optuna, sqlalchemy, nvidia-cutlass, ...) when this call also
 # carries .whl (part2 + .whl is ~60 MiB: fits the 64 MiB limit while the tree stays small).
 WHL_SITE=${WHL_SITE:-$DEV/site}
-if compgen -G ".whl/*.whl" >/dev/null; then
+# Not again when call 1 installed them: a reinstall under a background compile removes the
+# CUTLASS headers it is reading (2026-12-01 s7).
+if compgen -G ".whl/*.whl" >/dev/null && [ ! -d "$WHL_SITE/cutlass_library" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --root-user-action=ignore --target "$WHL_SITE" .whl/*.whl
   export PYTHONPATH="$PYTHONPATH:$WHL_SITE"

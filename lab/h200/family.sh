@@ -12,7 +12,9 @@
 #
 # Workloads: name -> variants file, problem (SHAPE below); FAMILY_WORKLOADS="d64b ..." picks
 # which ones the build step builds, SKIP_PREBUILD=1 skips the presets and planted bugs, and
-# SKIP_TESTS=1 the GPU tests of the run step. Timing protocol LAB_PROTOCOL (default the seeds'
+# SKIP_TESTS=1 the GPU tests of the run step. GPU_SUITE="tests/gpu/a.py ..." makes the build
+# step also run those GPU tests in the background (they need no FA3; the run step waits for
+# them instead of running its own). Timing protocol LAB_PROTOCOL (default the seeds'
 # "50 200 3" with 2 s settle). Logs and JSON land in $OUT.
 set -euo pipefail
 cmd=${1:?usage: family.sh build|run [WORKLOAD...]}
@@ -21,33 +23,50 @@ LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DEV=${FA_TUNE_DEVICE_DIR:-$(cd "$LAB/../.." && pwd)/.device}
 mkdir -p "$DEV"
 declare -A SHAPE=([d64]=4x32x8192:d64 [d64b]=4x32x8192:d64 [d256]=4x16x8192:d256
-               [full128]=4x32x8192:full)
+               [full128]=4x32x8192:full [poly_d64]=4x32x8192:d64 [s7_d256]=4x16x8192:d256
+               [s7_full]=4x32x8192:full)
 ORDER=(${FAMILY_WORKLOADS:-d256 d64 full128})
 
 case "$cmd" in
 build)
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$DEV/site" .whl/*.whl
   rm -f "$DEV/family_build.log"
+  # The background jobs run from a snapshot of the tree (the later calls re-sync the repository
+  # copy under them: lab/h200/snapshot.sh); the builds land in this copy's studies/cache.
+  bash "$LAB/snapshot.sh" "$DEV/tree"
   E="bash $LAB/gpu_session.sh env --"
-  cmds=""
-  [ -n "${SKIP_PREBUILD:-}" ] || cmds="$E python3 $LAB/prebuild.py;"
+  cmds="cd $DEV/tree && export FA_TUNE_STUDIES=$PWD/studies &&"
+  [ -n "${SKIP_PREBUILD:-}" ] || cmds+=" $E python3 lab/h200/prebuild.py;"
   for w in "${ORDER[@]}"; do
-    cmds+=" $E python3 scripts/kernel_lab.py --build-only --variants-file $LAB/variants/$w.txt"
+    cmds+=" $E python3 scripts/kernel_lab.py --build-only --variants-file lab/h200/variants/$w.txt"
     cmds+=" --shape ${SHAPE[$w]} --jobs $(nproc);"
   done
   setsid nohup bash -c "$cmds echo FAMILY-BUILT" > "$DEV/family_build.log" 2>&1 < /dev/null &
   echo "building in the background"
+  rm -f "$DEV/gpu_suite.log" "$DEV/gpu_suite.done"
+  if [ -n "${GPU_SUITE:-}" ]; then
+    setsid nohup bash -c "cd $DEV/tree && timeout ${GPU_SUITE_TIMEOUT:-900} $E python3 -m pytest \
+      -q -s -m gpu $GPU_SUITE -p no:cacheprovider; echo \"exit \$?\" > $DEV/gpu_suite.done" \
+      > "$DEV/gpu_suite.log" 2>&1 < /dev/null &
+    echo "GPU tests in the background: $GPU_SUITE"
+  fi
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv
   ;;
 run)
   OUT=${OUT:-$DEV/out}
-  FA3_SMOKE=0 bash "$LAB/fa3_stage2.sh" > "$OUT/fa3_install.log" 2>&1 \
+  # A later call on the same machine finds FA3 installed (and need not carry part 2 again).
+  [ -d "$DEV/fa3site/flash_attn" ] || FA3_SMOKE=0 bash "$LAB/fa3_stage2.sh" > "$OUT/fa3_install.log" 2>&1 \
     || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed: timing without it"; }
   for _ in $(seq 200); do grep -q '^FAMILY-BUILT' "$DEV/family_build.log" 2>/dev/null && break; sleep 3; done
   grep -E "^built|NO |error|Error" "$DEV/family_build.log" | head -20 || true
   cp "$DEV/family_build.log" "$OUT/"
   E="bash $LAB/gpu_session.sh env --"
-  if [ -z "${SKIP_TESTS:-}" ]; then
+  if [ -f "$DEV/gpu_suite.log" ]; then
+    for _ in $(seq 300); do [ -f "$DEV/gpu_suite.done" ] && break; sleep 2; done
+    cp "$DEV/gpu_suite.log" "$OUT/gpu_tests.log"
+    cat "$DEV/gpu_suite.done" 2>/dev/null || echo "GPU tests still running"
+    grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -25
+  elif [ -z "${SKIP_TESTS:-}" ]; then
     timeout 240 $E python3 -m pytest -q -s -m gpu tests/gpu/test_family_gpu.py \
       tests/gpu/test_planted_bugs_gpu.py -p no:cacheprovider > "$OUT/gpu_tests.log" 2>&1 || true
     grep -E "passed|failed|FAILED|Error" "$OUT/gpu_tests.log" | tail -15
