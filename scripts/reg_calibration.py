@@ -2,11 +2,12 @@
 """Calibrate the static register check per head dim: compile configs around its boundary
 WITHOUT validate() and report what ptxas did (registers, stack, local memory, serialized wgmma).
 
-    python scripts/reg_calibration.py --head-dim 256 --jobs 2 [--out FILE.json]
+    python scripts/reg_calibration.py --head-dim 256 --jobs 2 [--out FILE.json]   (64, 128, 256)
 
 Each row: config id, the knobs that vary, the static estimate (config.consumer_reg_estimate)
-vs consumer_regs, and the build's verdict. Used for CONSUMER_REG_OVERHEAD_D in tuner/config.py
-(docs/PERF.md, step 26). CPU only: nvcc 13.0 builds sm_90a without a GPU.
+vs consumer_regs, and the build's verdict. Used for CONSUMER_REG_OVERHEAD (D 128, both masks:
+docs/PERF.md step 35) and CONSUMER_REG_OVERHEAD_D (step 26) in tuner/config.py. CPU only:
+nvcc 13.0 builds sm_90a without a GPU.
 """
 
 from __future__ import annotations
@@ -23,8 +24,28 @@ from tuner import build  # noqa: E402
 from tuner.config import KernelConfig, consumer_reg_estimate  # noqa: E402
 from tuner.problem import ProblemClass  # noqa: E402
 
+# D 128 with overlap (2026-12-01, docs/PERF.md step 35): grid and multicast, both masks
+# ("_causal": False is the non-causal class), block_n 144-192 with and without Q in registers.
+_MC = dict(scheduler="static", fixed_cost=4, producer_regs=24, consumer_regs=240,
+           kv_multicast=True)
+_MCL = dict(_MC, q_release="after_last_qk", lazy_rescale=True)
+_D128: list[dict] = [
+    *(dict(kn, _causal=False) for kn in (
+        dict(_MCL, block_n=144), dict(_MCL, block_n=160), dict(_MCL, block_n=144, q_in_regs=True),
+        dict(_MCL, block_n=160, q_in_regs=True), dict(_MCL, block_n=176, q_release="at_end"),
+        dict(_MC, block_n=176), dict(_MC, block_n=192),
+        dict(_MC, block_n=176, producer_regs=40, consumer_regs=232),
+        dict(block_n=160), dict(block_n=176), dict(block_n=144, q_in_regs=True),
+        dict(block_n=192, consumer_regs=224))),
+    dict(block_n=144), dict(block_n=160), dict(block_n=176), dict(block_n=192),
+    dict(block_n=176, consumer_regs=232), dict(_MCL, block_n=160),
+    dict(_MCL, block_n=176, q_release="at_end"), dict(_MCL, block_n=144, q_in_regs=True),
+    dict(_MC, block_n=176, q_in_regs=True),
+]
+
 # Configs around the boundary, per head dim: (block_m, block_n, overlap, q_in_regs, regs).
 GRID: dict[int, list[dict]] = {
+    128: _D128,
     64: [dict(block_m=bm, block_n=bn, intra_wg_overlap=ov, consumer_regs=r, producer_regs=p,
               pingpong=bm > 64)
          for bm, r, p in ((192, 160, 24), (128, 240, 24))
@@ -40,9 +61,11 @@ GRID: dict[int, list[dict]] = {
 
 def one(args: tuple[dict, int]) -> dict:
     knobs, d = args
+    causal = knobs.get("_causal", True)
+    knobs = {k: v for k, v in knobs.items() if k != "_causal"}
     cfg = KernelConfig.from_dict(knobs)
-    src = build.render(cfg, pclass=ProblemClass(d, True))
-    row = {"head_dim": d, **knobs, "estimate": consumer_reg_estimate(cfg, d)}
+    src = build.render(cfg, pclass=ProblemClass(d, causal))
+    row = {"head_dim": d, "causal": causal, **knobs, "estimate": consumer_reg_estimate(cfg, d)}
     try:
         r = build.build_source(src, build.KERNEL_FLAGS, name="kernel", config=cfg)
     except Exception as e:  # noqa: BLE001 - a failed build is a row, not the end
@@ -51,6 +74,7 @@ def one(args: tuple[dict, int]) -> dict:
     e = r.main_entry
     row.update(registers=e.get("registers"), stack=e.get("stack_frame"),
                spills=r.any_spills, local=r.local_memory, sass=r.sass_note,
+               serialized=r.wgmma_serialized,
                compile_s=round(r.compile_seconds, 1))
     return row
 

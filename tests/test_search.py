@@ -167,12 +167,12 @@ def test_search_seeds_first_confirms_best(tmp_path: Path, plan) -> None:
 
 def test_static_rejects_never_compile(tmp_path: Path, plan) -> None:
     b = FakeBuilder(tmp_path / "art")
-    # block_n 176 with overlap needs ~268 registers per consumer thread: rejected statically.
-    s = make(tmp_path, {"block_n": [128, 176], "hint_o": ["none", "evict_first"]}, trials=3,
+    # block_n 192 with overlap needs ~244 registers per consumer thread: rejected statically.
+    s = make(tmp_path, {"block_n": [128, 192], "hint_o": ["none", "evict_first"]}, trials=3,
              sampler="grid", builder=b)
     summ = s.run()
     ts = trials_of(tmp_path)
-    rejected = [t for t in ts if t.params.get("block_n") == 176]
+    rejected = [t for t in ts if t.params.get("block_n") == 192]
     # Told PRUNED with a violated constraint, so TPE's model sees where invalid configs lie.
     assert rejected and all(t.state == TrialState.PRUNED for t in rejected)
     assert all(t.user_attrs["prune_reason"].startswith("static check:") for t in rejected)
@@ -318,16 +318,16 @@ def test_resume_with_other_shapes_is_refused(tmp_path: Path, plan) -> None:
 
 
 def test_study_from_before_a_new_knob_still_resumes(tmp_path: Path, plan) -> None:
-    """A study recorded before a knob existed (its space lacks poly_exp2) resumes under a space
-    that pins the new knob to its default; one that searches the new knob is another space."""
-    make(tmp_path, {"block_n": [128], "poly_exp2": [0]}, trials=1).run()
+    """A study recorded before a knob existed (its space lacks it) resumes under a space that
+    pins the new knob to its default; one that searches the new knob is another space."""
+    make(tmp_path, {"block_n": [128], "write_lse": [True]}, trials=1).run()
     st = optuna.load_study(study_name="t", storage=url_for(tmp_path))
     old = dict(st.user_attrs["space"])
-    del old["poly_exp2"]
+    del old["write_lse"]  # as if write_lse had come after the study
     st.set_user_attr("space", old)
-    make(tmp_path, {"block_n": [128], "poly_exp2": [0]}, trials=1).run()  # not refused
+    make(tmp_path, {"block_n": [128], "write_lse": [True]}, trials=1).run()  # not refused
     with pytest.raises(SearchError, match="another search space"):
-        make(tmp_path, {"block_n": [128], "poly_exp2": [0, 2]}, trials=1)
+        make(tmp_path, {"block_n": [128], "write_lse": [True, False]}, trials=1)
 
 
 def test_search_refuses_problems_the_kernel_cannot_run(tmp_path: Path, plan) -> None:

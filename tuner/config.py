@@ -34,23 +34,21 @@ SMEM_OVERHEAD_BYTES = 1024
 REGISTER_FILE = 65536  # 32-bit registers per SM; one CTA per SM in this design
 THREADS_PER_WARPGROUP = 128
 # Per-thread registers a consumer warpgroup needs beyond its accumulators (addresses, softmax
-# state, loop counters, temporaries). Calibrated on sm_90a builds of 2026-11-29 (nvcc 13.0,
-# docs/PERF.md): with intra-warpgroup overlap at consumer_regs 240, block_n 128 compiles with
-# no stack while block_n 144, 160 and 176 put 960+ bytes on the stack (LDL/STL in SASS) and run
-# ~30x slower; so the overhead lies in (68, 80]. Serial kernels (no overlap) hold S, P and O:
-# below S + P + O (+ Q) + 28 ptxas serialized their wgmma ("insufficient register resources",
-# C7511/C7512) in all 14 such builds of the CPU knob sample and the H200 search of 2026-11-29
-# (slack 0-24 registers), and kept it asynchronous at slack 28, 36 and 112; so 28. The
-# post-compile checks (build.py: local memory, serialized wgmma) back both estimates.
-CONSUMER_REG_OVERHEAD = 72
+# state, loop counters, temporaries). With intra-warpgroup overlap at D 128: recalibrated on
+# 2026-12-01 (nvcc 13.0, 18 builds, scripts/reg_calibration.py --head-dim 128, docs/PERF.md step
+# 35), both masks, grid and multicast: block_n 144, 160 and 176 compile clean at 240 registers
+# and 176 at 232, block_n 192 puts 8 B on the stack at 240 (causal) and 112 B at 224; so
+# (32, 36]. (The 72 of 2026-11-29 came from an older consumer, whose 144-176 builds spilled.)
+# Serial kernels (no overlap) hold S, P and O: below S + P + O (+ Q) + 28 ptxas serialized their
+# wgmma ("insufficient register resources", C7511/C7512) in all 14 such builds of the CPU knob
+# sample and the H200 search of 2026-11-29 (slack 0-24 registers), and kept it asynchronous at
+# slack 28, 36 and 112; so 28. The post-compile checks (build.py: local memory, serialized
+# wgmma) back both estimates.
+CONSUMER_REG_OVERHEAD = 36
 CONSUMER_REG_OVERHEAD_SERIAL = 28
-# q_in_regs: the Q fragment is 32 registers, but with overlap ptxas absorbs most of it (the Q
-# descriptors and their address arithmetic go away): block_n 128 compiled with no stack at
-# consumer_regs 240 (highest register R231 vs R209 without) and 232 (R219), so the overhead
-# there is at most 232 - 192 = 40. Serial kernels with Q in registers spilled at block_n 160 /
-# 200 registers and block_m 64 / 176 (CPU knob sample, 2026-11-29): they count all 32.
+# q_in_regs: the Q fragment, 32 registers at D 128 (D / 4), counted in full. With overlap at
+# D 128 (2026-12-01): 144 fit at 240 (estimate 240), 160 spilled at 240 (252), 176 at 240 (264).
 Q_IN_REGS = 32
-CONSUMER_REG_OVERHEAD_Q = 40
 # The persistent producer (tile loop, scheduler, Q handoff) runs on the whole warp, its state
 # warp-uniform (uniform registers), one elected lane issuing TMA: static, dynamic, multicast and
 # varlen compiled clean at 24 registers at D 64, 128 and 256 (nvcc 13.0, 2026-12-01, docs/PERF.md
@@ -59,12 +57,14 @@ CONSUMER_REG_OVERHEAD_Q = 40
 # 24, so block_m 64 asks for 56 as before.
 # Head-dim corrections to the overheads above (calibrated at D 128), keyed (D, overlap): what
 # ptxas did with 22 builds around the boundary (scripts/reg_calibration.py, nvcc 13.0,
-# 2026-11-30; docs/PERF.md step 26). D 64, overlap: 192x128 fit at 160 registers (estimate
-# 200), 192x176 spilled (236), 128x192 fit at 240 (248): -40. D 64, serial: 192x128 fit at 160
-# (156), 192x176 serialized its wgmma (192): 0. D 256, overlap: 128x80 fit at 240 (260),
-# 128x96 spilled 64 B (272): -24. D 256, serial: 128x80 fit (216), 128x96 spilled 8 B (228): +16.
+# 2026-11-30; docs/PERF.md step 26), as overheads beyond S + P + O (+ Q in full). D 64,
+# overlap: 192x128 fit at 160 registers, 192x176 spilled, 128x192 fit at 240: 32 (36 - 4).
+# D 64, serial: 192x128 fit at 160, 192x176 serialized its wgmma: 28. D 256, overlap: 128x80
+# fit at 240, 128x96 spilled 64 B: 48 (36 + 12). D 256, serial: 128x80 fit, 128x96 spilled 8 B:
+# 44 (28 + 16). At D 64, 192x112 with Q in registers spilled 72 B at 152 registers (H200 lab,
+# 2026-12-01) and 192x96 fit at 152: Q counts in full there too.
 CONSUMER_REG_OVERHEAD_D: dict[tuple[int, bool], int] = {
-    (64, True): -40, (64, False): 0, (256, True): -24, (256, False): 16,
+    (64, True): -4, (64, False): 0, (256, True): 12, (256, False): 16,
 }
 PERSISTENT_PRODUCER_REGS = 24
 PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
@@ -135,7 +135,6 @@ KNOBS: dict[str, Knob] = {
         Knob("rescale_o", "enum", ("after_pv", "before_pv"), "RescaleO"),
         Knob("lazy_rescale", "bool", (False, True)),
         Knob("tree_reduce", "bool", (False, True)),
-        Knob("poly_exp2", "int", tuple(range(9)), range_text="an integer from 0 to 8 (eighths)"),
         Knob("q_in_regs", "bool", (False, True)),
         Knob("early_next_qk", "bool", (False, True)),
         Knob("kv_multicast", "bool", (False, True)),
@@ -175,7 +174,6 @@ class KernelConfig:
     rescale_o: str = "after_pv"
     lazy_rescale: bool = False
     tree_reduce: bool = False
-    poly_exp2: int = 0
     q_in_regs: bool = False
     early_next_qk: bool = False
     kv_multicast: bool = False
@@ -397,13 +395,7 @@ def consumer_reg_estimate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> int:
 
 def consumer_reg_overhead(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> int:
     fix = CONSUMER_REG_OVERHEAD_D.get((head_dim, cfg.intra_wg_overlap), 0)
-    if not cfg.intra_wg_overlap:
-        return CONSUMER_REG_OVERHEAD_SERIAL + fix
-    # ptxas absorbing most of the Q fragment was measured at D 128 only; at D 64, 192x112 with
-    # Q in registers spilled 72 B at 152 registers where the absorbed estimate said 132 (H200
-    # lab, 2026-12-01), and 192x96 fit at the unabsorbed one (152): count Q in full there.
-    base = (CONSUMER_REG_OVERHEAD_Q if cfg.q_in_regs and head_dim == HEAD_DIM
-            else CONSUMER_REG_OVERHEAD)
+    base = CONSUMER_REG_OVERHEAD if cfg.intra_wg_overlap else CONSUMER_REG_OVERHEAD_SERIAL
     return base + fix
 
 

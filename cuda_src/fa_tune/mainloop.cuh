@@ -22,7 +22,7 @@ struct Mainloop {
   using T = Traits<Cfg>;
   using PP = Pingpong<T>;
   using Element = typename T::Element;
-  using Softmax = OnlineSoftmax<Cfg::lazy_rescale, Cfg::tree_reduce, Cfg::poly_exp2>;
+  using Softmax = OnlineSoftmax<Cfg::lazy_rescale, Cfg::tree_reduce>;
 
   // Per-warpgroup state that lives across tiles: MMA fragments and ring cursors.
   template <class TSrQ, class TSrK, class TOrV, class TSrS, class TOrO, class TOrP>

@@ -51,23 +51,6 @@ __device__ __forceinline__ void apply_key_end_mask(Frag& s, int col0, int key_en
   }
 }
 
-// 2^x on the FMA pipe, for the share of a tile's exps the MUFU pipe does not take. At head dim
-// 64 a tile's exps keep MUFU (16 per SM per clock) as busy as its two GEMMs keep the tensor
-// cores, so the softmax one warpgroup must hide behind the other's GEMMs is MUFU-bound; FFMA
-// runs 8x wider. x is rounded to j by the 1.5 * 2^23 trick (j lands in t's low mantissa bits),
-// 2^(x - j), x - j in [-0.5, 0.5], is a degree-3 polynomial (relative error < 8e-5, far under
-// BF16's 2^-9), and 2^j is built from its exponent bits. The result is a multiply, not an
-// integer add into the score's register: ptxas serializes the wgmma pipeline when an integer
-// op writes the accumulator (C7511, nvcc 13.0). x <= -127 (masked scores: -inf) gives 2^-127's
-// bits, 0.
-__device__ __forceinline__ float exp2_poly(float x) {
-  x = fmaxf(x, -127.f);
-  const float t = __fadd_rn(x, 12582912.f);
-  const float f = __fsub_rn(x, __fsub_rn(t, 12582912.f));
-  const float p = fmaf(fmaf(fmaf(0.05514406f, f, 0.24260923f), f, 0.69326609f), f, 0.99992836f);
-  return p * __int_as_float((__float_as_int(t) << 23) + 0x3f800000);
-}
-
 // The mask of the problem class: causal (key > query) or the sequence end only.
 template <bool kCausal, class Frag>
 __device__ __forceinline__ void apply_mask(Frag& s, int row0, int col0, int key_end) {
@@ -83,10 +66,8 @@ __device__ __forceinline__ void apply_mask(Frag& s, int row0, int col0, int key_
 // then reach at most 2^8, far inside FP32 and BF16 range, and most tiles skip the O rescale.
 // kTree: the row max and row sum run as kChains independent chains, combined at the end, so
 // the max that every exp2 waits on is ~N/8 dependent FMNMX long instead of N/2.
-// kPolyEighths: of each 8 consecutive pairs of a thread's scores, that many take exp2_poly.
-template <bool kLazy, bool kTree = false, int kPolyEighths = 0>
+template <bool kLazy, bool kTree = false>
 struct OnlineSoftmax {
-  static_assert(kPolyEighths >= 0 && kPolyEighths <= 8, "poly_exp2: 0..8 eighths");
   static constexpr float kLazyThreshold = 8.f;
   static constexpr int kChains = kTree ? 4 : 1;
   float row_max[2];  // the reference max each row's probabilities are taken against
@@ -143,8 +124,7 @@ struct OnlineSoftmax {
     CUTE_UNROLL
     for (int e = 0; e < N; ++e) {
       const int r = (e / 2) % 2;
-      const float x = fmaf(s(e), scale_log2, -m_scaled[r]);
-      s(e) = (e / 2) % 8 < kPolyEighths ? exp2_poly(x) : exp2f(x);
+      s(e) = exp2f(fmaf(s(e), scale_log2, -m_scaled[r]));
       sc[r][(e / 4) % kChains] += s(e);
     }
     float sum[2];
