@@ -35,7 +35,7 @@ REGISTER_FILE = 65536  # 32-bit registers per SM; one CTA per SM in this design
 THREADS_PER_WARPGROUP = 128
 # Per-thread registers a consumer warpgroup needs beyond its accumulators (addresses, softmax
 # state, loop counters, temporaries). With intra-warpgroup overlap at D 128: recalibrated on
-# 2026-12-01 (nvcc 13.0, 18 builds, scripts/reg_calibration.py --head-dim 128, docs/PERF.md step
+# 2026-12-01 (nvcc 13.0, 21 builds, scripts/reg_calibration.py --head-dim 128, docs/PERF.md step
 # 35), both masks, grid and multicast: block_n 144, 160 and 176 compile clean at 240 registers
 # and 176 at 232, block_n 192 puts 8 B on the stack at 240 (causal) and 112 B at 224; so
 # (32, 36]. (The 72 of 2026-11-29 came from an older consumer, whose 144-176 builds spilled.)

@@ -35,6 +35,12 @@ case "$cmd" in
 start)
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$DEV/site" \
     .whl/*.whl
+  # Both background jobs run from a snapshot of the tree (the later calls re-sync the repository
+  # copy under them: lab/h200/snapshot.sh); the builds land in this copy's studies/cache.
+  bash lab/h200/snapshot.sh "$DEV/tree"
+  repo=$PWD
+  cd "$DEV/tree"
+  export PYTHONPATH="${PYTHONPATH%:"$repo"}:$PWD" FA_TUNE_STUDIES="$repo/studies"
   rm -f "$DEV/varlen_build.log"
   setsid nohup python3 scripts/kernel_lab.py --variants-file lab/h200/variants/varlen.txt \
     "${shapes[@]}" --build-only --jobs "$(nproc)" > "$DEV/varlen_build.log" 2>&1 < /dev/null &
@@ -44,6 +50,7 @@ start)
   rm -f "$DEV/varlen_gpu.log"
   setsid nohup timeout 400 python3 -m pytest -q -s -m gpu tests/gpu/test_varlen_gpu.py \
     -p no:cacheprovider > "$DEV/varlen_gpu.log" 2>&1 < /dev/null &
+  cd "$repo"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv
   ;;
 run)
