@@ -41,6 +41,10 @@ _D128: list[dict] = [
     dict(block_n=176, consumer_regs=232), dict(_MCL, block_n=160),
     dict(_MCL, block_n=176, q_release="at_end"), dict(_MCL, block_n=144, q_in_regs=True),
     dict(_MC, block_n=176, q_in_regs=True),
+    # early_next_qk (docs/PERF.md step 36): 160 and 176 spill at 232 and 240 alike, 144 fits.
+    *(dict(scheduler="static", fixed_cost=5, producer_regs=pr, consumer_regs=r,
+           q_release="after_last_qk", early_next_qk=True, block_n=bn)
+      for bn, pr, r in ((144, 40, 232), (160, 40, 232), (160, 24, 240), (176, 24, 240))),
 ]
 
 # Configs around the boundary, per head dim: (block_m, block_n, overlap, q_in_regs, regs).

@@ -137,6 +137,10 @@ def test_unparseable_yaml(tmp_path: Path) -> None:
         ({"scheduler": "static", "producer_regs": 40, "consumer_regs": 232,
           "q_release": "after_last_qk", "early_next_qk": True, "rescale_o": "before_pv"},
          "spills"),
+        # Measured 2026-12-01 (nvcc 13.0, docs/PERF.md step 36): ~1.1 KB of stack at 232 and 240.
+        ({"scheduler": "static", "producer_regs": 24, "consumer_regs": 240,
+          "q_release": "after_last_qk", "early_next_qk": True, "block_n": 160},
+         "early_next_qk with block_n 160 spills"),
         ({"scheduler": "dynamic", "producer_regs": 40, "consumer_regs": 232, "block_m": 64,
           "pingpong": False}, "needs producer_regs >= 56"),
         ({"kv_multicast": True}, "kv_multicast needs the static scheduler"),

@@ -36,9 +36,10 @@ THREADS_PER_WARPGROUP = 128
 # Per-thread registers a consumer warpgroup needs beyond its accumulators (addresses, softmax
 # state, loop counters, temporaries). With intra-warpgroup overlap at D 128: recalibrated on
 # 2026-12-01 (nvcc 13.0, 21 builds, scripts/reg_calibration.py --head-dim 128, docs/PERF.md step
-# 35), both masks, grid and multicast: block_n 144, 160 and 176 compile clean at 240 registers
-# and 176 at 232, block_n 192 puts 8 B on the stack at 240 (causal) and 112 B at 224; so
-# (32, 36]. (The 72 of 2026-11-29 came from an older consumer, whose 144-176 builds spilled.)
+# 35; its 4 early_next_qk builds are step 36's), both masks, grid and multicast: block_n 144,
+# 160 and 176 compile clean at 240 registers and 176 at 232, block_n 192 puts 8 B on the stack
+# at 240 (causal) and 112 B at 224; so (32, 36]. (The 72 of 2026-11-29 came from an older
+# consumer, whose 144-176 builds spilled.)
 # Serial kernels (no overlap) hold S, P and O: below S + P + O (+ Q) + 28 ptxas serialized their
 # wgmma ("insufficient register resources", C7511/C7512) in all 14 such builds of the CPU knob
 # sample and the H200 search of 2026-11-29 (slack 0-24 registers), and kept it asynchronous at
@@ -66,6 +67,11 @@ Q_IN_REGS = 32
 CONSUMER_REG_OVERHEAD_D: dict[tuple[int, bool], int] = {
     (64, True): -4, (64, False): 0, (256, True): 12, (256, False): 16,
 }
+# early_next_qk holds the next tile's first QK across the epilogue's branches: with block_n
+# 160 and 176 at D 128 ptxas put ~1.1 KB on the stack and serialized the wgmma (C7520, "WG.AR
+# in divergent path") at 232 and 240 registers alike, so this is no register budget; 128 and
+# 144 compiled clean (nvcc 13.0, 2026-12-01, docs/PERF.md step 36; a search trial had hit it).
+EARLY_NEXT_QK_MAX_BLOCK_N = 144
 PERSISTENT_PRODUCER_REGS = 24
 PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
 
@@ -462,6 +468,11 @@ def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> KernelConfig:
         if cfg.rescale_o == "before_pv":
             # Measured (sm_90a, nvcc 13.0, 2026-11-29): ~1 KB of stack, 217+ LDL/STL.
             raise ConfigError("early_next_qk with rescale_o before_pv spills; use after_pv")
+        if cfg.block_n > EARLY_NEXT_QK_MAX_BLOCK_N:
+            raise ConfigError(
+                f"early_next_qk with block_n {cfg.block_n} spills (~1 KB of stack, serialized "
+                f"wgmma); use block_n <= {EARLY_NEXT_QK_MAX_BLOCK_N} or early_next_qk false"
+            )
     if cfg.v_release == "deferred" and cfg.v_stages < 2:
         raise ConfigError(
             f"v_release deferred holds a V stage across iterations and needs v_stages >= 2 "

