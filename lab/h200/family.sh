@@ -24,7 +24,8 @@ DEV=${FA_TUNE_DEVICE_DIR:-$(cd "$LAB/../.." && pwd)/.device}
 mkdir -p "$DEV"
 declare -A SHAPE=([d64]=4x32x8192:d64 [d64b]=4x32x8192:d64 [d256]=4x16x8192:d256
                [full128]=4x32x8192:full [poly_d64]=4x32x8192:d64 [s7_d256]=4x16x8192:d256
-               [s7_full]=4x32x8192:full [wide_full]=4x32x8192:full)
+               [s7_full]=4x32x8192:full [wide_full]=4x32x8192:full
+               [gqa70b]=1x64/8x8192)
 ORDER=(${FAMILY_WORKLOADS:-d256 d64 full128})
 
 case "$cmd" in
