@@ -17,7 +17,8 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("preset", ["baseline", "default", "fa3", "static", "dynamic", "multicast"])
+@pytest.mark.parametrize("preset", ["baseline", "default", "fa3", "static", "dynamic", "multicast",
+                                    "gqa-cluster"])
 def test_preset_compiles_clean(preset: str) -> None:
     cfg = load_preset(preset)
     r = build.build_config(cfg)
@@ -77,17 +78,20 @@ def test_multicast_kernel_shares_kv_across_the_cluster() -> None:
         return subprocess.run([str(cuobjdump), "--dump-sass", so], capture_output=True,
                               text=True, check=True).stdout
 
-    mc, plain = sass("multicast"), sass("static")
+    mc, plain, heads = sass("multicast"), sass("static"), sass("gqa-cluster")
     assert "UTMALDG.4D.MULTICAST" in mc and "UTMALDG.4D.MULTICAST" not in plain
     assert "SYNCS.ARRIVE.TRANS64.RED" in mc and "SYNCS.ARRIVE.TRANS64.RED" not in plain
+    # head_cluster 2: the two query heads' CTAs share K/V the same way.
+    assert "UTMALDG.4D.MULTICAST" in heads and "SYNCS.ARRIVE.TRANS64.RED" in heads
 
 
 @pytest.mark.parametrize(("preset", "head_dim", "causal", "tweak"), [
     ("default", 128, True, {}),
     ("multicast", 128, True, {}),  # VarlenStaticScheduler: clusters take tile pairs
+    ("gqa-cluster", 128, True, {}),  # VarlenStaticScheduler: clusters take runs of heads
     ("d64-static", 64, False, {}),
     ("d256", 256, True, {"block_n": 64}),  # 128x80's varlen consumers spill (check_varlen)
-], ids=["default-d128", "multicast-d128", "d64-static-full", "d256-bn64"])
+], ids=["default-d128", "multicast-d128", "gqa-cluster-d128", "d64-static-full", "d256-bn64"])
 def test_varlen_class_compiles_both_kernels_clean(preset: str, head_dim: int, causal: bool,
                                                   tweak: dict) -> None:
     """A varlen problem class builds the fixed-length kernel, the varlen kernel (the producer
@@ -119,7 +123,9 @@ def test_varlen_class_compiles_both_kernels_clean(preset: str, head_dim: int, ca
                                                        "varlen": True}
     lib.fa_tune_varlen_workspace_bytes.restype = ctypes.c_size_t
     # 16 bytes of counter, then 16 per task: Hq * (total / rows + num_seqs) tasks at most, a
-    # task being block_m rows (two tiles with kv_multicast).
+    # task being block_m rows (two tiles with kv_multicast) of one query head (of a run of
+    # head_cluster heads: the cluster's CTAs take one task).
     rows = cfg.block_m * (2 if cfg.kv_multicast else 1)
-    tiles = 32 * min(32768 // rows + 15, 15 * -(-8192 // rows))
+    heads = -(-32 // cfg.head_cluster)
+    tiles = heads * min(32768 // rows + 15, 15 * -(-8192 // rows))
     assert lib.fa_tune_varlen_workspace_bytes(15, 32, 32768, 8192) == 16 + 16 * tiles

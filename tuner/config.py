@@ -73,6 +73,13 @@ CONSUMER_REG_OVERHEAD_D: dict[tuple[int, bool], int] = {
 # 144 compiled clean (nvcc 13.0, 2026-12-01, docs/PERF.md step 36; a search trial had hit it).
 EARLY_NEXT_QK_MAX_BLOCK_N = 144
 PERSISTENT_PRODUCER_REGS = 24
+# Knobs added after config ids were in use, and the value that compiles the kernel as before
+# (KernelConfig.canonical_json leaves them out at it).
+NEUTRAL_LATER_KNOBS: dict[str, tuple[Any]] = {"head_cluster": (1,)}
+# Clusters share K/V tiles through TMA multicast (fa_tune/config.cuh): each CTA loads 1 /
+# cluster of a tile, whole 64-column boxes or, with fewer boxes than CTAs, row slices of them
+# that must hold a multiple of 8 rows (the 128-byte swizzle's period).
+SWIZZLE_ROWS = 8
 PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
 
 
@@ -144,6 +151,7 @@ KNOBS: dict[str, Knob] = {
         Knob("q_in_regs", "bool", (False, True)),
         Knob("early_next_qk", "bool", (False, True)),
         Knob("kv_multicast", "bool", (False, True)),
+        Knob("head_cluster", "int", (1, 2, 4)),
         Knob("tile_order", "enum", ("longest_first", "natural"), "TileOrder"),
         Knob("scheduler", "enum", ("grid", "static", "dynamic"), "Scheduler"),
         Knob("fixed_cost", "int", tuple(range(17)), range_text="an integer from 0 to 16"),
@@ -183,6 +191,7 @@ class KernelConfig:
     q_in_regs: bool = False
     early_next_qk: bool = False
     kv_multicast: bool = False
+    head_cluster: int = 1
     tile_order: str = "longest_first"
     scheduler: str = "grid"
     fixed_cost: int = 4
@@ -221,7 +230,10 @@ class KernelConfig:
         return dataclasses.asdict(self)
 
     def canonical_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        # Knobs added after ids were published are left out at their neutral value, so every
+        # config that existed before keeps its id (studies, caches, docs name kernels by it).
+        d = {k: v for k, v in self.to_dict().items() if NEUTRAL_LATER_KNOBS.get(k, ()) != (v,)}
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     def config_id(self) -> str:
         """Short content id: first 12 hex digits of sha256(canonical JSON)."""
@@ -405,6 +417,11 @@ def consumer_reg_overhead(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> int:
     return base + fix
 
 
+def cluster_size(cfg: KernelConfig) -> int:
+    """CTAs per cluster: kv_multicast pairs query tiles, head_cluster runs of query heads."""
+    return (2 if cfg.kv_multicast else 1) * cfg.head_cluster
+
+
 def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> KernelConfig:
     """Raise ConfigError with one sentence if cfg cannot work on sm_90a for head dim
     ``head_dim`` (its problem class); else return cfg."""
@@ -417,16 +434,31 @@ def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> KernelConfig:
                 f"list); got scheduler {cfg.scheduler}"
             )
         if cfg.block_m != 128:
+            # The kernel builds block_m 192 pairs too (three warpgroups, params.cuh), but they
+            # have not run on a GPU yet (docs/PERF.md step 37): refused until gated there.
             raise ConfigError(
-                f"kv_multicast needs block_m 128 (two warpgroups per CTA); got {cfg.block_m}"
+                f"kv_multicast needs block_m 128 (two warpgroups per CTA; 192 is built but not "
+                f"yet verified on a GPU); got {cfg.block_m}"
             )
         if cfg.early_next_qk:
             raise ConfigError("kv_multicast does not support early_next_qk; set it false")
-        if head_dim < 128:
+    if cfg.head_cluster > 1:
+        if cfg.scheduler == "dynamic":
             raise ConfigError(
-                f"kv_multicast splits each K/V tile's 64-column boxes between the two CTAs and "
-                f"needs head dim >= 128 (got {head_dim}); set it false"
+                "head_cluster needs the static or grid scheduler (a cluster's CTAs take one "
+                "task together; the dynamic counter hands tiles to CTAs one by one)"
             )
+        if cfg.early_next_qk:
+            raise ConfigError("head_cluster does not support early_next_qk; set it false")
+    ctas = cluster_size(cfg)
+    slices = max(1, ctas // (head_dim // 64))
+    if ctas > 1 and (cfg.block_n % slices or (cfg.block_n // slices) % SWIZZLE_ROWS):
+        raise ConfigError(
+            f"a {ctas}-CTA cluster at head dim {head_dim} cuts each K/V tile's 64-column boxes "
+            f"into {slices} row slices, and block_n {cfg.block_n} does not split into slices "
+            f"of a multiple of {SWIZZLE_ROWS} rows; use a block_n divisible by "
+            f"{slices * SWIZZLE_ROWS}"
+        )
     smem = smem_bytes(cfg, head_dim)
     if smem > SMEM_LIMIT_BYTES:
         raise ConfigError(
@@ -550,7 +582,13 @@ def check_problem(cfg: KernelConfig, problem: Problem) -> None:
     works; B and Hq index the grid, which allows at most 65535 in y and z. Whether cfg fits the
     problem's head dim (shared memory, registers) is validate(cfg, problem.D)'s ConfigError.
     """
-    del cfg
+    if problem.group % cfg.head_cluster:
+        fits = [str(c) for c in KNOBS["head_cluster"].choices if problem.group % c == 0]
+        raise ShapeError(
+            f"problem {problem}: head_cluster {cfg.head_cluster} runs that many query heads of "
+            f"one K/V head together, but Hq/Hkv is {problem.group}; use a config with "
+            f"head_cluster {' or '.join(fits)} for it"
+        )
     for name in ("B", "Hq"):
         v = getattr(problem, name)
         if v > GRID_LIMIT:

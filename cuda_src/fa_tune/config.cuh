@@ -92,19 +92,33 @@ struct Derived {
                 "early_next_qk needs a persistent scheduler, intra_wg_overlap and "
                 "q_release after_last_qk");
 
-  // kv_multicast: two CTAs of a cluster share every K/V tile; each loads half of it and TMA
-  // multicasts it into both. The pair covers 2 x block_m query rows, interleaved so both CTAs
-  // need the same KV tiles and the same work: CTA r holds rows [64r, 64r + 64) and
-  // [192 - 64r, 256 - 64r) of the pair (params.cuh: wg_first_row).
+  // Clusters share K/V tiles through TMA multicast: each CTA loads 1/kClusterSize of a tile
+  // and TMA writes it into every CTA of the cluster, so L2 -> SM traffic falls by that factor
+  // (energy the power-capped card turns into clock). Two kinds of sharing, combinable:
+  // kv_multicast: two CTAs share a pair of query tiles of one head (2 x block_m rows),
+  // interleaved so both need the same KV tiles and about the same work (params.cuh:
+  // wg_first_row). Four measured slower at every workload tried (docs/PERF.md step 37).
   static constexpr bool kMulticast = Cfg::kv_multicast;
-  static constexpr int kClusterSize = kMulticast ? 2 : 1;
-  static constexpr int kRowsPerTask = kBlockM * kClusterSize;
+  static constexpr int kRowCtas = kMulticast ? 2 : 1;
+  // head_cluster: that many query heads of one K/V group run the same query tile side by side
+  // (GQA: they read the same K/V tiles); the group size must be a multiple (checked at launch).
+  static constexpr int kHeadCtas = Cfg::head_cluster;
+  static constexpr int kClusterSize = kRowCtas * kHeadCtas;
+  static constexpr bool kClustered = kClusterSize > 1;
+  static constexpr int kRowsPerTask = kBlockM * kRowCtas;
   static constexpr int kQBoxRows = kMulticast ? 64 : kBlockM;  // one box per warpgroup then
-  static_assert(!kMulticast || (Cfg::scheduler == Scheduler::Static && kConsumerWGs == 2 &&
+  static_assert(kHeadCtas == 1 || kHeadCtas == 2 || kHeadCtas == 4, "head_cluster: 1, 2 or 4");
+  static_assert(!kMulticast || (Cfg::scheduler == Scheduler::Static && kConsumerWGs >= 2 &&
                                 !kEarlyNextQk),
-                "kv_multicast needs the static scheduler, block_m 128 and no early_next_qk");
-  // Each CTA of the pair loads half of a K/V tile's column boxes, so there must be two or more.
-  static_assert(!kMulticast || kDBoxes >= 2, "kv_multicast needs head_dim >= 128");
+                "kv_multicast needs the static scheduler, block_m >= 128 and no early_next_qk");
+  static_assert(kHeadCtas == 1 || (Cfg::scheduler != Scheduler::Dynamic && !kEarlyNextQk),
+                "head_cluster needs the static or grid scheduler and no early_next_qk");
+  // A CTA's share of a K/V tile: whole 64-column boxes while there are as many as CTAs, else
+  // each box cut into row slices (8-row multiples: the 128-byte swizzle's period).
+  static constexpr int kKVRowSlices = kClusterSize > kDBoxes ? kClusterSize / kDBoxes : 1;
+  static constexpr int kKVBoxRows = kBlockN / kKVRowSlices;
+  static_assert(kKVBoxRows * kKVRowSlices == kBlockN && kKVBoxRows % 8 == 0,
+                "block_n must split into row slices of a multiple of 8 rows per cluster CTA");
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;

@@ -47,6 +47,7 @@ struct Launcher {
                                              std::to_string(Hkv));
     if (B > 65535 || H > 65535)
       return fail(cudaErrorInvalidValue, "B and H must be at most 65535 (grid limits)");
+    if (cudaError_t e = check_group(H, Hkv); e != cudaSuccess) return e;
     for (const void* ptr : {q, k, v, o}) {
       if (ptr == nullptr) return fail(cudaErrorInvalidValue, "Q, K, V and O must be non-null");
       if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
@@ -56,6 +57,16 @@ struct Launcher {
     if (double(S) * H * T::kHeadDim * 2 >= 1099511627776.0)
       return fail(cudaErrorInvalidValue, "S*H*D*2 bytes exceeds TMA's 2^40 stride limit");
     return cudaSuccess;
+  }
+
+  // head_cluster: a cluster runs head_cluster query heads of one K/V group side by side.
+  static cudaError_t check_group(int H, int Hkv) {
+    if ((H / Hkv) % T::kHeadCtas == 0) return cudaSuccess;
+    return fail(cudaErrorInvalidValue,
+                "this kernel runs head_cluster " + std::to_string(T::kHeadCtas) +
+                    " query heads of one K/V head together, so Hq/Hkv must be a multiple of it; "
+                    "got Hq=" + std::to_string(H) + " Hkv=" + std::to_string(Hkv) +
+                    " (use a config with head_cluster 1 for this problem)");
   }
 
   // Per-shape scheduler state on the device, built once by prepare() and reused by every
@@ -94,10 +105,11 @@ struct Launcher {
     if ((e = persistent_ctas<false>(dev, &prep.num_ctas)) != cudaSuccess) return e;
     if constexpr (Cfg::scheduler == Scheduler::Static) {
       TaskLists lists;
-      const int num_tasks_m = (num_m + T::kClusterSize - 1) / T::kClusterSize;
-      const std::string why = build_task_lists(B, H, num_tasks_m, prep.num_ctas / T::kClusterSize,
-                                               Cfg::fixed_cost, lists, T::kClusterSize,
-                                               T::kCausal);
+      // Per cluster: kv_multicast pairs query tiles, head_cluster runs of heads.
+      const int num_tasks_m = (num_m + T::kRowCtas - 1) / T::kRowCtas;
+      const std::string why = build_task_lists(B, H / T::kHeadCtas, num_tasks_m,
+                                               prep.num_ctas / T::kClusterSize, Cfg::fixed_cost,
+                                               lists, T::kRowCtas, T::kCausal);
       if (!why.empty()) return fail(cudaErrorInvalidValue, why);
       uint32_t* d_tasks = nullptr;
       int* d_offsets = nullptr;
@@ -132,8 +144,8 @@ struct Launcher {
     return cudaSuccess;
   }
 
-  // CTAs of a persistent launch on device `dev`: persistent_ctas (0: one per SM); with
-  // kv_multicast whole clusters only, and no more than fit at once (a persistent cluster left
+  // CTAs of a persistent launch on device `dev`: persistent_ctas (0: one per SM); in
+  // clusters whole clusters only, and no more than fit at once (a persistent cluster left
   // waiting for an SM pair would run its tasks after everyone else). Cached per device.
   template <bool kVarlen>
   static cudaError_t persistent_ctas(int dev, int* out) {
@@ -149,16 +161,20 @@ struct Launcher {
     if (e != cudaSuccess)
       return fail(e, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e));
     int n = Cfg::persistent_ctas > 0 ? Cfg::persistent_ctas : sms;
-    if constexpr (T::kMulticast) {
+    if constexpr (T::kClustered) {
       if ((e = set_attributes<kVarlen>()) != cudaSuccess) return e;
       cudaLaunchAttribute attrs[2]{};
-      const cudaLaunchConfig_t lc = launch_config(dim3(T::kClusterSize * 64), nullptr, attrs);
+      // The query grid must hold whole clusters in the direction launch_config puts them.
+      constexpr bool kAlongX = SchedulerFor<Cfg, kVarlen>::kPersistent;
+      const dim3 g = kAlongX ? dim3(T::kClusterSize * 64) : dim3(64, T::kClusterSize);
+      const cudaLaunchConfig_t lc = launch_config<kVarlen>(g, nullptr, attrs);
       int fit = 0;
       e = cudaOccupancyMaxActiveClusters(&fit, attention_fwd_kernel<Cfg, kVarlen>, &lc);
       if (e != cudaSuccess)
         return fail(e, std::string("cudaOccupancyMaxActiveClusters: ") + cudaGetErrorString(e));
       if (fit < 1)
-        return fail(cudaErrorInvalidConfiguration, "no 2-CTA cluster of this kernel fits the device");
+        return fail(cudaErrorInvalidConfiguration, "no " + std::to_string(T::kClusterSize) +
+                                                       "-CTA cluster of this kernel fits the device");
       n = T::kClusterSize * std::max(1, std::min(n / T::kClusterSize, fit));
     }
     *out = cache[dev] = n;
@@ -177,8 +193,10 @@ struct Launcher {
     return cudaSuccess;
   }
 
-  // Launch geometry; with kv_multicast, 2-CTA clusters along x; `dependent`: a programmatic
-  // dependent launch (varlen, behind its schedule kernel). attrs must outlive the config.
+  // Launch geometry; clusters along x for a persistent launch (consecutive CTAs share a task
+  // list), along y (heads) for the grid's; `dependent`: a programmatic dependent launch
+  // (varlen, behind its schedule kernel). attrs must outlive the config.
+  template <bool kVarlen>
   static cudaLaunchConfig_t launch_config(dim3 g, cudaStream_t stream, cudaLaunchAttribute* attrs,
                                           bool dependent = false) {
     cudaLaunchConfig_t lc{};
@@ -187,11 +205,12 @@ struct Launcher {
     lc.dynamicSmemBytes = smem_bytes();
     lc.stream = stream;
     lc.attrs = attrs;
-    if constexpr (T::kMulticast) {
+    if constexpr (T::kClustered) {
+      constexpr bool kAlongX = SchedulerFor<Cfg, kVarlen>::kPersistent;
       cudaLaunchAttribute& a = attrs[lc.numAttrs++];
       a.id = cudaLaunchAttributeClusterDimension;
-      a.val.clusterDim.x = unsigned(T::kClusterSize);
-      a.val.clusterDim.y = 1;
+      a.val.clusterDim.x = kAlongX ? unsigned(T::kClusterSize) : 1u;
+      a.val.clusterDim.y = kAlongX ? 1u : unsigned(T::kClusterSize);
       a.val.clusterDim.z = 1;
     }
     if (dependent) {
@@ -225,8 +244,8 @@ struct Launcher {
     cudaError_t e;
     constexpr int D = T::kHeadDim;
     if ((e = encode_bshd_map(&p.tma_q, q, B, S, H, D, T::kQBoxRows)) != cudaSuccess ||
-        (e = encode_bshd_map(&p.tma_k, k, B, S, Hkv, D, T::kBlockN)) != cudaSuccess ||
-        (e = encode_bshd_map(&p.tma_v, v, B, S, Hkv, D, T::kBlockN)) != cudaSuccess ||
+        (e = encode_bshd_map(&p.tma_k, k, B, S, Hkv, D, T::kKVBoxRows)) != cudaSuccess ||
+        (e = encode_bshd_map(&p.tma_v, v, B, S, Hkv, D, T::kKVBoxRows)) != cudaSuccess ||
         (e = encode_bshd_map(&p.tma_o, o, B, S, H, D, 64)) != cudaSuccess)
       return fail(e, "cuTensorMapEncodeTiled failed for this shape");
     if constexpr (Cfg::scheduler == Scheduler::Dynamic) {
@@ -244,7 +263,7 @@ struct Launcher {
     cudaError_t e;
     if ((e = set_attributes<kVarlen>()) != cudaSuccess) return e;
     cudaLaunchAttribute attrs[2]{};
-    const cudaLaunchConfig_t lc = launch_config(g, stream, attrs, kVarlen);
+    const cudaLaunchConfig_t lc = launch_config<kVarlen>(g, stream, attrs, kVarlen);
     e = cudaLaunchKernelEx(&lc, kernel, p);
     if (e == cudaSuccess) e = cudaGetLastError();
     if (e != cudaSuccess) {
@@ -265,8 +284,11 @@ struct Launcher {
   // -- varlen (packed sequences; varlen.cuh builds the schedule on the device)
   static constexpr bool kHasVarlen = FA_TUNE_VARLEN;
 
+  // head_cluster: the tasks name runs of kHeadCtas heads (the cluster takes one run).
   static VarlenPlan varlen_plan(int num_seqs, int H, int Hkv, int total, int max_seqlen) {
-    return VarlenPlan::make(num_seqs, H, H / Hkv, total, max_seqlen, T::kRowsPerTask);
+    constexpr int c = T::kHeadCtas;
+    return VarlenPlan::make(num_seqs, (H + c - 1) / c, std::max(1, H / Hkv / c), total,
+                            max_seqlen, T::kRowsPerTask);
   }
 
   // The library's own workspace, per device, grown on demand (callers that pass none).
@@ -313,6 +335,7 @@ struct Launcher {
                         std::to_string(total) + " Hq=" + std::to_string(H) + " Hkv=" +
                         std::to_string(Hkv));
       if (cu_seqlens == nullptr) return fail(cudaErrorInvalidValue, "cu_seqlens must be non-null");
+      if (cudaError_t e = check_group(H, Hkv); e != cudaSuccess) return e;
       if (total == 0) return cudaSuccess;  // no tokens: nothing to compute or write
       if (max_seqlen < 1)
         return fail(cudaErrorInvalidValue, "max_seqlen must be >= 1 (the longest sequence)");
@@ -366,8 +389,8 @@ struct Launcher {
       p.scale_log2 = float(1.4426950408889634 * scale);
       constexpr int D = T::kHeadDim;  // the pack is one batch of `total` rows
       if ((e = encode_bshd_map(&p.tma_q, q, 1, total, H, D, T::kQBoxRows)) != cudaSuccess ||
-          (e = encode_bshd_map(&p.tma_k, k, 1, total, Hkv, D, T::kBlockN)) != cudaSuccess ||
-          (e = encode_bshd_map(&p.tma_v, v, 1, total, Hkv, D, T::kBlockN)) != cudaSuccess ||
+          (e = encode_bshd_map(&p.tma_k, k, 1, total, Hkv, D, T::kKVBoxRows)) != cudaSuccess ||
+          (e = encode_bshd_map(&p.tma_v, v, 1, total, Hkv, D, T::kKVBoxRows)) != cudaSuccess ||
           (e = encode_bshd_map(&p.tma_o, o, 1, total, H, D, 64)) != cudaSuccess)
         return fail(e, "cuTensorMapEncodeTiled failed for this varlen batch");
       int dev = 0, ctas = 0;  // persistent, no more clusters than there are tasks
@@ -419,6 +442,7 @@ FA_TUNE_API int FA_TUNE_FN(prepare)(int B, int H, int Hkv, int S, cudaStream_t /
   if (B < 1 || H < 1 || Hkv < 1 || S < 1 || H % Hkv != 0)
     return int(fa_tune::fail(cudaErrorInvalidValue,
                              "B, Hq, Hkv and S must be positive and Hkv must divide Hq"));
+  if (cudaError_t e = L::check_group(H, Hkv); e != cudaSuccess) return int(e);
   const L::Prepared* prep = nullptr;
   return int(L::prepare(B, H, S, &prep, host_ms));
 }

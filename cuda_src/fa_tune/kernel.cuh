@@ -50,7 +50,7 @@ struct Consumer {
         st{mma_qk, mma_pv, tSrQ, tSrK, tOrV, tSrS, tOrO, tOrP, kst, vst};
 
     const int lane = tid % 32, warp_in_wg = (tid / 32) % 4;
-    const int rank = T::kMulticast ? int(cute::block_rank_in_cluster()) : 0;
+    const int rank = row_rank<T>();  // kv_multicast: this CTA's rows of the pair
     constexpr bool kEarlyQ = Cfg::q_release == QRelease::AfterLastQk;
     constexpr bool kEarlyNext = T::kEarlyNextQk;
     using ML = Mainloop<Cfg>;
@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(Derived<Cfg>::kThreads, 1)
     prefetch_tma_map(&p.tma_o);
   }
   cutlass::arch::fence_barrier_init();
-  if constexpr (T::kMulticast) {
+  if constexpr (T::kClustered) {
     cute::cluster_sync();  // the peer's barriers must exist before any multicast or remote arrival
   } else {
     __syncthreads();

@@ -5,6 +5,8 @@
 #include <cuda.h>
 #include <cstdint>
 
+#include <cute/arch/cluster_sm90.hpp>
+
 namespace fa_tune {
 
 struct ShapeInfo {
@@ -76,13 +78,30 @@ __host__ __device__ __forceinline__ int num_kv_blocks(int S, int m_block) {
   return kv_blocks_below<T>(S, (m_block + 1) * T::kRowsPerTask);
 }
 
-// First query row of warpgroup wg's 64 in task m_block, on the CTA of cluster rank `rank`.
-// With kv_multicast the pair's 256 rows are dealt 0: [0, 64) + [192, 256), 1: [64, 128) +
-// [128, 192), so each CTA has one warpgroup whose rows end in each half of the pair.
+// A cluster's CTAs are ranked row rank fastest (params.cuh's interleave), then head rank
+// (head_cluster: which query head of the cluster's run it takes).
+template <class T>
+__device__ __forceinline__ int row_rank() {
+  if constexpr (T::kMulticast) return int(cute::block_rank_in_cluster()) % T::kRowCtas;
+  return 0;
+}
+template <class T>
+__device__ __forceinline__ int head_rank() {
+  if constexpr (T::kHeadCtas > 1) return int(cute::block_rank_in_cluster()) / T::kRowCtas;
+  return 0;
+}
+
+// First query row of warpgroup wg's 64 in task m_block, on the CTA of row rank `rank` (0
+// without kv_multicast). With kv_multicast the task's R x W 64-row chunks (R row CTAs, W
+// warpgroups each) are dealt as a snake, warpgroup w of rank r taking chunk w R + r for even w
+// and w R + R - 1 - r for odd w: every CTA then holds chunks from each band of the task and the
+// causal work evens out (W 2: CTA 0 chunks {0, 3}, CTA 1 {1, 2}; W 3: {0, 3, 4} and {1, 2, 5}).
 template <class T>
 __host__ __device__ __forceinline__ int wg_first_row(int m_block, int wg, int rank) {
   if constexpr (T::kMulticast) {
-    return m_block * T::kRowsPerTask + (wg == 0 ? 64 * rank : 192 - 64 * rank);
+    constexpr int R = T::kRowCtas;
+    const int chunk = wg * R + ((wg & 1) ? R - 1 - rank : rank);
+    return m_block * T::kRowsPerTask + 64 * chunk;
   } else {
     return m_block * T::kBlockM + wg * 64;
   }

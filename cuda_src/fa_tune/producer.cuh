@@ -25,7 +25,8 @@ struct Producer {
   // vector registers); one elected lane arms the barriers and issues the TMA copies.
   __device__ static void run(const Params& p, SharedStorage<T>& ss) {
     const bool leader = cute::elect_one_sync();
-    const int rank = T::kMulticast ? int(cute::block_rank_in_cluster()) : 0;
+    const int rank = T::kClustered ? int(cute::block_rank_in_cluster()) : 0;
+    const int rows_rank = row_rank<T>();  // kv_multicast: this CTA's rows of the pair
     PipeState qst, kst, vst;
     TileCoord t = Sched::first(p, ss.tile_slot);
     while (t.valid) {
@@ -36,7 +37,7 @@ struct Producer {
       if (leader) {
         constexpr int kQBoxes = T::kBlockM / T::kQBoxRows;
         for (int r = 0; r < kQBoxes; ++r) {
-          const int row = wg_first_row<T>(t.m_block, r, rank);  // no multicast: r = 0, the tile's first row
+          const int row = wg_first_row<T>(t.m_block, r, rows_rank);  // no multicast: r = 0, the tile's first row
           for (int c = 0; c < T::kDBoxes; ++c)
             tma_load_4d<Cfg::hint_q>(&p.tma_q, bar,
                                      ss.q + (c * T::kBlockM + r * T::kQBoxRows) * kBoxCols,
@@ -51,16 +52,16 @@ struct Producer {
       load_kv(p, ss, t, kst, vst, rank, leader);
       t = Sched::resolve(p, ticket, t, ss.tile_slot);
     }
-    if constexpr (T::kMulticast) {
+    if constexpr (T::kClustered) {
       ss.k_ring.drain(kst);
       ss.v_ring.drain(vst);
     }
   }
 
-  // One K or V tile n (rows from `row`) into the ring's next stage: D / 64 column boxes on
-  // one full barrier.
-  // With kv_multicast this CTA loads only its half of the column boxes and TMA writes them into
-  // both CTAs; the peer loads the other half, and each CTA's barrier waits for the whole tile.
+  // One K or V tile n (rows from `row`) into the ring's next stage, on one full barrier: D / 64
+  // column boxes, each of kKVRowSlices row slices. In a cluster this CTA loads only its share
+  // of the pieces and TMA multicasts them into every CTA; each CTA's barrier waits for the
+  // whole tile (every CTA's share).
   template <CacheHint kHint, class Ring>
   __device__ static void load_tile(const CUtensorMap* map, Ring& ring, PipeState& st,
                                    typename T::Element* base, int n, int row, int h, int b,
@@ -69,15 +70,16 @@ struct Producer {
     uint64_t* bar = ring.acquire(st, load ? T::kKVTileBytes : 0, leader);
     auto* dst = base + st.index * T::kBlockN * T::kHeadDim;
     if (load && leader) {
-      if constexpr (T::kMulticast) {
-        constexpr int kMine = T::kDBoxes / T::kClusterSize;
-        for (int c = rank * kMine; c < (rank + 1) * kMine; ++c)
-          tma_load_4d_multicast<kHint>(map, bar, dst + c * T::kBlockN * kBoxCols,
-                                       uint16_t((1u << T::kClusterSize) - 1u), c * kBoxCols,
-                                       row, h, b);
-      } else {
-        for (int c = 0; c < T::kDBoxes; ++c)
-          tma_load_4d<kHint>(map, bar, dst + c * T::kBlockN * kBoxCols, c * kBoxCols, row, h, b);
+      constexpr int kSlices = T::kKVRowSlices, kMine = T::kDBoxes * kSlices / T::kClusterSize;
+      for (int i = rank * kMine; i < (rank + 1) * kMine; ++i) {
+        const int c = i / kSlices, r = (i % kSlices) * T::kKVBoxRows;
+        auto* to = dst + (c * T::kBlockN + r) * kBoxCols;
+        if constexpr (T::kClustered) {
+          tma_load_4d_multicast<kHint>(map, bar, to, uint16_t((1u << T::kClusterSize) - 1u),
+                                       c * kBoxCols, row + r, h, b);
+        } else {
+          tma_load_4d<kHint>(map, bar, to, c * kBoxCols, row + r, h, b);
+        }
       }
     }
     st.template advance<Ring::kStages>();

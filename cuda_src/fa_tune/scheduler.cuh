@@ -21,7 +21,8 @@ constexpr int kSchedulerBar = 12;  // named barrier: producer warp -> consumers 
 
 // Non-persistent: one CTA per query tile, grid (m tiles, heads, batch). Within a head the
 // blocks are launched longest first (the last query rows visit the most KV tiles) or in
-// natural order; heads stay adjacent so a wave shares K/V in L2.
+// natural order; heads stay adjacent so a wave shares K/V in L2. head_cluster: clusters run
+// along y, so a cluster's CTAs take one query tile of adjacent heads of one K/V group.
 template <class Cfg>
 struct GridScheduler {
   static constexpr bool kPersistent = false;
@@ -49,8 +50,8 @@ struct GridScheduler {
 };
 
 // Persistent, static: CTA i walks the host-built list tasks[offsets[i] .. offsets[i+1]).
-// With kv_multicast the lists are per cluster (its CTAs are consecutive in x) and a task is a
-// pair of query tiles.
+// In clusters the lists are per cluster (its CTAs are consecutive in x): with kv_multicast a
+// task is a pair of query tiles, with head_cluster a run of head_cluster query heads.
 template <class Cfg>
 struct StaticScheduler {
   static constexpr bool kPersistent = true;
@@ -70,7 +71,8 @@ struct StaticScheduler {
     const int m = int(t & ((1u << p.sched.m_bits) - 1u));
     const int h = int((t >> p.sched.m_bits) & ((1u << p.sched.h_bits) - 1u));
     const int b = int(t >> (p.sched.m_bits + p.sched.h_bits));
-    return {m, h, b, idx, 0, true};
+    // head_cluster: the list names the cluster's run of heads; each CTA takes its own.
+    return {m, h * Derived<Cfg>::kHeadCtas + head_rank<Derived<Cfg>>(), b, idx, 0, true};
   }
   __device__ static TileCoord first(const Params& p, int* /*slot*/) {
     return at(p, p.sched.offsets[list()]);
@@ -196,16 +198,19 @@ struct VarlenScheduler : VarlenTiles {
   }
 };
 
-// Varlen with kv_multicast: both CTAs of a cluster must take the same task with no handshake,
+// Varlen in clusters: every CTA of a cluster must take the same task with no handshake,
 // so the list is dealt statically. In round r cluster c takes position r*G + c, or r*G + G-1-c
 // in odd rounds (G clusters): a snake over the longest-first list, so the falling costs even
 // out across clusters instead of favouring the last ones every round.
 template <class Cfg>
 struct VarlenStaticScheduler : VarlenTiles {
+  // head_cluster: the tasks name runs of heads (varlen_plan); each CTA takes its own head.
   __device__ static TileCoord at(const Params& p, int r) {
     constexpr int kCtas = Derived<Cfg>::kClusterSize;
     const int G = int(gridDim.x) / kCtas, c = int(blockIdx.x) / kCtas;
-    return from_task(task(p, r * G + ((r & 1) ? G - 1 - c : c)), r, 0);
+    TileCoord t = from_task(task(p, r * G + ((r & 1) ? G - 1 - c : c)), r, 0);
+    t.head = t.head * Derived<Cfg>::kHeadCtas + head_rank<Derived<Cfg>>();
+    return t;
   }
   __device__ static TileCoord first(const Params& p, int* /*slot*/) { return at(p, 0); }
   __device__ static TileCoord next(const Params& p, const TileCoord& cur, int* /*slot*/) {
@@ -220,11 +225,11 @@ struct VarlenStaticScheduler : VarlenTiles {
 };
 
 // kVarlen: the packed-sequence kernel, always on a varlen scheduler (the config's scheduler
-// knob picks the fixed-length one; kv_multicast, whose clusters share tasks, the static one).
+// knob picks the fixed-length one; clusters, whose CTAs share tasks, the static one).
 template <class Cfg, bool kVarlen = false>
 using SchedulerFor = std::conditional_t<
     kVarlen,
-    std::conditional_t<Derived<Cfg>::kMulticast, VarlenStaticScheduler<Cfg>, VarlenScheduler<Cfg>>,
+    std::conditional_t<Derived<Cfg>::kClustered, VarlenStaticScheduler<Cfg>, VarlenScheduler<Cfg>>,
     std::conditional_t<
         Cfg::scheduler == Scheduler::Static, StaticScheduler<Cfg>,
         std::conditional_t<Cfg::scheduler == Scheduler::Dynamic, DynamicScheduler<Cfg>,

@@ -25,7 +25,10 @@ mkdir -p "$DEV"
 declare -A SHAPE=([d64]=4x32x8192:d64 [d64b]=4x32x8192:d64 [d256]=4x16x8192:d256
                [full128]=4x32x8192:full [poly_d64]=4x32x8192:d64 [s7_d256]=4x16x8192:d256
                [s7_full]=4x32x8192:full [wide_full]=4x32x8192:full
-               [gqa70b]=1x64/8x8192)
+               [gqa70b]=1x64/8x8192 [s9_gqa]="1x32/8x8192 1x64/8x8192" [s9_d64]=4x32x8192:d64
+               [s9_full]=4x32x8192:full)
+# A workload's problems (several, space-separated) as kernel_lab.py arguments.
+shape_args() { local s; for s in ${SHAPE[$1]}; do printf -- '--shape %s ' "$s"; done; }
 ORDER=(${FAMILY_WORKLOADS:-d256 d64 full128})
 
 case "$cmd" in
@@ -40,7 +43,7 @@ build)
   [ -n "${SKIP_PREBUILD:-}" ] || cmds+=" $E python3 lab/h200/prebuild.py;"
   for w in "${ORDER[@]}"; do
     cmds+=" $E python3 scripts/kernel_lab.py --build-only --variants-file lab/h200/variants/$w.txt"
-    cmds+=" --shape ${SHAPE[$w]} --jobs $(nproc);"
+    cmds+=" $(shape_args "$w") --jobs $(nproc);"
   done
   setsid nohup bash -c "$cmds echo FAMILY-BUILT" > "$DEV/family_build.log" 2>&1 < /dev/null &
   echo "building in the background"
@@ -75,7 +78,7 @@ run)
   read -r warm rep rounds <<< "${LAB_PROTOCOL:-50 200 3}"
   for w in "${@:-${ORDER[@]}}"; do
     timeout "${LAB_TIMEOUT:-200}" $E python3 scripts/kernel_lab.py \
-      --variants-file "$LAB/variants/$w.txt" --shape "${SHAPE[$w]}" \
+      --variants-file "$LAB/variants/$w.txt" $(shape_args "$w") \
       --warmup "$warm" --repeat "$rep" --rounds "$rounds" > "$OUT/lab_$w.log" 2>&1 \
       || echo "lab $w exited $?"
     mv -f "$OUT/kernel_lab.json" "$OUT/kernel_lab_$w.json" 2>/dev/null || true

@@ -10,9 +10,11 @@ from tuner.problem import Problem
 
 
 def case_id(x: object) -> str:
-    """A config as '<config id>-<scheduler>[-multicast]', anything else as its text."""
+    """A config as '<config id>-<scheduler>[-multicast][-heads<N>]', anything else as its
+    text."""
     if isinstance(x, KernelConfig):
-        return f"{x.config_id()}-{x.scheduler}" + ("-multicast" if x.kv_multicast else "")
+        return (f"{x.config_id()}-{x.scheduler}" + ("-multicast" if x.kv_multicast else "")
+                + (f"-heads{x.head_cluster}" if x.head_cluster > 1 else ""))
     return str(x)
 
 
