@@ -73,6 +73,7 @@ CONSUMER_REG_OVERHEAD_D: dict[tuple[int, bool], int] = {
 # 144 compiled clean (nvcc 13.0, 2026-12-01, docs/PERF.md step 36; a search trial had hit it).
 EARLY_NEXT_QK_MAX_BLOCK_N = 144
 PERSISTENT_PRODUCER_REGS = 24
+PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
 # Knobs added after config ids were in use, and the value that compiles the kernel as before
 # (KernelConfig.canonical_json leaves them out at it).
 NEUTRAL_LATER_KNOBS: dict[str, tuple[Any]] = {"head_cluster": (1,)}
@@ -80,7 +81,6 @@ NEUTRAL_LATER_KNOBS: dict[str, tuple[Any]] = {"head_cluster": (1,)}
 # cluster of a tile, whole 64-column boxes or, with fewer boxes than CTAs, row slices of them
 # that must hold a multiple of 8 rows (the 128-byte swizzle's period).
 SWIZZLE_ROWS = 8
-PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
 
 
 @dataclass(frozen=True)
@@ -573,6 +573,16 @@ def load_preset(name: str) -> KernelConfig:
 GRID_LIMIT = 65535  # gridDim.y and gridDim.z (heads and batch of the grid launch)
 
 
+def head_cluster_reason(head_cluster: int, group: int) -> str | None:
+    """Why a kernel with ``head_cluster`` cannot run a problem of ``group`` = Hq/Hkv query heads
+    per K/V head (None: it can); the config check and a built library's refusal both say this."""
+    if group % head_cluster == 0:
+        return None
+    fits = [str(c) for c in KNOBS["head_cluster"].choices if group % c == 0]
+    return (f"head_cluster {head_cluster} runs that many query heads of one K/V head together, "
+            f"but Hq/Hkv is {group}; use a config with head_cluster {' or '.join(fits)} for it")
+
+
 def check_problem(cfg: KernelConfig, problem: Problem) -> None:
     """Raise ShapeError (one sentence) if the kernel cannot run cfg on problem; before building.
 
@@ -582,13 +592,9 @@ def check_problem(cfg: KernelConfig, problem: Problem) -> None:
     works; B and Hq index the grid, which allows at most 65535 in y and z. Whether cfg fits the
     problem's head dim (shared memory, registers) is validate(cfg, problem.D)'s ConfigError.
     """
-    if problem.group % cfg.head_cluster:
-        fits = [str(c) for c in KNOBS["head_cluster"].choices if problem.group % c == 0]
-        raise ShapeError(
-            f"problem {problem}: head_cluster {cfg.head_cluster} runs that many query heads of "
-            f"one K/V head together, but Hq/Hkv is {problem.group}; use a config with "
-            f"head_cluster {' or '.join(fits)} for it"
-        )
+    why = head_cluster_reason(cfg.head_cluster, problem.group)
+    if why is not None:
+        raise ShapeError(f"problem {problem}: {why}")
     for name in ("B", "Hq"):
         v = getattr(problem, name)
         if v > GRID_LIMIT:

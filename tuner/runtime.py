@@ -671,12 +671,11 @@ class KernelModule:
     def unsupported(self, shape: Any) -> str | None:
         """Why this library cannot run ``shape`` (None: it can)."""
         why = kernel_unsupported(shape, causal=self.causal, head_dim=self.head_dim)
-        c = int(self.config.get("head_cluster", 1))
-        if why is None and c > 1:
+        if why is None:
+            from tuner.config import head_cluster_reason
+
             _, hq, hkv, *_ = problem_dims(shape)
-            if (hq // hkv) % c:
-                why = (f"this kernel runs head_cluster {c} query heads of one K/V head together, "
-                       f"so Hq/Hkv must be a multiple of {c}; got Hq={hq} Hkv={hkv}")
+            why = head_cluster_reason(int(self.config.get("head_cluster", 1)), hq // hkv)
         if why is None and getattr(shape, "seqlens", ()) and not self.has_varlen:
             why = ("this kernel library has no varlen kernel (built for fixed-length problems, "
                    "for example); build it for a varlen problem class")

@@ -165,8 +165,8 @@ struct Launcher {
       if ((e = set_attributes<kVarlen>()) != cudaSuccess) return e;
       cudaLaunchAttribute attrs[2]{};
       // The query grid must hold whole clusters in the direction launch_config puts them.
-      constexpr bool kAlongX = SchedulerFor<Cfg, kVarlen>::kPersistent;
-      const dim3 g = kAlongX ? dim3(T::kClusterSize * 64) : dim3(64, T::kClusterSize);
+      const dim3 g = kClustersAlongX<kVarlen> ? dim3(T::kClusterSize * 64)
+                                              : dim3(64, T::kClusterSize);
       const cudaLaunchConfig_t lc = launch_config<kVarlen>(g, nullptr, attrs);
       int fit = 0;
       e = cudaOccupancyMaxActiveClusters(&fit, attention_fwd_kernel<Cfg, kVarlen>, &lc);
@@ -197,6 +197,8 @@ struct Launcher {
   // list), along y (heads) for the grid's; `dependent`: a programmatic dependent launch
   // (varlen, behind its schedule kernel). attrs must outlive the config.
   template <bool kVarlen>
+  static constexpr bool kClustersAlongX = SchedulerFor<Cfg, kVarlen>::kPersistent;
+  template <bool kVarlen>
   static cudaLaunchConfig_t launch_config(dim3 g, cudaStream_t stream, cudaLaunchAttribute* attrs,
                                           bool dependent = false) {
     cudaLaunchConfig_t lc{};
@@ -206,7 +208,7 @@ struct Launcher {
     lc.stream = stream;
     lc.attrs = attrs;
     if constexpr (T::kClustered) {
-      constexpr bool kAlongX = SchedulerFor<Cfg, kVarlen>::kPersistent;
+      constexpr bool kAlongX = kClustersAlongX<kVarlen>;
       cudaLaunchAttribute& a = attrs[lc.numAttrs++];
       a.id = cudaLaunchAttributeClusterDimension;
       a.val.clusterDim.x = kAlongX ? unsigned(T::kClusterSize) : 1u;

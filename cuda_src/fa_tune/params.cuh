@@ -78,8 +78,8 @@ __host__ __device__ __forceinline__ int num_kv_blocks(int S, int m_block) {
   return kv_blocks_below<T>(S, (m_block + 1) * T::kRowsPerTask);
 }
 
-// A cluster's CTAs are ranked row rank fastest (params.cuh's interleave), then head rank
-// (head_cluster: which query head of the cluster's run it takes).
+// A cluster's CTAs are ranked row rank fastest (kv_multicast: which rows of the pair, below),
+// then head rank (head_cluster: which query head of the cluster's run it takes).
 template <class T>
 __device__ __forceinline__ int row_rank() {
   if constexpr (T::kMulticast) return int(cute::block_rank_in_cluster()) % T::kRowCtas;

@@ -121,8 +121,8 @@ def test_library_refuses_a_group_head_cluster_does_not_divide(bench: Bench,
                                                               kernels: dict) -> None:
     kernel = kernels[(CLUSTERS[128][0], ProblemClass(128, True))]  # head_cluster 4
     problem = Problem(1, 6, 256, Hkv=3)  # group 2
-    assert "Hq/Hkv must be a multiple of 4" in (kernel.supports(problem) or "")
-    with pytest.raises(KernelError, match="multiple of 4"):
+    assert "head_cluster 4 runs that many query heads" in (kernel.supports(problem) or "")
+    with pytest.raises(KernelError, match="Hq/Hkv is 2; use a config with head_cluster 1 or 2"):
         kernel.forward(bench.load_inputs(problem), bench.stream)
     bench.release(problem)
 
