@@ -30,6 +30,7 @@ from tuner.measure.launch import KernelLaunch  # noqa: E402
 from tuner.measure.timing import FULL  # noqa: E402
 from tuner.problem import parse_problems  # noqa: E402
 from tuner.show import pick_trial  # noqa: E402
+from tuner.study import trial_problems  # noqa: E402
 
 
 def main() -> int:
@@ -46,7 +47,7 @@ def _main() -> int:
     ap.add_argument("--storage")
     ap.add_argument("--export", required=True, type=Path, help="folder written by fa-tune export")
     ap.add_argument("--shape", action="append", default=[],
-                    help="problem BxHq[/Hkv]xS[:dD][:full] (default: the seed problems)")
+                    help="problem BxHq[/Hkv]xS[:dD][:full] (default: the trial's own problems)")
     ap.add_argument("--pairs", type=int, default=4, help="A/B pairs per shape (even: ABBA)")
     ap.add_argument("--settle-s", type=float, default=FULL.settle_s,
                     help="seconds of launches before each timed round (0: none)")
@@ -55,13 +56,15 @@ def _main() -> int:
 
     _, trial = pick_trial(a.study, a.storage, None)  # the best, as `fa-tune export` picks it
     cfg = KernelConfig.from_dict(trial.user_attrs["config"])
-    problems = parse_problems(a.shape)
-    check_problems(cfg, problems)  # head dim 128 so far; one mask
-    tuner_so = Path(export.artifact_for(trial, cfg).so_path)
+    # The trial's own problems by default: the seed shapes would refuse a GQA-only config.
+    problems = parse_problems(a.shape) if a.shape else trial_problems(trial)
+    problems = problems or parse_problems(None)
+    check_problems(cfg, problems)
     export_so = a.export / "build" / "libfa_tune_fwd.so"
-    if not export_so.is_file():
+    if not export_so.is_file():  # before artifact_for, which may compile the trial's kernel
         print(f"export_timing: {export_so} is missing; run {a.export / 'build.sh'} first")
         return 2
+    tuner_so = Path(export.artifact_for(trial, cfg).so_path)
 
     bench = Bench(0)
     kernels = {"tuner": KernelLaunch(tuner_so, "tuner"),

@@ -412,8 +412,8 @@ FA_TUNE_API int fa_tune_prepare(int B, int Hq, int Hkv, int S, cudaStream_t stre
 // fa_tune_varlen_workspace_bytes(num_seqs, Hq, total_tokens, max_seqlen) bytes, or NULL for a
 // library-owned one (grown on demand with cudaMalloc: never inside a CUDA graph capture, one
 // stream at a time). No host sync: the schedule is built on the device from cu_seqlens by a
-// small kernel. A bucket without the varlen kernel (a kv_multicast config) returns
-// cudaErrorNotSupported (801).
+// small kernel. A bucket without the varlen kernel (config.varlen_reason refused its config)
+// returns cudaErrorNotSupported (801).
 FA_TUNE_API int fa_tune_forward_varlen(const void* q, const void* k, const void* v, void* o,
                                        float* lse, const int* cu_seqlens, int num_seqs,
                                        int total_tokens, int max_seqlen, int Hq, int Hkv,

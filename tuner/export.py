@@ -557,9 +557,8 @@ length (it picks the bucket, as S does); `lse` FP32 `[Hq, total_tokens]` or NULL
 device memory of at least `fa_tune_varlen_workspace_bytes(num_seqs, Hq, total_tokens,
 max_seqlen)` bytes, or NULL for a library-owned one (grown on demand with cudaMalloc: never
 inside a CUDA graph capture, one stream at a time). No host sync: a small kernel builds the
-schedule from `cu_seqlens` on the device. A bucket whose config uses kv_multicast (its static
-schedule cannot serve varlen; the table's varlen column) returns cudaErrorNotSupported (801)
-for varlen calls.
+schedule from `cu_seqlens` on the device. A bucket whose config has no varlen kernel (the
+table's varlen column says why) returns cudaErrorNotSupported (801) for varlen calls.
 
 ## PyTorch
 
