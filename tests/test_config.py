@@ -156,6 +156,12 @@ def test_unparseable_yaml(tmp_path: Path) -> None:
          "head_cluster needs the static or grid scheduler"),
         ({"scheduler": "static", "q_release": "after_last_qk", "early_next_qk": True,
           "block_n": 112, "head_cluster": 2}, "head_cluster does not support early_next_qk"),
+        # Hung on the H200 (2026-12-02, docs/PERF.md step 38): the lowest warpgroup skips 3 KV
+        # tiles, whose V stages it frees only after a K the producer sends after 2 V tiles.
+        ({"scheduler": "static", "kv_multicast": True, "q_release": "after_last_qk",
+          "block_n": 64, "v_stages": 1}, "skip 3 KV tiles, which needs at least 2 V stages"),
+        ({"scheduler": "static", "kv_multicast": True, "q_release": "after_last_qk",
+          "block_n": 80, "v_stages": 1}, "raise v_stages or block_n"),
         # 8 CTAs at D 128: each of the two 64-column boxes in 4 row slices of 20 rows.
         ({"scheduler": "static", "kv_multicast": True, "head_cluster": 4, "block_n": 80},
          "does not split into slices of a multiple of 8 rows; use a block_n divisible by 32"),
@@ -182,6 +188,13 @@ def test_validate_accepts_edge_cases() -> None:
     for sched in ("static", "dynamic"):
         validate(KernelConfig(scheduler=sched, producer_regs=40, consumer_regs=232))
     validate(KernelConfig(block_m=64, pingpong=False))
+    # The controls of the multicast hang (ran on the H200, 2026-12-02): 2 V stages at block_n
+    # 64, 1 at 96; and without overlap every skipped V stage is freed at once.
+    mc = dict(scheduler="static", kv_multicast=True, q_release="after_last_qk")
+    validate(KernelConfig(**mc, block_n=64, v_stages=2))
+    validate(KernelConfig(**mc, block_n=96, v_stages=1))
+    validate(KernelConfig(**mc, block_n=64, v_stages=1, intra_wg_overlap=False,
+                          rescale_o="after_pv"))
 
 
 def test_register_estimate_constant() -> None:

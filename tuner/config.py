@@ -422,6 +422,12 @@ def cluster_size(cfg: KernelConfig) -> int:
     return (2 if cfg.kv_multicast else 1) * cfg.head_cluster
 
 
+def multicast_max_skip(cfg: KernelConfig) -> int:
+    """KV tiles the lowest 64-row warpgroup of a causal kv_multicast pair skips at most: the
+    pair's 2 x block_m rows end 2 x block_m - 64 rows below that warpgroup's."""
+    return -(-(2 * cfg.block_m - 64) // cfg.block_n)
+
+
 def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> KernelConfig:
     """Raise ConfigError with one sentence if cfg cannot work on sm_90a for head dim
     ``head_dim`` (its problem class); else return cfg."""
@@ -442,6 +448,18 @@ def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> KernelConfig:
             )
         if cfg.early_next_qk:
             raise ConfigError("kv_multicast does not support early_next_qk; set it false")
+        skip = multicast_max_skip(cfg)
+        if cfg.intra_wg_overlap and skip - 1 > cfg.v_stages:
+            # Causal pairs: the lowest warpgroup skips `skip` KV tiles and frees their V stages
+            # only after its first QK, whose K the producer sends after skip - 1 of those V
+            # tiles: with fewer V stages it waits on a release that never comes (H200
+            # 2026-12-02, block_n 64 and 80 with 1 V stage hung; docs/PERF.md step 38).
+            raise ConfigError(
+                f"kv_multicast with block_n {cfg.block_n} lets a warpgroup of a causal pair "
+                f"skip {skip} KV tiles, which needs at least {skip - 1} V stages with "
+                f"intra_wg_overlap (it deadlocks with fewer); got v_stages {cfg.v_stages}: "
+                f"raise v_stages or block_n"
+            )
     if cfg.head_cluster > 1:
         if cfg.scheduler == "dynamic":
             raise ConfigError(

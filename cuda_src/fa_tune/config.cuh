@@ -111,6 +111,12 @@ struct Derived {
   static_assert(!kMulticast || (Cfg::scheduler == Scheduler::Static && kConsumerWGs >= 2 &&
                                 !kEarlyNextQk),
                 "kv_multicast needs the static scheduler, block_m >= 128 and no early_next_qk");
+  // Causal pairs: the lowest warpgroup skips up to kMaxSkip KV tiles and frees their V stages
+  // only after its first QK, whose K the producer sends after kMaxSkip - 1 of those V tiles
+  // (producer.cuh): fewer V stages deadlock (H200 2026-12-02; config.multicast_max_skip).
+  static constexpr int kMaxSkip = (2 * kBlockM - 64 + kBlockN - 1) / kBlockN;
+  static_assert(!kMulticast || !kCausal || !kOverlap || kMaxSkip - 1 <= kVStages,
+                "kv_multicast: too few V stages for the KV tiles a warpgroup skips");
   static_assert(kHeadCtas == 1 || (Cfg::scheduler != Scheduler::Dynamic && !kEarlyNextQk),
                 "head_cluster needs the static or grid scheduler and no early_next_qk");
   // A CTA's share of a K/V tile: whole 64-column boxes while there are as many as CTAs, else
