@@ -13,7 +13,9 @@ Variants are partial knob dicts over the defaults (JSON) or preset names:
 A variant may carry lab-only macros, `{"scheduler": "static", "_lab": {"FA_TUNE_LAB_X": 2}}`,
 passed to nvcc as -D through the build path (experiments that break results on purpose, e.g.
 FA_TUNE_LAB_KV_LOAD_EVERY in fa_tune/producer.cuh); such a variant is gated for the record but
-timed whatever the gate says, and its row says "exp". FA3 runs first and last on each shape.
+timed whatever the gate says, and its row says "exp". --unchecked builds configs that
+config.validate refuses until they have run on a GPU (the kernel's static_asserts still
+apply); they are gated like any other. FA3 runs first and last on each shape.
 Every row reports the SM clock and board power NVML read after the settle phase.
 """
 
@@ -56,9 +58,9 @@ class Variant:
 
 
 def compile_all(variants: list[Variant], jobs: int,
-                pclass: ProblemClass = DEFAULT_CLASS) -> list[Path | None]:
+                pclass: ProblemClass = DEFAULT_CLASS, check: bool = True) -> list[Path | None]:
     """Build every variant through the product's build path (lab macros as -D defines), for
-    one problem class (head dim and mask: the problems')."""
+    one problem class (head dim and mask: the problems'); check=False skips validate."""
     groups: dict[str, list[int]] = {}
     for i, v in enumerate(variants):
         groups.setdefault(json.dumps(v.lab, sort_keys=True), []).append(i)
@@ -66,7 +68,7 @@ def compile_all(variants: list[Variant], jobs: int,
     for lab_json, idx in groups.items():
         defines = json.loads(lab_json) or None
         built = build.build_many([variants[i].cfg for i in idx], jobs=jobs, defines=defines,
-                                 pclass=pclass)
+                                 pclass=pclass, check=check)
         for i, outcome in zip(idx, built, strict=True):
             if outcome.ok and not outcome.result.unfit:
                 sos[i] = Path(outcome.result.so_path)
@@ -146,6 +148,9 @@ def main() -> None:
                     help="seconds of launches before each round (the power ramp; 0: none)")
     ap.add_argument("--jobs", type=int, default=build.usable_cpus())
     ap.add_argument("--build-only", action="store_true")
+    ap.add_argument("--unchecked", action="store_true",
+                    help="build configs config.validate refuses (e.g. not yet verified on a "
+                         "GPU); every variant is still gated before it is timed")
     ap.add_argument("--no-fa3", action="store_true")
     args = ap.parse_args()
     texts = list(args.variant)
@@ -161,7 +166,7 @@ def main() -> None:
     except ShapeError as e:
         raise SystemExit(f"kernel_lab: {e}") from None
     t0 = time.time()
-    sos = compile_all(variants, args.jobs, pclass)
+    sos = compile_all(variants, args.jobs, pclass, check=not args.unchecked)
     print(f"built {len(sos)} variants in {time.time() - t0:.1f}s", flush=True)
     if args.build_only:
         return

@@ -143,3 +143,19 @@ def test_multicast_with_too_few_v_stages_does_not_compile() -> None:
                        block_n=64, v_stages=1)
     with pytest.raises(BuildError, match="too few V stages"):
         build.build_source(build.render(cfg), build.KERNEL_FLAGS, name="kernel", config=cfg)
+
+
+def test_unchecked_build_makes_a_config_validate_refuses() -> None:
+    # The lab's --unchecked (scripts/kernel_lab.py): the three-warpgroup multicast pair at D 64,
+    # refused by validate until it has run on a GPU, still compiles clean.
+    from tuner.config import KernelConfig
+    from tuner.errors import ConfigError
+
+    cfg = KernelConfig(scheduler="static", q_release="after_last_qk", block_m=192,
+                       consumer_regs=160, kv_multicast=True)
+    pclass = ProblemClass(64, True)
+    (refused,) = build.build_many([cfg], jobs=1, pclass=pclass)
+    assert isinstance(refused.error, ConfigError) and "not yet verified" in str(refused.error)
+    (built,) = build.build_many([cfg], jobs=1, pclass=pclass, check=False)
+    assert built.ok and not built.result.unfit, built.error or built.result.unfit
+    assert built.result.sass["has_hgmma"] and built.result.wgmma_serialized is None

@@ -759,12 +759,15 @@ def _compile(text: str, flags: Sequence[str], extra_inc: Sequence[Path], nvcc: P
 
 def build_config(
     cfg: KernelConfig, template: Path | None = None, cache_root: Path | None = None,
-    defines: Defines | None = None, *, pclass: ProblemClass = DEFAULT_CLASS,
+    defines: Defines | None = None, *, pclass: ProblemClass = DEFAULT_CLASS, check: bool = True,
 ) -> BuildResult:
     """Validate, render and compile one config for one problem class (cached). ``defines``:
     extra -D flags for test builds (build_source); None builds exactly the config's artifact.
-    ``pclass``: the head dim and mask compiled in (tuner.problem.ProblemClass)."""
-    validate(cfg, pclass.head_dim)
+    ``pclass``: the head dim and mask compiled in (tuner.problem.ProblemClass). ``check=False``
+    skips validate (the lab's --unchecked: configs it refuses until they ran on a GPU; the
+    kernel's own static_asserts still hold)."""
+    if check:
+        validate(cfg, pclass.head_dim)
     if pclass.varlen:  # its varlen kernel must work too (multicast cannot; spills are refused)
         check_varlen(cfg, pclass.head_dim)
     tpl = template or _paths.kernel_template()
@@ -805,13 +808,15 @@ class BuildOutcome:
 def _worker(
     cfg_dict: dict[str, Any], template: str | None, cache_root: str | None,
     defines: dict[str, str | int] | None = None, pclass: ProblemClass = DEFAULT_CLASS,
+    check: bool = True,
 ) -> tuple[str, Any, str | None]:
     # Exceptions are flattened to (kind, message, log) because FaTuneError subclasses with
     # extra constructor arguments do not survive pickling between processes intact.
     cfg = KernelConfig.from_dict(cfg_dict)
     try:
         r = build_config(cfg, Path(template) if template else None,
-                         Path(cache_root) if cache_root else None, defines, pclass=pclass)
+                         Path(cache_root) if cache_root else None, defines, pclass=pclass,
+                         check=check)
         return ("ok", r, None)
     except BuildError as e:
         return ("BuildError", str(e), e.log_path)
@@ -829,11 +834,12 @@ def build_many(
     defines: Defines | None = None,
     *,
     pclass: ProblemClass = DEFAULT_CLASS,
+    check: bool = True,
 ) -> list[BuildOutcome]:
     """Build configs in parallel worker processes; one outcome per input config, in order.
 
-    Invalid configs fail fast without compiling; duplicates compile once. ``defines`` and
-    ``pclass`` (the problem class) apply to every config (build_config).
+    Invalid configs fail fast without compiling; duplicates compile once. ``defines``,
+    ``pclass`` (the problem class) and ``check`` apply to every config (build_config).
     """
     cfgs = list(configs)
     outcomes: dict[KernelConfig, BuildOutcome] = {}
@@ -842,7 +848,8 @@ def build_many(
         if c in outcomes or c in todo:
             continue
         try:
-            validate(c, pclass.head_dim)
+            if check:
+                validate(c, pclass.head_dim)
             if pclass.varlen:
                 check_varlen(c, pclass.head_dim)
         except ConfigError as e:
@@ -857,12 +864,12 @@ def build_many(
         root = str(cache_root) if cache_root else None
         defs = dict(defines) if defines else None
         if jobs == 1 or len(todo) == 1:
-            raw = [_worker(c.to_dict(), tpl, root, defs, pclass) for c in todo]
+            raw = [_worker(c.to_dict(), tpl, root, defs, pclass, check) for c in todo]
         else:
             with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as ex:
                 raw = list(ex.map(_worker, [c.to_dict() for c in todo],
                                   [tpl] * len(todo), [root] * len(todo), [defs] * len(todo),
-                                  [pclass] * len(todo)))
+                                  [pclass] * len(todo), [check] * len(todo)))
         for c, (kind, payload, log) in zip(todo, raw, strict=True):
             if kind == "ok":
                 outcomes[c] = BuildOutcome(c, payload, None)

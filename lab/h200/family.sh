@@ -15,7 +15,9 @@
 # SKIP_TESTS=1 the GPU tests of the run step. GPU_SUITE="tests/gpu/a.py ..." makes the build
 # step also run those GPU tests in the background (they need no FA3; the run step waits for
 # them instead of running its own). Timing protocol LAB_PROTOCOL (default the seeds'
-# "50 200 3" with 2 s settle). Logs and JSON land in $OUT.
+# "50 200 3" with 2 s settle). LAB_ARGS: more kernel_lab.py arguments for the build and the
+# timing, e.g. LAB_ARGS=--unchecked for configs config.validate refuses until they ran on a GPU
+# (each is still gated first). Logs and JSON land in $OUT.
 set -euo pipefail
 cmd=${1:?usage: family.sh build|run [WORKLOAD...]}
 shift
@@ -27,7 +29,7 @@ declare -A SHAPE=([d64]=4x32x8192:d64 [d64b]=4x32x8192:d64 [d256]=4x16x8192:d256
                [s7_full]=4x32x8192:full [wide_full]=4x32x8192:full
                [gqa70b]=1x64/8x8192 [s9_gqa]="1x32/8x8192 1x64/8x8192" [s9_d64]=4x32x8192:d64
                [s9_full]=4x32x8192:full [s10_d64]=4x32x8192:d64 [s10_full]=4x32x8192:full
-               [s10_gqa]=1x32/8x8192)
+               [s10_gqa]=1x32/8x8192 [s11_d64mc]=4x32x8192:d64)
 # A workload's problems (several, space-separated) as kernel_lab.py arguments.
 shape_args() { local s; for s in ${SHAPE[$1]}; do printf -- '--shape %s ' "$s"; done; }
 ORDER=(${FAMILY_WORKLOADS:-d256 d64 full128})
@@ -44,7 +46,7 @@ build)
   [ -n "${SKIP_PREBUILD:-}" ] || cmds+=" $E python3 lab/h200/prebuild.py;"
   for w in "${ORDER[@]}"; do
     cmds+=" $E python3 scripts/kernel_lab.py --build-only --variants-file lab/h200/variants/$w.txt"
-    cmds+=" $(shape_args "$w") --jobs $(nproc);"
+    cmds+=" $(shape_args "$w") --jobs $(nproc) ${LAB_ARGS:-};"
   done
   setsid nohup bash -c "$cmds echo FAMILY-BUILT" > "$DEV/family_build.log" 2>&1 < /dev/null &
   echo "building in the background"
@@ -79,7 +81,7 @@ run)
   read -r warm rep rounds <<< "${LAB_PROTOCOL:-50 200 3}"
   for w in "${@:-${ORDER[@]}}"; do
     timeout "${LAB_TIMEOUT:-200}" $E python3 scripts/kernel_lab.py \
-      --variants-file "$LAB/variants/$w.txt" $(shape_args "$w") \
+      --variants-file "$LAB/variants/$w.txt" $(shape_args "$w") ${LAB_ARGS:-} \
       --warmup "$warm" --repeat "$rep" --rounds "$rounds" > "$OUT/lab_$w.log" 2>&1 \
       || echo "lab $w exited $?"
     mv -f "$OUT/kernel_lab.json" "$OUT/kernel_lab_$w.json" 2>/dev/null || true
