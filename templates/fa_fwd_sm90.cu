@@ -34,6 +34,7 @@ struct Config {
   static constexpr fa_tune::RescaleO rescale_o = ${rescale_o};
   static constexpr bool lazy_rescale = ${lazy_rescale};
   static constexpr bool tree_reduce = ${tree_reduce};
+  static constexpr bool sum_in_pv = ${sum_in_pv};
   static constexpr bool q_in_regs = ${q_in_regs};
   static constexpr bool early_next_qk = ${early_next_qk};
   static constexpr bool kv_multicast = ${kv_multicast};

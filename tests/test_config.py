@@ -27,6 +27,7 @@ ARCH_DEFAULTS = {
     "consumer_regs": 240, "intra_wg_overlap": True, "pingpong": True, "rescale_o": "after_pv",
     "lazy_rescale": False,
     "tree_reduce": False,
+    "sum_in_pv": False,
     "q_in_regs": False,
     "early_next_qk": False,
     "kv_multicast": False,
@@ -414,3 +415,21 @@ def test_check_problem_needs_a_group_head_cluster_divides(text: str, c: int, ok:
     else:
         with pytest.raises(ShapeError, match=f"head_cluster {c} runs that many query heads"):
             check_problem(cfg, problem)
+
+
+def test_sum_in_pv_only_at_head_dim_64() -> None:
+    from tuner.config import consumer_reg_estimate, smem_bytes
+
+    cfg = load_preset("d64-sumpv")
+    assert cfg.sum_in_pv and validate(cfg, 64) is cfg
+    for d in (128, 256):
+        with pytest.raises(ConfigError, match=f"sum_in_pv .* needs head dim 64; got {d}"):
+            validate(KernelConfig(sum_in_pv=True), d)
+    off = cfg.replace(sum_in_pv=False)
+    assert smem_bytes(cfg, 64) - smem_bytes(off, 64) == cfg.block_n * 64 * 2  # the ones
+    # Its 4 sum columns in O against the softmax's partial sums it drops (ptxas: no stack at
+    # 160 either way).
+    assert consumer_reg_estimate(cfg, 64) == consumer_reg_estimate(off, 64)
+    # A knob added after config ids were published: false keeps every old id.
+    assert "sum_in_pv" not in KernelConfig().canonical_json()
+    assert "sum_in_pv" in cfg.canonical_json()

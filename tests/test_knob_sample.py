@@ -10,10 +10,18 @@ from __future__ import annotations
 import time
 
 import pytest
-from knob_sample import PINNED, TODO_NOT_COVERED, knob_sample, pairs_of, pairs_to_cover
+from knob_sample import (
+    OTHER_HEAD_DIM,
+    PINNED,
+    TODO_NOT_COVERED,
+    knob_sample,
+    pairs_of,
+    pairs_to_cover,
+)
 
 from tuner import _paths, build
-from tuner.config import KNOBS, validate
+from tuner.config import KNOBS, KernelConfig, load_preset, validate
+from tuner.errors import ConfigError
 
 
 def test_sample_covers_every_knob_value() -> None:
@@ -27,8 +35,16 @@ def test_sample_covers_every_knob_value() -> None:
     # silently skipped), and the TODO list only names knobs the sample pins.
     for name, knob in KNOBS.items():
         for v in knob.choices:
-            assert (name, v) in covered or v in TODO_NOT_COVERED.get(name, ()), (name, v)
+            assert ((name, v) in covered or v in TODO_NOT_COVERED.get(name, ())
+                    or v in OTHER_HEAD_DIM.get(name, ((),))[0]), (name, v)
     assert set(TODO_NOT_COVERED) <= set(PINNED)
+    # A value left to another head dim is one D 128 refuses and that head dim's preset uses.
+    for name, (values, d, preset) in OTHER_HEAD_DIM.items():
+        for v in values:
+            with pytest.raises(ConfigError):
+                validate(KernelConfig().replace(**{name: v}))
+            cfg = load_preset(preset)
+            assert getattr(cfg, name) == v and validate(cfg, d) is cfg
     assert 6 <= len(sample) <= 16, len(sample)
     assert knob_sample() == sample  # deterministic
 

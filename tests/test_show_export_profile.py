@@ -532,6 +532,69 @@ def test_profile_side_by_side_wrong_input(study: str, fake_ncu: dict[str, Path],
     assert expect in line, line
 
 
+@pytest.fixture
+def fake_preset_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[tuple]:
+    """``fa-tune profile --preset``'s build, a test fixture: the fake ncu never runs the
+    library, so no nvcc compile (tests/test_kernel_build.py compiles every preset)."""
+    from types import SimpleNamespace
+
+    from tuner import build
+
+    calls: list[tuple] = []
+
+    def fake(cfg, *a, pclass=None, **k):
+        calls.append((cfg, pclass))
+        return SimpleNamespace(so_path=str(tmp_path / "preset.so"), require_timeable=lambda: None)
+
+    monkeypatch.setattr(build, "build_config", fake)
+    return calls
+
+
+def test_profile_a_preset_builds_it_for_the_problem_and_stores_nothing(
+        study: str, fake_ncu: dict[str, Path], fake_preset_build: list[tuple],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    sys.path.insert(0, str(FIX))
+    import ncu_two_kernels as two
+
+    from tuner.config import load_preset
+
+    monkeypatch.setenv("FAKE_NCU_MODE", "ok")
+    fake_ncu["details"].write_text(two.real_details())
+    fake_ncu["raw"].write_text(two.real_raw())
+    before = {t.number: dict(t.user_attrs) for t in optuna.load_study(
+        study_name=study, storage=default_storage_url(study)).trials}
+    r = runner.invoke(app, ["profile", "--preset", "d64-static128", "--shape", "1x2x256:d64"],
+                      env={"COLUMNS": "160"})
+    assert r.exit_code == 0, r.output
+    cfg = load_preset("d64-static128")
+    assert f"preset d64-static128 ({cfg.config_id()})" in r.output and "2.987" in r.output
+    assert "headline stored" not in r.output
+    [(built, pclass)] = fake_preset_build
+    assert built == cfg and (pclass.head_dim, pclass.causal) == (64, True)
+    prof_run = next(c for c in _ncu_calls(fake_ncu["log"]) if "-o" in c)
+    assert prof_run[-1] == "1x2x256:d64" and prof_run[-2].endswith("preset.so")
+    after = {t.number: dict(t.user_attrs) for t in optuna.load_study(
+        study_name=study, storage=default_storage_url(study)).trials}
+    assert after == before  # no study touched
+
+
+@pytest.mark.parametrize("extra, expect", [
+    (["--preset", "default", "--trial", "1"], "--preset/--config profile a config, not a "
+                                              "study's trial: drop --trial"),
+    (["--preset", "default", "--study", "s"], "drop --study"),
+    (["--preset", "default", "--config", "x.yaml"], "give exactly one of --preset NAME or "
+                                                    "--config FILE"),
+    (["--preset", "nosuch"], "nosuch"),
+    (["--preset", "default", "--vs", "cudnn"], "unknown --vs 'cudnn'"),
+])
+def test_profile_preset_wrong_input(studies: Path, fake_ncu: dict[str, Path],
+                                    fake_preset_build: list[tuple], extra: list[str],
+                                    expect: str) -> None:
+    line = one_line_exit2(runner.invoke(app, ["profile", "--shape", "1x2x256", *extra]))
+    assert expect in line, line
+    assert not fake_preset_build  # refused before any build
+
+
 def test_show_profile_lines_skip_malformed_records() -> None:
     from types import SimpleNamespace
 

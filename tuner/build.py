@@ -256,7 +256,8 @@ def render(cfg: KernelConfig, template: Path | None = None, *,
         "varlen": "1" if pclass.varlen else "0",
         "config_json": c_string_literal(cfg.canonical_json()),
         # Not a knob: does block_n need CuTe's extended wgmma atoms (fa_tune/config.cuh)?
-        "extended_mma": "0" if cfg.block_n in STANDARD_WGMMA_N else "1",
+        # sum_in_pv's 64 x 72 PV atom is an extended one too.
+        "extended_mma": "0" if cfg.block_n in STANDARD_WGMMA_N and not cfg.sum_in_pv else "1",
     }
     try:
         return Template(text).substitute(values)

@@ -999,21 +999,38 @@ def profile(
     vs: Annotated[str | None, typer.Option(
         "--vs", help="Profile a peer beside it, in the same ncu run: fa3 (FlashAttention-3's "
         "sm90 kernel; needs flash-attn-4).")] = None,
+    preset: Annotated[str | None, typer.Option(
+        "--preset", "-p", help="Profile this preset instead of a trial (nothing is stored).")
+    ] = None,
+    config: ConfigOpt = None,
 ) -> None:
     """Nsight Compute on one tuned kernel (one launch, --set full), alone or beside another
     trial's or FA3's: the metrics that explain time on Hopper, the rows that differ most
-    highlighted; the headline is stored with the trial (fa-tune show lists it)."""
+    highlighted; the headline is stored with the trial (fa-tune show lists it). --preset or
+    --config profiles a config that is no trial."""
     from tuner import profile as profile_mod
 
     sh = Problem.parse(shape)
+    if preset is not None or config is not None:
+        trial_opts = [n for n, v in (("--trial", trial), ("--vs-trial", vs_trial),
+                                     ("--storage", storage)) if v is not None]
+        if trial_opts or study != "default":
+            raise ConfigError(f"--preset/--config profile a config, not a study's trial: drop "
+                              f"{' and '.join(trial_opts or ['--study'])}")
+        cfg, label = load_config(preset, config)
+        _print_profile(profile_mod.profile_config(cfg, label if config else f"preset {label}",
+                                                  sh, vs=vs))
+        return
     check_problem(KernelConfig(), sh)
     _print_profile(profile_mod.profile_trial(study, storage, trial, sh, vs_trial=vs_trial, vs=vs))
 
 
 def _column_name(c: Any, long: bool = True) -> str:
     s = c.subject
-    if s.trial is None:
-        return s.label if long else s.target
+    if s.trial is None:  # a peer (short: "fa3"), or a preset / config file (its label)
+        if s.target == "fa3":
+            return s.label if long else s.target
+        return f"{s.label} ({s.config_id})" if long and s.config_id else s.label
     return f"trial {s.trial} ({s.config_id})" if long and s.config_id else f"trial {s.trial}"
 
 

@@ -76,7 +76,8 @@ PERSISTENT_PRODUCER_REGS = 24
 PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
 # Knobs added after config ids were in use, and the value that compiles the kernel as before
 # (KernelConfig.canonical_json leaves them out at it).
-NEUTRAL_LATER_KNOBS: dict[str, tuple[Any]] = {"head_cluster": (1,)}
+NEUTRAL_LATER_KNOBS: dict[str, tuple[Any]] = {"head_cluster": (1,), "sum_in_pv": (False,)}
+SUM_IN_PV_SAVED_REGS = 4  # consumer_reg_overhead
 # Clusters share K/V tiles through TMA multicast (fa_tune/config.cuh): each CTA loads 1 /
 # cluster of a tile, whole 64-column boxes or, with fewer boxes than CTAs, row slices of them
 # that must hold a multiple of 8 rows (the 128-byte swizzle's period).
@@ -148,6 +149,7 @@ KNOBS: dict[str, Knob] = {
         Knob("rescale_o", "enum", ("after_pv", "before_pv"), "RescaleO"),
         Knob("lazy_rescale", "bool", (False, True)),
         Knob("tree_reduce", "bool", (False, True)),
+        Knob("sum_in_pv", "bool", (False, True)),
         Knob("q_in_regs", "bool", (False, True)),
         Knob("early_next_qk", "bool", (False, True)),
         Knob("kv_multicast", "bool", (False, True)),
@@ -188,6 +190,7 @@ class KernelConfig:
     rescale_o: str = "after_pv"
     lazy_rescale: bool = False
     tree_reduce: bool = False
+    sum_in_pv: bool = False
     q_in_regs: bool = False
     early_next_qk: bool = False
     kv_multicast: bool = False
@@ -333,6 +336,7 @@ def smem_bytes(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> int:
         + o_tile
         + cfg.k_stages * cfg.block_n * tile
         + cfg.v_stages * cfg.block_n * tile
+        + (cfg.block_n * 64 * ELEM_BYTES if cfg.sum_in_pv else 0)  # the block of ones
         + SMEM_OVERHEAD_BYTES
     )
 
@@ -398,9 +402,11 @@ def consumer_reg_parts(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> dict[str,
 
     S tile 64 x block_n fp32 over 128 threads = block_n/2; a P tile in BF16 = block_n/4 (with
     overlap the previous tile's, held while the next QK runs); O tile 64 x D fp32 = D/2 (64 at
-    D 128, 128 at D 256); Q held in registers (q_in_regs) 64 x D BF16 = D/4.
+    D 128, 128 at D 256), + 4 with sum_in_pv (the row sums' 8 columns); Q held in registers
+    (q_in_regs) 64 x D BF16 = D/4.
     """
-    parts = {"S": cfg.block_n // 2, "P": cfg.block_n // 4, "O": head_dim // 2}
+    parts = {"S": cfg.block_n // 2, "P": cfg.block_n // 4,
+             "O": head_dim // 2 + (4 if cfg.sum_in_pv else 0)}
     if cfg.q_in_regs:
         parts["Q"] = Q_IN_REGS * head_dim // HEAD_DIM
     parts["overhead"] = consumer_reg_overhead(cfg, head_dim)
@@ -414,7 +420,10 @@ def consumer_reg_estimate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> int:
 def consumer_reg_overhead(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> int:
     fix = CONSUMER_REG_OVERHEAD_D.get((head_dim, cfg.intra_wg_overlap), 0)
     base = CONSUMER_REG_OVERHEAD if cfg.intra_wg_overlap else CONSUMER_REG_OVERHEAD_SERIAL
-    return base + fix
+    # sum_in_pv: the softmax keeps no partial row sums (two per row) and does no quad sum,
+    # about the 4 registers its sum columns add to O: D 64 192 x 128 at 160 compiled without
+    # stack (nvcc 13.0, 2026-12-02), as without it.
+    return base + fix - (SUM_IN_PV_SAVED_REGS if cfg.sum_in_pv else 0)
 
 
 def cluster_size(cfg: KernelConfig) -> int:
@@ -433,6 +442,12 @@ def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> KernelConfig:
     ``head_dim`` (its problem class); else return cfg."""
     if head_dim not in HEAD_DIMS:
         raise ConfigError(f"head dim {head_dim} is not one the kernel builds: {HEAD_DIMS}")
+    if cfg.sum_in_pv and head_dim != 64:
+        # The ones ride in the V operand's second 64-column atom, which the wgmma descriptor
+        # places at a free offset only while V itself is one atom wide (softmax.cuh).
+        raise ConfigError(
+            f"sum_in_pv (row sums as 8 extra columns of ones in the PV GEMM) needs head dim 64; "
+            f"got {head_dim}: set it false")
     if cfg.kv_multicast:
         if cfg.scheduler != "static":
             raise ConfigError(
@@ -440,11 +455,13 @@ def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> KernelConfig:
                 f"list); got scheduler {cfg.scheduler}"
             )
         if cfg.block_m != 128:
-            # The kernel builds block_m 192 pairs too (three warpgroups, params.cuh), but they
-            # have not run on a GPU yet (docs/PERF.md step 37): refused until gated there.
+            # The kernel builds block_m 192 pairs too (three warpgroups, params.cuh), and they
+            # pass the gate, but at D 64 (the one head dim whose registers fit three) they ran
+            # 0.95-0.99x of the same kernel unpaired (H200, docs/PERF.md step 39): refused, so
+            # the search does not spend trials on them; the lab builds them with --unchecked.
             raise ConfigError(
-                f"kv_multicast needs block_m 128 (two warpgroups per CTA; 192 is built but not "
-                f"yet verified on a GPU); got {cfg.block_m}"
+                f"kv_multicast needs block_m 128 (two warpgroups per CTA; 192 pairs were "
+                f"measured slower than unpaired, docs/PERF.md step 39); got {cfg.block_m}"
             )
         if cfg.early_next_qk:
             raise ConfigError("kv_multicast does not support early_next_qk; set it false")

@@ -675,6 +675,44 @@ def _trial_subject(study: str, storage: str | None, number: int | None,
     return t, cfg, Subject(f"trial {t.number}", "", t.number, cfg.config_id())
 
 
+def _peer_subjects(vs: str | None) -> list[Subject]:
+    """The peer column ``--vs`` asks for (none, or FA3 once it is known to be installed)."""
+    if vs is None:
+        return []
+    if vs != "fa3":
+        raise ProfileError(f"unknown --vs '{vs}': use --vs fa3, or --vs-trial N for a trial")
+    why = fa3_reason()
+    if why:
+        raise ProfileError(f"--vs fa3: FlashAttention-3 cannot run here ({why}); install "
+                           "flash-attn-4 (pip install 'fa-tune[peers]')")
+    from tuner.peers import make_peer
+
+    return [Subject(make_peer("fa3").label, "fa3")]
+
+
+def _profile(subjects: Sequence[Subject], shape: Problem, name: str) -> ProfileResult:
+    rep, kernels, version = run_ncu(subjects, shape, name)
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    cols = [Column(s, k, headline(k)) for s, k in zip(subjects, kernels, strict=True)]
+    return ProfileResult(rep, shape, version, date, cols)
+
+
+def profile_config(cfg: Any, label: str, shape: Problem, *, vs: str | None = None) -> ProfileResult:
+    """Profile a config that is no trial (``--preset`` / ``--config``), built for ``shape``'s
+    class, alone or beside FA3; nothing is stored (there is no trial to keep the headline)."""
+    from tuner.build import build_config
+    from tuner.config import check_problem
+
+    check_problem(cfg, shape)
+    find_ncu()
+    peers = _peer_subjects(vs)
+    built = build_config(cfg, pclass=shape.problem_class)
+    built.require_timeable()
+    subjects = [Subject(label, str(built.so_path), None, cfg.config_id()), *peers]
+    return _profile(subjects, shape,
+                    report_name(label, cfg.config_id(), *(s.target for s in peers), shape))
+
+
 def profile_trial(study: str, storage: str | None, trial: int | None, shape: Problem, *,
                   vs_trial: int | None = None, vs: str | None = None) -> ProfileResult:
     """Profile the trial's kernel on ``shape`` (alone, beside another trial's, or beside FA3's
@@ -682,7 +720,7 @@ def profile_trial(study: str, storage: str | None, trial: int | None, shape: Pro
     from tuner.export import artifact_for
 
     if vs is not None and vs != "fa3":
-        raise ProfileError(f"unknown --vs '{vs}': use --vs fa3, or --vs-trial N for a trial")
+        _peer_subjects(vs)  # its one line
     if vs is not None and vs_trial is not None:
         raise ProfileError("give --vs fa3 or --vs-trial N, not both")
     t, cfg, first = _trial_subject(study, storage, trial, shape)
@@ -692,23 +730,12 @@ def profile_trial(study: str, storage: str | None, trial: int | None, shape: Pro
             raise ProfileError(f"--vs-trial {vs_trial} is the trial being profiled; pick another")
         pairs.append(_trial_subject(study, storage, vs_trial, shape))
     find_ncu()  # before any rebuild: the clear line first
-    subjects = [s for _, _, s in pairs]
-    if vs == "fa3":
-        why = fa3_reason()
-        if why:
-            raise ProfileError(f"--vs fa3: FlashAttention-3 cannot run here ({why}); install "
-                               "flash-attn-4 (pip install 'fa-tune[peers]')")
-        from tuner.peers import make_peer
-
-        subjects.append(Subject(make_peer("fa3").label, "fa3"))
+    subjects = [s for _, _, s in pairs] + _peer_subjects(vs)
     for tr, c, s in pairs:  # a library for this problem's class (head dim, mask)
         s.target = str(artifact_for(tr, c, shape.problem_class).so_path)
     name = report_name(study, *(f"trial{s.trial}" if s.trial is not None else s.target
                                 for s in subjects), shape)
-    rep, kernels, version = run_ncu(subjects, shape, name)
-    date = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    res = ProfileResult(rep, shape, version, date,
-                        [Column(s, k, headline(k)) for s, k in zip(subjects, kernels, strict=True)])
+    res = _profile(subjects, shape, name)
     try:
         res.stored = store_profiles(study, storage, res)
     except Exception as exc:  # the profile stands without the study record; say so, once

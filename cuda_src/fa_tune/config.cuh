@@ -84,6 +84,12 @@ struct Derived {
   static constexpr bool kPingpong = Cfg::pingpong && kConsumerWGs >= 2;
   static constexpr bool kOverlap = Cfg::intra_wg_overlap;
   static constexpr bool kRescaleBeforePv = Cfg::rescale_o == RescaleO::BeforePv && kOverlap;
+  // sum_in_pv: the row sums come out of the PV GEMM, as 8 more output columns (64 x 72) whose
+  // B operand is a block of ones, instead of one FADD per score in the softmax. The ones sit
+  // at the descriptor's second 64-column atom, a free offset only while V is one atom wide.
+  static constexpr bool kSumInPv = Cfg::sum_in_pv;
+  static_assert(!kSumInPv || (kHeadDim == 64 && FA_TUNE_EXTENDED_MMA),
+                "sum_in_pv needs head_dim 64 (and its 64 x 72 atom FA_TUNE_EXTENDED_MMA 1)");
   // Only a persistent CTA has a next tile; its Q must be able to land before this tile's
   // epilogue ends (after_last_qk), or the drain would wait for it forever.
   static constexpr bool kEarlyNextQk = Cfg::early_next_qk;

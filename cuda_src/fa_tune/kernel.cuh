@@ -45,9 +45,10 @@ struct Consumer {
     Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{});
     Tensor tOrP = make_tensor<Element>(typename T::LayoutP{});
     PipeState kst, vst, qst;
+    float osum[4] = {0.f, 0.f, 0.f, 0.f};  // sum_in_pv's row-sum columns
     typename Mainloop<Cfg>::template State<decltype(tSrQ), decltype(tSrK), decltype(tOrV),
                                            decltype(tSrS), decltype(tOrO), decltype(tOrP)>
-        st{mma_qk, mma_pv, tSrQ, tSrK, tOrV, tSrS, tOrO, tOrP, kst, vst};
+        st{mma_qk, mma_pv, tSrQ, tSrK, tOrV, tSrS, tOrO, tOrP, kst, vst, osum};
 
     const int lane = tid % 32, warp_in_wg = (tid / 32) % 4;
     const int rank = row_rank<T>();  // kv_multicast: this CTA's rows of the pair
@@ -151,6 +152,15 @@ __global__ void __launch_bounds__(Derived<Cfg>::kThreads, 1)
   auto& ss = *reinterpret_cast<SharedStorage<T>*>(smem_raw);
   const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);
 
+  if constexpr (T::kSumInPv) {
+    // The block of ones sum_in_pv's PV reads, written once; the fence makes these generic
+    // stores visible to wgmma (the async proxy) past the barrier below.
+    constexpr int kWords = T::kBlockN * 64 / 8;  // 16-byte words of 8 BF16 ones
+    auto* ones = reinterpret_cast<uint4*>(ss.ones.v);
+    for (int i = threadIdx.x; i < kWords; i += T::kThreads)
+      ones[i] = make_uint4(0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u);
+    cutlass::arch::fence_view_async_shared();
+  }
   if (threadIdx.x == 0) {
     ss.q_ring.init(T::kConsumerWarps);
     ss.k_ring.init(T::kConsumerWarps);

@@ -22,7 +22,7 @@ struct Mainloop {
   using T = Traits<Cfg>;
   using PP = Pingpong<T>;
   using Element = typename T::Element;
-  using Softmax = OnlineSoftmax<Cfg::lazy_rescale, Cfg::tree_reduce>;
+  using Softmax = OnlineSoftmax<Cfg::lazy_rescale, Cfg::tree_reduce, T::kSumInPv>;
 
   // Per-warpgroup state that lives across tiles: MMA fragments and ring cursors.
   template <class TSrQ, class TSrK, class TOrV, class TSrS, class TOrO, class TOrP>
@@ -37,7 +37,45 @@ struct Mainloop {
     TOrP& tOrP;
     PipeState& kst;
     PipeState& vst;
+    float (&osum)[4];  // sum_in_pv: the row-sum columns of PV's accumulator (unused otherwise)
   };
+
+  // O (+)= P V for the V stage at the cursor, left in flight; with sum_in_pv also the row sums.
+  template <class St>
+  __device__ __forceinline__ static void issue_pv(St& st, SharedStorage<T>& ss, bool zero_init) {
+    using namespace cute;
+    if constexpr (T::kSumInPv) {
+#if FA_TUNE_EXTENDED_MMA
+      warpgroup_gemm_pv_sums(st.tOrP, st.tOrV(_, _, _, st.vst.index), st.tOrO, st.osum,
+                             uint32_t(__cvta_generic_to_shared(&ss.ones)), zero_init);
+#endif
+    } else {
+      warpgroup_gemm<-1>(st.mma_pv, st.tOrP, st.tOrV(_, _, _, st.vst.index), st.tOrO, zero_init);
+    }
+  }
+
+  // Wait until at most kPending groups are in flight; O (and the sums) may be read after.
+  template <int kPending, class St>
+  __device__ __forceinline__ static void wait_pv(St& st) {
+    warpgroup_wait_for<kPending>(st.tOrO);
+    if constexpr (T::kSumInPv) fence_sums(st.osum);
+  }
+
+  // Rescale O's rows (and, with sum_in_pv, their sums: they share O's reference max).
+  template <class St>
+  __device__ __forceinline__ static void scale_o(St& st, const float (&f)[2]) {
+    scale_rows(st.tOrO, f);
+    if constexpr (T::kSumInPv) {
+      CUTE_UNROLL
+      for (int e = 0; e < 4; ++e) st.osum[e] *= f[e / 2];
+    }
+  }
+
+  // After the last PV completed: 1 / row sum per row (sum_in_pv reads them from PV's output).
+  template <class St>
+  __device__ __forceinline__ static void finalize_sums(St& st, Softmax& sm, float (&inv_sum)[2]) {
+    if constexpr (T::kSumInPv) sm.finalize(st.osum, inv_sum);
+  }
 
   // Runs every KV tile of one query tile; returns with the last PV complete, O unnormalized
   // in tOrO, every K/V stage released and inv_sum = 1 / row sum. `release_q` is called once
@@ -163,10 +201,10 @@ struct Mainloop {
       PP::wait_turn(wg);
       warpgroup_gemm<-1>(st.mma_qk, st.tSrQ, st.tSrK(_, _, _, st.kst.index), st.tSrS, true);
       if constexpr (T::kRescaleBeforePv) {
-        if (!first_pv && pending) scale_rows(st.tOrO, pending_rescale);
+        if (!first_pv && pending) scale_o(st, pending_rescale);
       }
       ss.v_ring.wait_full(st.vst);
-      warpgroup_gemm<-1>(st.mma_pv, st.tOrP, st.tOrV(_, _, _, st.vst.index), st.tOrO, first_pv);
+      issue_pv(st, ss, first_pv);
       PP::pass_turn(wg, false);
       warpgroup_wait_for<1>(st.tSrS);  // QK[n] done, PV[n+1] may still run
       if (n == 0) release_q();
@@ -175,14 +213,14 @@ struct Mainloop {
       const bool needed = sm.template update<false>(st.tSrS, scale_log2, rescale);
       if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
       st.kst.template advance<T::kKStages>();
-      warpgroup_wait_for<0>(st.tOrO);  // PV[n+1] done: V stage and P registers are free
+      wait_pv<0>(st);  // PV[n+1] done: V stage and P registers are free
       release_v(st, ss, v_prev, first_pv);
       if constexpr (T::kRescaleBeforePv) {
         pending_rescale[0] = rescale[0];
         pending_rescale[1] = rescale[1];
         pending = needed;
       } else if (needed) {
-        scale_rows(st.tOrO, rescale);
+        scale_o(st, rescale);
       }
       convert_to_bf16(st.tSrS, st.tOrP);
       first_pv = false;
@@ -194,14 +232,15 @@ struct Mainloop {
     ss.v_ring.wait_full(st.vst);
     PP::wait_turn(wg);
     if constexpr (T::kRescaleBeforePv) {
-      if (!first_pv && pending) scale_rows(st.tOrO, pending_rescale);
+      if (!first_pv && pending) scale_o(st, pending_rescale);
     }
-    warpgroup_gemm<-1>(st.mma_pv, st.tOrP, st.tOrV(_, _, _, st.vst.index), st.tOrO, first_pv);
+    issue_pv(st, ss, first_pv);
     issue_next();  // early_next_qk: the next tile's first QK, behind this PV
     PP::pass_turn(wg, last_tile);
-    sm.finalize(inv_sum);  // the row-sum reduction hides under the last PV
+    if constexpr (!T::kSumInPv) sm.finalize(inv_sum);  // the row-sum reduction hides under the last PV
     // The PV (the older group) is done; an early next QK may still run.
-    warpgroup_wait_for<T::kEarlyNextQk ? 1 : 0>(st.tOrO);
+    wait_pv<T::kEarlyNextQk ? 1 : 0>(st);
+    finalize_sums(st, sm, inv_sum);
     finish_v(st, ss, v_prev, !first_pv);
   }
 
@@ -227,17 +266,17 @@ struct Mainloop {
       if (first) {
         sm.template update<true>(st.tSrS, scale_log2, rescale);
       } else if (sm.template update<false>(st.tSrS, scale_log2, rescale)) {
-        scale_rows(st.tOrO, rescale);
+        scale_o(st, rescale);
       }
       if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
       st.kst.template advance<T::kKStages>();
       convert_to_bf16(st.tSrS, st.tOrP);
       ss.v_ring.wait_full(st.vst);
       PP::wait_turn(wg);
-      warpgroup_gemm<-1>(st.mma_pv, st.tOrP, st.tOrV(_, _, _, st.vst.index), st.tOrO, first);
+      issue_pv(st, ss, first);
       PP::pass_turn(wg, last_tile && n == 0);
       if (n != 0) {  // the last PV is drained by the epilogue, overlapped with finalize()
-        warpgroup_wait_for<0>(st.tOrO);
+        wait_pv<0>(st);
         release_v(st, ss, v_prev, first);
       }
       first = false;
@@ -245,8 +284,9 @@ struct Mainloop {
     int n = n_blocks - 1;
     for (; n >= n_unmasked; --n) step(cute::true_type{}, n);
     for (; n >= 0; --n) step(cute::false_type{}, n);
-    sm.finalize(inv_sum);  // the row-sum reduction hides under the last PV
-    warpgroup_wait_for<0>(st.tOrO);
+    if constexpr (!T::kSumInPv) sm.finalize(inv_sum);  // the row-sum reduction hides under the last PV
+    wait_pv<0>(st);
+    finalize_sums(st, sm, inv_sum);
     finish_v(st, ss, v_prev, n_blocks > 1);
   }
 

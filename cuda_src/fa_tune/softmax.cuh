@@ -66,7 +66,9 @@ __device__ __forceinline__ void apply_mask(Frag& s, int row0, int col0, int key_
 // then reach at most 2^8, far inside FP32 and BF16 range, and most tiles skip the O rescale.
 // kTree: the row max and row sum run as kChains independent chains, combined at the end, so
 // the max that every exp2 waits on is ~N/8 dependent FMNMX long instead of N/2.
-template <bool kLazy, bool kTree = false>
+// kSumInPv: the row sums come out of the PV GEMM (sum_in_pv, wgmma.cuh), so the softmax
+// keeps none; finalize takes them from there.
+template <bool kLazy, bool kTree = false, bool kSumInPv = false>
 struct OnlineSoftmax {
   static constexpr float kLazyThreshold = 8.f;
   static constexpr int kChains = kTree ? 4 : 1;
@@ -125,18 +127,20 @@ struct OnlineSoftmax {
     for (int e = 0; e < N; ++e) {
       const int r = (e / 2) % 2;
       s(e) = exp2f(fmaf(s(e), scale_log2, -m_scaled[r]));
-      sc[r][(e / 4) % kChains] += s(e);
+      if constexpr (!kSumInPv) sc[r][(e / 4) % kChains] += s(e);
     }
-    float sum[2];
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      sum[r] = sc[r][0];
+    if constexpr (!kSumInPv) {
+      float sum[2];
       CUTE_UNROLL
-      for (int c = 1; c < kChains; ++c) sum[r] += sc[r][c];
+      for (int r = 0; r < 2; ++r) {
+        sum[r] = sc[r][0];
+        CUTE_UNROLL
+        for (int c = 1; c < kChains; ++c) sum[r] += sc[r][c];
+      }
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r)  // TEST ONLY: planted bug 7 (config.cuh) skips the rescale
+        row_sum[r] = kFirst ? sum[r] : fmaf(row_sum[r], kPlantBug == 7 ? 1.f : rescale[r], sum[r]);
     }
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r)  // TEST ONLY: planted bug 7 (config.cuh) skips the rescale
-      row_sum[r] = kFirst ? sum[r] : fmaf(row_sum[r], kPlantBug == 7 ? 1.f : rescale[r], sum[r]);
     if constexpr (kPlantBug == 1) {  // TEST ONLY: planted bug 1 (config.cuh): O keeps its scale
       rescale[0] = rescale[1] = 1.f;
       return false;
@@ -147,11 +151,25 @@ struct OnlineSoftmax {
 
   // After the last tile: complete the row sums across the quad; returns 1/sum per row.
   __device__ __forceinline__ void finalize(float (&inv_sum)[2]) {
+    static_assert(!kSumInPv, "sum_in_pv: finalize(sums, inv_sum)");
     CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      row_sum[r] = quad_sum(row_sum[r]);
+    for (int r = 0; r < 2; ++r) row_sum[r] = quad_sum(row_sum[r]);
+    inverse(inv_sum);
+  }
+
+  // sum_in_pv, after the last PV completed: its 8 sum columns hold this thread's two rows'
+  // whole sums (flat index i0 + 2 * i1 of the column group, i1 the row; softmax.cuh's layout).
+  __device__ __forceinline__ void finalize(const float (&sums)[4], float (&inv_sum)[2]) {
+    static_assert(kSumInPv, "finalize(sums, ...) is sum_in_pv's");
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) row_sum[r] = sums[2 * r];
+    inverse(inv_sum);
+  }
+
+  __device__ __forceinline__ void inverse(float (&inv_sum)[2]) const {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r)
       inv_sum[r] = (row_sum[r] == 0.f || row_sum[r] != row_sum[r]) ? 0.f : 1.f / row_sum[r];
-    }
   }
 
   // Natural-log LSE of row r (valid after finalize()).

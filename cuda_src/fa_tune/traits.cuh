@@ -93,6 +93,14 @@ struct Traits : Derived<Cfg> {
   static constexpr int kOElems = kSeparateO ? kBlockM * kHeadDim : 1;
 };
 
+// sum_in_pv's B operand columns 64..71: block_n key rows of ones, one 64-column swizzle atom
+// wide like a V stage (all ones, so the swizzle does not matter), written once per CTA.
+template <int kElems>
+struct alignas(1024) OnesTile {
+  cutlass::bfloat16_t v[kElems];
+};
+struct NoOnes {};
+
 template <class T>
 struct SharedStorage {
   alignas(1024) typename T::Element q[T::kBlockM * T::kHeadDim];
@@ -105,6 +113,7 @@ struct SharedStorage {
   // Dynamic scheduler: the producer publishes the next tile number here (two alternating
   // slots); varlen: the next tile's task (two 16-byte VarlenTasks).
   alignas(16) int tile_slot[8];
+  std::conditional_t<T::kSumInPv, OnesTile<T::kBlockN * 64>, NoOnes> ones;
 };
 
 }  // namespace fa_tune

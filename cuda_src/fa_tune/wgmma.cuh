@@ -4,6 +4,10 @@
 #include <cute/tensor.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cutlass/arch/barrier.h>
+#include <utility>
+#if FA_TUNE_EXTENDED_MMA
+#include <cute/arch/mma_sm90_gmma_ext.hpp>
+#endif
 
 #include "config.cuh"
 
@@ -31,6 +35,59 @@ __device__ __forceinline__ void warpgroup_gemm(Mma& mma, TA& a, const TB& b, TC&
   cute::warpgroup_fence_operand(c);
   if constexpr (kARegs) cute::warpgroup_fence_operand(a);
 }
+
+#if FA_TUNE_EXTENDED_MMA  // the 64 x 72 atom is an extended one (build.py sets it for sum_in_pv)
+// sum_in_pv's PV, one commit group left in flight: O (+)= P V and, as output columns 64..71,
+// the row sums (+)= P x ones, one 64 x 72 wgmma per 16-key k-block. V's descriptor is CuTe's
+// (one 64-column atom at D 64); its leading byte offset, the stride to the operand's next
+// 64-column atom, is pointed at the ones block. Every column of that block is the whole row
+// sum of P as BF16, the very weights PV multiplies, so each thread holds its rows' sums.
+template <class TA, class TB, class TC, size_t... I>
+__device__ __forceinline__ void pv_sums_kblock(const uint32_t* a, uint64_t desc, TC& c,
+                                               float (&sums)[4], cute::GMMA::ScaleOut scale,
+                                               std::index_sequence<I...>) {
+  using Atom = cute::SM90::GMMA::MMA_64x72x16_F32BF16BF16_RS<cute::GMMA::Major::K,
+                                                             cute::GMMA::Major::MN>;
+  Atom::fma(a[0], a[1], a[2], a[3], desc, c(I)..., sums[0], sums[1], sums[2], sums[3], scale);
+}
+
+__device__ __forceinline__ void fence_sums(float (&sums)[4]) {
+  CUTE_UNROLL
+  for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(sums[i])::"memory");
+}
+
+template <class TA, class TB, class TC>
+__device__ __forceinline__ void warpgroup_gemm_pv_sums(TA& a, const TB& b, TC& c, float (&sums)[4],
+                                                       uint32_t ones_addr, bool zero_init) {
+  using namespace cute;
+  static_assert(decltype(size(c))::value == 32, "sum_in_pv: a 64 x 64 O fragment (head dim 64)");
+  warpgroup_fence_operand(a);
+  warpgroup_fence_operand(c);
+  fence_sums(sums);
+  warpgroup_arrive();
+  const uint32_t* pa = reinterpret_cast<const uint32_t*>(raw_pointer_cast(a.data()));
+  // Low word: start address (14 bits at 0) and leading byte offset (14 bits at 16), in 16-byte
+  // units. The offset is set once per call; each k-block's descriptor is CuTe's k-block 0 plus
+  // a compile-time step (so the patch costs no per-k-block bit fiddling).
+  const GmmaDescriptor d0 = b(_0{}, _0{}, 0);
+  const uint32_t lo0 = d0.reg32_[0];
+  const uint32_t lbo = ((ones_addr >> 4) - (lo0 & 0x3FFFu)) & 0x3FFFu;
+  const uint32_t lo = (lo0 & ~(0x3FFFu << 16)) | (lbo << 16);
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(a); ++k) {
+    const GmmaDescriptor dk = b(_0{}, _0{}, k);
+    GmmaDescriptor d = d0;
+    d.reg32_[0] = lo + (dk.reg32_[0] - lo0);  // the k-block's ones sit as far past it as V's
+    pv_sums_kblock<TA, TB>(pa + 4 * k, d.desc_, c, sums,
+                           zero_init && k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One,
+                           std::make_index_sequence<32>{});
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(c);
+  fence_sums(sums);
+  warpgroup_fence_operand(a);
+}
+#endif
 
 template <int kPending, class TC>
 __device__ __forceinline__ void warpgroup_wait_for(TC& c) {
