@@ -486,7 +486,8 @@ def _live_table(p: Any) -> Any:
     t.add_row("static rejects / duplicates", f"{p.rejected} / {p.duplicates}")
     t.add_row("compile queue", f"{p.compile_queue} waiting or compiling")
     busy = 100.0 * p.gpu_busy_s / elapsed if elapsed > 0 else 0.0
-    t.add_row("GPU busy", f"{busy:.0f} % (worker restarts {p.worker_restarts})")
+    t.add_row("GPU busy", f"{busy:.0f} % (worker restarts {p.worker_restarts}, recycled "
+              f"{p.worker_recycles})")
     gs = getattr(p, "gpu_state", None)
     if gs:
         t.add_row("GPU", gs)

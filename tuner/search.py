@@ -185,7 +185,8 @@ class Progress:
     best_trial: int | None = None
     best_shapes: dict[str, float] = field(default_factory=dict)
     gpu_busy_s: float = 0.0
-    worker_restarts: int = 0
+    worker_restarts: int = 0  # after a worker died, hung or faulted
+    worker_recycles: int = 0  # planned, after worker_client.WORKER_MAX_KERNELS libraries
     gpu_state: str = ""  # filled by the CLI from NVML (temperature, SM clock)
     last_events: list[str] = field(default_factory=list)
     device: int = 0  # the CUDA device this worker measures on
@@ -400,6 +401,7 @@ class Search:
             self._last_tick = now
             self.progress.gpu_busy_s = self.worker.busy_s
             self.progress.worker_restarts = self.worker.restarts
+            self.progress.worker_recycles = self.worker.recycles
             self.progress_cb(self.progress)
 
     def _emit(self, text: str | None = None) -> None:

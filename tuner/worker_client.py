@@ -68,7 +68,8 @@ class GpuWorker:
         self.conn: Any = None
         self.gpu: dict[str, Any] = {}
         self.kernels: set[str] = set()
-        self.restarts = 0
+        self.restarts = 0  # fresh workers after one died, hung or faulted
+        self.recycles = 0  # planned: fresh workers after WORKER_MAX_KERNELS libraries
         self.busy_s = 0.0  # the worker's own time on requests (its "worker_s"), else wall time
         self.wall_s = 0.0  # wall time of requests as the parent saw them
 
@@ -105,13 +106,18 @@ class GpuWorker:
         return self.request(msg, watchdog_s(shape, protocol, gate), what)
 
     def request(self, msg: dict[str, Any], timeout_s: float, what: str) -> dict[str, Any]:
-        if msg.get("so_path") not in self.kernels and len(self.kernels) >= WORKER_MAX_KERNELS:
-            self.stop()  # recycle: every loaded .so stays mapped in the worker
+        recycle = (msg.get("so_path") not in self.kernels
+                   and len(self.kernels) >= WORKER_MAX_KERNELS and self.alive)
+        if recycle:
+            self.stop()  # every loaded .so stays mapped in the worker
         if not self.alive:
             if self.proc is not None:
                 self._reap()
             self.start()
-            self.restarts += 1
+            if recycle:
+                self.recycles += 1
+            else:
+                self.restarts += 1
         t0 = time.monotonic()
         try:
             try:

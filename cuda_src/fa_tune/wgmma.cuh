@@ -42,7 +42,7 @@ __device__ __forceinline__ void warpgroup_gemm(Mma& mma, TA& a, const TB& b, TC&
 // (one 64-column atom at D 64); its leading byte offset, the stride to the operand's next
 // 64-column atom, is pointed at the ones block. Every column of that block is the whole row
 // sum of P as BF16, the very weights PV multiplies, so each thread holds its rows' sums.
-template <class TA, class TB, class TC, size_t... I>
+template <class TC, size_t... I>
 __device__ __forceinline__ void pv_sums_kblock(const uint32_t* a, uint64_t desc, TC& c,
                                                float (&sums)[4], cute::GMMA::ScaleOut scale,
                                                std::index_sequence<I...>) {
@@ -78,9 +78,9 @@ __device__ __forceinline__ void warpgroup_gemm_pv_sums(TA& a, const TB& b, TC& c
     const GmmaDescriptor dk = b(_0{}, _0{}, k);
     GmmaDescriptor d = d0;
     d.reg32_[0] = lo + (dk.reg32_[0] - lo0);  // the k-block's ones sit as far past it as V's
-    pv_sums_kblock<TA, TB>(pa + 4 * k, d.desc_, c, sums,
-                           zero_init && k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One,
-                           std::make_index_sequence<32>{});
+    pv_sums_kblock(pa + 4 * k, d.desc_, c, sums,
+                   zero_init && k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One,
+                   std::make_index_sequence<32>{});
   }
   warpgroup_commit_batch();
   warpgroup_fence_operand(c);
