@@ -47,12 +47,17 @@ OTHER_HEAD_DIM: dict[str, tuple[tuple[object, ...], int, str]] = {
 Pair = tuple[str, object]
 
 
+def other_head_dim_values(name: str) -> tuple[object, ...]:
+    """The values of knob ``name`` left to another head dim (OTHER_HEAD_DIM), if any."""
+    return OTHER_HEAD_DIM[name][0] if name in OTHER_HEAD_DIM else ()
+
+
 def pairs_to_cover() -> set[Pair]:
     """Every (knob, value) the sample must touch: all of KNOBS minus TODO_NOT_COVERED and
     OTHER_HEAD_DIM."""
     out: set[Pair] = set()
     for name, knob in KNOBS.items():
-        skip = set(TODO_NOT_COVERED.get(name, ())) | set(OTHER_HEAD_DIM.get(name, ((),))[0])
+        skip = set(TODO_NOT_COVERED.get(name, ())) | set(other_head_dim_values(name))
         out |= {(name, v) for v in knob.choices if v not in skip}
     return out
 

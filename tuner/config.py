@@ -77,7 +77,6 @@ PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
 # Knobs added after config ids were in use, and the value that compiles the kernel as before
 # (KernelConfig.canonical_json leaves them out at it).
 NEUTRAL_LATER_KNOBS: dict[str, tuple[Any]] = {"head_cluster": (1,), "sum_in_pv": (False,)}
-SUM_IN_PV_SAVED_REGS = 4  # consumer_reg_overhead
 # Clusters share K/V tiles through TMA multicast (fa_tune/config.cuh): each CTA loads 1 /
 # cluster of a tile, whole 64-column boxes or, with fewer boxes than CTAs, row slices of them
 # that must hold a multiple of 8 rows (the 128-byte swizzle's period).
@@ -423,7 +422,7 @@ def consumer_reg_overhead(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> int:
     # sum_in_pv: the softmax keeps no partial row sums (two per row) and does no quad sum,
     # about the 4 registers its sum columns add to O: D 64 192 x 128 at 160 compiled without
     # stack (nvcc 13.0, 2026-12-02), as without it.
-    return base + fix - (SUM_IN_PV_SAVED_REGS if cfg.sum_in_pv else 0)
+    return base + fix - (4 if cfg.sum_in_pv else 0)
 
 
 def cluster_size(cfg: KernelConfig) -> int:
@@ -444,7 +443,7 @@ def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> KernelConfig:
         raise ConfigError(f"head dim {head_dim} is not one the kernel builds: {HEAD_DIMS}")
     if cfg.sum_in_pv and head_dim != 64:
         # The ones ride in the V operand's second 64-column atom, which the wgmma descriptor
-        # places at a free offset only while V itself is one atom wide (softmax.cuh).
+        # places at a free offset only while V itself is one atom wide (wgmma.cuh).
         raise ConfigError(
             f"sum_in_pv (row sums as 8 extra columns of ones in the PV GEMM) needs head dim 64; "
             f"got {head_dim}: set it false")

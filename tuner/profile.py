@@ -675,12 +675,16 @@ def _trial_subject(study: str, storage: str | None, number: int | None,
     return t, cfg, Subject(f"trial {t.number}", "", t.number, cfg.config_id())
 
 
+def _check_vs(vs: str | None) -> None:
+    if vs is not None and vs != "fa3":
+        raise ProfileError(f"unknown --vs '{vs}': use --vs fa3, or --vs-trial N for a trial")
+
+
 def _peer_subjects(vs: str | None) -> list[Subject]:
     """The peer column ``--vs`` asks for (none, or FA3 once it is known to be installed)."""
+    _check_vs(vs)
     if vs is None:
         return []
-    if vs != "fa3":
-        raise ProfileError(f"unknown --vs '{vs}': use --vs fa3, or --vs-trial N for a trial")
     why = fa3_reason()
     if why:
         raise ProfileError(f"--vs fa3: FlashAttention-3 cannot run here ({why}); install "
@@ -719,8 +723,7 @@ def profile_trial(study: str, storage: str | None, trial: int | None, shape: Pro
     with ``vs="fa3"``), store the headline in the trial's user attrs, return the columns."""
     from tuner.export import artifact_for
 
-    if vs is not None and vs != "fa3":
-        _peer_subjects(vs)  # its one line
+    _check_vs(vs)
     if vs is not None and vs_trial is not None:
         raise ProfileError("give --vs fa3 or --vs-trial N, not both")
     t, cfg, first = _trial_subject(study, storage, trial, shape)
