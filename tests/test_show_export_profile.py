@@ -586,6 +586,9 @@ def test_profile_a_preset_builds_it_for_the_problem_and_stores_nothing(
                                                     "--config FILE"),
     (["--preset", "nosuch"], "nosuch"),
     (["--preset", "default", "--vs", "cudnn"], "unknown --vs 'cudnn'"),
+    # A D 64 preset on a D 128 problem: validate's reason, before ncu or any build.
+    (["--preset", "d64-sumpv"], "sum_in_pv (row sums as 8 extra columns of ones in the PV "
+                                "GEMM) needs head dim 64; got 128"),
 ])
 def test_profile_preset_wrong_input(studies: Path, fake_ncu: dict[str, Path],
                                     fake_preset_build: list[tuple], extra: list[str],

@@ -705,9 +705,10 @@ def profile_config(cfg: Any, label: str, shape: Problem, *, vs: str | None = Non
     """Profile a config that is no trial (``--preset`` / ``--config``), built for ``shape``'s
     class, alone or beside FA3; nothing is stored (there is no trial to keep the headline)."""
     from tuner.build import build_config
-    from tuner.config import check_problem
+    from tuner.config import check_problem, validate
 
     check_problem(cfg, shape)
+    validate(cfg, shape.problem_class.head_dim)  # a config the head dim refuses: its line first
     find_ncu()
     peers = _peer_subjects(vs)
     built = build_config(cfg, pclass=shape.problem_class)
