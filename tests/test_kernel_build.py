@@ -161,15 +161,10 @@ def test_unchecked_build_makes_a_config_validate_refuses() -> None:
     assert built.result.sass["has_hgmma"] and built.result.wgmma_serialized is None
 
 
-def test_sum_in_pv_moves_the_row_sums_into_a_64x72_pv() -> None:
-    # sum_in_pv (D 64): PV becomes 64 x 72 wgmmas whose last 8 columns multiply P by a block of
-    # ones, and the softmax's one FADD per score goes. Real SASS of the preset that uses it
-    # beside the same kernel without it (docs/PERF.md step 39: 376 against 431 instructions
-    # in the steady loop).
+def _dump_sass(results: dict) -> dict[str, str]:
+    """cuobjdump's SASS of each built library (skips without cuobjdump)."""
     import os
     import subprocess
-
-    from tuner.config import smem_bytes
 
     tool, nvdisasm = build.find_tool("cuobjdump"), build.find_tool("nvdisasm")
     if tool is None:
@@ -177,12 +172,22 @@ def test_sum_in_pv_moves_the_row_sums_into_a_64x72_pv() -> None:
     env = dict(os.environ)
     if nvdisasm is not None:  # cuobjdump runs nvdisasm, which the wheels may keep off PATH
         env["PATH"] = f"{nvdisasm.parent}{os.pathsep}{env.get('PATH', '')}"
+    return {k: subprocess.run([str(tool), "--dump-sass", r.so_path], capture_output=True,
+                              text=True, check=True, env=env).stdout for k, r in results.items()}
+
+
+def test_sum_in_pv_moves_the_row_sums_into_a_64x72_pv() -> None:
+    # sum_in_pv (D 64): PV becomes 64 x 72 wgmmas whose last 8 columns multiply P by a block of
+    # ones, and the softmax's one FADD per score goes. Real SASS of the preset that uses it
+    # beside the same kernel without it (docs/PERF.md step 39: 376 against 431 instructions
+    # in the steady loop).
+    from tuner.config import smem_bytes
+
     on = load_preset("d64-sumpv")
     off = on.replace(sum_in_pv=False)
     built = {k: build.build_config(c, pclass=ProblemClass(64, True))
              for k, c in (("on", on), ("off", off))}
-    sass = {k: subprocess.run([str(tool), "--dump-sass", r.so_path], capture_output=True,
-                              text=True, check=True, env=env).stdout for k, r in built.items()}
+    sass = _dump_sass(built)
     assert "HGMMA.64x72x16.F32.BF16" in sass["on"] and "HGMMA.64x72x16" not in sass["off"]
     assert "HGMMA.64x64x16.F32.BF16" in sass["off"]
     fadd = {k: v.count("FADD") for k, v in sass.items()}
@@ -190,3 +195,39 @@ def test_sum_in_pv_moves_the_row_sums_into_a_64x72_pv() -> None:
     # The block of ones: block_n rows x 64 BF16, as config.smem_bytes counts it.
     assert (built["on"].smem_dynamic - built["off"].smem_dynamic
             == smem_bytes(on, 64) - smem_bytes(off, 64) == on.block_n * 64 * 2)
+
+
+def _max_before_pv_wait(sass: str) -> list[tuple[int, int]]:
+    """Per loop with HGMMA in it (a backward branch's body): (FMNMX before the loop's first
+    wait for all wgmma groups, FMNMX in the loop)."""
+    import re
+
+    ins = [(int(m.group(1), 16), m.group(2))
+           for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    at = {a: i for i, (a, _) in enumerate(ins)}
+    out = []
+    for i, (a, text) in enumerate(ins):
+        m = re.search(r"BRA\s+0x([0-9a-f]+)", text)
+        if not m or int(m.group(1), 16) >= a or int(m.group(1), 16) not in at:
+            continue
+        body = [t for _, t in ins[at[int(m.group(1), 16)]:i + 1]]
+        if not any("HGMMA" in t for t in body) or len(body) > 700:
+            continue
+        wait = next((k for k, t in enumerate(body) if "DEPBAR.LE gsb0, 0x0" in t), len(body))
+        out.append((sum("FMNMX" in t for t in body[:wait]), sum("FMNMX" in t for t in body)))
+    return out
+
+
+def test_three_warpgroup_row_max_runs_before_the_pv_wait() -> None:
+    # With three consumer warpgroups at 160 registers, Q's descriptors sliced by thread took 8
+    # per-thread registers; ptxas then borrowed P's registers for the row max, so the max
+    # waited for the PV still reading P (docs/PERF.md step 40: 21 of 68 FMNMX before the wait,
+    # 1.022x FA3; sliced by the warp-uniform warpgroup 66 of 68, 1.037x). Real SASS of the
+    # d64-sumpv preset, beside the lab macro that restores the old slicing.
+    cfg = load_preset("d64-sumpv")
+    built = {k: build.build_config(cfg, pclass=ProblemClass(64, True), defines=d)
+             for k, d in (("uniform", None), ("by_tid", {"FA_TUNE_LAB_Q_SLICE_BY_TID": 1}))}
+    loops = {k: _max_before_pv_wait(v) for k, v in _dump_sass(built).items()}
+    assert loops["uniform"] and loops["by_tid"], loops
+    assert all(before >= total - 4 for before, total in loops["uniform"]), loops
+    assert any(before < total // 2 for before, total in loops["by_tid"]), loops

@@ -11,7 +11,14 @@
 #include "scheduler.cuh"
 #include "traits.cuh"
 
+// Lab A/B, never a knob: 1 slices Q's descriptors by thread as before 2026-12-02.
+#ifndef FA_TUNE_LAB_Q_SLICE_BY_TID
+#define FA_TUNE_LAB_Q_SLICE_BY_TID 0
+#endif
+
 namespace fa_tune {
+
+constexpr bool kLabQSliceByTid = FA_TUNE_LAB_Q_SLICE_BY_TID != 0;
 
 template <class Cfg, class Sched>
 struct Consumer {
@@ -38,7 +45,15 @@ struct Consumer {
     Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename T::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(ss.k), typename T::SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(ss.v), typename T::SmemLayoutVt{});
-    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+    // Q's shared-memory descriptors depend only on the warpgroup. With three consumer
+    // warpgroups (160 registers each) they are sliced by the warp-uniform wg, not tid, so
+    // ptxas keeps them in uniform registers: else their 8 per-thread registers push it to
+    // borrow P's for the row max, which then waits for the PV still reading P (D 64:
+    // docs/PERF.md step 40). At 240 registers it is not needed, and at D 256 one clustered
+    // config spilled with it.
+    constexpr bool kUniformQ = T::kConsumerWGs >= 3 && !kLabQSliceByTid;
+    Tensor tSrQ = mma_qk.get_thread_slice(kUniformQ ? wg * kWarpgroupThreads : tid)
+                      .partition_fragment_A(sQ);
     Tensor tSrK = thr_qk.partition_fragment_B(sK);
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<T::kBlockM>, Int<T::kBlockN>>{});
