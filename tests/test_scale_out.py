@@ -176,9 +176,14 @@ def test_worker_killed_mid_trial_is_failed_by_heartbeat_and_remeasured(
     finally:
         if a.poll() is None:
             os.killpg(a.pid, signal.SIGKILL)
-    if b.poll() is None:
+    signalled = b.poll() is None
+    if signalled:
         b.send_signal(signal.SIGTERM)  # B settles its own trials and stops (or it is done)
-    out, err = finish(b, timeout=60)
+    out, err = b.communicate(timeout=60)
+    # B may have finished the space and printed its summary just before the signal landed: the
+    # search had restored the default SIGTERM action, so the exit is -15 with nothing left open.
+    done_first = signalled and b.returncode == -signal.SIGTERM and "SUMMARY no valid config" in out
+    assert b.returncode == 0 or done_first, f"exit {b.returncode}\n{out[-2000:]}\n{err[-3000:]}"
     assert "SUMMARY interrupted (SIGTERM)" in out or "SUMMARY no valid config" in out, out
     ts = {t.number: t for t in trials(pg_url, "hb")}
     lost = ts[hung.number]
