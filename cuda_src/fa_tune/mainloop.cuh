@@ -191,7 +191,7 @@ struct Mainloop {
     sm.template update<true>(st.tSrS, scale_log2, rescale);
     if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
     st.kst.template advance<T::kKStages>();
-    convert_to_bf16(st.tSrS, st.tOrP);
+    pack_p(st.tSrS, st.tOrP);
     if constexpr (T::kMulticast) skip_top_v(st, ss, n_skip);
 
     bool first_pv = true;
@@ -222,7 +222,7 @@ struct Mainloop {
       } else if (needed) {
         scale_o(st, rescale);
       }
-      convert_to_bf16(st.tSrS, st.tOrP);
+      pack_p(st.tSrS, st.tOrP);
       first_pv = false;
     };
     for (n = n_blocks - 2; n >= n_unmasked; --n) step(cute::true_type{}, n);
@@ -270,7 +270,7 @@ struct Mainloop {
       }
       if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
       st.kst.template advance<T::kKStages>();
-      convert_to_bf16(st.tSrS, st.tOrP);
+      pack_p(st.tSrS, st.tOrP);
       ss.v_ring.wait_full(st.vst);
       PP::wait_turn(wg);
       issue_pv(st, ss, first);

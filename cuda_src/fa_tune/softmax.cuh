@@ -13,6 +13,17 @@
 
 #include "config.cuh"
 
+// Lab A/B, never a knob: 1 packs P to BF16 by truncation (one PRMT per pair on the ALU pipe)
+// instead of cvt.rn (F2FP), to see whether F2FP competes with MUFU.EX2 for its pipe.
+#ifndef FA_TUNE_LAB_P_TRUNC
+#define FA_TUNE_LAB_P_TRUNC 0
+#endif
+// Lab bound, results wrong on purpose: 1 skips the softmax (P = S), what the GEMMs and the
+// pipeline cost alone at the power cap.
+#ifndef FA_TUNE_LAB_NO_SOFTMAX
+#define FA_TUNE_LAB_NO_SOFTMAX 0
+#endif
+
 namespace fa_tune {
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -81,6 +92,12 @@ struct OnlineSoftmax {
   template <bool kFirst, class Frag>
   __device__ __forceinline__ bool update(Frag& s, float scale_log2, float (&rescale)[2]) {
     constexpr int N = decltype(cute::size(s))::value;
+    if constexpr (FA_TUNE_LAB_NO_SOFTMAX != 0) {
+      rescale[0] = rescale[1] = 1.f;
+      row_max[0] = row_max[1] = 0.f;
+      row_sum[0] = row_sum[1] = 1.f;
+      return false;
+    }
     // Chains take every kChains-th group of 4 values; they may differ in length by one
     // (block_n 80, 112, 144, 176 give N/4 = 10, 14, 18, 22 groups).
     float mc[2][kChains];
@@ -198,6 +215,20 @@ __device__ __forceinline__ void convert_to_bf16(const Src& src, Dst& dst) {
   for (int e = 0; e < N; e += 2) {
     __nv_bfloat162 p = __floats2bfloat162_rn(src(e), src(e + 1));
     dst32(e / 2) = reinterpret_cast<uint32_t&>(p);
+  }
+}
+
+// P (probabilities) -> BF16 for the PV GEMM: convert_to_bf16, or the lab's truncation.
+template <class Src, class Dst>
+__device__ __forceinline__ void pack_p(const Src& src, Dst& dst) {
+  if constexpr (FA_TUNE_LAB_P_TRUNC != 0) {
+    constexpr int N = decltype(cute::size(src))::value;
+    auto dst32 = cute::recast<uint32_t>(dst);
+    CUTE_UNROLL
+    for (int e = 0; e < N; e += 2)  // the high halves: src(e) low, src(e + 1) high
+      dst32(e / 2) = __byte_perm(__float_as_uint(src(e)), __float_as_uint(src(e + 1)), 0x7632);
+  } else {
+    convert_to_bf16(src, dst);
   }
 }
 

@@ -2,8 +2,7 @@
 // step 39): does ex2 on bf16x2 / f16x2 pairs cost one MUFU slot or two? One block of 1024
 // threads per SM, 8 independent chains x = 2^-x per thread (bounded, no overflow), timed with
 // clock64 between two __syncthreads. Build: nvcc -arch=sm_90a -O3 -o mufu_rate mufu_rate.cu
-#include <cstdio>
-#include <cuda_runtime.h>
+#include "bench.cuh"
 
 constexpr int kIters = 4096, kChains = 8, kThreads = 1024;
 
@@ -48,31 +47,18 @@ __global__ void rate(unsigned* sink, long long* cycles) {
 }
 
 template <int Kind>
-void run(const char* name, int elems_per_op, int sms, unsigned* sink, long long* cyc) {
-  rate<Kind><<<sms, kThreads>>>(sink, cyc);  // warm-up
-  rate<Kind><<<sms, kThreads>>>(sink, cyc);
-  cudaDeviceSynchronize();
-  static long long h[1024];
-  cudaMemcpy(h, cyc, sms * sizeof(long long), cudaMemcpyDeviceToHost);
-  long long worst = 0;
-  for (int i = 0; i < sms; ++i) worst = h[i] > worst ? h[i] : worst;
-  double instr = double(kThreads) * kIters * kChains;
+void run(const char* name, int elems_per_op, const Bench& b) {
+  const long long worst = b.worst_cycles([&] { rate<Kind><<<b.sms, kThreads>>>(b.sink, b.cyc); });
+  const double instr = double(kThreads) * kIters * kChains;
   printf("%-8s  %6.2f instructions/clk/SM  %6.2f exp2/clk/SM  (%lld cycles)\n", name,
          instr / worst, instr * elems_per_op / worst, worst);
 }
 
 int main() {
-  int sms = 0;
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
-  unsigned* sink;
-  long long* cyc;
-  cudaMalloc(&sink, sms * kThreads * sizeof(unsigned));
-  cudaMalloc(&cyc, sms * sizeof(long long));
-  run<0>("f32", 1, sms, sink, cyc);
-  run<1>("f16", 1, sms, sink, cyc);
-  run<2>("f16x2", 2, sms, sink, cyc);
-  run<3>("bf16x2", 2, sms, sink, cyc);
-  cudaError_t e = cudaGetLastError();
-  printf("%s\n", e == cudaSuccess ? "ok" : cudaGetErrorString(e));
-  return e != cudaSuccess;
+  const Bench b(kThreads);
+  run<0>("f32", 1, b);
+  run<1>("f16", 1, b);
+  run<2>("f16x2", 2, b);
+  run<3>("bf16x2", 2, b);
+  return Bench::finish();
 }
