@@ -455,12 +455,14 @@ def test_sampler_choices(tmp_path: Path) -> None:
 
 def test_deadline_leaves_unrun_trials_waiting_and_resume_runs_them_first(
         tmp_path: Path, plan, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Each request keeps the fake GPU busy 0.3 s, so the deadline comes while candidates asked
+    # Each request keeps the fake GPU busy 0.5 s, so the deadline comes while candidates asked
     # ahead are still queued. They must not be FAIL: they wait (params fixed) and the next
-    # search measures them before anything new; `show trials` counts them as waiting.
-    monkeypatch.setenv("FAKE_GPU_WORKER_DELAY_S", "0.3")
+    # search measures them before anything new; `show trials` counts them as waiting. 6 s
+    # measure at most 12 of the 16 points, and leave a loaded CI machine (the 2026-12-03 run
+    # found none waiting at 4 s) time to start the worker and ask ahead before the deadline.
+    monkeypatch.setenv("FAKE_GPU_WORKER_DELAY_S", "0.5")
     space = {"block_n": [64, 96, 112, 128], "k_stages": [2, 3], "v_stages": [2, 3]}
-    s = make(tmp_path, space, trials=None, timeout_s=4.0)
+    s = make(tmp_path, space, trials=None, timeout_s=6.0)
     s._avg_compile_s = 0.01  # the fake builder compiles at once (the first guess is 60 s)
     # The search itself stops asking once the queued GPU work fills the time left (its own
     # test is below); how close it cuts depends on the machine's speed, so here it asks up to
