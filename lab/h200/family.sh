@@ -32,7 +32,9 @@ declare -A SHAPE=([d64]=4x32x8192:d64 [d64b]=4x32x8192:d64 [d256]=4x16x8192:d256
                [s10_gqa]=1x32/8x8192 [s11_d64mc]=4x32x8192:d64 [s11_sumpv]=4x32x8192:d64
                [s12_d64]=4x32x8192:d64 [s12_full]=4x32x8192:full [s12_seed]=4x32x8192
                [s12_gqa]=1x32/8x8192 [s12_qdesc]=4x32x8192:d64 [s12_best]=4x32x8192:d64
-               [s13_d64]=4x32x8192:d64 [s13_full]=4x32x8192:full)
+               [s13_d64]=4x32x8192:d64 [s13_full]=4x32x8192:full
+               [s14_d64]=4x32x8192:d64 [s14_full]=4x32x8192:full [s14_d256]=4x16x8192:d256
+               [s14b_d64]=4x32x8192:d64 [s14b_full]=4x32x8192:full)
 # A workload's problems (several, space-separated) as kernel_lab.py arguments.
 shape_args() { local s; for s in ${SHAPE[$1]}; do printf -- '--shape %s ' "$s"; done; }
 ORDER=(${FAMILY_WORKLOADS:-d256 d64 full128})
@@ -47,11 +49,12 @@ build)
   E="bash $LAB/gpu_session.sh env --"
   cmds="cd $DEV/tree && export FA_TUNE_STUDIES=$PWD/studies &&"
   [ -n "${SKIP_PREBUILD:-}" ] || cmds+=" $E python3 lab/h200/prebuild.py;"
+  # The workloads build side by side (each file holds a few variants, fewer than the cores).
   for w in "${ORDER[@]}"; do
-    cmds+=" $E python3 scripts/kernel_lab.py --build-only --variants-file lab/h200/variants/$w.txt"
-    cmds+=" $(shape_args "$w") --jobs $(nproc) ${LAB_ARGS:-};"
+    cmds+=" ( $E python3 scripts/kernel_lab.py --build-only --variants-file lab/h200/variants/$w.txt"
+    cmds+=" $(shape_args "$w") --jobs $(nproc) ${LAB_ARGS:-} ) &"
   done
-  setsid nohup bash -c "$cmds echo FAMILY-BUILT" > "$DEV/family_build.log" 2>&1 < /dev/null &
+  setsid nohup bash -c "$cmds wait; echo FAMILY-BUILT" > "$DEV/family_build.log" 2>&1 < /dev/null &
   echo "building in the background"
   rm -f "$DEV/gpu_suite.log" "$DEV/gpu_suite.done"
   if [ -n "${GPU_SUITE:-}" ]; then
