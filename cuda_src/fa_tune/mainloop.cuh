@@ -15,12 +15,6 @@
 #include "traits.cuh"
 #include "wgmma.cuh"
 
-// Lab A/B, never a knob: 1 puts the steady step's PV wait inside lazy rescale's branch (both
-// arms), so the exp2s sit in the block before it; ptxas otherwise hoists the wait above them.
-#ifndef FA_TUNE_LAB_WAIT_IN_BRANCH
-#define FA_TUNE_LAB_WAIT_IN_BRANCH 0
-#endif
-
 namespace fa_tune {
 
 template <class Cfg>
@@ -219,18 +213,6 @@ struct Mainloop {
       const bool needed = sm.template update<false>(st.tSrS, scale_log2, rescale);
       if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
       st.kst.template advance<T::kKStages>();
-      if constexpr (FA_TUNE_LAB_WAIT_IN_BRANCH != 0 && Cfg::lazy_rescale && !T::kRescaleBeforePv) {
-        if (needed) {
-          wait_pv<0>(st);
-          scale_o(st, rescale);
-        } else {
-          wait_pv<0>(st);
-        }
-        release_v(st, ss, v_prev, first_pv);
-        pack_p(st.tSrS, st.tOrP);
-        first_pv = false;
-        return;
-      }
       wait_pv<0>(st);  // PV[n+1] done: V stage and P registers are free
       release_v(st, ss, v_prev, first_pv);
       if constexpr (T::kRescaleBeforePv) {

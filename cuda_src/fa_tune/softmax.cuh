@@ -23,19 +23,6 @@
 #ifndef FA_TUNE_LAB_NO_SOFTMAX
 #define FA_TUNE_LAB_NO_SOFTMAX 0
 #endif
-// Lab A/B, never a knob: 1 computes lazy rescale's two correction exp2s only when some row of
-// the warp moves its reference (a warp-uniform branch), instead of always and selecting 1.
-#ifndef FA_TUNE_LAB_LAZY_BRANCH
-#define FA_TUNE_LAB_LAZY_BRANCH 0
-#endif
-// Lab A/B, never a knob: 1 (lazy rescale only) takes the row max over the tile's first half
-// of columns, starts that half's exp2s against it, and takes the second half's max while they
-// run; a second half that raises the reference by more than 2^8 rescales the first half's
-// probabilities (a warp-uniform branch, rare after the first tiles). So the MUFU work of one
-// warp overlaps its own max instead of waiting for all of it.
-#ifndef FA_TUNE_LAB_SPLIT_MAX
-#define FA_TUNE_LAB_SPLIT_MAX 0
-#endif
 
 namespace fa_tune {
 
@@ -105,10 +92,6 @@ struct OnlineSoftmax {
   template <bool kFirst, class Frag>
   __device__ __forceinline__ bool update(Frag& s, float scale_log2, float (&rescale)[2]) {
     constexpr int N = decltype(cute::size(s))::value;
-    if constexpr (FA_TUNE_LAB_SPLIT_MAX != 0 && kLazy && !kTree && N % 8 == 0 &&
-                  FA_TUNE_LAB_NO_SOFTMAX == 0) {
-      return update_split<kFirst>(s, scale_log2, rescale);
-    }
     if constexpr (FA_TUNE_LAB_NO_SOFTMAX != 0) {
       rescale[0] = rescale[1] = 1.f;
       row_max[0] = row_max[1] = 0.f;
@@ -136,8 +119,6 @@ struct OnlineSoftmax {
     }
     float m_scaled[2];
     bool any = false;
-    constexpr bool kLazyBranch = kLazy && !kFirst && FA_TUNE_LAB_LAZY_BRANCH != 0;
-    bool moved[2];
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
       m[r] = quad_max(m[r]);
@@ -147,30 +128,12 @@ struct OnlineSoftmax {
         move = (m[r] - row_max[r]) * scale_log2 > kLazyThreshold;
         if (!move) m[r] = row_max[r];
       }
-      moved[r] = move;
       // A row with every key masked so far has max -inf; shifting by 0 keeps exp2 at 0
       // instead of NaN (-inf - -inf).
       m_scaled[r] = m[r] == -INFINITY ? 0.f : m[r] * scale_log2;
-      if constexpr (kLazyBranch) {
-        rescale[r] = 1.f;
-        any |= move;
-      } else {
-        rescale[r] = (kFirst || !move) ? 1.f : exp2f(row_max[r] * scale_log2 - m_scaled[r]);
-        any |= rescale[r] != 1.f;
-        row_max[r] = m[r];
-      }
-    }
-    if constexpr (kLazyBranch) {
-      // A moved row's max rose by more than 2^8 over its reference, so its factor is < 2^-8
-      // (never 1): `any` is exactly "some factor differs from 1".
-      any = __any_sync(0xffffffffu, any);
-      if (any) {
-        CUTE_UNROLL
-        for (int r = 0; r < 2; ++r)
-          if (moved[r]) rescale[r] = exp2f(row_max[r] * scale_log2 - m_scaled[r]);
-      }
-      row_max[0] = m[0];
-      row_max[1] = m[1];
+      rescale[r] = (kFirst || !move) ? 1.f : exp2f(row_max[r] * scale_log2 - m_scaled[r]);
+      any |= rescale[r] != 1.f;
+      row_max[r] = m[r];
     }
     float sc[2][kChains];
     CUTE_UNROLL
@@ -199,77 +162,8 @@ struct OnlineSoftmax {
       rescale[0] = rescale[1] = 1.f;
       return false;
     }
-    if constexpr (kLazyBranch) return any;
     if constexpr (kLazy) return __any_sync(0xffffffffu, any);
     return true;
-  }
-
-  // FA_TUNE_LAB_SPLIT_MAX's update (above): elements with i2 < N/8 are the first half.
-  template <bool kFirst, class Frag>
-  __device__ __forceinline__ bool update_split(Frag& s, float scale_log2, float (&rescale)[2]) {
-    constexpr int N = decltype(cute::size(s))::value;
-    constexpr int kHalf = N / 2;  // flat index e < kHalf <=> i2 < N / 8
-    float ref[2], m_scaled[2];
-    bool move[2];
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      float m = kFirst ? -INFINITY : row_max[r];
-      CUTE_UNROLL
-      for (int e = 0; e < kHalf; ++e)
-        if ((e / 2) % 2 == r) m = fmaxf(m, s(e));
-      m = quad_max(m);
-      // NaN (both -inf) compares false: the row keeps -inf.
-      move[r] = kFirst || (m - row_max[r]) * scale_log2 > kLazyThreshold;
-      ref[r] = move[r] ? m : row_max[r];
-      m_scaled[r] = ref[r] == -INFINITY ? 0.f : ref[r] * scale_log2;
-    }
-    CUTE_UNROLL
-    for (int e = 0; e < kHalf; ++e) s(e) = exp2f(fmaf(s(e), scale_log2, -m_scaled[(e / 2) % 2]));
-    float mb[2];
-    bool move_b[2], any_b = false;
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      mb[r] = -INFINITY;
-      CUTE_UNROLL
-      for (int e = kHalf; e < N; ++e)
-        if ((e / 2) % 2 == r) mb[r] = fmaxf(mb[r], s(e));
-      mb[r] = quad_max(mb[r]);
-      move_b[r] = (mb[r] - ref[r]) * scale_log2 > kLazyThreshold;
-      any_b |= move_b[r];
-    }
-    if (__any_sync(0xffffffffu, any_b)) {  // rare: the second half raised a reference
-      float f[2];
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        f[r] = 1.f;
-        if (move_b[r]) {
-          // ref -inf (the first half all masked): its probabilities are 0 whatever f is.
-          f[r] = exp2f(m_scaled[r] - mb[r] * scale_log2);
-          ref[r] = mb[r];
-          m_scaled[r] = mb[r] * scale_log2;
-          move[r] = true;
-        }
-      }
-      CUTE_UNROLL
-      for (int e = 0; e < kHalf; ++e) s(e) *= f[(e / 2) % 2];
-    }
-    CUTE_UNROLL
-    for (int e = kHalf; e < N; ++e) s(e) = exp2f(fmaf(s(e), scale_log2, -m_scaled[(e / 2) % 2]));
-    bool any = false;
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      rescale[r] = (kFirst || !move[r]) ? 1.f : exp2f(row_max[r] * scale_log2 - m_scaled[r]);
-      any |= !kFirst && move[r];
-      row_max[r] = ref[r];
-    }
-    if constexpr (!kSumInPv) {
-      float sum[2] = {0.f, 0.f};
-      CUTE_UNROLL
-      for (int e = 0; e < N; ++e) sum[(e / 2) % 2] += s(e);
-      CUTE_UNROLL
-      for (int r = 0; r < 2; ++r) row_sum[r] = kFirst ? sum[r] : fmaf(row_sum[r], rescale[r], sum[r]);
-    }
-    return __any_sync(0xffffffffu, any);
   }
 
   // After the last tile: complete the row sums across the quad; returns 1/sum per row.
