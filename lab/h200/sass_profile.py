@@ -1,6 +1,6 @@
 """Where a kernel's warps wait, per SASS instruction: ncu's source page, summed by opcode.
 
-    python3 lab/h200/sass_profile.py VARIANTS_FILE SHAPE [INDEX...]   (on the H200)
+    python3 lab/h200/sass_profile.py VARIANTS_FILE SHAPE [INDEX...] [--fa3]   (on the H200)
     python3 lab/h200/sass_profile.py --summarize PAGE.csv[.xz]          (anywhere, a kept page)
 
 Builds (or takes from the cache) the variants at INDEX (0-based lines of the file, default all),
@@ -8,7 +8,9 @@ runs each once under ``ncu --set full`` through tuner.profile_driver, and reads 
 source page as SASS (``--page source --print-source sass --csv``). Writes the page of each to
 $OUT/sass_<file>_<i>.csv and prints, per variant, the warp-stall samples summed by opcode, by
 phase of the consumer's step (MUFU, the row max, the waits, ...) and by stall reason. The
-measurement itself is ncu's; this only adds the sums (docs/PERF.md step 42).
+measurement itself is ncu's; this only adds the sums (docs/PERF.md step 42). --fa3 profiles
+FlashAttention-3 on the same problem in the same ncu run as each variant (tuner.profile_driver's
+--vs fa3) and writes its page beside it as sass_<file>_<i>_fa3.csv.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tuner import build  # noqa: E402
 from tuner.config import KernelConfig  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
-from tuner.profile import find_ncu  # noqa: E402
+from tuner.profile import Subject, find_ncu, kernel_regex  # noqa: E402
 
 
 def variants(path: Path) -> list[tuple[KernelConfig, dict[str, int]]]:
@@ -134,34 +136,47 @@ def main() -> int:
         print(path.name)
         report(*summarize(text), text)
         return 0
-    vf, shape = Path(sys.argv[1]), sys.argv[2]
-    picks = [int(a) for a in sys.argv[3:]]
+    args = sys.argv[1:]
+    with_fa3 = "--fa3" in args
+    args = [a for a in args if a != "--fa3"]
+    vf, shape = Path(args[0]), args[1]
+    picks = [int(a) for a in args[2:]]
     problem = Problem.parse(shape)
     out = Path(os.environ.get("OUT", ".device/out"))
     ncu = find_ncu()
     allv = variants(vf)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
     for i in picks or range(len(allv)):
         cfg, lab = allv[i]
         r = build.build_config(cfg, pclass=problem.problem_class, defines=lab or None)
         rep = out / f"sass_{vf.stem}_{i}"
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+        subjects = [Subject("kernel", r.so_path)] + ([Subject("fa3", "fa3")] if with_fa3 else [])
+        driver = ["tuner.profile_driver", r.so_path, shape] + (["--vs", "fa3"] if with_fa3 else [])
         p = subprocess.run([str(ncu), "--set", "full", "--import-source", "no",
-                            "--profile-from-start", "off", "--launch-count", "1",
-                            "--kernel-name", "regex:attention_fwd", "--clock-control", "none",
-                            "--force-overwrite", "-o", str(rep), sys.executable, "-m",
-                            "tuner.profile_driver", r.so_path, shape],
+                            "--profile-from-start", "off", "--launch-count", str(len(subjects)),
+                            "--kernel-name-base", "demangled",
+                            "--kernel-name", kernel_regex(subjects), "--clock-control", "none",
+                            "--force-overwrite", "-o", str(rep), sys.executable, "-m", *driver],
                            capture_output=True, text=True, env=env, timeout=300)
         if p.returncode != 0:
             print(f"[{i}] ncu failed: {(p.stdout + p.stderr)[-600:]}")
             continue
-        q = subprocess.run([str(ncu), "--import", f"{rep}.ncu-rep", "--csv", "--page", "source",
-                            "--print-source", "sass"], capture_output=True, text=True, timeout=300)
-        (out / f"sass_{vf.stem}_{i}.csv").write_text(q.stdout)
-        by_op, cols = summarize(q.stdout)
-        print(f"[{i}] {cfg.config_id()} {lab or ''}: {len(cols)} columns")
-        report(by_op, cols, q.stdout)
+        for k, s in enumerate(subjects):  # the import's launch filters pick one result each
+            q = subprocess.run([str(ncu), "--import", f"{rep}.ncu-rep", "--csv", "--page",
+                                "source", "--print-source", "sass", "--launch-skip", str(k),
+                                "--launch-count", "1"],
+                               capture_output=True, text=True, timeout=300)
+            tag = "" if k == 0 else f"_{s.label}"
+            (out / f"sass_{vf.stem}_{i}{tag}.csv").write_text(q.stdout)
+            if "Source" not in q.stdout:
+                print(f"[{i}] {s.label}: no source page ({(q.stdout + q.stderr)[-300:]})")
+                continue
+            by_op, cols = summarize(q.stdout)
+            who = f"{cfg.config_id()} {lab or ''}" if k == 0 else "FlashAttention-3"
+            print(f"[{i}] {who}: {len(cols)} columns")
+            report(by_op, cols, q.stdout)
     return 0
 
 
