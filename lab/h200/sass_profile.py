@@ -24,12 +24,14 @@ import re
 import subprocess
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tuner import build  # noqa: E402
 from tuner.config import KernelConfig  # noqa: E402
+from tuner.errors import FaTuneError  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
 from tuner.profile import Subject, find_ncu, kernel_regex  # noqa: E402
 
@@ -44,40 +46,24 @@ def variants(path: Path) -> list[tuple[KernelConfig, dict[str, int]]]:
     return out
 
 
+_PREDICATE = re.compile(r"^@!?U?P\w+\s+")
+
+
+def instruction(src: str) -> str:
+    """A SASS line without its guard predicate ("@!P0 BRA 0x..." -> "BRA 0x...")."""
+    return _PREDICATE.sub("", src.strip())
+
+
 def opcode(src: str) -> str:
-    s = re.sub(r"^@!?U?P\w+\s+", "", src.strip())
+    s = instruction(src)
     return s.split(" ")[0].split(".")[0] if s else "?"
-
-
-def summarize(text: str) -> tuple[dict[str, dict[str, float]], list[str]]:
-    rows = list(csv.reader(io.StringIO(text)))
-    head_i = next(i for i, r in enumerate(rows) if "Source" in r)
-    head = rows[head_i]
-    src = head.index("Source")
-    by_op: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    numeric: list[str] = []
-    for r in rows[head_i + 1:]:
-        if len(r) != len(head):
-            continue
-        op = opcode(r[src])
-        for j, name in enumerate(head):
-            if j == src:
-                continue
-            try:
-                v = float(r[j].replace(",", ""))
-            except ValueError:
-                continue
-            if name not in numeric:
-                numeric.append(name)
-            by_op[op][name] += v
-    return by_op, numeric
 
 
 def phase(src: str, executed: float, busiest: float) -> str:
     """The step phase an instruction belongs to. Instructions run far less often than the
     busiest ones (the producer's, the prologue's, the epilogue's) form one bucket."""
-    s = src.strip()
-    op = re.sub(r"^@!?U?P\w+\s+", "", s).split(" ")[0]
+    s = instruction(src)
+    op = s.split(" ")[0]
     if executed < busiest / 10:
         return "producer, prologue, epilogue"
     for prefix, name in (("MUFU", "MUFU (exp2)"), ("FMNMX", "row max (FMNMX, SHFL)"),
@@ -88,67 +74,112 @@ def phase(src: str, executed: float, busiest: float) -> str:
             return name
     if op.startswith("WARPGROUP.DEPBAR"):
         return f"wgmma wait ({s.split()[-1]} pending)"
-    if op == "BRA" and s.startswith("@"):
+    if op == "BRA" and src.strip().startswith("@"):
         return "mbarrier wait (K/V full)"
     return "uniform ops" if op.startswith("U") else "other"
 
 
-def report(by_op: dict[str, dict[str, float]], cols: list[str], text: str) -> None:
-    samp = next((c for c in cols if "Sampling (All" in c), None)
-    if samp is None:
+def _num(text: str) -> float | None:
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+@dataclass
+class Page:
+    """One kernel's source page, summed: per opcode and per phase, every numeric column."""
+
+    by_op: dict[str, dict[str, float]]
+    by_phase: dict[str, float]  # warp-stall samples (all) per phase
+    columns: list[str]
+    samples: str | None  # the "Warp Stall Sampling (All Samples)" column, if the page has it
+
+    def share(self, name: str) -> float:
+        total = sum(self.by_phase.values()) or 1.0
+        return self.by_phase.get(name, 0.0) / total
+
+
+def summarize(text: str) -> Page:
+    """Sum ncu's ``--page source --print-source sass --csv`` output. ValueError when the text
+    is no such page."""
+    rows = list(csv.reader(io.StringIO(text)))
+    head_i = next((i for i, r in enumerate(rows) if "Source" in r), None)
+    if head_i is None:
+        raise ValueError("no 'Source' column: not ncu's source page (--page source --csv)")
+    head = rows[head_i]
+    body = [r for r in rows[head_i + 1:] if len(r) == len(head)]
+    src = head.index("Source")
+    samples = next((c for c in head if "Sampling (All" in c), None)
+    ex = head.index("Instructions Executed") if "Instructions Executed" in head else None
+    busiest = max((_num(r[ex]) or 0.0 for r in body), default=0.0) if ex is not None else 0.0
+    by_op: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    by_phase: dict[str, float] = defaultdict(float)
+    columns: list[str] = []
+    for r in body:
+        op = opcode(r[src])
+        for j, name in enumerate(head):
+            v = _num(r[j]) if j != src else None
+            if v is None:
+                continue
+            if name not in columns:
+                columns.append(name)
+            by_op[op][name] += v
+        if samples is not None:
+            executed = (_num(r[ex]) or 0.0) if ex is not None else busiest
+            by_phase[phase(r[src], executed, busiest)] += _num(r[head.index(samples)]) or 0.0
+    return Page(by_op, dict(by_phase), columns, samples)
+
+
+def report(page: Page) -> None:
+    if page.samples is None:
         print("    no warp-stall sampling column in this page")
         return
-    total = sum(v[samp] for v in by_op.values()) or 1.0
-    for op, v in sorted(by_op.items(), key=lambda kv: -kv[1][samp])[:14]:
+    samp = page.samples
+    total = sum(v[samp] for v in page.by_op.values()) or 1.0
+    for op, v in sorted(page.by_op.items(), key=lambda kv: -kv[1][samp])[:14]:
         print(f"    {op:<12} {v[samp] / total:6.1%}")
-    rows = list(csv.reader(io.StringIO(text)))
-    head_i = next(i for i, r in enumerate(rows) if "Source" in r)
-    head = rows[head_i]
-    src, si = head.index("Source"), head.index(samp)
-    ex = next((head.index(c) for c in head if c == "Instructions Executed"), None)
-    body = [r for r in rows[head_i + 1:] if len(r) == len(head)]
-
-    def num(x: str) -> float:
-        try:
-            return float(x.replace(",", ""))
-        except ValueError:
-            return 0.0
-
-    busiest = max((num(r[ex]) for r in body), default=0.0) if ex is not None else 0.0
-    phases: dict[str, float] = defaultdict(float)
-    for r in body:
-        phases[phase(r[src], num(r[ex]) if ex is not None else busiest, busiest)] += num(r[si])
     print("    by phase:")
-    for name, v in sorted(phases.items(), key=lambda kv: -kv[1]):
-        print(f"      {name:<32} {v / total:6.1%}")
-    for c in [c for c in cols if "stall" in c.lower() and "Sampling" not in c][:40]:
-        tot = sum(v[c] for v in by_op.values())
+    for name in sorted(page.by_phase, key=lambda n: -page.by_phase[n]):
+        print(f"      {name:<32} {page.share(name):6.1%}")
+    for c in [c for c in page.columns if "stall" in c.lower() and "Sampling" not in c][:40]:
+        tot = sum(v[c] for v in page.by_op.values())
         if tot:
-            top = sorted(by_op.items(), key=lambda kv: -kv[1][c])[:3]
+            top = sorted(page.by_op.items(), key=lambda kv: -kv[1][c])[:3]
             print(f"    {c[:60]:<60} {tot:10.0f}  " + ", ".join(
                 f"{op} {v[c] / tot:.0%}" for op, v in top))
 
 
-def main() -> int:
-    if sys.argv[1:2] == ["--summarize"]:
-        path = Path(sys.argv[2])
+USAGE = ("usage: sass_profile.py VARIANTS_FILE SHAPE [INDEX...] [--fa3]  |  "
+         "sass_profile.py --summarize PAGE.csv[.xz]")
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--summarize"]:
+        if len(argv) != 2:
+            raise ValueError(USAGE)
+        path = Path(argv[1])
         text = (lzma.open(path, "rt") if path.suffix == ".xz" else path.open()).read()
+        page = summarize(text)
         print(path.name)
-        report(*summarize(text), text)
+        report(page)
         return 0
-    args = sys.argv[1:]
-    with_fa3 = "--fa3" in args
-    args = [a for a in args if a != "--fa3"]
+    with_fa3 = "--fa3" in argv
+    args = [a for a in argv if a != "--fa3"]
+    if len(args) < 2 or not all(a.isdigit() for a in args[2:]):
+        raise ValueError(USAGE)
     vf, shape = Path(args[0]), args[1]
-    picks = [int(a) for a in args[2:]]
     problem = Problem.parse(shape)
+    allv = variants(vf)
+    picks = [int(a) for a in args[2:]] or list(range(len(allv)))
+    if not allv or any(i >= len(allv) for i in picks):
+        raise ValueError(f"{vf} has {len(allv)} variants; INDEX counts them from 0")
     out = Path(os.environ.get("OUT", ".device/out"))
     ncu = find_ncu()
-    allv = variants(vf)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
-    for i in picks or range(len(allv)):
+    for i in picks:
         cfg, lab = allv[i]
         r = build.build_config(cfg, pclass=problem.problem_class, defines=lab or None)
         rep = out / f"sass_{vf.stem}_{i}"
@@ -163,22 +194,28 @@ def main() -> int:
         if p.returncode != 0:
             print(f"[{i}] ncu failed: {(p.stdout + p.stderr)[-600:]}")
             continue
-        for k, s in enumerate(subjects):  # the import's launch filters pick one result each
+        for k, subject in enumerate(subjects):  # the import's launch filters pick one result
             q = subprocess.run([str(ncu), "--import", f"{rep}.ncu-rep", "--csv", "--page",
                                 "source", "--print-source", "sass", "--launch-skip", str(k),
                                 "--launch-count", "1"],
                                capture_output=True, text=True, timeout=300)
-            tag = "" if k == 0 else f"_{s.label}"
+            tag = "" if k == 0 else f"_{subject.label}"
             (out / f"sass_{vf.stem}_{i}{tag}.csv").write_text(q.stdout)
-            if "Source" not in q.stdout:
-                print(f"[{i}] {s.label}: no source page ({(q.stdout + q.stderr)[-300:]})")
+            try:
+                page = summarize(q.stdout)
+            except ValueError:
+                print(f"[{i}] {subject.label}: no source page ({(q.stdout + q.stderr)[-300:]})")
                 continue
-            by_op, cols = summarize(q.stdout)
             who = f"{cfg.config_id()} {lab or ''}" if k == 0 else "FlashAttention-3"
-            print(f"[{i}] {who}: {len(cols)} columns")
-            report(by_op, cols, q.stdout)
+            print(f"[{i}] {who}: {len(page.columns)} columns")
+            report(page)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main(sys.argv[1:]))
+    except (ValueError, OSError, FaTuneError, json.JSONDecodeError, TypeError) as e:
+        # json.JSONDecodeError is a ValueError; TypeError: a variant line with an unknown knob.
+        print(f"sass_profile: {e}", file=sys.stderr)
+        raise SystemExit(2 if str(e) == USAGE else 1) from None
