@@ -38,6 +38,7 @@ struct Config {
   static constexpr bool q_in_regs = ${q_in_regs};
   static constexpr bool early_next_qk = ${early_next_qk};
   static constexpr bool kv_multicast = ${kv_multicast};
+  static constexpr bool wg_skip = ${wg_skip};
   static constexpr int head_cluster = ${head_cluster};
   static constexpr fa_tune::TileOrder tile_order = ${tile_order};
   static constexpr fa_tune::Scheduler scheduler = ${scheduler};

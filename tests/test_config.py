@@ -31,6 +31,7 @@ ARCH_DEFAULTS = {
     "q_in_regs": False,
     "early_next_qk": False,
     "kv_multicast": False,
+    "wg_skip": False,
     "head_cluster": 1,
     "tile_order": "longest_first", "scheduler": "grid", "fixed_cost": 4, "persistent_ctas": 0,
     "write_lse": True,
@@ -149,7 +150,9 @@ def test_unparseable_yaml(tmp_path: Path) -> None:
           "pingpong": False}, "needs producer_regs >= 56"),
         ({"kv_multicast": True}, "kv_multicast needs the static scheduler"),
         ({"scheduler": "static", "producer_regs": 40, "consumer_regs": 232, "block_m": 192,
-          "block_n": 64, "kv_multicast": True}, "kv_multicast needs block_m 128"),
+          "block_n": 64, "kv_multicast": True}, "skip 5 KV tiles, which needs at least 4 V stages"),
+        ({"scheduler": "static", "block_m": 64, "kv_multicast": True},
+         "kv_multicast needs block_m 128 or 192"),
         ({"scheduler": "static", "producer_regs": 40, "consumer_regs": 232,
           "q_release": "after_last_qk", "early_next_qk": True, "kv_multicast": True},
          "does not support early_next_qk"),
@@ -433,3 +436,36 @@ def test_sum_in_pv_only_at_head_dim_64() -> None:
     # A knob added after config ids were published: false keeps every old id.
     assert "sum_in_pv" not in KernelConfig().canonical_json()
     assert "sum_in_pv" in cfg.canonical_json()
+
+
+def test_wg_skip_rules() -> None:
+    from tuner.config import warpgroup_max_skip
+
+    cfg = load_preset("d64-wgskip")
+    assert cfg.wg_skip and validate(cfg, 64) is cfg
+    # A knob added after config ids were published: false keeps every old id.
+    assert "wg_skip" not in KernelConfig().canonical_json()
+    assert cfg.replace(wg_skip=False).config_id() == "f30585ce0c34"  # step 40's searched best
+    # One warpgroup has no other rows to skip for; a multicast pair always skips.
+    assert KernelConfig(block_m=64, pingpong=False, wg_skip=True).effective().wg_skip is False
+    mc = load_preset("multicast")
+    assert mc.replace(wg_skip=True).effective() == mc.effective()
+    assert cfg.effective().wg_skip
+    # The lowest warpgroup of a 192-row tile ends 128 rows above the tile's last row.
+    assert warpgroup_max_skip(cfg) == 1 and warpgroup_max_skip(cfg.replace(block_n=64)) == 2
+    assert warpgroup_max_skip(cfg.replace(wg_skip=False)) == 0
+    with pytest.raises(ConfigError, match="wg_skip does not support early_next_qk"):
+        validate(cfg.replace(early_next_qk=True), 64)
+
+
+def test_192_row_pairs_need_v_stages_only_when_causal() -> None:
+    # A causal 192-row pair's lowest warpgroup skips up to ceil(320 / block_n) KV tiles, which
+    # needs that many minus one V stages; non-causal no warpgroup skips a tile.
+    pair = load_preset("full-multicast").replace(block_m=192, block_n=80, consumer_regs=160)
+    assert validate(pair, 128, causal=False) is pair
+    with pytest.raises(ConfigError, match="skip 4 KV tiles, which needs at least 3 V stages"):
+        validate(pair, 128)
+    k3v3 = pair.replace(k_stages=3, v_stages=3)
+    assert validate(k3v3, 128) is k3v3
+    non_causal = [Problem.parse("4x32x8192:full")]
+    assert check_problems(pair, non_causal) == ProblemClass(128, False)

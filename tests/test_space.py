@@ -17,7 +17,8 @@ def test_default_space_covers_every_knob_and_value() -> None:
     # three warpgroups beside a persistent producer fit (d64.yaml), and the D 128 space stays the
     # one its studies were created with.
     narrowed = {"write_lse": {True}, "persistent_ctas": {0, 128},
-                "consumer_regs": set(range(160, 241, 8)), "sum_in_pv": {False}}
+                "consumer_regs": set(range(160, 241, 8)), "sum_in_pv": {False},
+                "wg_skip": {False}}
     for name, knob in KNOBS.items():
         assert set(sp.choices(name)) == narrowed.get(name, set(knob.choices)), name
     assert sp.dims["block_n"].int_range == (64, 192, 16)

@@ -29,9 +29,9 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def lists(driver: Path, B: int, H: int, num_m: int, bins: int, fixed: int = 4,
-          tiles_per_task: int = 1, causal: bool = True):
+          tiles_per_task: int = 1, causal: bool = True, last: tuple[int, int] = (1, 1)):
     out = subprocess.run([str(driver), str(B), str(H), str(num_m), str(bins), str(fixed),
-                          str(tiles_per_task), str(int(causal))],
+                          str(tiles_per_task), str(int(causal)), str(last[0]), str(last[1])],
                          check=True, capture_output=True, text=True).stdout
     if out.startswith("ERROR"):
         return out.strip()
@@ -124,3 +124,23 @@ def test_non_causal_tasks_all_cost_the_longest(driver: Path, tiles_per_task: int
     loads = [load for load, _ in res]
     assert max(loads) - min(loads) <= per_task
     assert all(load % per_task == 0 for load in loads)
+
+
+def test_a_short_last_task_costs_its_share(driver: Path) -> None:
+    """Non-causal 192-row pairs at S 8192: 22 tasks per head, the last with 128 of its 384 rows,
+    one busy warpgroup of three per CTA (wg_skip idles the rest). At a third of the cost the
+    last tasks spread so that the heaviest CTA carries less than with every task at full cost."""
+    B, H, num_m, bins = 4, 32, 22, 66
+    full = 4 * (num_m - 1) + 3 + 4
+    short = -(-full // 3)
+    res = lists(driver, B, H, num_m, bins, tiles_per_task=2, causal=False, last=(1, 3))
+    even = lists(driver, B, H, num_m, bins, tiles_per_task=2, causal=False)
+    assert isinstance(res, list) and isinstance(even, list)
+    seen = Counter(t for _, tasks in res for t in tasks)
+    assert set(seen) == {(bm, h, b) for bm in range(num_m) for h in range(H) for b in range(B)}
+    for load, tasks in res:
+        assert load == sum(short if bm == num_m - 1 else full for bm, _, _ in tasks)
+    loads = [load for load, _ in res]
+    assert max(loads) - min(loads) <= full
+    assert max(loads) < max(load for load, _ in even)
+    assert lists(driver, 1, 1, 2, 1, last=(0, 1)).startswith("ERROR the last task's share")

@@ -768,7 +768,7 @@ def build_config(
     skips validate (the lab's --unchecked: configs it refuses until they ran on a GPU; the
     kernel's own static_asserts still hold)."""
     if check:
-        validate(cfg, pclass.head_dim)
+        validate(cfg, pclass.head_dim, pclass.causal)
     if pclass.varlen:  # its varlen kernel must work too (multicast cannot; spills are refused)
         check_varlen(cfg, pclass.head_dim)
     tpl = template or _paths.kernel_template()
@@ -850,7 +850,7 @@ def build_many(
             continue
         try:
             if check:
-                validate(c, pclass.head_dim)
+                validate(c, pclass.head_dim, pclass.causal)
             if pclass.varlen:
                 check_varlen(c, pclass.head_dim)
         except ConfigError as e:

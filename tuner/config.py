@@ -76,7 +76,8 @@ PERSISTENT_PRODUCER_REGS = 24
 PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
 # Knobs added after config ids were in use, and the value that compiles the kernel as before
 # (KernelConfig.canonical_json leaves them out at it).
-NEUTRAL_LATER_KNOBS: dict[str, tuple[Any]] = {"head_cluster": (1,), "sum_in_pv": (False,)}
+NEUTRAL_LATER_KNOBS: dict[str, tuple[Any]] = {
+    "head_cluster": (1,), "sum_in_pv": (False,), "wg_skip": (False,)}
 # Clusters share K/V tiles through TMA multicast (fa_tune/config.cuh): each CTA loads 1 /
 # cluster of a tile, whole 64-column boxes or, with fewer boxes than CTAs, row slices of them
 # that must hold a multiple of 8 rows (the 128-byte swizzle's period).
@@ -152,6 +153,7 @@ KNOBS: dict[str, Knob] = {
         Knob("q_in_regs", "bool", (False, True)),
         Knob("early_next_qk", "bool", (False, True)),
         Knob("kv_multicast", "bool", (False, True)),
+        Knob("wg_skip", "bool", (False, True)),
         Knob("head_cluster", "int", (1, 2, 4)),
         Knob("tile_order", "enum", ("longest_first", "natural"), "TileOrder"),
         Knob("scheduler", "enum", ("grid", "static", "dynamic"), "Scheduler"),
@@ -193,6 +195,7 @@ class KernelConfig:
     q_in_regs: bool = False
     early_next_qk: bool = False
     kv_multicast: bool = False
+    wg_skip: bool = False
     head_cluster: int = 1
     tile_order: str = "longest_first"
     scheduler: str = "grid"
@@ -255,6 +258,9 @@ class KernelConfig:
         changes: dict[str, Any] = {}
         if self.block_m == 64:
             changes["pingpong"] = False
+        if self.block_m == 64 or self.kv_multicast:
+            # One warpgroup has no other rows to skip for; a multicast pair always skips.
+            changes["wg_skip"] = False
         if not self.intra_wg_overlap:
             changes["rescale_o"] = "after_pv"
         if self.scheduler != "static":
@@ -430,15 +436,19 @@ def cluster_size(cfg: KernelConfig) -> int:
     return (2 if cfg.kv_multicast else 1) * cfg.head_cluster
 
 
-def multicast_max_skip(cfg: KernelConfig) -> int:
-    """KV tiles the lowest 64-row warpgroup of a causal kv_multicast pair skips at most: the
-    pair's 2 x block_m rows end 2 x block_m - 64 rows below that warpgroup's."""
-    return -(-(2 * cfg.block_m - 64) // cfg.block_n)
+def warpgroup_max_skip(cfg: KernelConfig) -> int:
+    """KV tiles the lowest 64-row warpgroup of a causal task skips at most (kv_multicast, or
+    wg_skip): the task's rows (2 x block_m for a pair) end that many minus 64 rows below its
+    own. 0 when no warpgroup skips."""
+    if not (cfg.kv_multicast or (cfg.wg_skip and cfg.block_m > 64)):
+        return 0
+    rows = cfg.block_m * (2 if cfg.kv_multicast else 1)
+    return -(-(rows - 64) // cfg.block_n)
 
 
-def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> KernelConfig:
+def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM, causal: bool = True) -> KernelConfig:
     """Raise ConfigError with one sentence if cfg cannot work on sm_90a for head dim
-    ``head_dim`` (its problem class); else return cfg."""
+    ``head_dim`` and mask ``causal`` (its problem class); else return cfg."""
     if head_dim not in HEAD_DIMS:
         raise ConfigError(f"head dim {head_dim} is not one the kernel builds: {HEAD_DIMS}")
     if cfg.sum_in_pv and head_dim != 64:
@@ -453,29 +463,29 @@ def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> KernelConfig:
                 "kv_multicast needs the static scheduler (both CTAs of a cluster walk one task "
                 f"list); got scheduler {cfg.scheduler}"
             )
-        if cfg.block_m != 128:
-            # The kernel builds block_m 192 pairs too (three warpgroups, params.cuh), and they
-            # pass the gate, but at D 64 (the one head dim whose registers fit three) they ran
-            # 0.95-0.99x of the same kernel unpaired (H200, docs/PERF.md step 39): refused, so
-            # the search does not spend trials on them; the lab builds them with --unchecked.
+        if cfg.block_m < 128:
             raise ConfigError(
-                f"kv_multicast needs block_m 128 (two warpgroups per CTA; 192 pairs were "
-                f"measured slower than unpaired, docs/PERF.md step 39); got {cfg.block_m}"
+                f"kv_multicast needs block_m 128 or 192 (two or three warpgroups per CTA); "
+                f"got {cfg.block_m}"
             )
         if cfg.early_next_qk:
             raise ConfigError("kv_multicast does not support early_next_qk; set it false")
-        skip = multicast_max_skip(cfg)
-        if cfg.intra_wg_overlap and skip - 1 > cfg.v_stages:
-            # Causal pairs: the lowest warpgroup skips `skip` KV tiles and frees their V stages
-            # only after its first QK, whose K the producer sends after skip - 1 of those V
-            # tiles: with fewer V stages it waits on a release that never comes (H200
-            # 2026-12-02, block_n 64 and 80 with 1 V stage hung; docs/PERF.md step 38).
-            raise ConfigError(
-                f"kv_multicast with block_n {cfg.block_n} lets a warpgroup of a causal pair "
-                f"skip {skip} KV tiles, which needs at least {skip - 1} V stages with "
-                f"intra_wg_overlap (it deadlocks with fewer); got v_stages {cfg.v_stages}: "
-                f"raise v_stages or block_n"
-            )
+    if cfg.wg_skip and cfg.early_next_qk:
+        # The drain issues the next tile's first QK before the warpgroup could skip tiles.
+        raise ConfigError("wg_skip does not support early_next_qk; set one of them false")
+    skip = warpgroup_max_skip(cfg) if causal else 0  # non-causal, every row visits every tile
+    if cfg.intra_wg_overlap and skip - 1 > cfg.v_stages:
+        # Causal: the lowest warpgroup skips `skip` KV tiles and frees their V stages only
+        # after its first QK, whose K the producer sends after skip - 1 of those V tiles: with
+        # fewer V stages it waits on a release that never comes (H200 2026-12-02, multicast
+        # pairs at block_n 64 and 80 with 1 V stage hung; docs/PERF.md step 38).
+        what = "a causal pair" if cfg.kv_multicast else f"a causal block_m {cfg.block_m} tile"
+        raise ConfigError(
+            f"{'kv_multicast' if cfg.kv_multicast else 'wg_skip'} with block_n {cfg.block_n} "
+            f"lets a warpgroup of {what} skip {skip} KV tiles, which needs at least {skip - 1} "
+            f"V stages with intra_wg_overlap (it deadlocks with fewer); got v_stages "
+            f"{cfg.v_stages}: raise v_stages or block_n"
+        )
     if cfg.head_cluster > 1:
         if cfg.scheduler == "dynamic":
             raise ConfigError(
@@ -646,7 +656,7 @@ def check_problems(cfg: KernelConfig, problems: Iterable[Problem]) -> ProblemCla
         check_problem(cfg, p)
     pclass = class_of(problems)
     try:
-        validate(cfg, pclass.head_dim)
+        validate(cfg, pclass.head_dim, pclass.causal)
     except ConfigError as e:
         d = pclass.head_dim
         if d != HEAD_DIM:

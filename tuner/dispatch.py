@@ -340,7 +340,7 @@ def bucket_sources(workload: Workload, assignments: list[str] | None = None,
 def check_entry_config(bucket: str, cfg: KernelConfig, pclass: ProblemClass) -> None:
     """A bucket's config must fit the class and write LSE (the op returns it)."""
     try:
-        validate(cfg, pclass.head_dim)
+        validate(cfg, pclass.head_dim, pclass.causal)
     except FaTuneError as e:
         raise DispatchError(f"bucket {bucket}: {e}") from None
     if not cfg.write_lse:

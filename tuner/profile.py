@@ -708,10 +708,11 @@ def profile_config(cfg: Any, label: str, shape: Problem, *, vs: str | None = Non
     from tuner.config import check_problem, validate
 
     check_problem(cfg, shape)
-    validate(cfg, shape.problem_class.head_dim)  # a config the head dim refuses: its line first
+    pclass = shape.problem_class
+    validate(cfg, pclass.head_dim, pclass.causal)  # a config the class refuses: its line first
     find_ncu()
     peers = _peer_subjects(vs)
-    built = build_config(cfg, pclass=shape.problem_class)
+    built = build_config(cfg, pclass=pclass)
     built.require_timeable()
     subjects = [Subject(label, str(built.so_path), None, cfg.config_id()), *peers]
     return _profile(subjects, shape,

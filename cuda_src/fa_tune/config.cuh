@@ -117,12 +117,18 @@ struct Derived {
   static_assert(!kMulticast || (Cfg::scheduler == Scheduler::Static && kConsumerWGs >= 2 &&
                                 !kEarlyNextQk),
                 "kv_multicast needs the static scheduler, block_m >= 128 and no early_next_qk");
-  // Causal pairs: the lowest warpgroup skips up to kMaxSkip KV tiles and frees their V stages
-  // only after its first QK, whose K the producer sends after kMaxSkip - 1 of those V tiles
-  // (producer.cuh): fewer V stages deadlock (H200 2026-12-02; config.multicast_max_skip).
-  static constexpr int kMaxSkip = (2 * kBlockM - 64 + kBlockN - 1) / kBlockN;
-  static_assert(!kMulticast || !kCausal || !kOverlap || kMaxSkip - 1 <= kVStages,
-                "kv_multicast: too few V stages for the KV tiles a warpgroup skips");
+  // Causal: a warpgroup whose rows end above the task's last row starts at its own diagonal
+  // and only hands back the stages of the task's KV tiles above it (all masked for its rows)
+  // instead of computing them masked. A multicast pair must (its rows span two query tiles);
+  // wg_skip does it within one CTA's block_m rows.
+  static constexpr bool kWgSkip = kMulticast || (Cfg::wg_skip && kConsumerWGs >= 2);
+  static_assert(!kWgSkip || !kEarlyNextQk, "wg_skip needs early_next_qk false");
+  // The lowest warpgroup skips up to kMaxSkip KV tiles and frees their V stages only after
+  // its first QK, whose K the producer sends after kMaxSkip - 1 of those V tiles
+  // (producer.cuh): fewer V stages deadlock (H200 2026-12-02; config.warpgroup_max_skip).
+  static constexpr int kMaxSkip = (kRowsPerTask - 64 + kBlockN - 1) / kBlockN;
+  static_assert(!kWgSkip || !kCausal || !kOverlap || kMaxSkip - 1 <= kVStages,
+                "too few V stages for the KV tiles a warpgroup skips");
   static_assert(kHeadCtas == 1 || (Cfg::scheduler != Scheduler::Dynamic && !kEarlyNextQk),
                 "head_cluster needs the static or grid scheduler and no early_next_qk");
   // A CTA's share of a K/V tile: whole 64-column boxes while there are as many as CTAs, else

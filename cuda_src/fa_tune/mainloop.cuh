@@ -84,9 +84,9 @@ struct Mainloop {
   // right after the last PV is issued; with early_next_qk it issues one more QK, which is
   // still in flight on return.
   // n_blocks: KV tiles this warpgroup visits (diagonal first); n_unmasked: how many of them
-  // (from key 0) need no mask; key_end: the sequence end (the non-causal mask); n_skip: tiles above them that the task's other rows need
-  // (kv_multicast), whose stages this warpgroup must release: skip_top (before the first QK)
-  // and, with overlap, skip_top_v (here, once the first softmax is done).
+  // (from key 0) need no mask; key_end: the sequence end (the non-causal mask); n_skip: the V
+  // stages of the task's skipped KV tiles (kWgSkip) that skip_top left to skip_top_v (overlap:
+  // here, once the first softmax is done).
   template <class St, class ReleaseQ, class IssueNext>
   __device__ __forceinline__ static void run(St& st, SharedStorage<T>& ss, Softmax& sm,
                                              int n_blocks, int n_unmasked, int n_skip, int row0,
@@ -104,11 +104,18 @@ struct Mainloop {
 
   // Skip the task's top n_skip KV tiles: release their K stages (and, without overlap, their V
   // stages) once loaded, and take the pingpong turns their GEMMs would have taken, so every
-  // warpgroup takes as many turns per task as its partner and the alternation holds.
+  // warpgroup takes as many turns per task as its partner and the alternation holds. eager_v
+  // (overlap): release each skipped V stage here too, as soon as the producer's order (V[n + 1]
+  // after K[n]) has sent it, all but the last, which is left to skip_top_v; so any number of
+  // tiles can be skipped with one V stage (an idle warpgroup skips all but one).
   template <class St>
-  __device__ __forceinline__ static void skip_top(St& st, SharedStorage<T>& ss, int wg, int n_skip) {
+  __device__ __forceinline__ static void skip_top(St& st, SharedStorage<T>& ss, int wg, int n_skip,
+                                                  bool eager_v = false) {
     for (int i = 0; i < n_skip; ++i) {
       release_unread(ss.k_ring, st.kst);
+      if constexpr (T::kOverlap) {
+        if (eager_v && i > 0) release_unread(ss.v_ring, st.vst);
+      }
       PP::wait_turn(wg);
       PP::pass_turn(wg, false);
       if constexpr (!T::kOverlap) {
@@ -192,7 +199,7 @@ struct Mainloop {
     if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
     st.kst.template advance<T::kKStages>();
     pack_p(st.tSrS, st.tOrP);
-    if constexpr (T::kMulticast) skip_top_v(st, ss, n_skip);
+    if constexpr (T::kWgSkip) skip_top_v(st, ss, n_skip);
 
     bool first_pv = true;
     auto step = [&](auto mask_tag, int n) {

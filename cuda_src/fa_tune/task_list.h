@@ -70,11 +70,20 @@ inline long long task_cost(int bm, int fixed_cost, int tiles_per_task = 1) {
 
 // Returns an empty string on success (lists filled), else a one-line reason. num_m counts
 // tasks per batch/head (query tiles, or pairs of them with tiles_per_task 2). Non-causal, every
-// task visits every KV tile: all cost as the longest causal one.
+// task visits every KV tile: all cost as the longest causal one. The last task of a batch/head
+// costs last_num / last_den of that: where S leaves it short of rows, the kernel's warpgroups
+// without a row in it skip it (wg_skip), and the busiest CTA's share of busy warpgroups bounds
+// its time.
 inline std::string build_task_lists(int B, int H, int num_m, int num_bins, int fixed_cost,
-                                    TaskLists& out, int tiles_per_task = 1, bool causal = true) {
+                                    TaskLists& out, int tiles_per_task = 1, bool causal = true,
+                                    int last_num = 1, int last_den = 1) {
   if (B < 1 || H < 1 || num_m < 1 || num_bins < 1) return "B, H, query tiles and CTAs must be >= 1";
+  if (last_num < 1 || last_den < last_num) return "the last task's share must be in (0, 1]";
   if (std::string why = out.packing.fit(num_m, H, B); !why.empty()) return why;
+  auto cost = [&](int bm) {
+    const long long c = task_cost(causal ? bm : num_m - 1, fixed_cost, tiles_per_task);
+    return bm == num_m - 1 ? (c * last_num + last_den - 1) / last_den : c;
+  };
 
   struct Task {
     int bm, bh;
@@ -93,7 +102,7 @@ inline std::string build_task_lists(int B, int H, int num_m, int num_bins, int f
       for (int bh = first; bh < last; ++bh) {
         const int i = lightest();
         bins[i].push_back({bm, bh});
-        load[i] += task_cost(causal ? bm : num_m - 1, fixed_cost, tiles_per_task);
+        load[i] += cost(bm);
       }
     }
   }
@@ -113,7 +122,7 @@ inline std::string build_task_lists(int B, int H, int num_m, int num_bins, int f
     for (int t = 0; t < int(bins[hi].size()); ++t) {
       const Task& task = bins[hi][t];
       if (!in_lo[task.bh]) continue;
-      const long long c = task_cost(causal ? task.bm : num_m - 1, fixed_cost, tiles_per_task);
+      const long long c = cost(task.bm);
       const long long new_gap = std::llabs((load[hi] - c) - (load[lo] + c));
       if (new_gap < best_gap) {
         best_gap = new_gap;
@@ -124,7 +133,7 @@ inline std::string build_task_lists(int B, int H, int num_m, int num_bins, int f
     const Task moved = bins[hi][best];
     bins[hi].erase(bins[hi].begin() + best);
     bins[lo].push_back(moved);
-    const long long c = task_cost(causal ? moved.bm : num_m - 1, fixed_cost, tiles_per_task);
+    const long long c = cost(moved.bm);
     load[hi] -= c;
     load[lo] += c;
   }

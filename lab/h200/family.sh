@@ -34,7 +34,9 @@ declare -A SHAPE=([d64]=4x32x8192:d64 [d64b]=4x32x8192:d64 [d256]=4x16x8192:d256
                [s12_gqa]=1x32/8x8192 [s12_qdesc]=4x32x8192:d64 [s12_best]=4x32x8192:d64
                [s13_d64]=4x32x8192:d64 [s13_full]=4x32x8192:full
                [s14_d64]=4x32x8192:d64 [s14_full]=4x32x8192:full [s14_d256]=4x16x8192:d256
-               [s14b_d64]=4x32x8192:d64 [s14b_full]=4x32x8192:full)
+               [s14b_d64]=4x32x8192:d64 [s14b_full]=4x32x8192:full
+               [s15_d64]=4x32x8192:d64 [s15_full]=4x32x8192:full
+               [s15b_d64]=4x32x8192:d64 [s15b_full]=4x32x8192:full)
 # A workload's problems (several, space-separated) as kernel_lab.py arguments.
 shape_args() { local s; for s in ${SHAPE[$1]}; do printf -- '--shape %s ' "$s"; done; }
 ORDER=(${FAMILY_WORKLOADS:-d256 d64 full128})
