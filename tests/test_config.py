@@ -469,3 +469,19 @@ def test_192_row_pairs_need_v_stages_only_when_causal() -> None:
     assert validate(k3v3, 128) is k3v3
     non_causal = [Problem.parse("4x32x8192:full")]
     assert check_problems(pair, non_causal) == ProblemClass(128, False)
+
+
+def test_two_warpgroup_pairs_count_four_more_registers() -> None:
+    # 128 x 80 pairs at 160 registers put 8 B on the stack where the estimate said 160 (nvcc
+    # 13.0, 2026-12-03); unpaired and three-warpgroup pairs compiled clean at their estimates.
+    from tuner.config import consumer_reg_estimate
+
+    pair = KernelConfig(scheduler="static", kv_multicast=True, block_n=80, consumer_regs=160,
+                        producer_regs=40, q_release="after_last_qk")
+    unpaired = pair.replace(kv_multicast=False)
+    assert consumer_reg_estimate(pair) == consumer_reg_estimate(unpaired) + 4
+    with pytest.raises(ConfigError, match="consumer"):
+        validate(pair)
+    three = pair.replace(block_m=192, producer_regs=24, k_stages=3, v_stages=3)
+    assert consumer_reg_estimate(three) == consumer_reg_estimate(three.replace(kv_multicast=False))
+    assert validate(three) is three

@@ -67,6 +67,12 @@ Q_IN_REGS = 32
 CONSUMER_REG_OVERHEAD_D: dict[tuple[int, bool], int] = {
     (64, True): -4, (64, False): 0, (256, True): 12, (256, False): 16,
 }
+# A multicast pair of two-warpgroup CTAs holds its rank and skip counts beside Q's per-thread
+# descriptors: 128 x 80 pairs at 160 registers put 8 B on the stack in 6 builds (D 128, k 2 or
+# 3 stages, either k_release, with and without lazy rescale and head_cluster 2; nvcc 13.0,
+# 2026-12-03), the same kernel unpaired compiled clean. Three-warpgroup pairs (Q's descriptors
+# uniform, kernel.cuh) compiled clean at 160 with block_n 64 and 80.
+CONSUMER_REG_OVERHEAD_PAIR2 = 4
 # early_next_qk holds the next tile's first QK across the epilogue's branches: with block_n
 # 160 and 176 at D 128 ptxas put ~1.1 KB on the stack and serialized the wgmma (C7520, "WG.AR
 # in divergent path") at 232 and 240 registers alike, so this is no register budget; 128 and
@@ -424,6 +430,8 @@ def consumer_reg_estimate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> int:
 
 def consumer_reg_overhead(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> int:
     fix = CONSUMER_REG_OVERHEAD_D.get((head_dim, cfg.intra_wg_overlap), 0)
+    if cfg.kv_multicast and cfg.consumer_warpgroups == 2:
+        fix += CONSUMER_REG_OVERHEAD_PAIR2
     base = CONSUMER_REG_OVERHEAD if cfg.intra_wg_overlap else CONSUMER_REG_OVERHEAD_SERIAL
     # sum_in_pv: the softmax keeps no partial row sums (two per row) and does no quad sum,
     # about the 4 registers its sum columns add to O: D 64 192 x 128 at 160 compiled without
@@ -467,6 +475,14 @@ def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM, causal: bool = True) -
             raise ConfigError(
                 f"kv_multicast needs block_m 128 or 192 (two or three warpgroups per CTA); "
                 f"got {cfg.block_m}"
+            )
+        if cfg.block_m == 192 and head_dim == 64:
+            # They pass the gate, but ran 0.95-0.99x of the same kernel unpaired (H200,
+            # docs/PERF.md step 39): refused, so the search spends no trials on them; the lab
+            # builds them with --unchecked. At D 128 non-causal they were faster (step 43).
+            raise ConfigError(
+                "kv_multicast with block_m 192 at head dim 64 was measured slower than "
+                "unpaired (docs/PERF.md step 39); use block_m 128 or kv_multicast false"
             )
         if cfg.early_next_qk:
             raise ConfigError("kv_multicast does not support early_next_qk; set it false")
