@@ -107,16 +107,16 @@ struct Launcher {
       TaskLists lists;
       // Per cluster: kv_multicast pairs query tiles, head_cluster runs of heads.
       const int num_tasks_m = (num_m + T::kRowCtas - 1) / T::kRowCtas;
-      // The last task's 64-row chunks in the sequence; its busiest CTA holds ceil(/ kRowCtas)
-      // of them (wg_first_row deals a pair's chunks evenly). With kWgSkip the others idle.
+      // The last task's 64-row chunks in the sequence (at most kRowsPerTask / 64); its busiest
+      // CTA holds ceil(/ kRowCtas) of them, so at most kConsumerWGs (wg_first_row deals a
+      // pair's chunks evenly). With kWgSkip the others idle.
       const int last_chunks = (S - (num_tasks_m - 1) * T::kRowsPerTask + 63) / 64;
       const int last_busy = T::kWgSkip ? (last_chunks + T::kRowCtas - 1) / T::kRowCtas
                                        : T::kConsumerWGs;
       const std::string why = build_task_lists(B, H / T::kHeadCtas, num_tasks_m,
                                                prep.num_ctas / T::kClusterSize, Cfg::fixed_cost,
                                                lists, T::kRowCtas, T::kCausal,
-                                               std::min(last_busy, T::kConsumerWGs),
-                                               T::kConsumerWGs);
+                                               last_busy, T::kConsumerWGs);
       if (!why.empty()) return fail(cudaErrorInvalidValue, why);
       uint32_t* d_tasks = nullptr;
       int* d_offsets = nullptr;
