@@ -7,18 +7,21 @@
 //
 // ----------------------------------------------------------------------------------------------
 // The problem family: batch B, Hq query heads, Hkv K/V heads (Hq a multiple of Hkv: Hkv = Hq is
-// MHA, Hkv = 1 MQA, between GQA; query head h reads K/V head h / (Hq / Hkv)), sequence length S
-// (query = key length), head dim D in {64, 128, 256}, causal or not (non-causal: every query
-// row attends to every key).
+// MHA, Hkv = 1 MQA, between GQA; query head h reads K/V head h / (Hq / Hkv)), Sq queries over
+// Sk keys (Sq <= Sk: a prompt continuing a cached prefix; Sq = Sk: a fresh prefill), head dim D
+// in {64, 128, 256}, causal or not. The causal mask is aligned bottom-right, as FlashAttention's:
+// query row i sees keys 0 .. i + Sk - Sq; non-causal rows attend to every key. A row that sees
+// no key (causal Sq > Sk, or a sequence without keys) gets O = 0 and LSE = -inf, the kernel's
+// convention (fa-tune's problems never have one).
 //
-// C ABI (version 3). Every function returns an int that is a cudaError_t (0 = cudaSuccess).
+// C ABI (version 5). Every function returns an int that is a cudaError_t (0 = cudaSuccess).
 // Each launch is followed by cudaGetLastError(), so a bad launch is reported by the call that
 // made it; kernel faults surface at the caller's next synchronisation. All work is enqueued on
 // `stream` (a cudaStream_t == CUstream; NULL = legacy default stream). Pointers are device
-// pointers. Layouts (BSHD, contiguous): Q and O are [B, S, Hq, D] BF16; K and V are
-// [B, S, Hkv, D] BF16; O_ref is [B, S, Hq, D] FP32; LSE and LSE_ref are [B, Hq, S] FP32 in
+// pointers. Layouts (BSHD, contiguous): Q and O are [B, Sq, Hq, D] BF16; K and V are
+// [B, Sk, Hkv, D] BF16; O_ref is [B, Sq, Hq, D] FP32; LSE and LSE_ref are [B, Hq, Sq] FP32 in
 // natural-log units: lse = log(sum_j exp(s_j)), with s_j = q.k_j / sqrt(D) over the keys the
-// row attends to. Offsets are 64-bit here, but callers keep B*S*Hq*D < 2^31 (the kernel's rule).
+// row attends to. Offsets are 64-bit here, but callers keep B*S*H*D < 2^31 (the kernel's rule).
 //
 //   int oracle_abi_version(void);            // ORACLE_ABI_VERSION below
 //   int oracle_stats_size(void);             // sizeof(OracleStats), for the caller's layout check
@@ -27,19 +30,19 @@
 //                           unsigned long long stream_id, float lo, float hi, cudaStream_t s);
 //       dst[i] = bf16_rn(lo + (hi - lo) * u(seed, stream_id, i)), u in [0, 1).
 //
-//   int oracle_gen_seed(void* q, void* k, void* v, int B, int Hq, int Hkv, int S, int D,
-//                       unsigned long long seed, cudaStream_t s);
+//   int oracle_gen_seed(void* q, void* k, void* v, int B, int Hq, int Hkv, int Sq, int Sk,
+//                       int D, unsigned long long seed, cudaStream_t s);
 //       Input set "seed": Q, K uniform in [-2, 2], V uniform in [-1, 1] (streams 1, 2, 3; the
-//       index is the element's flat index in its own tensor). For MHA, D 128 this is exactly
-//       ABI 2's set (same streams, same indices): results and NumPy twins stay valid.
+//       index is the element's flat index in its own tensor). For MHA, D 128, Sq = Sk this is
+//       exactly ABI 2's set (same streams, same indices): results and NumPy twins stay valid.
 //
-//   int oracle_gen_rising(void* q, void* k, void* v, int B, int Hq, int Hkv, int S, int D,
-//                         unsigned long long seed, int direction, cudaStream_t s);
+//   int oracle_gen_rising(void* q, void* k, void* v, int B, int Hq, int Hkv, int Sq, int Sk,
+//                         int D, unsigned long long seed, int direction, cudaStream_t s);
 //       Input set "rising" (direction = -1: scores grow as the key index DEcreases, so the
 //       running row max rises at every KV tile of a REVERSE walk: diagonal (or last) tile
 //       first, then toward key 0) or "rising_fwd" (direction = +1: grows with the key index, so
-//       a FORWARD walk rises). S <= 32768 (see construction). Construction below; bit-identical
-//       to ABI 2 for MHA, D 128.
+//       a FORWARD walk rises). Sk <= 32768 (see construction; the trend is over keys, so Sq
+//       does not matter). Construction below; bit-identical to ABI 2 for MHA, D 128, Sq = Sk.
 //
 //   int oracle_poison(void* o_bf16, long long n_o, float* lse, long long n_lse, cudaStream_t s);
 //       o[i] bits = 0x7FBF (ORACLE_POISON_BF16), lse[i] bits = 0x7FBADBAD (ORACLE_POISON_F32).
@@ -48,12 +51,12 @@
 //       NULL (n_lse ignored).
 //
 //   int oracle_reference(const void* q, const void* k, const void* v, float* o_ref,
-//                        float* lse_ref, int B, int Hq, int Hkv, int S, int D, int causal,
-//                        int flags, cudaStream_t s);
+//                        float* lse_ref, int B, int Hq, int Hkv, int Sq, int Sk, int D,
+//                        int causal, int flags, cudaStream_t s);
 //       Independent FP32 attention, scale 1/sqrt(D), exact softmax with IEEE expf/logf (online
-//       form: per-tile max and rescale, all FP32); causal != 0: key j <= query row i, else every
-//       key. Query head h reads K/V head h / (Hq / Hkv). lse_ref may be NULL. flags = 0 for the
-//       reference. Test-only bits (to prove the gate catches real kernel bugs):
+//       form: per-tile max and rescale, all FP32); causal != 0: key j <= query row i + Sk - Sq,
+//       else every key. Query head h reads K/V head h / (Hq / Hkv). lse_ref may be NULL.
+//       flags = 0 for the reference. Test-only bits (to prove the gate catches real kernel bugs):
 //         1 = walk KV tiles in reverse (diagonal / last tile first), like the FA3 mainloop;
 //         2 = BUG: do not rescale O when the running max rises;
 //         4 = BUG: do not rescale the running sum l when the running max rises.
@@ -62,18 +65,23 @@
 //       output block (register blocking, float4 shared loads). Shared memory (rows padded by 4
 //       floats) and CTAs per SM: D 64: 52 KB, 2; D 128: 85 KB, 2 (<= 128 registers, no spills);
 //       D 256: 147 KB, 1 (168 registers).
-//       Cost B*Hq*S^2*D FMA causal (half of QK plus half of PV), twice that non-causal:
+//       Cost 2*B*Hq*D FMA per (query, key) pair visited: B*Hq*S^2*D causal at Sq = Sk, twice
+//       that non-causal:
 //       4.4e12 FMA at 4x32x16384 D 128 causal, measured 0.28 s on an H200 (ABI 2; ~16 TFLOPS
 //       FP32). Non-causal doubles it; D 256 doubles the FMAs at half the occupancy (expect
 //       2-3x D 128's time); D 64 halves them.
 //
 //   int oracle_reference_varlen(const void* q, const void* k, const void* v, float* o_ref,
-//                               float* lse_ref, const int* cu_seqlens, int num_seqs,
-//                               int max_seqlen, int total, int Hq, int Hkv, int D, int causal,
-//                               int flags, cudaStream_t s);
-//       The same reference for a packed batch (Q, K, V, O [total, H, D]; lse [Hq, total]):
-//       each sequence of cu_seqlens (int32 on the device, num_seqs + 1 entries, every length
-//       <= max_seqlen) is its own attention problem. The rows of a length-0 sequence are none.
+//                               float* lse_ref, const int* cu_seqlens_q,
+//                               const int* cu_seqlens_k, int num_seqs, int max_seqlen_q,
+//                               int total_q, int Hq, int Hkv, int D, int causal, int flags,
+//                               cudaStream_t s);
+//       The same reference for a packed batch (Q, O [total_q, Hq, D]; K, V [total_k, Hkv, D];
+//       lse [Hq, total_q]): sequence b's queries are rows cu_seqlens_q[b] .. [b + 1] and its
+//       keys rows cu_seqlens_k[b] .. [b + 1] (int32 on the device, num_seqs + 1 entries each,
+//       every query length <= max_seqlen_q), its own attention problem (the causal offset is
+//       its own key length minus its own query length). The rows of a length-0 sequence are
+//       none.
 //
 //   int oracle_f32_to_bf16(const float* src, void* dst_bf16, long long n, cudaStream_t s);
 //       dst = bf16_rn(src): a "perfect kernel" for gate self-tests.
@@ -85,7 +93,8 @@
 //                      float o_atol, float o_rtol, float lse_atol, float lse_rtol,
 //                      OracleStats* stats_dev, float* block_sums, double* col_sums,
 //                      cudaStream_t s);
-//       O and O_ref are [B, S, Hq, D]; LSE [B, Hq, S]. D in {64, 128, 256}.
+//       O and O_ref are [B, S, Hq, D]; LSE [B, Hq, S]; S is the QUERY rows (Sq; a packed
+//       batch: B = 1, S = total_q). D in {64, 128, 256}.
 //       Fills *stats_dev (a device buffer of oracle_stats_size() bytes; zeroed here first).
 //       Per O element: unwritten if its bits are the poison; else non-finite if NaN/Inf; else
 //       err = |o - ref| (FP32) feeds max_abs_err and sum_sq_err. A violation is any element that
@@ -116,14 +125,16 @@
 // FMA) and BF16 conversion is round-to-nearest-even, so tuner/measure/oracle.py's NumPy twin
 // reproduces every input bit for bit (tested on the GPU).
 //
-// "rising" construction (direction d = -1; d = +1 mirrors the key order). Per (b, K/V head g):
-//   t(j) = 4*(S/2 - j) + jit(j) for d = -1, t(j) = 4*(j - S/2) + jit(j) for d = +1, with
-//          S/2 an integer division and jit(j) in {0,1,2,3} (stream 15, index (b*Hkv + g)*S + j).
-//          Consecutive keys differ by >= 1, so t is strictly monotone; |t| <= 2S + 3.
+// "rising" construction (direction d = -1; d = +1 mirrors the key order). The trend is over the
+// Sk keys (j < Sk), the coefficient per query row (i < Sq). Per (b, K/V head g):
+//   t(j) = 4*(Sk/2 - j) + jit(j) for d = -1, t(j) = 4*(j - Sk/2) + jit(j) for d = +1, with
+//          Sk/2 an integer division and jit(j) in {0,1,2,3} (stream 15, index
+//          (b*Hkv + g)*Sk + j). Consecutive keys differ by >= 1, so t is strictly monotone;
+//          |t| <= 2Sk + 3.
 //   K[j, 0] = hi(j) = floor(t / 256), K[j, 1] = lo(j) = t - 256*hi in [0, 255]: small integers,
-//          exact in BF16 while |hi| <= 256 (hence S <= 32768).
+//          exact in BF16 while |hi| <= 256 (hence Sk <= 32768).
 //   Q[i, 0] = 256*c2(i), Q[i, 1] = c2(i) (per (b, query head h, row i)), with
-//          c2(i) = m_D * bf16(0.09 + 0.045*u) (stream 14, index (b*Hq + h)*S + i), m_D = 2 for
+//          c2(i) = m_D * bf16(0.09 + 0.045*u) (stream 14, index (b*Hq + h)*Sq + i), m_D = 2 for
 //          D = 256 and 1 otherwise: c2 in [0.0898, 0.1348] * m_D, exact (BF16 times a power of
 //          two), so q.k over dims 0-1 is exactly c2(i) * t(j). Every query head of a group sees
 //          the same t of its K/V head: the property below holds per query row, for GQA and MQA
@@ -142,8 +153,9 @@
 //            D 256: 0.1797 * 253 / 16     = 2.84 > 1.31: by >= 1.53 logits,
 //          so every tile's max beats the running max, for every row and every tile size and
 //          alignment (a partial diagonal tile included), causal or not (a non-causal reverse
-//          walk starts at the last tile). The trend rises by 2-3 logits per 64 keys; logits
-//          span about +-0.034*S (+-553 at S=16384; +-391 for D 128): finite, and the rescale
+//          walk starts at the last tile), whatever Sq: the argument is about keys only, and a
+//          bottom-right causal row's keys are a prefix 0 .. i + Sk - Sq like any other. The trend rises by 2-3 logits per 64 keys; logits
+//          span about +-0.034*Sk (+-553 at Sk=16384; +-391 for D 128): finite, and the rescale
 //          factor exp(m_old - m_new) is well below 1 at every tile, so a kernel that skips (or
 //          misapplies) the rescale of O or of the running sum fails the gate.
 //   "rising_fwd" (d = +1) gives the same guarantee to a FORWARD walk for every step into a full
@@ -159,8 +171,9 @@
 
 #define ORACLE_API extern "C" __attribute__((visibility("default")))
 
+// 5: separate query and key lengths (Sq <= Sk, bottom-right causal), cu_seqlens_q / _k.
 // 4: oracle_reference_varlen
-#define ORACLE_ABI_VERSION 4
+#define ORACLE_ABI_VERSION 5
 #define ORACLE_ROW_BLOCK 16
 #define ORACLE_POISON_BF16 0x7FBFu
 #define ORACLE_POISON_F32 0x7FBADBADu
@@ -256,23 +269,23 @@ __device__ __forceinline__ int rising_t(int j, int S, int direction, uint64_t se
     return (direction < 0 ? 4 * (half - j) : 4 * (j - half)) + jit;
 }
 
-// One kernel writes Q, then K and V, of the rising set; i is a flat BSHD index into Q (Hq
-// heads) in the first loop, into K and V (Hkv heads) in the second.
+// One kernel writes Q, then K and V, of the rising set; i is a flat BSHD index into Q (Sq rows,
+// Hq heads) in the first loop, into K and V (Sk rows, Hkv heads) in the second.
 __global__ void gen_rising_kernel(__nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ k,
-                                  __nv_bfloat16* __restrict__ v, int B, int Hq, int Hkv, int S,
-                                  int D, uint64_t seed, int direction) {
+                                  __nv_bfloat16* __restrict__ v, int B, int Hq, int Hkv, int Sq,
+                                  int Sk, int D, uint64_t seed, int direction) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     const float c2_scale = D == 256 ? 2.0f : 1.0f;  // m_D (header): the D 256 margin
-    const long long n_q = (long long)B * S * Hq * D;
+    const long long n_q = (long long)B * Sq * Hq * D;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_q; i += stride) {
         const int d = (int)(i % D);
         const long long row = i / D;  // (b, s, h)
         const int h = (int)(row % Hq);
-        const int s = (int)((row / Hq) % S);
-        const int b = (int)(row / ((long long)Hq * S));
+        const int s = (int)((row / Hq) % Sq);
+        const int b = (int)(row / ((long long)Hq * Sq));
         float qv;
         if (d < 2) {
-            const uint64_t row_key = ((uint64_t)b * Hq + h) * (uint64_t)S;  // + s: per row
+            const uint64_t row_key = ((uint64_t)b * Hq + h) * (uint64_t)Sq;  // + s: per row
             // Exact: a BF16 value times a power of two (m_D, then 256 for dim 0).
             const float c2 = c2_scale * bf16_round(__fadd_rn(
                 0.09f, __fmul_rn(0.045f, uniform01(seed, kStreamRisingC2, row_key + s))));
@@ -282,17 +295,17 @@ __global__ void gen_rising_kernel(__nv_bfloat16* __restrict__ q, __nv_bfloat16* 
         }
         q[i] = to_bf16(qv);
     }
-    const long long n_kv = (long long)B * S * Hkv * D;
+    const long long n_kv = (long long)B * Sk * Hkv * D;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n_kv; i += stride) {
         const int d = (int)(i % D);
         const long long row = i / D;  // (b, s, g)
         const int g = (int)(row % Hkv);
-        const int s = (int)((row / Hkv) % S);
-        const int b = (int)(row / ((long long)Hkv * S));
+        const int s = (int)((row / Hkv) % Sk);
+        const int b = (int)(row / ((long long)Hkv * Sk));
         float kv;
         if (d < 2) {
-            const uint64_t row_key = ((uint64_t)b * Hkv + g) * (uint64_t)S;  // per (b, g)
-            const int t = rising_t(s, S, direction, seed, row_key);
+            const uint64_t row_key = ((uint64_t)b * Hkv + g) * (uint64_t)Sk;  // per (b, g)
+            const int t = rising_t(s, Sk, direction, seed, row_key);
             const int hi = t >= 0 ? t / 256 : -((-t + 255) / 256);  // floor(t / 256)
             kv = d == 0 ? (float)hi : (float)(t - 256 * hi);
         } else if (d < 10) {
@@ -354,7 +367,8 @@ __device__ __forceinline__ float ref_scale() {
 
 // Stage rows [row0, row0 + 64) of one (sequence, head) slice of a BSHD BF16 tensor with `heads`
 // heads into shared memory as FP32 (rows >= S become zeros). The sequence starts at tensor row
-// `base` (b * S, or its cu_seqlens entry in a packed batch). 16-byte global loads: 8 BF16 per
+// `base` (b * S, or its cu_seqlens entry in a packed batch); S is its rows in that tensor (Sq
+// for Q, Sk for K and V). 16-byte global loads: 8 BF16 per
 // load, D/8 loads per row.
 template <int D>
 __device__ __forceinline__ void stage_tile(float* __restrict__ dst,
@@ -389,8 +403,9 @@ template <int D>
 __global__ void __launch_bounds__(kRefThreads, RefTraits<D>::kMinBlocks)
 reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                  const __nv_bfloat16* __restrict__ v, float* __restrict__ o_ref,
-                 float* __restrict__ lse_ref, int Hq, int Hkv, int S_arg, int causal, int flags,
-                 const int* __restrict__ cu_seqlens, int total) {
+                 float* __restrict__ lse_ref, int Hq, int Hkv, int Sq_arg, int Sk_arg, int causal,
+                 int flags, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+                 int total_q) {
     constexpr int kLd = RefTraits<D>::kLd;
     constexpr int kOC = RefTraits<D>::kOutCols;  // 4, 8 or 16
     constexpr int kGroups = kOC / 4;             // groups of 4 output dims, 64 apart
@@ -401,16 +416,22 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
 
     const int h = blockIdx.y;
     const int b = blockIdx.z;
-    // Fixed length: batch b is rows [b*S, b*S + S), LSE [B, Hq, S]. Varlen (cu_seqlens): the
-    // packed sequence b, LSE [Hq, total]; the grid covers the longest, shorter ones stop early.
-    int S = S_arg;
-    long long base = (long long)b * S, lse_base = ((long long)b * Hq + h) * S;
-    if (cu_seqlens != nullptr) {
-        base = cu_seqlens[b];
-        S = cu_seqlens[b + 1] - cu_seqlens[b];
-        lse_base = (long long)h * total + base;
+    // Fixed length: batch b is query rows [b*Sq, b*Sq + Sq) and key rows [b*Sk, b*Sk + Sk), LSE
+    // [B, Hq, Sq]. Varlen (cu_q, cu_k): the packed sequence b, LSE [Hq, total_q]; the grid
+    // covers the longest query length, shorter ones stop early.
+    int Sq = Sq_arg, Sk = Sk_arg;
+    long long base_q = (long long)b * Sq, base_k = (long long)b * Sk;
+    long long lse_base = ((long long)b * Hq + h) * Sq;
+    if (cu_q != nullptr) {
+        base_q = cu_q[b];
+        Sq = cu_q[b + 1] - cu_q[b];
+        base_k = cu_k[b];
+        Sk = cu_k[b + 1] - cu_k[b];
+        lse_base = (long long)h * total_q + base_q;
     }
-    const int n_qblocks = (S + kRefM - 1) / kRefM;
+    // Bottom-right causal alignment: query row i sees keys 0 .. i + off.
+    const int off = Sk - Sq;
+    const int n_qblocks = (Sq + kRefM - 1) / kRefM;
     const int qb = n_qblocks - 1 - (int)blockIdx.x;  // longest rows first: shorter tail
     if (qb < 0) return;
     const int hkv = h / (Hq / Hkv);  // the K/V head this query head reads
@@ -420,7 +441,7 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
     const int tx = tid & 15;  // score cols tx + 16*j; output dims 64*g + tx*4 + {0..3}
     const float scale = ref_scale<D>();
 
-    stage_tile<D>(Qs, q, base, h, q0, Hq, S);
+    stage_tile<D>(Qs, q, base_q, h, q0, Hq, Sq);
 
     float m[4], l[4], acc_o[4][kOC];
 #pragma unroll
@@ -431,14 +452,15 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
         for (int c = 0; c < kOC; ++c) acc_o[i][c] = 0.f;
     }
 
-    const int last_key = causal ? min(q0 + kRefM - 1, S - 1) : S - 1;
-    const int n_tiles = last_key / kRefN + 1;
+    // The last key any real row of this block sees (-1: none; then no tile at all).
+    const int last_key = causal ? min(min(q0 + kRefM - 1, Sq - 1) + off, Sk - 1) : Sk - 1;
+    const int n_tiles = last_key < 0 ? 0 : last_key / kRefN + 1;
     for (int it = 0; it < n_tiles; ++it) {
         const int tile = (flags & kFlagReverse) ? n_tiles - 1 - it : it;
         const int kv0 = tile * kRefN;
 
         __syncthreads();  // previous tile's readers of KVs/Ps are done (and Qs is staged)
-        stage_tile<D>(KVs, k, base, hkv, kv0, Hkv, S);
+        stage_tile<D>(KVs, k, base_k, hkv, kv0, Hkv, Sk);
         __syncthreads();
 
         // S = Q K^T for this thread's 4x4 block.
@@ -478,7 +500,7 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int key = kv0 + tx + 16 * j;
-                const bool valid = key < S && (!causal || key <= row);
+                const bool valid = key < Sk && (!causal || key <= row + off);
                 sc[i][j] = valid ? sc[i][j] * scale : -INFINITY;
                 mx = fmaxf(mx, sc[i][j]);
             }
@@ -487,7 +509,7 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
             const float m_new = fmaxf(m[i], mx);
             // m_new == -inf only when every key seen so far is masked (possible in reverse
-            // walks or for rows >= S); then nothing has been accumulated and nothing scales.
+            // walks or for rows >= Sq); then nothing has been accumulated and nothing scales.
             const float alpha = m_new == -INFINITY ? 1.f : expf(m[i] - m_new);
             const float m_use = m_new == -INFINITY ? 0.f : m_new;
             float rs = 0.f;
@@ -508,7 +530,7 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
         }
 
         __syncthreads();  // everyone is done with K and has written P
-        stage_tile<D>(KVs, v, base, hkv, kv0, Hkv, S);
+        stage_tile<D>(KVs, v, base_k, hkv, kv0, Hkv, Sk);
         __syncthreads();
 
         // O += P V for this thread's 4 rows x D/16 dims.
@@ -541,38 +563,42 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
         }
     }
 
-    // Epilogue: O / l (l >= 1 for every real row: its max term contributes exp(0) = 1).
+    // Epilogue: O / l (l >= 1 for every row that sees a key: its max term contributes
+    // exp(0) = 1). A row that sees none gets O = 0 and LSE = -inf (the kernel's convention).
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int s = q0 + ty * 4 + i;
-        if (s >= S) continue;
-        const float inv = 1.f / l[i];
-        float* out = o_ref + ((base + s) * Hq + h) * D;
+        if (s >= Sq) continue;
+        const bool seen = l[i] > 0.f;
+        const float inv = seen ? 1.f / l[i] : 0.f;
+        float* out = o_ref + ((base_q + s) * Hq + h) * D;
 #pragma unroll
         for (int g = 0; g < kGroups; ++g)
             *reinterpret_cast<float4*>(out + 64 * g + tx * 4) =
                 make_float4(acc_o[i][4 * g + 0] * inv, acc_o[i][4 * g + 1] * inv,
                             acc_o[i][4 * g + 2] * inv, acc_o[i][4 * g + 3] * inv);
         if (lse_ref != nullptr && tx == 0)
-            lse_ref[lse_base + s] = m[i] + logf(l[i]);
+            lse_ref[lse_base + s] = seen ? m[i] + logf(l[i]) : -INFINITY;
     }
 }
 
-// Varlen: B sequences of cu_seqlens (device), S the longest, total the tokens.
+// Varlen: B sequences of cu_q / cu_k (device), Sq the longest query length, total_q the query
+// rows (Sk unused).
 template <int D>
 int launch_reference(const void* q, const void* k, const void* v, float* o_ref, float* lse_ref,
-                     int B, int Hq, int Hkv, int S, int causal, int flags, cudaStream_t s,
-                     const int* cu_seqlens = nullptr, int total = 0) {
+                     int B, int Hq, int Hkv, int Sq, int Sk, int causal, int flags,
+                     cudaStream_t s, const int* cu_q = nullptr, const int* cu_k = nullptr,
+                     int total_q = 0) {
     constexpr size_t smem = RefTraits<D>::kSmemBytes;
     // > 48 KB of dynamic shared memory needs an explicit opt-in (cheap; done every call so the
     // attribute is set in whatever context is current).
     ORACLE_CHECK(cudaFuncSetAttribute(reference_kernel<D>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    const dim3 grid((S + kRefM - 1) / kRefM, Hq, B);
+    const dim3 grid((Sq + kRefM - 1) / kRefM, Hq, B);
     reference_kernel<D><<<grid, kRefThreads, smem, s>>>(
         static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k),
-        static_cast<const __nv_bfloat16*>(v), o_ref, lse_ref, Hq, Hkv, S, causal, flags,
-        cu_seqlens, total);
+        static_cast<const __nv_bfloat16*>(v), o_ref, lse_ref, Hq, Hkv, Sq, Sk, causal, flags,
+        cu_q, cu_k, total_q);
     return (int)cudaGetLastError();
 }
 
@@ -866,26 +892,27 @@ bool bad_problem(int B, int Hq, int Hkv, int S, int D) {
 }
 }  // namespace
 
-ORACLE_API int oracle_gen_seed(void* q, void* k, void* v, int B, int Hq, int Hkv, int S, int D,
-                               unsigned long long seed, cudaStream_t s) {
-    if (q == nullptr || k == nullptr || v == nullptr || bad_problem(B, Hq, Hkv, S, D))
+ORACLE_API int oracle_gen_seed(void* q, void* k, void* v, int B, int Hq, int Hkv, int Sq, int Sk,
+                               int D, unsigned long long seed, cudaStream_t s) {
+    if (q == nullptr || k == nullptr || v == nullptr || bad_problem(B, Hq, Hkv, Sq, D) || Sk < 1)
         return (int)cudaErrorInvalidValue;
-    const long long n_q = (long long)B * S * Hq * D, n_kv = (long long)B * S * Hkv * D;
+    const long long n_q = (long long)B * Sq * Hq * D, n_kv = (long long)B * Sk * Hkv * D;
     ORACLE_CHECK((cudaError_t)oracle_fill_uniform(q, n_q, seed, kStreamQ, -2.0f, 2.0f, s));
     ORACLE_CHECK((cudaError_t)oracle_fill_uniform(k, n_kv, seed, kStreamK, -2.0f, 2.0f, s));
     ORACLE_CHECK((cudaError_t)oracle_fill_uniform(v, n_kv, seed, kStreamV, -1.0f, 1.0f, s));
     return 0;
 }
 
-ORACLE_API int oracle_gen_rising(void* q, void* k, void* v, int B, int Hq, int Hkv, int S, int D,
-                                 unsigned long long seed, int direction, cudaStream_t s) {
-    if (q == nullptr || k == nullptr || v == nullptr || bad_problem(B, Hq, Hkv, S, D) ||
-        S > 32768 || (direction != 1 && direction != -1))
+ORACLE_API int oracle_gen_rising(void* q, void* k, void* v, int B, int Hq, int Hkv, int Sq,
+                                 int Sk, int D, unsigned long long seed, int direction,
+                                 cudaStream_t s) {
+    if (q == nullptr || k == nullptr || v == nullptr || bad_problem(B, Hq, Hkv, Sq, D) ||
+        Sk < 1 || Sk > 32768 || (direction != 1 && direction != -1))
         return (int)cudaErrorInvalidValue;
-    const long long n = (long long)B * S * Hq * D;  // Q is the larger tensor
-    gen_rising_kernel<<<grid_for(n, 256), 256, 0, s>>>(
+    const long long n_q = (long long)B * Sq * Hq * D, n_kv = (long long)B * Sk * Hkv * D;
+    gen_rising_kernel<<<grid_for(n_q > n_kv ? n_q : n_kv, 256), 256, 0, s>>>(
         static_cast<__nv_bfloat16*>(q), static_cast<__nv_bfloat16*>(k),
-        static_cast<__nv_bfloat16*>(v), B, Hq, Hkv, S, D, seed, direction);
+        static_cast<__nv_bfloat16*>(v), B, Hq, Hkv, Sq, Sk, D, seed, direction);
     return (int)cudaGetLastError();
 }
 
@@ -899,34 +926,37 @@ ORACLE_API int oracle_poison(void* o, long long n_o, float* lse, long long n_lse
 }
 
 ORACLE_API int oracle_reference(const void* q, const void* k, const void* v, float* o_ref,
-                                float* lse_ref, int B, int Hq, int Hkv, int S, int D, int causal,
-                                int flags, cudaStream_t s) {
+                                float* lse_ref, int B, int Hq, int Hkv, int Sq, int Sk, int D,
+                                int causal, int flags, cudaStream_t s) {
     if (q == nullptr || k == nullptr || v == nullptr || o_ref == nullptr ||
-        bad_problem(B, Hq, Hkv, S, D) || Hq > 65535 || B > 65535 || (flags & ~7) != 0)
-        return (int)cudaErrorInvalidValue;
-    const int c = causal != 0;
-    if (D == 64) return launch_reference<64>(q, k, v, o_ref, lse_ref, B, Hq, Hkv, S, c, flags, s);
-    if (D == 128) return launch_reference<128>(q, k, v, o_ref, lse_ref, B, Hq, Hkv, S, c, flags, s);
-    return launch_reference<256>(q, k, v, o_ref, lse_ref, B, Hq, Hkv, S, c, flags, s);
-}
-
-ORACLE_API int oracle_reference_varlen(const void* q, const void* k, const void* v,
-                                       float* o_ref, float* lse_ref, const int* cu_seqlens,
-                                       int num_seqs, int max_seqlen, int total, int Hq, int Hkv,
-                                       int D, int causal, int flags, cudaStream_t s) {
-    if (q == nullptr || k == nullptr || v == nullptr || o_ref == nullptr || cu_seqlens == nullptr ||
-        bad_problem(1, Hq, Hkv, total, D) || max_seqlen < 1 || num_seqs < 1 || num_seqs > 65535 ||
-        Hq > 65535 || (flags & ~7) != 0)
+        bad_problem(B, Hq, Hkv, Sq, D) || Sk < 1 || Hq > 65535 || B > 65535 || (flags & ~7) != 0)
         return (int)cudaErrorInvalidValue;
     const int c = causal != 0;
     if (D == 64)
-        return launch_reference<64>(q, k, v, o_ref, lse_ref, num_seqs, Hq, Hkv, max_seqlen, c,
-                                    flags, s, cu_seqlens, total);
+        return launch_reference<64>(q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, c, flags, s);
     if (D == 128)
-        return launch_reference<128>(q, k, v, o_ref, lse_ref, num_seqs, Hq, Hkv, max_seqlen, c,
-                                     flags, s, cu_seqlens, total);
-    return launch_reference<256>(q, k, v, o_ref, lse_ref, num_seqs, Hq, Hkv, max_seqlen, c, flags,
-                                 s, cu_seqlens, total);
+        return launch_reference<128>(q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, c, flags, s);
+    return launch_reference<256>(q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, c, flags, s);
+}
+
+ORACLE_API int oracle_reference_varlen(const void* q, const void* k, const void* v,
+                                       float* o_ref, float* lse_ref, const int* cu_seqlens_q,
+                                       const int* cu_seqlens_k, int num_seqs, int max_seqlen_q,
+                                       int total_q, int Hq, int Hkv, int D, int causal, int flags,
+                                       cudaStream_t s) {
+    if (q == nullptr || k == nullptr || v == nullptr || o_ref == nullptr ||
+        cu_seqlens_q == nullptr || cu_seqlens_k == nullptr || bad_problem(1, Hq, Hkv, total_q, D) ||
+        max_seqlen_q < 1 || num_seqs < 1 || num_seqs > 65535 || Hq > 65535 || (flags & ~7) != 0)
+        return (int)cudaErrorInvalidValue;
+    const int c = causal != 0;
+    if (D == 64)
+        return launch_reference<64>(q, k, v, o_ref, lse_ref, num_seqs, Hq, Hkv, max_seqlen_q, 0,
+                                    c, flags, s, cu_seqlens_q, cu_seqlens_k, total_q);
+    if (D == 128)
+        return launch_reference<128>(q, k, v, o_ref, lse_ref, num_seqs, Hq, Hkv, max_seqlen_q, 0,
+                                     c, flags, s, cu_seqlens_q, cu_seqlens_k, total_q);
+    return launch_reference<256>(q, k, v, o_ref, lse_ref, num_seqs, Hq, Hkv, max_seqlen_q, 0, c,
+                                 flags, s, cu_seqlens_q, cu_seqlens_k, total_q);
 }
 
 ORACLE_API int oracle_f32_to_bf16(const float* src, void* dst, long long n, cudaStream_t s) {

@@ -459,3 +459,26 @@ def test_compare_kernel_row_for_a_problem_it_cannot_run_is_unavailable() -> None
         run = compare_mod.measure(b, Records(), Problem.parse(text), SCREEN)
         assert run["reason"] == "test double", run
     assert measured == ["1x32/8x8192", "4x32x8192:full"]
+
+
+def test_compare_rows_carry_the_key_length(tmp_path: Path) -> None:
+    """A :k problem end to end through the payload: its dict (Sk), its shape text, TFLOPS from
+    the pairs the bottom-right mask keeps, whole names as column titles, Sk in the CSV."""
+    p = _problem_payload(["1x32/8x2048:k8192", "1x32/8x8192"])
+    row = next(r for r in p["summary"]
+               if r["shape"] == "1x32/8x2048:k8192" and r["backend"] == "fa3")
+    assert (row["S"], row["Sk"], row["Hkv"]) == (2048, 8192, 8)
+    prob = Problem.parse("1x32/8x2048:k8192")
+    assert row["tflops"] == pytest.approx(prob.flops / (row["median_ms"] * 1e9))
+    assert prob.flops == 4 * 32 * 128 * (2048 * 8192 - 2048**2 // 2)
+    assert Problem.from_dict(p["shapes"][0]) == prob
+    assert compare_mod._shape_headers(p) == [("1x32/8x2048:k8192", "1x32/8x2048:k8192"),
+                                            ("1x32/8x8192", "1x32/8x8192")]
+    md = compare_mod.summary_markdown(p)
+    assert "BxHq[/Hkv]xS[:kSK][:dD][:full]" in md and "S_q*S_k - S_q^2/2" in md
+    files = compare_mod.write_outputs(p, tmp_path)
+    import csv
+
+    with open(files["csv"], newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["Sk"] for r in rows} == {"8192", ""}  # only where S_k != S_q

@@ -14,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tuner import compare
@@ -316,14 +317,15 @@ def test_make_backends_keeps_same_label_kernels_apart(tmp_path: Path) -> None:
 
 
 STUB_C = r"""
+#include "fa_tune.h"
 #ifndef STUB_CAUSAL
 #define STUB_CAUSAL "true"
 #endif
 static const char* err = "stub error";
-int fa_tune_abi_version(void) { return 2; }
-int fa_tune_prepare(int B, int Hq, int Hkv, int S, void* st, double* ms) { *ms = 1.5; return 0; }
-int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse,
-                    int B, int Hq, int Hkv, int S, float softmax_scale, void* st) { return 7; }
+int fa_tune_abi_version(void) { return FA_TUNE_ABI_VERSION; }
+int fa_tune_prepare(const fa_tune_args* a, double* ms) { *ms = 1.5; return 0; }
+int fa_tune_forward(const fa_tune_args* a, cudaStream_t st) { return 7; }
+size_t fa_tune_workspace_bytes(const fa_tune_args* a) { return 0; }
 const char* fa_tune_last_error(void) { return err; }
 const char* fa_tune_config_json(void) { return "{\"block_m\":128}"; }
 const char* fa_tune_problem_class(void) {
@@ -334,7 +336,8 @@ int fa_tune_smem_bytes(void) { return 4242; }
 
 
 def _stub_so(tmp_path: Path, causal: bool = True) -> Path:
-    """STUB_C built as a kernel library for the causal (or the non-causal) mask."""
+    """STUB_C built as a kernel library for the causal (or the non-causal) mask, against the
+    real fa_tune.h with a stub cuda_runtime.h (no CUDA here)."""
     import shutil
 
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -343,8 +346,12 @@ def _stub_so(tmp_path: Path, causal: bool = True) -> Path:
     tag = "causal" if causal else "full"
     src, so = tmp_path / f"stub_{tag}.c", tmp_path / f"stub_{tag}.so"
     src.write_text(STUB_C)
-    subprocess.run([cc, "-shared", "-fPIC", f'-DSTUB_CAUSAL="{str(causal).lower()}"', "-o",
-                    str(so), str(src)], check=True)
+    inc = tmp_path / "stub_include"
+    inc.mkdir(exist_ok=True)
+    (inc / "cuda_runtime.h").write_text("typedef struct CUstream_st* cudaStream_t;\n")
+    header_dir = Path(__file__).resolve().parents[1] / "cuda_src" / "fa_tune"
+    subprocess.run([cc, "-shared", "-fPIC", f'-DSTUB_CAUSAL="{str(causal).lower()}"',
+                    f"-I{inc}", f"-I{header_dir}", "-o", str(so), str(src)], check=True)
     return so
 
 
@@ -407,7 +414,7 @@ def test_triton_peer_refuses_at_prepare_before_importing_torch() -> None:
 
     q = SimpleNamespace(shape=(1, 64, 8, 128))
     kv = SimpleNamespace(shape=(1, 64, 2, 128))
-    with pytest.raises(Unsupported, match="MHA, D 128, causal only"):
+    with pytest.raises(Unsupported, match="MHA, D 128, causal, S_q = S_k only"):
         TritonPeer().prepare(q, kv, kv, True)
     with pytest.raises(Unsupported, match="causal=False"):
         TritonPeer().prepare(q, q, q, False)
@@ -471,3 +478,72 @@ def test_kernel_and_peer_launch_supports(tmp_path: Path) -> None:
     tri = PeerLaunch(make_peer("triton"))
     assert tri.supports(Problem(1, 8, 128)) is None and tri.supports(Problem(1, 8, 128, Hkv=4))
     assert launch_supports(object(), Problem(1, 8, 128, Hkv=4)) is None  # no supports(): runs all
+
+
+# ---- queries over a longer KV (S_q < S_k): which peer runs what, and SDPA's mask -------------
+def test_peers_on_queries_over_more_keys() -> None:
+    from tuner.peers import make_peer
+
+    causal, full = Problem.parse("1x32/8x2048:k8192"), Problem.parse("1x32/8x2048:k8192:full")
+    packed = Problem.parse("32/8x[2048:8192,512:4096]")
+    fa3 = make_peer("fa3")
+    assert fa3.supports(causal) is None and fa3.supports(full) is None
+    assert fa3.supports(packed) is None  # flash_attn_varlen_func: cu_seqlens_q / _k
+    # FA2 through SDPA takes no mask and refuses a non-square is_causal: declined up front.
+    why = make_peer("fa2").supports(causal) or ""
+    assert str(causal) in why and "bottom-right" in why and "\n" not in why
+    assert make_peer("fa2").supports(full) is None
+    for name in ("cudnn", "mem_efficient"):  # an explicit mask; the backend may still decline
+        assert make_peer(name).supports(Problem.parse("1x32x2048:k8192")) is None
+    for p in (Problem.parse("1x8x128:k256"), Problem.parse("1x8x128:k256:full")):
+        assert "S_q = S_k only" in (make_peer("triton").supports(p) or "")
+    assert make_peer("triton").supports(Problem(1, 8, 128)) is None
+    assert "varlen" in (make_peer("cudnn").supports(packed) or "")
+
+
+def test_sdpa_peer_gives_a_bottom_right_mask_never_top_left(monkeypatch: pytest.MonkeyPatch,
+                                                            ) -> None:
+    """SDPA's is_causal is top-left when S_q != S_k; the peer passes the bottom-right boolean
+    mask instead (checked on the CPU through torch's own backend against the float64
+    reference), and keeps is_causal where S_q = S_k."""
+    torch = pytest.importorskip("torch")
+    from contextlib import nullcontext
+
+    from tuner.measure import reference_numpy as RN
+    from tuner.peers.sdpa import SdpaPeer
+
+    rng = np.random.default_rng(0)
+    q = torch.from_numpy(rng.uniform(-2, 2, (2, 5, 4, 16)).astype(np.float32))
+    k = torch.from_numpy(rng.uniform(-2, 2, (2, 12, 2, 16)).astype(np.float32))
+    v = torch.from_numpy(rng.uniform(-1, 1, (2, 12, 2, 16)).astype(np.float32))
+    peer = SdpaPeer("cudnn")
+    monkeypatch.setattr(peer, "_ctx_manager", nullcontext)  # no CUDA here: torch's CPU backend
+    for causal in (True, False):
+        peer.prepare(q, k, v, causal)
+        want = RN.numpy_reference(q.numpy(), k.numpy(), v.numpy(), causal)[0]
+        np.testing.assert_allclose(peer.run().numpy(), want, atol=1e-5)
+        d = peer.details()
+        assert d["is_causal"] is False  # non-causal needs no mask
+        assert d["attn_mask"] == ("bottom-right causal, bool [5, 12]" if causal else None)
+    peer.prepare(q, k[:, :5], v[:, :5], True)  # S_q = S_k: is_causal, no mask
+    assert peer.details()["is_causal"] is True and peer.details()["attn_mask"] is None
+    want = RN.numpy_reference(q.numpy(), k[:, :5].numpy(), v[:, :5].numpy(), True)[0]
+    np.testing.assert_allclose(peer.run().numpy(), want, atol=1e-5)
+    peer.release()
+
+
+def test_a_declined_problem_is_unsupported_not_missing(tmp_path: Path) -> None:
+    """An installed peer that declines a problem (FA2's SDPA backend on S_q < S_k causal) says
+    "unsupported", with its reason under the table; a peer that did not run is "not
+    installed"."""
+    p = fixture_payload()
+    for s in p["shapes"]:
+        for r in s["runs"]:
+            if r["backend"] == "fa2":
+                r.update(status="unavailable", timing=None, gate=None,
+                         reason="fa2 cannot run it: 2048 queries over 8192 keys")
+    p["summary"] = compare.summarize(p)
+    md = compare.summary_markdown(p)
+    assert "| FlashAttention-2 | unsupported | unsupported |" in md
+    assert "| Triton | not installed | not installed |" in md
+    assert "- FlashAttention-2 on 4x32x4096: unsupported (fa2 cannot run it: 2048 queries" in md

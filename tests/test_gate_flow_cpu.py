@@ -69,10 +69,10 @@ class FakeDev:
 
 
 def _pass_stats(shape: Any, **kw: Any) -> bytes:
-    n = shape.B * shape.S * shape.H * getattr(shape, "D", 128)
-    base = dict(o_count=n, o_violations=0, o_nonfinite=0, o_unwritten=0,
+    B, H, _, Sq, _, D, _ = problem_dims(shape)  # O and LSE: the query rows
+    base = dict(o_count=B * Sq * H * D, o_violations=0, o_nonfinite=0, o_unwritten=0,
                 o_first_violation=O.NO_VIOLATION, o_ref_nonfinite=0, o_max_abs_err=0.001,
-                o_sum_sq_err=1e-8, o_sum_sq_ref=1.0, l_count=shape.B * shape.H * shape.S)
+                o_sum_sq_err=1e-8, o_sum_sq_ref=1.0, l_count=B * H * Sq)
     base.update(kw)
     return O.OracleStats(**base).to_bytes()  # type: ignore[arg-type]
 
@@ -84,17 +84,17 @@ def _budget_bytes(shape: Any, bad_block: bool = False) -> tuple[bytes, bytes]:
     """Device images of the budget sums: every block and column at 1.25x its rounding error
     (a correct kernel), or one block at 4x (1% on a few rows). rms_bf16 / rms_ref = 0.84 *
     2^-9, as measured for attention outputs."""
-    D = getattr(shape, "D", 128)
-    nb = O.n_row_blocks(shape.S)
-    blocks = np.zeros((shape.B, shape.H, nb, 4), np.float32)
+    B, H, _, Sq, _, D, _ = problem_dims(shape)
+    nb = O.n_row_blocks(Sq)
+    blocks = np.zeros((B, H, nb, 4), np.float32)
     blocks[..., 1] = 1e-6
     blocks[..., 0] = 1.25**2 * 1e-6
     blocks[..., 2] = REF2
     blocks[..., 3] = 16 * D
     if bad_block:
         blocks[0, 1, nb - 1, 0] = 4.0**2 * 1e-6
-    cols = np.zeros((shape.B, shape.H, D, 4), np.float64)
-    cols[..., 0], cols[..., 1], cols[..., 2], cols[..., 3] = 1.2**2 * 1e-6, 1e-6, REF2, shape.S
+    cols = np.zeros((B, H, D, 4), np.float64)
+    cols[..., 0], cols[..., 1], cols[..., 2], cols[..., 3] = 1.2**2 * 1e-6, 1e-6, REF2, Sq
     return blocks.tobytes(), cols.tobytes()
 
 
@@ -108,40 +108,47 @@ class FakeOracle:
         self.current_set = ""
 
     def _dims(self, a: tuple[Any, ...]) -> None:
-        # (q, k, v, B, Hq, Hkv, S, D, ...): the problem's every dimension reaches the generator
-        B, hq, hkv, S, D, _ = problem_dims(self.shape)
-        assert tuple(a[3:8]) == (B, hq, hkv, S, D), a
+        # (q, k, v, B, Hq, Hkv, Sq, Sk, D, ...): the problem's every dimension reaches the
+        # generator (a packed batch: its layout's rows)
+        B, hq, hkv, Sq, Sk, D, _ = problem_dims(self.shape)
+        assert tuple(a[3:9]) == (B, hq, hkv, Sq, Sk, D), a
 
     def gen_seed(self, *a: Any) -> None:
         self._dims(a)
         self.current_set = "seed"
-        self.calls.append(("gen_seed", a[8]))
+        self.calls.append(("gen_seed", a[9]))
 
     def gen_rising(self, *a: Any) -> None:
         self._dims(a)
-        self.current_set = "rising" if a[9] < 0 else "rising_fwd"
-        self.calls.append(("gen_rising", a[9]))
+        self.current_set = "rising" if a[10] < 0 else "rising_fwd"
+        self.calls.append(("gen_rising", a[10]))
 
     def poison(self, o: int, n_o: int, lse: int | None, n_lse: int, stream: Any) -> None:
         self.calls.append(("poison", lse is not None))
 
     def reference_for(self, bufs: Any, o_ref: int, lse_ref: int | None, stream: Any,
                       flags: int = 0) -> None:
-        B, hq, hkv, S, D, causal = problem_dims(bufs.shape)  # fixed-length problems only here
-        self.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref, B, hq, hkv, S, D,
-                       causal, stream, flags=flags)
+        p = bufs.shape
+        if getattr(p, "seqlens", ()):  # the real one's dispatch: per sequence, both cu_seqlens
+            self.calls.append(("reference_varlen", self.current_set))
+            assert (p.B, p.S_q, p.tokens_q, p.Hq, p.Hkv) == (len(p.seqlens), max(p.seqlens),
+                                                            sum(p.seqlens), p.Hq, p.Hkv)
+            return
+        B, hq, hkv, Sq, Sk, D, causal = problem_dims(p)
+        self.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref, B, hq, hkv, Sq, Sk,
+                       D, causal, stream, flags=flags)
 
     def reference(self, *a: Any, **kw: Any) -> None:
-        # (q, k, v, o_ref, lse_ref, B, Hq, Hkv, S, D, causal, stream): the mask and GQA too
-        assert tuple(a[5:11]) == problem_dims(self.shape), a
+        # (q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, D, causal, stream): mask, GQA, S_k too
+        assert tuple(a[5:12]) == problem_dims(self.shape), a
         self.calls.append(("reference", self.current_set))
 
     def compare(self, o: int, o_ref: int, B: int, H: int, S: int, D: int, lse: int | None,
                 lse_ref: int | None, o_atol: float, o_rtol: float, lse_atol: float,
                 lse_rtol: float, stats: int, block_sums: int | None, col_sums: int | None,
                 stream: Any) -> None:
-        assert (B, H, S, D) == (self.shape.B, self.shape.H, self.shape.S,
-                                getattr(self.shape, "D", 128))
+        pb, ph, _, psq, _, pd, _ = problem_dims(self.shape)
+        assert (B, H, S, D) == (pb, ph, psq, pd)  # over O's query rows
         assert (o_atol, o_rtol, lse_atol, lse_rtol) == (O.O_ATOL, O.O_RTOL, O.LSE_ATOL,
                                                         O.LSE_RTOL)
         assert block_sums is not None and col_sums is not None
@@ -180,11 +187,11 @@ class FakePeer(FakeKernel):
 
 
 def _bufs(shape: Any) -> SimpleNamespace:
-    B, hq, hkv, S, D, _ = problem_dims(shape)
-    n, n_kv = B * S * hq * D, B * S * hkv * D
-    return SimpleNamespace(shape=shape, n=n, n_kv=n_kv, n_lse=B * hq * S,
+    B, hq, hkv, Sq, Sk, D, _ = problem_dims(shape)
+    n, n_kv = B * Sq * hq * D, B * Sk * hkv * D
+    return SimpleNamespace(shape=shape, n=n, n_kv=n_kv, n_lse=B * hq * Sq,
                            q=FakeBuf(2 * n), k=FakeBuf(2 * n_kv), v=FakeBuf(2 * n_kv),
-                           o=FakeBuf(2 * n), lse=FakeBuf(4 * n))
+                           o=FakeBuf(2 * n), lse=FakeBuf(4 * n), cu_q=FakeBuf(4), cu_k=FakeBuf(4))
 
 
 def test_gate_call_order_and_verdict() -> None:
@@ -363,3 +370,98 @@ def test_reference_cache_keys_on_the_whole_problem() -> None:
     b = cache.get(dev, FakeOracle(p_full), _bufs(p_full), "seed", 42, None)  # type: ignore[arg-type]
     assert a is not b and a[0].freed and len(cache) == 1
     assert cache.get(dev, FakeOracle(p_full), _bufs(p_full), "seed", 42, None) is b  # type: ignore[arg-type]
+
+
+# ---- queries over a longer KV (S_q < S_k), fixed length and packed ----------------------------
+@pytest.mark.parametrize("problem", [Problem.parse("2x8/2x100:k300"),
+                                     Problem.parse("1x4x64:k1000:d64:full"),
+                                     Problem.parse("4/2x[100:300,0:7,50:50*2]")], ids=str)
+def test_gate_flow_with_more_keys_than_queries(problem: Problem) -> None:
+    """The generators get S_q and S_k (a packed batch: its layout's totals), the comparison
+    runs over O's S_q query rows, the varlen reference gets both cu_seqlens; the metrics count
+    the query rows."""
+    dev, orc = FakeDev(), FakeOracle(problem)
+    bufs = _bufs(problem)
+    assert bufs.n == problem.tokens_q * problem.Hq * problem.D
+    assert bufs.n_kv == problem.tokens_k * problem.Hkv * problem.D
+    g = O.gate(dev, FakeKernel(orc), problem, bufs, 42,  # type: ignore[arg-type]
+               ("seed", "rising"), oracle=orc,  # type: ignore[arg-type]
+               reference_cache=O.ReferenceCache())
+    assert g.passed, g.summary()
+    assert g.shape == str(problem) and g.problem == problem.to_dict()
+    ref = "reference_varlen" if problem.is_varlen else "reference"
+    assert [c[0] for c in orc.calls].count(ref) == 2
+    assert all(m.elements == problem.tokens_q * problem.Hq * problem.D for m in g.sets)
+
+
+class StatusKernel(FakeKernel):
+    """A kernel whose device rejected the metadata of its last launch (check_status raises)."""
+
+    def __init__(self, orc: FakeOracle, bad_sets: tuple[str, ...]) -> None:
+        super().__init__(orc)
+        self.bad_sets = bad_sets
+
+    def check_status(self) -> None:
+        if self.orc.current_set in self.bad_sets:
+            raise KernelError("fa_tune_forward: the device rejected the varlen metadata: "
+                              "cu_seqlens_k does not run from 0 to the key rows (first at "
+                              "sequence 1)")
+
+
+def test_gate_reports_rejected_metadata_as_the_sets_reason() -> None:
+    problem = Problem.parse("4x[100:300,50:60]")
+    dev, orc = FakeDev(), FakeOracle(problem)
+    g = O.gate(dev, StatusKernel(orc, ("rising",)), problem, _bufs(problem),  # type: ignore[arg-type]
+               42, ("seed", "rising"), oracle=orc,  # type: ignore[arg-type]
+               reference_cache=O.ReferenceCache())
+    seed, rising = g.sets
+    assert seed.passed and not rising.passed and not g.passed
+    assert "rejected the varlen metadata" in " ".join(rising.reasons)
+    assert "cu_seqlens_k" in g.summary()
+
+
+def test_gpu_worker_takes_a_problem_with_more_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search's GPU worker reads the request's problem dict (Sk too) back into the same
+    Problem and measures that (fake bench and kernel: no GPU here)."""
+    from tuner import gpu_worker
+    from tuner.measure import bench as bench_mod
+    from tuner.measure import launch as launch_mod
+    from tuner.measure.timing import Protocol
+
+    seen: list[Problem] = []
+
+    class FakeBench:
+        seed = 42
+
+        def __init__(self, index: int) -> None:
+            pass
+
+        def gpu_info(self) -> dict[str, Any]:
+            return {"name": "TEST FIXTURE GPU"}
+
+        def measure(self, kernel: Any, shape: Problem, proto: Any, gate: bool) -> Any:
+            seen.append(shape)
+            return SimpleNamespace(status="ok", to_dict=lambda: {"gate": None, "timing": {}})
+
+    class Conn:
+        def __init__(self, msgs: list[Any]) -> None:
+            self.msgs, self.sent = msgs, []
+
+        def recv(self) -> Any:
+            if not self.msgs:
+                raise EOFError
+            return self.msgs.pop(0)
+
+        def send(self, d: dict[str, Any]) -> None:
+            self.sent.append(d)
+
+    monkeypatch.setattr(bench_mod, "Bench", FakeBench)
+    monkeypatch.setattr(launch_mod, "KernelLaunch", lambda so: SimpleNamespace(so=so))
+    p = Problem.parse("1x32/8x2048:k8192")
+    v = Problem.parse("32/8x[2048:8192,512:4096*2]")
+    conn = Conn([{"op": "measure", "so_path": "k.so", "shape": q.to_dict(), "gate": True,
+                  "seed": 42, "protocol": Protocol().to_dict()} for q in (p, v)]
+                + [{"op": "stop"}])
+    gpu_worker.main(conn, 0)
+    assert seen == [p, v]
+    assert [m["status"] for m in conn.sent] == ["ready", "ok", "ok"]

@@ -231,3 +231,90 @@ def test_varlen_needs_its_constructor() -> None:
         Problem(2, 8, 50, seqlens=(100, 20))
     with pytest.raises(ShapeError, match="at most 65535 sequences"):
         Problem.varlen([1] * 65536, 8)
+
+
+# ---- queries over a longer KV (S_q < S_k) -----------------------------------------------------
+@pytest.mark.parametrize(("text", "fields"), [
+    ("1x32/8x2048:k8192", (1, 32, 8, 2048, 8192, 128, True)),
+    ("4x32/8x1024:k4096", (4, 32, 8, 1024, 4096, 128, True)),
+    ("1x32/8x512:k16384:d64", (1, 32, 8, 512, 16384, 64, True)),
+    ("2x16x300:k100:full", (2, 16, 16, 300, 100, 128, False)),  # non-causal: any lengths
+    ("1x8x64:k64", (1, 8, 8, 64, 64, 128, True)),
+])
+def test_key_length_parse_str_round_trip(text: str, fields: tuple) -> None:
+    p = Problem.parse(text)
+    assert (p.B, p.Hq, p.Hkv, p.S_q, p.S_k, p.D, p.causal) == fields
+    assert (p.S, p.Sk, p.max_seqlen_k) == (p.S_q, p.S_k, p.S_k)
+    want = text.replace(":k64", "")  # as many keys as queries: :k is left out
+    assert str(p) == want and Problem.parse(str(p)) == p
+    assert Problem.from_dict(p.to_dict()) == p and as_problem(p.to_dict()) == p
+    assert p.tokens_q == p.tokens == p.B * p.S_q and p.tokens_k == p.B * p.S_k
+    assert p.layout is p and p.problem_class == ProblemClass(p.D, p.causal)
+
+
+def test_key_length_canonical_form_and_old_names() -> None:
+    assert str(Problem.parse("1x32/8x2048:full:d64:k8192")) == "1x32/8x2048:k8192:d64:full"
+    assert str(Problem.parse("1X32/8X2048:K8192")) == "1x32/8x2048:k8192"
+    # Sk 0 (the default) is S: every problem the tool knew keeps its name and its dict.
+    p = Problem(4, 32, 8192)
+    assert p.Sk == 8192 and p == Problem(4, 32, 8192, Sk=8192) and str(p) == "4x32x8192"
+    assert "Sk" not in p.to_dict() and "seqlens_k" not in p.to_dict()
+    assert Problem.parse("1x32/8x2048:k8192").to_dict()["Sk"] == 8192
+    assert Problem.from_dict({"B": 4, "H": 32, "S": 8192, "D": 128}) == p  # an old dict
+
+
+def test_key_length_flops_count_the_pairs_the_mask_keeps() -> None:
+    """4*Hq*D*pairs; causal pairs counted continuously as s_q*s_k - s_q^2/2 (S_q = S_k: the
+    anchors' 2*B*Hq*S^2*D, so every stored TFLOPS stays the same)."""
+    p = Problem.parse("1x32/8x2048:k8192")
+    assert p.flops == 4 * 32 * 128 * (2048 * 8192 - 2048 * 2048 // 2)
+    assert p.tflops(0.392) == pytest.approx(613.57, abs=0.01)  # issue 34's FA3 number
+    for s in (1, 7, 4096):
+        assert Problem(2, 8, s).flops == 2 * 2 * 8 * s * s * 128
+        assert Problem(2, 8, s, causal=False).flops == 4 * 2 * 8 * s * s * 128
+    assert Problem.parse("3x4x10:k30:full").flops == 4 * 3 * 4 * 128 * 10 * 30
+    assert Problem.parse("1x1x3:k4").flops == 2 * 128 * (2 * 3 * 4 - 9)  # odd s_q^2: exact int
+    v = Problem.parse("32/8x[2048:8192,512:4096*2,0:100]")
+    assert v.flops == sum(2 * 32 * 128 * (2 * q * k - q * q)
+                          for q, k in ((2048, 8192), (512, 4096), (512, 4096)))
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("1x32x4096:k2048", "4096 queries over 2048 keys: a causal mask is aligned bottom-right"),
+    ("1x32x4096:k2048", "give at least as many keys as queries, or use :full"),
+    ("32x[100:300,300:200]", "sequence 1 of"),
+    ("32x[100:0]:full", "100 queries over no key"),
+    ("1x32x128:k0", "the key length :k0 must be >= 1"),
+    ("32x[100:300]:k500", ":k is for fixed-length problems"),
+    ("32x[100:x]", "is not a length, q:k"),
+    ("1x32/8x16:k1048576:d256", "B*S_k*Hkv*D must stay below 2^31"),
+])
+def test_key_length_refusals_are_one_sentence(text: str, needle: str) -> None:
+    with pytest.raises(ShapeError) as ei:
+        Problem.parse(text)
+    assert needle in str(ei.value) and "\n" not in str(ei.value), str(ei.value)
+
+
+def test_varlen_with_key_lengths() -> None:
+    p = Problem.parse("32/8x[2048:8192,512:4096*2]")
+    assert p.seqlens == (2048, 512, 512) and p.seqlens_k == (8192, 4096, 4096)
+    assert (p.B, p.S_q, p.S_k, p.tokens_q, p.tokens_k) == (3, 2048, 8192, 3072, 16384)
+    assert p.cu_seqlens() == [0, 2048, 2560, 3072]
+    assert p.cu_seqlens_k() == [0, 8192, 12288, 16384]
+    assert str(p) == "32/8x[2048:8192,512:4096*2]" and Problem.parse(str(p)) == p
+    assert p.to_dict()["seqlens_k"] == [8192, 4096, 4096] and as_problem(p.to_dict()) == p
+    # Buffers are sized per tensor: Q/O by the query rows, K/V by the key rows.
+    assert p.layout == Problem(1, 32, 3072, Hkv=8, Sk=16384)
+    assert p.problem_class == ProblemClass(128, True, varlen=True)  # no class of its own
+    # q = k entries print plainly; a mix round-trips; plain lengths keep meaning q = k.
+    m = Problem.parse("8x[100,50:60,7:7*2]:full")
+    assert str(m) == "8x[100,50:60,7*2]:full" and m.seqlens_k == (100, 60, 7, 7)
+    plain = Problem.parse("32/8x[8192,4096*2]")
+    assert plain.seqlens_k == plain.seqlens and "seqlens_k" not in plain.to_dict()
+    assert plain == Problem.varlen([8192, 4096, 4096], 32, Hkv=8, seqlens_k=[8192, 4096, 4096])
+    # A sequence with keys but no queries is allowed (nothing to compute).
+    assert Problem.parse("4x[0:100,10:20]").tokens_q == 10
+    with pytest.raises(ShapeError, match="one key length per sequence"):
+        Problem.varlen([10, 20], 4, seqlens_k=[30])
+    with pytest.raises(ShapeError, match=r"Problem\.varlen"):
+        Problem(2, 4, 20, seqlens=(10, 20), Sk=99, seqlens_k=(30, 40))

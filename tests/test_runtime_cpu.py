@@ -6,8 +6,10 @@ from __future__ import annotations
 import ctypes
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -61,78 +63,179 @@ def test_elems() -> None:
     assert R.elems_lse(s) == 4 * 32 * 4096
 
 
-@pytest.fixture(scope="module", params=["true", "false"])
-def fake_so(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+ROOT = Path(__file__).resolve().parents[1]
+HEADER_DIR = ROOT / "cuda_src" / "fa_tune"
+
+
+def _build_fake(out: Path, *defines: str) -> Path:
+    """tests/data/fake_kernel_abi.c against the real fa_tune.h (one definition of the struct),
+    with a stub cuda_runtime.h that only declares cudaStream_t (no CUDA here)."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if not cc:
         pytest.skip("no C compiler")
-    out = tmp_path_factory.mktemp("fake") / f"fake_{request.param}.so"
-    subprocess.run(
-        [cc, "-shared", "-fPIC", "-O1", f"-DFAKE_WRITE_LSE=\"{request.param}\"", "-o", str(out),
-         str(DATA / "fake_kernel_abi.c")],
-        check=True,
-    )
+    stub = out.parent / "stub_include"
+    stub.mkdir(exist_ok=True)
+    (stub / "cuda_runtime.h").write_text("typedef struct CUstream_st* cudaStream_t;\n")
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", *(f"-D{d}" for d in defines), f"-I{stub}",
+                    f"-I{HEADER_DIR}", "-o", str(out), str(DATA / "fake_kernel_abi.c")],
+                   check=True)
     return out
 
 
-def _bufs(shape: SimpleNamespace) -> SimpleNamespace:
-    mk = SimpleNamespace
-    return mk(q=mk(ptr=0x1000), k=mk(ptr=0x2000), v=mk(ptr=0x3000), o=mk(ptr=0x4000),
-              lse=mk(ptr=0x5000), shape=shape)
+@pytest.fixture(scope="module", params=["true", "false"])
+def fake_so(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fake") / f"fake_{request.param}.so"
+    return _build_fake(out, f'FAKE_WRITE_LSE="{request.param}"')
 
 
-def test_kernel_module_binds_the_abi(fake_so: Path) -> None:
-    km = R.KernelModule(fake_so)
+def _module(so: Path) -> R.KernelModule:
+    """A KernelModule whose status words are host memory (no GPU to map them for)."""
+    return R.KernelModule(so, status_factory=R.HostStatus)
+
+
+def _last(km: R.KernelModule) -> tuple[Any, int]:
+    """The argument struct and stream of the stand-in's last call."""
+    fn = km._lib.fake_last_args
+    fn.restype = ctypes.POINTER(R.abi.Args)
+    st = km._lib.fake_last_stream
+    st.restype = ctypes.c_void_p
+    return fn().contents, int(st() or 0)
+
+
+def _ptr(x: int) -> SimpleNamespace:
+    return SimpleNamespace(ptr=x)
+
+
+def _bufs(shape: Any) -> SimpleNamespace:
+    """Stand-in buffers at fixed addresses (a packed batch: cu_seqlens_q / _k too)."""
+    b = SimpleNamespace(q=_ptr(0x1000), k=_ptr(0x2000), v=_ptr(0x3000), o=_ptr(0x4000),
+                        lse=_ptr(0x5000), shape=shape, cu_q=None, cu_k=None)
+    if getattr(shape, "seqlens", ()):
+        b.cu_q, b.cu_k = _ptr(0x6000), _ptr(0x7000)
+    return b
+
+
+def test_kernel_module_binds_abi_3(fake_so: Path) -> None:
+    km = _module(fake_so)
     writes = fake_so.stem.endswith("true")
     assert km.config["block_m"] == 128
     assert km.writes_lse is writes
     assert km.smem_bytes() == 123456
     assert km.config_json().startswith("{")
+    assert km.causal is True and km.head_dim == 128 and km.has_varlen is True
     shape = SimpleNamespace(B=2, H=3, S=256)
     assert km.prepare(shape, None) == pytest.approx(3.5)
-    km.forward(_bufs(shape), 0xABC)
-    last = km._lib.fake_last
-    last.restype = ctypes.c_longlong
-    last.argtypes = [ctypes.c_int]
-    got = [last(i) for i in range(9)]
-    assert got[:4] == [0x1000, 0x2000, 0x3000, 0x4000]
-    assert got[4] == (0x5000 if writes else 0)  # LSE is NULL when the variant does not write it
-    assert got[5:8] == [2, 3, 256]
-    assert got[8] == 0xABC
-    assert last(9) == 3 and last(10) == 0  # Hkv = Hq (MHA); scale 0 = 1/sqrt(D)
-    km.forward(_bufs(shape), None, write_lse=True, softmax_scale=0.125)
-    assert last(4) == 0x5000 and last(8) == 0 and last(10) == 125
-    assert km.causal is True and km.head_dim == 128
+    a, _ = _last(km)
+    assert (a.abi_version, a.struct_bytes) == (3, ctypes.sizeof(R.abi.Args))
+    assert (a.batch, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k) == (2, 3, 3, 256, 256)
+    km.forward(_bufs(shape), 0xABC)  # type: ignore[arg-type]
+    a, stream = _last(km)
+    assert [a.q, a.k, a.v, a.o] == [0x1000, 0x2000, 0x3000, 0x4000] and stream == 0xABC
+    assert (a.lse or 0) == (0x5000 if writes else 0)  # NULL when the variant does not write it
+    # Dense BSHD strides in elements: batch S*H*D, sequence H*D, head D.
+    assert list(a.q_stride) == list(a.k_stride) == list(a.v_stride) == [256 * 3 * 128, 384, 128]
+    assert (a.batch, a.heads_q, a.heads_kv, a.head_dim, a.causal) == (2, 3, 3, 128, 1)
+    assert (a.seqlen_q, a.seqlen_k, a.total_q, a.total_k) == (256, 256, 0, 0)
+    assert not (a.cu_seqlens_q or a.cu_seqlens_k or a.seqused_k or a.status or a.workspace)
+    assert a.softmax_scale == 0.0  # 0: 1/sqrt(D)
+    km.forward(_bufs(shape), None, write_lse=True, softmax_scale=0.125)  # type: ignore[arg-type]
+    a, stream = _last(km)
+    assert a.lse == 0x5000 and stream == 0 and a.softmax_scale == 0.125
+    assert km.workspace_bytes(_bufs(shape)) == 0  # type: ignore[arg-type]
+
+
+def test_kernel_module_queries_over_more_keys(fake_so: Path) -> None:
+    """S_q < S_k: Q and O strides over S_q rows, K and V over S_k rows, GQA heads."""
+    from tuner.problem import Problem
+
+    km = _module(fake_so)
+    p = Problem.parse("2x32/8x2048:k8192")
+    assert km.prepare(p, None) == pytest.approx(0.5 + 32)
+    a, _ = _last(km)
+    assert (a.seqlen_q, a.seqlen_k, a.heads_q, a.heads_kv) == (2048, 8192, 32, 8)
+    km.forward(_bufs(p), None)  # type: ignore[arg-type]
+    a, _ = _last(km)
+    assert list(a.q_stride) == [2048 * 32 * 128, 32 * 128, 128]
+    assert list(a.k_stride) == list(a.v_stride) == [8192 * 8 * 128, 8 * 128, 128]
+    assert (a.batch, a.seqlen_q, a.seqlen_k) == (2, 2048, 8192)
+
+
+def test_kernel_module_varlen_call(fake_so: Path) -> None:
+    from tuner.problem import Problem
+
+    km = _module(fake_so)
+    p = Problem.parse("32/8x[2048:8192,512:4096*2,0:100]")
+    km.forward(_bufs(p), 0x99)  # type: ignore[arg-type]
+    a, stream = _last(km)
+    assert (a.cu_seqlens_q, a.cu_seqlens_k, stream) == (0x6000, 0x7000, 0x99)
+    assert (a.batch, a.total_q, a.total_k) == (4, 3072, 16484)
+    assert (a.seqlen_q, a.seqlen_k) == (2048, 8192)  # max_seqlen_q / max_seqlen_k
+    assert list(a.q_stride)[1:] == [32 * 128, 128] and list(a.k_stride)[1:] == [8 * 128, 128]
+    assert not a.workspace and a.workspace_bytes == 0  # the library's own
+    assert km.status is not None and a.status == km.status.ptr
+    assert km.prepare(p, None) == 0.0  # the schedule is built on the device
+    assert km.workspace_bytes(_bufs(p)) == 4 * 1000 + 32 * 100 + 2048  # type: ignore[arg-type]
+    km.forward(_bufs(p), None, workspace=0x8000, workspace_bytes=9999)  # type: ignore[arg-type]
+    a, _ = _last(km)
+    assert (a.workspace, a.workspace_bytes) == (0x8000, 9999)
+    km.check_status()  # nothing rejected
+
+
+def test_kernel_module_check_status_reports_rejected_metadata(fake_so: Path) -> None:
+    from tuner.problem import Problem
+
+    km = _module(fake_so)
+    km.check_status()  # no varlen launch yet: nothing to check
+    p = Problem.varlen([5, 8], 4, seqlens_k=[5, 9])  # total_q 13: the stand-in rejects it
+    km.forward(_bufs(p), None)  # type: ignore[arg-type]
+    with pytest.raises(R.KernelError) as ei:
+        km.check_status()
+    msg = str(ei.value)
+    assert "\n" not in msg and "rejected the varlen metadata" in msg
+    assert "cu_seqlens_q does not run from 0" in msg and "exceeds max_seqlen_q" in msg
+    assert "(first at sequence 2)" in msg
+    km.check_status()  # read and cleared
+    km.close()
+    assert km.status is None
 
 
 def test_kernel_module_errors_are_one_line(fake_so: Path) -> None:
-    km = R.KernelModule(fake_so)
+    km = _module(fake_so)
+    args = km.args_for(_bufs(SimpleNamespace(B=1, H=1, S=128)))  # type: ignore[arg-type]
+    args.batch = 0  # what a Problem would refuse: the library says why
     with pytest.raises(R.KernelError) as ei:
-        km.forward(_bufs(SimpleNamespace(B=0, H=1, S=128)), None)
+        km.forward_args(args, None)
     msg = str(ei.value)
-    assert "cudaErrorInvalidValue" in msg and "B must be positive" in msg and "\n" not in msg
-    assert ei.value.code == 1
-    with pytest.raises(R.KernelError, match="multiple of 128"):
-        km.prepare(SimpleNamespace(B=1, H=1, S=100), None)
+    assert msg.startswith("fa_tune_forward(0x1x128) failed with cudaErrorInvalidValue (1): "
+                          "batch must be positive [")
+    assert "\n" not in msg and ei.value.code == 1
+    with pytest.raises(R.KernelError, match=r"fa_tune_prepare\(1x1x100:k300\).*multiple of 128"):
+        km.prepare(SimpleNamespace(B=1, H=1, S=100, Sk=300, causal=True), None)
 
 
-def test_kernel_module_missing_file_or_symbol(tmp_path: Path) -> None:
+def test_kernel_module_refuses_other_abis_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(FaTuneError, match="not found"):
         R.KernelModule(tmp_path / "nope.so")
     cc = shutil.which("cc") or shutil.which("gcc")
     if not cc:
         pytest.skip("no C compiler")
-    src = tmp_path / "empty.c"
-    src.write_text("int nothing(void) { return 0; }\n")
-    so = tmp_path / "empty.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
-    with pytest.raises(FaTuneError, match="predates the kernel C ABI 2"):
-        R.KernelModule(so)
-    src.write_text("int fa_tune_abi_version(void) { return 2; }\n")
-    so2 = tmp_path / "abi_only.so"  # a new path: dlopen hands back a loaded library by path
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so2), str(src)], check=True)
-    with pytest.raises(FaTuneError, match="does not export fa_tune_forward"):
-        R.KernelModule(so2)
+
+    def lib(name: str, text: str) -> Path:
+        src, so = tmp_path / f"{name}.c", tmp_path / f"{name}.so"  # a new path per library
+        src.write_text(text)
+        subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+        return so
+
+    for name, text, needle in (
+            ("empty", "int nothing(void) { return 0; }\n", "predates the fa-tune C ABI"),
+            ("abi2", "int fa_tune_abi_version(void) { return 2; }\n",
+             "speaks fa-tune C ABI 2, this binding speaks 3: rebuild or re-export"),
+            ("abi9", "int fa_tune_abi_version(void) { return 9; }\n", "update fa_tune_ops"),
+            ("abi3", "int fa_tune_abi_version(void) { return 3; }\n",
+             "does not export fa_tune_forward(): not a fa-tune build")):
+        with pytest.raises(FaTuneError) as ei:
+            R.KernelModule(lib(name, text))
+        assert needle in str(ei.value) and "\n" not in str(ei.value), (name, str(ei.value))
     bad = tmp_path / "garbage.so"
     bad.write_text("not an ELF file")
     with pytest.raises(FaTuneError, match="cannot load"):
@@ -143,9 +246,9 @@ def test_kernel_module_missing_file_or_symbol(tmp_path: Path) -> None:
 def test_problem_dims_and_elems_for_the_family() -> None:
     from tuner.problem import Problem
 
-    assert R.problem_dims(SimpleNamespace(B=2, H=3, S=64)) == (2, 3, 3, 64, 128, True)
+    assert R.problem_dims(SimpleNamespace(B=2, H=3, S=64)) == (2, 3, 3, 64, 64, 128, True)
     p = Problem(2, 32, 1024, Hkv=8, D=64, causal=False)
-    assert R.problem_dims(p) == (2, 32, 8, 1024, 64, False)
+    assert R.problem_dims(p) == (2, 32, 8, 1024, 1024, 64, False)
     assert R.elems_bshd(p) == 2 * 1024 * 32 * 64  # Q and O: Hq heads
     assert R.elems_kv(p) == 2 * 1024 * 8 * 64  # K and V: Hkv heads
     assert R.elems_lse(p) == 2 * 32 * 1024
@@ -198,16 +301,13 @@ def test_kernel_unsupported_rule() -> None:
 def test_kernel_module_refuses_problems_it_cannot_run(fake_so: Path, kw: dict) -> None:
     from tuner.problem import Problem
 
-    km = R.KernelModule(fake_so)
-    last = km._lib.fake_last
-    last.restype = ctypes.c_longlong
-    last.argtypes = [ctypes.c_int]
-    km.forward(_bufs(SimpleNamespace(B=1, H=1, S=128)), None)  # a launch it can run
+    km = _module(fake_so)
+    km.forward(_bufs(SimpleNamespace(B=1, H=1, S=128)), None)  # type: ignore[arg-type]
     p = Problem(3, 4, 256, **kw)
     with pytest.raises(R.KernelError, match=r"runs D 128, causal problems") as ei:
         km.forward(_bufs(p), None)  # type: ignore[arg-type]
     assert "\n" not in str(ei.value)
-    assert last(5) == 1  # refused before launching: the stand-in still holds the last call
+    assert _last(km)[0].batch == 1  # refused before launching: the last call is the first one
     with pytest.raises(R.KernelError, match="runs D 128"):
         km.prepare(p, None)
 
@@ -215,62 +315,35 @@ def test_kernel_module_refuses_problems_it_cannot_run(fake_so: Path, kw: dict) -
 def test_kernel_module_passes_gqa_through(fake_so: Path) -> None:
     from tuner.problem import Problem
 
-    km = R.KernelModule(fake_so)
-    last = km._lib.fake_last
-    last.restype = ctypes.c_longlong
-    last.argtypes = [ctypes.c_int]
+    km = _module(fake_so)
     km.forward(_bufs(Problem(1, 32, 256, Hkv=8)), None)  # type: ignore[arg-type]
-    assert [last(5), last(6), last(9), last(7)] == [1, 32, 8, 256]
+    a, _ = _last(km)
+    assert (a.batch, a.heads_q, a.heads_kv, a.seqlen_q) == (1, 32, 8, 256)
 
 
-# ---- varlen entry points ----------------------------------------------------------------------
-def _fake_variant(tmp_path: Path, varlen: int) -> Path:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        pytest.skip("no C compiler")
-    out = tmp_path / f"fake_varlen{varlen}.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", '-DFAKE_WRITE_LSE="true"',
-                    f"-DFAKE_VARLEN={varlen}", "-o", str(out), str(DATA / "fake_kernel_abi.c")],
-                   check=True)
-    return out
+def test_kernel_module_without_the_varlen_kernel(tmp_path: Path) -> None:
+    from tuner.problem import Problem
 
-
-def test_kernel_module_binds_varlen(fake_so: Path) -> None:
-    km = R.KernelModule(fake_so)
-    assert km.varlen is True and km.has_varlen is True
-    assert km.varlen_workspace_bytes(3, 32, 5000, 4096) == 3 * 1000 + 32 * 100 + 4096
-    assert km.varlen_workspace_bytes(0, 32, 5000, 4096) == 0  # invalid arguments: 0
-    km.forward_varlen(0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 3, 5000, 4096, 32, 8,
-                      0xABC, softmax_scale=0.125, workspace=0x7000, workspace_bytes=11296)
-    last = km._lib.fake_varlen
-    last.restype = ctypes.c_longlong
-    last.argtypes = [ctypes.c_int]
-    got = [last(i) for i in range(15)]
-    assert got[:8] == [0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000, 0xABC]
-    assert got[8:] == [3, 5000, 4096, 32, 8, 125, 11296]
-    # No LSE, the library's own workspace (NULL, 0 bytes), the legacy stream.
-    km.forward_varlen(0x1000, 0x2000, 0x3000, 0x4000, None, 0x6000, 1, 10, 10, 4, 4, None,
-                      workspace_bytes=99)
-    assert [last(4), last(6), last(7), last(14), last(13)] == [0, 0, 0, 0, 0]
-    with pytest.raises(R.KernelError) as ei:
-        km.forward_varlen(1, 2, 3, 4, 5, 6, 0, 10, 10, 4, 4, None)
-    msg = str(ei.value)
-    assert msg.startswith("fa_tune_forward_varlen(num_seqs=0, total_tokens=10, max_seqlen=10, "
-                          "Hq=4, Hkv=4) failed with cudaErrorInvalidValue (1): num_seqs must be "
-                          "positive") and "\n" not in msg and ei.value.code == 1
-
-
-def test_kernel_module_without_varlen(tmp_path: Path) -> None:
-    old = R.KernelModule(_fake_variant(tmp_path, 0))  # a library from before varlen
-    assert old.varlen is False and old.has_varlen is False
-    old.forward(_bufs(SimpleNamespace(B=1, H=1, S=128)), None)  # fixed length still runs
-    for call in (lambda: old.varlen_workspace_bytes(1, 1, 1, 1),
-                 lambda: old.forward_varlen(1, 2, 3, 4, 5, 6, 1, 10, 10, 4, 4, None)):
-        with pytest.raises(R.KernelError, match="predates the varlen entry points") as ei:
-            call()
-        assert ei.value.code == 801 and "\n" not in str(ei.value)
-    mc = R.KernelModule(_fake_variant(tmp_path, 2))  # the functions, not the kernel
-    assert mc.varlen is False and mc.has_varlen is False
+    km = _module(_build_fake(tmp_path / "fake_novarlen.so", 'FAKE_WRITE_LSE="true"',
+                             "FAKE_VARLEN=0"))
+    assert km.varlen is False and km.has_varlen is False
+    assert km.problem_class.varlen is False
+    km.forward(_bufs(SimpleNamespace(B=1, H=1, S=128)), None)  # type: ignore[arg-type]
+    p = Problem.varlen([100, 50], 4)
+    assert "no varlen kernel" in (km.unsupported(p) or "")
+    with pytest.raises(R.KernelError, match="no varlen kernel"):
+        km.forward(_bufs(p), None)  # type: ignore[arg-type]
     with pytest.raises(R.KernelError, match=r"cudaErrorNotSupported \(801\): built without "
                                             "the varlen kernel"):
-        mc.forward_varlen(1, 2, 3, 4, 5, 6, 1, 10, 10, 4, 4, None)
+        km.forward_args(km.args_for(_bufs(p)), None)  # type: ignore[arg-type]
+
+
+def test_runtime_loads_the_abi_mirror_without_torch() -> None:
+    """tuner.runtime binds through tuner/fa_tune_ops/abi.py without running its package's
+    __init__ (torch, the op): a tuner without torch still loads kernel libraries."""
+    code = ("import sys; import tuner.runtime as R; "
+            "assert R.abi.ABI_VERSION == 3 and R.abi.Args.__name__ == 'Args'; "
+            "assert 'torch' not in sys.modules and 'tuner.fa_tune_ops.op' not in sys.modules; "
+            "import importlib; m = importlib.import_module('tuner.fa_tune_ops.abi'); "
+            "assert m is R.abi")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

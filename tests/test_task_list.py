@@ -29,9 +29,11 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def lists(driver: Path, B: int, H: int, num_m: int, bins: int, fixed: int = 4,
-          tiles_per_task: int = 1, causal: bool = True, last: tuple[int, int] = (1, 1)):
+          tiles_per_task: int = 1, causal: bool = True, last: tuple[int, int] = (1, 1),
+          kv_shift: int = 0):
     out = subprocess.run([str(driver), str(B), str(H), str(num_m), str(bins), str(fixed),
-                          str(tiles_per_task), str(int(causal)), str(last[0]), str(last[1])],
+                          str(tiles_per_task), str(int(causal)), str(last[0]), str(last[1]),
+                          str(kv_shift)],
                          check=True, capture_output=True, text=True).stdout
     if out.startswith("ERROR"):
         return out.strip()
@@ -144,3 +146,21 @@ def test_a_short_last_task_costs_its_share(driver: Path) -> None:
     assert max(loads) - min(loads) <= full
     assert max(loads) < max(load for load, _ in even)
     assert lists(driver, 1, 1, 2, 1, last=(0, 1)).startswith("ERROR the last task's share")
+
+
+def test_queries_over_a_longer_kv_cost_their_real_tiles(driver: Path) -> None:
+    """q 2048 over k 8192 at block_m 128: 16 query tiles per head, each visiting 48 more KV
+    tiles' worth (kv_shift 48) than a prefill's. Every task's cost is 2 * (bm + 1 + 48) plus
+    fixed_cost, so the work is near-uniform and LPT spreads it evenly; a negative shift never
+    makes a task free."""
+    B, H, num_m, bins, shift = 1, 32, 16, 132, 48
+    res = lists(driver, B, H, num_m, bins, kv_shift=shift)
+    assert isinstance(res, list)
+    seen = Counter(t for _, tasks in res for t in tasks)
+    assert set(seen) == {(bm, h, 0) for bm in range(num_m) for h in range(H)}
+    for load, tasks in res:
+        assert load == sum(2 * (bm + 1 + shift) + 4 for bm, _, _ in tasks)
+    loads = [load for load, _ in res]
+    assert max(loads) - min(loads) <= 2 * (num_m + shift) + 4
+    neg = lists(driver, 1, 1, 4, 1, kv_shift=-10)
+    assert isinstance(neg, list) and neg[0][0] == 4 * (1 + 4)

@@ -3,7 +3,8 @@
 Every backend (fa-tune's kernel through its C ABI, FlashAttention-3, cuDNN SDPA,
 FlashAttention-2, our Triton kernel) goes through the one measurement path
 (``tuner.measure.bench.Bench``), so per problem (``tuner.problem.Problem``: MHA/GQA/MQA, head
-dim 64/128/256, causal or not; the ``--shape`` text ``BxHq[/Hkv]xS[:dD][:full]``) each gets:
+dim 64/128/256, causal or not, S_q queries over S_k keys; the ``--shape`` text
+``BxHq[/Hkv]xS[:kSK][:dD][:full]``) each gets:
 
 1. the same device buffers holding the same inputs (the oracle's generators, seed 42: Q, K
    uniform in [-2, 2], V uniform in [-1, 1]; BSHD, BF16); a peer sees them as torch views;
@@ -55,6 +56,7 @@ SUMMARY_COLUMNS = (
     "Hq",
     "Hkv",
     "S",
+    "Sk",
     "D",
     "causal",
     "backend",
@@ -286,7 +288,7 @@ def run_suite(
         "protocol": {**protocol.to_dict(), "seed": seed},
         "inputs": {
             "seed": seed,
-            "layout": "BSHD contiguous (Q, O [B, S, Hq, D]; K, V [B, S, Hkv, D]), BF16",
+            "layout": "BSHD contiguous (Q, O [B, S_q, Hq, D]; K, V [B, S_k, Hkv, D]), BF16",
             "problems": describe(shapes),
             "sets": list(bench.input_sets),
             "timed_on": "seed: Q, K uniform[-2, 2], V uniform[-1, 1] (tuner.measure.oracle)",
@@ -496,9 +498,12 @@ def _problems(payload: dict[str, Any]) -> list[Problem]:
 
 
 def _shape_headers(payload: dict[str, Any]) -> list[tuple[str, str]]:
-    """[(shape key, column title)]; 'S=4096' when only S differs among the problems."""
+    """[(shape key, column title)]; 'S=4096' when only S differs among the problems (and each
+    has as many keys as queries)."""
     shapes = payload.get("shapes", [])
-    same = len({(p.B, p.Hq, p.Hkv, p.D, p.causal) for p in _problems(payload)}) <= 1
+    ps = _problems(payload)
+    same = (len({(p.B, p.Hq, p.Hkv, p.D, p.causal) for p in ps}) <= 1
+            and all(p.S_k == p.S_q and not p.is_varlen for p in ps))
     return [(s["shape"], f"S={s['S']}" if same else s["shape"]) for s in shapes]
 
 
@@ -543,11 +548,12 @@ def summary_markdown(payload: dict[str, Any]) -> str:
         f"launches, {proto.get('rounds', '?')} rounds, CUDA events, median of round medians; "
         f"before each round an NVML wait (bounded) to <= {proto.get('temp_limit_c', '?')} C and "
         f"{proto.get('settle_s', '?')} s of untimed launches",
-        f"- problems: {problems_title(payload)} (columns: BxHq[/Hkv]xS[:dD][:full])",
+        f"- problems: {problems_title(payload)} (columns: BxHq[/Hkv]xS[:kSK][:dD][:full])",
         f"- inputs: seed {proto.get('seed', '?')}, Q/K uniform [-2, 2], V uniform [-1, 1], BSHD "
         f"BF16; every backend gated ({(payload.get('gate') or {}).get('rule', '?')})",
         "- TFLOPS = FLOPs / time; FLOPs causal 2*B*Hq*S^2*D (not halved for causality, as in "
-        "the seeds), non-causal 4*B*Hq*S^2*D",
+        "the seeds), non-causal 4*B*Hq*S^2*D; with S_q queries over S_k keys 4*B*Hq*D times "
+        "the (query, key) pairs the mask keeps (causal, bottom-right: S_q*S_k - S_q^2/2)",
         "",
         "| implementation | " + " | ".join(f"{t} ms / TFLOPS" for _, t in cols) + " |",
         "|---|" + "---|" * len(cols),
@@ -556,7 +562,8 @@ def summary_markdown(payload: dict[str, Any]) -> str:
         cells = []
         for key, _ in cols:
             r = rows.get((key, name))
-            cells.append(_cell(r, lambda r: f"{r['median_ms']:.3f} / {r['tflops']:.0f}"))
+            cells.append(_cell(r, lambda r: f"{r['median_ms']:.3f} / {r['tflops']:.0f}",
+                               _down(payload)))
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     lines += [""]
     if ref:
@@ -571,6 +578,7 @@ def summary_markdown(payload: dict[str, Any]) -> str:
                 _cell(
                     rows.get((key, name)),
                     lambda r: f"{r['ratio_to_fa3']:.3f}x" if r["ratio_to_fa3"] else "-",
+                    _down(payload),
                 )
                 for key, _ in cols
             ]
@@ -605,8 +613,11 @@ def summary_markdown(payload: dict[str, Any]) -> str:
     for b in payload.get("backends", []):
         if not b["available"]:
             notes.append(f"- {b['label']}: not run ({b['reason']})")
+    down = _down(payload)
     for r in payload.get("summary", []):
-        if r["status"] not in ("ok", "unavailable"):
+        if r["status"] == "unavailable" and r["backend"] not in down:
+            notes.append(f"- {r['label']} on {r['shape']}: unsupported ({r['reason']})")
+        elif r["status"] not in ("ok", "unavailable"):
             notes.append(f"- {r['label']} on {r['shape']}: {r['status']} ({r['reason']})")
     if notes:
         lines += ["Not measured:", "", *notes, ""]
@@ -620,14 +631,23 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f} ms"
 
 
-def _cell(r: dict[str, Any] | None, fmt: Callable[[dict[str, Any]], str]) -> str:
+def _cell(r: dict[str, Any] | None, fmt: Callable[[dict[str, Any]], str],
+          down: frozenset[str] = frozenset()) -> str:
+    """A table cell: the numbers, or why there are none. ``down``: backends that did not run
+    at all (not installed, no GPU); another unavailable row is a problem the backend declined
+    (S_q != S_k on FA2's SDPA backend, GQA on Triton, ...)."""
     if r is None:
         return "-"
     if r["status"] == "ok":
         return fmt(r)
-    return {"unavailable": "not installed", "gate_failed": "gate failed"}.get(
-        r["status"], r["status"]
-    )
+    if r["status"] == "unavailable":
+        return "not installed" if r["backend"] in down else "unsupported"
+    return {"gate_failed": "gate failed"}.get(r["status"], r["status"])
+
+
+def _down(payload: dict[str, Any]) -> frozenset[str]:
+    """The backends that did not run at all (payload["backends"]' unavailable ones)."""
+    return frozenset(b["name"] for b in payload.get("backends", []) if not b.get("available"))
 
 
 def write_chart(payload: dict[str, Any], path: Path) -> bool:
@@ -719,7 +739,7 @@ def run_compare(
     """Run the comparison and write its result folder; return the payload.
 
     so_path_or_none: one built kernel .so, a list of paths or (path, label) pairs, or None for
-    peers only. shapes: Problems or their text forms 'BxHq[/Hkv]xS[:dD][:full]' (default: the
+    peers only. shapes: Problems or their text forms 'BxHq[/Hkv]xS[:kSK][:dD][:full]' (default: the
     seed problems); the kernel's own limits are the caller's check (config.check_problem: a
     problem it cannot run would be a failed row, the peers run every one). backends:
     peer names ('fa3,cudnn,fa2,triton' by default). The payload gains 'result_dir' and 'files'.
@@ -799,7 +819,8 @@ def rich_table(payload: dict[str, Any]) -> Any:
     for _, title in cols:
         t.add_column(title, justify="right")
     for name, label in _backend_order(payload):
-        t.add_row(label, *(_cell(rows.get((k, name)), _ms_tflops_ratio) for k, _ in cols))
+        t.add_row(label, *(_cell(rows.get((k, name)), _ms_tflops_ratio, _down(payload))
+                           for k, _ in cols))
     return t
 
 

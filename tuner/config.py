@@ -649,8 +649,10 @@ def check_problem(cfg: KernelConfig, problem: Problem) -> None:
     The kernel runs MHA, GQA and MQA (Hkv a run-time argument), head dim 64, 128 or 256 and
     causal or not (both compiled in: a kernel is built per problem class, tuner.build's
     ``pclass``). It masks ragged query and KV tiles (TMA fills out-of-bounds rows), so any S
-    works; B and Hq index the grid, which allows at most 65535 in y and z. Whether cfg fits the
-    problem's head dim (shared memory, registers) is validate(cfg, problem.D)'s ConfigError.
+    works, and S_q queries over S_k keys are run-time values too (Problem itself refuses a
+    causal S_q > S_k); B and Hq index the grid, which allows at most 65535 in y and z. Whether
+    cfg fits the problem's head dim (shared memory, registers) is validate(cfg, problem.D)'s
+    ConfigError.
     """
     why = head_cluster_reason(cfg.head_cluster, problem.group)
     if why is not None:

@@ -24,8 +24,9 @@ fixture worker. Every worker speaks the same protocol, documented here:
 * ``{"op": "stop"}`` (or a closed pipe) ends it.
 
 The request's ``"shape"`` is the problem as ``tuner.problem.Problem.to_dict()``:
-``{"B", "H", "Hq", "Hkv", "S", "D", "causal"}`` (``H`` = ``Hq``), read back with
-``tuner.problem.as_problem`` (which also takes the text form ``"1x32/8x8192"`` and the
+``{"B", "H", "Hq", "Hkv", "S", "D", "causal"}`` (``H`` = ``Hq``; plus ``"Sk"`` for queries
+over more keys, ``"seqlens"`` / ``"seqlens_k"`` for a packed batch), read back with
+``tuner.problem.as_problem`` (which also takes the text form ``"1x32/8x2048:k8192"`` and the
 ``[B, H, S]`` list of workers before problems; a worker that cannot read it replies
 ``"error"``). The parent sends only problems the kernel runs (config.check_problem).
 

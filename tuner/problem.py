@@ -1,30 +1,40 @@
 """The attention problem: what is computed, apart from how (the kernel config).
 
 A ``Problem`` is batch B, query heads Hq, K/V heads Hkv (Hq a multiple of Hkv: Hkv = Hq is MHA,
-Hkv = 1 is MQA, between is GQA), sequence length S (query = key length), head dim D and whether
-the mask is causal. It flows wherever a shape flows: the CLI, the search objective, results,
-study attributes, the gate, timing, export.
+Hkv = 1 is MQA, between is GQA), query length S (= S_q), key length Sk (= S_k; S_q by default),
+head dim D and whether the mask is causal. It flows wherever a shape flows: the CLI, the search
+objective, results, study attributes, the gate, timing, export.
+
+Queries over a longer KV (S_q < S_k: a prompt continuing a cached prefix, chunked prefill) use
+FlashAttention's causal alignment, bottom-right: query i of a sequence with s_q queries and s_k
+keys sees keys 0 .. i + s_k - s_q. A causal problem with more queries than keys would leave rows
+that see no key, so it is refused; non-causal takes any S_q, S_k >= 1.
 
 Text form (the CLI's ``--shape``)::
 
-    B x Hq[/Hkv] x S [:dD] [:full | :causal]
-    Hq[/Hkv] x [len, len*count, ...] [:dD] [:full | :causal]     (varlen: a packed batch)
+    B x Hq[/Hkv] x S [:kSK] [:dD] [:full | :causal]
+    Hq[/Hkv] x [q[:k], q[:k]*count, ...] [:dD] [:full | :causal]     (varlen: a packed batch)
 
 ``4x32x8192`` is today's seed problem (MHA, D 128, causal); ``1x32/8x8192`` is Llama-3-8B's GQA;
-``4x32x8192:d64``; ``4x32x8192:full`` is non-causal; ``1x64/8x8192:d256:full``. ``str()`` gives
-the canonical form: the parts that differ from MHA / D 128 / causal only, so every problem the
-tool knew before keeps its name (and the study attributes and result files that use it).
+``1x32/8x2048:k8192`` is 2048 queries over 8192 keys; ``4x32x8192:d64``; ``4x32x8192:full`` is
+non-causal; ``1x64/8x8192:d256:full``. ``str()`` gives the canonical form: the parts that differ
+from MHA / S_k = S_q / D 128 / causal only, so every problem the tool knew before keeps its name
+(and the study attributes and result files that use it).
 
-A varlen problem (``seqlens``) is a packed batch: its sequences' tokens one after another in
-[total, Hq, D] tensors (FA3's ``flash_attn_varlen_func`` layout, cu_seqlens the prefix sums of
-the lengths), each sequence its own attention problem (query length = key length). B is the
-number of sequences and S the longest (max_seqlen); ``32/8x[8192,4096*2,2048*4,1024*8]`` is the
-anchors' varlen batch. Its memory is a fixed problem of B=1, S=total (``layout``): buffers, input
+A varlen problem (``seqlens``, and ``seqlens_k`` when the key lengths differ) is a packed batch:
+its sequences' query tokens one after another in a [total_q, Hq, D] tensor and their keys in
+[total_k, Hkv, D] tensors (FA3's ``flash_attn_varlen_func`` layout, cu_seqlens_q / cu_seqlens_k
+the prefix sums of the lengths), each sequence its own attention problem. B is the number of
+sequences, S the longest query length and Sk the longest key length (max_seqlen_q / _k);
+``32/8x[8192,4096*2,2048*4,1024*8]`` is the anchors' varlen batch (q = k), and
+``32/8x[2048:8192,512:4096*2]`` three sequences whose queries continue a cached prefix. Its
+memory is a fixed problem of B=1, S_q=total_q, S_k=total_k (``layout``): buffers, input
 generation, poisoning and comparison treat it so; the reference and the kernel follow the
 sequence boundaries.
 
-FLOPs follow the anchors' convention: causal 2*B*Hq*S^2*D, non-causal 4*B*Hq*S^2*D; varlen the
-sum over its sequences.
+FLOPs = 4*Hq*D*(the (query, key) pairs the mask keeps) per batch entry or sequence, causal pairs
+counted continuously as s_q*s_k - s_q^2/2 (the anchors' convention: S_q = S_k gives causal
+2*B*Hq*S^2*D and non-causal 4*B*Hq*S^2*D, so every stored TFLOPS stays the same).
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from tuner.errors import ShapeError
 
 HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
 DEFAULT_HEAD_DIM = 128
-# Offsets into Q/K/V/O are 32-bit in the kernel and the oracle: B*S*Hq*D must stay below 2^31.
+# Offsets into Q/K/V/O are 32-bit in the kernel and the oracle: B*S*H*D must stay below 2^31.
 _MAX_ELEMS = 2**31 - 1
 
 _RE = re.compile(
@@ -49,39 +59,59 @@ _RE_VARLEN = re.compile(
     re.IGNORECASE,
 )
 MAX_SEQS = 65535  # sequences in one varlen batch (the device-side schedule's bound)
+_SYNTAX = ("write BxHq[/Hkv]xS[:dD][:full] (:kSK for S queries over SK keys), e.g. 4x32x8192, "
+           "1x32/8x8192, 1x32/8x2048:k8192, 4x16x8192:d256, 4x32x8192:full; or a packed varlen "
+           "batch Hq[/Hkv]x[q[:k],q[:k]*count,...], e.g. 32/8x[8192,4096*2] or "
+           "32/8x[2048:8192,512:4096*2]")
 
 
-def parse_lengths(text: str, where: str) -> tuple[int, ...]:
-    """'8192,4096*2,1024' -> (8192, 4096, 4096, 1024)."""
-    out: list[int] = []
+def parse_pairs(text: str, where: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """'2048:8192,512:4096*2,1024' -> ((2048, 512, 512, 1024), (8192, 4096, 4096, 1024)): each
+    entry a query length, optionally ':' its key length (else the same), optionally '*count'."""
+    qs: list[int] = []
+    ks: list[int] = []
     for part in (x.strip() for x in text.split(",")):
-        m = re.fullmatch(r"(\d+)\s*(?:\*\s*(\d+))?", part)
+        m = re.fullmatch(r"(\d+)\s*(?::\s*(\d+)\s*)?(?:\*\s*(\d+))?", part)
         if not m:
-            raise ShapeError(f"malformed problem '{where}': '{part}' is not a length or "
-                             "length*count (e.g. [8192,4096*2,1024])")
-        count = int(m.group(2) or 1)
+            raise ShapeError(f"malformed problem '{where}': '{part}' is not a length, q:k or "
+                             "length*count (e.g. [8192,4096*2] or [2048:8192,512:4096*2])")
+        count = int(m.group(3) or 1)
         if count < 1 or count > MAX_SEQS:
             raise ShapeError(f"malformed problem '{where}': count {count} in '{part}' must be "
                              f"1..{MAX_SEQS}")
-        out.extend([int(m.group(1))] * count)
-    return tuple(out)
+        q = int(m.group(1))
+        qs.extend([q] * count)
+        ks.extend([int(m.group(2)) if m.group(2) is not None else q] * count)
+    return tuple(qs), tuple(ks)
 
 
-def lengths_text(seqlens: tuple[int, ...]) -> str:
-    """Run-length form: (8192, 4096, 4096) -> '8192,4096*2'."""
+def parse_lengths(text: str, where: str) -> tuple[int, ...]:
+    """'8192,4096*2,1024' -> (8192, 4096, 4096, 1024) (query = key lengths only)."""
+    qs, ks = parse_pairs(text, where)
+    if qs != ks:
+        raise ShapeError(f"malformed problem '{where}': give plain lengths here, not q:k pairs")
+    return qs
+
+
+def lengths_text(seqlens: tuple[int, ...], seqlens_k: tuple[int, ...] = ()) -> str:
+    """Run-length form: (8192, 4096, 4096) -> '8192,4096*2'; with key lengths that differ,
+    each such entry as q:k: ((2048, 512, 512), (8192, 4096, 4096)) -> '2048:8192,512:4096*2'."""
+    ks = seqlens_k or seqlens
+    items = [str(q) if q == k else f"{q}:{k}" for q, k in zip(seqlens, ks, strict=True)]
     parts: list[str] = []
     i = 0
-    while i < len(seqlens):
+    while i < len(items):
         j = i
-        while j < len(seqlens) and seqlens[j] == seqlens[i]:
+        while j < len(items) and items[j] == items[i]:
             j += 1
-        parts.append(str(seqlens[i]) if j - i == 1 else f"{seqlens[i]}*{j - i}")
+        parts.append(items[i] if j - i == 1 else f"{items[i]}*{j - i}")
         i = j
     return ",".join(parts)
 
 
-def _parse_options(opts: str, text: str) -> tuple[int, bool]:
-    d, causal = DEFAULT_HEAD_DIM, True
+def _parse_options(opts: str, text: str) -> tuple[int, bool, int]:
+    """(head dim, causal, key length; 0 = not given) of the ':...' options."""
+    d, causal, sk = DEFAULT_HEAD_DIM, True, 0
     for opt in (o.strip().lower() for o in opts.split(":") if o.strip()):
         if opt in ("full", "noncausal", "non-causal"):
             causal = False
@@ -89,12 +119,28 @@ def _parse_options(opts: str, text: str) -> tuple[int, bool]:
             causal = True
         elif re.fullmatch(r"d\d+", opt):
             d = int(opt[1:])
+        elif re.fullmatch(r"k\d+", opt):
+            sk = int(opt[1:])
+            if sk < 1:
+                raise ShapeError(f"malformed problem '{text}': the key length :k{sk} must be "
+                                 ">= 1 (leave :k out for as many keys as queries)")
         else:
             raise ShapeError(
                 f"malformed problem '{text}': unknown option ':{opt}' (use :dD for the head "
-                "dim, e.g. :d64, and :full for a non-causal mask)"
+                "dim, e.g. :d64, :full for a non-causal mask and :kSK for the key length, e.g. "
+                ":k8192)"
             )
-    return d, causal
+    return d, causal, sk
+
+
+def _pairs2(sq: int, sk: int, causal: bool) -> int:
+    """Twice the (query, key) pairs the mask keeps, causal counted continuously (s_q s_k -
+    s_q^2 / 2, so the diagonal tile's half is not counted, as the anchors count it)."""
+    return 2 * sq * sk - sq * sq if causal else 2 * sq * sk
+
+
+def _is_count(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)
@@ -103,38 +149,52 @@ class Problem:
 
     B: int
     Hq: int
-    S: int
+    S: int  # query length (varlen: the longest query length)
     Hkv: int = field(default=0)  # 0: same as Hq (MHA); normalised in __post_init__
     D: int = DEFAULT_HEAD_DIM
     causal: bool = True
-    # Varlen: the packed batch's sequence lengths (then B = len(seqlens), S = max(seqlens));
-    # empty for a fixed-length batch. Use Problem.varlen() to make one.
+    # Varlen: the packed batch's query lengths (then B = len(seqlens), S = max(seqlens)); empty
+    # for a fixed-length batch. Use Problem.varlen() to make one.
     seqlens: tuple[int, ...] = ()
+    Sk: int = 0  # key length (varlen: the longest); 0: same as S; normalised in __post_init__
+    seqlens_k: tuple[int, ...] = ()  # varlen key lengths; empty: the query lengths
 
     @classmethod
     def varlen(cls, seqlens: Iterable[int], Hq: int, Hkv: int = 0, D: int = DEFAULT_HEAD_DIM,
-               causal: bool = True) -> Problem:
-        """A packed batch of these sequence lengths (0 allowed; at least one token in all)."""
+               causal: bool = True, seqlens_k: Iterable[int] | None = None) -> Problem:
+        """A packed batch of these query lengths (0 allowed; at least one query in all) over
+        these key lengths (None: the same)."""
         lens = tuple(seqlens)
-        for x in lens:
-            if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+        lens_k = lens if seqlens_k is None else tuple(seqlens_k)
+        for x in lens + lens_k:
+            if not _is_count(x) or x < 0:
                 raise ShapeError(f"varlen sequence lengths must be integers >= 0 (got {x!r})")
         if not lens or sum(lens) < 1:
-            raise ShapeError("a varlen batch needs at least one sequence and one token")
+            raise ShapeError("a varlen batch needs at least one sequence and one token of queries")
         if len(lens) > MAX_SEQS:
             raise ShapeError(f"a varlen batch holds at most {MAX_SEQS} sequences "
                              f"(got {len(lens)}); split it")
-        return cls(len(lens), Hq, max(max(lens), 1), Hkv=Hkv, D=D, causal=causal, seqlens=lens)
+        if len(lens_k) != len(lens):
+            raise ShapeError(f"a varlen batch needs one key length per sequence: got "
+                             f"{len(lens_k)} key lengths for {len(lens)} sequences")
+        return cls(len(lens), Hq, max(max(lens), 1), Hkv=Hkv, D=D, causal=causal, seqlens=lens,
+                   Sk=max(max(lens_k), 1), seqlens_k=lens_k)
 
     def __post_init__(self) -> None:
         for name in ("B", "Hq", "S", "D"):
             v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            if not _is_count(v) or v < 1:
                 raise ShapeError(f"problem {name} must be a positive integer (got {v!r})")
-        if not isinstance(self.Hkv, int) or isinstance(self.Hkv, bool) or self.Hkv < 0:
-            raise ShapeError(f"problem Hkv must be a positive integer (got {self.Hkv!r})")
+        for name in ("Hkv", "Sk"):
+            v = getattr(self, name)
+            if not _is_count(v) or v < 0:
+                raise ShapeError(f"problem {name} must be a positive integer (got {v!r})")
         if self.Hkv == 0:
             object.__setattr__(self, "Hkv", self.Hq)
+        for name in ("seqlens", "seqlens_k"):
+            if not isinstance(getattr(self, name), tuple):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        self._normalise_lengths()
         if self.Hq % self.Hkv:
             raise ShapeError(
                 f"problem {self}: Hq={self.Hq} must be a multiple of Hkv={self.Hkv} "
@@ -147,15 +207,49 @@ class Problem:
             )
         if not isinstance(self.causal, bool):
             raise ShapeError(f"problem causal must be true or false (got {self.causal!r})")
-        if not isinstance(self.seqlens, tuple):
-            object.__setattr__(self, "seqlens", tuple(self.seqlens))
-        if self.seqlens and (self.B != len(self.seqlens)
-                             or self.S != max(max(self.seqlens), 1)):
-            raise ShapeError("a varlen problem's B and S are its number of sequences and its "
-                             "longest length: make it with Problem.varlen()")
-        if self.tokens * self.Hq * self.D > _MAX_ELEMS:
-            what = "total tokens*Hq*D" if self.seqlens else "B*S*Hq*D"
+        self._check_keys()
+        if self.tokens_q * self.Hq * self.D > _MAX_ELEMS:
+            what = "total query tokens*Hq*D" if self.seqlens else "B*S*Hq*D"
             raise ShapeError(f"problem {self} is too large: {what} must stay below 2^31 elements")
+        if self.tokens_k * self.Hkv * self.D > _MAX_ELEMS:
+            what = "total key tokens*Hkv*D" if self.seqlens else "B*S_k*Hkv*D"
+            raise ShapeError(f"problem {self} is too large: {what} must stay below 2^31 elements")
+
+    def _normalise_lengths(self) -> None:
+        """Sk = S for a fixed problem without one; a varlen problem's key lengths default to its
+        query lengths, and its B, S and Sk must be what Problem.varlen() makes of them."""
+        if not self.seqlens:
+            if self.seqlens_k:
+                raise ShapeError("key lengths (seqlens_k) need query lengths (seqlens): make a "
+                                 "varlen problem with Problem.varlen()")
+            if self.Sk == 0:
+                object.__setattr__(self, "Sk", self.S)
+            return
+        if not self.seqlens_k:
+            object.__setattr__(self, "seqlens_k", self.seqlens)
+        sk = max(max(self.seqlens_k), 1) if self.seqlens_k else 0
+        if self.Sk == 0:
+            object.__setattr__(self, "Sk", sk)
+        if (self.B != len(self.seqlens) or len(self.seqlens_k) != len(self.seqlens)
+                or self.S != max(max(self.seqlens), 1) or self.Sk != sk):
+            raise ShapeError("a varlen problem's B, S and Sk are its number of sequences and its "
+                             "longest query and key lengths: make it with Problem.varlen()")
+
+    def _check_keys(self) -> None:
+        """Every query row must see a key: causal needs s_k >= s_q (bottom-right alignment),
+        and no sequence may have queries but no keys."""
+        pairs = (zip(self.seqlens, self.seqlens_k, strict=True) if self.seqlens
+                 else [(self.S, self.Sk)])
+        for i, (q, k) in enumerate(pairs):
+            where = f"sequence {i} of " if self.seqlens else ""
+            if self.causal and q > k:
+                raise ShapeError(
+                    f"problem {self}: {where}{q} queries over {k} keys: a causal mask is aligned "
+                    f"bottom-right (query i sees keys 0 .. i + S_k - S_q), so {q - k} query rows "
+                    "would see no key; give at least as many keys as queries, or use :full")
+            if q > 0 and k == 0:
+                raise ShapeError(f"problem {self}: {where}{q} queries over no key; give each "
+                                 "sequence with queries at least one key")
 
     # -- names
     @property
@@ -173,30 +267,63 @@ class Problem:
         return bool(self.seqlens)
 
     @property
-    def tokens(self) -> int:
-        """Query (= key) rows in the tensors: B*S, or the packed batch's total."""
+    def S_q(self) -> int:  # noqa: N802 - the ABI's and FlashAttention's name
+        """Query length (varlen: the longest, max_seqlen_q)."""
+        return self.S
+
+    @property
+    def S_k(self) -> int:  # noqa: N802
+        """Key length (varlen: the longest, max_seqlen_k)."""
+        return self.Sk
+
+    @property
+    def max_seqlen_k(self) -> int:
+        return self.Sk
+
+    @property
+    def tokens_q(self) -> int:
+        """Query rows in Q and O: B*S, or the packed batch's total."""
         return sum(self.seqlens) if self.seqlens else self.B * self.S
 
-    def cu_seqlens(self) -> list[int]:
-        """Varlen: the prefix sums of the lengths (num_seqs + 1 entries, first 0)."""
+    @property
+    def tokens(self) -> int:
+        """Query rows (``tokens_q``; the name from before S_q != S_k)."""
+        return self.tokens_q
+
+    @property
+    def tokens_k(self) -> int:
+        """Key rows in K and V: B*S_k, or the packed batch's total."""
+        return sum(self.seqlens_k) if self.seqlens else self.B * self.Sk
+
+    @staticmethod
+    def _prefix(lengths: tuple[int, ...]) -> list[int]:
         out = [0]
-        for x in self.seqlens:
+        for x in lengths:
             out.append(out[-1] + x)
         return out
+
+    def cu_seqlens(self) -> list[int]:
+        """Varlen: the prefix sums of the query lengths (num_seqs + 1 entries, first 0)."""
+        return self._prefix(self.seqlens)
+
+    def cu_seqlens_k(self) -> list[int]:
+        """Varlen: the prefix sums of the key lengths (num_seqs + 1 entries, first 0)."""
+        return self._prefix(self.seqlens_k)
 
     @property
     def layout(self) -> Problem:
         """The fixed-length problem with this one's memory: itself, or for a packed batch one
-        batch of all its tokens (B=1, S=total): what buffers, input generation, poisoning and
-        the comparison see."""
+        batch of all its query rows (S=total_q) and key rows (Sk=total_k): what buffers, input
+        generation, poisoning and the comparison see."""
         if not self.seqlens:
             return self
-        return Problem(1, self.Hq, self.tokens, Hkv=self.Hkv, D=self.D, causal=self.causal)
+        return Problem(1, self.Hq, self.tokens_q, Hkv=self.Hkv, D=self.D, causal=self.causal,
+                       Sk=self.tokens_k)
 
     @property
     def problem_class(self) -> ProblemClass:
         """The compile-time part (head dim, mask; varlen needs the packed-sequence kernel too):
-        which kernel library can run it."""
+        which kernel library can run it. S_q < S_k is a run-time value: no class of its own."""
         return ProblemClass(self.D, self.causal, self.is_varlen)
 
     @property
@@ -210,27 +337,32 @@ class Problem:
         m = _RE.fullmatch(str(text))
         v = None if m else _RE_VARLEN.fullmatch(str(text))
         if not m and not v:
-            raise ShapeError(
-                f"malformed problem '{text}': write BxHq[/Hkv]xS[:dD][:full], e.g. 4x32x8192, "
-                "1x32/8x8192, 4x16x8192:d256, 4x32x8192:full; or a packed varlen batch "
-                "Hq[/Hkv]x[len,len*count,...], e.g. 32/8x[8192,4096*2,1024*8]"
-            )
+            raise ShapeError(f"malformed problem '{text}': {_SYNTAX}")
         if v:
             hq, hkv, lens, opts = v.groups()
         else:
             b, hq, hkv, s, opts = m.groups()  # type: ignore[union-attr]
         if hkv is not None and int(hkv) < 1:  # '/0' is not MHA (Hkv=0 only means it in code)
             raise ShapeError(f"problem '{text}': Hkv must be a positive integer (got {hkv})")
-        d, causal = _parse_options(opts, str(text))
+        d, causal, sk = _parse_options(opts, str(text))
         if v:
-            return cls.varlen(parse_lengths(lens, str(text)), int(hq),
-                              Hkv=int(hkv) if hkv else 0, D=d, causal=causal)
-        return cls(int(b), int(hq), int(s), Hkv=int(hkv) if hkv else 0, D=d, causal=causal)
+            if sk:
+                raise ShapeError(f"malformed problem '{text}': :k is for fixed-length problems; "
+                                 "give each sequence's key length as q:k, e.g. [2048:8192]")
+            qs, ks = parse_pairs(lens, str(text))
+            return cls.varlen(qs, int(hq), Hkv=int(hkv) if hkv else 0, D=d, causal=causal,
+                              seqlens_k=ks)
+        return cls(int(b), int(hq), int(s), Hkv=int(hkv) if hkv else 0, D=d, causal=causal,
+                   Sk=sk)
 
     def __str__(self) -> str:
         heads = f"{self.Hq}" if self.Hkv == self.Hq else f"{self.Hq}/{self.Hkv}"
-        text = (f"{heads}x[{lengths_text(self.seqlens)}]" if self.seqlens
-                else f"{self.B}x{heads}x{self.S}")
+        if self.seqlens:
+            text = f"{heads}x[{lengths_text(self.seqlens, self.seqlens_k)}]"
+        else:
+            text = f"{self.B}x{heads}x{self.S}"
+            if self.Sk not in (0, self.S):  # 0: str() of a problem still being validated
+                text += f":k{self.Sk}"
         if self.D != DEFAULT_HEAD_DIM:
             text += f":d{self.D}"
         if not self.causal:
@@ -240,11 +372,15 @@ class Problem:
     # -- cost
     @property
     def flops(self) -> int:
-        """Causal 2*B*Hq*S^2*D (not halved, as the anchors count it); non-causal twice that.
-        Varlen: the sum over its sequences (s^2 for B*S^2)."""
-        sq = sum(x * x for x in self.seqlens) if self.seqlens else self.B * self.S * self.S
-        f = 2 * self.Hq * sq * self.D
-        return f if self.causal else 2 * f
+        """4*Hq*D*(the (query, key) pairs the mask keeps), summed over the batch (varlen: its
+        sequences); causal pairs counted continuously as s_q*s_k - s_q^2/2. S_q = S_k: causal
+        2*B*Hq*S^2*D (not halved, as the anchors count it), non-causal twice that."""
+        if self.seqlens:
+            p2 = sum(_pairs2(q, k, self.causal)
+                     for q, k in zip(self.seqlens, self.seqlens_k, strict=True))
+        else:
+            p2 = self.B * _pairs2(self.S, self.Sk, self.causal)
+        return 2 * self.Hq * self.D * p2
 
     def tflops(self, ms: float) -> float:
         return self.flops / (ms * 1e9)
@@ -253,8 +389,13 @@ class Problem:
         out: dict[str, int | bool | list[int]] = {
             "B": self.B, "H": self.Hq, "Hq": self.Hq, "Hkv": self.Hkv, "S": self.S, "D": self.D,
             "causal": self.causal}
-        if self.seqlens:  # only then: a fixed problem's dict stays what it always was
+        # Only where they say something: a problem's dict stays what it always was otherwise.
+        if self.seqlens:
             out["seqlens"] = list(self.seqlens)
+            if self.seqlens_k != self.seqlens:
+                out["seqlens_k"] = list(self.seqlens_k)
+        elif self.Sk != self.S:
+            out["Sk"] = self.Sk
         return out
 
     @classmethod
@@ -263,8 +404,10 @@ class Problem:
         kw = {"Hkv": int(d.get("Hkv") or 0), "D": int(d.get("D", DEFAULT_HEAD_DIM)),
               "causal": bool(d.get("causal", True))}
         if d.get("seqlens"):
-            return cls.varlen([int(x) for x in d["seqlens"]], int(hq), **kw)
-        return cls(int(d["B"]), int(hq), int(d["S"]), **kw)
+            ks = d.get("seqlens_k")
+            return cls.varlen([int(x) for x in d["seqlens"]], int(hq), **kw,
+                              seqlens_k=None if not ks else [int(x) for x in ks])
+        return cls(int(d["B"]), int(hq), int(d["S"]), Sk=int(d.get("Sk") or 0), **kw)
 
 
 @dataclass(frozen=True)
@@ -337,8 +480,8 @@ def as_problem(obj: object) -> Problem:
             raise ShapeError(f"malformed problem {obj!r}: needs B, Hq (or H) and S") from None
     if isinstance(obj, (list, tuple)) and len(obj) == 3:
         return Problem(*(int(v) for v in obj))
-    raise ShapeError(f"malformed problem {obj!r}: give a Problem, 'BxHq[/Hkv]xS[:dD][:full]' "
-                     "or a dict")
+    raise ShapeError(f"malformed problem {obj!r}: give a Problem, "
+                     "'BxHq[/Hkv]xS[:kSK][:dD][:full]' or a dict")
 
 
 def parse_problems(texts: Iterable[object] | None) -> list[Problem]:

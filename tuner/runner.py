@@ -65,8 +65,9 @@ def run_config(
     Raises FaTuneError for user-level errors found before any measurement (invalid config, a
     problem the kernel cannot run (config.check_problem), no sm_90 GPU, compile error). A
     failed gate does not raise: the run is stored as failed and ``RunReport.passed`` is False.
-    Each row of the payload carries the problem's dict (B, H = Hq, Hq, Hkv, S, D, causal) and
-    ``"shape": str(problem)``.
+    Each row of the payload carries the problem's dict (B, H = Hq, Hq, Hkv, S, D, causal; Sk
+    when the keys outnumber the queries, seqlens / seqlens_k for a packed batch) and
+    ``"shape": str(problem)`` (``1x32/8x2048:k8192``).
     """
     # Imported here so build-only commands work where the GPU modules cannot load.
     from tuner.measure.bench import Bench

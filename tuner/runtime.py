@@ -14,18 +14,44 @@ cuda-python; a missing driver or GPU becomes ``GpuError`` (one line), never a tr
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
+import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from tuner.errors import FaTuneError, GpuError
 from tuner.problem import DEFAULT_HEAD_DIM, Problem, ProblemClass
+
+
+def _load_abi() -> ModuleType:
+    """tuner/fa_tune_ops/abi.py, the C ABI's one Python mirror, without running its package's
+    __init__ (which imports torch and registers the op: the tuner runs without torch). Kept in
+    sys.modules under its own name, so the package, when imported later, shares this module
+    (one ``Args`` class per process: ctypes refuses a struct of another class)."""
+    name = "tuner.fa_tune_ops.abi"
+    mod = sys.modules.get(name)
+    if mod is None:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("fa_tune_ops") / "abi.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return mod
+
+
+if TYPE_CHECKING:
+    from tuner.fa_tune_ops import abi
+else:
+    abi = _load_abi()
 
 HEAD_DIM = DEFAULT_HEAD_DIM
 BF16_BYTES = 2
@@ -47,33 +73,35 @@ class KernelError(CudaError):
 
 class ShapeLike(Protocol):
     """A problem as the measurement path reads it (tuner.problem.Problem; duck-typed: an object
-    with only B, H, S is MHA, D 128, causal)."""
+    with only B, H, S is MHA, D 128, causal, as many keys as queries)."""
 
     B: int
     H: int
     S: int
 
 
-def problem_dims(shape: Any) -> tuple[int, int, int, int, int, bool]:
-    """(B, Hq, Hkv, S, D, causal) of a problem's tensors, for a Problem or anything shaped like
-    one (no validation): Hq from ``Hq`` or ``H``; Hkv defaults to Hq, D to 128, causal to True.
-    A packed varlen batch's tensors are one batch of all its tokens (``Problem.layout``: B=1,
-    S=total): buffers, input generation, poisoning and comparison read them so; the reference
-    and the kernel launch follow its sequences (``as_problem(shape).seqlens``)."""
+def problem_dims(shape: Any) -> tuple[int, int, int, int, int, int, bool]:
+    """(B, Hq, Hkv, S_q, S_k, D, causal) of a problem's tensors, for a Problem or anything
+    shaped like one (no validation): Hq from ``Hq`` or ``H``; Hkv defaults to Hq, S_k (``Sk``)
+    to S, D to 128, causal to True. Q and O hold B*S_q rows, K and V B*S_k. A packed varlen
+    batch's tensors are one batch of all its tokens (``Problem.layout``: B=1, S_q=total_q,
+    S_k=total_k): buffers, input generation, poisoning and comparison read them so; the
+    reference and the kernel launch follow its sequences (``as_problem(shape).seqlens``)."""
     if isinstance(shape, Problem) and shape.seqlens:
         shape = shape.layout
     hq = int(getattr(shape, "Hq", None) or shape.H)
     hkv = int(getattr(shape, "Hkv", None) or hq)
-    return (int(shape.B), hq, hkv, int(shape.S), int(getattr(shape, "D", None) or HEAD_DIM),
-            bool(getattr(shape, "causal", True)))
+    sq = int(shape.S)
+    return (int(shape.B), hq, hkv, sq, int(getattr(shape, "Sk", None) or sq),
+            int(getattr(shape, "D", None) or HEAD_DIM), bool(getattr(shape, "causal", True)))
 
 
 def as_problem(shape: Any) -> Problem:
     """The Problem for ``shape`` (itself when it already is one)."""
     if isinstance(shape, Problem):
         return shape
-    B, hq, hkv, S, D, causal = problem_dims(shape)
-    return Problem(B, hq, S, Hkv=hkv, D=D, causal=causal)
+    B, hq, hkv, Sq, Sk, D, causal = problem_dims(shape)
+    return Problem(B, hq, Sq, Hkv=hkv, D=D, causal=causal, Sk=Sk)
 
 
 def same_problem(a: Any, b: Any) -> bool:
@@ -83,8 +111,8 @@ def same_problem(a: Any, b: Any) -> bool:
 def kernel_unsupported(shape: Any, *, causal: bool = True, head_dim: int = HEAD_DIM) -> str | None:
     """Why a kernel library compiled for (head_dim, causal) cannot run ``shape`` (None: it can).
     Hq and Hkv are run-time arguments of its C ABI (any Hkv that divides Hq); the head dim and
-    the mask are compiled in."""
-    B, hq, hkv, S, D, p_causal = problem_dims(shape)
+    the mask are compiled in; S_q and S_k are run-time values (any S_q <= S_k)."""
+    _, hq, hkv, _, _, D, p_causal = problem_dims(shape)
     what = []
     if hq % hkv:
         what.append(f"Hkv={hkv} does not divide Hq={hq}")
@@ -477,21 +505,21 @@ class Event:
 
 # ---- attention buffers ----------------------------------------------------------------------
 def elems_bshd(shape: ShapeLike) -> int:
-    """Elements of Q or O: B*S*Hq*D."""
-    B, hq, _, S, D, _ = problem_dims(shape)
-    return B * S * hq * D
+    """Elements of Q or O: B*S_q*Hq*D."""
+    B, hq, _, Sq, _, D, _ = problem_dims(shape)
+    return B * Sq * hq * D
 
 
 def elems_kv(shape: ShapeLike) -> int:
-    """Elements of K or V: B*S*Hkv*D."""
-    B, _, hkv, S, D, _ = problem_dims(shape)
-    return B * S * hkv * D
+    """Elements of K or V: B*S_k*Hkv*D."""
+    B, _, hkv, _, Sk, D, _ = problem_dims(shape)
+    return B * Sk * hkv * D
 
 
 def elems_lse(shape: ShapeLike) -> int:
-    """Elements of LSE: B*Hq*S."""
-    B, hq, _, S, _, _ = problem_dims(shape)
-    return B * hq * S
+    """Elements of LSE: B*Hq*S_q."""
+    B, hq, _, Sq, _, _, _ = problem_dims(shape)
+    return B * hq * Sq
 
 
 class BufferGroup:
@@ -513,10 +541,11 @@ class BufferGroup:
 
 
 class AttnBuffers(BufferGroup):
-    """Q, O ([B, S, Hq, D] BF16), K, V ([B, S, Hkv, D] BF16) and LSE ([B, Hq, S] FP32) for one
-    problem. ``shape`` is the Problem; ``n`` the elements of Q/O, ``n_kv`` of K/V, ``n_lse`` of
-    LSE. A packed varlen batch: [total, H, D] and [Hq, total] (problem_dims), and ``cu``, its
-    cu_seqlens (int32, num_seqs + 1) on the device; ``cu`` is None otherwise."""
+    """Q, O ([B, S_q, Hq, D] BF16), K, V ([B, S_k, Hkv, D] BF16) and LSE ([B, Hq, S_q] FP32) for
+    one problem. ``shape`` is the Problem; ``n`` the elements of Q/O, ``n_kv`` of K/V, ``n_lse``
+    of LSE. A packed varlen batch: Q/O [total_q, Hq, D], K/V [total_k, Hkv, D], LSE [Hq, total_q]
+    (problem_dims), and ``cu_q`` / ``cu_k``, its cu_seqlens_q / cu_seqlens_k (int32, num_seqs +
+    1 each) on the device; both are None otherwise (``cu`` is ``cu_q``)."""
 
     def __init__(self, dev: Device, problem: ShapeLike) -> None:
         super().__init__(dev)
@@ -530,10 +559,13 @@ class AttnBuffers(BufferGroup):
             self.v = self._alloc(self.n_kv * BF16_BYTES)
             self.o = self._alloc(self.n * BF16_BYTES)
             self.lse = self._alloc(self.n_lse * F32_BYTES)
-            self.cu: DeviceBuffer | None = None
+            self.cu_q: DeviceBuffer | None = None
+            self.cu_k: DeviceBuffer | None = None
             if self.shape.is_varlen:
-                self.cu = self._alloc(4 * (self.shape.B + 1))
-                self.cu.copy_from_host(np.asarray(self.shape.cu_seqlens(), dtype=np.int32))
+                self.cu_q = self._alloc(4 * (self.shape.B + 1))
+                self.cu_q.copy_from_host(np.asarray(self.shape.cu_seqlens(), dtype=np.int32))
+                self.cu_k = self._alloc(4 * (self.shape.B + 1))
+                self.cu_k.copy_from_host(np.asarray(self.shape.cu_seqlens_k(), dtype=np.int32))
         except BaseException:
             self.free()
             raise
@@ -541,6 +573,11 @@ class AttnBuffers(BufferGroup):
     @property
     def problem(self) -> Problem:
         return self.shape
+
+    @property
+    def cu(self) -> DeviceBuffer | None:
+        """cu_seqlens_q (the name from before separate key lengths)."""
+        return self.cu_q
 
     def __enter__(self) -> AttnBuffers:
         return self
@@ -576,69 +613,92 @@ def _bind(lib: ctypes.CDLL, path: Path, name: str, restype: Any, argtypes: Seque
     return fn
 
 
-def _bind_optional(lib: ctypes.CDLL, name: str, restype: Any, argtypes: Sequence[Any]) -> Any:
-    """``name`` bound like _bind, or None when the library predates it."""
-    fn = getattr(lib, name, None)
-    if fn is not None:
-        fn.restype = restype
-        fn.argtypes = list(argtypes)
-    return fn
+# ---- the kernel library (C ABI of cuda_src/fa_tune/fa_tune.h; ctypes mirror: fa_tune_ops/abi) --
+class MappedStatus:
+    """The ``status`` words of a call with device metadata: int32[2] of pinned, device-mapped
+    host memory (cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP), so the device writes what it
+    found wrong there and the host reads it after synchronising, without a copy. Needs the
+    device's context current (allocated on the first varlen launch)."""
+
+    def __init__(self) -> None:
+        drv = _driver()
+        self._host = _check(drv.cuMemHostAlloc(8, drv.CU_MEMHOSTALLOC_DEVICEMAP),
+                            "cuMemHostAlloc(8 bytes, DEVICEMAP)")
+        host_ptr = int(self._host)
+        # Under UVA the host pointer is the device pointer; asking costs nothing and is exact.
+        self.ptr = int(_check(drv.cuMemHostGetDevicePointer(self._host, 0),
+                              "cuMemHostGetDevicePointer"))
+        self.words = (ctypes.c_int32 * 2).from_address(host_ptr)
+        self.words[0] = self.words[1] = 0
+
+    def free(self) -> None:
+        if self._host is not None:
+            host, self._host = self._host, None
+            self.words = None  # type: ignore[assignment]
+            _check(_driver().cuMemFreeHost(host), "cuMemFreeHost")
 
 
-KERNEL_ABI_VERSION = 2
+class HostStatus:
+    """``status`` words in ordinary host memory: for stand-in libraries that run on the host
+    (tests); a GPU cannot write them."""
+
+    def __init__(self) -> None:
+        self.words = (ctypes.c_int32 * 2)()
+        self.ptr = ctypes.addressof(self.words)
+
+    def free(self) -> None:
+        """Freed with the object."""
+
+
+def _strides(rows: int, heads: int, D: int) -> tuple[int, int, int]:
+    """Dense BSHD strides in elements: (batch, sequence, head)."""
+    return rows * heads * D, heads * D, D
+
+
+# A placeholder for tensors fa_tune_prepare never reads (it builds the schedule of a shape; the
+# ABI wants non-null, 16-byte aligned pointers all the same).
+_NO_TENSOR = 256
+
+
+def _args_text(a: abi.Args) -> str:
+    """What a call asked for, for error messages (also for values a Problem would refuse)."""
+    heads = f"{a.heads_q}" if a.heads_q == a.heads_kv else f"{a.heads_q}/{a.heads_kv}"
+    if a.cu_seqlens_q or a.cu_seqlens_k:
+        return (f"batch={a.batch}, Hq={a.heads_q}, Hkv={a.heads_kv}, total_q={a.total_q}, "
+                f"total_k={a.total_k}, max_seqlen_q={a.seqlen_q}, max_seqlen_k={a.seqlen_k}")
+    text = f"{a.batch}x{heads}x{a.seqlen_q}"
+    return text + (f":k{a.seqlen_k}" if a.seqlen_k != a.seqlen_q else "")
 
 
 class KernelModule:
-    """A built kernel ``.so``, called through the C ABI of docs/ARCHITECTURE.md (version 2,
-    with the varlen entry points when the library has them: ``has_varlen``)."""
+    """A built kernel ``.so``, called through the C ABI of cuda_src/fa_tune/fa_tune.h (version
+    3: one ``fa_tune_args`` struct per call; tuner.fa_tune_ops.abi is its one Python mirror).
+    Fixed-length problems and, where the library has the varlen kernel (``has_varlen``), packed
+    batches with separate cu_seqlens_q / cu_seqlens_k."""
 
-    def __init__(self, so_path: str | Path) -> None:
-        self.path = Path(so_path)
-        lib = _load_so(self.path, "kernel library")
+    _REQUIRED = ("forward", "prepare", "workspace_bytes", "last_error", "config_json",
+                 "problem_class", "smem_bytes")
+
+    def __init__(self, so_path: str | Path,
+                 status_factory: Callable[[], MappedStatus | HostStatus] = MappedStatus) -> None:
+        self.path = p = Path(so_path)
+        lib = _load_so(p, "kernel library")
         self._lib = lib
-        p = self.path
-        if not hasattr(lib, "fa_tune_abi_version"):
-            raise FaTuneError(f"{p} predates the kernel C ABI {KERNEL_ABI_VERSION} (no "
-                              "fa_tune_abi_version()): rebuild it with this fa-tune")
-        abi = int(_bind(lib, p, "fa_tune_abi_version", _c_int, [])())
-        if abi != KERNEL_ABI_VERSION:
-            raise FaTuneError(f"{p} has kernel C ABI {abi}, this fa-tune speaks "
-                              f"{KERNEL_ABI_VERSION}: rebuild it with this fa-tune")
-        # int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse,
-        #                     int B, int Hq, int Hkv, int S, float softmax_scale,
-        #                     cudaStream_t stream);
-        self._forward = _bind(lib, p, "fa_tune_forward", _c_int,
-                              [_vp, _vp, _vp, _vp, _vp, _c_int, _c_int, _c_int, _c_int,
-                               _c_float, _vp])
-        # int fa_tune_prepare(int B, int Hq, int Hkv, int S, cudaStream_t stream,
-        #                     double* host_ms);
-        self._prepare = _bind(lib, p, "fa_tune_prepare", _c_int,
-                              [_c_int, _c_int, _c_int, _c_int, _vp,
-                               ctypes.POINTER(ctypes.c_double)])
-        self._last_error = _bind(lib, p, "fa_tune_last_error", ctypes.c_char_p, [])
-        self._config_json = _bind(lib, p, "fa_tune_config_json", ctypes.c_char_p, [])
-        self._smem_bytes = _bind(lib, p, "fa_tune_smem_bytes", _c_int, [])
-        # Varlen (same ABI version; libraries built before it lack both functions):
-        # int fa_tune_forward_varlen(q, k, v, o, lse, const int* cu_seqlens, int num_seqs,
-        #     int total_tokens, int max_seqlen, int Hq, int Hkv, float softmax_scale,
-        #     void* workspace, size_t workspace_bytes, cudaStream_t stream);
-        # size_t fa_tune_varlen_workspace_bytes(int num_seqs, int Hq, int total_tokens,
-        #                                       int max_seqlen);
-        self._forward_varlen = _bind_optional(
-            lib, "fa_tune_forward_varlen", _c_int,
-            [_vp, _vp, _vp, _vp, _vp, _vp, _c_int, _c_int, _c_int, _c_int, _c_int, _c_float,
-             _vp, ctypes.c_size_t, _vp])
-        self._varlen_workspace_bytes = _bind_optional(
-            lib, "fa_tune_varlen_workspace_bytes", ctypes.c_size_t,
-            [_c_int, _c_int, _c_int, _c_int])
-        pclass = _bind(lib, p, "fa_tune_problem_class", ctypes.c_char_p, [])()
+        why = abi.version_problem(lib, p)
+        if why is not None:
+            raise FaTuneError(why)
+        self._fn = abi.bind(lib)
+        for name in self._REQUIRED:
+            if self._fn[name] is None:
+                raise FaTuneError(f"{p} does not export fa_tune_{name}(): not a fa-tune build?")
+        self._status_factory = status_factory
+        self.status: MappedStatus | HostStatus | None = None  # made on the first varlen launch
         self.config: dict[str, Any] = _json_dict(self.config_json())
-        pc = _json_dict(pclass.decode(errors="replace") if pclass else "")
+        raw = self._fn["problem_class"]()
+        pc = _json_dict(raw.decode(errors="replace") if raw else "")
         self.causal = bool(pc.get("causal", True))
         self.head_dim = int(pc.get("head_dim", HEAD_DIM))
-        # What problem_class says: the varlen kernel is compiled in (false for a class without
-        # varlen; absent before varlen existed).
-        self.varlen = bool(pc.get("varlen", False))
+        self.varlen = bool(pc.get("varlen", False))  # the varlen kernel is compiled in
 
     @property
     def problem_class(self) -> ProblemClass:
@@ -647,10 +707,8 @@ class KernelModule:
 
     @property
     def has_varlen(self) -> bool:
-        """Whether forward_varlen can run: both entry points exported and the kernel compiled
-        in."""
-        return (self.varlen and self._forward_varlen is not None
-                and self._varlen_workspace_bytes is not None)
+        """Whether calls with device metadata (cu_seqlens) run: the varlen kernel compiled in."""
+        return self.varlen
 
     @property
     def writes_lse(self) -> bool:
@@ -658,15 +716,15 @@ class KernelModule:
         return bool(self.config.get("write_lse", True))
 
     def last_error(self) -> str:
-        raw = self._last_error()
+        raw = self._fn["last_error"]()
         return raw.decode(errors="replace") if raw else ""
 
     def config_json(self) -> str:
-        raw = self._config_json()
+        raw = self._fn["config_json"]()
         return raw.decode(errors="replace") if raw else ""
 
     def smem_bytes(self) -> int:
-        return int(self._smem_bytes())
+        return int(self._fn["smem_bytes"]())
 
     def unsupported(self, shape: Any) -> str | None:
         """Why this library cannot run ``shape`` (None: it can)."""
@@ -690,78 +748,109 @@ class KernelModule:
             code=rc,
         )
 
-    def _refuse(self, shape: ShapeLike, what: str) -> None:
+    def _refuse(self, shape: Any, what: str) -> None:
         why = self.unsupported(shape)
         if why is not None:
             raise KernelError(f"{what}: {why}")
 
-    def prepare(self, shape: ShapeLike, stream: Stream | int | None) -> float:
-        """One-time host setup for a shape; returns the host milliseconds it took."""
+    # -- the argument struct
+    def args_for(self, bufs: AttnBuffers, write_lse: bool | None = None,
+                 softmax_scale: float = 0.0, workspace: int | None = None,
+                 workspace_bytes: int = 0) -> abi.Args:
+        """The call on ``bufs``: dense BSHD strides; a packed batch with its cu_seqlens_q /
+        cu_seqlens_k, max lengths, totals and this module's status words. LSE goes to bufs.lse
+        when the variant writes it (or ``write_lse`` says so), else NULL. softmax_scale 0:
+        1/sqrt(D). workspace None: the library's own (not inside a graph capture)."""
+        use_lse = self.writes_lse if write_lse is None else write_lse
+        p = as_problem(bufs.shape)
+        fields = self._shape_fields(p)
+        fields.update(q=bufs.q.ptr, k=bufs.k.ptr, v=bufs.v.ptr, o=bufs.o.ptr,
+                      lse=bufs.lse.ptr if use_lse else None, softmax_scale=float(softmax_scale))
+        if p.is_varlen:
+            cu_q, cu_k = getattr(bufs, "cu_q", None), getattr(bufs, "cu_k", None)
+            if cu_q is None or cu_k is None:
+                raise KernelError(f"buffers of {p} hold no cu_seqlens_q / cu_seqlens_k")
+            fields.update(cu_seqlens_q=cu_q.ptr, cu_seqlens_k=cu_k.ptr,
+                          workspace=workspace or None,
+                          workspace_bytes=workspace_bytes if workspace else 0,
+                          status=self._status_ptr())
+        return abi.make_args(**fields)
+
+    def _shape_fields(self, p: Problem) -> dict[str, Any]:
+        """The struct's shape fields of a problem (dense strides; a packed batch: its layout's
+        rows per tensor, the lengths' maxima and totals)."""
+        _, hq, hkv, Sq, Sk, D, causal = problem_dims(p)  # a packed batch: the layout's rows
+        return dict(q_stride=_strides(Sq, hq, D), k_stride=_strides(Sk, hkv, D),
+                    v_stride=_strides(Sk, hkv, D), batch=p.B, heads_q=hq, heads_kv=hkv,
+                    head_dim=D, seqlen_q=p.S_q, seqlen_k=p.S_k,
+                    total_q=p.tokens_q if p.is_varlen else 0,
+                    total_k=p.tokens_k if p.is_varlen else 0, causal=1 if causal else 0)
+
+    def _status_ptr(self) -> int:
+        if self.status is None:
+            self.status = self._status_factory()
+        return self.status.ptr
+
+    # -- calls
+    def prepare(self, shape: ShapeLike, stream: Stream | int | None = None) -> float:
+        """One-time host setup of a fixed-length shape (fa_tune_prepare: the static scheduler's
+        task lists); returns the host milliseconds it took. A packed batch needs none (0). The
+        stream is unused (the setup is synchronous), kept for the launchable protocol."""
         self._refuse(shape, "fa_tune_prepare")
-        if getattr(shape, "seqlens", ()):
+        p = as_problem(shape)
+        if p.is_varlen:
             return 0.0  # the varlen schedule is built on the device, in every launch
-        B, hq, hkv, S, _, _ = problem_dims(shape)
+        f = self._shape_fields(p)
+        f.update(q=_NO_TENSOR, k=_NO_TENSOR, v=_NO_TENSOR, o=_NO_TENSOR)
+        a = abi.make_args(**f)
         ms = ctypes.c_double(0.0)
-        rc = self._prepare(B, hq, hkv, S, stream_handle(stream) or None, ctypes.byref(ms))
+        rc = self._fn["prepare"](ctypes.byref(a), ctypes.byref(ms))
         if rc != 0:
-            raise self._fail(f"fa_tune_prepare({_dims_text(B, hq, hkv, S)})", rc)
+            raise self._fail(f"fa_tune_prepare({_args_text(a)})", rc)
         return float(ms.value)
 
     def forward(self, bufs: AttnBuffers, stream: Stream | int | None,
-                write_lse: bool | None = None, softmax_scale: float = 0.0) -> None:
-        """Launch once (asynchronous). LSE goes to bufs.lse when the variant writes it (or when
-        ``write_lse`` says so), else NULL is passed. softmax_scale 0: 1/sqrt(D)."""
-        use_lse = self.writes_lse if write_lse is None else write_lse
-        s = bufs.shape
-        self._refuse(s, "fa_tune_forward")  # before launching: D and the mask are compiled in
-        if getattr(s, "seqlens", ()):  # packed: bufs.cu holds cu_seqlens; the library's workspace
-            p = as_problem(s)
-            self.forward_varlen(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, bufs.o.ptr,
-                                bufs.lse.ptr if use_lse else None, bufs.cu.ptr, p.B, p.tokens,
-                                p.S, p.Hq, p.Hkv, stream, softmax_scale)
+                write_lse: bool | None = None, softmax_scale: float = 0.0,
+                workspace: int | None = None, workspace_bytes: int = 0) -> None:
+        """Launch once (asynchronous) on ``bufs`` (``args_for``). A packed batch's metadata is
+        checked on the device: synchronise, then ``check_status()``."""
+        self._refuse(bufs.shape, "fa_tune_forward")  # before launching: D and the mask
+        self.forward_args(self.args_for(bufs, write_lse, softmax_scale, workspace,
+                                        workspace_bytes), stream)
+
+    def forward_args(self, args: abi.Args, stream: Stream | int | None) -> None:
+        """One fa_tune_forward with a filled struct (asynchronous)."""
+        rc = self._fn["forward"](ctypes.byref(args), stream_handle(stream) or None)
+        if rc != 0:
+            raise self._fail(f"fa_tune_forward({_args_text(args)})", rc)
+
+    def workspace_bytes(self, bufs: AttnBuffers) -> int:
+        """Device workspace bytes the call on ``bufs`` needs (host only); 0 for a fixed-length
+        call (or where the library calls the arguments invalid)."""
+        a = self.args_for(bufs) if as_problem(bufs.shape).is_varlen else abi.make_args(
+            q=bufs.q.ptr, k=bufs.k.ptr, v=bufs.v.ptr, o=bufs.o.ptr,
+            **self._shape_fields(as_problem(bufs.shape)))
+        return int(self._fn["workspace_bytes"](ctypes.byref(a)))
+
+    def check_status(self) -> None:
+        """After a synchronised launch with device metadata: raise KernelError if the device
+        rejected the metadata (status[0] != 0; the words are cleared). No varlen launch yet:
+        nothing to check."""
+        st = self.status
+        if st is None:
             return
-        B, hq, hkv, S, _, _ = problem_dims(s)
-        rc = self._forward(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, bufs.o.ptr,
-                           bufs.lse.ptr if use_lse else None, B, hq, hkv, S,
-                           float(softmax_scale), stream_handle(stream) or None)
-        if rc != 0:
-            raise self._fail(f"fa_tune_forward({_dims_text(B, hq, hkv, S)})", rc)
+        bits, seq = int(st.words[0]), int(st.words[1])
+        st.words[0] = st.words[1] = 0
+        if bits:
+            raise KernelError(f"fa_tune_forward: the device rejected the varlen metadata: "
+                              f"{abi.bad_metadata_text(bits, seq)} "
+                              f"[{self.path.parent.name}/{self.path.name}]", code=1)
 
-
-    def _no_varlen(self, what: str) -> KernelError:
-        # 801 (cudaErrorNotSupported): what a library without the kernel answers, too.
-        return KernelError(f"{what}: this library predates the varlen entry points (rebuild "
-                           f"it) [{self.path.parent.name}/{self.path.name}]", code=801)
-
-    def varlen_workspace_bytes(self, num_seqs: int, Hq: int, total_tokens: int,
-                               max_seqlen: int) -> int:
-        """Device workspace bytes a varlen call needs (host only); 0: the library calls the
-        arguments invalid."""
-        if self._varlen_workspace_bytes is None:
-            raise self._no_varlen("fa_tune_varlen_workspace_bytes")
-        return int(self._varlen_workspace_bytes(num_seqs, Hq, total_tokens, max_seqlen))
-
-    def forward_varlen(self, q: int, k: int, v: int, o: int, lse: int | None, cu_seqlens: int,
-                       num_seqs: int, total_tokens: int, max_seqlen: int, Hq: int, Hkv: int,
-                       stream: Stream | int | None, softmax_scale: float = 0.0,
-                       workspace: int | None = None, workspace_bytes: int = 0) -> None:
-        """Launch the varlen kernel once (asynchronous): Q, O [total_tokens, Hq, D], K, V
-        [total_tokens, Hkv, D], cu_seqlens int32 [num_seqs + 1] on the device, lse [Hq,
-        total_tokens] or None. workspace None: the library's own (not in a graph capture)."""
-        if self._forward_varlen is None:
-            raise self._no_varlen("fa_tune_forward_varlen")
-        rc = self._forward_varlen(q, k, v, o, lse or None, cu_seqlens, num_seqs, total_tokens,
-                                  max_seqlen, Hq, Hkv, float(softmax_scale), workspace or None,
-                                  workspace_bytes if workspace else 0,
-                                  stream_handle(stream) or None)
-        if rc != 0:
-            raise self._fail(f"fa_tune_forward_varlen(num_seqs={num_seqs}, total_tokens="
-                             f"{total_tokens}, max_seqlen={max_seqlen}, Hq={Hq}, Hkv={Hkv})", rc)
-
-
-def _dims_text(B: int, hq: int, hkv: int, S: int) -> str:
-    """B x Hq[/Hkv] x S, also for values a Problem would refuse (error messages)."""
-    return f"{B}x{hq}x{S}" if hq == hkv else f"{B}x{hq}/{hkv}x{S}"
+    def close(self) -> None:
+        """Free the status words (the library itself stays loaded: ctypes cannot unload it)."""
+        if self.status is not None:
+            st, self.status = self.status, None
+            st.free()
 
 
 def _json_dict(text: str) -> dict[str, Any]:
@@ -772,7 +861,7 @@ def _json_dict(text: str) -> dict[str, Any]:
     return d if isinstance(d, dict) else {}
 
 
-ORACLE_ABI_VERSION = 4  # 4: oracle_reference_varlen
+ORACLE_ABI_VERSION = 5  # 5: S_q != S_k (bottom-right causal), cu_seqlens_q / _k; 4: varlen
 ORACLE_STATS_BYTES = 152
 ORACLE_ROW_BLOCK = 16  # query rows per block of the BF16 error budget (oracle_row_block())
 
@@ -798,21 +887,21 @@ class OracleModule:
         i = _c_int
         self._fill_uniform = _bind(lib, p, "oracle_fill_uniform", _c_int,
                                    [_vp, _c_ll, _c_ull, _c_ull, _c_float, _c_float, _vp])
-        # (q, k, v, B, Hq, Hkv, S, D, seed, stream)
+        # (q, k, v, B, Hq, Hkv, Sq, Sk, D, seed, stream)
         self._gen_seed = _bind(lib, p, "oracle_gen_seed", _c_int,
-                               [_vp, _vp, _vp, i, i, i, i, i, _c_ull, _vp])
-        # (q, k, v, B, Hq, Hkv, S, D, seed, direction, stream)
+                               [_vp, _vp, _vp, i, i, i, i, i, i, _c_ull, _vp])
+        # (q, k, v, B, Hq, Hkv, Sq, Sk, D, seed, direction, stream)
         self._gen_rising = _bind(lib, p, "oracle_gen_rising", _c_int,
-                                 [_vp, _vp, _vp, i, i, i, i, i, _c_ull, i, _vp])
+                                 [_vp, _vp, _vp, i, i, i, i, i, i, _c_ull, i, _vp])
         self._poison = _bind(lib, p, "oracle_poison", _c_int, [_vp, _c_ll, _vp, _c_ll, _vp])
-        # (q, k, v, o_ref, lse_ref, B, Hq, Hkv, S, D, causal, flags, stream)
+        # (q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, D, causal, flags, stream)
         self._reference = _bind(lib, p, "oracle_reference", _c_int,
-                                [_vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i, _vp])
-        # (q, k, v, o_ref, lse_ref, cu_seqlens, num_seqs, max_seqlen, total, Hq, Hkv, D, causal,
-        #  flags, stream)
+                                [_vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i, i, _vp])
+        # (q, k, v, o_ref, lse_ref, cu_seqlens_q, cu_seqlens_k, num_seqs, max_seqlen_q,
+        #  total_q, Hq, Hkv, D, causal, flags, stream)
         self._reference_varlen = _bind(lib, p, "oracle_reference_varlen", _c_int,
-                                       [_vp, _vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i, i,
-                                        _vp])
+                                       [_vp, _vp, _vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i,
+                                        i, _vp])
         self._f32_to_bf16 = _bind(lib, p, "oracle_f32_to_bf16", _c_int, [_vp, _vp, _c_ll, _vp])
         # (o, o_ref, B, Hq, S, D, lse, lse_ref, o_atol, o_rtol, lse_atol, lse_rtol, stats,
         #  block_sums, col_sums, stream)
@@ -830,14 +919,14 @@ class OracleModule:
         self._ok(self._fill_uniform(dst, n, seed, stream_id, lo, hi,
                                     stream_handle(stream) or None), "fill_uniform")
 
-    def gen_seed(self, q: int, k: int, v: int, B: int, Hq: int, Hkv: int, S: int, D: int,
-                 seed: int, stream: Stream | int | None) -> None:
-        self._ok(self._gen_seed(q, k, v, B, Hq, Hkv, S, D, seed, stream_handle(stream) or None),
-                 "gen_seed")
+    def gen_seed(self, q: int, k: int, v: int, B: int, Hq: int, Hkv: int, Sq: int, Sk: int,
+                 D: int, seed: int, stream: Stream | int | None) -> None:
+        self._ok(self._gen_seed(q, k, v, B, Hq, Hkv, Sq, Sk, D, seed,
+                                stream_handle(stream) or None), "gen_seed")
 
-    def gen_rising(self, q: int, k: int, v: int, B: int, Hq: int, Hkv: int, S: int, D: int,
-                   seed: int, direction: int, stream: Stream | int | None) -> None:
-        self._ok(self._gen_rising(q, k, v, B, Hq, Hkv, S, D, seed, direction,
+    def gen_rising(self, q: int, k: int, v: int, B: int, Hq: int, Hkv: int, Sq: int, Sk: int,
+                   D: int, seed: int, direction: int, stream: Stream | int | None) -> None:
+        self._ok(self._gen_rising(q, k, v, B, Hq, Hkv, Sq, Sk, D, seed, direction,
                                   stream_handle(stream) or None), "gen_rising")
 
     def poison(self, o: int, n_o: int, lse: int | None, n_lse: int,
@@ -846,38 +935,41 @@ class OracleModule:
                  "poison")
 
     def reference(self, q: int, k: int, v: int, o_ref: int, lse_ref: int | None, B: int,
-                  Hq: int, Hkv: int, S: int, D: int, causal: bool,
+                  Hq: int, Hkv: int, Sq: int, Sk: int, D: int, causal: bool,
                   stream: Stream | int | None, flags: int = 0) -> None:
-        """FP32 attention of the problem (B, Hq, Hkv, S, D, causal) into o_ref ([B, S, Hq, D])
-        and lse_ref ([B, Hq, S], or None)."""
-        self._ok(self._reference(q, k, v, o_ref, lse_ref or None, B, Hq, Hkv, S, D,
+        """FP32 attention of the problem (B, Hq, Hkv, Sq queries over Sk keys, D, causal:
+        bottom-right) into o_ref ([B, Sq, Hq, D]) and lse_ref ([B, Hq, Sq], or None)."""
+        self._ok(self._reference(q, k, v, o_ref, lse_ref or None, B, Hq, Hkv, Sq, Sk, D,
                                  1 if causal else 0, flags, stream_handle(stream) or None),
                  "reference")
 
     def reference_varlen(self, q: int, k: int, v: int, o_ref: int, lse_ref: int | None,
-                         cu_seqlens: int, num_seqs: int, max_seqlen: int, total: int, Hq: int,
-                         Hkv: int, D: int, causal: bool, stream: Stream | int | None,
-                         flags: int = 0) -> None:
-        """The reference of a packed batch: each sequence of cu_seqlens (int32 on the device)
-        its own problem; o_ref [total, Hq, D], lse_ref [Hq, total] (or None)."""
-        self._ok(self._reference_varlen(q, k, v, o_ref, lse_ref or None, cu_seqlens, num_seqs,
-                                        max_seqlen, total, Hq, Hkv, D, 1 if causal else 0,
-                                        flags, stream_handle(stream) or None),
+                         cu_seqlens_q: int, cu_seqlens_k: int, num_seqs: int,
+                         max_seqlen_q: int, total_q: int, Hq: int, Hkv: int, D: int,
+                         causal: bool, stream: Stream | int | None, flags: int = 0) -> None:
+        """The reference of a packed batch: sequence b's queries are rows cu_seqlens_q[b] ..
+        [b + 1] and its keys rows cu_seqlens_k[b] .. [b + 1] (int32 on the device), its own
+        problem; o_ref [total_q, Hq, D], lse_ref [Hq, total_q] (or None)."""
+        self._ok(self._reference_varlen(q, k, v, o_ref, lse_ref or None, cu_seqlens_q,
+                                        cu_seqlens_k, num_seqs, max_seqlen_q, total_q, Hq, Hkv,
+                                        D, 1 if causal else 0, flags,
+                                        stream_handle(stream) or None),
                  "reference_varlen")
 
     def reference_for(self, bufs: AttnBuffers, o_ref: int, lse_ref: int | None,
                       stream: Stream | int | None, flags: int = 0) -> None:
         """The reference of the inputs in ``bufs`` (its problem; a packed batch per sequence,
-        with bufs.cu)."""
+        with bufs.cu_q and bufs.cu_k)."""
         p = as_problem(bufs.shape)
         if p.is_varlen:
+            assert bufs.cu_q is not None and bufs.cu_k is not None
             self.reference_varlen(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref,
-                                  bufs.cu.ptr, p.B, p.S, p.tokens, p.Hq, p.Hkv, p.D, p.causal,
-                                  stream, flags=flags)
+                                  bufs.cu_q.ptr, bufs.cu_k.ptr, p.B, p.S_q, p.tokens_q, p.Hq,
+                                  p.Hkv, p.D, p.causal, stream, flags=flags)
             return
-        B, hq, hkv, S, D, causal = problem_dims(p)
-        self.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref, B, hq, hkv, S, D,
-                       causal, stream, flags=flags)
+        B, hq, hkv, Sq, Sk, D, causal = problem_dims(p)
+        self.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref, B, hq, hkv, Sq, Sk,
+                       D, causal, stream, flags=flags)
 
     def f32_to_bf16(self, src: int, dst: int, n: int, stream: Stream | int | None) -> None:
         self._ok(self._f32_to_bf16(src, dst, n, stream_handle(stream) or None), "f32_to_bf16")
@@ -886,7 +978,8 @@ class OracleModule:
                 lse_ref: int | None, o_atol: float, o_rtol: float, lse_atol: float,
                 lse_rtol: float, stats: int, block_sums: int | None, col_sums: int | None,
                 stream: Stream | int | None) -> None:
-        """O (and LSE, unless lse is None) against the reference; O is [B, S, H, D] (H = Hq).
+        """O (and LSE, unless lse is None) against the reference; O is [B, S, H, D] (H = Hq,
+        S = the query rows S_q).
         Fills the stats struct and, when given, the budget sums: block_sums
         [B, H, ceil(S / ORACLE_ROW_BLOCK), 4] float32, col_sums [B, H, D, 4] float64
         (oracle.cu's header)."""

@@ -39,17 +39,19 @@ struct Epilogue {
 
   // Varlen: rows [first_row, S) of a tile that ends past its sequence (S rows), 16 bytes per
   // thread-step from the staged tile. TMA would clip only at the end of the whole pack and so
-  // overwrite the next sequence's first rows; this path runs once per sequence and head.
+  // overwrite the next sequence's first rows; this path runs once per sequence and head. O is
+  // dense: [batch entries, Sq rows, H, D] (packed: one entry of all tokens).
   template <class SO>
   __device__ static void store_rows(const Params& p, const SO& sO, const TileCoord& t,
                                     int first_row, int S, int wg, int tid) {
     constexpr int kChunks = T::kHeadDim / 8;  // 16-byte pieces per row
     const int rows = min(64, S - first_row);
     const int row_base = Sched::seq_start(t) + first_row;
-    auto* o = static_cast<Element*>(p.o);
+    auto* o = static_cast<Element*>(p.o) + size_t(t.batch) * p.shape.Sq * p.shape.H * T::kHeadDim;
     for (int i = tid % kWarpgroupThreads; i < rows * kChunks; i += kWarpgroupThreads) {
       const int r = i / kChunks, c = (i % kChunks) * 8;
-      if (row_base + r >= p.shape.S) break;  // a cu_seqlens past the pack: never write past it
+      // Never past the tensor (the schedule checked the metadata; this is the last guard).
+      if (row_base + r >= p.shape.Sq) break;
       // The 128-byte swizzle moves whole 16-byte pieces, so 8 aligned columns stay contiguous.
       const uint4 v = *reinterpret_cast<const uint4*>(&sO(wg * 64 + r, c));
       *reinterpret_cast<uint4*>(o + (size_t(row_base + r) * p.shape.H + t.head) * T::kHeadDim + c) = v;
@@ -104,9 +106,9 @@ struct Epilogue {
     }
 
     if constexpr (Cfg::write_lse) {
-      // [B, H, S]; varlen [H, total tokens] (batch 0, S the pack's tokens, rows from start).
+      // [B, H, Sq]; packed [H, total tokens] (batch 0, Sq the pack's tokens, rows from start).
       if (p.lse != nullptr && (threadIdx.x % 4) == 0) {
-        float* lse = p.lse + (size_t(t.batch) * p.shape.H + t.head) * p.shape.S + start;
+        float* lse = p.lse + (size_t(t.batch) * p.shape.H + t.head) * p.shape.Sq + start;
         const float scale_log2 = p.scale_log2;
         for (int r = 0; r < 2; ++r) {
           const int row = row0 + 8 * r;

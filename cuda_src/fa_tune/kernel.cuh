@@ -98,14 +98,16 @@ struct Consumer {
       const int row0 = first_row + warp_in_wg * 16 + lane / 4;
       // Without kWgSkip every warpgroup visits all of the task's KV tiles (the masked ones
       // included); with it, a warpgroup whose rows end lower skips the task's top tiles.
-      const int S = Sched::seq_len(p, t);  // the tile's sequence (varlen: one of the pack)
-      const int n_task = num_kv_blocks<T>(S, t.m_block);
+      const int S = Sched::seq_len(p, t);   // the tile's sequence (varlen: one of the pack)
+      const int Sk = Sched::key_len(p, t);  // its keys; the causal diagonal is shifted by off
+      const int off = Sk - S;
+      const int n_task = num_kv_blocks<T>(Sk, off, t.m_block);
       // kWgSkip: a warpgroup with no row in the sequence (the last task of one whose length
       // no task divides) skips all but its last KV tile (its epilogue stores nothing), so the
       // busy ones get the tensor cores to themselves; it releases the skipped V stages eagerly.
       const bool idle = T::kWgSkip && first_row >= S;
       const int n_blocks =
-          !T::kWgSkip ? n_task : idle ? 1 : kv_blocks_below<T>(S, first_row + 64);
+          !T::kWgSkip ? n_task : idle ? 1 : kv_blocks_below<T>(Sk, off, first_row + 64);
       const int n_skip = n_task - n_blocks;
       const int n_skip_v = idle ? min(n_skip, 1) : n_skip;  // V stages left to skip_top_v
       if constexpr (kEarlyNext) {
@@ -137,8 +139,10 @@ struct Consumer {
       };
       typename ML::Softmax sm;
       float inv_sum[2];
-      ML::run(st, ss, sm, n_blocks, num_unmasked_kv_blocks<T>(first_row, n_blocks, S), n_skip_v,
-              row0, S, p.scale_log2, wg, !next.valid, release_q, issue_next, inv_sum);
+      // The causal mask compares keys with row0 + off (the row's diagonal key).
+      ML::run(st, ss, sm, n_blocks, num_unmasked_kv_blocks<T>(first_row, n_blocks, Sk, off),
+              n_skip_v, row0 + off, Sk, p.scale_log2, wg, !next.valid, release_q, issue_next,
+              inv_sum);
       Epilogue<Cfg, Sched>::run(p, ss, mma_pv, tOrO, sm, inv_sum, t, first_row, row0, wg, tid);
       if constexpr (Cfg::q_release == QRelease::AtEnd) ss.q_ring.release(qst);
       qst.advance<1>();

@@ -84,20 +84,22 @@ struct Mainloop {
   // right after the last PV is issued; with early_next_qk it issues one more QK, which is
   // still in flight on return.
   // n_blocks: KV tiles this warpgroup visits (diagonal first); n_unmasked: how many of them
-  // (from key 0) need no mask; key_end: the sequence end (the non-causal mask); n_skip: the V
+  // (from key 0) need no mask; diag0: the last key this thread's first row sees (its query row
+  // plus the bottom-right offset: the causal mask); key_end: the sequence's keys (the
+  // non-causal mask); n_skip: the V
   // stages of the task's skipped KV tiles (kWgSkip) that skip_top left to skip_top_v (overlap:
   // here, once the first softmax is done).
   template <class St, class ReleaseQ, class IssueNext>
   __device__ __forceinline__ static void run(St& st, SharedStorage<T>& ss, Softmax& sm,
-                                             int n_blocks, int n_unmasked, int n_skip, int row0,
+                                             int n_blocks, int n_unmasked, int n_skip, int diag0,
                                              int key_end, float scale_log2, int wg, bool last_tile,
                                              ReleaseQ&& release_q, IssueNext&& issue_next,
                                              float (&inv_sum)[2]) {
     if constexpr (T::kOverlap) {
-      overlapped(st, ss, sm, n_blocks, n_unmasked, n_skip, row0, key_end, scale_log2, wg, last_tile,
+      overlapped(st, ss, sm, n_blocks, n_unmasked, n_skip, diag0, key_end, scale_log2, wg, last_tile,
                  release_q, issue_next, inv_sum);
     } else {
-      serial(st, ss, sm, n_blocks, n_unmasked, row0, key_end, scale_log2, wg, last_tile, release_q,
+      serial(st, ss, sm, n_blocks, n_unmasked, diag0, key_end, scale_log2, wg, last_tile, release_q,
              inv_sum);
     }
   }
@@ -179,7 +181,7 @@ struct Mainloop {
   template <class St, class ReleaseQ, class IssueNext>
   __device__ __forceinline__ static void overlapped(St& st, SharedStorage<T>& ss, Softmax& sm,
                                                     int n_blocks, int n_unmasked, int n_skip,
-                                                    int row0, int key_end,
+                                                    int diag0, int key_end,
                                                     float scale_log2, int wg, bool last_tile,
                                                     ReleaseQ& release_q, IssueNext& issue_next,
                                                     float (&inv_sum)[2]) {
@@ -194,7 +196,7 @@ struct Mainloop {
     warpgroup_wait_for<0>(st.tSrS);
     if (n_blocks == 1) release_q();
     if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
-    apply_mask<T::kCausal>(st.tSrS, row0, n * T::kBlockN, key_end);
+    apply_mask<T::kCausal>(st.tSrS, diag0, n * T::kBlockN, key_end);
     sm.template update<true>(st.tSrS, scale_log2, rescale);
     if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
     st.kst.template advance<T::kKStages>();
@@ -216,7 +218,7 @@ struct Mainloop {
       warpgroup_wait_for<1>(st.tSrS);  // QK[n] done, PV[n+1] may still run
       if (n == 0) release_q();
       if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
-      if constexpr (kMask) apply_mask<T::kCausal>(st.tSrS, row0, n * T::kBlockN, key_end);
+      if constexpr (kMask) apply_mask<T::kCausal>(st.tSrS, diag0, n * T::kBlockN, key_end);
       const bool needed = sm.template update<false>(st.tSrS, scale_log2, rescale);
       if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
       st.kst.template advance<T::kKStages>();
@@ -253,7 +255,7 @@ struct Mainloop {
 
   template <class St, class ReleaseQ>
   __device__ __forceinline__ static void serial(St& st, SharedStorage<T>& ss, Softmax& sm, int n_blocks,
-                                int n_unmasked, int row0, int key_end, float scale_log2, int wg,
+                                int n_unmasked, int diag0, int key_end, float scale_log2, int wg,
                                 bool last_tile,
                                 ReleaseQ& release_q, float (&inv_sum)[2]) {
     using namespace cute;
@@ -269,7 +271,7 @@ struct Mainloop {
       warpgroup_wait_for<0>(st.tSrS);
       if (n == 0) release_q();
       if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
-      if constexpr (kMask) apply_mask<T::kCausal>(st.tSrS, row0, n * T::kBlockN, key_end);
+      if constexpr (kMask) apply_mask<T::kCausal>(st.tSrS, diag0, n * T::kBlockN, key_end);
       if (first) {
         sm.template update<true>(st.tSrS, scale_log2, rescale);
       } else if (sm.template update<false>(st.tSrS, scale_log2, rescale)) {

@@ -10,8 +10,9 @@
 namespace fa_tune {
 
 struct ShapeInfo {
-  int B, H, S;       // H: query heads; varlen: B sequences, S all of their tokens (packed)
-  int num_m_blocks;
+  int B, H;          // H: query heads; device-scheduled (varlen): B sequences
+  int Sq, Sk;        // query and key rows per batch entry of the tensors (packed: all tokens)
+  int num_m_blocks;  // fixed length: ceil(Sq / block_m)
   int Hkv;           // K/V heads (H for MHA, 1 for MQA)
   int group;         // H / Hkv: query heads per K/V head; query head h reads K/V head h / group
 };
@@ -23,21 +24,30 @@ struct TileCoord {
   int idx;   // scheduler cursor: task index (static) or tile number (dynamic)
   int turn;  // how many times `next` has been asked (the dynamic scheduler's slot parity)
   bool valid;
-  // Varlen only (the schedulers' seq_start / seq_len / kv_head read them): the tile's
-  // sequence, its first row in the packed tensors and its length; the K/V head.
+  // Device-scheduled launches only (the schedulers' seq_* / key_* / kv_* read them): the
+  // tile's sequence: its first query row and query count, its first key row and key count, the
+  // K/V head and the K/V batch coordinate (packed tensors: 0; a per-sequence cache: the
+  // sequence).
   int start = 0;
   int len = 0;
+  int k_start = 0;
+  int k_len = 0;
   int kv_head = 0;
+  int kv_batch = 0;
 };
 
-// One query tile of a varlen launch, as the device-side schedule stores it (varlen.cuh): 16
-// bytes, one load. The K/V head comes precomputed, so the producer (32-40 registers) does no
-// integer division per tile.
+// One query tile of a device-scheduled launch, as the schedule stores it (varlen.cuh): 32
+// bytes, two 16-byte loads. The K/V head comes precomputed, so the producer (24-40 registers)
+// does no integer division per tile.
 struct VarlenTask {
-  int m_block;  // < 0: past the last tile
-  int heads;    // query head | K/V head << 16
-  int start;    // cu_seqlens[sequence]
-  int len;
+  int m_block;   // < 0: past the last tile
+  int heads;     // query head | K/V head << 16
+  int start;     // first query row (cu_seqlens_q[sequence], or 0 in its own batch entry)
+  int len;       // query rows
+  int k_start;   // first key row (cu_seqlens_k[sequence], or 0)
+  int k_len;     // keys it attends to (seqused_k, or the cu_seqlens_k difference)
+  int q_batch;   // batch coordinate of q and o (0 when packed)
+  int kv_batch;  // batch coordinate of k and v (0 when packed)
 };
 
 // What the persistent schedulers read (unused by the grid scheduler).
@@ -56,26 +66,30 @@ struct Params {
   CUtensorMap tma_k;  // boxes of (64 cols, block_n rows)
   CUtensorMap tma_v;
   CUtensorMap tma_o;  // boxes of (64 cols, 64 rows): each warpgroup stores its own rows
-  float* lse;         // [B, H, S] or null; varlen [H, total tokens]
+  float* lse;         // [B, H, Sq] or null; packed [H, total query tokens]
   void* o;            // varlen: a tile that ends past its sequence is stored without TMA
   ShapeInfo shape;
   SchedParams sched;
   float scale_log2;   // log2(e) / sqrt(head_dim)
 };
 
-// KV tiles that query rows below row_end visit (causal: every key <= the last valid row;
-// otherwise every key).
-// S: the tile's sequence length.
+// The key tiles of a query tile. Causal masks are aligned bottom-right (FlashAttention's rule):
+// in a sequence of Sq queries over Sk keys, query row r sees keys 0 .. r + off with off = Sk - Sq
+// (0 for a prefill, > 0 for queries over a cached prefix).
+
+// KV tiles that query rows below row_end visit: causal, every key <= the last row's diagonal;
+// otherwise every key. At least one: a sequence with no key to see still runs one fully masked
+// tile (its rows get O = 0, lse -inf), so every path through the mainloop has a first tile.
 template <class T>
-__host__ __device__ __forceinline__ int kv_blocks_below(int S, int row_end) {
-  if constexpr (!T::kCausal) return (S + T::kBlockN - 1) / T::kBlockN;
-  return (min(row_end, S) + T::kBlockN - 1) / T::kBlockN;
+__host__ __device__ __forceinline__ int kv_blocks_below(int Sk, int off, int row_end) {
+  const int keys = T::kCausal ? min(row_end + off, Sk) : Sk;
+  return keys > 0 ? (keys + T::kBlockN - 1) / T::kBlockN : 1;
 }
 
 // KV tiles the producer loads for a task (a query tile, or with kv_multicast a pair of them).
 template <class T>
-__host__ __device__ __forceinline__ int num_kv_blocks(int S, int m_block) {
-  return kv_blocks_below<T>(S, (m_block + 1) * T::kRowsPerTask);
+__host__ __device__ __forceinline__ int num_kv_blocks(int Sk, int off, int m_block) {
+  return kv_blocks_below<T>(Sk, off, (m_block + 1) * T::kRowsPerTask);
 }
 
 // A cluster's CTAs are ranked row rank fastest (kv_multicast: which rows of the pair, below),
@@ -108,11 +122,12 @@ __host__ __device__ __forceinline__ int wg_first_row(int m_block, int wg, int ra
 }
 
 // KV tiles [0, this) of the n a warpgroup visits need no mask: causal, those entirely at or
-// below its first query row; otherwise those entirely below the sequence end S.
+// below its first query row's diagonal; otherwise those entirely below the key end Sk.
 template <class T>
-__host__ __device__ __forceinline__ int num_unmasked_kv_blocks(int first_row, int n, int S) {
-  if constexpr (!T::kCausal) return min(n, S / T::kBlockN);
-  return min(n, (first_row + 1) / T::kBlockN);
+__host__ __device__ __forceinline__ int num_unmasked_kv_blocks(int first_row, int n, int Sk,
+                                                               int off) {
+  if constexpr (!T::kCausal) return min(n, Sk / T::kBlockN);
+  return max(0, min(n, (first_row + off + 1) / T::kBlockN));
 }
 
 }  // namespace fa_tune

@@ -87,11 +87,13 @@ struct Producer {
 
   __device__ static void load_kv(const Params& p, SharedStorage<T>& ss, const TileCoord& t,
                                  PipeState& kst, PipeState& vst, int rank, bool leader) {
-    const int h = Sched::kv_head(p, t), b = t.batch;  // GQA / MQA: the K/V head it reads
-    // Varlen: a tile past its sequence's end also holds the next sequence's first keys; the
-    // causal mask hides them from the sequence's rows (the non-causal mask ends at its length).
-    const int n_blocks = num_kv_blocks<T>(Sched::seq_len(p, t), t.m_block);
-    const int start = Sched::seq_start(t);
+    // GQA / MQA: the K/V head it reads; a per-sequence cache: the sequence's batch entry.
+    const int h = Sched::kv_head(p, t), b = Sched::kv_batch(t);
+    // Varlen: a tile past its sequence's keys also holds the next sequence's first keys; the
+    // causal mask hides them from the sequence's rows (the non-causal mask ends at its keys).
+    const int Sk = Sched::key_len(p, t);
+    const int n_blocks = num_kv_blocks<T>(Sk, Sk - Sched::seq_len(p, t), t.m_block);
+    const int start = Sched::key_start(t);
     auto load_k = [&](int n) {
       load_tile<Cfg::hint_k>(&p.tma_k, ss.k_ring, kst, ss.k, n, start + n * T::kBlockN, h, b,
                              rank, leader);

@@ -19,22 +19,29 @@ namespace fa_tune {
 
 constexpr int kSchedulerBar = 12;  // named barrier: producer warp -> consumers (dynamic only)
 
-// Non-persistent: one CTA per query tile, grid (m tiles, heads, batch). Within a head the
-// blocks are launched longest first (the last query rows visit the most KV tiles) or in
-// natural order; heads stay adjacent so a wave shares K/V in L2. head_cluster: clusters run
-// along y, so a cluster's CTAs take one query tile of adjacent heads of one K/V group.
-template <class Cfg>
-struct GridScheduler {
-  static constexpr bool kPersistent = false;
-  static constexpr bool kPacked = false;  // varlen: sequences packed along S
-  // Fixed length: every tile's sequence is its batch's S rows, from row 0.
+// Fixed length: every tile's sequence is its batch entry's Sq query rows over Sk keys, from
+// row 0. What the three fixed-length schedulers share:
+struct FixedTiles {
+  static constexpr bool kPacked = false;  // varlen: sequences packed along the rows
   __device__ static int seq_start(const TileCoord&) { return 0; }
-  __device__ static int seq_len(const Params& p, const TileCoord&) { return p.shape.S; }
+  __device__ static int seq_len(const Params& p, const TileCoord&) { return p.shape.Sq; }
+  __device__ static int key_start(const TileCoord&) { return 0; }
+  __device__ static int key_len(const Params& p, const TileCoord&) { return p.shape.Sk; }
+  __device__ static int kv_batch(const TileCoord& t) { return t.batch; }
   // GQA / MQA: query head h reads K/V head h / group. TEST ONLY: planted bug 8 (config.cuh)
   // interleaves instead (h % Hkv), the same head for MHA and MQA, another one for GQA.
   __device__ static int kv_head(const Params& p, const TileCoord& t) {
     return kPlantBug == 8 ? t.head % p.shape.Hkv : t.head / p.shape.group;
   }
+};
+
+// Non-persistent: one CTA per query tile, grid (m tiles, heads, batch). Within a head the
+// blocks are launched longest first (the last query rows visit the most KV tiles) or in
+// natural order; heads stay adjacent so a wave shares K/V in L2. head_cluster: clusters run
+// along y, so a cluster's CTAs take one query tile of adjacent heads of one K/V group.
+template <class Cfg>
+struct GridScheduler : FixedTiles {
+  static constexpr bool kPersistent = false;
   __device__ static TileCoord first(const Params& p, int* /*slot*/) {
     const int x = blockIdx.x;
     const int m = Cfg::tile_order == TileOrder::LongestFirst ? p.shape.num_m_blocks - 1 - x : x;
@@ -53,17 +60,8 @@ struct GridScheduler {
 // In clusters the lists are per cluster (its CTAs are consecutive in x): with kv_multicast a
 // task is a pair of query tiles, with head_cluster a run of head_cluster query heads.
 template <class Cfg>
-struct StaticScheduler {
+struct StaticScheduler : FixedTiles {
   static constexpr bool kPersistent = true;
-  static constexpr bool kPacked = false;
-  // Fixed length: every tile's sequence is its batch's S rows, from row 0.
-  __device__ static int seq_start(const TileCoord&) { return 0; }
-  __device__ static int seq_len(const Params& p, const TileCoord&) { return p.shape.S; }
-  // GQA / MQA: query head h reads K/V head h / group. TEST ONLY: planted bug 8 (config.cuh)
-  // interleaves instead (h % Hkv), the same head for MHA and MQA, another one for GQA.
-  __device__ static int kv_head(const Params& p, const TileCoord& t) {
-    return kPlantBug == 8 ? t.head % p.shape.Hkv : t.head / p.shape.group;
-  }
   __device__ static int list() { return int(blockIdx.x) / Derived<Cfg>::kClusterSize; }
   __device__ static TileCoord at(const Params& p, int idx) {
     if (idx >= p.sched.offsets[list() + 1]) return {0, 0, 0, idx, 0, false};
@@ -98,17 +96,8 @@ struct StaticScheduler {
 // heads' K/V in L2 and the launch ends on the cheapest tiles. Without sections, 132 CTAs
 // would stream 132 different heads' K/V from HBM.
 template <class Cfg>
-struct DynamicScheduler {
+struct DynamicScheduler : FixedTiles {
   static constexpr bool kPersistent = true;
-  static constexpr bool kPacked = false;
-  // Fixed length: every tile's sequence is its batch's S rows, from row 0.
-  __device__ static int seq_start(const TileCoord&) { return 0; }
-  __device__ static int seq_len(const Params& p, const TileCoord&) { return p.shape.S; }
-  // GQA / MQA: query head h reads K/V head h / group. TEST ONLY: planted bug 8 (config.cuh)
-  // interleaves instead (h % Hkv), the same head for MHA and MQA, another one for GQA.
-  __device__ static int kv_head(const Params& p, const TileCoord& t) {
-    return kPlantBug == 8 ? t.head % p.shape.Hkv : t.head / p.shape.group;
-  }
   static constexpr uint32_t kBarThreads = 32 + Derived<Cfg>::kConsumerThreads;
   __device__ static TileCoord decode(const Params& p, int t, int turn) {
     if (t >= p.sched.num_tiles) return {0, 0, 0, t, turn, false};
@@ -145,28 +134,32 @@ struct DynamicScheduler {
   }
 };
 
-// Varlen: the tiles of every sequence, in the order a small kernel wrote them from cu_seqlens
-// on the device (varlen.cuh: longest work first across all sequences; with kv_multicast a
-// task is a pair of query tiles). Tile coordinates are sequence-local; seq_start places them in
-// the packed tensors (batch coordinate 0). What both varlen schedulers share:
+// Device-scheduled (varlen, cu_seqlens / seqused_k): the tiles of every sequence, in the order
+// a small kernel wrote them on the device (varlen.cuh: the most KV tiles first across all
+// sequences; with kv_multicast a task is a pair of query tiles). Tile coordinates are
+// sequence-local; the task places them in the tensors (packed: batch 0 and the rows from the
+// sequence's start; a per-sequence cache: its batch entry). What both schedulers share:
 struct VarlenTiles {
   static constexpr bool kPersistent = true;
   static constexpr bool kPacked = true;
   __device__ static int seq_start(const TileCoord& t) { return t.start; }
   __device__ static int seq_len(const Params&, const TileCoord& t) { return t.len; }
+  __device__ static int key_start(const TileCoord& t) { return t.k_start; }
+  __device__ static int key_len(const Params&, const TileCoord& t) { return t.k_len; }
+  __device__ static int kv_batch(const TileCoord& t) { return t.kv_batch; }
   __device__ static int kv_head(const Params&, const TileCoord& t) { return t.kv_head; }
   __device__ static TileCoord from_task(const VarlenTask& w, int t, int turn) {
-    return {w.m_block, w.heads & 0xffff, 0, t, turn, w.m_block >= 0, w.start, w.len,
-            w.heads >> 16};
+    return {w.m_block, w.heads & 0xffff, w.q_batch, t, turn, w.m_block >= 0, w.start, w.len,
+            w.k_start, w.k_len, w.heads >> 16, w.kv_batch};
   }
   __device__ static VarlenTask task(const Params& p, int t) {
-    if (t >= p.sched.num_tiles) return {-1, 0, 0, 0};
+    if (t >= p.sched.num_tiles) return {-1, 0, 0, 0, 0, 0, 0, 0};
     return p.sched.varlen_tasks[t];
   }
 };
 
 // Varlen, dynamic: a global counter hands out list positions. The producer warp takes a
-// number, reads its task and publishes the task itself in shared memory (one 16-byte slot), so
+// number, reads its task and publishes the task itself in shared memory (one 32-byte slot), so
 // the consumers read no global memory for it.
 template <class Cfg>
 struct VarlenScheduler : VarlenTiles {

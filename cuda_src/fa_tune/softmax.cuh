@@ -35,22 +35,23 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// Set scores with key > query to -inf. row0: query index of this thread's i1 = 0 row;
-// col0: key index of this tile's first column.
+// Set scores with key > the row's diagonal to -inf. diag0: the last key this thread's i1 = 0
+// row sees (its query index plus the bottom-right offset, params.cuh); col0: key index of this
+// tile's first column.
 template <class Frag>
-__device__ __forceinline__ void apply_causal_mask(Frag& s, int row0, int col0) {
+__device__ __forceinline__ void apply_causal_mask(Frag& s, int diag0, int col0) {
   constexpr int N = decltype(cute::size(s))::value;
   const int lane_col = col0 + 2 * (threadIdx.x % 4);
   CUTE_UNROLL
   for (int e = 0; e < N; ++e) {
     const int i0 = e % 2, i1 = (e / 2) % 2, i2 = e / 4;
     // TEST ONLY: planted bug 2 (config.cuh) keeps key row + 1.
-    if (lane_col + 8 * i2 + i0 > row0 + 8 * i1 + (kPlantBug == 2 ? 1 : 0)) s(e) = -INFINITY;
+    if (lane_col + 8 * i2 + i0 > diag0 + 8 * i1 + (kPlantBug == 2 ? 1 : 0)) s(e) = -INFINITY;
   }
 }
 
-// Non-causal: set scores of keys at or past the sequence end (TMA fills them with zeros) to
-// -inf. col0: key index of this tile's first column.
+// Non-causal: set scores of keys at or past the key end (TMA fills them with zeros, or they
+// are the next packed sequence's) to -inf. col0: key index of this tile's first column.
 template <class Frag>
 __device__ __forceinline__ void apply_key_end_mask(Frag& s, int col0, int key_end) {
   constexpr int N = decltype(cute::size(s))::value;
@@ -62,11 +63,11 @@ __device__ __forceinline__ void apply_key_end_mask(Frag& s, int col0, int key_en
   }
 }
 
-// The mask of the problem class: causal (key > query) or the sequence end only.
+// The mask of the problem class: causal (key > the row's diagonal) or the key end only.
 template <bool kCausal, class Frag>
-__device__ __forceinline__ void apply_mask(Frag& s, int row0, int col0, int key_end) {
+__device__ __forceinline__ void apply_mask(Frag& s, int diag0, int col0, int key_end) {
   if constexpr (kCausal) {
-    apply_causal_mask(s, row0, col0);
+    apply_causal_mask(s, diag0, col0);
   } else {
     apply_key_end_mask(s, col0, key_end);
   }

@@ -3,7 +3,9 @@
 //
 // Work: every (batch, head, query tile). A causal query tile bm costs about bm + 1 KV tiles of
 // QK + PV, so the cost model (the seeds') is cost(bm) = 2 * (bm + 1) + fixed_cost, fixed_cost
-// standing for the per-task prologue/epilogue. Tasks are dealt to `num_bins` CTAs:
+// standing for the per-task prologue/epilogue. Queries over more keys than queries (S_k > S_q,
+// causal aligned bottom-right) visit kv_shift = (S_k - S_q) / block_m more tiles' worth per
+// warpgroup row band: 2 * kv_shift more per task, whatever its bm. Tasks are dealt to `num_bins` CTAs:
 //   1. batch/head entries are taken in pairs; within a pair, tasks in descending bm order, each
 //      to the currently lightest bin (longest-processing-time first);
 //   2. a rebalance moves tasks from the heaviest to the lightest bin while that narrows the gap,
@@ -73,15 +75,17 @@ inline long long task_cost(int bm, int fixed_cost, int tiles_per_task = 1) {
 // task visits every KV tile: all cost as the longest causal one. The last task of a batch/head
 // costs last_num / last_den of that: where S leaves it short of rows, the kernel's warpgroups
 // without a row in it skip it (wg_skip), and the busiest CTA's share of busy warpgroups bounds
-// its time.
+// its time. kv_shift: (S_k - S_q) in block_m units (above; negative when causal rows see
+// fewer keys than a prefill's, a task then costs at least one KV tile).
 inline std::string build_task_lists(int B, int H, int num_m, int num_bins, int fixed_cost,
                                     TaskLists& out, int tiles_per_task = 1, bool causal = true,
-                                    int last_num = 1, int last_den = 1) {
+                                    int last_num = 1, int last_den = 1, int kv_shift = 0) {
   if (B < 1 || H < 1 || num_m < 1 || num_bins < 1) return "B, H, query tiles and CTAs must be >= 1";
   if (last_num < 1 || last_den < last_num) return "the last task's share must be in (0, 1]";
   if (std::string why = out.packing.fit(num_m, H, B); !why.empty()) return why;
   auto cost = [&](int bm) {
-    const long long c = task_cost(causal ? bm : num_m - 1, fixed_cost, tiles_per_task);
+    const long long work = task_cost(causal ? bm : num_m - 1, 0, tiles_per_task) + 2LL * kv_shift;
+    const long long c = std::max(1LL, work) + fixed_cost;
     return bm == num_m - 1 ? (c * last_num + last_den - 1) / last_den : c;
   };
 

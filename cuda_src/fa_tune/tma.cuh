@@ -112,8 +112,11 @@ __device__ __forceinline__ void fence_view_async_shared() {
 
 // Host: a BSHD BF16 tensor [B, S, H, D] viewed as 4-D (d, s, h, b), read in boxes of
 // 64 head-dim elements (128 bytes, the 128-byte swizzle's span) by `rows` sequence rows.
+// stride: element strides of b, s and h (any order in memory: TMA takes each dimension's
+// stride on its own); the head dim is contiguous. A dimension of size 1 is never stepped, so
+// its stride is set to a legal value whatever the caller's.
 inline cudaError_t encode_bshd_map(CUtensorMap* map, const void* base, int B, int S, int H,
-                                   int D, int rows) {
+                                   int D, int rows, const long long (&stride)[3]) {
   using EncodeFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
                                 const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
                                 const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
@@ -128,9 +131,9 @@ inline cudaError_t encode_bshd_map(CUtensorMap* map, const void* base, int B, in
     if (q != cudaDriverEntryPointSuccess || fn == nullptr) return cudaErrorNotSupported;
     encode = reinterpret_cast<EncodeFn>(fn);
   }
+  auto bytes = [](long long elems, int size) { return cuuint64_t(size == 1 ? 16 : elems * 2); };
   const cuuint64_t dims[4] = {cuuint64_t(D), cuuint64_t(S), cuuint64_t(H), cuuint64_t(B)};
-  const cuuint64_t strides[3] = {cuuint64_t(H) * D * 2, cuuint64_t(D) * 2,
-                                 cuuint64_t(S) * H * D * 2};
+  const cuuint64_t strides[3] = {bytes(stride[1], S), bytes(stride[2], H), bytes(stride[0], B)};
   const cuuint32_t box[4] = {cuuint32_t(kBoxCols), cuuint32_t(rows), 1, 1};
   const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
   CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(base), dims,

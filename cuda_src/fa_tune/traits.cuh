@@ -111,8 +111,8 @@ struct SharedStorage {
   StageRing<T::kKStages, T::kClusterSize> k_ring;
   StageRing<T::kVStages, T::kClusterSize> v_ring;
   // Dynamic scheduler: the producer publishes the next tile number here (two alternating
-  // slots); varlen: the next tile's task (two 16-byte VarlenTasks).
-  alignas(16) int tile_slot[8];
+  // slots); varlen: the next tile's task (two 32-byte VarlenTasks).
+  alignas(16) int tile_slot[16];
   std::conditional_t<T::kSumInPv, OnesTile<T::kBlockN * 64>, NoOnes> ones;
 };
 

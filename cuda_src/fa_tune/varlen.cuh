@@ -1,54 +1,127 @@
-// Varlen: the device-side schedule of a packed batch, built from cu_seqlens by one small CTA
-// before the attention kernel, on the same stream (no host sync, so CUDA graphs can hold it).
+// Device-scheduled launches (varlen: cu_seqlens_q / cu_seqlens_k; a cache's seqused_k): the
+// schedule of a batch of sequences, built from the metadata by one small CTA before the
+// attention kernel, on the same stream (no host sync, so CUDA graphs can hold it).
 //
-// Order: longest work first across all sequences. A causal query tile m of any sequence visits
-// m + 1 KV tiles, so tiles are taken by level m, from the highest down; a level holds tile m of
-// every sequence with more than m tiles, longest sequence first, its heads adjacent (query
-// heads sharing a K/V head read the same tiles, at the same time, from L2). Non-causal, every
-// tile of a sequence costs its length: the same order still puts the long sequences first.
+// The metadata is checked here, where it is read anyway: offsets from 0 to the tensor's rows,
+// non-decreasing; lengths within max_seqlen_q / max_seqlen_k; seqused_k within the keys its
+// sequence holds. A batch that breaks a rule gets no task (the attention kernel reads and
+// writes nothing), its o and lse are filled with NaN, and the caller's status word says what
+// was wrong (fa_tune.h: FA_TUNE_BAD_*). So no cu_seqlens can make the kernel touch memory
+// outside its tensors, and the process's CUDA context survives.
 //
-// With the sequences sorted by tile count (n_0 >= n_1 >= ...), level m is exactly the first
-// above(m) = #{b : n_b > m} of them, so tile t is found by a binary search over the level starts
-// and one lookup in the sorted order: a counting sort and two scans, all in shared memory.
+// Order: the most KV tiles first across all sequences (longest-processing-time first over one
+// shared counter). A query tile m of a sequence with s_q queries over s_k keys visits
+// ceil(min((m + 1) * rows + s_k - s_q, s_k) / block_n) KV tiles causal, ceil(s_k / block_n)
+// otherwise. Tiles are counted per cost (a histogram over 1 .. ceil(max_seqlen_k / block_n)),
+// the counts turned into each cost's first position, and each tile placed there with all its
+// heads adjacent (query heads sharing a K/V head read the same tiles, at the same time, from
+// L2). Tiles of equal cost take their places in arrival order, which changes no result.
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstddef>
 
+#include "fa_tune.h"
 #include "params.cuh"
 
 namespace fa_tune {
 
 constexpr int kVarlenPrepThreads = 1024;
 
+// What the schedule kernel reads and checks (fa_tune.h, device metadata), and where it writes
+// NaN when the metadata is bad.
+struct VarlenMeta {
+  const int* cu_q = nullptr;      // [num_seqs + 1] or null: q per batch entry, max_q rows
+  const int* cu_k = nullptr;      // [num_seqs + 1] or null: k/v per batch entry, max_k rows
+  const int* seqused_k = nullptr; // [num_seqs] or null
+  int total_q = 0, total_k = 0;   // rows of the packed q, k/v (with cu_q, cu_k)
+  int max_q = 0, max_k = 0;       // seqlen_q, seqlen_k
+  int* status = nullptr;          // the caller's int32[2], or null
+  void* o = nullptr;              // BF16, o_elems
+  long long o_elems = 0;
+  float* lse = nullptr;           // lse_elems, or null
+  long long lse_elems = 0;
+};
+
 // Workspace: the tile counter (16 bytes, so the tasks stay 16-byte aligned), then the tasks.
 struct VarlenPlan {
   int num_seqs = 0, heads = 0, group = 1, rows_per_tile = 0;  // group: Hq / Hkv
-  int max_tiles = 0;   // tiles of the longest sequence allowed by max_seqlen
-  long long bound = 0; // tiles of the batch at most: heads * (total / rows + num_seqs)
+  int block_n = 0;
+  bool causal = true;
+  int max_tiles = 0;   // query tiles of the longest sequence allowed by max_seqlen_q
+  int max_cost = 1;    // KV tiles of the costliest tile: ceil(max_seqlen_k / block_n), >= 1
+  long long bound = 0; // task slots: heads * the batch's query tiles at most
 
-  static VarlenPlan make(int num_seqs, int heads, int group, int total, int max_seqlen,
-                         int rows) {
+  // packed_q: q is packed by cu_seqlens_q over total_q rows (else max_q rows per sequence).
+  static VarlenPlan make(int num_seqs, int heads, int group, bool packed_q, int total_q,
+                         int max_q, int max_k, int rows, int block_n, bool causal) {
     VarlenPlan v;
     v.num_seqs = num_seqs;
     v.heads = heads;
     v.group = group;
     v.rows_per_tile = rows;
-    v.max_tiles = (max_seqlen + rows - 1) / rows;
+    v.block_n = block_n;
+    v.causal = causal;
+    v.max_tiles = (max_q + rows - 1) / rows;
+    v.max_cost = max_k > 0 ? (max_k + block_n - 1) / block_n : 1;
     // sum of ceil(len / rows) <= total / rows + num_seqs, and <= num_seqs * max_tiles.
-    const long long by_total = (long long)total / rows + num_seqs;
     const long long by_max = (long long)num_seqs * v.max_tiles;
+    const long long by_total = packed_q ? (long long)total_q / rows + num_seqs : by_max;
     v.bound = (long long)heads * (by_total < by_max ? by_total : by_max);
     return v;
   }
   size_t workspace_bytes() const { return 16 + size_t(bound) * sizeof(VarlenTask); }
-  // Shared memory of the prep kernel: tile-count histogram and level table (max_tiles + 1
-  // each) and the sorted order (num_seqs).
+  // Shared memory of the schedule kernel: the tile starts (num_seqs + 1), the cost histogram
+  // (max_cost + 1), the scan's warp sums (32) and the error flags (2).
   size_t prep_smem_bytes() const {
-    return (2 * size_t(max_tiles + 1) + size_t(num_seqs) + 32) * sizeof(int);
+    return (size_t(num_seqs) + 1 + size_t(max_cost) + 1 + 32 + 2) * sizeof(int);
   }
 };
+
+// One sequence's place in the tensors, and what is wrong with its metadata (FA_TUNE_BAD_*).
+struct SeqSpan {
+  int q_start, q_len, q_batch, k_start, k_len, kv_batch, bad;
+};
+
+__device__ __forceinline__ SeqSpan seq_span(const VarlenMeta& m, int b, int B) {
+  SeqSpan s{0, m.max_q, b, 0, m.max_k, b, 0};
+  if (m.cu_q != nullptr) {
+    const int a = m.cu_q[b], c = m.cu_q[b + 1];
+    s = {a, c - a, 0, 0, m.max_k, b, 0};
+    if (a < 0 || c < a || c > m.total_q || (b == 0 && a != 0) || (b == B - 1 && c != m.total_q))
+      s.bad |= FA_TUNE_BAD_CU_SEQLENS_Q;
+    else if (c - a > m.max_q)
+      s.bad |= FA_TUNE_BAD_MAX_SEQLEN_Q;
+  }
+  bool bad_k = false;
+  if (m.cu_k != nullptr) {
+    const int a = m.cu_k[b], c = m.cu_k[b + 1];
+    s.k_start = a;
+    s.k_len = c - a;
+    s.kv_batch = 0;
+    bad_k = a < 0 || c < a || c > m.total_k || (b == 0 && a != 0) || (b == B - 1 && c != m.total_k);
+    if (bad_k) s.bad |= FA_TUNE_BAD_CU_SEQLENS_K;
+  }
+  if (m.seqused_k != nullptr && !bad_k) {
+    const int u = m.seqused_k[b];
+    if (u < 0 || u > s.k_len)
+      s.bad |= FA_TUNE_BAD_SEQUSED_K;
+    else
+      s.k_len = u;
+  }
+  if (!bad_k && s.k_len > m.max_k) s.bad |= FA_TUNE_BAD_MAX_SEQLEN_K;
+  return s;
+}
+
+// KV tiles query tile m of a sequence visits (params.cuh's kv_blocks_below, on the plan).
+__device__ __forceinline__ int tile_cost(const VarlenPlan& plan, const SeqSpan& s, int m) {
+  const int keys = plan.causal ? min((m + 1) * plan.rows_per_tile + s.k_len - s.q_len, s.k_len)
+                               : s.k_len;
+  const int c = keys > 0 ? (keys + plan.block_n - 1) / plan.block_n : 1;
+  return min(c, plan.max_cost);
+}
 
 namespace varlen_detail {
 
@@ -93,72 +166,105 @@ __device__ __forceinline__ void suffix_sum(int* a, int n, int* warp_sums) {
   __syncthreads();
 }
 
+// a[i] <- sum of a[k] for k < i, over n entries (exclusive prefix sum), whole block.
+__device__ __forceinline__ void prefix_sum(int* a, int n, int* warp_sums) {
+  const int per = (n + int(blockDim.x) - 1) / int(blockDim.x);
+  const int lo = min(n, int(threadIdx.x) * per), hi = min(n, lo + per);
+  int sum = 0;
+  for (int i = lo; i < hi; ++i) sum += a[i];
+  int run = block_exclusive_sum(sum, warp_sums);
+  for (int i = lo; i < hi; ++i) {
+    const int v = a[i];
+    a[i] = run;
+    run += v;
+  }
+  __syncthreads();
+}
+
 }  // namespace varlen_detail
 
 // One CTA of kVarlenPrepThreads. A template, so only a build with the varlen kernel compiles
-// it, and the bucket kernels of a workload library share one copy. Writes tasks[0, bound): the tiles in order, then m_block -1
-// past the last; zeroes the tile counter the attention kernel's CTAs take numbers from.
-// A length above max_seqlen is cut to it (the caller's promise, as FA3's max_seqlen).
+// it, and the bucket kernels of a workload library share one copy. Writes tasks[0, bound): the
+// tiles in order, then m_block -1 past the last; zeroes the tile counter the attention kernel's
+// CTAs take numbers from.
 template <int kThreads = kVarlenPrepThreads>
 __global__ void __launch_bounds__(kThreads, 1)
-    varlen_prepare_kernel(const int* cu_seqlens, VarlenPlan plan, VarlenTask* tasks,
-                          int* counter) {
+    varlen_prepare_kernel(VarlenMeta meta, VarlenPlan plan, VarlenTask* tasks, int* counter) {
   using namespace varlen_detail;
   extern __shared__ int prep_smem[];
   // The attention kernel may launch now (PDL): its prologue overlaps this kernel, and it waits
   // (griddepcontrol.wait) for all of this kernel's writes before reading them.
   asm volatile("griddepcontrol.launch_dependents;");
-  const int M = plan.max_tiles, B = plan.num_seqs, H = plan.heads;
-  int* hist = prep_smem;       // [M + 1]: sequences with n tiles; later the placement cursors
-  int* level = hist + M + 1;   // [M + 1]: above(m), then the first tile of level m
-  int* order = level + M + 1;  // [B]: sequences by tile count, most first
-  int* warp_sums = order + B;  // [32]
+  const int B = plan.num_seqs, H = plan.heads, C = plan.max_cost;
+  int* tstart = prep_smem;        // [B + 1]: each sequence's first tile, then the total
+  int* at_cost = tstart + B + 1;  // [C + 1]: tiles per cost, then each cost's next position
+  int* warp_sums = at_cost + C + 1;  // [32]
+  int* flags = warp_sums + 32;    // [2]: FA_TUNE_BAD_* bits, the first bad sequence
   const int tid = threadIdx.x, nt = blockDim.x;
-  auto tiles_of = [&](int b) {
-    const int len = max(0, cu_seqlens[b + 1] - cu_seqlens[b]);
-    return min(M, (len + plan.rows_per_tile - 1) / plan.rows_per_tile);
-  };
 
-  for (int i = tid; i <= M; i += nt) hist[i] = 0;
-  if (tid == 0) *counter = 0;
+  if (tid == 0) {
+    *counter = 0;
+    flags[0] = 0;
+    flags[1] = INT_MAX;
+  }
+  for (int i = tid; i <= C; i += nt) at_cost[i] = 0;
   __syncthreads();
-  for (int b = tid; b < B; b += nt) atomicAdd(&hist[tiles_of(b)], 1);
-  __syncthreads();
-  for (int i = tid; i <= M; i += nt) level[i] = hist[i];
-  __syncthreads();
-  suffix_sum(level, M + 1, warp_sums);  // level[m] = #{b : n_b > m} = above(m)
-  // Counting sort: sequence b goes after every longer one, its place among equals by arrival
-  // (which one comes first does not change any result).
-  for (int i = tid; i <= M; i += nt) hist[i] = 0;
-  __syncthreads();
+  // 1. Check every sequence; count its query tiles.
   for (int b = tid; b < B; b += nt) {
-    const int n = tiles_of(b);
-    if (n > 0) order[level[n] + atomicAdd(&hist[n], 1)] = b;
-  }
-  __syncthreads();
-  // Level m holds H * above(m) tiles; level starts from the top: level[m] <- H * sum_{m' > m}.
-  for (int i = tid; i <= M; i += nt) level[i] = i < M ? H * level[i] : 0;
-  __syncthreads();
-  const int level0 = level[0];  // H * above(0): tile 0 of every sequence that has one
-  __syncthreads();
-  suffix_sum(level, M, warp_sums);
-  const int num_tiles = level[0] + level0;  // level 0 comes last
-
-  for (long long t = tid; t < plan.bound; t += nt) {
-    VarlenTask w{-1, 0, 0, 0};
-    if (t < num_tiles) {
-      // Level starts fall as m rises; t's level is the lowest m with level[m] <= t.
-      int lo = 0, hi = M - 1;
-      while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (level[mid] <= t) hi = mid; else lo = mid + 1;
-      }
-      const int i = int(t) - level[lo];
-      const int b = order[i / H], h = i % H;
-      w = {lo, h | (h / plan.group) << 16, cu_seqlens[b], cu_seqlens[b + 1] - cu_seqlens[b]};
+    const SeqSpan s = seq_span(meta, b, B);
+    if (s.bad != 0) {
+      atomicOr(&flags[0], s.bad);
+      atomicMin(&flags[1], b);
     }
-    tasks[t] = w;
+    tstart[b] = s.bad != 0 ? 0 : (s.q_len + plan.rows_per_tile - 1) / plan.rows_per_tile;
   }
+  if (tid == 0) tstart[B] = 0;
+  __syncthreads();
+  if (flags[0] != 0) {  // bad metadata: no task, NaN outputs, and say why
+    if (tid == 0 && meta.status != nullptr) {
+      if (meta.status[0] == 0) meta.status[1] = flags[1];
+      meta.status[0] |= flags[0];
+    }
+    for (long long t = tid; t < plan.bound; t += nt) tasks[t] = VarlenTask{-1, 0, 0, 0, 0, 0, 0, 0};
+    const uint4 nan8 = make_uint4(0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u);
+    for (long long i = tid; i < meta.o_elems / 8; i += nt) static_cast<uint4*>(meta.o)[i] = nan8;
+    if (meta.lse != nullptr)
+      for (long long i = tid; i < meta.lse_elems; i += nt) meta.lse[i] = __int_as_float(0x7FC00000);
+    return;
+  }
+  prefix_sum(tstart, B + 1, warp_sums);  // tstart[b] = tiles before sequence b; [B] = all
+  const int num_tiles = tstart[B];
+  // The sequence of tile i: the last b with tstart[b] <= i (sequences without tiles repeat a
+  // start; the search lands on the one that has tile i).
+  auto tile_at = [&](int i, int& m) {
+    int lo = 0, hi = B - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (tstart[mid] <= i) lo = mid; else hi = mid - 1;
+    }
+    m = i - tstart[lo];
+    return lo;
+  };
+  // 2. Histogram of tile costs.
+  for (int i = tid; i < num_tiles; i += nt) {
+    int m;
+    const int b = tile_at(i, m);
+    atomicAdd(&at_cost[tile_cost(plan, seq_span(meta, b, B), m)], 1);
+  }
+  __syncthreads();
+  suffix_sum(at_cost, C + 1, warp_sums);  // at_cost[c] = tiles costing more than c
+  // 3. Each tile at its cost's next position, its heads adjacent.
+  for (int i = tid; i < num_tiles; i += nt) {
+    int m;
+    const int b = tile_at(i, m);
+    const SeqSpan s = seq_span(meta, b, B);
+    const long long pos = atomicAdd(&at_cost[tile_cost(plan, s, m)], 1);
+    for (int h = 0; h < H; ++h)
+      tasks[pos * H + h] = VarlenTask{m, h | (h / plan.group) << 16, s.q_start, s.q_len,
+                                      s.k_start, s.k_len, s.q_batch, s.kv_batch};
+  }
+  for (long long t = (long long)num_tiles * H + tid; t < plan.bound; t += nt)
+    tasks[t] = VarlenTask{-1, 0, 0, 0, 0, 0, 0, 0};
 }
 
 }  // namespace fa_tune

@@ -1,11 +1,19 @@
-/* A host-only stand-in for a built kernel .so: the fa-tune C ABI (version 2) without CUDA, so
- * the ctypes binding in tuner/runtime.py can be tested on machines without a GPU. forward()
- * fails with cudaErrorInvalidValue (1) when B == 0, otherwise records its arguments. Built with
- * -DFAKE_WRITE_LSE="true"|"false" and optionally -DFAKE_CAUSAL="false" (default "true") and
- * -DFAKE_VARLEN=0|1|2: 0 a library from before varlen (no varlen functions), 1 (default) the
- * varlen kernel compiled in (forward_varlen fails with 1 when num_seqs == 0, otherwise records
- * its arguments), 2 the functions without the kernel (a kv_multicast build: 801). */
+/* A host-only stand-in for a built kernel .so: the fa-tune C ABI (version 3, fa_tune.h, compiled
+ * with a stub cuda_runtime.h that only declares cudaStream_t) without CUDA, so the ctypes
+ * binding in tuner/runtime.py can be tested on machines without a GPU. Every call records its
+ * argument struct and stream (fake_last_args / fake_last_stream). Built with
+ * -DFAKE_WRITE_LSE="true"|"false", optionally -DFAKE_CAUSAL="false" (default "true") and
+ * -DFAKE_VARLEN=0|1 (default 1: the varlen kernel compiled in; 0: calls with device metadata
+ * fail with 801, as a library built without it).
+ *   forward: batch == 0 -> cudaErrorInvalidValue (1) "batch must be positive"; a call with
+ *     device metadata whose total_q is 13 "finds bad metadata": status[0] = 1 | 8 (bad
+ *     cu_seqlens_q, a query length above max_seqlen_q), status[1] = 2 (the first bad sequence).
+ *   prepare: seqlen_q not a multiple of 128 -> 1; else host_ms = 0.25 * batch + heads_q.
+ *   workspace_bytes: 0 without device metadata; else batch * 1000 + heads_q * 100 + seqlen_q. */
 #include <stddef.h>
+#include <string.h>
+
+#include "fa_tune.h"
 
 #ifndef FAKE_CAUSAL
 #define FAKE_CAUSAL "true"
@@ -13,62 +21,56 @@
 #ifndef FAKE_VARLEN
 #define FAKE_VARLEN 1
 #endif
-#if FAKE_VARLEN == 1
-#define FAKE_VARLEN_JSON ",\"varlen\":true"
-#elif FAKE_VARLEN == 2
-#define FAKE_VARLEN_JSON ",\"varlen\":false"
+#if FAKE_VARLEN
+#define FAKE_VARLEN_JSON "true"
 #else
-#define FAKE_VARLEN_JSON ""
+#define FAKE_VARLEN_JSON "false"
 #endif
 
 static const char* g_err = "";
-static long long g_last[11];
+static fa_tune_args g_last;
+static void* g_stream;
 
-int fa_tune_abi_version(void) { return 2; }
-int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse, int B,
-                    int Hq, int Hkv, int S, float softmax_scale, void* stream) {
-    if (B == 0) { g_err = "B must be positive"; return 1; }
-    g_last[0] = (long long)(size_t)q; g_last[1] = (long long)(size_t)k;
-    g_last[2] = (long long)(size_t)v; g_last[3] = (long long)(size_t)o;
-    g_last[4] = (long long)(size_t)lse; g_last[5] = B; g_last[6] = Hq; g_last[7] = S;
-    g_last[8] = (long long)(size_t)stream; g_last[9] = Hkv;
-    g_last[10] = (long long)(softmax_scale * 1000.0f);
+static int device_metadata(const fa_tune_args* a) {
+    return a->cu_seqlens_q != NULL || a->cu_seqlens_k != NULL || a->seqused_k != NULL;
+}
+
+int fa_tune_abi_version(void) { return FA_TUNE_ABI_VERSION; }
+
+int fa_tune_forward(const fa_tune_args* args, cudaStream_t stream) {
+    memcpy(&g_last, args, sizeof g_last);
+    g_stream = (void*)stream;
+    if (args->batch == 0) { g_err = "batch must be positive"; return 1; }
+    if (device_metadata(args) && !FAKE_VARLEN) {
+        g_err = "built without the varlen kernel (fake)";
+        return 801;
+    }
+    if (device_metadata(args) && args->total_q == 13 && args->status != NULL) {
+        args->status[0] = FA_TUNE_BAD_CU_SEQLENS_Q | FA_TUNE_BAD_MAX_SEQLEN_Q;
+        args->status[1] = 2;
+    }
     g_err = "";
     return 0;
 }
-int fa_tune_prepare(int B, int Hq, int Hkv, int S, void* stream, double* host_ms) {
-    (void)stream; (void)Hkv;
-    if (S % 128) { g_err = "S must be a multiple of 128"; return 1; }
-    *host_ms = 0.25 * B + Hq + S * 0.0;
+
+int fa_tune_prepare(const fa_tune_args* args, double* host_ms) {
+    memcpy(&g_last, args, sizeof g_last);
+    if (args->seqlen_q % 128) { g_err = "S must be a multiple of 128"; return 1; }
+    *host_ms = 0.25 * args->batch + args->heads_q;
     return 0;
 }
+
+size_t fa_tune_workspace_bytes(const fa_tune_args* args) {
+    if (!device_metadata(args)) return 0;
+    return (size_t)args->batch * 1000 + (size_t)args->heads_q * 100 + (size_t)args->seqlen_q;
+}
+
 const char* fa_tune_last_error(void) { return g_err; }
 const char* fa_tune_config_json(void) { return "{\"block_m\":128,\"write_lse\":" FAKE_WRITE_LSE "}"; }
 const char* fa_tune_problem_class(void) {
-    return "{\"head_dim\":128,\"causal\":" FAKE_CAUSAL FAKE_VARLEN_JSON "}";
+    return "{\"head_dim\":128,\"causal\":" FAKE_CAUSAL ",\"varlen\":" FAKE_VARLEN_JSON "}";
 }
 int fa_tune_smem_bytes(void) { return 123456; }
-long long fake_last(int i) { return g_last[i]; }
 
-#if FAKE_VARLEN != 0
-static long long g_varlen[15];
-int fa_tune_forward_varlen(const void* q, const void* k, const void* v, void* o, float* lse,
-                           const int* cu_seqlens, int num_seqs, int total_tokens, int max_seqlen,
-                           int Hq, int Hkv, float softmax_scale, void* workspace,
-                           size_t workspace_bytes, void* stream) {
-    if (FAKE_VARLEN == 2) { g_err = "built without the varlen kernel (fake)"; return 801; }
-    if (num_seqs == 0) { g_err = "num_seqs must be positive"; return 1; }
-    const void* ptrs[] = {q, k, v, o, lse, cu_seqlens, workspace, stream};
-    for (int i = 0; i < 8; ++i) g_varlen[i] = (long long)(size_t)ptrs[i];
-    g_varlen[8] = num_seqs; g_varlen[9] = total_tokens; g_varlen[10] = max_seqlen;
-    g_varlen[11] = Hq; g_varlen[12] = Hkv; g_varlen[13] = (long long)(softmax_scale * 1000.0f);
-    g_varlen[14] = (long long)workspace_bytes;
-    g_err = "";
-    return 0;
-}
-size_t fa_tune_varlen_workspace_bytes(int num_seqs, int Hq, int total_tokens, int max_seqlen) {
-    if (num_seqs < 1 || Hq < 1 || total_tokens < 1 || max_seqlen < 1) return 0;
-    return (size_t)num_seqs * 1000 + (size_t)Hq * 100 + (size_t)max_seqlen;
-}
-long long fake_varlen(int i) { return g_varlen[i]; }
-#endif
+const fa_tune_args* fake_last_args(void) { return &g_last; }
+void* fake_last_stream(void) { return g_stream; }

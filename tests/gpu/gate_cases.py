@@ -26,3 +26,18 @@ def gate_case(bench: Bench, kernels: dict, cfg: KernelConfig, problem: Problem) 
     bench.release(problem)
     print(f"{case_id(cfg):36s} {problem!s:40s} {g.summary()}")
     return g
+
+
+def more_keys_problems(head_dim: int, causal: bool, varlen: bool = False) -> list[Problem]:
+    """Problems with more keys than queries (S_q < S_k; causal aligned bottom-right) for a
+    kernel gate of one problem class: no length a multiple of a tile, GQA, MQA and B > 1, a
+    few query rows over many keys, a prefix far longer than the chunk; with ``varlen`` also
+    packed batches with their own key lengths (empty sequences of either kind, q = k, one
+    query). Not fewer than 16 rows per fixed problem: below that the per-column budget judges
+    a handful of elements and a correct kernel's emulation fails it (issue 35)."""
+    opts = ("" if head_dim == 128 else f":d{head_dim}") + ("" if causal else ":full")
+    texts = ["2x8/2x1000:k3000", "1x8/1x333:k1500", "1x4x16:k2049", "3x4/2x130:k131",
+             "1x8/2x200:k9000"]
+    if varlen:
+        texts += ["8/2x[300:1000,0:64,128,1:513]", "8/2x[200:900*3,77:78,0]"]
+    return [Problem.parse(t + opts) for t in texts]

@@ -85,10 +85,18 @@ CONFIGS = {d: _configs(d) for d in (64, 128, 256)}
 PROBLEMS = [Problem(2, 8, 1000, Hkv=2), Problem(1, 6, 333, Hkv=1), Problem(3, 4, 777),
             Problem(1, 32, 1500, Hkv=8), Problem(2, 32, 600, Hkv=32), Problem(1, 8, 2048, Hkv=4)]
 CLUSTER_PROBLEMS = [Problem(1, 8, 333, Hkv=1), Problem(2, 8, 600, Hkv=2)]
+# Queries over a longer KV (issue 34: prefix caching, chunked prefill; the causal mask aligned
+# bottom-right): a few queries over many keys, an offset no tile divides, S_k = S_q + 1, and
+# (non-causal only) more queries than keys.
+KV_PROBLEMS = [Problem(2, 8, 333, Hkv=2, Sk=1000), Problem(1, 6, 1000, Hkv=1, Sk=2777),
+               Problem(1, 32, 64, Hkv=8, Sk=1500), Problem(3, 4, 777, Sk=778)]
+NONCAUSAL_KV_PROBLEMS = [Problem(1, 4, 777, Sk=300, causal=False)]
 CASES = [(c, q) for d, cfgs in CONFIGS.items() for c in cfgs for causal in (True, False)
          for p in (PROBLEMS if causal else PROBLEMS[::2])
                   + (CLUSTER_PROBLEMS if c.head_cluster == 4 else [])
-         for q in [Problem(p.B, p.Hq, p.S, Hkv=p.Hkv, D=d, causal=causal)] if _runs(c, q)]
+                  + (KV_PROBLEMS if causal else KV_PROBLEMS[::2] + NONCAUSAL_KV_PROBLEMS)
+         for q in [Problem(p.B, p.Hq, p.S, Hkv=p.Hkv, D=d, causal=causal, Sk=p.S_k)]
+         if _runs(c, q)]
 
 
 @pytest.fixture(scope="module")

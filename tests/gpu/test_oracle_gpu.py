@@ -407,3 +407,176 @@ def test_gate_on_the_family(dev: Device, orc: OracleModule, stream: Stream,
                 assert not m.passed and "head-dim columns" in " ".join(m.reasons), m.brief()
         finally:
             cache.clear()
+
+
+# ---- queries over a longer KV (S_q < S_k), bottom-right causal -------------------------------
+MORE_KEYS = [
+    Problem.parse("1x4/2x100:k300"),  # GQA, causal, neither length a multiple of 64
+    Problem.parse("2x2x64:k1000:d64"),
+    Problem.parse("1x4/1x130:k257:d256:full"),
+    Problem.parse("1x2x1:k4096"),  # one query row over every key
+    Problem.parse("1x8/2x1000:k1024"),
+    Problem.parse("1x2x200:k200"),  # S_q = S_k through the same entry points
+]
+# Packed batches with their own key lengths: empty sequences of either kind, q = k, one query.
+PACKED = [
+    Problem.parse("4/2x[100:300,0:64,65,1:700]"),
+    Problem.parse("8/2x[200:250*2,7:9,0]:d64:full"),
+    Problem.parse("4/1x[64:1000,130:257]:d256"),
+]
+
+
+@pytest.mark.parametrize("problem", MORE_KEYS + PACKED, ids=str)
+@pytest.mark.parametrize("input_set", sorted(O.INPUT_SETS))
+def test_generators_equal_numpy_twin_with_more_keys(dev: Device, orc: OracleModule,
+                                                    stream: Stream, input_set: str,
+                                                    problem: Problem) -> None:
+    """Q with S_q rows, K and V with S_k rows (a packed batch: its layout's totals), bit for bit
+    the NumPy twin's."""
+    with AttnBuffers(dev, problem) as bufs:
+        assert bufs.n == problem.tokens_q * problem.Hq * problem.D
+        assert bufs.n_kv == problem.tokens_k * problem.Hkv * problem.D
+        O.fill_inputs(orc, bufs, input_set, 42, stream)
+        stream.synchronize()
+        got = O.inputs_to_host(bufs)
+    for g, w in zip(got, O.host_inputs(problem, input_set, 42), strict=True):
+        assert g.shape == w.shape and np.array_equal(g, w)
+
+
+def _reference(dev: Device, orc: OracleModule, stream: Stream, problem: Problem,
+               input_set: str, flags: int = 0) -> tuple[Any, ...]:
+    """(q, k, v as BF16 bits, o_ref, lse_ref) of the CUDA reference on the set's inputs."""
+    with AttnBuffers(dev, problem) as bufs, dev.alloc(bufs.n * 4) as o_ref, \
+            dev.alloc(bufs.n_lse * 4) as lse_ref:
+        O.fill_inputs(orc, bufs, input_set, 42, stream)
+        orc.reference_for(bufs, o_ref.ptr, lse_ref.ptr, stream, flags=flags)
+        stream.synchronize()
+        q, k, v = O.inputs_to_host(bufs)
+        return q, k, v, o_ref.copy_to_host(np.float32), lse_ref.copy_to_host(np.float32)
+
+
+@pytest.mark.parametrize("problem", MORE_KEYS, ids=str)
+@pytest.mark.parametrize("input_set", ["seed", "rising"])
+def test_reference_matches_float64_with_more_keys(dev: Device, orc: OracleModule,
+                                                  stream: Stream, problem: Problem,
+                                                  input_set: str) -> None:
+    """Every row of the FP32 reference against NumPy float64 with the bottom-right mask (query
+    i sees keys 0 .. i + S_k - S_q); the reverse walk computes the same."""
+    q, k, v, o, lse = _reference(dev, orc, stream, problem, input_set)
+    o = o.reshape(problem.B, problem.S_q, problem.Hq, problem.D)
+    lse = lse.reshape(problem.B, problem.Hq, problem.S_q)
+    o_np, l_np = O.numpy_reference(q, k, v, problem.causal)
+    assert np.isfinite(o).all() and np.isfinite(lse).all()
+    np.testing.assert_allclose(o, o_np, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(lse, l_np, atol=1e-5, rtol=1e-5)
+    o_rev = _reference(dev, orc, stream, problem, input_set, O.REF_REVERSE)[3]
+    np.testing.assert_allclose(o_rev.reshape(o.shape), o_np, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("problem", PACKED, ids=str)
+@pytest.mark.parametrize("input_set", ["seed", "rising"])
+def test_varlen_reference_with_separate_key_lengths(dev: Device, orc: OracleModule,
+                                                    stream: Stream, problem: Problem,
+                                                    input_set: str) -> None:
+    """oracle_reference_varlen with cu_seqlens_q / cu_seqlens_k: each sequence its own problem
+    (its own bottom-right offset), against NumPy float64 per sequence; O [total_q, Hq, D], LSE
+    [Hq, total_q]."""
+    q, k, v, o, lse = _reference(dev, orc, stream, problem, input_set)
+    o = o.reshape(problem.tokens_q, problem.Hq, problem.D)
+    lse = lse.reshape(problem.Hq, problem.tokens_q)
+    o_np, l_np = O.numpy_reference_varlen(q, k, v, problem.cu_seqlens(), problem.cu_seqlens_k(),
+                                          problem.causal)
+    assert np.isfinite(o).all() and np.isfinite(lse).all()
+    np.testing.assert_allclose(o, o_np, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(lse, l_np, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("problem", [MORE_KEYS[0], MORE_KEYS[2], MORE_KEYS[4], PACKED[0]],
+                         ids=str)
+def test_gate_with_more_keys(dev: Device, orc: OracleModule, stream: Stream,
+                             problem: Problem) -> None:
+    """The reference rounded to BF16 passes on every set; the rescale bugs are caught by the
+    rising sets (the trend is over the keys, so bottom-right rows rise too); 1% on 4 columns of
+    O's query rows fails by the budget alone."""
+    sets = ("seed", "rising", "rising_fwd")
+    with AttnBuffers(dev, problem) as bufs:
+        cache = O.ReferenceCache()
+        try:
+            def gate(kern: Any) -> O.GateResult:
+                try:
+                    return O.gate(dev, kern, problem, bufs, 42, sets, oracle=orc, stream=stream,
+                                  reference_cache=cache)
+                finally:
+                    kern.free()
+
+            g = gate(O.ReferenceKernel(dev, orc))
+            assert g.passed, g.summary()
+            assert g.shape == str(problem) and g.problem == problem.to_dict()
+            for m in g.sets:
+                assert m.bf16_ratio == pytest.approx(1.0, abs=1e-3) and m.lse_checked
+                assert m.elements == problem.tokens_q * problem.Hq * problem.D
+            assert gate(O.ReferenceKernel(dev, orc, O.REF_REVERSE)).passed
+            for flags, catching in ((O.REF_REVERSE | O.REF_BUG_NO_RESCALE_O, "rising"),
+                                    (O.REF_REVERSE | O.REF_BUG_NO_RESCALE_L, "rising"),
+                                    (O.REF_BUG_NO_RESCALE_O, "rising_fwd")):
+                m = gate(O.ReferenceKernel(dev, orc, flags)).by_set[catching]
+                assert not m.passed and m.violations > 0, (flags, m.brief())
+            if not problem.is_varlen:  # the hook reshapes O as [B, S_q, Hq, D]
+                bad = gate(O.ReferenceKernel(dev, orc, after=_scale_rows_after(
+                    slice(None), 1.01, slice(0, 4))))
+                for m in bad.sets:
+                    assert not m.passed and "head-dim columns" in " ".join(m.reasons)
+        finally:
+            cache.clear()
+
+
+@pytest.mark.parametrize("shape", [Problem.parse("2x3x77:k500:d64"),
+                                   Problem.parse("1x4/2x600:k1100:full")], ids=str)
+def test_compare_over_the_query_rows(dev: Device, orc: OracleModule, stream: Stream,
+                                     shape: Problem) -> None:
+    """oracle_compare runs over O's S_q query rows (LSE [B, Hq, S_q]): its counters equal the
+    NumPy twin's when the keys outnumber the queries."""
+    with AttnBuffers(dev, shape) as bufs, dev.alloc(bufs.n * 4) as o_ref, \
+            dev.alloc(bufs.n_lse * 4) as lse_ref:
+        O.fill_inputs(orc, bufs, "seed", 42, stream)
+        orc.reference_for(bufs, o_ref.ptr, lse_ref.ptr, stream)
+        kern = O.ReferenceKernel(dev, orc, after=_scale_rows_after(slice(0, 8), 1.01))
+        try:
+            kern.forward(bufs, stream)
+        finally:
+            kern.free()
+        stats, sums = O.compare(dev, orc, bufs, o_ref, lse_ref, stream)
+        o = bufs.o.copy_to_host(np.uint16, bufs.n)
+        ref = o_ref.copy_to_host(np.float32)
+        lse = bufs.lse.copy_to_host(np.uint32)
+        lref = lse_ref.copy_to_host(np.float32)
+    dims = (shape.B, shape.S_q, shape.Hq, shape.D)
+    want, wsums = O.compare_numpy(o.reshape(dims), ref.reshape(dims),
+                                  lse.reshape(shape.B, shape.Hq, shape.S_q),
+                                  lref.reshape(shape.B, shape.Hq, shape.S_q))
+    assert stats.o_count == shape.B * shape.S_q * shape.Hq * shape.D == want.o_count
+    assert stats.l_count == shape.B * shape.Hq * shape.S_q == want.l_count
+    for f in ("o_violations", "o_unwritten", "o_first_violation", "l_violations"):
+        assert getattr(stats, f) == getattr(want, f), f
+    np.testing.assert_allclose(sums.blocks, wsums.blocks, rtol=1e-4, atol=1e-30)
+
+
+def test_mapped_status_words_are_the_devices(dev: Device) -> None:
+    """KernelModule's status words (pinned, device-mapped host memory): what the device writes
+    at status.ptr is what the host reads, without a copy."""
+    from cuda.bindings import driver as drv
+
+    from tuner import runtime as R
+
+    st = R.MappedStatus()
+    try:
+        assert st.ptr and st.words[0] == st.words[1] == 0
+        assert drv.cuMemsetD32(st.ptr, 7, 2)[0] == drv.CUresult.CUDA_SUCCESS
+        dev.synchronize()
+        assert [st.words[0], st.words[1]] == [7, 7]
+        st.words[1] = 3
+        back = np.zeros(2, np.int32)
+        assert drv.cuMemcpyDtoH(back.ctypes.data, st.ptr, 8)[0] == drv.CUresult.CUDA_SUCCESS
+        assert back.tolist() == [7, 3]
+    finally:
+        st.free()

@@ -41,9 +41,17 @@ LENGTHS = [
     [5] * 40 + [300],                # many short sequences and one longer
 ]
 HEADS = [(8, 2), (6, 1), (4, 4)]      # GQA, MQA, MHA
-CASES = [(c, Problem.varlen(lens, hq, Hkv=hkv, D=d, causal=causal))
+# Separate key lengths (issue 34: each sequence's new queries over its cached prefix, causal
+# aligned bottom-right): longer keys, equal, a sequence with keys and no query, one query.
+KEY_LENGTHS = [
+    [1500, 333, 5, 100, 17, 1000, 129],
+    [4096, 1, 1500, 2000],
+    [5 + i for i in range(40)] + [300],
+]
+CASES = [(c, Problem.varlen(lens, hq, Hkv=hkv, D=d, causal=causal, seqlens_k=klens))
          for d, cfgs in CONFIGS.items() for c in cfgs for causal in (True, False)
-         for lens, (hq, hkv) in zip(LENGTHS, HEADS, strict=True)]
+         for lens, (hq, hkv) in zip(LENGTHS, HEADS, strict=True)
+         for klens in (None, KEY_LENGTHS[LENGTHS.index(lens)])]
 
 
 @pytest.fixture(scope="module")

@@ -62,6 +62,11 @@ class KernelLaunch:
     def forward(self, bufs: AttnBuffers, stream: Stream | int | None) -> None:
         self.module.forward(bufs, stream)
 
+    def check_status(self) -> None:
+        """After a synchronised launch: raise KernelError if the device rejected a packed
+        batch's metadata (the gate reports it as the set's reason)."""
+        self.module.check_status()
+
     def collect(self, bufs: AttnBuffers, stream: Stream | int | None) -> None:
         """The kernel writes bufs.o itself: nothing to copy."""
 
@@ -86,18 +91,19 @@ class _Cai:
 
 
 def torch_views(bufs: AttnBuffers) -> tuple[Any, Any, Any, Any, Any]:
-    """q, o ([B, S, Hq, D] bf16), k, v ([B, S, Hkv, D] bf16) and lse ([B, Hq, S] fp32) torch
-    tensors aliasing bufs; returned as (q, k, v, o, lse)."""
+    """q, o ([B, S_q, Hq, D] bf16), k, v ([B, S_k, Hkv, D] bf16) and lse ([B, Hq, S_q] fp32)
+    torch tensors aliasing bufs (a packed batch: its layout's, B = 1, S = the totals); returned
+    as (q, k, v, o, lse)."""
     import torch
 
-    B, hq, hkv, S, D, _ = problem_dims(bufs.shape)
-    q_dims, kv_dims = (B, S, hq, D), (B, S, hkv, D)
+    B, hq, hkv, Sq, Sk, D, _ = problem_dims(bufs.shape)
+    q_dims, kv_dims = (B, Sq, hq, D), (B, Sk, hkv, D)
 
     def bf16(buf: DeviceBuffer, dims: tuple[int, ...]) -> Any:
         # CAI has no bf16 typestr: alias as int16, reinterpret
         return torch.as_tensor(_Cai(buf, dims, "<i2"), device="cuda").view(torch.bfloat16)
 
-    lse = torch.as_tensor(_Cai(bufs.lse, (B, hq, S), "<f4"), device="cuda")
+    lse = torch.as_tensor(_Cai(bufs.lse, (B, hq, Sq), "<f4"), device="cuda")
     return (bf16(bufs.q, q_dims), bf16(bufs.k, kv_dims), bf16(bufs.v, kv_dims),
             bf16(bufs.o, q_dims), lse)
 
@@ -115,7 +121,7 @@ class PeerLaunch:
         self._views: tuple[Any, ...] | None = None
         self._ext: Any = None
         self._out: Any = None
-        self.writes_lse = False  # known once bound: whether the peer returns a [B, Hq, S] LSE
+        self.writes_lse = False  # known once bound: whether the peer returns a [B, Hq, S_q] LSE
 
     def supports(self, problem: ShapeLike) -> str | None:
         """The peer's own answer (tuner.peers.base.Peer.supports)."""
@@ -149,8 +155,11 @@ class PeerLaunch:
             if problem.is_varlen:  # packed: the views are [1, total, H, D]; cu_seqlens beside
                 import torch
 
-                cu = torch.as_tensor(_Cai(bufs.cu, (problem.B + 1,), "<i4"), device="cuda")
-                self.peer.prepare(q, k, v, problem.causal, (cu, problem.S))
+                assert bufs.cu_q is not None and bufs.cu_k is not None
+                cu_q, cu_k = (torch.as_tensor(_Cai(c, (problem.B + 1,), "<i4"), device="cuda")
+                              for c in (bufs.cu_q, bufs.cu_k))
+                self.peer.prepare(q, k, v, problem.causal,
+                                  (cu_q, cu_k, problem.S_q, problem.S_k))
             else:
                 self.peer.prepare(q, k, v, problem.causal)
             peer_lse = self.peer.lse()

@@ -5,7 +5,8 @@ seconds of untimed launches (the power ramp); ``warmup`` launches; ``repeat`` la
 bracketed by its own pair of CUDA events. Round median; result = median of the round medians,
 min and max over every sample (all samples are kept). TFLOPS = problem.flops / (ms*1e9), with
 tuner.problem.Problem's convention: causal 2*B*Hq*S^2*D (full S^2, as in the anchors the project
-started from, not the causal half), non-causal 4*B*Hq*S^2*D.
+started from, not the causal half), non-causal 4*B*Hq*S^2*D; S_q queries over S_k keys:
+4*B*Hq*D times the (query, key) pairs the mask keeps (causal: S_q*S_k - S_q^2/2).
 
 NVML (nvidia-ml-py) is optional: without it there is no temperature wait and the state fields
 are None, and the result says why.
@@ -80,7 +81,8 @@ SCREEN = Protocol(warmup=10, repeat=30, rounds=1, settle_s=0.0, temp_wait_s=10.0
 
 
 def flops(problem: ShapeLike) -> float:
-    """FLOPs of one forward, ``Problem.flops``: causal 2*B*Hq*S*S*D, non-causal twice that."""
+    """FLOPs of one forward, ``Problem.flops``: causal 2*B*Hq*S*S*D, non-causal twice that
+    (S_q < S_k: 4*B*Hq*D per (query, key) pair the mask keeps)."""
     return float(as_problem(problem).flops)
 
 

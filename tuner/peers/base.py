@@ -3,12 +3,15 @@
 A peer wraps one attention implementation behind a few calls so that ``tuner.compare`` can time
 them all with one protocol: ``available()`` says whether it can run here (and why not),
 ``supports(problem)`` whether it can run one problem of the family (tuner.problem.Problem: GQA,
-head dim, mask; None = yes, else a one-line reason), ``version()`` names what was measured,
-``prepare(q, k, v, causal)`` binds the shared BSHD inputs (q [B, S, Hq, D], k and v
-[B, S, Hkv, D]; Hkv < Hq is GQA/MQA) and the mask, and does one-time work (allocation, JIT,
-autotuning) outside the timed region, and ``run()`` launches one forward on torch's current
-stream and returns the output as a [B, S, Hq, D] tensor (a view is fine). ``lse()`` returns the
-[B, Hq, S] log-sum-exp of the last run when the backend produces it. A peer that finds at
+head dim, mask, S_q queries over S_k keys; None = yes, else a one-line reason), ``version()``
+names what was measured, ``prepare(q, k, v, causal)`` binds the shared BSHD inputs (q [B, S_q,
+Hq, D], k and v [B, S_k, Hkv, D]; Hkv < Hq is GQA/MQA) and the mask, and does one-time work
+(allocation, JIT, autotuning) outside the timed region, and ``run()`` launches one forward on
+torch's current stream and returns the output as a [B, S_q, Hq, D] tensor (a view is fine).
+``lse()`` returns the [B, Hq, S_q] log-sum-exp of the last run when the backend produces it.
+The causal mask is FlashAttention's, aligned bottom-right (query i sees keys 0 .. i + S_k -
+S_q): a backend that aligns it otherwise must build that mask or decline the problem, never be
+timed on another mask. A peer that finds at
 ``prepare`` that it cannot run the inputs raises ``Unsupported`` (a ValueError) with the reason:
 the measurement path reports it as "unavailable" for that problem, not as an error.
 
@@ -62,17 +65,27 @@ class Unsupported(ValueError):
 
 
 def problem_reason(problem: Any, *, gqa: bool = True, head_dims: tuple[int, ...] = (64, 128, 256),
-                   causal_only: bool = False, varlen: bool = False,
+                   causal_only: bool = False, varlen: bool = False, kv_len: str = "any",
                    who: str = "this peer") -> str | None:
     """A supports() answer from a peer's scope: GQA/MQA or not, head dims, causal only, packed
-    varlen batches or not."""
+    varlen batches or not, and which key lengths (``kv_len``): "any" S_q, S_k; "noncausal"
+    S_q != S_k only without a causal mask (the backend cannot align it bottom-right); "equal"
+    S_q = S_k only."""
     hq = getattr(problem, "Hq", None) or problem.H
     hkv = getattr(problem, "Hkv", None) or hq
     d = getattr(problem, "D", 128)
     causal = getattr(problem, "causal", True)
+    sq = problem.S
+    sk = getattr(problem, "Sk", None) or sq
+    lens_differ = sq != sk or tuple(getattr(problem, "seqlens_k", ()) or ()) != tuple(
+        getattr(problem, "seqlens", ()) or ())
     why = []
     if not varlen and getattr(problem, "seqlens", ()):
         why.append("a packed varlen batch (fixed-length batches only)")
+    if lens_differ and (kv_len == "equal" or (kv_len == "noncausal" and causal)):
+        why.append(f"{sq} queries over {sk} keys"
+                   + (" with a bottom-right causal mask" if kv_len == "noncausal" else "")
+                   + " (S_q = S_k only" + (" when causal)" if kv_len == "noncausal" else ")"))
     if not gqa and hkv != hq:
         why.append(f"Hkv={hkv} != Hq={hq} (no GQA/MQA)")
     if d not in head_dims:
@@ -99,17 +112,18 @@ class Peer:
         return None
 
     def prepare(self, q: Any, k: Any, v: Any, causal: bool,
-                varlen: tuple[Any, int] | None = None) -> None:
-        """Bind the inputs (BSHD views) and do the one-time work. ``varlen``: (cu_seqlens int32
-        CUDA tensor, max_seqlen) of a packed batch, whose views are then [1, total, H, D]; only
-        peers whose supports() accepts varlen problems are given one."""
+                varlen: tuple[Any, Any, int, int] | None = None) -> None:
+        """Bind the inputs (BSHD views) and do the one-time work. ``varlen``: (cu_seqlens_q,
+        cu_seqlens_k (int32 CUDA tensors), max_seqlen_q, max_seqlen_k) of a packed batch, whose
+        views are then [1, total_q, Hq, D] and [1, total_k, Hkv, D]; only peers whose
+        supports() accepts varlen problems are given one."""
         raise NotImplementedError
 
     def run(self) -> Any:
         raise NotImplementedError
 
     def lse(self) -> Any | None:
-        """[B, Hq, S] FP32 log-sum-exp (natural log) of the last run ([1, Hq, total] for a
+        """[B, Hq, S_q] FP32 log-sum-exp (natural log) of the last run ([1, Hq, total_q] for a
         packed batch), or None."""
         return None
 

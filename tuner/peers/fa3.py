@@ -2,9 +2,10 @@
 
 ``flash_attn.cute.interface.flash_attn_func(q, k, v, causal=...)`` takes BSHD tensors, so the
 shared inputs go in untouched (a packed varlen batch goes to ``flash_attn_varlen_func`` with
-cu_seqlens for both queries and keys, its [total, H, D] tensors being the [1, total, H, D]
-views without the leading 1): q [B, S, Hq, D] and k, v [B, S, Hkv, D] natively (GQA/MQA when
-Hkv < Hq), head dims 64, 128 and 256, causal or not. We ask for the LSE too
+cu_seqlens_q / cu_seqlens_k and max_seqlen_q / max_seqlen_k, its [total, H, D] tensors being
+the [1, total, H, D] views without the leading 1): q [B, S_q, Hq, D] and k, v [B, S_k, Hkv, D]
+natively (GQA/MQA when Hkv < Hq), head dims 64, 128 and 256, causal or not; with S_q < S_k its
+causal mask is aligned bottom-right, as fa-tune's. We ask for the LSE too
 (``return_lse=True``): fa-tune's kernel writes it by default, and FA3 skips it when no input
 needs a gradient, so without the flag FA3 would do less work than the kernel it is compared
 with. The first call JIT-compiles the kernel (CuTe DSL -> cubin, seconds; once per head dim,
@@ -30,7 +31,7 @@ class FA3Peer(Peer):
         self._fn: Any = None
         self._varlen_fn: Any = None
         self._qkv: tuple[Any, Any, Any] | None = None
-        self._varlen: tuple[Any, int] | None = None
+        self._varlen: tuple[Any, Any, int, int] | None = None
         self._causal = True
         self._lse: Any = None
 
@@ -67,7 +68,7 @@ class FA3Peer(Peer):
         return problem_reason(problem, varlen=True, who=self.name)
 
     def prepare(self, q: Any, k: Any, v: Any, causal: bool,
-                varlen: tuple[Any, int] | None = None) -> None:
+                varlen: tuple[Any, Any, int, int] | None = None) -> None:
         self._load()
         self._varlen = varlen
         if varlen is not None:  # [1, total, H, D] views -> the packed [total, H, D]
@@ -80,11 +81,12 @@ class FA3Peer(Peer):
         assert self._qkv is not None, "prepare() first"
         q, k, v = self._qkv
         if self._varlen is not None:
-            cu, max_seqlen = self._varlen
-            out, lse = self._varlen_fn(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                       max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen,
+            cu_q, cu_k, max_q, max_k = self._varlen
+            out, lse = self._varlen_fn(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                       max_seqlen_q=max_q, max_seqlen_k=max_k,
                                        causal=self._causal, return_lse=self.return_lse)
-            self._lse = None if lse is None else lse.unsqueeze(0)  # [Hq, total] -> [1, Hq, total]
+            # [Hq, total_q] -> [1, Hq, total_q]
+            self._lse = None if lse is None else lse.unsqueeze(0)
             return out.unsqueeze(0)
         out, lse = self._fn(q, k, v, causal=self._causal, return_lse=self.return_lse)
         self._lse = lse

@@ -12,8 +12,13 @@ would be timed too -- deliberately: it is what a BSHD user of the backend pays.
 raises instead of silently falling back to another (a peer is never replaced by another); that
 error at ``prepare`` is reported as ``Unsupported`` (the row says "unavailable" and why).
 
-The problem family: ``is_causal`` follows the problem's mask (S_q = S_kv, so top-left and
-bottom-right alignment agree); GQA/MQA (k, v with Hkv < Hq heads) passes ``enable_gqa=True``
+The problem family: ``is_causal`` follows the problem's mask where S_q = S_k (top-left and
+bottom-right alignment agree there). SDPA aligns ``is_causal`` TOP-left when S_q != S_k, while
+the problem's causal mask is bottom-right (FlashAttention's: query i sees keys 0 .. i + S_k -
+S_q), so a causal problem with S_q < S_k gets an explicit boolean mask instead, built once in
+``prepare``: the cuDNN and memory-efficient backends take one (or refuse it at ``prepare``:
+Unsupported); the FA2 backend takes no mask and refuses ``is_causal`` on non-square problems, so
+it declines them up front. GQA/MQA (k, v with Hkv < Hq heads) passes ``enable_gqa=True``
 (torch >= 2.5), which the FA2 and cuDNN backends take without copying K/V; the memory-efficient
 backend rejects unequal head counts, so it reports GQA as unsupported up front.
 """
@@ -41,6 +46,7 @@ class SdpaPeer(Peer):
         self._views: tuple[Any, Any, Any] | None = None
         self._causal = True
         self._gqa = False
+        self._mask: Any = None  # causal S_q != S_k: the bottom-right boolean mask [S_q, S_k]
 
     def available(self) -> tuple[bool, str]:
         reason = torch_cuda_reason()
@@ -66,14 +72,23 @@ class SdpaPeer(Peer):
         return ", ".join(parts)
 
     def supports(self, problem: Any) -> str | None:
-        # The memory-efficient backend needs equal head counts; the others are asked at prepare.
-        return problem_reason(problem, gqa=self.name != "mem_efficient", who=self.name)
+        # The memory-efficient backend needs equal head counts; FA2 takes no mask (and refuses
+        # a non-square is_causal); the others are asked at prepare.
+        return problem_reason(problem, gqa=self.name != "mem_efficient",
+                              kv_len="noncausal" if self.name == "fa2" else "any",
+                              who=self.name)
 
     def prepare(self, q: Any, k: Any, v: Any, causal: bool,
-                varlen: tuple[Any, int] | None = None) -> None:
+                varlen: tuple[Any, Any, int, int] | None = None) -> None:
+        import torch
+
         self._views = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         self._causal = bool(causal)
         self._gqa = k.shape[2] != q.shape[2]
+        sq, sk = q.shape[1], k.shape[1]
+        self._mask = None
+        if self._causal and sq != sk:  # is_causal would be top-left: give the mask itself
+            self._mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
         try:
             self.run()  # surfaces "backend cannot run these inputs" before timing
         except RuntimeError as exc:
@@ -92,8 +107,11 @@ class SdpaPeer(Peer):
         kw = {"enable_gqa": True} if self._gqa else {}
         # sdpa_kernel is a one-shot context manager over a global flag: cheap to enter per call
         # (host side only), and it keeps the backend choice from leaking into the other peers.
+        if self._mask is not None:
+            kw["attn_mask"] = self._mask
         with self._ctx_manager():
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=self._causal, **kw)
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=self._causal and self._mask is None, **kw)
         return out.transpose(1, 2)
 
     def _ctx_manager(self) -> Any:
@@ -105,9 +123,12 @@ class SdpaPeer(Peer):
         return {
             "backend": f"SDPBackend.{self.backend_member}",
             "inputs": "BSHD tensors passed as q.transpose(1, 2) views (no copy)",
-            "is_causal": self._causal,
+            "is_causal": self._causal and self._mask is None,
+            "attn_mask": None if self._mask is None else (
+                f"bottom-right causal, bool {list(self._mask.shape)}"),
             "enable_gqa": self._gqa,
         }
 
     def release(self) -> None:
         self._views = None
+        self._mask = None

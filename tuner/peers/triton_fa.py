@@ -2,8 +2,8 @@
 
 It stands for "what a good hand-written Triton kernel gets": FA2-style, causal, BF16, D=128,
 autotuned over BLOCK_M, BLOCK_N, num_warps and num_stages (20 configs). It runs MHA, D 128,
-causal only: ``supports`` says so for every other problem, and ``prepare`` refuses them
-(``Unsupported``). Autotuning runs inside
+causal, S_q = S_k only (its diagonal loop assumes as many keys as queries): ``supports`` says so
+for every other problem, and ``prepare`` refuses them (``Unsupported``). Autotuning runs inside
 ``prepare`` (Triton times every config once per (S, H) key), never in the timed region.
 """
 
@@ -60,14 +60,15 @@ class TritonPeer(Peer):
 
     def supports(self, problem: Any) -> str | None:
         return problem_reason(problem, gqa=False, head_dims=(HEAD_DIM,), causal_only=True,
-                              who=self.name)
+                              kv_len="equal", who=self.name)
 
     def prepare(self, q: Any, k: Any, v: Any, causal: bool,
-                varlen: tuple[Any, int] | None = None) -> None:
+                varlen: tuple[Any, Any, int, int] | None = None) -> None:
         B, S, H, D = q.shape
         if D != HEAD_DIM or tuple(k.shape) != tuple(q.shape) or not causal:
             raise Unsupported(
-                f"{self.name} runs MHA, D {HEAD_DIM}, causal only: got q {tuple(q.shape)}, "
+                f"{self.name} runs MHA, D {HEAD_DIM}, causal, S_q = S_k only: got q "
+                f"{tuple(q.shape)}, "
                 f"k/v {tuple(k.shape)}, causal={bool(causal)}"
             )
         import torch

@@ -1,0 +1,530 @@
+// The host side of one kernel config: argument checks, TMA maps, the schedulers' one-time
+// setup, the device-side schedule of varlen launches, and the launch itself. entry.cuh exports
+// it as the C ABI of fa_tune.h.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+#include "fa_tune.h"
+#include "kernel.cuh"
+#include "task_list.h"
+// The varlen kernel is a second instantiation of the same pieces: built only when asked
+// (FA_TUNE_VARLEN=1: exports and workload libraries), since it doubles a candidate's compile.
+#ifndef FA_TUNE_VARLEN
+#define FA_TUNE_VARLEN 0
+#endif
+#include "varlen.cuh"
+
+namespace fa_tune {
+
+inline thread_local std::string g_last_error;
+
+inline cudaError_t fail(cudaError_t code, const std::string& msg) {
+  g_last_error = msg;
+  return code;
+}
+
+inline std::string str(long long x) { return std::to_string(x); }
+
+// A BSHD tensor as TMA reads it: rows x heads per batch entry, element strides (batch, row,
+// head), the head dim contiguous. Packed (varlen) tensors are one entry of all their rows.
+struct TensorView {
+  const void* ptr;
+  int batch, rows, heads;
+  long long stride[3];
+};
+
+// The TMA map of a view, read in boxes of 64 head-dim columns by `box_rows` rows.
+inline cudaError_t encode_view(CUtensorMap* map, const TensorView& t, int D, int box_rows) {
+  return encode_bshd_map(map, t.ptr, t.batch, t.rows, t.heads, D, box_rows, t.stride);
+}
+
+template <class Cfg>
+struct Launcher {
+  using T = Traits<Cfg>;
+  static constexpr bool kHasVarlen = FA_TUNE_VARLEN;
+  static constexpr int smem_bytes() { return int(sizeof(SharedStorage<T>)); }
+
+  // Whether the call carries device metadata (and so runs on the device-side schedule).
+  static bool device_scheduled(const fa_tune_args& a) {
+    return a.cu_seqlens_q != nullptr || a.cu_seqlens_k != nullptr || a.seqused_k != nullptr;
+  }
+
+  // Everything a call must satisfy before any CUDA work, in one line each.
+  static cudaError_t check_args(const fa_tune_args* ap) {
+    if (ap == nullptr) return fail(cudaErrorInvalidValue, "args must be non-null");
+    const fa_tune_args& a = *ap;
+    if (a.abi_version != FA_TUNE_ABI_VERSION || a.struct_bytes != int(sizeof(fa_tune_args)))
+      return fail(cudaErrorInvalidValue,
+                  "args of C ABI " + str(a.abi_version) + " (" + str(a.struct_bytes) +
+                      " bytes); this library speaks ABI " + str(FA_TUNE_ABI_VERSION) + " (" +
+                      str(sizeof(fa_tune_args)) + " bytes): rebuild the caller against its fa_tune.h");
+    if (a.head_dim != T::kHeadDim)
+      return fail(cudaErrorInvalidValue, "head_dim " + str(a.head_dim) +
+                                             ": this library is built for head dim " + str(T::kHeadDim));
+    if ((a.causal != 0) != T::kCausal)
+      return fail(cudaErrorInvalidValue, std::string("causal=") + (a.causal ? "true" : "false") +
+                                             ": this library is built " +
+                                             (T::kCausal ? "causal" : "non-causal") + " only");
+    const int B = a.batch, H = a.heads_q, Hkv = a.heads_kv;
+    if (B < 1 || H < 1 || Hkv < 1)
+      return fail(cudaErrorInvalidValue, "batch, heads_q and heads_kv must be positive, got B=" +
+                                             str(B) + " Hq=" + str(H) + " Hkv=" + str(Hkv));
+    if (H % Hkv != 0)
+      return fail(cudaErrorInvalidValue, "Hq=" + str(H) + " must be a multiple of Hkv=" + str(Hkv));
+    if (B > 65535 || H > 65535)
+      return fail(cudaErrorInvalidValue, "batch and Hq must be at most 65535 (grid limits)");
+    if (cudaError_t e = check_group(H, Hkv); e != cudaSuccess) return e;
+    const void* ptrs[4] = {a.q, a.k, a.v, a.o};
+    for (const void* ptr : ptrs) {
+      if (ptr == nullptr) return fail(cudaErrorInvalidValue, "q, k, v and o must be non-null");
+      if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0)
+        return fail(cudaErrorInvalidValue, "q, k, v and o must be 16-byte aligned (TMA)");
+    }
+    const char* names[3] = {"q", "k", "v"};
+    const int64_t* strides[3] = {a.q_stride, a.k_stride, a.v_stride};
+    const char* dims[3] = {"batch", "sequence", "head"};
+    for (int t = 0; t < 3; ++t) {
+      for (int d = 0; d < 3; ++d) {
+        // A batch stride is unused by a packed tensor and a single batch entry: any value.
+        if (d == 0 && (B == 1 || (t == 0 ? a.cu_seqlens_q : a.cu_seqlens_k) != nullptr)) continue;
+        const long long s = strides[t][d];
+        if (s < 1 || s % 8 != 0 || s >= (1LL << 39))
+          return fail(cudaErrorInvalidValue,
+                      std::string(names[t]) + "'s " + dims[d] + " stride " + str(s) +
+                          " (elements) must be a positive multiple of 8 below 2^39 (TMA reads "
+                          "16-byte aligned rows); copy the tensor to make it so");
+      }
+    }
+    if (!(a.softmax_scale >= 0.f) || std::isinf(a.softmax_scale))
+      return fail(cudaErrorInvalidValue, "softmax_scale must be finite and >= 0 (0: 1/sqrt(D))");
+    return cudaSuccess;
+  }
+
+  // head_cluster: a cluster runs head_cluster query heads of one K/V group side by side.
+  static cudaError_t check_group(int H, int Hkv) {
+    if ((H / Hkv) % T::kHeadCtas == 0) return cudaSuccess;
+    return fail(cudaErrorInvalidValue,
+                "this kernel runs head_cluster " + str(T::kHeadCtas) +
+                    " query heads of one K/V head together, so Hq/Hkv must be a multiple of it; "
+                    "got Hq=" + str(H) + " Hkv=" + str(Hkv) +
+                    " (use a config with head_cluster 1 for this problem)");
+  }
+
+  static float scale_log2(float softmax_scale) {
+    const double scale =
+        softmax_scale > 0.f ? double(softmax_scale) : 1.0 / std::sqrt(double(T::kHeadDim));
+    return float(1.4426950408889634 * scale);
+  }
+
+  // The four TMA maps of a call: q, k, v as the caller laid them out, o dense.
+  static cudaError_t encode_maps(Params& p, const fa_tune_args& a, int qb, int q_rows, int kb,
+                                 int k_rows) {
+    constexpr int D = T::kHeadDim;
+    const int H = a.heads_q, Hkv = a.heads_kv;
+    const long long o_row = (long long)H * D;
+    const TensorView q{a.q, qb, q_rows, H, {a.q_stride[0], a.q_stride[1], a.q_stride[2]}};
+    const TensorView k{a.k, kb, k_rows, Hkv, {a.k_stride[0], a.k_stride[1], a.k_stride[2]}};
+    const TensorView v{a.v, kb, k_rows, Hkv, {a.v_stride[0], a.v_stride[1], a.v_stride[2]}};
+    const TensorView o{a.o, qb, q_rows, H, {q_rows * o_row, o_row, D}};
+    cudaError_t e;
+    if ((e = encode_view(&p.tma_q, q, D, T::kQBoxRows)) != cudaSuccess ||
+        (e = encode_view(&p.tma_k, k, D, T::kKVBoxRows)) != cudaSuccess ||
+        (e = encode_view(&p.tma_v, v, D, T::kKVBoxRows)) != cudaSuccess ||
+        (e = encode_view(&p.tma_o, o, D, 64)) != cudaSuccess)
+      return fail(e, "cuTensorMapEncodeTiled refused these tensors (q rows " + str(q_rows) +
+                         ", k rows " + str(k_rows) + ")");
+    return cudaSuccess;
+  }
+
+  // Per-shape scheduler state on the device, built once by prepare() and reused by every
+  // launch of that shape (the timed region never includes it).
+  struct Prepared {
+    SchedParams sched{};
+    int num_ctas = 0;
+    double host_ms = 0.0;
+  };
+  using Key = std::tuple<int, int, int, int, int>;  // device, B, H, Sq, Sk
+  static std::map<Key, Prepared>& cache() {
+    static std::map<Key, Prepared> c;
+    return c;
+  }
+  static std::mutex& cache_mutex() {
+    static std::mutex m;
+    return m;
+  }
+
+  // S_k - S_q in block_m units (rounded to nearest): the extra KV tiles' worth every causal
+  // task visits over a prefill's, in the static scheduler's cost model (task_list.h).
+  static int kv_shift(int Sq, int Sk) {
+    const int off = Sk - Sq, half = T::kBlockM / 2;
+    return off >= 0 ? (off + half) / T::kBlockM : -((-off + half) / T::kBlockM);
+  }
+
+  static cudaError_t prepare(int B, int H, int Sq, int Sk, const Prepared** out, double* host_ms) {
+    const auto t0 = std::chrono::steady_clock::now();
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return fail(e, std::string("cudaGetDevice: ") + cudaGetErrorString(e));
+    std::lock_guard<std::mutex> lock(cache_mutex());
+    auto it = cache().find(Key{dev, B, H, Sq, Sk});
+    if (it != cache().end()) {
+      *out = &it->second;
+      if (host_ms) *host_ms = 0.0;
+      return cudaSuccess;
+    }
+    Prepared prep;
+    const int num_m = (Sq + T::kBlockM - 1) / T::kBlockM;
+    const long long num_tiles = (long long)num_m * H * B;
+    if (num_tiles > 0x7fffffffLL) return fail(cudaErrorInvalidValue, "too many query tiles for one launch");
+    if ((e = persistent_ctas<false>(dev, &prep.num_ctas)) != cudaSuccess) return e;
+    if constexpr (Cfg::scheduler == Scheduler::Static) {
+      TaskLists lists;
+      // Per cluster: kv_multicast pairs query tiles, head_cluster runs of heads.
+      const int num_tasks_m = (num_m + T::kRowCtas - 1) / T::kRowCtas;
+      // The last task's 64-row chunks in the sequence (at most kRowsPerTask / 64); its busiest
+      // CTA holds ceil(/ kRowCtas) of them, so at most kConsumerWGs (wg_first_row deals a
+      // pair's chunks evenly). With kWgSkip the others idle.
+      const int last_chunks = (Sq - (num_tasks_m - 1) * T::kRowsPerTask + 63) / 64;
+      const int last_busy = T::kWgSkip ? (last_chunks + T::kRowCtas - 1) / T::kRowCtas
+                                       : T::kConsumerWGs;
+      const std::string why = build_task_lists(B, H / T::kHeadCtas, num_tasks_m,
+                                               prep.num_ctas / T::kClusterSize, Cfg::fixed_cost,
+                                               lists, T::kRowCtas, T::kCausal,
+                                               last_busy, T::kConsumerWGs, kv_shift(Sq, Sk));
+      if (!why.empty()) return fail(cudaErrorInvalidValue, why);
+      uint32_t* d_tasks = nullptr;
+      int* d_offsets = nullptr;
+      const size_t tb = lists.tasks.size() * sizeof(uint32_t);
+      const size_t ob = lists.offsets.size() * sizeof(int32_t);
+      if ((e = cudaMalloc(&d_tasks, tb)) != cudaSuccess ||
+          (e = cudaMalloc(&d_offsets, ob)) != cudaSuccess ||
+          (e = cudaMemcpy(d_tasks, lists.tasks.data(), tb, cudaMemcpyHostToDevice)) != cudaSuccess ||
+          (e = cudaMemcpy(d_offsets, lists.offsets.data(), ob, cudaMemcpyHostToDevice)) != cudaSuccess)
+        return fail(e, std::string("uploading task lists: ") + cudaGetErrorString(e));
+      prep.sched.tasks = d_tasks;
+      prep.sched.offsets = d_offsets;
+      prep.sched.m_bits = lists.packing.m_bits;
+      prep.sched.h_bits = lists.packing.h_bits;
+    } else if constexpr (Cfg::scheduler == Scheduler::Dynamic) {
+      if ((e = cudaMalloc(&prep.sched.tile_counter, sizeof(int))) != cudaSuccess)
+        return fail(e, std::string("allocating the tile counter: ") + cudaGetErrorString(e));
+      prep.num_ctas = int(std::min<long long>(prep.num_ctas, num_tiles));
+      // L2 sections: as many (batch, head) pairs as keep their K and V within ~60% of L2
+      // (the rest holds Q, O and other traffic).
+      int l2_bytes = 0;
+      if ((e = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, dev)) != cudaSuccess)
+        return fail(e, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e));
+      const double kv_bytes = 2.0 * Sk * T::kHeadDim * sizeof(typename T::Element);
+      prep.sched.section_heads =
+          int(std::clamp<double>(std::floor(0.6 * l2_bytes / kv_bytes), 1.0, double(B) * H));
+    }
+    prep.sched.num_tiles = int(num_tiles);
+    prep.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (host_ms) *host_ms = prep.host_ms;
+    *out = &cache().emplace(Key{dev, B, H, Sq, Sk}, prep).first->second;
+    return cudaSuccess;
+  }
+
+  // The one-time setup of a fixed-length call (fa_tune_prepare); device-scheduled calls need
+  // none.
+  static cudaError_t prepare(const fa_tune_args* a, double* host_ms) {
+    g_last_error.clear();
+    if (host_ms != nullptr) *host_ms = 0.0;
+    if (cudaError_t e = check_args(a); e != cudaSuccess) return e;
+    if (device_scheduled(*a)) return cudaSuccess;
+    if (cudaError_t e = check_fixed(*a); e != cudaSuccess) return e;
+    const Prepared* prep = nullptr;
+    return prepare(a->batch, a->heads_q, a->seqlen_q, a->seqlen_k, &prep, host_ms);
+  }
+
+  // CTAs of a persistent launch on device `dev`: persistent_ctas (0: one per SM); in
+  // clusters whole clusters only, and no more than fit at once (a persistent cluster left
+  // waiting for an SM pair would run its tasks after everyone else). Cached per device.
+  template <bool kVarlen>
+  static cudaError_t persistent_ctas(int dev, int* out) {
+    static std::mutex m;
+    static std::map<int, int> cache;
+    std::lock_guard<std::mutex> lock(m);
+    if (auto it = cache.find(dev); it != cache.end()) {
+      *out = it->second;
+      return cudaSuccess;
+    }
+    int sms = 0;
+    cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess)
+      return fail(e, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e));
+    int n = Cfg::persistent_ctas > 0 ? Cfg::persistent_ctas : sms;
+    if constexpr (T::kClustered) {
+      if ((e = set_attributes<kVarlen>()) != cudaSuccess) return e;
+      cudaLaunchAttribute attrs[2]{};
+      // The query grid must hold whole clusters in the direction launch_config puts them.
+      const dim3 g = kClustersAlongX<kVarlen> ? dim3(T::kClusterSize * 64)
+                                              : dim3(64, T::kClusterSize);
+      const cudaLaunchConfig_t lc = launch_config<kVarlen>(g, nullptr, attrs);
+      int fit = 0;
+      e = cudaOccupancyMaxActiveClusters(&fit, attention_fwd_kernel<Cfg, kVarlen>, &lc);
+      if (e != cudaSuccess)
+        return fail(e, std::string("cudaOccupancyMaxActiveClusters: ") + cudaGetErrorString(e));
+      if (fit < 1)
+        return fail(cudaErrorInvalidConfiguration, "no " + std::to_string(T::kClusterSize) +
+                                                       "-CTA cluster of this kernel fits the device");
+      n = T::kClusterSize * std::max(1, std::min(n / T::kClusterSize, fit));
+    }
+    *out = cache[dev] = n;
+    return cudaSuccess;
+  }
+
+  // The dynamic shared-memory attribute is per function: set once per process.
+  template <bool kVarlen = false>
+  static cudaError_t set_attributes() {
+    static bool done = false;
+    if (done) return cudaSuccess;
+    cudaError_t e = cudaFuncSetAttribute(attention_fwd_kernel<Cfg, kVarlen>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes());
+    if (e != cudaSuccess) return fail(e, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e));
+    done = true;
+    return cudaSuccess;
+  }
+
+  // Launch geometry; clusters along x for a persistent launch (consecutive CTAs share a task
+  // list), along y (heads) for the grid's; `dependent`: a programmatic dependent launch
+  // (varlen, behind its schedule kernel). attrs must outlive the config.
+  template <bool kVarlen>
+  static constexpr bool kClustersAlongX = SchedulerFor<Cfg, kVarlen>::kPersistent;
+  template <bool kVarlen>
+  static cudaLaunchConfig_t launch_config(dim3 g, cudaStream_t stream, cudaLaunchAttribute* attrs,
+                                          bool dependent = false) {
+    cudaLaunchConfig_t lc{};
+    lc.gridDim = g;
+    lc.blockDim = dim3(T::kThreads);
+    lc.dynamicSmemBytes = smem_bytes();
+    lc.stream = stream;
+    lc.attrs = attrs;
+    if constexpr (T::kClustered) {
+      constexpr bool kAlongX = kClustersAlongX<kVarlen>;
+      cudaLaunchAttribute& a = attrs[lc.numAttrs++];
+      a.id = cudaLaunchAttributeClusterDimension;
+      a.val.clusterDim.x = kAlongX ? unsigned(T::kClusterSize) : 1u;
+      a.val.clusterDim.y = kAlongX ? 1u : unsigned(T::kClusterSize);
+      a.val.clusterDim.z = 1;
+    }
+    if (dependent) {
+      cudaLaunchAttribute& a = attrs[lc.numAttrs++];
+      a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      a.val.programmaticStreamSerializationAllowed = 1;
+    }
+    return lc;
+  }
+
+  static dim3 grid(const ShapeInfo& shape, const Prepared& prep) {
+    if constexpr (SchedulerFor<Cfg>::kPersistent) return dim3(prep.num_ctas);
+    return dim3(shape.num_m_blocks, shape.H, shape.B);
+  }
+
+  static cudaError_t check_fixed(const fa_tune_args& a) {
+    if (a.seqlen_q < 1 || a.seqlen_k < 1)
+      return fail(cudaErrorInvalidValue, "seqlen_q and seqlen_k must be positive, got " +
+                                             str(a.seqlen_q) + " and " + str(a.seqlen_k));
+    return cudaSuccess;
+  }
+
+  static cudaError_t forward(const fa_tune_args* ap, cudaStream_t stream) {
+    g_last_error.clear();
+    if (cudaError_t e = check_args(ap); e != cudaSuccess) return e;
+    const fa_tune_args& a = *ap;
+    if (device_scheduled(a)) return forward_scheduled(a, stream);
+    if (cudaError_t e = check_fixed(a); e != cudaSuccess) return e;
+    const int B = a.batch, H = a.heads_q, Sq = a.seqlen_q, Sk = a.seqlen_k;
+    const Prepared* prep = nullptr;
+    if (cudaError_t e = prepare(B, H, Sq, Sk, &prep, nullptr); e != cudaSuccess) return e;
+    Params p{};
+    p.shape = ShapeInfo{B, H, Sq, Sk, (Sq + T::kBlockM - 1) / T::kBlockM, a.heads_kv,
+                        H / a.heads_kv};
+    p.sched = prep->sched;
+    p.lse = a.lse;
+    p.scale_log2 = scale_log2(a.softmax_scale);
+    cudaError_t e;
+    if ((e = encode_maps(p, a, B, Sq, B, Sk)) != cudaSuccess) return e;
+    if constexpr (Cfg::scheduler == Scheduler::Dynamic) {
+      // The counter starts where the grid's first tiles end; zero it on the launch's stream.
+      if ((e = cudaMemsetAsync(p.sched.tile_counter, 0, sizeof(int), stream)) != cudaSuccess)
+        return fail(e, std::string("resetting the tile counter: ") + cudaGetErrorString(e));
+    }
+    return launch<false>(p, grid(p.shape, *prep), stream);
+  }
+
+  template <bool kVarlen>
+  static cudaError_t launch(const Params& p, dim3 g, cudaStream_t stream) {
+    auto kernel = attention_fwd_kernel<Cfg, kVarlen>;
+    cudaError_t e;
+    if ((e = set_attributes<kVarlen>()) != cudaSuccess) return e;
+    cudaLaunchAttribute attrs[2]{};
+    const cudaLaunchConfig_t lc = launch_config<kVarlen>(g, stream, attrs, kVarlen);
+    e = cudaLaunchKernelEx(&lc, kernel, p);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    if (e != cudaSuccess) {
+      // Say what was asked of the launch, and what the compiled kernel allows.
+      cudaFuncAttributes a{};
+      cudaFuncGetAttributes(&a, kernel);
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    "kernel launch: %s (grid %u x %u x %u, %d threads, %d B smem; kernel allows "
+                    "%d threads, %d B dynamic smem, uses %d registers)",
+                    cudaGetErrorString(e), g.x, g.y, g.z, T::kThreads, smem_bytes(),
+                    a.maxThreadsPerBlock, a.maxDynamicSharedSizeBytes, a.numRegs);
+      return fail(e, buf);
+    }
+    return cudaSuccess;
+  }
+
+  // -- device-scheduled calls (varlen.cuh builds the schedule on the device)
+
+  // head_cluster: the tasks name runs of kHeadCtas heads (the cluster takes one run).
+  static VarlenPlan plan_of(const fa_tune_args& a) {
+    constexpr int c = T::kHeadCtas;
+    return VarlenPlan::make(a.batch, (a.heads_q + c - 1) / c,
+                            std::max(1, a.heads_q / a.heads_kv / c), a.cu_seqlens_q != nullptr,
+                            a.total_q, a.seqlen_q, a.seqlen_k, T::kRowsPerTask, T::kBlockN,
+                            T::kCausal);
+  }
+
+  // The rows of q and of k/v per batch entry of a device-scheduled call (packed: all of them).
+  static int q_rows(const fa_tune_args& a) { return a.cu_seqlens_q ? a.total_q : a.seqlen_q; }
+  static int k_rows(const fa_tune_args& a) { return a.cu_seqlens_k ? a.total_k : a.seqlen_k; }
+
+  // The host-side checks of a device-scheduled call (the metadata's values are the device's).
+  static cudaError_t check_scheduled(const fa_tune_args& a, VarlenPlan* plan) {
+    if constexpr (!kHasVarlen) {
+      return fail(cudaErrorNotSupported,
+                  "this library was built without the varlen kernel, which serves cu_seqlens "
+                  "and seqused_k (fa-tune export builds it where the config can serve varlen)");
+    }
+    if (a.cu_seqlens_q != nullptr && a.total_q < 0)
+      return fail(cudaErrorInvalidValue, "total_q must be >= 0, got " + str(a.total_q));
+    if (a.seqlen_q < 1 || a.seqlen_k < 1)
+      return fail(cudaErrorInvalidValue,
+                  "seqlen_q and seqlen_k (max_seqlen_q / max_seqlen_k; a cache's rows) must be "
+                  "positive, got " + str(a.seqlen_q) + " and " + str(a.seqlen_k));
+    if (k_rows(a) < 1)
+      return fail(cudaErrorInvalidValue, "k and v have no rows (total_k " + str(a.total_k) + ")");
+    *plan = plan_of(a);
+    if (plan->bound > 0x7fffffffLL)
+      return fail(cudaErrorInvalidValue, "too many query tiles for one launch");
+    if (plan->prep_smem_bytes() > 200 * 1024)
+      return fail(cudaErrorInvalidValue,
+                  "batch + max_seqlen_k / " + str(T::kBlockN) +
+                      " is too large for the device-side schedule (" + str(plan->prep_smem_bytes()) +
+                      " B of shared memory > 200 KiB); split the batch");
+    return cudaSuccess;
+  }
+
+  static size_t workspace_bytes(const fa_tune_args* ap) {
+    if (check_args(ap) != cudaSuccess || !device_scheduled(*ap)) return 0;
+    VarlenPlan plan;
+    if (check_scheduled(*ap, &plan) != cudaSuccess) return 0;
+    return plan.workspace_bytes();
+  }
+
+  // The library's own workspace, per device, grown on demand (callers that pass none).
+  static cudaError_t own_workspace(size_t bytes, cudaStream_t stream, void** out) {
+    static std::map<int, std::pair<void*, size_t>> spaces;
+    static std::mutex m;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) return fail(e, std::string("cudaGetDevice: ") + cudaGetErrorString(e));
+    std::lock_guard<std::mutex> lock(m);
+    auto& ws = spaces[dev];
+    if (ws.second < bytes) {
+      cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+      cudaStreamIsCapturing(stream, &cap);
+      if (cap != cudaStreamCaptureStatusNone)
+        return fail(cudaErrorStreamCaptureUnsupported,
+                    "the varlen workspace must grow (" + std::to_string(bytes) +
+                        " bytes) inside a CUDA graph capture; pass a workspace, or run a batch "
+                        "this large once before capturing");
+      if (ws.first != nullptr) cudaFree(ws.first);
+      ws = {nullptr, 0};
+      if ((e = cudaMalloc(&ws.first, bytes)) != cudaSuccess)
+        return fail(e, std::string("allocating the varlen workspace: ") + cudaGetErrorString(e));
+      ws.second = bytes;
+    }
+    *out = ws.first;
+    return cudaSuccess;
+  }
+
+  static cudaError_t forward_scheduled(const fa_tune_args& a, cudaStream_t stream) {
+    VarlenPlan plan;
+    if (cudaError_t e = check_scheduled(a, &plan); e != cudaSuccess) return e;
+    if constexpr (kHasVarlen) {
+      if (q_rows(a) == 0) return cudaSuccess;  // no query: nothing to compute or write
+      const size_t need = plan.workspace_bytes();
+      void* workspace = a.workspace;
+      cudaError_t e;
+      if (workspace == nullptr) {
+        if ((e = own_workspace(need, stream, &workspace)) != cudaSuccess) return e;
+      } else if (a.workspace_bytes < need) {
+        return fail(cudaErrorInvalidValue, "the workspace holds " + str(a.workspace_bytes) +
+                                               " bytes; this call needs " + str(need) +
+                                               " (fa_tune_workspace_bytes)");
+      } else if (reinterpret_cast<uintptr_t>(workspace) % 16 != 0) {
+        return fail(cudaErrorInvalidValue, "the workspace must be 16-byte aligned");
+      }
+      int* counter = static_cast<int*>(workspace);
+      auto* tasks = reinterpret_cast<VarlenTask*>(static_cast<char*>(workspace) + 16);
+
+      const int qb = a.cu_seqlens_q ? 1 : a.batch, kb = a.cu_seqlens_k ? 1 : a.batch;
+      VarlenMeta meta;
+      meta.cu_q = a.cu_seqlens_q;
+      meta.cu_k = a.cu_seqlens_k;
+      meta.seqused_k = a.seqused_k;
+      meta.total_q = a.total_q;
+      meta.total_k = a.total_k;
+      meta.max_q = a.seqlen_q;
+      meta.max_k = a.seqlen_k;
+      meta.status = a.status;
+      meta.o = a.o;
+      meta.lse = a.lse;
+      meta.lse_elems = (long long)qb * q_rows(a) * a.heads_q;
+      meta.o_elems = meta.lse_elems * T::kHeadDim;
+      const size_t prep_smem = plan.prep_smem_bytes();
+      if (prep_smem > 48 * 1024) {  // above the default limit (batches of thousands only)
+        if ((e = cudaFuncSetAttribute(varlen_prepare_kernel<>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(prep_smem))) != cudaSuccess)
+          return fail(e, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e));
+      }
+      varlen_prepare_kernel<><<<1, kVarlenPrepThreads, prep_smem, stream>>>(meta, plan, tasks,
+                                                                            counter);
+      if ((e = cudaGetLastError()) != cudaSuccess)
+        return fail(e, std::string("device-side schedule kernel: ") + cudaGetErrorString(e));
+
+      Params p{};
+      p.shape = ShapeInfo{a.batch, a.heads_q, q_rows(a), k_rows(a), 0, a.heads_kv,
+                          a.heads_q / a.heads_kv};
+      p.sched.num_tiles = int(plan.bound);
+      p.sched.varlen_tasks = tasks;
+      p.sched.tile_counter = counter;
+      p.lse = a.lse;
+      p.o = a.o;
+      p.scale_log2 = scale_log2(a.softmax_scale);
+      if ((e = encode_maps(p, a, qb, q_rows(a), kb, k_rows(a))) != cudaSuccess) return e;
+      int dev = 0, ctas = 0;  // persistent, no more clusters than there are tasks
+      if ((e = cudaGetDevice(&dev)) != cudaSuccess)
+        return fail(e, std::string("cudaGetDevice: ") + cudaGetErrorString(e));
+      if ((e = persistent_ctas<true>(dev, &ctas)) != cudaSuccess) return e;
+      const long long clusters = std::min<long long>(ctas / T::kClusterSize, plan.bound);
+      return launch<true>(p, dim3(unsigned(clusters * T::kClusterSize)), stream);
+    }
+    return cudaSuccess;
+  }
+};
+
+}  // namespace fa_tune
