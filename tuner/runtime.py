@@ -9,17 +9,21 @@ one address space.
 
 Imports of ``cuda.bindings`` are lazy so that ``import tuner.runtime`` works on machines without
 cuda-python; a missing driver or GPU becomes ``GpuError`` (one line), never a traceback.
+
+The bindings of the built libraries live beside it: ``KernelModule`` in tuner/kernel_module.py,
+``OracleModule`` in tuner/oracle_module.py; both names (and their constants) are still importable
+from here.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import importlib.util
-import json
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
@@ -28,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from tuner.errors import FaTuneError, GpuError
-from tuner.problem import DEFAULT_HEAD_DIM, Problem, ProblemClass
+from tuner.problem import DEFAULT_HEAD_DIM, Problem
 
 
 def _load_abi() -> ModuleType:
@@ -613,377 +617,28 @@ def _bind(lib: ctypes.CDLL, path: Path, name: str, restype: Any, argtypes: Seque
     return fn
 
 
-# ---- the kernel library (C ABI of cuda_src/fa_tune/fa_tune.h; ctypes mirror: fa_tune_ops/abi) --
-class MappedStatus:
-    """The ``status`` words of a call with device metadata: int32[2] of pinned, device-mapped
-    host memory (cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP), so the device writes what it
-    found wrong there and the host reads it after synchronising, without a copy. Needs the
-    device's context current (allocated on the first varlen launch)."""
+# ---- re-exports: the kernel and oracle bindings live in their own modules --------------------
+# They import this module, so they are loaded on first use (PEP 562), not at import: either
+# module, or this one, may be imported first.
+_MOVED = {
+    "HostStatus": "tuner.kernel_module", "KernelModule": "tuner.kernel_module",
+    "MappedStatus": "tuner.kernel_module",
+    "ORACLE_ABI_VERSION": "tuner.oracle_module", "ORACLE_ROW_BLOCK": "tuner.oracle_module",
+    "ORACLE_STATS_BYTES": "tuner.oracle_module", "OracleModule": "tuner.oracle_module",
+}
 
-    def __init__(self) -> None:
-        drv = _driver()
-        self._host = _check(drv.cuMemHostAlloc(8, drv.CU_MEMHOSTALLOC_DEVICEMAP),
-                            "cuMemHostAlloc(8 bytes, DEVICEMAP)")
-        host_ptr = int(self._host)
-        # Under UVA the host pointer is the device pointer; asking costs nothing and is exact.
-        self.ptr = int(_check(drv.cuMemHostGetDevicePointer(self._host, 0),
-                              "cuMemHostGetDevicePointer"))
-        self.words = (ctypes.c_int32 * 2).from_address(host_ptr)
-        self.words[0] = self.words[1] = 0
-
-    def free(self) -> None:
-        if self._host is not None:
-            host, self._host = self._host, None
-            self.words = None  # type: ignore[assignment]
-            _check(_driver().cuMemFreeHost(host), "cuMemFreeHost")
+if TYPE_CHECKING:  # "X as X": re-exported names, for type checkers and linters
+    from tuner.kernel_module import HostStatus as HostStatus
+    from tuner.kernel_module import KernelModule as KernelModule
+    from tuner.kernel_module import MappedStatus as MappedStatus
+    from tuner.oracle_module import ORACLE_ABI_VERSION as ORACLE_ABI_VERSION
+    from tuner.oracle_module import ORACLE_ROW_BLOCK as ORACLE_ROW_BLOCK
+    from tuner.oracle_module import ORACLE_STATS_BYTES as ORACLE_STATS_BYTES
+    from tuner.oracle_module import OracleModule as OracleModule
 
 
-class HostStatus:
-    """``status`` words in ordinary host memory: for stand-in libraries that run on the host
-    (tests); a GPU cannot write them."""
-
-    def __init__(self) -> None:
-        self.words = (ctypes.c_int32 * 2)()
-        self.ptr = ctypes.addressof(self.words)
-
-    def free(self) -> None:
-        """Freed with the object."""
-
-
-def _strides(rows: int, heads: int, D: int) -> tuple[int, int, int]:
-    """Dense BSHD strides in elements: (batch, sequence, head)."""
-    return rows * heads * D, heads * D, D
-
-
-# A placeholder for tensors fa_tune_prepare never reads (it builds the schedule of a shape; the
-# ABI wants non-null, 16-byte aligned pointers all the same).
-_NO_TENSOR = 256
-
-
-def _args_text(a: abi.Args) -> str:
-    """What a call asked for, for error messages (also for values a Problem would refuse)."""
-    heads = f"{a.heads_q}" if a.heads_q == a.heads_kv else f"{a.heads_q}/{a.heads_kv}"
-    if a.cu_seqlens_q or a.cu_seqlens_k:
-        return (f"batch={a.batch}, Hq={a.heads_q}, Hkv={a.heads_kv}, total_q={a.total_q}, "
-                f"total_k={a.total_k}, max_seqlen_q={a.seqlen_q}, max_seqlen_k={a.seqlen_k}")
-    text = f"{a.batch}x{heads}x{a.seqlen_q}"
-    return text + (f":k{a.seqlen_k}" if a.seqlen_k != a.seqlen_q else "")
-
-
-class KernelModule:
-    """A built kernel ``.so``, called through the C ABI of cuda_src/fa_tune/fa_tune.h (version
-    3: one ``fa_tune_args`` struct per call; tuner.fa_tune_ops.abi is its one Python mirror).
-    Fixed-length problems and, where the library has the varlen kernel (``has_varlen``), packed
-    batches with separate cu_seqlens_q / cu_seqlens_k."""
-
-    _REQUIRED = ("forward", "prepare", "workspace_bytes", "last_error", "config_json",
-                 "problem_class", "smem_bytes")
-
-    def __init__(self, so_path: str | Path,
-                 status_factory: Callable[[], MappedStatus | HostStatus] = MappedStatus) -> None:
-        self.path = p = Path(so_path)
-        lib = _load_so(p, "kernel library")
-        self._lib = lib
-        why = abi.version_problem(lib, p)
-        if why is not None:
-            raise FaTuneError(why)
-        self._fn = abi.bind(lib)
-        for name in self._REQUIRED:
-            if self._fn[name] is None:
-                raise FaTuneError(f"{p} does not export fa_tune_{name}(): not a fa-tune build?")
-        self._status_factory = status_factory
-        self.status: MappedStatus | HostStatus | None = None  # made on the first varlen launch
-        self.config: dict[str, Any] = _json_dict(self.config_json())
-        raw = self._fn["problem_class"]()
-        pc = _json_dict(raw.decode(errors="replace") if raw else "")
-        self.causal = bool(pc.get("causal", True))
-        self.head_dim = int(pc.get("head_dim", HEAD_DIM))
-        self.varlen = bool(pc.get("varlen", False))  # the varlen kernel is compiled in
-
-    @property
-    def problem_class(self) -> ProblemClass:
-        """The head dim and mask compiled into this library, and whether it runs varlen."""
-        return ProblemClass(self.head_dim, self.causal, self.has_varlen)
-
-    @property
-    def has_varlen(self) -> bool:
-        """Whether calls with device metadata (cu_seqlens) run: the varlen kernel compiled in."""
-        return self.varlen
-
-    @property
-    def writes_lse(self) -> bool:
-        """Whether this variant writes LSE (config knob write_lse; absent = yes)."""
-        return bool(self.config.get("write_lse", True))
-
-    def last_error(self) -> str:
-        raw = self._fn["last_error"]()
-        return raw.decode(errors="replace") if raw else ""
-
-    def config_json(self) -> str:
-        raw = self._fn["config_json"]()
-        return raw.decode(errors="replace") if raw else ""
-
-    def smem_bytes(self) -> int:
-        return int(self._fn["smem_bytes"]())
-
-    def unsupported(self, shape: Any) -> str | None:
-        """Why this library cannot run ``shape`` (None: it can)."""
-        why = kernel_unsupported(shape, causal=self.causal, head_dim=self.head_dim)
-        if why is None:
-            from tuner.config import head_cluster_reason
-
-            _, hq, hkv, *_ = problem_dims(shape)
-            why = head_cluster_reason(int(self.config.get("head_cluster", 1)), hq // hkv)
-        if why is None and getattr(shape, "seqlens", ()) and not self.has_varlen:
-            why = ("this kernel library has no varlen kernel (built for fixed-length problems, "
-                   "for example); build it for a varlen problem class")
-        return why
-
-    def _fail(self, what: str, rc: int) -> KernelError:
-        why = self.last_error()
-        return KernelError(
-            f"{what} failed with {cuda_error_name(rc)} ({rc})"
-            + (f": {why}" if why else "")
-            + f" [{self.path.parent.name}/{self.path.name}]",
-            code=rc,
-        )
-
-    def _refuse(self, shape: Any, what: str) -> None:
-        why = self.unsupported(shape)
-        if why is not None:
-            raise KernelError(f"{what}: {why}")
-
-    # -- the argument struct
-    def args_for(self, bufs: AttnBuffers, write_lse: bool | None = None,
-                 softmax_scale: float = 0.0, workspace: int | None = None,
-                 workspace_bytes: int = 0) -> abi.Args:
-        """The call on ``bufs``: dense BSHD strides; a packed batch with its cu_seqlens_q /
-        cu_seqlens_k, max lengths, totals and this module's status words. LSE goes to bufs.lse
-        when the variant writes it (or ``write_lse`` says so), else NULL. softmax_scale 0:
-        1/sqrt(D). workspace None: the library's own (not inside a graph capture)."""
-        use_lse = self.writes_lse if write_lse is None else write_lse
-        p = as_problem(bufs.shape)
-        fields = self._shape_fields(p)
-        fields.update(q=bufs.q.ptr, k=bufs.k.ptr, v=bufs.v.ptr, o=bufs.o.ptr,
-                      lse=bufs.lse.ptr if use_lse else None, softmax_scale=float(softmax_scale))
-        if p.is_varlen:
-            cu_q, cu_k = getattr(bufs, "cu_q", None), getattr(bufs, "cu_k", None)
-            if cu_q is None or cu_k is None:
-                raise KernelError(f"buffers of {p} hold no cu_seqlens_q / cu_seqlens_k")
-            fields.update(cu_seqlens_q=cu_q.ptr, cu_seqlens_k=cu_k.ptr,
-                          workspace=workspace or None,
-                          workspace_bytes=workspace_bytes if workspace else 0,
-                          status=self._status_ptr())
-        return abi.make_args(**fields)
-
-    def _shape_fields(self, p: Problem) -> dict[str, Any]:
-        """The struct's shape fields of a problem (dense strides; a packed batch: its layout's
-        rows per tensor, the lengths' maxima and totals)."""
-        _, hq, hkv, Sq, Sk, D, causal = problem_dims(p)  # a packed batch: the layout's rows
-        return dict(q_stride=_strides(Sq, hq, D), k_stride=_strides(Sk, hkv, D),
-                    v_stride=_strides(Sk, hkv, D), batch=p.B, heads_q=hq, heads_kv=hkv,
-                    head_dim=D, seqlen_q=p.S_q, seqlen_k=p.S_k,
-                    total_q=p.tokens_q if p.is_varlen else 0,
-                    total_k=p.tokens_k if p.is_varlen else 0, causal=1 if causal else 0)
-
-    def _status_ptr(self) -> int:
-        if self.status is None:
-            self.status = self._status_factory()
-        return self.status.ptr
-
-    # -- calls
-    def prepare(self, shape: ShapeLike, stream: Stream | int | None = None) -> float:
-        """One-time host setup of a fixed-length shape (fa_tune_prepare: the static scheduler's
-        task lists); returns the host milliseconds it took. A packed batch needs none (0). The
-        stream is unused (the setup is synchronous), kept for the launchable protocol."""
-        self._refuse(shape, "fa_tune_prepare")
-        p = as_problem(shape)
-        if p.is_varlen:
-            return 0.0  # the varlen schedule is built on the device, in every launch
-        f = self._shape_fields(p)
-        f.update(q=_NO_TENSOR, k=_NO_TENSOR, v=_NO_TENSOR, o=_NO_TENSOR)
-        a = abi.make_args(**f)
-        ms = ctypes.c_double(0.0)
-        rc = self._fn["prepare"](ctypes.byref(a), ctypes.byref(ms))
-        if rc != 0:
-            raise self._fail(f"fa_tune_prepare({_args_text(a)})", rc)
-        return float(ms.value)
-
-    def forward(self, bufs: AttnBuffers, stream: Stream | int | None,
-                write_lse: bool | None = None, softmax_scale: float = 0.0,
-                workspace: int | None = None, workspace_bytes: int = 0) -> None:
-        """Launch once (asynchronous) on ``bufs`` (``args_for``). A packed batch's metadata is
-        checked on the device: synchronise, then ``check_status()``."""
-        self._refuse(bufs.shape, "fa_tune_forward")  # before launching: D and the mask
-        self.forward_args(self.args_for(bufs, write_lse, softmax_scale, workspace,
-                                        workspace_bytes), stream)
-
-    def forward_args(self, args: abi.Args, stream: Stream | int | None) -> None:
-        """One fa_tune_forward with a filled struct (asynchronous)."""
-        rc = self._fn["forward"](ctypes.byref(args), stream_handle(stream) or None)
-        if rc != 0:
-            raise self._fail(f"fa_tune_forward({_args_text(args)})", rc)
-
-    def workspace_bytes(self, bufs: AttnBuffers) -> int:
-        """Device workspace bytes the call on ``bufs`` needs (host only); 0 for a fixed-length
-        call (or where the library calls the arguments invalid)."""
-        a = self.args_for(bufs) if as_problem(bufs.shape).is_varlen else abi.make_args(
-            q=bufs.q.ptr, k=bufs.k.ptr, v=bufs.v.ptr, o=bufs.o.ptr,
-            **self._shape_fields(as_problem(bufs.shape)))
-        return int(self._fn["workspace_bytes"](ctypes.byref(a)))
-
-    def check_status(self) -> None:
-        """After a synchronised launch with device metadata: raise KernelError if the device
-        rejected the metadata (status[0] != 0; the words are cleared). No varlen launch yet:
-        nothing to check."""
-        st = self.status
-        if st is None:
-            return
-        bits, seq = int(st.words[0]), int(st.words[1])
-        st.words[0] = st.words[1] = 0
-        if bits:
-            raise KernelError(f"fa_tune_forward: the device rejected the varlen metadata: "
-                              f"{abi.bad_metadata_text(bits, seq)} "
-                              f"[{self.path.parent.name}/{self.path.name}]", code=1)
-
-    def close(self) -> None:
-        """Free the status words (the library itself stays loaded: ctypes cannot unload it)."""
-        if self.status is not None:
-            st, self.status = self.status, None
-            st.free()
-
-
-def _json_dict(text: str) -> dict[str, Any]:
-    try:
-        d = json.loads(text) if text else {}
-    except ValueError:
-        d = {}
-    return d if isinstance(d, dict) else {}
-
-
-ORACLE_ABI_VERSION = 5  # 5: S_q != S_k (bottom-right causal), cu_seqlens_q / _k; 4: varlen
-ORACLE_STATS_BYTES = 152
-ORACLE_ROW_BLOCK = 16  # query rows per block of the BF16 error budget (oracle_row_block())
-
-
-class OracleModule:
-    """``oracle.so`` (cuda_src/oracle.cu; its header comment documents the C ABI)."""
-
-    def __init__(self, so_path: str | Path) -> None:
-        self.path = p = Path(so_path)
-        lib = _load_so(p, "oracle library")
-        self._lib = lib
-        abi = _bind(lib, p, "oracle_abi_version", _c_int, [])()
-        size = _bind(lib, p, "oracle_stats_size", _c_int, [])()
-        if abi != ORACLE_ABI_VERSION or size != ORACLE_STATS_BYTES:
-            raise FaTuneError(
-                f"{p}: oracle ABI {abi}/stats {size} bytes, expected "
-                f"{ORACLE_ABI_VERSION}/{ORACLE_STATS_BYTES}: rebuild oracle.so"
-            )
-        rows = _bind(lib, p, "oracle_row_block", _c_int, [])()
-        if rows != ORACLE_ROW_BLOCK:
-            raise FaTuneError(f"{p}: oracle row block {rows}, expected {ORACLE_ROW_BLOCK}: "
-                              "rebuild oracle.so")
-        i = _c_int
-        self._fill_uniform = _bind(lib, p, "oracle_fill_uniform", _c_int,
-                                   [_vp, _c_ll, _c_ull, _c_ull, _c_float, _c_float, _vp])
-        # (q, k, v, B, Hq, Hkv, Sq, Sk, D, seed, stream)
-        self._gen_seed = _bind(lib, p, "oracle_gen_seed", _c_int,
-                               [_vp, _vp, _vp, i, i, i, i, i, i, _c_ull, _vp])
-        # (q, k, v, B, Hq, Hkv, Sq, Sk, D, seed, direction, stream)
-        self._gen_rising = _bind(lib, p, "oracle_gen_rising", _c_int,
-                                 [_vp, _vp, _vp, i, i, i, i, i, i, _c_ull, i, _vp])
-        self._poison = _bind(lib, p, "oracle_poison", _c_int, [_vp, _c_ll, _vp, _c_ll, _vp])
-        # (q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, D, causal, flags, stream)
-        self._reference = _bind(lib, p, "oracle_reference", _c_int,
-                                [_vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i, i, _vp])
-        # (q, k, v, o_ref, lse_ref, cu_seqlens_q, cu_seqlens_k, num_seqs, max_seqlen_q,
-        #  total_q, Hq, Hkv, D, causal, flags, stream)
-        self._reference_varlen = _bind(lib, p, "oracle_reference_varlen", _c_int,
-                                       [_vp, _vp, _vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i,
-                                        i, _vp])
-        self._f32_to_bf16 = _bind(lib, p, "oracle_f32_to_bf16", _c_int, [_vp, _vp, _c_ll, _vp])
-        # (o, o_ref, B, Hq, S, D, lse, lse_ref, o_atol, o_rtol, lse_atol, lse_rtol, stats,
-        #  block_sums, col_sums, stream)
-        self._compare = _bind(lib, p, "oracle_compare", _c_int,
-                              [_vp, _vp, i, i, i, i, _vp, _vp, _c_float, _c_float,
-                               _c_float, _c_float, _vp, _vp, _vp, _vp])
-
-    @staticmethod
-    def _ok(rc: int, what: str) -> None:
-        if rc != 0:
-            raise CudaError(f"oracle {what} failed with {cuda_error_name(rc)} ({rc})", code=rc)
-
-    def fill_uniform(self, dst: int, n: int, seed: int, stream_id: int, lo: float, hi: float,
-                     stream: Stream | int | None) -> None:
-        self._ok(self._fill_uniform(dst, n, seed, stream_id, lo, hi,
-                                    stream_handle(stream) or None), "fill_uniform")
-
-    def gen_seed(self, q: int, k: int, v: int, B: int, Hq: int, Hkv: int, Sq: int, Sk: int,
-                 D: int, seed: int, stream: Stream | int | None) -> None:
-        self._ok(self._gen_seed(q, k, v, B, Hq, Hkv, Sq, Sk, D, seed,
-                                stream_handle(stream) or None), "gen_seed")
-
-    def gen_rising(self, q: int, k: int, v: int, B: int, Hq: int, Hkv: int, Sq: int, Sk: int,
-                   D: int, seed: int, direction: int, stream: Stream | int | None) -> None:
-        self._ok(self._gen_rising(q, k, v, B, Hq, Hkv, Sq, Sk, D, seed, direction,
-                                  stream_handle(stream) or None), "gen_rising")
-
-    def poison(self, o: int, n_o: int, lse: int | None, n_lse: int,
-               stream: Stream | int | None) -> None:
-        self._ok(self._poison(o, n_o, lse or None, n_lse, stream_handle(stream) or None),
-                 "poison")
-
-    def reference(self, q: int, k: int, v: int, o_ref: int, lse_ref: int | None, B: int,
-                  Hq: int, Hkv: int, Sq: int, Sk: int, D: int, causal: bool,
-                  stream: Stream | int | None, flags: int = 0) -> None:
-        """FP32 attention of the problem (B, Hq, Hkv, Sq queries over Sk keys, D, causal:
-        bottom-right) into o_ref ([B, Sq, Hq, D]) and lse_ref ([B, Hq, Sq], or None)."""
-        self._ok(self._reference(q, k, v, o_ref, lse_ref or None, B, Hq, Hkv, Sq, Sk, D,
-                                 1 if causal else 0, flags, stream_handle(stream) or None),
-                 "reference")
-
-    def reference_varlen(self, q: int, k: int, v: int, o_ref: int, lse_ref: int | None,
-                         cu_seqlens_q: int, cu_seqlens_k: int, num_seqs: int,
-                         max_seqlen_q: int, total_q: int, Hq: int, Hkv: int, D: int,
-                         causal: bool, stream: Stream | int | None, flags: int = 0) -> None:
-        """The reference of a packed batch: sequence b's queries are rows cu_seqlens_q[b] ..
-        [b + 1] and its keys rows cu_seqlens_k[b] .. [b + 1] (int32 on the device), its own
-        problem; o_ref [total_q, Hq, D], lse_ref [Hq, total_q] (or None)."""
-        self._ok(self._reference_varlen(q, k, v, o_ref, lse_ref or None, cu_seqlens_q,
-                                        cu_seqlens_k, num_seqs, max_seqlen_q, total_q, Hq, Hkv,
-                                        D, 1 if causal else 0, flags,
-                                        stream_handle(stream) or None),
-                 "reference_varlen")
-
-    def reference_for(self, bufs: AttnBuffers, o_ref: int, lse_ref: int | None,
-                      stream: Stream | int | None, flags: int = 0) -> None:
-        """The reference of the inputs in ``bufs`` (its problem; a packed batch per sequence,
-        with bufs.cu_q and bufs.cu_k)."""
-        p = as_problem(bufs.shape)
-        if p.is_varlen:
-            assert bufs.cu_q is not None and bufs.cu_k is not None
-            self.reference_varlen(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref,
-                                  bufs.cu_q.ptr, bufs.cu_k.ptr, p.B, p.S_q, p.tokens_q, p.Hq,
-                                  p.Hkv, p.D, p.causal, stream, flags=flags)
-            return
-        B, hq, hkv, Sq, Sk, D, causal = problem_dims(p)
-        self.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref, B, hq, hkv, Sq, Sk,
-                       D, causal, stream, flags=flags)
-
-    def f32_to_bf16(self, src: int, dst: int, n: int, stream: Stream | int | None) -> None:
-        self._ok(self._f32_to_bf16(src, dst, n, stream_handle(stream) or None), "f32_to_bf16")
-
-    def compare(self, o: int, o_ref: int, B: int, H: int, S: int, D: int, lse: int | None,
-                lse_ref: int | None, o_atol: float, o_rtol: float, lse_atol: float,
-                lse_rtol: float, stats: int, block_sums: int | None, col_sums: int | None,
-                stream: Stream | int | None) -> None:
-        """O (and LSE, unless lse is None) against the reference; O is [B, S, H, D] (H = Hq,
-        S = the query rows S_q).
-        Fills the stats struct and, when given, the budget sums: block_sums
-        [B, H, ceil(S / ORACLE_ROW_BLOCK), 4] float32, col_sums [B, H, D, 4] float64
-        (oracle.cu's header)."""
-        self._ok(self._compare(o, o_ref, B, H, S, D, lse or None, lse_ref or None, o_atol,
-                               o_rtol, lse_atol, lse_rtol, stats, block_sums or None,
-                               col_sums or None, stream_handle(stream) or None),
-                 "compare")
+def __getattr__(name: str) -> Any:
+    where = _MOVED.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(where), name)
