@@ -200,7 +200,7 @@ def test_varlen_flops_layout_and_class() -> None:
     assert p.flops == sum(2 * 32 * s * s * 128 for s in p.seqlens) == 1_030_792_151_040
     assert Problem.varlen([100], 4, causal=False).flops == 4 * 4 * 100 * 100 * 128
     # Memory: one batch of all tokens; the kernel and reference follow cu_seqlens.
-    assert p.layout == Problem(1, 32, 32768, Hkv=8)
+    assert p.as_fixed == Problem(1, 32, 32768, Hkv=8)
     assert p.cu_seqlens()[:4] == [0, 8192, 12288, 16384] and p.cu_seqlens()[-1] == 32768
     assert p.problem_class == ProblemClass(128, True, varlen=True)
     # A varlen library serves fixed-length problems too: one class for a mix.
@@ -249,7 +249,7 @@ def test_key_length_parse_str_round_trip(text: str, fields: tuple) -> None:
     assert str(p) == want and Problem.parse(str(p)) == p
     assert Problem.from_dict(p.to_dict()) == p and as_problem(p.to_dict()) == p
     assert p.tokens_q == p.tokens == p.B * p.S_q and p.tokens_k == p.B * p.S_k
-    assert p.layout is p and p.problem_class == ProblemClass(p.D, p.causal)
+    assert p.as_fixed is p and p.problem_class == ProblemClass(p.D, p.causal)
 
 
 def test_key_length_canonical_form_and_old_names() -> None:
@@ -304,7 +304,7 @@ def test_varlen_with_key_lengths() -> None:
     assert str(p) == "32/8x[2048:8192,512:4096*2]" and Problem.parse(str(p)) == p
     assert p.to_dict()["seqlens_k"] == [8192, 4096, 4096] and as_problem(p.to_dict()) == p
     # Buffers are sized per tensor: Q/O by the query rows, K/V by the key rows.
-    assert p.layout == Problem(1, 32, 3072, Hkv=8, Sk=16384)
+    assert p.as_fixed == Problem(1, 32, 3072, Hkv=8, Sk=16384)
     assert p.problem_class == ProblemClass(128, True, varlen=True)  # no class of its own
     # q = k entries print plainly; a mix round-trips; plain lengths keep meaning q = k.
     m = Problem.parse("8x[100,50:60,7:7*2]:full")
@@ -318,3 +318,75 @@ def test_varlen_with_key_lengths() -> None:
         Problem.varlen([10, 20], 4, seqlens_k=[30])
     with pytest.raises(ShapeError, match=r"Problem\.varlen"):
         Problem(2, 4, 20, seqlens=(10, 20), Sk=99, seqlens_k=(30, 40))
+
+
+# ---- memory layouts (q, k, v as views of a fused QKV tensor, K/V as a [B, H, S, D] cache) -----
+@pytest.mark.parametrize(("text", "fields"), [
+    ("1x32/8x8192:qkv", (1, 32, 8, 8192, 8192, 128, True, "qkv")),
+    ("2x8/2x1000:qkv", (2, 8, 2, 1000, 1000, 128, True, "qkv")),
+    ("1x32/8x2048:k8192:bhsd", (1, 32, 8, 2048, 8192, 128, True, "bhsd")),
+    ("1x8/2x333:k1000:bhsd", (1, 8, 2, 333, 1000, 128, True, "bhsd")),
+    ("4x16x512:d64:full:qkv", (4, 16, 16, 512, 512, 64, False, "qkv")),
+    ("1x8/1x100:k300:d256:full:bhsd", (1, 8, 1, 100, 300, 256, False, "bhsd")),
+])
+def test_layout_parse_str_round_trip(text: str, fields: tuple) -> None:
+    p = Problem.parse(text)
+    assert (p.B, p.Hq, p.Hkv, p.S_q, p.S_k, p.D, p.causal, p.layout) == fields
+    assert str(p) == text and Problem.parse(str(p)) == p
+    assert p.to_dict()["layout"] == p.layout
+    assert Problem.from_dict(p.to_dict()) == p and as_problem(p.to_dict()) == p
+    assert store.problem_of({"shape": text, **p.to_dict()}) == p
+    # Strides are run-time arguments: the layout is no part of what a library is built for.
+    assert p.problem_class == ProblemClass(p.D, p.causal)
+    # The flops are the attention's, whatever the memory layout.
+    dense = Problem(p.B, p.Hq, p.S_q, Hkv=p.Hkv, D=p.D, causal=p.causal, Sk=p.S_k)
+    assert p.flops == dense.flops and p != dense and hash(p) != hash(dense)
+
+
+def test_layout_canonical_form_and_default() -> None:
+    # One order: :k, :d, :full, then the layout, whatever order they came in.
+    p = Problem.parse("1x32/8x2048:bhsd:full:k8192:d64")
+    assert str(p) == "1x32/8x2048:k8192:d64:full:bhsd"
+    assert str(Problem.parse("1X32/8X8192:QKV")) == "1x32/8x8192:qkv"
+    # bshd is the default: never printed, never stored, so every name and dict stays as it was.
+    p = Problem.parse("4x32x8192:bshd")
+    assert p == Problem(4, 32, 8192) and p.layout == "bshd" and str(p) == "4x32x8192"
+    assert "layout" not in p.to_dict() and "layout" not in Problem.parse("1x32/8x8192").to_dict()
+    assert Problem.from_dict({"B": 4, "H": 32, "S": 8192, "D": 128}).layout == "bshd"
+    # A compare of the fused layout must not share the dense problem's buffers (Bench keys on it).
+    keys = {Problem.parse("1x32/8x8192"): "dense", Problem.parse("1x32/8x8192:qkv"): "fused"}
+    assert len(keys) == 2
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("1x32/8x2048:k8192:qkv", "as many keys as queries (got 2048 queries over 8192 keys)"),
+    ("1x32/8x2048:k8192:qkv", "drop :k or use :bhsd"),
+    ("32/8x[100,200]:qkv", ":qkv is for fixed-length problems"),
+    ("32/8x[100:300]:bhsd", ":bhsd is for fixed-length problems"),
+    ("1x32x100:qkv:bhsd", "give one layout (:qkv and :bhsd)"),
+    ("1x32x100:nhd", "unknown option ':nhd'"),
+    ("1x32x100:nhd", ":qkv or :bhsd for the memory layout"),
+])
+def test_layout_refusals_are_one_sentence(text: str, needle: str) -> None:
+    with pytest.raises(ShapeError) as ei:
+        Problem.parse(text)
+    assert needle in str(ei.value) and "\n" not in str(ei.value), str(ei.value)
+
+
+def test_layout_field_refusals() -> None:
+    with pytest.raises(ShapeError, match="layout 'nchw' is not one of bshd, qkv, bhsd"):
+        Problem(1, 4, 64, layout="nchw")
+    with pytest.raises(ShapeError, match="as many keys as queries"):
+        Problem(1, 4, 64, Sk=128, layout="qkv")
+    with pytest.raises(ShapeError, match="fixed-length batches"):
+        Problem(2, 4, 20, seqlens=(10, 20), layout="bhsd")
+
+
+def test_describe_names_a_layout() -> None:
+    assert describe(["1x32/8x8192:qkv"]) == (
+        "causal, D=128, GQA (Hq=32, Hkv=8), q, k, v views of one fused QKV tensor "
+        "[B, S, Hq+2Hkv, D]")
+    assert describe(["1x32/8x2048:k8192:bhsd"]).endswith(
+        "k, v views of [B, Hkv, S_k, D] memory (a KV cache)")
+    assert describe(["1x32/8x8192", "1x32/8x8192:qkv"]).endswith(", layouts bshd/qkv")
+    assert describe(["1x32/8x8192", "1x32/8x4096"]) == "causal, D=128, GQA (Hq=32, Hkv=8)"

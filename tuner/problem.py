@@ -12,14 +12,27 @@ that see no key, so it is refused; non-causal takes any S_q, S_k >= 1.
 
 Text form (the CLI's ``--shape``)::
 
-    B x Hq[/Hkv] x S [:kSK] [:dD] [:full | :causal]
+    B x Hq[/Hkv] x S [:kSK] [:dD] [:full | :causal] [:qkv | :bhsd]
     Hq[/Hkv] x [q[:k], q[:k]*count, ...] [:dD] [:full | :causal]     (varlen: a packed batch)
 
 ``4x32x8192`` is today's seed problem (MHA, D 128, causal); ``1x32/8x8192`` is Llama-3-8B's GQA;
 ``1x32/8x2048:k8192`` is 2048 queries over 8192 keys; ``4x32x8192:d64``; ``4x32x8192:full`` is
-non-causal; ``1x64/8x8192:d256:full``. ``str()`` gives the canonical form: the parts that differ
-from MHA / S_k = S_q / D 128 / causal only, so every problem the tool knew before keeps its name
-(and the study attributes and result files that use it).
+non-causal; ``1x64/8x8192:d256:full``; ``1x32/8x8192:qkv`` has q, k, v as views of one fused QKV
+projection. ``str()`` gives the canonical form: the parts that differ from MHA / S_k = S_q / D 128
+/ causal / dense BSHD only, in that order (``:k``, ``:d``, ``:full``, then the layout), so every
+problem the tool knew before keeps its name (and the study attributes and result files that use
+it).
+
+The layout (``Problem.layout``) is where q, k and v live in memory, as inference hands them over
+(issue 34); the kernel and the peers read them there through strides, O stays dense BSHD:
+
+* ``bshd`` (default): q [B, S_q, Hq, D], k and v [B, S_k, Hkv, D], each dense;
+* ``qkv``: views of one fused projection output [B, S, Hq + 2 Hkv, D] (q its heads [0, Hq), k
+  [Hq, Hq + Hkv), v the rest), so S_q = S_k;
+* ``bhsd``: q dense BSHD, k and v views of [B, Hkv, S_k, D] memory (transformers' KV cache).
+
+``Problem.view(name)`` gives each tensor's buffer, element offset and strides. It is a run-time
+property (strides are call arguments), so it is no part of the ``ProblemClass``.
 
 A varlen problem (``seqlens``, and ``seqlens_k`` when the key lengths differ) is a packed batch:
 its sequences' query tokens one after another in a [total_q, Hq, D] tensor and their keys in
@@ -28,7 +41,7 @@ the prefix sums of the lengths), each sequence its own attention problem. B is t
 sequences, S the longest query length and Sk the longest key length (max_seqlen_q / _k);
 ``32/8x[8192,4096*2,2048*4,1024*8]`` is the anchors' varlen batch (q = k), and
 ``32/8x[2048:8192,512:4096*2]`` three sequences whose queries continue a cached prefix. Its
-memory is a fixed problem of B=1, S_q=total_q, S_k=total_k (``layout``): buffers, input
+memory is a fixed problem of B=1, S_q=total_q, S_k=total_k (``as_fixed``): buffers, input
 generation, poisoning and comparison treat it so; the reference and the kernel follow the
 sequence boundaries.
 
@@ -59,10 +72,19 @@ _RE_VARLEN = re.compile(
     re.IGNORECASE,
 )
 MAX_SEQS = 65535  # sequences in one varlen batch (the device-side schedule's bound)
-_SYNTAX = ("write BxHq[/Hkv]xS[:dD][:full] (:kSK for S queries over SK keys), e.g. 4x32x8192, "
-           "1x32/8x8192, 1x32/8x2048:k8192, 4x16x8192:d256, 4x32x8192:full; or a packed varlen "
-           "batch Hq[/Hkv]x[q[:k],q[:k]*count,...], e.g. 32/8x[8192,4096*2] or "
-           "32/8x[2048:8192,512:4096*2]")
+_SYNTAX = ("write BxHq[/Hkv]xS[:dD][:full] (:kSK for S queries over SK keys; :qkv or :bhsd "
+           "for q, k, v laid out as one fused QKV tensor or k, v as a [B, H, S, D] cache), e.g. "
+           "4x32x8192, 1x32/8x8192, 1x32/8x2048:k8192, 4x16x8192:d256, 4x32x8192:full, "
+           "1x32/8x8192:qkv; or a packed varlen batch Hq[/Hkv]x[q[:k],q[:k]*count,...], e.g. "
+           "32/8x[8192,4096*2] or 32/8x[2048:8192,512:4096*2]")
+
+# Where q, k and v live in memory (module docstring). "bshd" is the default and never printed.
+DEFAULT_LAYOUT = "bshd"
+LAYOUTS: dict[str, str] = {
+    "bshd": "dense BSHD q, k, v",
+    "qkv": "q, k, v views of one fused QKV tensor [B, S, Hq+2Hkv, D]",
+    "bhsd": "k, v views of [B, Hkv, S_k, D] memory (a KV cache)",
+}
 
 
 def parse_pairs(text: str, where: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -109,11 +131,16 @@ def lengths_text(seqlens: tuple[int, ...], seqlens_k: tuple[int, ...] = ()) -> s
     return ",".join(parts)
 
 
-def _parse_options(opts: str, text: str) -> tuple[int, bool, int]:
-    """(head dim, causal, key length; 0 = not given) of the ':...' options."""
-    d, causal, sk = DEFAULT_HEAD_DIM, True, 0
+def _parse_options(opts: str, text: str) -> tuple[int, bool, int, str]:
+    """(head dim, causal, key length (0 = not given), layout) of the ':...' options."""
+    d, causal, sk, layout = DEFAULT_HEAD_DIM, True, 0, DEFAULT_LAYOUT
     for opt in (o.strip().lower() for o in opts.split(":") if o.strip()):
-        if opt in ("full", "noncausal", "non-causal"):
+        if opt in LAYOUTS:
+            if layout != DEFAULT_LAYOUT and opt != layout:
+                raise ShapeError(f"malformed problem '{text}': give one layout (:{layout} and "
+                                 f":{opt})")
+            layout = opt
+        elif opt in ("full", "noncausal", "non-causal"):
             causal = False
         elif opt == "causal":
             causal = True
@@ -127,10 +154,10 @@ def _parse_options(opts: str, text: str) -> tuple[int, bool, int]:
         else:
             raise ShapeError(
                 f"malformed problem '{text}': unknown option ':{opt}' (use :dD for the head "
-                "dim, e.g. :d64, :full for a non-causal mask and :kSK for the key length, e.g. "
-                ":k8192)"
+                "dim, e.g. :d64, :full for a non-causal mask, :kSK for the key length, e.g. "
+                ":k8192, and :qkv or :bhsd for the memory layout)"
             )
-    return d, causal, sk
+    return d, causal, sk, layout
 
 
 def _pairs2(sq: int, sk: int, causal: bool) -> int:
@@ -141,6 +168,26 @@ def _pairs2(sq: int, sk: int, causal: bool) -> int:
 
 def _is_count(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class TensorView:
+    """Where one of a problem's tensors lives in memory. ``buffer`` names the buffer that holds
+    it (an ``AttnBuffers`` attribute): "q", "k", "v", "o" for the dense tensors, "qkv" for the
+    fused projection, "k_cache" / "v_cache" for [B, Hkv, S_k, D] memory; ``offset`` is in
+    elements into that buffer; ``dims`` the logical [B, S, H, D]; ``strides`` the element
+    strides of (batch, sequence, head), the head dim being contiguous: the C ABI's q_stride /
+    k_stride / v_stride, and torch.as_strided's strides without the trailing 1."""
+
+    buffer: str
+    offset: int
+    dims: tuple[int, int, int, int]
+    strides: tuple[int, int, int]
+
+
+def dense_strides(rows: int, heads: int, D: int) -> tuple[int, int, int]:
+    """Dense BSHD strides in elements: (batch, sequence, head)."""
+    return rows * heads * D, heads * D, D
 
 
 @dataclass(frozen=True)
@@ -158,6 +205,7 @@ class Problem:
     seqlens: tuple[int, ...] = ()
     Sk: int = 0  # key length (varlen: the longest); 0: same as S; normalised in __post_init__
     seqlens_k: tuple[int, ...] = ()  # varlen key lengths; empty: the query lengths
+    layout: str = DEFAULT_LAYOUT  # where q, k, v live in memory: a key of LAYOUTS
 
     @classmethod
     def varlen(cls, seqlens: Iterable[int], Hq: int, Hkv: int = 0, D: int = DEFAULT_HEAD_DIM,
@@ -208,6 +256,7 @@ class Problem:
         if not isinstance(self.causal, bool):
             raise ShapeError(f"problem causal must be true or false (got {self.causal!r})")
         self._check_keys()
+        self._check_layout()
         if self.tokens_q * self.Hq * self.D > _MAX_ELEMS:
             what = "total query tokens*Hq*D" if self.seqlens else "B*S*Hq*D"
             raise ShapeError(f"problem {self} is too large: {what} must stay below 2^31 elements")
@@ -250,6 +299,20 @@ class Problem:
             if q > 0 and k == 0:
                 raise ShapeError(f"problem {self}: {where}{q} queries over no key; give each "
                                  "sequence with queries at least one key")
+
+    def _check_layout(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ShapeError(f"problem layout {self.layout!r} is not one of "
+                             f"{', '.join(LAYOUTS)} (the default, bshd, is dense tensors)")
+        if self.layout == DEFAULT_LAYOUT:
+            return
+        if self.seqlens:
+            raise ShapeError(f"problem {self}: the {self.layout} layout is for fixed-length "
+                             "batches; a packed varlen batch is dense [total, H, D] tensors")
+        if self.layout == "qkv" and self.S != self.Sk:
+            raise ShapeError(f"problem {self}: q, k, v as views of one fused QKV tensor have as "
+                             f"many keys as queries (got {self.S} queries over {self.Sk} keys); "
+                             "drop :k or use :bhsd")
 
     # -- names
     @property
@@ -311,7 +374,7 @@ class Problem:
         return self._prefix(self.seqlens_k)
 
     @property
-    def layout(self) -> Problem:
+    def as_fixed(self) -> Problem:
         """The fixed-length problem with this one's memory: itself, or for a packed batch one
         batch of all its query rows (S=total_q) and key rows (Sk=total_k): what buffers, input
         generation, poisoning and the comparison see."""
@@ -319,6 +382,34 @@ class Problem:
             return self
         return Problem(1, self.Hq, self.tokens_q, Hkv=self.Hkv, D=self.D, causal=self.causal,
                        Sk=self.tokens_k)
+
+    def view(self, name: str) -> TensorView:
+        """Where tensor ``name`` ("q", "k", "v" or "o") lives under this problem's layout (a
+        packed batch: its ``as_fixed`` tensors). O is always dense BSHD."""
+        if name not in ("q", "k", "v", "o"):
+            raise ValueError(f"no tensor {name!r}: q, k, v or o")
+        m = self.as_fixed
+        rows, heads = (m.S, m.Hq) if name in ("q", "o") else (m.Sk, m.Hkv)
+        dims = (m.B, rows, heads, m.D)
+        if self.layout == "qkv" and name != "o":
+            # One projection output [B, S, Hq + 2 Hkv, D]: a token's q, k, v heads side by side.
+            width = (m.Hq + 2 * m.Hkv) * m.D
+            offset = {"q": 0, "k": m.Hq * m.D, "v": (m.Hq + m.Hkv) * m.D}[name]
+            return TensorView("qkv", offset, dims, (rows * width, width, m.D))
+        if self.layout == "bhsd" and name in ("k", "v"):
+            # [B, Hkv, S_k, D] memory read as [B, S_k, Hkv, D]: sequence stride D, head S_k*D.
+            return TensorView(f"{name}_cache", 0, dims, (heads * rows * m.D, m.D, rows * m.D))
+        return TensorView(name, 0, dims, dense_strides(rows, heads, m.D))
+
+    def layout_buffers(self) -> dict[str, int]:
+        """The buffers this layout needs beside the dense q, k, v, o (name -> BF16 elements):
+        none for bshd; {"qkv"} for qkv; {"k_cache", "v_cache"} for bhsd."""
+        if self.layout == "qkv":
+            return {"qkv": self.B * self.S * (self.Hq + 2 * self.Hkv) * self.D}
+        if self.layout == "bhsd":
+            n = self.B * self.Hkv * self.Sk * self.D
+            return {"k_cache": n, "v_cache": n}
+        return {}
 
     @property
     def problem_class(self) -> ProblemClass:
@@ -344,16 +435,19 @@ class Problem:
             b, hq, hkv, s, opts = m.groups()  # type: ignore[union-attr]
         if hkv is not None and int(hkv) < 1:  # '/0' is not MHA (Hkv=0 only means it in code)
             raise ShapeError(f"problem '{text}': Hkv must be a positive integer (got {hkv})")
-        d, causal, sk = _parse_options(opts, str(text))
+        d, causal, sk, layout = _parse_options(opts, str(text))
         if v:
             if sk:
                 raise ShapeError(f"malformed problem '{text}': :k is for fixed-length problems; "
                                  "give each sequence's key length as q:k, e.g. [2048:8192]")
+            if layout != DEFAULT_LAYOUT:
+                raise ShapeError(f"malformed problem '{text}': :{layout} is for fixed-length "
+                                 "problems; a packed varlen batch is dense [total, H, D] tensors")
             qs, ks = parse_pairs(lens, str(text))
             return cls.varlen(qs, int(hq), Hkv=int(hkv) if hkv else 0, D=d, causal=causal,
                               seqlens_k=ks)
         return cls(int(b), int(hq), int(s), Hkv=int(hkv) if hkv else 0, D=d, causal=causal,
-                   Sk=sk)
+                   Sk=sk, layout=layout)
 
     def __str__(self) -> str:
         heads = f"{self.Hq}" if self.Hkv == self.Hq else f"{self.Hq}/{self.Hkv}"
@@ -367,6 +461,8 @@ class Problem:
             text += f":d{self.D}"
         if not self.causal:
             text += ":full"
+        if self.layout != DEFAULT_LAYOUT:
+            text += f":{self.layout}"
         return text
 
     # -- cost
@@ -385,8 +481,8 @@ class Problem:
     def tflops(self, ms: float) -> float:
         return self.flops / (ms * 1e9)
 
-    def to_dict(self) -> dict[str, int | bool | list[int]]:
-        out: dict[str, int | bool | list[int]] = {
+    def to_dict(self) -> dict[str, int | bool | str | list[int]]:
+        out: dict[str, int | bool | str | list[int]] = {
             "B": self.B, "H": self.Hq, "Hq": self.Hq, "Hkv": self.Hkv, "S": self.S, "D": self.D,
             "causal": self.causal}
         # Only where they say something: a problem's dict stays what it always was otherwise.
@@ -396,6 +492,8 @@ class Problem:
                 out["seqlens_k"] = list(self.seqlens_k)
         elif self.Sk != self.S:
             out["Sk"] = self.Sk
+        if self.layout != DEFAULT_LAYOUT:
+            out["layout"] = self.layout
         return out
 
     @classmethod
@@ -407,7 +505,8 @@ class Problem:
             ks = d.get("seqlens_k")
             return cls.varlen([int(x) for x in d["seqlens"]], int(hq), **kw,
                               seqlens_k=None if not ks else [int(x) for x in ks])
-        return cls(int(d["B"]), int(hq), int(d["S"]), Sk=int(d.get("Sk") or 0), **kw)
+        return cls(int(d["B"]), int(hq), int(d["S"]), Sk=int(d.get("Sk") or 0),
+                   layout=str(d.get("layout") or DEFAULT_LAYOUT), **kw)
 
 
 @dataclass(frozen=True)
@@ -481,7 +580,7 @@ def as_problem(obj: object) -> Problem:
     if isinstance(obj, (list, tuple)) and len(obj) == 3:
         return Problem(*(int(v) for v in obj))
     raise ShapeError(f"malformed problem {obj!r}: give a Problem, "
-                     "'BxHq[/Hkv]xS[:kSK][:dD][:full]' or a dict")
+                     "'BxHq[/Hkv]xS[:kSK][:dD][:full][:qkv|:bhsd]' or a dict")
 
 
 def parse_problems(texts: Iterable[object] | None) -> list[Problem]:
@@ -508,4 +607,11 @@ def describe(problems: Iterable[object]) -> str:
         parts.append(f"{ps[0].kind} (Hq={ps[0].Hq}, Hkv={ps[0].Hkv})")
     else:
         parts.append(ps[0].kind if len(kinds) == 1 else "/".join(sorted(kinds)))
+    layouts = sorted({p.layout for p in ps})
+    if layouts == [DEFAULT_LAYOUT]:
+        pass  # dense tensors, as every problem before layouts: the titles stay as they were
+    elif len(layouts) == 1:
+        parts.append(LAYOUTS[layouts[0]])
+    else:
+        parts.append(f"layouts {'/'.join(layouts)}")
     return ", ".join(parts)

@@ -88,11 +88,11 @@ def problem_dims(shape: Any) -> tuple[int, int, int, int, int, int, bool]:
     """(B, Hq, Hkv, S_q, S_k, D, causal) of a problem's tensors, for a Problem or anything
     shaped like one (no validation): Hq from ``Hq`` or ``H``; Hkv defaults to Hq, S_k (``Sk``)
     to S, D to 128, causal to True. Q and O hold B*S_q rows, K and V B*S_k. A packed varlen
-    batch's tensors are one batch of all its tokens (``Problem.layout``: B=1, S_q=total_q,
+    batch's tensors are one batch of all its tokens (``Problem.as_fixed``: B=1, S_q=total_q,
     S_k=total_k): buffers, input generation, poisoning and comparison read them so; the
     reference and the kernel launch follow its sequences (``as_problem(shape).seqlens``)."""
     if isinstance(shape, Problem) and shape.seqlens:
-        shape = shape.layout
+        shape = shape.as_fixed
     hq = int(getattr(shape, "Hq", None) or shape.H)
     hkv = int(getattr(shape, "Hkv", None) or hq)
     sq = int(shape.S)

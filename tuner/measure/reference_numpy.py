@@ -4,7 +4,7 @@ float64 attention reference; for tests and for checking the "rising" property on
 Everything here takes S_q queries over S_k keys (S_q <= S_k: a prompt continuing a cached
 prefix) with FlashAttention's bottom-right causal alignment: query row i sees keys
 0 .. i + S_k - S_q. Q and O are [B, S_q, Hq, D], K and V [B, S_k, Hkv, D], LSE [B, Hq, S_q]; a
-packed (varlen) batch is the tensors of its ``Problem.layout`` (B = 1, S_q = total_q, S_k =
+packed (varlen) batch is the tensors of its ``Problem.as_fixed`` (B = 1, S_q = total_q, S_k =
 total_k), each sequence its own problem (``numpy_reference_varlen``). Query head h reads K/V
 head h // (Hq / Hkv); the scale is 1/sqrt(D).
 
@@ -92,7 +92,7 @@ def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
 def host_inputs(shape: ShapeLike, input_set: str, seed: int = DEFAULT_SEED,
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q ([B, S_q, Hq, D]), K and V ([B, S_k, Hkv, D]) exactly as the GPU generates them: BF16
-    bit patterns, uint16 (a packed batch: its layout's tensors, B = 1).
+    bit patterns, uint16 (a packed batch: its as_fixed tensors, B = 1).
 
     For small problems (tests): memory is O(B*S*H*D) 8-byte temporaries.
     """
@@ -225,7 +225,7 @@ def numpy_reference_varlen(q: np.ndarray, k: np.ndarray, v: np.ndarray,
                            cu_seqlens_q: Sequence[int], cu_seqlens_k: Sequence[int],
                            causal: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """The float64 reference of a packed batch: q [total_q, Hq, D], k and v [total_k, Hkv, D]
-    (or the layout's [1, total, H, D]); sequence b is query rows cu_seqlens_q[b] .. [b + 1]
+    (or the as_fixed [1, total, H, D]); sequence b is query rows cu_seqlens_q[b] .. [b + 1]
     over key rows cu_seqlens_k[b] .. [b + 1], its own problem (its own causal offset).
     Returns (o [total_q, Hq, D], lse [Hq, total_q])."""
     q, k, v = (a[0] if a.ndim == 4 else a for a in (q, k, v))
