@@ -14,7 +14,7 @@
 // no key (causal Sq > Sk, or a sequence without keys) gets O = 0 and LSE = -inf, the kernel's
 // convention (fa-tune's problems never have one).
 //
-// C ABI (version 5). Every function returns an int that is a cudaError_t (0 = cudaSuccess).
+// C ABI (version 6). Every function returns an int that is a cudaError_t (0 = cudaSuccess).
 // Each launch is followed by cudaGetLastError(), so a bad launch is reported by the call that
 // made it; kernel faults surface at the caller's next synchronisation. All work is enqueued on
 // `stream` (a cudaStream_t == CUstream; NULL = legacy default stream). Pointers are device
@@ -85,6 +85,16 @@
 //
 //   int oracle_f32_to_bf16(const float* src, void* dst_bf16, long long n, cudaStream_t s);
 //       dst = bf16_rn(src): a "perfect kernel" for gate self-tests.
+//
+//   int oracle_copy_bf16_4d(const void* src, void* dst, const long long* dims,
+//                           const long long* src_strides, const long long* dst_strides,
+//                           cudaStream_t s);
+//       dst[i0*ds0 + i1*ds1 + i2*ds2 + i3*ds3] = src[i0*ss0 + ... + i3*ss3] for every index
+//       i < dims (4 HOST arrays of 4: dims >= 1, strides >= 0, in elements), bit for bit (16-bit
+//       words: no conversion). The gate generates inputs into dense Q, K, V; this mirrors them
+//       into a problem's layout buffer (q, k, v as views of one fused QKV tensor, k and v as a
+//       [B, H, S, D] cache), one call per tensor, so the kernel and its peers read the same
+//       values through strides. Destination elements that overlap give an undefined winner.
 //
 //   int oracle_row_block(void);              // ORACLE_ROW_BLOCK: query rows per budget block
 //
@@ -171,9 +181,10 @@
 
 #define ORACLE_API extern "C" __attribute__((visibility("default")))
 
+// 6: oracle_copy_bf16_4d (inputs mirrored into strided layouts).
 // 5: separate query and key lengths (Sq <= Sk, bottom-right causal), cu_seqlens_q / _k.
 // 4: oracle_reference_varlen
-#define ORACLE_ABI_VERSION 5
+#define ORACLE_ABI_VERSION 6
 #define ORACLE_ROW_BLOCK 16
 #define ORACLE_POISON_BF16 0x7FBFu
 #define ORACLE_POISON_F32 0x7FBADBADu
@@ -335,6 +346,30 @@ __global__ void f32_to_bf16_kernel(const float* __restrict__ src, __nv_bfloat16*
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         dst[i] = to_bf16(src[i]);
+}
+
+// A 4-D strided copy of 16-bit words (by value: the dims and strides ride in the kernel's
+// parameters). One thread per element, the flat index decomposed innermost dim first; the
+// copies run once per input set, outside any timed region, so simple beats fast here.
+struct Copy4d {
+    long long dims[4];
+    long long src[4];
+    long long dst[4];
+};
+
+__global__ void copy_4d_kernel(const uint16_t* __restrict__ src, uint16_t* __restrict__ dst,
+                               Copy4d c, long long n) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long rest = i, s_off = 0, d_off = 0;
+        for (int d = 3; d >= 0; --d) {
+            const long long idx = rest % c.dims[d];
+            rest /= c.dims[d];
+            s_off += idx * c.src[d];
+            d_off += idx * c.dst[d];
+        }
+        dst[d_off] = src[s_off];
+    }
 }
 
 // ------------------------------------------------------------------------------ reference
@@ -963,6 +998,28 @@ ORACLE_API int oracle_f32_to_bf16(const float* src, void* dst, long long n, cuda
     if (src == nullptr || dst == nullptr || n < 0) return (int)cudaErrorInvalidValue;
     if (n == 0) return 0;
     f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, s>>>(src, static_cast<__nv_bfloat16*>(dst), n);
+    return (int)cudaGetLastError();
+}
+
+ORACLE_API int oracle_copy_bf16_4d(const void* src, void* dst, const long long* dims,
+                                   const long long* src_strides, const long long* dst_strides,
+                                   cudaStream_t s) {
+    if (src == nullptr || dst == nullptr || dims == nullptr || src_strides == nullptr ||
+        dst_strides == nullptr)
+        return (int)cudaErrorInvalidValue;
+    Copy4d c;
+    long long n = 1;
+    for (int d = 0; d < 4; ++d) {
+        if (dims[d] < 1 || src_strides[d] < 0 || dst_strides[d] < 0)
+            return (int)cudaErrorInvalidValue;
+        if (n > (1LL << 62) / dims[d]) return (int)cudaErrorInvalidValue;  // overflow
+        n *= dims[d];
+        c.dims[d] = dims[d];
+        c.src[d] = src_strides[d];
+        c.dst[d] = dst_strides[d];
+    }
+    copy_4d_kernel<<<grid_for(n, 256), 256, 0, s>>>(static_cast<const uint16_t*>(src),
+                                                    static_cast<uint16_t*>(dst), c, n);
     return (int)cudaGetLastError();
 }
 

@@ -70,6 +70,7 @@ def test_oracle_compiles_without_spills(oracle_so: tuple[Path, str]) -> None:
     entries = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", log)
     assert any("reference_kernel" in e for e in entries)
     assert any("compare_o_kernel" in e for e in entries)
+    assert any("copy_4d_kernel" in e for e in entries)  # the layouts' mirror (ABI 6)
     # Every kernel: no spills, no stack (the reference must stay in registers to be fast).
     for m in re.finditer(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill "
                          r"loads", log):
@@ -127,6 +128,17 @@ def test_oracle_rejects_bad_arguments(oracle_so: tuple[Path, str]) -> None:
                                  None) == 1
     assert mod._reference_varlen(1, 1, 1, 1, None, 1, 1, 0, 64, 64, 8, 2, 128, 1, 0,
                                  None) == 1  # no sequence
+    # copy_bf16_4d(src, dst, dims[4], src_strides[4], dst_strides[4], stream): host arrays
+    good = ((1, 2, 3, 64), (384, 192, 64, 1), (1152, 64, 384, 1))
+    for bad in (((1, 0, 3, 64), good[1], good[2]),  # a zero dim
+                (good[0], (384, -192, 64, 1), good[2]),  # a negative stride
+                ((1 << 40, 1 << 40, 1, 1), good[1], good[2])):  # elements overflow
+        with pytest.raises(CudaError, match=r"oracle copy_bf16_4d failed with .*\(1\)"):
+            mod.copy_bf16_4d(1, 1, *bad, None)
+    with pytest.raises(CudaError, match=r"copy_bf16_4d failed"):
+        mod.copy_bf16_4d(0, 1, *good, None)  # NULL source
+    with pytest.raises(ValueError, match="dims needs 4 values"):
+        mod.copy_bf16_4d(1, 1, (1, 2, 3), good[1], good[2], None)
     # compare(o, o_ref, B, Hq, S, D, lse, lse_ref, 4 tolerances, stats, blocks, cols, stream)
     args = (0.05, 0.1, 0.01, 0.0)
     assert mod._compare(None, 1, 1, 1, 64, 128, None, None, *args, 1, None, None, None) == 1

@@ -160,6 +160,40 @@ def test_kernel_module_queries_over_more_keys(fake_so: Path) -> None:
     assert (a.batch, a.seqlen_q, a.seqlen_k) == (2, 2048, 8192)
 
 
+@pytest.mark.parametrize(("text", "q_stride", "kv_stride", "offsets"), [
+    # q, k, v views of one fused [2, 1024, 8 + 2 + 2, 128] projection: q heads 0..7, k 8-9, v 10-11
+    ("2x8/2x1024:qkv", [1024 * 12 * 128, 12 * 128, 128], [1024 * 12 * 128, 12 * 128, 128],
+     {"q": ("qkv", 0), "k": ("qkv", 8 * 128), "v": ("qkv", 10 * 128)}),
+    # k, v over [1, 2, 1024, 128] memory each (a KV cache); q dense
+    ("1x8/2x384:k1024:bhsd", [384 * 8 * 128, 8 * 128, 128], [2 * 1024 * 128, 128, 1024 * 128],
+     {"q": ("q", 0), "k": ("k_cache", 0), "v": ("v_cache", 0)}),
+])
+def test_kernel_module_passes_the_layouts_views(fake_so: Path, text: str, q_stride: list,
+                                               kv_stride: list, offsets: dict) -> None:
+    """The call reads q, k, v where the layout puts them: the layout buffer's address plus the
+    view's offset (BF16 elements), with its strides; o stays the dense buffer."""
+    from tuner.problem import Problem
+
+    km = _module(fake_so)
+    p = Problem.parse(text)
+    bufs = _bufs(p)
+    bufs.layout_bufs = {"qkv": _ptr(0x10000), "k_cache": _ptr(0x20000), "v_cache": _ptr(0x30000)}
+    km.forward(bufs, None)  # type: ignore[arg-type]
+    a, _ = _last(km)
+    for name, (holder, off) in offsets.items():
+        base = bufs.layout_bufs.get(holder) or getattr(bufs, holder)
+        assert getattr(a, name) == base.ptr + 2 * off, name
+    assert list(a.q_stride) == q_stride
+    assert list(a.k_stride) == list(a.v_stride) == kv_stride
+    assert a.o == 0x4000 and (a.seqlen_q, a.seqlen_k) == (p.S_q, p.S_k)
+    assert km.workspace_bytes(bufs) == 0  # type: ignore[arg-type]
+    # prepare() builds the schedule of the shape: the layout does not change it.
+    km.prepare(p, None)
+    a, _ = _last(km)
+    assert (a.batch, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k) == (
+        p.B, p.Hq, p.Hkv, p.S_q, p.S_k)
+
+
 def test_kernel_module_varlen_call(fake_so: Path) -> None:
     from tuner.problem import Problem
 
@@ -265,6 +299,23 @@ class _AllocDev:
     def alloc(self, nbytes: int) -> SimpleNamespace:
         self.sizes.append(nbytes)
         return SimpleNamespace(ptr=len(self.sizes), nbytes=nbytes, free=lambda: None)
+
+
+def test_attn_buffers_of_a_layout_add_its_buffers() -> None:
+    from tuner.problem import Problem
+
+    dev = _AllocDev()
+    bufs = R.AttnBuffers(dev, Problem.parse("2x8/2x100:d64:qkv"))  # type: ignore[arg-type]
+    n_fused = 2 * 100 * (8 + 2 * 2) * 64
+    # q, k, v, o, lse as for any problem (the generators' and the reference's), then the fused
+    assert dev.sizes == [2 * bufs.n, 2 * bufs.n_kv, 2 * bufs.n_kv, 2 * bufs.n, 4 * bufs.n_lse,
+                         2 * n_fused]
+    assert list(bufs.layout_bufs) == ["qkv"]
+    dev = _AllocDev()
+    bufs = R.AttnBuffers(dev, Problem.parse("1x8/2x100:k300:bhsd"))  # type: ignore[arg-type]
+    assert dev.sizes[5:] == [2 * 2 * 300 * 128] * 2 and list(bufs.layout_bufs) == [
+        "k_cache", "v_cache"]
+    assert R.AttnBuffers(_AllocDev(), Problem(1, 2, 64)).layout_bufs == {}  # type: ignore[arg-type]
 
 
 def test_attn_buffers_sizes_for_gqa_and_head_dims() -> None:

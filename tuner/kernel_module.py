@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import FaTuneError
-from tuner.problem import Problem, ProblemClass
+from tuner.problem import Problem, ProblemClass, dense_strides
 from tuner.runtime import (
     HEAD_DIM,
     AttnBuffers,
@@ -31,6 +31,7 @@ from tuner.runtime import (
     kernel_unsupported,
     problem_dims,
     stream_handle,
+    tensor_view,
 )
 
 
@@ -69,11 +70,6 @@ class HostStatus:
 
     def free(self) -> None:
         """Freed with the object."""
-
-
-def _strides(rows: int, heads: int, D: int) -> tuple[int, int, int]:
-    """Dense BSHD strides in elements: (batch, sequence, head)."""
-    return rows * heads * D, heads * D, D
 
 
 # A placeholder for tensors fa_tune_prepare never reads (it builds the schedule of a shape; the
@@ -178,15 +174,19 @@ class KernelModule:
     def args_for(self, bufs: AttnBuffers, write_lse: bool | None = None,
                  softmax_scale: float = 0.0, workspace: int | None = None,
                  workspace_bytes: int = 0) -> abi.Args:
-        """The call on ``bufs``: dense BSHD strides; a packed batch with its cu_seqlens_q /
-        cu_seqlens_k, max lengths, totals and this module's status words. LSE goes to bufs.lse
-        when the variant writes it (or ``write_lse`` says so), else NULL. softmax_scale 0:
-        1/sqrt(D). workspace None: the library's own (not inside a graph capture)."""
+        """The call on ``bufs``: q, k, v where the problem's layout puts them (``tensor_view``:
+        the dense buffers, or views of the fused QKV tensor / the [B, H, S, D] cache, with their
+        strides), o dense; a packed batch with its cu_seqlens_q / cu_seqlens_k, max lengths,
+        totals and this module's status words. LSE goes to bufs.lse when the variant writes it
+        (or ``write_lse`` says so), else NULL. softmax_scale 0: 1/sqrt(D). workspace None: the
+        library's own (not inside a graph capture)."""
         use_lse = self.writes_lse if write_lse is None else write_lse
         p = as_problem(bufs.shape)
         fields = self._shape_fields(p)
-        fields.update(q=bufs.q.ptr, k=bufs.k.ptr, v=bufs.v.ptr, o=bufs.o.ptr,
-                      lse=bufs.lse.ptr if use_lse else None, softmax_scale=float(softmax_scale))
+        for name in ("q", "k", "v"):
+            fields[name], fields[f"{name}_stride"] = tensor_view(bufs, name)
+        fields.update(o=bufs.o.ptr, lse=bufs.lse.ptr if use_lse else None,
+                      softmax_scale=float(softmax_scale))
         if p.is_varlen:
             cu_q, cu_k = getattr(bufs, "cu_q", None), getattr(bufs, "cu_k", None)
             if cu_q is None or cu_k is None:
@@ -198,11 +198,12 @@ class KernelModule:
         return abi.make_args(**fields)
 
     def _shape_fields(self, p: Problem) -> dict[str, Any]:
-        """The struct's shape fields of a problem (dense strides; a packed batch: its layout's
-        rows per tensor, the lengths' maxima and totals)."""
-        _, hq, hkv, Sq, Sk, D, causal = problem_dims(p)  # a packed batch: the layout's rows
-        return dict(q_stride=_strides(Sq, hq, D), k_stride=_strides(Sk, hkv, D),
-                    v_stride=_strides(Sk, hkv, D), batch=p.B, heads_q=hq, heads_kv=hkv,
+        """The struct's shape fields of a problem (dense strides, which args_for replaces by
+        the layout's; a packed batch: its as_fixed rows per tensor, the lengths' maxima and
+        totals)."""
+        _, hq, hkv, Sq, Sk, D, causal = problem_dims(p)  # a packed batch: the as_fixed rows
+        return dict(q_stride=dense_strides(Sq, hq, D), k_stride=dense_strides(Sk, hkv, D),
+                    v_stride=dense_strides(Sk, hkv, D), batch=p.B, heads_q=hq, heads_kv=hkv,
                     head_dim=D, seqlen_q=p.S_q, seqlen_k=p.S_k,
                     total_q=p.tokens_q if p.is_varlen else 0,
                     total_k=p.tokens_k if p.is_varlen else 0, causal=1 if causal else 0)
@@ -248,9 +249,7 @@ class KernelModule:
     def workspace_bytes(self, bufs: AttnBuffers) -> int:
         """Device workspace bytes the call on ``bufs`` needs (host only); 0 for a fixed-length
         call (or where the library calls the arguments invalid)."""
-        a = self.args_for(bufs) if as_problem(bufs.shape).is_varlen else abi.make_args(
-            q=bufs.q.ptr, k=bufs.k.ptr, v=bufs.v.ptr, o=bufs.o.ptr,
-            **self._shape_fields(as_problem(bufs.shape)))
+        a = self.args_for(bufs)  # the call itself: its views and strides
         return int(self._fn["workspace_bytes"](ctypes.byref(a)))
 
     def check_status(self) -> None:

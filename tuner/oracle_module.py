@@ -7,10 +7,14 @@ OracleModule`` keeps working).
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Sequence
 from pathlib import Path
 
 from tuner.errors import FaTuneError
+from tuner.problem import dense_strides
 from tuner.runtime import (
+    BF16_BYTES,
     AttnBuffers,
     CudaError,
     Stream,
@@ -27,7 +31,9 @@ from tuner.runtime import (
     stream_handle,
 )
 
-ORACLE_ABI_VERSION = 5  # 5: S_q != S_k (bottom-right causal), cu_seqlens_q / _k; 4: varlen
+# 6: oracle_copy_bf16_4d (inputs mirrored into strided layouts); 5: S_q != S_k (bottom-right
+# causal), cu_seqlens_q / _k; 4: varlen
+ORACLE_ABI_VERSION = 6
 ORACLE_STATS_BYTES = 152
 ORACLE_ROW_BLOCK = 16  # query rows per block of the BF16 error budget (oracle_row_block())
 
@@ -69,6 +75,9 @@ class OracleModule:
                                        [_vp, _vp, _vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i,
                                         i, _vp])
         self._f32_to_bf16 = _bind(lib, p, "oracle_f32_to_bf16", _c_int, [_vp, _vp, _c_ll, _vp])
+        # (src, dst, dims[4], src_strides[4], dst_strides[4], stream): host arrays of int64
+        ll4 = ctypes.POINTER(_c_ll)
+        self._copy_4d = _bind(lib, p, "oracle_copy_bf16_4d", _c_int, [_vp, _vp, ll4, ll4, ll4, _vp])
         # (o, o_ref, B, Hq, S, D, lse, lse_ref, o_atol, o_rtol, lse_atol, lse_rtol, stats,
         #  block_sums, col_sums, stream)
         self._compare = _bind(lib, p, "oracle_compare", _c_int,
@@ -136,6 +145,27 @@ class OracleModule:
         B, hq, hkv, Sq, Sk, D, causal = problem_dims(p)
         self.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref, B, hq, hkv, Sq, Sk,
                        D, causal, stream, flags=flags)
+
+    def copy_bf16_4d(self, src: int, dst: int, dims: Sequence[int], src_strides: Sequence[int],
+                     dst_strides: Sequence[int], stream: Stream | int | None) -> None:
+        """dst[i . dst_strides] = src[i . src_strides] for every 4-D index i < dims (strides in
+        elements), bit for bit, asynchronous on ``stream``."""
+        arrs = []
+        for what, xs in (("dims", dims), ("src_strides", src_strides),
+                         ("dst_strides", dst_strides)):
+            if len(xs) != 4:
+                raise ValueError(f"copy_bf16_4d: {what} needs 4 values (got {len(xs)})")
+            arrs.append((_c_ll * 4)(*(int(x) for x in xs)))
+        self._ok(self._copy_4d(src, dst, *arrs, stream_handle(stream) or None), "copy_bf16_4d")
+
+    def mirror_inputs(self, bufs: AttnBuffers, stream: Stream | int | None) -> None:
+        """Copy the dense Q, K, V of ``bufs`` into its layout buffers (``bufs.mirrored()``: none
+        for dense BSHD), so launchables reading the layout's views see the generated inputs."""
+        for name, tv in bufs.mirrored():
+            src_strides = dense_strides(*tv.dims[1:])  # the generated tensor: dense BSHD
+            dst = bufs.layout_bufs[tv.buffer].ptr + tv.offset * BF16_BYTES
+            self.copy_bf16_4d(getattr(bufs, name).ptr, dst, tv.dims, (*src_strides, 1),
+                              (*tv.strides, 1), stream)
 
     def f32_to_bf16(self, src: int, dst: int, n: int, stream: Stream | int | None) -> None:
         self._ok(self._f32_to_bf16(src, dst, n, stream_handle(stream) or None), "f32_to_bf16")

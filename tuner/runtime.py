@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from tuner.errors import FaTuneError, GpuError
-from tuner.problem import DEFAULT_HEAD_DIM, Problem
+from tuner.problem import DEFAULT_HEAD_DIM, Problem, TensorView
 
 
 def _load_abi() -> ModuleType:
@@ -544,12 +544,33 @@ class BufferGroup:
         self._bufs.clear()
 
 
+def tensor_view(bufs: Any, name: str) -> tuple[int, tuple[int, int, int]]:
+    """(device pointer, element strides (batch, sequence, head)) of tensor ``name`` ("q", "k",
+    "v", "o") of ``bufs`` under its problem's layout (``Problem.view``): what a launchable reads.
+    The buffer is one of ``bufs.layout_bufs`` (the fused QKV tensor, the [B, H, S, D] cache) or
+    the dense ``bufs.q`` / ``.k`` / ``.v`` / ``.o``; stand-in buffers without ``layout_bufs``
+    (tests) are dense. AttnBuffers work theirs out once (``_views``): the timing loop asks on
+    every launch."""
+    cached = getattr(bufs, "_views", None)
+    if cached:
+        return cached[name]
+    tv = as_problem(bufs.shape).view(name)
+    buf = (getattr(bufs, "layout_bufs", None) or {}).get(tv.buffer) or getattr(bufs, tv.buffer)
+    return int(buf.ptr) + tv.offset * BF16_BYTES, tv.strides
+
+
 class AttnBuffers(BufferGroup):
     """Q, O ([B, S_q, Hq, D] BF16), K, V ([B, S_k, Hkv, D] BF16) and LSE ([B, Hq, S_q] FP32) for
     one problem. ``shape`` is the Problem; ``n`` the elements of Q/O, ``n_kv`` of K/V, ``n_lse``
     of LSE. A packed varlen batch: Q/O [total_q, Hq, D], K/V [total_k, Hkv, D], LSE [Hq, total_q]
     (problem_dims), and ``cu_q`` / ``cu_k``, its cu_seqlens_q / cu_seqlens_k (int32, num_seqs +
-    1 each) on the device; both are None otherwise (``cu`` is ``cu_q``)."""
+    1 each) on the device; both are None otherwise (``cu`` is ``cu_q``).
+
+    A problem with another layout than dense BSHD (``Problem.layout``) also gets that layout's
+    buffers (``layout_bufs``: "qkv", or "k_cache" and "v_cache"). The generators, the FP32
+    reference and ``inputs_to_host`` work on the dense Q, K, V; after every fill the oracle
+    mirrors them into the layout buffers (tuner.measure.oracle.fill_inputs), and launchables
+    read q, k, v where ``view(name)`` says."""
 
     def __init__(self, dev: Device, problem: ShapeLike) -> None:
         super().__init__(dev)
@@ -570,6 +591,11 @@ class AttnBuffers(BufferGroup):
                 self.cu_q.copy_from_host(np.asarray(self.shape.cu_seqlens(), dtype=np.int32))
                 self.cu_k = self._alloc(4 * (self.shape.B + 1))
                 self.cu_k.copy_from_host(np.asarray(self.shape.cu_seqlens_k(), dtype=np.int32))
+            self.layout_bufs: dict[str, DeviceBuffer] = {
+                name: self._alloc(n * BF16_BYTES)
+                for name, n in self.shape.layout_buffers().items()}
+            # Worked out once: every launch of the timing loop asks for them.
+            self._views = {name: tensor_view(self, name) for name in ("q", "k", "v", "o")}
         except BaseException:
             self.free()
             raise
@@ -577,6 +603,21 @@ class AttnBuffers(BufferGroup):
     @property
     def problem(self) -> Problem:
         return self.shape
+
+    def view(self, name: str) -> tuple[int, tuple[int, int, int]]:
+        """(pointer, element strides (batch, sequence, head)) of q, k, v or o as launchables
+        read it: dense for bshd, the layout buffer's view otherwise (``tensor_view``)."""
+        return tensor_view(self, name)
+
+    def mirrored(self) -> list[tuple[str, TensorView]]:
+        """The tensors whose launch view is not their dense buffer, with that view: what the
+        oracle copies the dense inputs into after each fill (none for bshd)."""
+        out = []
+        for name in ("q", "k", "v"):
+            tv = self.shape.view(name)
+            if tv.buffer != name:
+                out.append((name, tv))
+        return out
 
     @property
     def cu(self) -> DeviceBuffer | None:

@@ -27,6 +27,7 @@ from tuner.runtime import (
     as_problem,
     problem_dims,
     stream_handle,
+    tensor_view,
 )
 
 
@@ -91,21 +92,31 @@ class _Cai:
 
 
 def torch_views(bufs: AttnBuffers) -> tuple[Any, Any, Any, Any, Any]:
-    """q, o ([B, S_q, Hq, D] bf16), k, v ([B, S_k, Hkv, D] bf16) and lse ([B, Hq, S_q] fp32)
-    torch tensors aliasing bufs (a packed batch: its layout's, B = 1, S = the totals); returned
-    as (q, k, v, o, lse)."""
+    """q ([B, S_q, Hq, D] bf16), k, v ([B, S_k, Hkv, D] bf16), o ([B, S_q, Hq, D] bf16, dense)
+    and lse ([B, Hq, S_q] fp32) torch tensors aliasing bufs (a packed batch: its as_fixed
+    tensors, B = 1, S = the totals); returned as (q, k, v, o, lse). q, k and v are where the
+    problem's layout puts them (``Problem.view``): ``torch.as_strided`` over the layout buffer
+    (the fused QKV tensor, the [B, H, S, D] cache), so a peer reads the very memory, offsets and
+    strides the kernel is given."""
     import torch
 
-    B, hq, hkv, Sq, Sk, D, _ = problem_dims(bufs.shape)
-    q_dims, kv_dims = (B, Sq, hq, D), (B, Sk, hkv, D)
+    B, hq, _, Sq, _, _, _ = problem_dims(bufs.shape)
+    problem = as_problem(bufs.shape)
+    bases: dict[str, Any] = {}
 
-    def bf16(buf: DeviceBuffer, dims: tuple[int, ...]) -> Any:
-        # CAI has no bf16 typestr: alias as int16, reinterpret
-        return torch.as_tensor(_Cai(buf, dims, "<i2"), device="cuda").view(torch.bfloat16)
+    def bf16(name: str) -> Any:
+        tv = problem.view(name)
+        base = bases.get(tv.buffer)
+        if base is None:
+            buf = (getattr(bufs, "layout_bufs", None) or {}).get(tv.buffer) or getattr(
+                bufs, tv.buffer)
+            # CAI has no bf16 typestr: alias the whole buffer as int16, reinterpret
+            base = bases[tv.buffer] = torch.as_tensor(
+                _Cai(buf, (buf.nbytes // 2,), "<i2"), device="cuda").view(torch.bfloat16)
+        return torch.as_strided(base, tv.dims, (*tv.strides, 1), tv.offset)
 
     lse = torch.as_tensor(_Cai(bufs.lse, (B, hq, Sq), "<f4"), device="cuda")
-    return (bf16(bufs.q, q_dims), bf16(bufs.k, kv_dims), bf16(bufs.v, kv_dims),
-            bf16(bufs.o, q_dims), lse)
+    return bf16("q"), bf16("k"), bf16("v"), bf16("o"), lse
 
 
 class PeerLaunch:
@@ -142,8 +153,8 @@ class PeerLaunch:
         is told the problem's mask (``causal``); Hkv and D are in the views' shapes. A problem
         the peer does not support raises ValueError with its reason."""
         problem = as_problem(bufs.shape)
-        key = (bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, bufs.o.ptr, bufs.lse.ptr, problem,
-               stream_handle(stream))
+        key = (*(tensor_view(bufs, n)[0] for n in ("q", "k", "v")), bufs.o.ptr, bufs.lse.ptr,
+               problem, stream_handle(stream))
         if self._bound == key:
             return
         why = self.supports(bufs.shape)

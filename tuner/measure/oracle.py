@@ -753,16 +753,22 @@ def get_oracle(so_path: str | Path | None = None) -> OracleModule:
 
 def fill_inputs(oracle: OracleModule, bufs: AttnBuffers, input_set: str, seed: int,
                 stream: Stream | int | None) -> None:
-    """Generate one input set into bufs.q/k/v on the GPU (asynchronous on ``stream``)."""
+    """Generate one input set into bufs.q/k/v on the GPU (asynchronous on ``stream``), then
+    mirror it into the problem's layout buffers (a fused QKV tensor, a [B, H, S, D] cache) where
+    it has any: every fill goes through here (Bench.load_inputs, the gate's input sets, the
+    check after timing), so what launchables read through the layout's views is always what the
+    reference was computed from."""
     shape = bufs.shape
     check_input_set(input_set, shape)
     kind, direction = INPUT_SETS[input_set]
-    B, hq, hkv, Sq, Sk, D, _ = problem_dims(shape)  # a packed batch: its layout's rows
+    B, hq, hkv, Sq, Sk, D, _ = problem_dims(shape)  # a packed batch: its as_fixed rows
     if kind == "seed":
         oracle.gen_seed(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, B, hq, hkv, Sq, Sk, D, seed, stream)
     else:
         oracle.gen_rising(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, B, hq, hkv, Sq, Sk, D, seed,
                           direction, stream)
+    if getattr(bufs, "layout_bufs", None):  # (stand-in buffers in tests have none)
+        oracle.mirror_inputs(bufs, stream)
 
 
 def poison(oracle: OracleModule, bufs: AttnBuffers, stream: Stream | int | None) -> None:
@@ -1054,7 +1060,7 @@ class ReferenceKernel:
 
 def inputs_to_host(bufs: AttnBuffers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Q ([B, S_q, Hq, D]), K and V ([B, S_k, Hkv, D]) from the device as BF16 bits, uint16
-    (synchronous copies; a packed batch: its layout's tensors)."""
+    (synchronous copies; a packed batch: its as_fixed tensors)."""
     B, hq, hkv, Sq, Sk, D, _ = problem_dims(bufs.shape)
     n_kv = elems_kv(bufs.shape)
     return (bufs.q.copy_to_host(np.uint16, bufs.n).reshape(B, Sq, hq, D),

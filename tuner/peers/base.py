@@ -9,6 +9,9 @@ Hq, D], k and v [B, S_k, Hkv, D]; Hkv < Hq is GQA/MQA) and the mask, and does on
 (allocation, JIT, autotuning) outside the timed region, and ``run()`` launches one forward on
 torch's current stream and returns the output as a [B, S_q, Hq, D] tensor (a view is fine).
 ``lse()`` returns the [B, Hq, S_q] log-sum-exp of the last run when the backend produces it.
+q, k and v are views in the problem's layout (``Problem.layout``): dense, slices of one fused
+QKV tensor, or k and v over [B, Hkv, S_k, D] memory; a backend reads them through their strides
+or declines (``Unsupported``), never copies them inside the timed call unannounced.
 The causal mask is FlashAttention's, aligned bottom-right (query i sees keys 0 .. i + S_k -
 S_q): a backend that aligns it otherwise must build that mask or decline the problem, never be
 timed on another mask. A peer that finds at
@@ -93,6 +96,25 @@ def problem_reason(problem: Any, *, gqa: bool = True, head_dims: tuple[int, ...]
     if causal_only and not causal:
         why.append("non-causal (causal only)")
     return f"{who} cannot run {problem}: {'; '.join(why)}" if why else None
+
+
+def strided_views_reason(who: str, **tensors: Any) -> str | None:
+    """Why a backend that reads strided BF16 tensors only when their head dim is contiguous and
+    their other strides and address are 16-byte aligned (FlashAttention-3's rule: it copies any
+    other tensor to a contiguous one first) would copy one of ``tensors`` (None: it reads them
+    all in place). A copy inside the timed call would time a layout change, not attention, so
+    such a peer declines instead. fa-tune's layouts never trip it (every stride is a multiple of
+    the head dim); the check makes sure of it."""
+    bad = []
+    for name, t in tensors.items():
+        strides = tuple(t.stride())
+        if (strides[-1] != 1 or any(s % 8 for s in strides[:-1])
+                or t.data_ptr() % 16):
+            bad.append(f"{name} {tuple(t.shape)} strides {strides}")
+    if not bad:
+        return None
+    return (f"{who} would copy {', '.join(bad)} to contiguous memory first (it reads a strided "
+            "tensor in place only with a contiguous head dim and 16-byte aligned strides)")
 
 
 class Peer:

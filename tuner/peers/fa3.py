@@ -5,7 +5,12 @@ shared inputs go in untouched (a packed varlen batch goes to ``flash_attn_varlen
 cu_seqlens_q / cu_seqlens_k and max_seqlen_q / max_seqlen_k, its [total, H, D] tensors being
 the [1, total, H, D] views without the leading 1): q [B, S_q, Hq, D] and k, v [B, S_k, Hkv, D]
 natively (GQA/MQA when Hkv < Hq), head dims 64, 128 and 256, causal or not; with S_q < S_k its
-causal mask is aligned bottom-right, as fa-tune's. We ask for the LSE too
+causal mask is aligned bottom-right, as fa-tune's. Strided views (a problem's ``:qkv`` or
+``:bhsd`` layout: slices of one fused QKV tensor, k and v over [B, Hkv, S_k, D] memory) go in as
+they are: the interface's ``maybe_contiguous`` copies only a tensor whose head dim is not
+contiguous (and, since flash-attention PR #2745, one whose strides or address are not 16-byte
+aligned), which fa-tune's layouts never are; ``prepare`` declines rather than time such a copy
+(``strided_views_reason``). We ask for the LSE too
 (``return_lse=True``): fa-tune's kernel writes it by default, and FA3 skips it when no input
 needs a gradient, so without the flag FA3 would do less work than the kernel it is compared
 with. The first call JIT-compiles the kernel (CuTe DSL -> cubin, seconds; once per head dim,
@@ -19,7 +24,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.peers.base import Peer, dist_version, module_missing, problem_reason, torch_cuda_reason
+from tuner.peers.base import (
+    Peer,
+    Unsupported,
+    dist_version,
+    module_missing,
+    problem_reason,
+    strided_views_reason,
+    torch_cuda_reason,
+)
 
 
 class FA3Peer(Peer):
@@ -70,6 +83,11 @@ class FA3Peer(Peer):
     def prepare(self, q: Any, k: Any, v: Any, causal: bool,
                 varlen: tuple[Any, Any, int, int] | None = None) -> None:
         self._load()
+        # flash_attn_func makes a tensor contiguous unless it can read it in place: a copy in
+        # the timed call would be timed as attention (fused-QKV / KV-cache views: issue 34).
+        why = strided_views_reason(self.name, q=q, k=k, v=v)
+        if why is not None:
+            raise Unsupported(why)
         self._varlen = varlen
         if varlen is not None:  # [1, total, H, D] views -> the packed [total, H, D]
             q, k, v = q[0], k[0], v[0]

@@ -6,7 +6,10 @@ contiguous, and both backends read BSHD-strided tensors natively (cuDNN takes ar
 FA2 is a BSHD kernel underneath), so no transpose kernel runs inside the timed region. The output
 comes back as a [B, H, S, D] tensor; we return its ``transpose(1, 2)`` view, which is [B, S, H, D]
 again, for the gate. If a backend ever copied its inputs to a contiguous BHSD layout, that copy
-would be timed too -- deliberately: it is what a BSHD user of the backend pays.
+would be timed too -- deliberately: it is what a BSHD user of the backend pays. The same holds
+for a problem's strided layouts (``:qkv``: slices of one fused QKV tensor; ``:bhsd``: k and v over
+[B, Hkv, S_k, D] memory, whose transpose is then the dense [B, H, S, D] tensor SDPA's callers
+hold): the backends get those very views; one that cannot take them raises at ``prepare``.
 
 ``sdpa_kernel([backend])`` allows exactly one backend, so a backend that cannot take the inputs
 raises instead of silently falling back to another (a peer is never replaced by another); that
