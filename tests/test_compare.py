@@ -547,3 +547,74 @@ def test_a_declined_problem_is_unsupported_not_missing(tmp_path: Path) -> None:
     assert "| FlashAttention-2 | unsupported | unsupported |" in md
     assert "| Triton | not installed | not installed |" in md
     assert "- FlashAttention-2 on 4x32x4096: unsupported (fa2 cannot run it: 2048 queries" in md
+
+
+def _layout_payload() -> dict:
+    """A hand-made payload of one problem in two layouts (invented timings)."""
+    shapes = []
+    for shape, base in ((Problem.parse("1x32/8x8192"), 0.81), (Problem.parse("1x32/8x8192:qkv"),
+                                                                0.83)):
+        runs = [_fixture_run("fa3", "FlashAttention-3", base * 1.1, shape, "before"),
+                _fixture_run("fa-tune", "fa-tune", base, shape),
+                _fixture_run("fa3", "FlashAttention-3", base * 1.1, shape, "after")]
+        shapes.append({**shape.to_dict(), "shape": str(shape), "flops": shape.flops,
+                       "runs": runs, "drift": compare._drift(runs)})
+    payload = fixture_payload()
+    payload.update(shapes=shapes, backends=[], status="ok")
+    payload["inputs"] = {"layout": compare._layout_text([Problem.from_dict(s) for s in shapes])}
+    payload["summary"] = compare.summarize(payload)
+    return payload
+
+
+def test_a_layout_is_its_own_row_column_and_csv_field(tmp_path: Path) -> None:
+    """1x32/8x8192 and 1x32/8x8192:qkv are two problems: own rows, own table columns (not two
+    'S=8192'), the layout in the CSV, and the inputs line says what :qkv means."""
+    p = _layout_payload()
+    rows = {(r["shape"], r["backend"]): r for r in p["summary"]}
+    assert set(rows) == {(s, b) for s in ("1x32/8x8192", "1x32/8x8192:qkv")
+                         for b in ("fa3", "fa-tune")}
+    assert rows[("1x32/8x8192:qkv", "fa-tune")]["layout"] == "qkv"
+    assert "layout" not in rows[("1x32/8x8192", "fa-tune")]  # the default: left out, as Sk
+    assert [t for _, t in compare._shape_headers(p)] == ["1x32/8x8192", "1x32/8x8192:qkv"]
+    assert "fused QKV" in p["inputs"]["layout"] and ":qkv as q, k, v views" in p["inputs"]["layout"]
+    assert compare._layout_text([Problem(1, 2, 64)]).startswith("BSHD contiguous")
+    assert "as q, k, v" not in compare._layout_text([Problem(1, 2, 64)])
+    files = compare.write_outputs(p, tmp_path)
+    with open(files["csv"], newline="") as f:
+        got = {(r["shape"], r["backend"]): r["layout"] for r in csv.DictReader(f)}
+    assert got[("1x32/8x8192:qkv", "fa-tune")] == "qkv" and got[("1x32/8x8192", "fa3")] == ""
+    md = files["md"].read_text()
+    assert "| 1x32/8x8192 ms / TFLOPS | 1x32/8x8192:qkv ms / TFLOPS |" in md
+    assert "; :qkv: q, k, v views of one fused QKV tensor" in md
+
+
+@pytest.mark.parametrize("text", ["2x4/2x9:qkv", "2x4/2x5:k12:bhsd", "2x4/2x5:k12:full:bhsd"])
+def test_sdpa_peer_reads_a_layouts_views(monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    """SDPA takes q, k, v as the strided views the measurement path makes of a layout (slices of
+    a fused QKV tensor, a transposed [B, H, S, D] cache), no copy on our side: checked on the
+    CPU through torch's own backend against the float64 reference of the dense values."""
+    torch = pytest.importorskip("torch")
+    from contextlib import nullcontext
+
+    from tuner.measure import reference_numpy as RN
+    from tuner.peers.sdpa import SdpaPeer
+
+    p = Problem.parse(text)
+    rng = np.random.default_rng(1)
+    views = {}
+    for buf, n in p.layout_buffers().items():
+        mem = torch.from_numpy(rng.uniform(-2, 2, n).astype(np.float32))
+        for name in ("q", "k", "v"):
+            tv = p.view(name)
+            if tv.buffer == buf:
+                views[name] = torch.as_strided(mem, tv.dims, (*tv.strides, 1), tv.offset)
+    if "q" not in views:  # bhsd: q is dense
+        views["q"] = torch.from_numpy(rng.uniform(-2, 2, p.view("q").dims).astype(np.float32))
+    q, k, v = views["q"], views["k"], views["v"]
+    assert not (k.is_contiguous() and q.is_contiguous())  # really strided views
+    peer = SdpaPeer("cudnn")
+    monkeypatch.setattr(peer, "_ctx_manager", nullcontext)  # no CUDA here: torch's CPU backend
+    peer.prepare(q, k, v, p.causal)
+    want = RN.numpy_reference(q.numpy(), k.numpy(), v.numpy(), p.causal)[0]
+    np.testing.assert_allclose(peer.run().numpy(), want, atol=1e-5)
+    peer.release()

@@ -64,10 +64,12 @@ def _user_errors(fn: F) -> F:
 
 
 # The problem syntax as typer's rich help shows it: "[/Hkv]" unescaped would be a closing tag.
-PROBLEM_SYNTAX = r"BxHq\[/Hkv]xS\[:dD]\[:full]"
+PROBLEM_SYNTAX = r"BxHq\[/Hkv]xS\[:kSK]\[:dD]\[:full]\[:qkv|:bhsd]"
 PROBLEM_HELP = (f"Problem {PROBLEM_SYNTAX}, e.g. 4x32x8192, 1x32/8x8192 (GQA), "
-                "4x32x8192:d64, 4x32x8192:full (non-causal); repeatable (default: the 3 seed "
-                "problems).")
+                "4x32x8192:d64, 4x32x8192:full (non-causal); :kSK: S queries over SK keys, e.g. "
+                "1x32/8x2048:k8192; :qkv: q, k, v as views of one fused QKV tensor, e.g. "
+                "1x32/8x8192:qkv; :bhsd: k, v as views of \\[B, Hkv, SK, D] memory (a KV cache), "
+                "e.g. 1x32/8x2048:k8192:bhsd; repeatable (default: the 3 seed problems).")
 ShapeOpt = Annotated[list[str] | None, typer.Option("--shape", "-s", help=PROBLEM_HELP)]
 PresetOpt = Annotated[
     str | None, typer.Option("--preset", "-p", help="Preset name (see `fa-tune presets`).")

@@ -3,11 +3,13 @@
 Every backend (fa-tune's kernel through its C ABI, FlashAttention-3, cuDNN SDPA,
 FlashAttention-2, our Triton kernel) goes through the one measurement path
 (``tuner.measure.bench.Bench``), so per problem (``tuner.problem.Problem``: MHA/GQA/MQA, head
-dim 64/128/256, causal or not, S_q queries over S_k keys; the ``--shape`` text
-``BxHq[/Hkv]xS[:kSK][:dD][:full]``) each gets:
+dim 64/128/256, causal or not, S_q queries over S_k keys, q/k/v layout; the ``--shape`` text
+``BxHq[/Hkv]xS[:kSK][:dD][:full][:qkv|:bhsd]``) each gets:
 
 1. the same device buffers holding the same inputs (the oracle's generators, seed 42: Q, K
-   uniform in [-2, 2], V uniform in [-1, 1]; BSHD, BF16); a peer sees them as torch views;
+   uniform in [-2, 2], V uniform in [-1, 1]; BSHD, BF16; with ``:qkv`` / ``:bhsd`` mirrored
+   into one fused QKV tensor / a [B, Hkv, S_k, D] cache, which every backend reads through the
+   same strided views); a peer sees them as torch views;
 2. the same gate as ``fa-tune run`` and the search, before any timing: every input set against
    the full FP32 reference (tuner.measure.oracle). A backend that fails is reported as failed
    and gets no numbers; nothing is substituted;
@@ -42,7 +44,7 @@ from tuner.errors import FaTuneError, GpuError
 from tuner.measure.timing import FULL, Protocol
 from tuner.peers import DEFAULT_PEERS, PEER_NAMES, REFERENCE_PEER, make_peer
 from tuner.peers.base import dist_version
-from tuner.problem import SEED_PROBLEMS, Problem, as_problem, describe
+from tuner.problem import DEFAULT_LAYOUT, LAYOUTS, SEED_PROBLEMS, Problem, as_problem, describe
 
 SCHEMA_VERSION = 2
 DEFAULT_SEED = 42
@@ -59,6 +61,7 @@ SUMMARY_COLUMNS = (
     "Sk",
     "D",
     "causal",
+    "layout",
     "backend",
     "label",
     "status",
@@ -288,7 +291,7 @@ def run_suite(
         "protocol": {**protocol.to_dict(), "seed": seed},
         "inputs": {
             "seed": seed,
-            "layout": "BSHD contiguous (Q, O [B, S_q, Hq, D]; K, V [B, S_k, Hkv, D]), BF16",
+            "layout": _layout_text(shapes),
             "problems": describe(shapes),
             "sets": list(bench.input_sets),
             "timed_on": "seed: Q, K uniform[-2, 2], V uniform[-1, 1] (tuner.measure.oracle)",
@@ -492,6 +495,23 @@ def write_summary_csv(payload: dict[str, Any], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def _layout_text(shapes: Sequence[Problem]) -> str:
+    """The payload's input layout: BSHD contiguous, plus each other layout among the problems
+    (every backend reads q, k, v in that layout, through the same views)."""
+    text = "BSHD contiguous (Q, O [B, S_q, Hq, D]; K, V [B, S_k, Hkv, D]), BF16"
+    others = sorted({p.layout for p in shapes} - {DEFAULT_LAYOUT})
+    if others:
+        text += "; O always, and q, k, v of the problems marked " + ", ".join(
+            f":{x} as {LAYOUTS[x]}" for x in others) + " (every backend on the same views)"
+    return text
+
+
+def _layouts_note(payload: dict[str, Any]) -> str:
+    """'' or '; :qkv: q, k, v views of ...' for the problems' other layouts (summary.md)."""
+    others = sorted({p.layout for p in _problems(payload)} - {DEFAULT_LAYOUT})
+    return "".join(f"; :{x}: {LAYOUTS[x]}" for x in others)
+
+
 def _problems(payload: dict[str, Any]) -> list[Problem]:
     """The payload's problems (an old payload's {B, H, S, D} entries read as MHA, causal)."""
     return [Problem.from_dict(s) for s in payload.get("shapes", [])]
@@ -502,7 +522,7 @@ def _shape_headers(payload: dict[str, Any]) -> list[tuple[str, str]]:
     has as many keys as queries)."""
     shapes = payload.get("shapes", [])
     ps = _problems(payload)
-    same = (len({(p.B, p.Hq, p.Hkv, p.D, p.causal) for p in ps}) <= 1
+    same = (len({(p.B, p.Hq, p.Hkv, p.D, p.causal, p.layout) for p in ps}) <= 1
             and all(p.S_k == p.S_q and not p.is_varlen for p in ps))
     return [(s["shape"], f"S={s['S']}" if same else s["shape"]) for s in shapes]
 
@@ -548,9 +568,11 @@ def summary_markdown(payload: dict[str, Any]) -> str:
         f"launches, {proto.get('rounds', '?')} rounds, CUDA events, median of round medians; "
         f"before each round an NVML wait (bounded) to <= {proto.get('temp_limit_c', '?')} C and "
         f"{proto.get('settle_s', '?')} s of untimed launches",
-        f"- problems: {problems_title(payload)} (columns: BxHq[/Hkv]xS[:kSK][:dD][:full])",
+        f"- problems: {problems_title(payload)} "
+        "(columns: BxHq[/Hkv]xS[:kSK][:dD][:full][:qkv|:bhsd])",
         f"- inputs: seed {proto.get('seed', '?')}, Q/K uniform [-2, 2], V uniform [-1, 1], BSHD "
-        f"BF16; every backend gated ({(payload.get('gate') or {}).get('rule', '?')})",
+        f"BF16{_layouts_note(payload)}; every backend gated "
+        f"({(payload.get('gate') or {}).get('rule', '?')})",
         "- TFLOPS = FLOPs / time; FLOPs causal 2*B*Hq*S^2*D (not halved for causality, as in "
         "the seeds), non-causal 4*B*Hq*S^2*D; with S_q queries over S_k keys 4*B*Hq*D times "
         "the (query, key) pairs the mask keeps (causal, bottom-right: S_q*S_k - S_q^2/2)",
@@ -739,9 +761,10 @@ def run_compare(
     """Run the comparison and write its result folder; return the payload.
 
     so_path_or_none: one built kernel .so, a list of paths or (path, label) pairs, or None for
-    peers only. shapes: Problems or their text forms 'BxHq[/Hkv]xS[:kSK][:dD][:full]' (default: the
-    seed problems); the kernel's own limits are the caller's check (config.check_problem: a
-    problem it cannot run would be a failed row, the peers run every one). backends:
+    peers only. shapes: Problems or their text forms
+    'BxHq[/Hkv]xS[:kSK][:dD][:full][:qkv|:bhsd]' (default: the seed problems); the kernel's own
+    limits are the caller's check (config.check_problem: a problem it cannot run would be a
+    failed row, the peers run every one). backends:
     peer names ('fa3,cudnn,fa2,triton' by default). The payload gains 'result_dir' and 'files'.
     """
     shape_list = [as_problem(s) for s in (shapes or SEED_PROBLEMS)]

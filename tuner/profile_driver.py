@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-USAGE = ("usage: python -m tuner.profile_driver KERNEL_SO BxHq[/Hkv]xS[:dD][:full] "
-         "[--vs KERNEL_SO2 | --vs fa3]\n")
+USAGE = ("usage: python -m tuner.profile_driver KERNEL_SO "
+         "BxHq[/Hkv]xS[:kSK][:dD][:full][:qkv|:bhsd] [--vs KERNEL_SO2 | --vs fa3]\n")
 
 
 def parse_args(args: list[str]) -> tuple[str, str, str | None] | None:

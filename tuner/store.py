@@ -17,7 +17,7 @@ The payload ``write_results`` takes (and writes verbatim as results.json) is a J
                 "ptxas": {...main entry...}, "sass": {"hgmma", "ldl", "stl"} | None},
       "shapes": [
         {
-          "shape": "4x32x8192",           # str(tuner.problem.Problem): BxHq[/Hkv]xS[:dD][:full]
+          "shape": "4x32x8192",           # str(tuner.problem.Problem), e.g. 1x32/8x8192:qkv
           "B": 4, "Hq": 32, "Hkv": 32, "S": 8192, "D": 128, "causal": true,  # Problem.to_dict()
           "H": 32,                        # = Hq, for readers of schema-1 files before GQA
           "flops": int,                   # causal 2*B*Hq*S^2*D, non-causal 4*B*Hq*S^2*D
