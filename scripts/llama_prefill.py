@@ -176,10 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     import fa_tune_ops
 
     lib = fa_tune_ops.library()
-    if lib.bucket_for(a.batch, 32, 8, a.seq) == -1:
+    if lib.bucket_for(32, 8, a.seq) == -1:
         fail(f"{lib.path} serves no bucket for B={a.batch} Hq=32 Hkv=8 S={a.seq}; it serves "
              f"{lib.serves_text()}")
-    if a.lengths and lib.bucket_for(1, 32, 8, max(a.lengths)) == -1:
+    if a.lengths and lib.bucket_for(32, 8, max(a.lengths)) == -1:
         fail(f"{lib.path} serves no bucket for max_seqlen {max(a.lengths)}")
     fa_tune_ops.register_hf()
     model = build_model(a.layers, a.seed)

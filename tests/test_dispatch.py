@@ -1,6 +1,7 @@
-"""Dispatch tables (round trip, selection, consistency), bucket config sources (presets, files,
-studies), the generated dispatcher (compiled with stub buckets: no kernel, a few seconds), and
-`fa-tune export --workload` (sources only here; tests/test_workload_export.py builds kernels)."""
+"""Dispatch tables (round trip, selection by query and key length, consistency), bucket config
+sources (presets, files, studies), the generated dispatcher on C ABI 3 (compiled with stub
+buckets that record the argument struct: no kernel, a few seconds), and `fa-tune export
+--workload` (sources only here; tests/test_workload_export.py builds kernels)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import optuna
 import pytest
 import yaml
 from cli_helpers import one_error_line
-from dispatch_stub import TWO, build_stub_library
+from dispatch_stub import HEADER_DIR, TWO, build_stub_library, last_args
 from typer.testing import CliRunner
 
 from tuner import dispatch
@@ -21,6 +22,7 @@ from tuner.config import KernelConfig, load_preset
 from tuner.dispatch import DispatchEntry, DispatchError, DispatchTable
 from tuner.errors import FaTuneError
 from tuner.problem import Problem, ProblemClass
+from tuner.runtime import abi
 from tuner.study import default_storage_url, open_storage
 from tuner.workload import load_workload, workload_from_dict
 
@@ -47,8 +49,10 @@ def test_table_round_trip(tmp_path: Path) -> None:
     assert DispatchTable.from_dict(json.loads(t.dumps())) == t
     assert DispatchTable.load(t.save(tmp_path / "d.json")) == t
     d = t.to_dict()
-    assert d["problem_class"] == {"head_dim": 128, "causal": True} and d["abi_version"] == 2
+    assert d["problem_class"] == {"head_dim": 128, "causal": True} and d["abi_version"] == 3
+    assert d["schema"] == 2
     assert [e["bucket"] for e in d["entries"]] == ["s1k", "s2k", "s4k", "s8k"]
+    assert all(e["k_min"] is None and e["k_max"] is None for e in d["entries"])
     assert d["entries"][3]["config"] == load_preset("multicast").to_dict()
     assert d["entries"][3]["source"] == {"kind": "preset", "name": "multicast"}
     # With no trial, each entry records the workload's problems to tune it on.
@@ -65,6 +69,53 @@ def test_select_and_index() -> None:
     assert t.select("1x32/8x4096:full") is None and t.select("1x32/8x4096:d64") is None
     assert t.select("1x32x4096") is None  # MHA heads: no bucket
     assert t.serves_text().startswith("Hq=32 Hkv=8: S 1..1024 (s1k), S 1025..2048 (s2k)")
+    # Without key ranges a call is served by its query length, over any key length: a chunk
+    # of a chunked prefill, a decode step, non-causal fewer keys.
+    assert [t.index_for(32, 8, 2048, k) for k in (1, 2048, 8192, 10**6)] == [1, 1, 1, 1]
+    assert t.select("1x32/8x2048:k8192").bucket == "s2k"
+    assert t.select("32/8x[2048:8192,512:4096*2]").bucket == "s2k"  # by max_seqlen_q
+
+
+CHUNKED = {
+    "name": "chunked",
+    "attention": {"Hq": 32, "Hkv": 8, "head_dim": 128, "causal": True},
+    "buckets": [{"name": "s2k", "max_s": 2048}, {"name": "s8k", "max_s": 8192},
+                {"name": "chunk2k", "max_s": 2048, "k": {"min": 4096, "max": 16384}},
+                {"name": "tail", "min_s": 4096, "max_s": None, "k": {"min": 65536}}],
+    "traffic": {"shapes": [{"S": 2048, "Sk": 8192, "weight": 3}, {"S": 1024},
+                           {"S": 8192}]},
+}
+
+
+def _chunked_table() -> DispatchTable:
+    w = workload_from_dict(CHUNKED)
+    return dispatch.table_for_workload(w, dispatch.bucket_sources(w, default="preset:default"))
+
+
+def test_key_range_buckets_take_chunked_prefill() -> None:
+    """Key-range buckets come first in dispatch order and take their (S_q, S_k) part of the
+    query-length chain's calls; the rest stays with the chain."""
+    t = _chunked_table()
+    assert [e.bucket for e in t.entries] == ["chunk2k", "tail", "s2k", "s8k"]
+    assert (t.entries[0].k_min, t.entries[0].k_max) == (4096, 16384)
+    assert (t.entries[1].s_min, t.entries[1].s_max, t.entries[1].k_max) == (4096, None, None)
+    cases = {(2048, 8192): "chunk2k", (2048, 2048): "s2k", (1, 4096): "chunk2k",
+             (2048, 16385): "s2k", (2049, 8192): "s8k", (4096, 70000): "tail",
+             (8192, 8192): "s8k", (9000, 9000): None}
+    for (sq, sk), want in cases.items():
+        i = t.index_for(32, 8, sq, sk)
+        assert (t.entries[i].bucket if i >= 0 else None) == want, (sq, sk)
+    assert t.select("1x32/8x2048:k8192").bucket == "chunk2k"
+    assert "S 1..2048, k 4096..16384 (chunk2k)" in t.serves_text()
+    assert t.entries[0].problems == ("1x32/8x2048:k8192",)  # tuned on its traffic
+    assert t.entries[1].problems == ("1x32/8x4096:k65536",)  # no traffic: its edge
+    assert DispatchTable.from_dict(json.loads(t.dumps())) == t
+    # A schema-1 table (before key ranges) still loads: any key length.
+    d = _table().to_dict()
+    d["schema"] = 1
+    for e in d["entries"]:
+        del e["k_min"], e["k_max"]
+    assert DispatchTable.from_dict(d) == _table()
 
 
 def _entry(bucket: str, s_min: int, s_max: int | None, **kw) -> DispatchEntry:
@@ -83,6 +134,17 @@ def test_table_consistency_errors() -> None:
         DispatchTable("t", (_entry("a", 1, 100), _entry("a", 101, None)))
     with pytest.raises(DispatchError, match="no entries"):
         DispatchTable("t", ())
+    # Key ranges: a key-range entry may precede an any-key one it overlaps, not follow it;
+    # two key-range entries overlap only if both ranges do.
+    keyed = _entry("c", 1, 2048, k_min=4096, k_max=None)
+    DispatchTable("t", (keyed, _entry("a", 1, 100), _entry("b", 101, None)))
+    with pytest.raises(DispatchError, match="put c first"):
+        DispatchTable("t", (_entry("a", 1, 100), keyed))
+    DispatchTable("t", (keyed, _entry("d", 1, 2048, k_min=100, k_max=4095)))
+    with pytest.raises(DispatchError, match="overlap"):
+        DispatchTable("t", (keyed, _entry("d", 2048, 4096, k_min=5000, k_max=6000)))
+    with pytest.raises(DispatchError, match="k_max 10 < k_min 20"):
+        DispatchTable("t", (_entry("d", 1, 10, k_min=20, k_max=10),))
 
 
 @pytest.mark.parametrize("mutate, needle", [
@@ -91,6 +153,7 @@ def test_table_consistency_errors() -> None:
     (lambda d: d["entries"][0].update(Hq="32"), "expected an integer"),
     (lambda d: d["entries"][0].update(config_id="abc"), "does not match its config"),
     (lambda d: d["entries"][1].update(s_min=1000), "overlap"),
+    (lambda d: d["entries"][1].update(k_max=5), "k_max without k_min"),
     (lambda d: d.update(entries={}), "'entries' must be a list"),
 ])
 def test_bad_tables_are_one_line(tmp_path: Path, mutate, needle: str) -> None:
@@ -179,28 +242,34 @@ def stub(tmp_path_factory: pytest.TempPathFactory) -> tuple[ctypes.CDLL, Dispatc
     t = _table(s8k="preset:multicast")
     so = build_stub_library(t, tmp_path_factory.mktemp("stub"))
     lib = ctypes.CDLL(str(so))
-    for fn in ("fa_tune_last_error", "fa_tune_problem_class", "fa_tune_config_json",
-               "fa_tune_dispatch_json"):
-        getattr(lib, fn).restype = ctypes.c_char_p
-    vp, ci = ctypes.c_void_p, ctypes.c_int
-    lib.fa_tune_forward.argtypes = [vp] * 5 + [ci] * 4 + [ctypes.c_float, vp]
-    lib.fa_tune_prepare.argtypes = [ci] * 4 + [vp, ctypes.POINTER(ctypes.c_double)]
-    lib.fa_tune_forward_varlen.argtypes = ([vp] * 6 + [ci] * 5
-                                           + [ctypes.c_float, vp, ctypes.c_size_t, vp])
-    lib.fa_tune_varlen_workspace_bytes.argtypes = [ci] * 4
-    lib.fa_tune_varlen_workspace_bytes.restype = ctypes.c_size_t
-    lib.stub_varlen.restype = ctypes.c_longlong
+    abi.bind(lib)
+    for i in range(4):
+        getattr(lib, f"fa_tune_b{i}_problem_class").restype = ctypes.c_char_p
+    lib.stub_last_stream.restype = ctypes.c_void_p
     return lib, t
+
+
+def _args(**kw) -> abi.Args:
+    """A call's struct: Llama-3-8B heads, B=1, S_q = S_k = 1024, fake pointers."""
+    base = dict(q=0x1000, k=0x2000, v=0x3000, o=0x4000, lse=0x5000, batch=1, heads_q=32,
+                heads_kv=8, head_dim=128, seqlen_q=1024, seqlen_k=1024, causal=1)
+    return abi.make_args(**{**base, **kw})
+
+
+def _forward(lib: ctypes.CDLL, **kw) -> int:
+    return lib.fa_tune_forward(ctypes.byref(_args(**kw)), ctypes.c_void_p(0xABC))
 
 
 def test_dispatcher_selects_like_the_table(stub) -> None:
     lib, t = stub
-    assert lib.fa_tune_abi_version() == 2 and lib.fa_tune_bucket_count() == 4
+    assert lib.fa_tune_abi_version() == 3 and lib.fa_tune_bucket_count() == 4
     for hq, hkv in ((32, 8), (32, 4), (64, 8)):
         for s in (1, 777, 1024, 1025, 2048, 2049, 4096, 4097, 8192, 8193, 1 << 20):
-            assert lib.fa_tune_bucket_for(2, hq, hkv, s) == t.index_for(hq, hkv, s), (hq, hkv, s)
+            for sk in (s, 1, 8192):
+                a = _args(heads_q=hq, heads_kv=hkv, seqlen_q=s, seqlen_k=sk)
+                assert lib.fa_tune_bucket_for(ctypes.byref(a)) == t.index_for(hq, hkv, s, sk)
     assert json.loads(lib.fa_tune_dispatch_json()) == json.loads(t.dumps())
-    # varlen: some bucket serves it (s1k and s2k; see test_dispatcher_routes_varlen)
+    # varlen: some bucket serves it (s1k and s2k; see test_dispatcher_routes_device_metadata)
     assert json.loads(lib.fa_tune_problem_class()) == {"head_dim": 128, "causal": True,
                                                        "varlen": True}
     conf = json.loads(lib.fa_tune_config_json())
@@ -210,99 +279,161 @@ def test_dispatcher_selects_like_the_table(stub) -> None:
     assert lib.fa_tune_smem_bytes() == 4000  # the largest stub bucket's
 
 
-def test_dispatcher_forwards_and_reports(stub) -> None:
+def test_dispatcher_forwards_the_struct_and_reports(stub) -> None:
     lib, _ = stub
-    for s, bucket in ((100, 0), (3000, 2), (8192, 3)):
-        assert lib.fa_tune_forward(None, None, None, None, None, 1, 32, 8, s, 0.0, None) == 0
+    for s, sk, bucket in ((100, 100, 0), (3000, 3000, 2), (8192, 8192, 3), (2048, 8192, 1),
+                          (64, 1 << 20, 0)):
+        assert _forward(lib, seqlen_q=s, seqlen_k=sk) == 0
         assert lib.stub_last_bucket() == bucket and lib.fa_tune_last_error() == b""
+    # The bucket gets the caller's struct as it is, and the stream.
+    a = _args(q_stride=(8 * 2**20, 4096, 128), k_stride=(2**24, 128, 2**20),
+              v_stride=(2**24, 128, 2**20), seqlen_q=2048, seqlen_k=8192, softmax_scale=0.125)
+    assert lib.fa_tune_forward(ctypes.byref(a), ctypes.c_void_p(0xABC)) == 0
+    got = last_args(lib)
+    assert bytes(got) == bytes(a) and lib.stub_last_stream() == 0xABC
     ms = ctypes.c_double(-1)
-    assert lib.fa_tune_prepare(1, 32, 8, 1500, None, ctypes.byref(ms)) == 0
+    assert lib.fa_tune_prepare(ctypes.byref(_args(seqlen_q=1500, seqlen_k=1500)),
+                               ctypes.byref(ms)) == 0
     assert lib.stub_last_bucket() == 1 and ms.value == 0.5
     # A bucket's failure comes back with its code and message, named by bucket.
-    assert lib.fa_tune_forward(None, None, None, None, None, 1, 32, 8, 777, 0.0, None) == 1
+    assert _forward(lib, seqlen_q=777, seqlen_k=777) == 1
     assert lib.fa_tune_last_error() == b"bucket s1k: stub says no"
     # No bucket: cudaErrorNotSupported and what the library serves; no bucket is called.
     calls = lib.stub_calls()
-    assert lib.fa_tune_forward(None, None, None, None, None, 1, 64, 8, 100, 0.0, None) == 801
+    assert _forward(lib, heads_q=64, seqlen_q=100, seqlen_k=100) == 801
     assert lib.stub_calls() == calls
     err = lib.fa_tune_last_error().decode()
-    assert err.startswith("no bucket of this library serves B=1 Hq=64 Hkv=8 S=100; it serves "
-                          "Hq=32 Hkv=8: S 1..1024 (s1k)")
-    assert lib.fa_tune_prepare(1, 32, 8, 9000, None, ctypes.byref(ms)) == 801 and ms.value == 0
-    assert lib.fa_tune_forward(None, None, None, None, None, 1, 32, 8, 100, 0.0, None) == 0
-    assert lib.fa_tune_last_error() == b""  # a success clears it
+    assert err.startswith("no bucket of this library serves B=1 Hq=64 Hkv=8 S_q=100 S_k=100; it "
+                          "serves Hq=32 Hkv=8: S 1..1024 (s1k)")
+    assert lib.fa_tune_prepare(ctypes.byref(_args(seqlen_q=9000, seqlen_k=9000)),
+                               ctypes.byref(ms)) == 801 and ms.value == 0
+    assert _forward(lib, seqlen_q=0) == 1  # cudaErrorInvalidValue, before any bucket
+    assert lib.fa_tune_last_error().startswith(b"seqlen_q and seqlen_k (max_seqlen_q")
+    assert lib.stub_calls() == calls
+    assert _forward(lib) == 0 and lib.fa_tune_last_error() == b""  # a success clears it
 
 
-def _varlen(lib: ctypes.CDLL, max_seqlen: int, hkv: int = 8, num_seqs: int = 3) -> int:
-    return lib.fa_tune_forward_varlen(0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, num_seqs,
-                                      5000, max_seqlen, 32, hkv, 0.125, 0x7000, 4096, 0xABC)
+def test_dispatcher_refuses_another_abi_in_one_line(stub) -> None:
+    lib, _ = stub
+    calls = lib.stub_calls()
+    for change in ({"abi_version": 2}, {"struct_bytes": ctypes.sizeof(abi.Args) - 8}):
+        a = _args()
+        for name, value in change.items():
+            setattr(a, name, value)
+        assert lib.fa_tune_forward(ctypes.byref(a), None) == 1  # cudaErrorInvalidValue
+        err = lib.fa_tune_last_error().decode()
+        assert err.startswith(f"args of C ABI {a.abi_version} ({a.struct_bytes} bytes); this "
+                              f"library speaks C ABI 3 ({ctypes.sizeof(abi.Args)} bytes): "
+                              "rebuild the caller") and "\n" not in err
+        assert lib.fa_tune_bucket_for(ctypes.byref(a)) == -1
+        assert lib.fa_tune_workspace_bytes(ctypes.byref(a)) == 0
+    assert lib.fa_tune_forward(None, None) == 1
+    assert lib.fa_tune_last_error() == b"args must be non-null"
+    assert lib.stub_calls() == calls
 
 
-def test_dispatcher_routes_varlen(stub) -> None:
-    """By (Hq, Hkv, max_seqlen), as fixed length by S. The stub's s1k and s2k serve varlen, s4k
-    is an object from before varlen (no functions), s8k has them without the kernel (a config
-    that cannot serve varlen)."""
+def test_dispatcher_refuses_a_bucket_of_another_abi(tmp_path: Path) -> None:
+    t = _table(s8k="preset:multicast")
+    lib = ctypes.CDLL(str(build_stub_library(t, tmp_path, defines=("STUB_B3_ABI=2",))))
+    abi.bind(lib)
+    assert _forward(lib, seqlen_q=8000, seqlen_k=8000) == 801
+    assert lib.fa_tune_last_error() == (b"bucket s8k: its kernel speaks C ABI 2, this "
+                                        b"dispatcher 3 (export the library again)")
+    assert _forward(lib, seqlen_q=100, seqlen_k=100) == 0  # the others still serve
+
+
+def _meta(lib: ctypes.CDLL, **kw) -> int:
+    """A call with device metadata: 3 packed sequences, 5000 query and 9000 key rows."""
+    base = dict(cu_seqlens_q=0x6000, cu_seqlens_k=0x6100, batch=3, total_q=5000,
+                total_k=9000, seqlen_q=2048, seqlen_k=4096, workspace=0x7000,
+                workspace_bytes=4096, status=0x8000, softmax_scale=0.125)
+    return _forward(lib, **{**base, **kw})
+
+
+def test_dispatcher_routes_device_metadata(stub) -> None:
+    """By (Hq, Hkv, max_seqlen_q, max_seqlen_k), as fixed length by (S_q, S_k). The stub's s1k
+    and s2k serve varlen, s4k and s8k were built without it (801, said by the dispatcher
+    before any bucket is called)."""
     lib, t = stub
-    for max_seqlen, bucket in ((1, 0), (1024, 0), (1025, 1), (2048, 1)):
-        assert _varlen(lib, max_seqlen) == 0, max_seqlen
+    for max_q, bucket in ((1, 0), (1024, 0), (1025, 1), (2048, 1)):
+        assert _meta(lib, seqlen_q=max_q) == 0, max_q
         assert lib.stub_last_bucket() == bucket and lib.fa_tune_last_error() == b""
-        assert lib.fa_tune_bucket_for(1, 32, 8, max_seqlen) == bucket
-    # Every argument reaches the bucket as given.
-    assert [lib.stub_varlen(j) for j in range(15)] == [
-        0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000, 0xABC, 3, 5000, 2048, 32, 8,
-        125, 4096]
-    assert _varlen(lib, 100, num_seqs=0) == 1  # the bucket's own failure, named
-    assert lib.fa_tune_last_error() == b"bucket s1k: num_seqs must be positive"
+    got = last_args(lib)  # every field reaches the bucket as given
+    assert (got.cu_seqlens_q, got.cu_seqlens_k, got.total_q, got.total_k, got.status,
+            got.workspace, got.workspace_bytes) == (0x6000, 0x6100, 5000, 9000, 0x8000, 0x7000,
+                                                    4096)
     calls = lib.stub_calls()
-    assert _varlen(lib, 3000) == 801 and lib.stub_calls() == calls  # s4k: nothing to call
-    assert lib.fa_tune_last_error() == (b"bucket s4k: its kernel was built before the varlen "
-                                        b"entry points (export the library again)")
-    assert _varlen(lib, 8192) == 801  # s8k: the bucket's own refusal
-    assert lib.fa_tune_last_error() == b"bucket s8k: built without the varlen kernel (stub)"
-    for max_seqlen, hkv in ((9000, 8), (100, 4)):
-        assert _varlen(lib, max_seqlen, hkv) == 801
+    for max_q, name in ((3000, "s4k"), (8192, "s8k")):
+        assert _meta(lib, seqlen_q=max_q, seqlen_k=8192) == 801
         assert lib.fa_tune_last_error().decode().startswith(
-            f"no bucket of this library serves varlen Hq=32 Hkv={hkv} max_seqlen={max_seqlen}; "
-            "it serves Hq=32 Hkv=8: S 1..1024 (s1k)")
-    calls = lib.stub_calls()
-    assert _varlen(lib, 0) == 1 and lib.stub_calls() == calls  # cudaErrorInvalidValue
-    assert lib.fa_tune_last_error() == b"max_seqlen must be positive (the longest sequence), got 0"
-    # The workspace of the bucket max_seqlen picks (stub: 1000 * (index + 1) + num_seqs); 0
-    # where none serves, or the bucket says the arguments are invalid.
-    ws = lib.fa_tune_varlen_workspace_bytes
-    assert [ws(3, 32, 5000, m) for m in (1, 1024, 2048, 3000, 8192, 9000)] == [
-        1003, 1003, 2003, 0, 4003, 0]
-    assert ws(3, 64, 5000, 100) == 0 and ws(0, 32, 5000, 100) == 0
+            f"bucket {name}: its kernel was built without the varlen kernel, which serves calls "
+            "with device metadata (cu_seqlens_q, cu_seqlens_k, seqused_k)")
+    for fields in ({"cu_seqlens_q": None, "cu_seqlens_k": None, "seqused_k": 0x6200},
+                   {"cu_seqlens_k": None}):  # a cache's seqused_k alone; packed q over a cache
+        assert _meta(lib, seqlen_q=3000, seqlen_k=8192, **fields) == 801
+    assert lib.stub_calls() == calls
+    assert _meta(lib, seqlen_q=100, heads_kv=4) == 801
+    assert lib.fa_tune_last_error().decode().startswith(
+        "no bucket of this library serves a call with device metadata, Hq=32 Hkv=4 "
+        "max_seqlen_q=100 max_seqlen_k=4096; it serves Hq=32 Hkv=8: S 1..1024 (s1k)")
+    # The workspace of the bucket the call picks (stub: 1000 * (index + 1) + batch); 0 where
+    # none serves, for a bucket without varlen, or for a fixed-length call.
+    ws = lib.fa_tune_workspace_bytes
+    meta = dict(cu_seqlens_q=0x6000, batch=3, total_q=5000, seqlen_k=4096)
+    assert [ws(ctypes.byref(_args(seqlen_q=m, **meta))) for m in (1, 1024, 2048, 3000, 9000)] \
+        == [1003, 1003, 2003, 0, 0]
+    assert ws(ctypes.byref(_args())) == 0
 
 
 def _library_module():
-    """tuner/fa_tune_ops/library.py alone: it needs neither torch nor fa-tune (the package's
-    __init__ imports torch)."""
-    import importlib.util
+    """tuner/fa_tune_ops/library.py (and the abi.py it imports) without the package's
+    __init__, which imports torch: the binding needs neither torch nor fa-tune."""
+    import importlib
+    import sys
+    import types
 
-    path = Path(dispatch.__file__).parent / "fa_tune_ops" / "library.py"
-    spec = importlib.util.spec_from_file_location("fa_tune_ops_library", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    name = "fa_tune_ops_no_torch"
+    if name not in sys.modules:
+        pkg = types.ModuleType(name)
+        pkg.__path__ = [str(Path(dispatch.__file__).parent / "fa_tune_ops")]
+        sys.modules[name] = pkg
+    return importlib.import_module(f"{name}.library")
 
 
-def test_exported_binding_reads_varlen(stub) -> None:
+def test_exported_binding_reads_the_library(stub) -> None:
     lib_mod = _library_module()
     lib, _ = stub
     L = lib_mod.Library(lib._name)
-    assert L.varlen is True and L.forward_varlen is not None
-    assert int(L.varlen_workspace_bytes(2, 32, 100, 1500)) == 2002
+    assert L.varlen is True and L.head_dim == 128 and L.causal is True
+    assert [L.bucket_for(32, 8, s, k) for s, k in ((100, 100), (2048, 8192), (9000, 9000))] \
+        == [0, 1, -1]
     assert L.varlen_missing() is None and L.varlen_missing(0) is None
     assert L.varlen_missing(1) is None
-    assert L.varlen_missing(2) == ("bucket s4k of libfa_tune_fwd.so cannot run varlen: it was "
-                                   "built without the varlen kernel (fa-tune export leaves it "
-                                   "out where the config cannot serve varlen: its README says "
-                                   "why)")
-    assert L.varlen_missing(3) == ("bucket s8k of libfa_tune_fwd.so cannot run varlen: it was "
-                                   "built without the varlen kernel (fa-tune export leaves it "
-                                   "out where the config cannot serve varlen: its README says "
-                                   "why)")
+    for i, name in ((2, "s4k"), (3, "s8k")):
+        assert L.varlen_missing(i) == (
+            f"bucket {name} of libfa_tune_fwd.so cannot run varlen: it was built without the "
+            "varlen kernel (fa-tune export leaves it out where the config cannot serve varlen: "
+            "its README says why)")
+    assert L.serves_text().startswith("Hq=32 Hkv=8 S 1..1024 (s1k); Hq=32 Hkv=8 S 1025..2048")
+
+
+def test_exported_binding_refuses_another_abi(tmp_path: Path) -> None:
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    lib_mod = _library_module()
+    src = tmp_path / "old.c"
+    src.write_text("int fa_tune_abi_version(void) { return 2; }\n")
+    so = tmp_path / "libold.so"
+    import subprocess
+
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    with pytest.raises(lib_mod.LibraryError) as e:
+        lib_mod.Library(so)
+    assert str(e.value) == (f"{so} speaks fa-tune C ABI 2, this binding speaks 3: rebuild or "
+                            "re-export the library")
 
 
 # ---- fa-tune export --workload (no build) ------------------------------------------------------
@@ -333,11 +464,15 @@ def test_export_workload_sources(two_file: Path, tmp_path: Path) -> None:
     res = json.loads((out / "results.json").read_text())
     assert res["buckets"]["long"]["results"]["status"] == "not measured"
     readme = (out / "README.md").read_text()
-    assert "fa_tune_varlen_workspace_bytes" in readme and "fa_tune_b1_" in readme
+    assert "fa_tune_workspace_bytes" in readme and "fa_tune_b1_" in readme
+    assert "## C ABI (version 3; `include/fa_tune.h`)" in readme
     assert "| long | 32/8 | >= 2049 | `fa_tune_b1_` | " in readme
     assert " | yes | preset multicast |" in readme
+    # The header shipped is the one the kernels and the dispatcher are compiled against.
     header = (out / "include" / "fa_tune.h").read_text()
-    assert "void* workspace," in header and "size_t fa_tune_varlen_workspace_bytes" in header
+    assert header == (HEADER_DIR / "fa_tune.h").read_text()
+    assert header == (out / "fa_tune" / "fa_tune.h").read_text()
+    assert '#include "fa_tune.h"' in (out / "dispatch.cu").read_text()
     # The table exports again by itself, to the same sources.
     out2 = tmp_path / "again"
     r = runner.invoke(app, ["export", "--table", str(out / "dispatch.json"), "--no-build",

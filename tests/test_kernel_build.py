@@ -123,14 +123,21 @@ def test_varlen_class_compiles_both_kernels_clean(preset: str, head_dim: int, ca
     lib.fa_tune_problem_class.restype = ctypes.c_char_p
     assert json.loads(lib.fa_tune_problem_class()) == {"head_dim": head_dim, "causal": causal,
                                                        "varlen": True}
-    lib.fa_tune_varlen_workspace_bytes.restype = ctypes.c_size_t
-    # 16 bytes of counter, then 16 per task: Hq * (total / rows + num_seqs) tasks at most, a
+    from tuner.runtime import abi  # the one mirror of fa_tune.h (no torch needed)
+
+    fns = abi.bind(lib)
+    # 16 bytes of counter, then 32 per task: Hq * (total / rows + num_seqs) tasks at most, a
     # task being block_m rows (two tiles with kv_multicast) of one query head (of a run of
     # head_cluster heads: the cluster's CTAs take one task).
     rows = cfg.block_m * (2 if cfg.kv_multicast else 1)
     heads = -(-32 // cfg.head_cluster)
     tiles = heads * min(32768 // rows + 15, 15 * -(-8192 // rows))
-    assert lib.fa_tune_varlen_workspace_bytes(15, 32, 32768, 8192) == 16 + 16 * tiles
+    a = abi.make_args(q=16, k=16, v=16, o=16, batch=15, heads_q=32, heads_kv=8,
+                      head_dim=head_dim, causal=int(causal), seqlen_q=8192, seqlen_k=8192,
+                      total_q=32768, total_k=32768, cu_seqlens_q=16, cu_seqlens_k=16,
+                      q_stride=(0, 8 * head_dim * 4, head_dim),
+                      k_stride=(0, 8 * head_dim, head_dim), v_stride=(0, 8 * head_dim, head_dim))
+    assert fns["workspace_bytes"](ctypes.byref(a)) == 16 + 32 * tiles
 
 
 def test_multicast_with_too_few_v_stages_does_not_compile() -> None:

@@ -115,6 +115,21 @@ def _bad(**changes):
     (_bad(traffic={"packed": [{"lengths": 512}]}), "must be sequence lengths"),
     (_bad(buckets=[{"name": "a", "max_s": 2048}], traffic={"packed": [{"lengths": "100,4096"}]}),
      "S=4096 (its longest sequence) falls in no bucket"),
+    (_bad(buckets=[{"name": "a", "max_s": 2048, "min_s": 2}]), "min_s goes with k"),
+    (_bad(buckets=[{"name": "a", "max_s": 2048, "k": {"min": 4096}}]),
+     "need at least one bucket without k"),
+    (_bad(buckets=[{"name": "a", "max_s": 2048, "k": {"mid": 1}}, {"name": "b", "max_s": None}]),
+     "unknown key mid in buckets[0].k"),
+    (_bad(buckets=[{"name": "a", "max_s": 2048, "k": {"min": 9, "max": 8}},
+                   {"name": "b", "max_s": None}]), "k.max 8 is below k.min 9"),
+    (_bad(buckets=[{"name": "a", "min_s": 99, "max_s": 98, "k": {}},
+                   {"name": "b", "max_s": None}]), "max_s 98 is below min_s 99"),
+    (_bad(buckets=[{"name": "a", "max_s": 2048, "k": {"min": 4096}},
+                   {"name": "b", "max_s": 512, "k": {"min": 8192, "max": 9000}},
+                   {"name": "c", "max_s": None}]),
+     "key-range buckets a (1..2048, k >= 4096) and b (1..512, k 8192..9000) overlap"),
+    (_bad(traffic={"shapes": [{"S": 2048, "Sk": 1024}]}), "query rows would see no key"),
+    (_bad(traffic={"shapes": [{"S": 2048, "Sk": 0}]}), "traffic.shapes[0].Sk must be a positive"),
     ("just text", "must be a mapping"),
 ])
 def test_bad_workloads_are_one_line(data, needle: str) -> None:
@@ -229,3 +244,38 @@ def test_workload_command_quotes_packed_shapes(tmp_path: Path) -> None:
     r = runner.invoke(app, ["workload", str(f)])
     assert r.exit_code == 0, r.output
     assert "fa-tune search --study w-b --shape '32/8x[3000,1000*4]'" in r.output
+
+
+def test_key_range_buckets_and_chunked_prefill_traffic() -> None:
+    """A key-range bucket takes queries over a longer cache (chunked prefill) from the chain;
+    traffic with Sk lands there and is tuned there, as S_q < S_k problems; packed batches with
+    q:k pairs too."""
+    w = workload_from_dict({**GOOD, "buckets": [
+        {"name": "a", "max_s": 1024}, {"name": "b", "max_s": 4096}, {"name": "c", "max_s": None},
+        {"name": "chunk2k", "max_s": 2048, "k": {"min": 4096, "max": 16384}},
+        {"name": "far", "min_s": 1025, "max_s": None, "k": {"min": 32768}}],
+        "traffic": {"shapes": [{"S": 2048, "Sk": 8192, "weight": 3}, {"S": 2048, "weight": 1},
+                               {"B": 2, "S": 512, "Sk": 4096}],
+                    "packed": [{"lengths": "2048:8192,512:4096*2"}, {"lengths": "900:40000"}]}})
+    chunk = w.bucket("chunk2k")
+    assert (chunk.s_min, chunk.s_max, chunk.k_min, chunk.k_max) == (1, 2048, 4096, 16384)
+    assert chunk.range_text() == "1..2048, k 4096..16384" and chunk.keyed
+    assert [b.name for b in w.dispatch_order()] == ["chunk2k", "far", "a", "b", "c"]
+    cases = {(2048, 8192): "chunk2k", (2048, None): "b", (2048, 2048): "b", (100, 20000): "a",
+             (5000, 40000): "far", (900, 40000): "a", (4096, 4096): "b"}
+    for (S, Sk), want in cases.items():
+        assert w.bucket_for(S, Sk).name == want, (S, Sk)
+    plans = {p.bucket.name: p for p in w.plan()}
+    assert plans["chunk2k"].shapes == ["1x32/8x2048:k8192", "32/8x[2048:8192,512:4096*2]",
+                                       "2x32/8x512:k4096"]
+    assert plans["chunk2k"].problems[0].problem.Sk == 8192
+    assert plans["b"].shapes == ["1x32/8x2048"]
+    assert plans["a"].shapes == ["32/8x[900:40000]"]
+    assert plans["far"].shapes == ["1x32/8x1025:k32768"]  # no traffic: its lower edge, B=1
+    d = w.to_dict()
+    assert {"name": "chunk2k", "s_min": 1, "s_max": 2048, "k_min": 4096, "k_max": 16384} in (
+        d["buckets"])
+    assert {"B": 1, "S": 2048, "weight": 3 / 7, "Sk": 8192} in d["traffic"]
+    assert {"B": 3, "S": 2048, "weight": 1 / 7, "Sk": 8192,
+            "lengths": "2048:8192,512:4096*2"} in d["traffic"]
+    assert abs(sum(p.time_share for p in plans.values()) - 1) < 1e-12

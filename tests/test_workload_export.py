@@ -1,6 +1,6 @@
 """`fa-tune export --workload` for real: its build.sh compiles two bucket kernels for sm_90a and
 links them behind the dispatcher (about a minute on 2 cores); the library exports the fa_tune_
-C ABI plus each bucket's prefixed one and answers host-only calls without a GPU; the shipped
+C ABI 3 plus each bucket's prefixed one and answers host-only calls without a GPU; the shipped
 Python package imports from the folder and finds the library."""
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from typer.testing import CliRunner
 from tuner.cli import app
 from tuner.config import load_preset
 from tuner.dispatch import DispatchTable
+from tuner.runtime import abi
 
 runner = CliRunner()
 
-ABI = ("abi_version", "forward", "prepare", "last_error", "config_json", "problem_class",
-       "smem_bytes")
+ABI = ("abi_version", "forward", "prepare", "workspace_bytes", "last_error", "config_json",
+       "problem_class", "smem_bytes")
 
 
 @pytest.fixture(scope="module")
@@ -48,25 +49,30 @@ def test_built_library_exports_the_abi(exported: Path) -> None:
                               text=True, check=True).stdout.split())
     for prefix in ("fa_tune_", "fa_tune_b0_", "fa_tune_b1_"):
         assert {prefix + n for n in ABI} <= syms, prefix
-    assert {"fa_tune_forward_varlen", "fa_tune_bucket_for", "fa_tune_bucket_count",
-            "fa_tune_dispatch_json"} <= syms
+    assert {"fa_tune_bucket_for", "fa_tune_bucket_count", "fa_tune_dispatch_json"} <= syms
     lib = ctypes.CDLL(str(so))
-    for fn in ("fa_tune_last_error", "fa_tune_dispatch_json", "fa_tune_b1_config_json"):
-        getattr(lib, fn).restype = ctypes.c_char_p
+    fn = abi.bind(lib)
+    lib.fa_tune_b1_config_json.restype = ctypes.c_char_p
+    assert fn["abi_version"]() == abi.ABI_VERSION
     table = DispatchTable.load(exported / "dispatch.json")
-    assert json.loads(lib.fa_tune_dispatch_json()) == json.loads(table.dumps())
-    assert [lib.fa_tune_bucket_for(1, 32, 8, s) for s in (1, 2048, 2049, 10**6)] == [0, 0, 1, 1]
-    assert lib.fa_tune_bucket_for(1, 64, 8, 100) == -1
+    assert json.loads(fn["dispatch_json"]()) == json.loads(table.dumps())
+
+    def args(hq: int = 32, sq: int = 100, sk: int = 100) -> abi.Args:
+        return abi.make_args(batch=1, heads_q=hq, heads_kv=8, head_dim=128, seqlen_q=sq,
+                             seqlen_k=sk, causal=1)
+
+    assert [fn["bucket_for"](ctypes.byref(args(sq=s, sk=s))) for s in (1, 2048, 2049, 10**6)] \
+        == [0, 0, 1, 1]
+    assert fn["bucket_for"](ctypes.byref(args(sq=2048, sk=8192))) == 0  # by the query length
+    assert fn["bucket_for"](ctypes.byref(args(hq=64))) == -1
     # Each bucket is the config it was given, built for the workload's class.
     assert json.loads(lib.fa_tune_b1_config_json()) == json.loads(
         load_preset("multicast").canonical_json())
-    vp, ci = ctypes.c_void_p, ctypes.c_int
-    lib.fa_tune_forward.argtypes = [vp] * 5 + [ci] * 4 + [ctypes.c_float, vp]
-    assert lib.fa_tune_forward(None, None, None, None, None, 1, 64, 8, 100, 0.0, None) == 801
-    assert lib.fa_tune_last_error().startswith(b"no bucket of this library serves")
+    assert fn["forward"](ctypes.byref(args(hq=64)), None) == 801
+    assert fn["last_error"]().startswith(b"no bucket of this library serves")
     # The bucket's own argument check runs before any CUDA call: no GPU needed.
-    assert lib.fa_tune_forward(None, None, None, None, None, 1, 32, 8, 100, 0.0, None) == 1
-    assert lib.fa_tune_last_error() == b"bucket short: Q, K, V and O must be non-null"
+    assert fn["forward"](ctypes.byref(args()), None) == 1
+    assert fn["last_error"]() == b"bucket short: q, k, v and o must be non-null"
 
 
 @pytest.mark.slow
@@ -93,9 +99,13 @@ def test_shipped_package_finds_the_library(exported: Path) -> None:
     lines = p.stdout.splitlines()
     assert lines[0] == "libfa_tune_fwd.so 128 True"
     assert lines[1] == "(1, 4096, 32, 128) (1, 32, 4096)"
-    # build.sh built the op's C++ launch path for this python's torch, beside the library.
+    # build.sh built the op's C++ launch path for this python's torch, beside the library
+    # (where torch has complete CUDA headers: not a CPU build's).
     import torch
 
-    assert (exported / "lib" / f"libfa_tune_torch.{torch.__version__}.so").is_file()
-    assert lines[2] == "native: active"
+    ext = exported / "lib" / f"libfa_tune_torch.{torch.__version__}.abi{abi.ABI_VERSION}.so"
+    if (Path(torch.__file__).parent / "include/c10/cuda/impl/cuda_cmake_macros.h").is_file():
+        assert ext.is_file() and lines[2] == "native: active"
+    else:
+        assert lines[2].startswith(f"native: no {ext.name} beside")
     assert "q is torch.float32; the kernel takes torch.bfloat16 only" in lines[3]

@@ -80,6 +80,9 @@ CONSUMER_REG_OVERHEAD_PAIR2 = 4
 EARLY_NEXT_QK_MAX_BLOCK_N = 144
 PERSISTENT_PRODUCER_REGS = 24
 PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
+# The varlen producer without intra_wg_overlap (both rings' cursors live beside the 32-byte
+# task) spilled one int at 24 registers (fa_tune/kernel.cuh, RegSplit).
+VARLEN_SERIAL_PRODUCER_REGS = 32
 # Knobs added after config ids were in use, and the value that compiles the kernel as before
 # (KernelConfig.canonical_json leaves them out at it).
 NEUTRAL_LATER_KNOBS: dict[str, tuple[Any]] = {
@@ -376,10 +379,11 @@ VARLEN_FIT_HINT = {64: "preset d64", 128: "preset default", 256: "preset d256"}
 def varlen_register_split(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> tuple[int, int]:
     """(producer, consumer) registers of the cfg's varlen kernel (cuda_src/fa_tune/kernel.cuh,
     RegSplit): its producer always runs the persistent loop, so it gets at least the persistent
-    producer's registers (56 with block_m 64), taken from the consumers when the launch pool has
-    no more."""
+    producer's registers (56 with block_m 64; 32 without intra_wg_overlap), taken from the
+    consumers when the launch pool has no more."""
     need = (PERSISTENT_PRODUCER_REGS_BLOCK_M64 if cfg.block_m == 64
-            else PERSISTENT_PRODUCER_REGS)
+            else PERSISTENT_PRODUCER_REGS if cfg.intra_wg_overlap
+            else VARLEN_SERIAL_PRODUCER_REGS)
     producer = max(cfg.producer_regs, need)
     spare = (launch_registers(cfg) // THREADS_PER_WARPGROUP - producer) \
         // cfg.consumer_warpgroups // 8 * 8

@@ -1,20 +1,29 @@
 """Dispatch tables: which kernel config serves which length bucket, and the C++ dispatcher.
 
 A ``DispatchTable`` maps each bucket of a workload (tuner/workload.py) to one config: heads
-(Hq, Hkv), head dim and mask, an S range, the config and where it came from (a study's trial, a
-preset, a config file) with what was measured. It is JSON (``dispatch.json``) and round-trips
-exactly (``DispatchTable.from_dict(t.to_dict()) == t``).
+(Hq, Hkv), head dim and mask, a query-length range (s_min..s_max) and a key-length range
+(k_min..k_max; both None: any key length, so a chunk of a chunked prefill runs the kernel of
+its query length's bucket), the config and where it came from (a study's trial, a preset, a
+config file) with what was measured. It is JSON (``dispatch.json``, schema 2; schema 1, from
+before key ranges, still loads) and round-trips exactly (``DispatchTable.from_dict(t.to_dict())
+== t``). Entries are in dispatch order: the first that serves a call wins. Two entries of the
+same heads may overlap only when the first has a key range and the second has none (a
+key-range bucket takes its part of a query-length bucket's calls); a workload's key-range
+buckets come first (``Workload.dispatch_order``).
 
 ``dispatcher_source`` writes the C++ of a library that links every bucket's kernel, each built
 from the same template with its C ABI renamed by ``-DFA_TUNE_API_PREFIX=fa_tune_b<i>_``
-(cuda_src/fa_tune/entry.cuh), and exports the fa_tune_ C ABI v2 itself: ``fa_tune_forward``
-picks the first entry whose heads match and whose S range holds S (``select`` is the same rule
-in Python), and returns cudaErrorNotSupported with a last_error naming what the library serves
-for a problem no bucket serves. ``fa_tune_forward_varlen`` picks the bucket the same way by
-(Hq, Hkv, max_seqlen); ``fa_tune_varlen_workspace_bytes`` answers for it. Every bucket is built
-with the varlen kernel (its kernel.cu defines FA_TUNE_VARLEN 1) except where its config cannot
-serve varlen (config.check_varlen): that bucket answers cudaErrorNotSupported, and the library's
-problem_class says ``"varlen": true`` when some bucket serves it.
+(cuda_src/fa_tune/entry.cuh), and exports the C ABI of cuda_src/fa_tune/fa_tune.h (version 3,
+shipped as include/fa_tune.h, which it includes) itself: ``fa_tune_forward``, ``_prepare`` and
+``_workspace_bytes`` pick the first entry whose heads match and whose ranges hold the call's
+(seqlen_q, seqlen_k): S_q and S_k, or max_seqlen_q and max_seqlen_k for a call with device
+metadata (``select``/``index_for`` are the same rule in Python). A call no bucket serves gets
+cudaErrorNotSupported with a last_error naming what the library serves; args of another ABI
+version or size are refused in one line. Every bucket is built with the varlen kernel (its
+kernel.cu defines FA_TUNE_VARLEN 1) except where its config cannot serve varlen
+(config.check_varlen): that bucket answers a call with device metadata (cu_seqlens_q/k,
+seqused_k) with cudaErrorNotSupported (801) and says why, and the library's problem_class says
+``"varlen": true`` when some bucket serves it.
 """
 
 from __future__ import annotations
@@ -30,11 +39,14 @@ from tuner.build import c_string_literal
 from tuner.config import KernelConfig, validate
 from tuner.errors import FaTuneError
 from tuner.problem import Problem, ProblemClass
+from tuner.runtime import abi
 from tuner.workload import Workload
+from tuner.workload import range_text as _range_text
 
-SCHEMA = 1
-ABI_VERSION = 2
+SCHEMA = 2  # 2: key ranges (k_min, k_max); 1 had none (any key length)
+ABI_VERSION = abi.ABI_VERSION
 CUDA_ERROR_NOT_SUPPORTED = 801  # cudaErrorNotSupported: no bucket serves it / no varlen kernel
+HEADER_NAME = "fa_tune.h"  # cuda_src/fa_tune/fa_tune.h; an export ships it as include/fa_tune.h
 
 
 class DispatchError(FaTuneError):
@@ -48,8 +60,8 @@ def symbol_prefix(index: int) -> str:
 
 @dataclass(frozen=True)
 class DispatchEntry:
-    """One bucket: problems with these heads, head dim and mask and s_min <= S <= s_max (None:
-    no upper bound) run ``config``."""
+    """One bucket: problems with these heads, head dim and mask, s_min <= S_q <= s_max (None: no
+    upper bound) and k_min <= S_k <= k_max (k_min None: any key length) run ``config``."""
 
     bucket: str
     Hq: int
@@ -62,17 +74,30 @@ class DispatchEntry:
     source: dict[str, Any] = field(default_factory=dict)  # {"kind": "study"|"preset"|"file", ...}
     problems: tuple[str, ...] = ()                         # what it was (or is to be) tuned on
     measured: dict[str, Any] | None = None                 # {problem: {median_ms, tflops}}
+    k_min: int | None = None
+    k_max: int | None = None
 
     @property
     def problem_class(self) -> ProblemClass:
         return ProblemClass(self.head_dim, self.causal)
 
-    def serves(self, Hq: int, Hkv: int, S: int) -> bool:
+    @property
+    def keyed(self) -> bool:
+        """Whether it serves a key-length range only (else every key length)."""
+        return self.k_min is not None
+
+    def serves(self, Hq: int, Hkv: int, S: int, Sk: int | None = None) -> bool:
+        """Whether it serves S queries over Sk keys (None: S) with these heads."""
+        sk = S if Sk is None else Sk
         return (Hq == self.Hq and Hkv == self.Hkv and S >= self.s_min
-                and (self.s_max is None or S <= self.s_max))
+                and (self.s_max is None or S <= self.s_max)
+                and (self.k_min is None or sk >= self.k_min)
+                and (self.k_max is None or sk <= self.k_max))
 
     def range_text(self) -> str:
-        return f"{self.s_min}..{self.s_max}" if self.s_max is not None else f">= {self.s_min}"
+        text = _range_text(self.s_min, self.s_max)
+        return text + (f", k {_range_text(self.k_min, self.k_max)}" if self.k_min is not None
+                       else "")
 
     def source_text(self) -> str:
         s = self.source
@@ -88,6 +113,7 @@ class DispatchEntry:
         return {
             "bucket": self.bucket, "Hq": self.Hq, "Hkv": self.Hkv, "head_dim": self.head_dim,
             "causal": self.causal, "s_min": self.s_min, "s_max": self.s_max,
+            "k_min": self.k_min, "k_max": self.k_max,
             "config": self.config.to_dict(), "config_id": self.config.config_id(),
             "source": dict(self.source), "problems": list(self.problems),
             "measured": self.measured,
@@ -98,7 +124,7 @@ class DispatchEntry:
         if not isinstance(d, Mapping):
             raise DispatchError(f"{where}: must be a mapping")
         try:
-            s_max = d["s_max"]
+            s_max, k_min, k_max = d["s_max"], d.get("k_min"), d.get("k_max")
             entry = cls(
                 bucket=str(d["bucket"]), Hq=_int(d["Hq"]), Hkv=_int(d["Hkv"]),
                 head_dim=_int(d["head_dim"]), causal=_bool(d["causal"]), s_min=_int(d["s_min"]),
@@ -107,11 +133,16 @@ class DispatchEntry:
                 source=dict(d.get("source") or {}),
                 problems=tuple(str(p) for p in d.get("problems") or ()),
                 measured=d.get("measured"),
+                k_min=None if k_min is None else _int(k_min),
+                k_max=None if k_max is None else _int(k_max),
             )
         except KeyError as e:
             raise DispatchError(f"{where}: missing {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
             raise DispatchError(f"{where}: {e}") from None
+        if entry.k_max is not None and entry.k_min is None:
+            raise DispatchError(f"{where}: k_max without k_min (a key range needs both ends; "
+                                "k_max null: no upper bound)")
         cid = d.get("config_id")
         if cid is not None and cid != entry.config.config_id():
             raise DispatchError(f"{where}: config_id {cid} does not match its config "
@@ -156,27 +187,38 @@ class DispatchTable:
         for i, a in enumerate(self.entries):
             if a.s_max is not None and a.s_max < a.s_min:
                 raise DispatchError(f"bucket {a.bucket}: s_max {a.s_max} < s_min {a.s_min}")
+            if a.k_min is not None and a.k_max is not None and a.k_max < a.k_min:
+                raise DispatchError(f"bucket {a.bucket}: k_max {a.k_max} < k_min {a.k_min}")
             for b in self.entries[i + 1:]:
-                if (a.Hq, a.Hkv) == (b.Hq, b.Hkv) and _overlap(a, b):
+                # A key-range entry before an any-key entry is the one allowed overlap: it
+                # takes that part of the other's calls (chunked prefill of those lengths).
+                if (a.Hq, a.Hkv) == (b.Hq, b.Hkv) and _overlap(a, b) and not (
+                        a.keyed and not b.keyed):
+                    hint = (f"; put {b.bucket} first (a key-range bucket goes before the "
+                            "query-length buckets it overlaps)" if b.keyed and not a.keyed
+                            else "")
                     raise DispatchError(
                         f"buckets {a.bucket} (S {a.range_text()}) and {b.bucket} "
-                        f"(S {b.range_text()}) overlap for Hq={a.Hq}, Hkv={a.Hkv}"
+                        f"(S {b.range_text()}) overlap for Hq={a.Hq}, Hkv={a.Hkv}{hint}"
                     )
 
     @property
     def problem_class(self) -> ProblemClass:
         return self.entries[0].problem_class
 
-    def index_for(self, Hq: int, Hkv: int, S: int) -> int:
-        """The serving entry's index (the dispatcher's fa_tune_bucket_for), -1 for none."""
-        return next((i for i, e in enumerate(self.entries) if e.serves(Hq, Hkv, S)), -1)
+    def index_for(self, Hq: int, Hkv: int, S: int, Sk: int | None = None) -> int:
+        """The index of the entry serving S queries over Sk keys (None: S; for a call with
+        device metadata max_seqlen_q and max_seqlen_k): the dispatcher's fa_tune_bucket_for;
+        -1 for none."""
+        return next((i for i, e in enumerate(self.entries) if e.serves(Hq, Hkv, S, Sk)), -1)
 
     def select(self, problem: Problem | str) -> DispatchEntry | None:
         """The entry serving a problem (None: no bucket does, or another head dim or mask)."""
         p = Problem.parse(problem) if isinstance(problem, str) else problem
-        if p.problem_class != self.problem_class:
+        if p.problem_class.head_dim != self.problem_class.head_dim or \
+                p.problem_class.causal != self.problem_class.causal:
             return None
-        i = self.index_for(p.Hq, p.Hkv, p.S)
+        i = self.index_for(p.Hq, p.Hkv, p.S, getattr(p, "Sk", 0) or p.S)
         return self.entries[i] if i >= 0 else None
 
     def serves_text(self) -> str:
@@ -203,9 +245,9 @@ class DispatchTable:
     def from_dict(cls, d: Any, source: str = "<dispatch table>") -> DispatchTable:
         if not isinstance(d, Mapping):
             raise DispatchError(f"{source}: a dispatch table is a JSON object")
-        if d.get("schema") != SCHEMA:
+        if d.get("schema") not in (1, SCHEMA):
             raise DispatchError(f"{source}: dispatch table schema {d.get('schema')!r}; this "
-                                f"fa-tune reads schema {SCHEMA}")
+                                f"fa-tune reads schemas 1 and {SCHEMA}")
         entries = d.get("entries")
         if not isinstance(entries, list):
             raise DispatchError(f"{source}: 'entries' must be a list")
@@ -231,10 +273,14 @@ class DispatchTable:
         return cls.from_dict(data, str(p))
 
 
+def _span_overlap(a_lo: int, a_hi: int | None, b_lo: int, b_hi: int | None) -> bool:
+    return (b_hi is None or a_lo <= b_hi) and (a_hi is None or b_lo <= a_hi)
+
+
 def _overlap(a: DispatchEntry, b: DispatchEntry) -> bool:
-    a_hi = a.s_max if a.s_max is not None else float("inf")
-    b_hi = b.s_max if b.s_max is not None else float("inf")
-    return a.s_min <= b_hi and b.s_min <= a_hi
+    """Whether some (S_q, S_k) is served by both (an entry without a key range serves all)."""
+    return _span_overlap(a.s_min, a.s_max, b.s_min, b.s_max) and _span_overlap(
+        a.k_min or 1, a.k_max, b.k_min or 1, b.k_max)
 
 
 # ---- config sources ---------------------------------------------------------------------------
@@ -349,7 +395,8 @@ def check_entry_config(bucket: str, cfg: KernelConfig, pclass: ProblemClass) -> 
 
 
 def table_for_workload(workload: Workload, sources: Mapping[str, Resolved]) -> DispatchTable:
-    """One entry per bucket of the workload, in bucket order; every bucket needs a source."""
+    """One entry per bucket of the workload, in dispatch order (its key-range buckets, then its
+    query-length chain, each in file order); every bucket needs a source."""
     names = [b.name for b in workload.buckets]
     unknown = sorted(set(sources) - set(names))
     if unknown:
@@ -363,83 +410,27 @@ def table_for_workload(workload: Workload, sources: Mapping[str, Resolved]) -> D
     att = workload.attention
     plans = {p.bucket.name: p for p in workload.plan()}
     entries = []
-    for b in workload.buckets:
+    for b in workload.dispatch_order():  # key-range buckets first: the first that serves wins
         r = sources[b.name]
         check_entry_config(b.name, r.config, att.problem_class)
         entries.append(DispatchEntry(
             bucket=b.name, Hq=att.Hq, Hkv=att.Hkv, head_dim=att.head_dim, causal=att.causal,
             s_min=b.s_min, s_max=b.s_max, config=r.config, source=dict(r.source),
-            problems=r.problems or tuple(plans[b.name].shapes), measured=r.measured))
+            problems=r.problems or tuple(plans[b.name].shapes), measured=r.measured,
+            k_min=b.k_min, k_max=b.k_max))
     return DispatchTable(workload.name, tuple(entries), workload.to_dict())
 
 
 # ---- C++ ----------------------------------------------------------------------------------------
-HEADER_NAME = "fa_tune.h"
-
-HEADER = """\
-// fa-tune kernel library: C ABI version 2 (README.md beside this folder documents it).
-// Tensors are BF16 device pointers, contiguous: Q, O [B, S, Hq, D]; K, V [B, S, Hkv, D];
-// lse [B, Hq, S] FP32 (natural log) or NULL. Calls are asynchronous on `stream`; every int
-// result is 0 on success, else a cudaError_t value, and fa_tune_last_error() says why.
-#pragma once
-#include <cuda_runtime.h>
-#include <stddef.h>
-
-#ifndef FA_TUNE_API
-#define FA_TUNE_API __attribute__((visibility("default")))
-#endif
-
-#ifdef __cplusplus
-extern "C" {
-#endif
-
-FA_TUNE_API int fa_tune_abi_version(void);  // 2
-// Fixed-length prefill. The library picks the kernel of the bucket serving (Hq, Hkv, S); a
-// problem no bucket serves returns cudaErrorNotSupported. softmax_scale 0: 1/sqrt(D).
-FA_TUNE_API int fa_tune_forward(const void* q, const void* k, const void* v, void* o,
-                                float* lse, int B, int Hq, int Hkv, int S,
-                                float softmax_scale, cudaStream_t stream);
-// One-time host setup for a shape (scheduler task lists: a cudaMalloc and a synchronous
-// upload); forward() does it on first use, so call it before capturing a CUDA graph.
-FA_TUNE_API int fa_tune_prepare(int B, int Hq, int Hkv, int S, cudaStream_t stream,
-                                double* host_ms);
-// Varlen (packed) prefill, causal or not as the library's class, per sequence (query length =
-// key length): Q, O [total_tokens, Hq, D]; K, V [total_tokens, Hkv, D] (BF16, contiguous);
-// cu_seqlens: int32 [num_seqs + 1] ON THE DEVICE (cu_seqlens[0] = 0, non-decreasing,
-// cu_seqlens[num_seqs] = total_tokens); max_seqlen >= every length (as FA3's
-// flash_attn_varlen_func); lse: FP32 [Hq, total_tokens] or NULL. The library picks the bucket
-// serving (Hq, Hkv, max_seqlen). workspace: device memory of at least
-// fa_tune_varlen_workspace_bytes(num_seqs, Hq, total_tokens, max_seqlen) bytes, or NULL for a
-// library-owned one (grown on demand with cudaMalloc: never inside a CUDA graph capture, one
-// stream at a time). No host sync: the schedule is built on the device from cu_seqlens by a
-// small kernel. A bucket without the varlen kernel (config.varlen_reason refused its config)
-// returns cudaErrorNotSupported (801).
-FA_TUNE_API int fa_tune_forward_varlen(const void* q, const void* k, const void* v, void* o,
-                                       float* lse, const int* cu_seqlens, int num_seqs,
-                                       int total_tokens, int max_seqlen, int Hq, int Hkv,
-                                       float softmax_scale, void* workspace,
-                                       size_t workspace_bytes, cudaStream_t stream);
-// Bytes of workspace a varlen call needs (host only, no CUDA call); 0 when the arguments are
-// invalid or no bucket serves them. It takes no Hkv: the most any bucket with these Hq whose
-// S range holds max_seqlen needs.
-FA_TUNE_API size_t fa_tune_varlen_workspace_bytes(int num_seqs, int Hq, int total_tokens,
-                                                  int max_seqlen);
-FA_TUNE_API const char* fa_tune_last_error(void);     // this thread's last error
-FA_TUNE_API const char* fa_tune_config_json(void);    // {"dispatch": name, "buckets": [...]}
-// {"head_dim":D,"causal":bool,"varlen":bool}; varlen: some bucket serves varlen (each
-// bucket's fa_tune_b<i>_problem_class says whether it does).
-FA_TUNE_API const char* fa_tune_problem_class(void);
-FA_TUNE_API int fa_tune_smem_bytes(void);             // the largest bucket's, per CTA
-// The dispatcher's own: how many buckets, which serves a problem (-1: none; host only, no
-// CUDA call; for varlen pass max_seqlen as S), and the dispatch table (dispatch.json, compact).
-FA_TUNE_API int fa_tune_bucket_count(void);
-FA_TUNE_API int fa_tune_bucket_for(int B, int Hq, int Hkv, int S);
-FA_TUNE_API const char* fa_tune_dispatch_json(void);
-
-#ifdef __cplusplus
-}  // extern "C"
-#endif
-"""
+# Each bucket kernel's C ABI (fa_tune.h's kernel functions, renamed by FA_TUNE_API_PREFIX).
+_BUCKET_DECLS = """\
+int {p}abi_version(void);
+int {p}forward(const fa_tune_args*, cudaStream_t);
+int {p}prepare(const fa_tune_args*, double*);
+size_t {p}workspace_bytes(const fa_tune_args*);
+const char* {p}last_error(void);
+const char* {p}problem_class(void);
+int {p}smem_bytes(void);"""
 
 
 def _library_config_json(table: DispatchTable) -> str:
@@ -459,28 +450,21 @@ def _comment(text: str) -> str:
     return re.sub(r"[^\x20-\x5b\x5d-\x7e]", "?", text)
 
 
+def _none(v: int | None) -> int:
+    return -1 if v is None else v
+
+
 def dispatcher_source(table: DispatchTable) -> str:
-    """The C++ of the dispatcher (dispatch.cu): exports the fa_tune_ C ABI v2 and calls the
-    bucket kernels' prefixed entry points."""
+    """The C++ of the dispatcher (dispatch.cu): exports the C ABI of fa_tune.h (version 3) and
+    calls the bucket kernels' prefixed entry points."""
     decls, rows = [], []
     for i, e in enumerate(table.entries):
         p = symbol_prefix(i)
-        decls.append(
-            f"int {p}forward(const void*, const void*, const void*, void*, float*, int, int, int,"
-            f" int, float, cudaStream_t);\n"
-            f"int {p}prepare(int, int, int, int, cudaStream_t, double*);\n"
-            f"int {p}forward_varlen(const void*, const void*, const void*, void*, float*,"
-            f" const int*, int, int, int, int, int, float, void*, size_t,\n"
-            f"    cudaStream_t) FA_TUNE_WEAK;\n"
-            f"size_t {p}varlen_workspace_bytes(int, int, int, int) FA_TUNE_WEAK;\n"
-            f"const char* {p}last_error(void);\n"
-            f"const char* {p}problem_class(void);\n"
-            f"int {p}smem_bytes(void);"
-        )
-        s_max = -1 if e.s_max is None else e.s_max
-        rows.append(f"    {{{c_string_literal(e.bucket)}, {e.Hq}, {e.Hkv}, {e.s_min}, {s_max}, "
-                    f"{p}forward, {p}prepare, {p}forward_varlen, {p}varlen_workspace_bytes, "
-                    f"{p}last_error, {p}problem_class, {p}smem_bytes}},"
+        decls.append(_BUCKET_DECLS.format(p=p))
+        rows.append(f"    {{{c_string_literal(e.bucket)}, {e.Hq}, {e.Hkv}, {e.s_min}, "
+                    f"{_none(e.s_max)}, {_none(e.k_min)}, {_none(e.k_max)}, {p}abi_version, "
+                    f"{p}forward, {p}prepare, {p}workspace_bytes, {p}last_error, "
+                    f"{p}problem_class, {p}smem_bytes}},"
                     f"  // {e.config.config_id()}: {_comment(e.source_text())}")
     pc = table.problem_class
     compact = json.dumps(table.to_dict(), sort_keys=True, separators=(",", ":"))
@@ -493,9 +477,10 @@ def dispatcher_source(table: DispatchTable) -> str:
 // Generated by fa-tune (tuner/dispatch.py) for '{table.name}'. Do not edit: export again.
 // The dispatcher of a workload library: every bucket's kernel is the template rendered for its
 // config (buckets/<name>/kernel.cu) and compiled with -DFA_TUNE_API_PREFIX=fa_tune_b<i>_, so
-// its C ABI is renamed; this unit exports the fa_tune_ C ABI v2 and forwards each call to the
-// first bucket serving (Hq, Hkv, S), a varlen call to the one serving (Hq, Hkv, max_seqlen).
-// D and the mask are the library's class ({pc}).
+// its C ABI is renamed; this unit exports the C ABI of {HEADER_NAME} and forwards each call to
+// the first bucket serving (heads_q, heads_kv, seqlen_q, seqlen_k): S_q and S_k, or
+// max_seqlen_q and max_seqlen_k for a call with device metadata. D and the mask are the
+// library's class ({pc}).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -504,35 +489,24 @@ def dispatcher_source(table: DispatchTable) -> str:
 
 #include "{HEADER_NAME}"
 
-// Weak: a bucket object built before the varlen entry points still links; its pointers are
-// then null and a varlen call to it answers cudaErrorNotSupported.
-#define FA_TUNE_WEAK __attribute__((weak))
-
 extern "C" {{
 {decl_text}
 }}
 
 namespace {{
 
-using ForwardFn = int (*)(const void*, const void*, const void*, void*, float*, int, int, int,
-                          int, float, cudaStream_t);
-using PrepareFn = int (*)(int, int, int, int, cudaStream_t, double*);
-using VarlenFn = int (*)(const void*, const void*, const void*, void*, float*, const int*, int,
-                         int, int, int, int, float, void*, size_t, cudaStream_t);
-using WorkspaceFn = size_t (*)(int, int, int, int);
-using TextFn = const char* (*)(void);
-using IntFn = int (*)(void);
-
 struct Bucket {{
   const char* name;
-  int hq, hkv, s_min, s_max;  // s_max -1: no upper bound
-  ForwardFn forward;
-  PrepareFn prepare;
-  VarlenFn forward_varlen;               // null: built before varlen
-  WorkspaceFn varlen_workspace_bytes;    // null: built before varlen
-  TextFn last_error;
-  TextFn problem_class;
-  IntFn smem_bytes;
+  int hq, hkv;
+  int s_min, s_max;  // query lengths; s_max -1: no upper bound
+  int k_min, k_max;  // key lengths; k_min -1: any (k_max -1: no upper bound)
+  int (*abi_version)(void);
+  int (*forward)(const fa_tune_args*, cudaStream_t);
+  int (*prepare)(const fa_tune_args*, double*);
+  size_t (*workspace_bytes)(const fa_tune_args*);
+  const char* (*last_error)(void);
+  const char* (*problem_class)(void);
+  int (*smem_bytes)(void);
 }};
 
 const Bucket kBuckets[] = {{
@@ -547,25 +521,104 @@ const char kDispatchJson[] = {c_string_literal(compact)};
 
 thread_local std::string g_error;
 
-bool holds(const Bucket& b, int S) {{ return S >= b.s_min && (b.s_max < 0 || S <= b.s_max); }}
+bool holds(const Bucket& b, int sq, int sk) {{
+  return sq >= b.s_min && (b.s_max < 0 || sq <= b.s_max) && (b.k_min < 0 || sk >= b.k_min) &&
+         (b.k_max < 0 || sk <= b.k_max);
+}}
 
 // Buckets are few (one per length range): a scan beats anything cleverer.
-int find(int Hq, int Hkv, int S) {{
+int find(int hq, int hkv, int sq, int sk) {{
   for (int i = 0; i < kNumBuckets; ++i) {{
     const Bucket& b = kBuckets[i];
-    if (b.hq == Hq && b.hkv == Hkv && holds(b, S)) return i;
+    if (b.hq == hq && b.hkv == hkv && holds(b, sq, sk)) return i;
   }}
   return -1;
 }}
 
-int no_bucket(const std::string& what) {{
-  g_error = "no bucket of this library serves " + what + "; it serves " + kServes;
+bool device_metadata(const fa_tune_args& a) {{
+  return a.cu_seqlens_q != nullptr || a.cu_seqlens_k != nullptr || a.seqused_k != nullptr;
+}}
+
+// The caller's struct must be this header's: another version or size is refused in one line.
+int check_args(const fa_tune_args* a) {{
+  if (a == nullptr) {{
+    g_error = "args must be non-null";
+    return int(cudaErrorInvalidValue);
+  }}
+  if (a->abi_version != FA_TUNE_ABI_VERSION || a->struct_bytes != int(sizeof(fa_tune_args))) {{
+    g_error = "args of C ABI " + std::to_string(a->abi_version) + " (" +
+              std::to_string(a->struct_bytes) + " bytes); this library speaks C ABI " +
+              std::to_string(FA_TUNE_ABI_VERSION) + " (" + std::to_string(sizeof(fa_tune_args)) +
+              " bytes): rebuild the caller against its include/{HEADER_NAME}";
+    return int(cudaErrorInvalidValue);
+  }}
+  if (a->seqlen_q < 1 || a->seqlen_k < 1) {{
+    g_error = "seqlen_q and seqlen_k (max_seqlen_q / max_seqlen_k with device metadata) must "
+              "be positive, got " + std::to_string(a->seqlen_q) + " and " +
+              std::to_string(a->seqlen_k);
+    return int(cudaErrorInvalidValue);
+  }}
+  return 0;
+}}
+
+std::string describe(const fa_tune_args& a) {{
+  const std::string heads =
+      "Hq=" + std::to_string(a.heads_q) + " Hkv=" + std::to_string(a.heads_kv);
+  if (device_metadata(a))
+    return "a call with device metadata, " + heads + " max_seqlen_q=" +
+           std::to_string(a.seqlen_q) + " max_seqlen_k=" + std::to_string(a.seqlen_k);
+  return "B=" + std::to_string(a.batch) + " " + heads + " S_q=" + std::to_string(a.seqlen_q) +
+         " S_k=" + std::to_string(a.seqlen_k);
+}}
+
+int no_bucket(const fa_tune_args& a) {{
+  g_error = "no bucket of this library serves " + describe(a) + "; it serves " + kServes;
   return int(cudaErrorNotSupported);
 }}
 
-std::string dims(int B, int Hq, int Hkv, int S) {{
-  return "B=" + std::to_string(B) + " Hq=" + std::to_string(Hq) + " Hkv=" +
-         std::to_string(Hkv) + " S=" + std::to_string(S);
+// Whether a bucket's kernel serves device metadata: its problem_class's varlen flag.
+bool serves_varlen(const Bucket& b) {{
+  const char* json = b.problem_class();
+  const char* at = json != nullptr ? std::strstr(json, "\\"varlen\\"") : nullptr;
+  if (at == nullptr) return false;
+  at += std::strlen("\\"varlen\\"");
+  while (*at == ' ' || *at == ':') ++at;
+  return std::strncmp(at, "true", 4) == 0;
+}}
+
+// What each bucket's kernel says of itself, asked once: its ABI and whether it has varlen.
+struct BucketInfo {{
+  bool abi_ok;
+  bool varlen;
+}};
+
+const BucketInfo& info(int i) {{
+  static const auto* all = [] {{
+    auto* v = new BucketInfo[kNumBuckets];
+    for (int j = 0; j < kNumBuckets; ++j)
+      v[j] = {{kBuckets[j].abi_version() == FA_TUNE_ABI_VERSION, serves_varlen(kBuckets[j])}};
+    return v;
+  }}();
+  return all[i];
+}}
+
+// 0 when bucket i can take this call, else why not (g_error set).
+int usable(int i, const fa_tune_args& a) {{
+  const Bucket& b = kBuckets[i];
+  if (!info(i).abi_ok) {{
+    g_error = std::string("bucket ") + b.name + ": its kernel speaks C ABI " +
+              std::to_string(b.abi_version()) + ", this dispatcher " +
+              std::to_string(FA_TUNE_ABI_VERSION) + " (export the library again)";
+    return int(cudaErrorNotSupported);
+  }}
+  if (device_metadata(a) && !info(i).varlen) {{
+    g_error = std::string("bucket ") + b.name +
+              ": its kernel was built without the varlen kernel, which serves calls with "
+              "device metadata (cu_seqlens_q, cu_seqlens_k, seqused_k); fa-tune export leaves "
+              "it out where the config cannot serve varlen (README.md says why)";
+    return int(cudaErrorNotSupported);
+  }}
+  return 0;
 }}
 
 // A bucket's failure: its own message, prefixed with the bucket (its last_error is per kernel).
@@ -577,80 +630,53 @@ int result(const Bucket& b, int rc) {{
   return rc;
 }}
 
-// Whether a bucket's kernel serves varlen: its entry points and its problem_class's flag.
-bool serves_varlen(const Bucket& b) {{
-  if (b.forward_varlen == nullptr || b.varlen_workspace_bytes == nullptr) return false;
-  const char* json = b.problem_class();
-  const char* at = json != nullptr ? std::strstr(json, "\\"varlen\\"") : nullptr;
-  if (at == nullptr) return false;
-  at += std::strlen("\\"varlen\\"");
-  while (*at == ' ' || *at == ':') ++at;
-  return std::strncmp(at, "true", 4) == 0;
+// The bucket serving a call, or -1 with g_error and *rc set.
+int route(const fa_tune_args* a, int* rc) {{
+  if ((*rc = check_args(a)) != 0) return -1;
+  const int i = find(a->heads_q, a->heads_kv, a->seqlen_q, a->seqlen_k);
+  if (i < 0) {{
+    *rc = no_bucket(*a);
+    return -1;
+  }}
+  if ((*rc = usable(i, *a)) != 0) return -1;
+  return i;
 }}
 
 }}  // namespace
 
 extern "C" {{
 
-FA_TUNE_API int fa_tune_abi_version(void) {{ return 2; }}
+FA_TUNE_API int fa_tune_abi_version(void) {{ return FA_TUNE_ABI_VERSION; }}
 
-FA_TUNE_API int fa_tune_forward(const void* q, const void* k, const void* v, void* o,
-                                float* lse, int B, int Hq, int Hkv, int S,
-                                float softmax_scale, cudaStream_t stream) {{
+FA_TUNE_API int fa_tune_forward(const fa_tune_args* args, cudaStream_t stream) {{
   g_error.clear();
-  const int i = find(Hq, Hkv, S);
-  if (i < 0) return no_bucket(dims(B, Hq, Hkv, S));
-  const Bucket& b = kBuckets[i];
-  return result(b, b.forward(q, k, v, o, lse, B, Hq, Hkv, S, softmax_scale, stream));
+  int rc = 0;
+  const int i = route(args, &rc);
+  if (i < 0) return rc;
+  return result(kBuckets[i], kBuckets[i].forward(args, stream));
 }}
 
-FA_TUNE_API int fa_tune_prepare(int B, int Hq, int Hkv, int S, cudaStream_t stream,
-                                double* host_ms) {{
+FA_TUNE_API int fa_tune_prepare(const fa_tune_args* args, double* host_ms) {{
   g_error.clear();
   if (host_ms != nullptr) *host_ms = 0.0;
-  const int i = find(Hq, Hkv, S);
-  if (i < 0) return no_bucket(dims(B, Hq, Hkv, S));
-  const Bucket& b = kBuckets[i];
-  return result(b, b.prepare(B, Hq, Hkv, S, stream, host_ms));
+  int rc = 0;
+  const int i = route(args, &rc);
+  if (i < 0) return rc;
+  return result(kBuckets[i], kBuckets[i].prepare(args, host_ms));
 }}
 
-FA_TUNE_API int fa_tune_forward_varlen(const void* q, const void* k, const void* v, void* o,
-                                       float* lse, const int* cu_seqlens, int num_seqs,
-                                       int total_tokens, int max_seqlen, int Hq, int Hkv,
-                                       float softmax_scale, void* workspace,
-                                       size_t workspace_bytes, cudaStream_t stream) {{
+// 0 where no bucket serves the call or it is not one with device metadata (forward says why).
+FA_TUNE_API size_t fa_tune_workspace_bytes(const fa_tune_args* args) {{
   g_error.clear();
-  if (max_seqlen < 1) {{
-    g_error = "max_seqlen must be positive (the longest sequence), got " +
-              std::to_string(max_seqlen);
-    return int(cudaErrorInvalidValue);
+  int rc = 0;
+  const int i = route(args, &rc);
+  if (i < 0) return 0;
+  const size_t n = kBuckets[i].workspace_bytes(args);
+  if (n == 0 && device_metadata(*args)) {{  // the bucket refused: say why, as forward would
+    const char* why = kBuckets[i].last_error();
+    g_error = std::string("bucket ") + kBuckets[i].name + ": " + (why != nullptr ? why : "");
   }}
-  const int i = find(Hq, Hkv, max_seqlen);
-  if (i < 0) {{
-    return no_bucket("varlen Hq=" + std::to_string(Hq) + " Hkv=" + std::to_string(Hkv) +
-                     " max_seqlen=" + std::to_string(max_seqlen));
-  }}
-  const Bucket& b = kBuckets[i];
-  if (b.forward_varlen == nullptr) {{
-    g_error = std::string("bucket ") + b.name +
-              ": its kernel was built before the varlen entry points (export the library again)";
-    return int(cudaErrorNotSupported);
-  }}
-  return result(b, b.forward_varlen(q, k, v, o, lse, cu_seqlens, num_seqs, total_tokens,
-                                    max_seqlen, Hq, Hkv, softmax_scale, workspace,
-                                    workspace_bytes, stream));
-}}
-
-// No Hkv here: the most any bucket for Hq whose S range holds max_seqlen needs, which covers
-// the one forward_varlen picks.
-FA_TUNE_API size_t fa_tune_varlen_workspace_bytes(int num_seqs, int Hq, int total_tokens,
-                                                  int max_seqlen) {{
-  size_t most = 0;
-  for (const Bucket& b : kBuckets) {{
-    if (b.hq == Hq && holds(b, max_seqlen) && b.varlen_workspace_bytes != nullptr)
-      most = std::max(most, b.varlen_workspace_bytes(num_seqs, Hq, total_tokens, max_seqlen));
-  }}
-  return most;
+  return n;
 }}
 
 FA_TUNE_API const char* fa_tune_last_error(void) {{ return g_error.c_str(); }}
@@ -660,7 +686,7 @@ FA_TUNE_API const char* fa_tune_config_json(void) {{ return kConfigJson; }}
 FA_TUNE_API const char* fa_tune_problem_class(void) {{
   static const std::string json = [] {{
     bool any = false;
-    for (const Bucket& b : kBuckets) any = any || serves_varlen(b);
+    for (int i = 0; i < kNumBuckets; ++i) any = any || (info(i).abi_ok && info(i).varlen);
     return std::string(kProblemClassHead) + (any ? "true" : "false") + "}}";
   }}();
   return json.c_str();
@@ -674,7 +700,12 @@ FA_TUNE_API int fa_tune_smem_bytes(void) {{
 
 FA_TUNE_API int fa_tune_bucket_count(void) {{ return kNumBuckets; }}
 
-FA_TUNE_API int fa_tune_bucket_for(int /*B*/, int Hq, int Hkv, int S) {{ return find(Hq, Hkv, S); }}
+// Host only: -1 for none, or for args this library cannot read (last_error says why).
+FA_TUNE_API int fa_tune_bucket_for(const fa_tune_args* args) {{
+  g_error.clear();
+  if (check_args(args) != 0) return -1;
+  return find(args->heads_q, args->heads_kv, args->seqlen_q, args->seqlen_k);
+}}
 
 FA_TUNE_API const char* fa_tune_dispatch_json(void) {{ return kDispatchJson; }}
 

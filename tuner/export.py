@@ -5,9 +5,10 @@ Layout of the output folder::
     kernel.cu            the rendered compilation unit (tuner.build.render of the config)
     fa_tune/*.cuh        the shared kernel headers it includes (copied from cuda_src/fa_tune)
     build.sh             nvcc with exactly tuner/build.py's KERNEL_FLAGS -> build/libfa_tune_fwd.so
+    fa_tune_abi.py       the C ABI (fa_tune/fa_tune.h) for ctypes: tuner/fa_tune_ops/abi.py
     lib/libfa_tune_fwd.so  the prebuilt sm_90a library: the measured config, built (cached) for
                          its class with the varlen kernel too (ProblemClass.varlen), so it
-                         exports a working fa_tune_forward_varlen
+                         serves calls with device metadata (cu_seqlens, seqused_k)
     config.yaml          the config (every knob)
     results.json         the trial's measured results (per problem: its dict B, H = Hq, Hq, Hkv,
                          S, D, causal and "shape" = its text form, as tuner/store.py writes)
@@ -80,7 +81,7 @@ def build_script() -> str:
     flags = " \\\n    ".join(nvcc_flags())
     return f"""#!/usr/bin/env bash
 # Builds build/{LIB_NAME} for sm_90a from kernel.cu with the flags fa-tune used (kernel.cu
-# defines FA_TUNE_VARLEN 1: the varlen kernel, fa_tune_forward_varlen, is built too).
+# defines FA_TUNE_VARLEN 1: the varlen kernel, for calls with device metadata, is built too).
 #   NVCC         the nvcc to use (default: nvcc on PATH, then $CUDA_HOME/bin/nvcc)
 #   CUTLASS_DIR  CUTLASS include folder (holds cute/ and cutlass/); default: the headers of the
 #                nvidia-cutlass pip wheel found with `python3` (pip install nvidia-cutlass)
@@ -92,6 +93,72 @@ NVCC="${{NVCC:-$(command -v nvcc || echo "${{CUDA_HOME:-/usr/local/cuda}}/bin/nv
     {flags} \\
     -o "$HERE/build/{LIB_NAME}" "$HERE/kernel.cu"
 echo "built $HERE/build/{LIB_NAME}"
+"""
+
+
+ABI_FILE = "fa_tune_abi.py"  # a single-kernel export's copy of tuner/fa_tune_ops/abi.py
+
+
+def abi_section(d: int, causal: bool, header: str, pclass_json: str, workload: bool) -> str:
+    """The README's C ABI section (version 3), for a single kernel or a workload library."""
+    from tuner import dispatch as dispatch_mod
+
+    extras = """
+int fa_tune_bucket_count(void);
+int fa_tune_bucket_for(const fa_tune_args* args);  // -1: none (host only, no CUDA call)
+const char* fa_tune_dispatch_json(void);           // dispatch.json, compact""" if workload else ""
+    picks = ("The library picks the bucket serving (heads_q, heads_kv, seqlen_q, seqlen_k) on "
+             "every call. " if workload else "")
+    mask = "causal" if causal else "non-causal"
+    return f"""## C ABI (version {dispatch_mod.ABI_VERSION}; `{header}`)
+
+```c
+int fa_tune_abi_version(void);  // FA_TUNE_ABI_VERSION ({dispatch_mod.ABI_VERSION})
+// 0 on success, else a cudaError_t value; fa_tune_last_error() then says why (per thread).
+int fa_tune_forward(const fa_tune_args* args, cudaStream_t stream);
+// one-time host setup of a fixed-length shape (forward does it on first use); *host_ms = time
+int fa_tune_prepare(const fa_tune_args* args, double* host_ms);
+// workspace bytes of a call with device metadata (host only); 0: fixed length, or refused
+size_t fa_tune_workspace_bytes(const fa_tune_args* args);
+const char* fa_tune_last_error(void);
+const char* fa_tune_config_json(void);
+const char* fa_tune_problem_class(void);  // {pclass_json}
+int fa_tune_smem_bytes(void);{extras}
+```
+
+Every call takes one `fa_tune_args` (the header documents each field): set `abi_version =
+FA_TUNE_ABI_VERSION` and `struct_bytes = sizeof(fa_tune_args)`; a library of another version
+refuses the call in one line. {picks}q, k, v are BF16 device pointers, 16-byte aligned, with the
+head dim ({d}) contiguous and batch, sequence and head strides in elements, each a multiple of
+8 (TMA reads 16-byte aligned rows): views of a fused QKV projection, or a `[B, H, S, D]` KV
+cache read as BSHD, need no copy. `o` is written dense; `lse` (FP32, natural log) may be NULL.
+`softmax_scale` 0 means 1/sqrt({d}). Hkv divides Hq: query head h reads K/V head h / (Hq /
+Hkv). Launches are asynchronous on `stream`, in the CUDA context current on the calling thread.
+
+* **Fixed length**: q `[batch, seqlen_q, heads_q, {d}]`, k/v `[batch, seqlen_k, heads_kv,
+  {d}]`; o like q, lse `[batch, heads_q, seqlen_q]`. {mask.capitalize()}, aligned
+  bottom-right as FlashAttention's: query i sees keys 0 .. i + seqlen_k - seqlen_q (a prompt
+  continuing a cached prefix, a chunk of a chunked prefill). `fa_tune_prepare` does a shape's
+  one-time setup (the persistent scheduler's task lists: a cudaMalloc and a synchronous
+  upload); run it, or one forward, before capturing a CUDA graph.
+* **Device metadata** (int32, on the device; the schedule is built there, no host sync):
+  `cu_seqlens_q` `[batch + 1]` for packed q `[total_q, heads_q, {d}]` (o alike, lse `[heads_q,
+  total_q]`), `cu_seqlens_k` `[batch + 1]` for packed k/v `[total_k, heads_kv, {d}]`
+  (FlashAttention-3's `flash_attn_varlen_func`), `seqused_k` `[batch]`: the keys each sequence
+  uses of a cache k/v `[batch, seqlen_k, heads_kv, {d}]` (`flash_attn_with_kvcache`'s
+  `cache_seqlens`). `seqlen_q`/`seqlen_k` are then max_seqlen_q / max_seqlen_k. `workspace`:
+  device memory of `fa_tune_workspace_bytes(args)` bytes, or NULL for a library-owned one
+  (grown with cudaMalloc: never inside a graph capture). `status`: a device-visible int32[2]
+  (e.g. pinned host memory) or NULL. Metadata that breaks the header's rules (not
+  non-decreasing, past the rows, negative, above the max lengths) is caught on the device
+  before any load: nothing is read or written out of bounds, o and lse are filled with NaN, and
+  status[0] gets the `FA_TUNE_BAD_*` bits, status[1] the first bad sequence.
+
+From ABI 2: `fa_tune_forward(q, k, v, o, lse, B, Hq, Hkv, S, scale, stream)` and
+`fa_tune_forward_varlen(..., cu_seqlens, num_seqs, total_tokens, max_seqlen, ...)` are now
+`fa_tune_forward(&args, stream)` (cu_seqlens goes to cu_seqlens_q and cu_seqlens_k, max_seqlen
+to seqlen_q and seqlen_k), `fa_tune_varlen_workspace_bytes` is `fa_tune_workspace_bytes(&args)`
+and `fa_tune_bucket_for` takes the args too.
 """
 
 
@@ -108,15 +175,16 @@ def readme(cfg: KernelConfig, info: dict[str, Any]) -> str:
     why_not = varlen_reason(cfg, d)
     pclass_json = json.dumps({"head_dim": d, "causal": causal, "varlen": why_not is None},
                              separators=(",", ":"))
-    varlen = ("`fa_tune_problem_class()` says `\"varlen\":true`." if why_not is None else
-              "`fa_tune_problem_class()` says `\"varlen\":false` and `fa_tune_forward_varlen` "
+    varlen = ("`fa_tune_problem_class()` says `\"varlen\":true`: calls with device metadata run."
+              if why_not is None else
+              "`fa_tune_problem_class()` says `\"varlen\":false` and a call with device metadata "
               f"returns cudaErrorNotSupported (801), since this library has no varlen kernel: "
               f"{why_not}.")
     return f"""# fa-tune kernel {cfg.config_id()}
 
-{mask} FlashAttention forward for Hopper (sm_90a): BF16 Q/O in BSHD layout (`[B, S, Hq, {d}]`,
-contiguous) and K/V (`[B, S, Hkv, {d}]`: MHA, GQA or MQA), head dimension {d}, FP32
-accumulation, LSE in FP32 (`[B, Hq, S]`, natural log). Exported by fa-tune from study
+{mask} FlashAttention forward for Hopper (sm_90a): BF16 Q/O in BSHD layout (`[B, S_q, Hq, {d}]`)
+and K/V (`[B, S_k, Hkv, {d}]`: MHA, GQA or MQA; strided views too), head dimension {d}, FP32
+accumulation, LSE in FP32 (`[B, Hq, S_q]`, natural log). Exported by fa-tune from study
 `{info.get('study')}`, trial {info.get('trial')}; measured on {info.get('gpu', '?')}
 ({info.get('protocol_text', '')}):
 
@@ -132,78 +200,48 @@ Config (every knob; also in `config.yaml`):
 
 * `lib/{LIB_NAME}`: the prebuilt library: the config fa-tune gated and timed, compiled with the
   same flags from the same source plus the varlen kernel (`kernel.cu` defines `FA_TUNE_VARLEN
-  1`: `fa_tune_forward_varlen`, below), a second instantiation beside the fixed-length one.
-* `kernel.cu` + `fa_tune/*.cuh`: its source; `./build.sh` rebuilds it into
-  `build/{LIB_NAME}` (needs nvcc >= 12.3 and the CUTLASS headers: set `CUTLASS_DIR`, or
-  `pip install nvidia-cutlass`). The CUDA runtime is linked statically; the library needs only
-  the NVIDIA driver at run time.
+  1`: calls with device metadata, below), a second instantiation beside the fixed-length one.
+* `kernel.cu` + `fa_tune/*.cuh`: its source, and `fa_tune/fa_tune.h`, the C ABI; `./build.sh`
+  rebuilds it into `build/{LIB_NAME}` (needs nvcc >= 12.3 and the CUTLASS headers: set
+  `CUTLASS_DIR`, or `pip install nvidia-cutlass`). The CUDA runtime is linked statically; the
+  library needs only the NVIDIA driver at run time.
+* `{ABI_FILE}`: the C ABI's struct and functions for Python's ctypes (no dependencies).
 * `results.json`: the measurements; `config.yaml`: the config.
 
-## C ABI (version 2)
-
-```c
-int fa_tune_abi_version(void);           // 2
-// 0 on success, else a cudaError_t value; fa_tune_last_error() then says why.
-int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse,
-                    int B, int Hq, int Hkv, int S, float softmax_scale, cudaStream_t stream);
-// one-time host setup for a shape (call once per shape before forward); *host_ms = time spent
-int fa_tune_prepare(int B, int Hq, int Hkv, int S, cudaStream_t stream, double* host_ms);
-// varlen (packed) prefill; 0 or a cudaError_t value, as forward
-int fa_tune_forward_varlen(const void* q, const void* k, const void* v, void* o, float* lse,
-                           const int* cu_seqlens, int num_seqs, int total_tokens, int max_seqlen,
-                           int Hq, int Hkv, float softmax_scale, void* workspace,
-                           size_t workspace_bytes, cudaStream_t stream);
-// bytes of workspace a varlen call needs (host only, no CUDA call); 0: invalid arguments
-size_t fa_tune_varlen_workspace_bytes(int num_seqs, int Hq, int total_tokens, int max_seqlen);
-const char* fa_tune_last_error(void);
-const char* fa_tune_config_json(void);   // the config this library was built from
-// compiled in: {pclass_json}
-const char* fa_tune_problem_class(void);
-int fa_tune_smem_bytes(void);            // dynamic shared memory per CTA
-```
-
-Q, O: `[B, S, Hq, {d}]`; K, V: `[B, S, Hkv, {d}]` BF16 device pointers (16-byte aligned,
-contiguous); Hkv divides Hq, and query head h reads K/V head h / (Hq / Hkv). `lse`:
-`[B, Hq, S]` FP32 or NULL. `softmax_scale` 0 means 1/sqrt({d}). The launch is asynchronous on
-`stream`. The library uses the CUDA context current on the calling thread (the primary context,
-as the CUDA runtime does).
-
-**Varlen** (packed sequences, FA3's `flash_attn_varlen_func` layout), {mask.lower()} per
-sequence, query length = key length: Q, O `[total_tokens, Hq, {d}]`, K, V `[total_tokens, Hkv,
-{d}]` (BF16, contiguous); `cu_seqlens` int32 `[num_seqs + 1]` on the device (`cu_seqlens[0]` =
-0, non-decreasing, `cu_seqlens[num_seqs]` = total_tokens); `max_seqlen` at least every
-sequence's length; `lse` FP32 `[Hq, total_tokens]` or NULL. `workspace`: device memory of at
-least `fa_tune_varlen_workspace_bytes(num_seqs, Hq, total_tokens, max_seqlen)` bytes, or NULL
-for a library-owned one (grown on demand with cudaMalloc: never inside a CUDA graph capture, one
-stream at a time). No host sync: a small kernel builds the schedule from `cu_seqlens` on the
-device. {varlen}
+{abi_section(d, causal, "fa_tune/fa_tune.h", pclass_json, workload=False)}
+{varlen}
 
 ## C++ example
 
 ```cpp
-// g++ -std=c++17 example.cpp -I$CUDA_HOME/include -L$CUDA_HOME/lib64 -lcudart \\
+// g++ -std=c++17 example.cpp -I. -I$CUDA_HOME/include -L$CUDA_HOME/lib64 -lcudart \\
 //     -L./lib -lfa_tune_fwd -Wl,-rpath,'$ORIGIN/lib' -o example
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
 #include <cstdio>
-extern "C" {{
-int fa_tune_forward(const void*, const void*, const void*, void*, float*, int, int, int, int,
-                    float, cudaStream_t);
-int fa_tune_prepare(int, int, int, int, cudaStream_t, double*);
-const char* fa_tune_last_error(void);
-}}
+#include "fa_tune/fa_tune.h"
 int main() {{
-  const int B = 1, Hq = 32, Hkv = 8, S = 8192, D = {d};  // Llama-3-8B's heads
-  size_t nq = size_t(B) * S * Hq * D, nkv = size_t(B) * S * Hkv * D;
+  const int B = 1, Hq = 32, Hkv = 8, Sq = 2048, Sk = 8192, D = {d};  // a chunk over its cache
+  size_t nq = size_t(B) * Sq * Hq * D, nkv = size_t(B) * Sk * Hkv * D;
   __nv_bfloat16 *q, *k, *v, *o; float* lse;
   cudaMalloc(&q, nq * 2); cudaMalloc(&k, nkv * 2); cudaMalloc(&v, nkv * 2);
-  cudaMalloc(&o, nq * 2); cudaMalloc(&lse, size_t(B) * Hq * S * 4);
+  cudaMalloc(&o, nq * 2); cudaMalloc(&lse, size_t(B) * Hq * Sq * 4);
   // ... fill q, k, v ...
-  double host_ms = 0;
-  if (fa_tune_prepare(B, Hq, Hkv, S, 0, &host_ms)) {{
-    printf("%s\\n", fa_tune_last_error()); return 1;
+  fa_tune_args a = {{}};
+  a.abi_version = FA_TUNE_ABI_VERSION;
+  a.struct_bytes = sizeof(fa_tune_args);
+  a.q = q; a.k = k; a.v = v; a.o = o; a.lse = lse;
+  // element strides (batch, sequence, head) of dense BSHD tensors; any multiples of 8 will do
+  const long long qs[3] = {{(long long)Sq * Hq * D, Hq * D, D}};
+  const long long ks[3] = {{(long long)Sk * Hkv * D, Hkv * D, D}};
+  for (int i = 0; i < 3; ++i) {{
+    a.q_stride[i] = qs[i]; a.k_stride[i] = ks[i]; a.v_stride[i] = ks[i];
   }}
-  if (int rc = fa_tune_forward(q, k, v, o, lse, B, Hq, Hkv, S, 0.f, 0)) {{
+  a.batch = B; a.heads_q = Hq; a.heads_kv = Hkv; a.head_dim = D;
+  a.seqlen_q = Sq; a.seqlen_k = Sk; a.causal = {int(causal)};
+  double host_ms = 0;
+  if (fa_tune_prepare(&a, &host_ms)) {{ printf("%s\\n", fa_tune_last_error()); return 1; }}
+  if (int rc = fa_tune_forward(&a, 0)) {{
     printf("error %d: %s\\n", rc, fa_tune_last_error()); return 1;
   }}
   cudaDeviceSynchronize();
@@ -215,26 +253,21 @@ int main() {{
 
 ```python
 import ctypes, torch
-lib = ctypes.CDLL("./lib/{LIB_NAME}")
-vp, ci, cf = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-lib.fa_tune_forward.argtypes = [vp, vp, vp, vp, vp, ci, ci, ci, ci, cf, vp]
-lib.fa_tune_prepare.argtypes = [ci, ci, ci, ci, vp, ctypes.POINTER(ctypes.c_double)]
-lib.fa_tune_last_error.restype = ctypes.c_char_p
+from fa_tune_abi import bind, make_args   # the C ABI's struct, mirrored for ctypes
+fn = bind(ctypes.CDLL("./lib/{LIB_NAME}"))
 
-def attention(q, k, v, scale=0.0):  # q [B, S, Hq, {d}], k/v [B, S, Hkv, {d}], bf16 CUDA
-    B, S, Hq, D = q.shape
-    Hkv = k.shape[2]
-    assert D == {d} and q.dtype == torch.bfloat16 and q.is_contiguous()
-    o = torch.empty_like(q)
-    lse = torch.empty(B, Hq, S, device=q.device, dtype=torch.float32)
-    stream = torch.cuda.current_stream().cuda_stream
-    ms = ctypes.c_double()
-    if lib.fa_tune_prepare(B, Hq, Hkv, S, stream, ctypes.byref(ms)):  # once per shape
-        raise RuntimeError(lib.fa_tune_last_error().decode())
-    rc = lib.fa_tune_forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr(),
-                             lse.data_ptr(), B, Hq, Hkv, S, scale, stream)
+def attention(q, k, v, scale=0.0):  # q [B, Sq, Hq, {d}], k/v [B, Sk, Hkv, {d}], bf16 CUDA views
+    B, Sq, Hq, D = q.shape
+    o = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    lse = torch.empty(B, Hq, Sq, device=q.device, dtype=torch.float32)
+    a = make_args(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), o=o.data_ptr(),
+                  lse=lse.data_ptr(), q_stride=q.stride()[:3], k_stride=k.stride()[:3],
+                  v_stride=v.stride()[:3], batch=B, heads_q=Hq, heads_kv=k.shape[2],
+                  head_dim=D, seqlen_q=Sq, seqlen_k=k.shape[1], softmax_scale=scale,
+                  causal={int(causal)})
+    rc = fn["forward"](ctypes.byref(a), torch.cuda.current_stream().cuda_stream)
     if rc:
-        raise RuntimeError(f"fa_tune_forward: {{rc}}: {{lib.fa_tune_last_error().decode()}}")
+        raise RuntimeError(f"fa_tune_forward: {{rc}}: {{fn['last_error']().decode()}}")
     return o, lse
 
 q = torch.randn(1, 8192, 32, {d}, device="cuda", dtype=torch.bfloat16)
@@ -348,6 +381,7 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
                         ignore=shutil.ignore_patterns("__pycache__"))
         (tmp / "build.sh").write_text(build_script())
         (tmp / "build.sh").chmod(0o755)
+        shutil.copy2(Path(__file__).resolve().parent / "fa_tune_ops" / "abi.py", tmp / ABI_FILE)
         (tmp / "lib").mkdir()
         shutil.copy2(so, tmp / "lib" / LIB_NAME)
         (tmp / "config.yaml").write_text(cfg.to_yaml())
@@ -374,7 +408,8 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
 #
 #     lib/libfa_tune_fwd.so     the dispatcher library: every bucket's kernel + dispatch.cu
 #     lib/libfa_tune_torch.<torch version>.so  the op's C++ launch path (where torch was found)
-#     include/fa_tune.h         the C ABI (fixed-length, varlen, dispatcher extras)
+#     include/fa_tune.h         the C ABI (cuda_src/fa_tune/fa_tune.h: the args struct, every
+#                               function, the dispatcher's extras)
 #     dispatch.cu               the generated dispatcher (tuner/dispatch.py)
 #     buckets/<name>/kernel.cu  each bucket's rendered kernel; fa_tune/*.cuh the shared headers
 #     build.sh                  compiles each bucket with -DFA_TUNE_API_PREFIX (each kernel.cu
@@ -487,26 +522,33 @@ def workload_readme(table: Any) -> str:
                     f"{_md_cell(e.source_text())} | {_md_cell(nums)} |")
     table_md = "\n".join(rows)
     mask = "causal" if causal else "non-causal"
+    pclass_json = (f'{{"head_dim":{d},"causal":{str(causal).lower()},"varlen":...}}: varlen '
+                   "when some bucket serves it")
+    hq, hkv = table.entries[0].Hq, table.entries[0].Hkv
     return f"""# fa-tune workload library: {table.name}
 
 One shared library for the workload `{table.name}`: a {mask} FlashAttention forward for Hopper
 (sm_90a), BF16, head dim {d}, with one tuned kernel per length bucket and a dispatcher that
-picks the bucket on every call by (Hq, Hkv, S), or for packed sequences (varlen) by (Hq, Hkv,
-max_seqlen). Q/O are `[B, S, Hq, {d}]`, K/V `[B, S, Hkv, {d}]` (BSHD, contiguous), LSE
-`[B, Hq, S]` FP32 (natural log); varlen below.
+picks the bucket on every call by (Hq, Hkv, S_q, S_k), or for a call with device metadata
+(packed sequences, a cache's per-sequence lengths) by (Hq, Hkv, max_seqlen_q, max_seqlen_k):
+the first row below that serves the call wins. A bucket without a key range (k) serves every
+key length, so a prompt continuing a cached prefix runs the kernel of its query length's
+bucket. Q/O are `[B, S_q, Hq, {d}]`, K/V `[B, S_k, Hkv, {d}]` (BSHD, strided views too), LSE
+`[B, Hq, S_q]` FP32 (natural log); the rest below.
 
 | bucket | Hq/Hkv | S | symbol prefix | config | varlen | from | measured |
 |---|---|---|---|---|---|---|---|
 {table_md}
 
-A problem no bucket serves (other heads, S outside every range) returns cudaErrorNotSupported
-(801) and `fa_tune_last_error()` says what the library serves. Batch size is not part of the
-choice.
+A problem no bucket serves (other heads, lengths outside every range) returns
+cudaErrorNotSupported (801) and `fa_tune_last_error()` says what the library serves. Batch size
+is not part of the choice.
 
 ## Files
 
 * `lib/{LIB_NAME}`: the library (built by `build.sh` at export time).
-* `include/fa_tune.h`: the C ABI. `dispatch.cu`: the generated dispatcher.
+* `include/fa_tune.h`: the C ABI (the same header the kernels are compiled with).
+  `dispatch.cu`: the generated dispatcher.
 * `buckets/<name>/kernel.cu` + `fa_tune/*.cuh`: each bucket's kernel source; `./build.sh`
   rebuilds the library into `build/{LIB_NAME}` (nvcc >= 12.3, the CUTLASS headers: set
   `CUTLASS_DIR` or `pip install nvidia-cutlass`; `JOBS` kernels at once). Each kernel is
@@ -514,87 +556,68 @@ choice.
   renames its C ABI functions only; each `kernel.cu` defines `FA_TUNE_VARLEN 1`, which adds
   the bucket's varlen kernel beside its fixed-length one. The CUDA runtime is linked
   statically: only the NVIDIA driver is needed at run time.
-* `configs/<name>.yaml`: each bucket's config; `dispatch.json`: the dispatch table (buckets, S
-  ranges, configs, sources, measured numbers); `results.json`: each bucket's measured results;
-  `workload.yaml`: the workload file.
+* `configs/<name>.yaml`: each bucket's config; `dispatch.json`: the dispatch table (buckets,
+  length ranges, configs, sources, measured numbers); `results.json`: each bucket's measured
+  results; `workload.yaml`: the workload file.
 * `fa_tune_ops/`: the PyTorch op and the Hugging Face transformers backend (below).
 
-## C ABI (version 2; `include/fa_tune.h`)
-
-```c
-int fa_tune_abi_version(void);  // 2
-int fa_tune_forward(const void* q, const void* k, const void* v, void* o, float* lse,
-                    int B, int Hq, int Hkv, int S, float softmax_scale, cudaStream_t stream);
-int fa_tune_prepare(int B, int Hq, int Hkv, int S, cudaStream_t stream, double* host_ms);
-int fa_tune_forward_varlen(const void* q, const void* k, const void* v, void* o, float* lse,
-                           const int* cu_seqlens, int num_seqs, int total_tokens,
-                           int max_seqlen, int Hq, int Hkv, float softmax_scale,
-                           void* workspace, size_t workspace_bytes, cudaStream_t stream);
-size_t fa_tune_varlen_workspace_bytes(int num_seqs, int Hq, int total_tokens, int max_seqlen);
-const char* fa_tune_last_error(void);
-const char* fa_tune_config_json(void);    // {{"dispatch":..., "buckets":[{{bucket, config}}...]}}
-// {{"head_dim":{d},"causal":{str(causal).lower()},"varlen":...}}: varlen when some bucket serves it
-const char* fa_tune_problem_class(void);
-int fa_tune_smem_bytes(void);             // the largest bucket's
-int fa_tune_bucket_count(void);
-int fa_tune_bucket_for(int B, int Hq, int Hkv, int S);  // -1: none (host only, no CUDA)
-const char* fa_tune_dispatch_json(void);  // dispatch.json, compact
-```
-
-Every call returns 0 or a cudaError_t value; `fa_tune_last_error()` (per thread) then says why,
-prefixed with the bucket. `softmax_scale` 0 means 1/sqrt({d}). Launches are asynchronous on
-`stream`; the library uses the CUDA context current on the calling thread. `fa_tune_prepare`
-does a shape's one-time setup (the persistent scheduler's task lists: a cudaMalloc and a
-synchronous upload); `fa_tune_forward` does it on first use of a shape, so prepare every shape
-before capturing a CUDA graph. Each bucket's own entry points (`fa_tune_b<i>_forward`, ...: the
-same ABI, no dispatch) are exported too.
-
-**Varlen** (packed sequences, FA3's `flash_attn_varlen_func` layout): {mask} per sequence,
-query length = key length. Q, O `[total_tokens, Hq, {d}]`, K, V `[total_tokens, Hkv, {d}]`
-(BF16, contiguous); `cu_seqlens` int32 `[num_seqs + 1]` on the device (`cu_seqlens[0]` = 0,
-non-decreasing, `cu_seqlens[num_seqs]` = total_tokens); `max_seqlen` at least every sequence's
-length (it picks the bucket, as S does); `lse` FP32 `[Hq, total_tokens]` or NULL. `workspace`:
-device memory of at least `fa_tune_varlen_workspace_bytes(num_seqs, Hq, total_tokens,
-max_seqlen)` bytes, or NULL for a library-owned one (grown on demand with cudaMalloc: never
-inside a CUDA graph capture, one stream at a time). No host sync: a small kernel builds the
-schedule from `cu_seqlens` on the device. A bucket whose config has no varlen kernel (the
-table's varlen column says why) returns cudaErrorNotSupported (801) for varlen calls.
+{abi_section(d, causal, "include/fa_tune.h", pclass_json, workload=True)}
+Errors come prefixed with the bucket. Each bucket's own entry points (`fa_tune_b<i>_forward`,
+...: the same ABI, no dispatch) are exported too. A bucket whose config has no varlen kernel
+(the table's varlen column says why) returns cudaErrorNotSupported (801) for calls with device
+metadata.
 
 ## PyTorch
 
 ```python
 import sys; sys.path.insert(0, "/path/to/this/folder")
 import torch, fa_tune_ops                      # registers torch.ops.fa_tune.attention
-q = torch.randn(1, 8192, {table.entries[0].Hq}, {d}, device="cuda", dtype=torch.bfloat16)
-k, v = (torch.randn(1, 8192, {table.entries[0].Hkv}, {d}, device="cuda", dtype=torch.bfloat16)
-        for _ in range(2))
-out, lse = torch.ops.fa_tune.attention(q, k, v, {causal}, None)  # softmax_scale None: 1/sqrt(D)
-# Packed: sequences of 3000 and 5192 tokens in one [8192, H, {d}] batch.
-cu = torch.tensor([0, 3000, 8192], dtype=torch.int32, device="cuda")
-out, lse = torch.ops.fa_tune.attention(q[0], k[0], v[0], {causal}, None, cu, 5192)
+q = torch.randn(1, 2048, {hq}, {d}, device="cuda", dtype=torch.bfloat16)
+k, v = (torch.randn(1, 8192, {hkv}, {d}, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+out, lse = fa_tune_ops.attention(q, k, v)      # 2048 queries over 8192 keys, bottom-right
+# Packed: 2 sequences, queries 1000 + 1048 over keys 3000 + 5192.
+cu_q = torch.tensor([0, 1000, 2048], dtype=torch.int32, device="cuda")
+cu_k = torch.tensor([0, 3000, 8192], dtype=torch.int32, device="cuda")
+out, lse = fa_tune_ops.attention(q[0], k[0], v[0], cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                 max_seqlen_q=1048, max_seqlen_k=5192)
+# A cache: each batch entry uses its first cache_seqlens[b] keys (flash_attn_with_kvcache).
+lens = torch.tensor([6000], dtype=torch.int32, device="cuda")
+out, lse = fa_tune_ops.attention(q, k, v, cache_seqlens=lens)
 ```
 
-`fa_tune::attention(q, k, v, causal=True, softmax_scale=None, cu_seqlens=None,
-max_seqlen=None) -> (out, lse)` takes BSHD BF16 CUDA tensors, contiguous, head dim {d}, the
-library's mask; out is like q, lse `[B, Hq, S]` FP32. With `cu_seqlens` (int32, 1-D, on q's
-device) and `max_seqlen` (an int at least every length), it is the varlen call: q
-`[total_tokens, Hq, {d}]`, k/v `[total_tokens, Hkv, {d}]`, lse `[Hq, total_tokens]`. Anything
-else is a ValueError saying what is wrong. It launches on torch's current stream, allocates
-its outputs (and the varlen workspace) with torch, does not synchronise the host (a fixed-length
-shape's first call does the one-time setup above; varlen needs none), and has a fake (meta)
-implementation, so it works under `torch.compile(fullgraph=True)` and in CUDA graph capture
-(run each fixed-length shape once before capturing: the one-time setup above must not happen
-inside a capture). Forward only.
-The library is `lib/{LIB_NAME}` beside the package, or `$FA_TUNE_LIB`, or
-`fa_tune_ops.load(PATH)`.
+`fa_tune::attention(q, k, v, causal=True, softmax_scale=None, cu_seqlens_q=None,
+cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, seqused_k=None) -> (out, lse)`, with
+FlashAttention-3's names: BF16 CUDA tensors, head dim {d}, the library's mask (causal needs
+S_q <= S_k for fixed length). q `[B, S_q, Hq, {d}]` or, with `cu_seqlens_q` and
+`max_seqlen_q`, packed `[total_q, Hq, {d}]`; k/v `[B, S_k, Hkv, {d}]` or, with `cu_seqlens_k`
+and `max_seqlen_k`, packed `[total_k, Hkv, {d}]` (a packed k needs its own cu_seqlens_k: with
+cu_seqlens_q alone, k/v are a cache `[num_seqs, S_cache, Hkv, {d}]`); `seqused_k` `[B]`
+(`cache_seqlens=` in `fa_tune_ops.attention`). Metadata tensors are int32, 1-D, contiguous, on
+q's device. q, k and v may be strided views (fused QKV, a `[B, H, S, D]` cache transposed);
+one whose strides TMA cannot read (not multiples of 8 elements, or a pointer off 16 bytes) is
+copied, with a `fa_tune_ops.CopyWarning` once per process. out is dense like q's shape; lse
+`[B, Hq, S_q]`, or `[Hq, total_q]` with packed q. Anything else is a ValueError saying what is
+wrong, decided from shapes alone (the fake implementation runs the same checks, so
+`torch.compile(fullgraph=True)` traces the op).
 
-The op's launch path is C++ (`lib/libfa_tune_torch.<torch version>.so`, built by `build.sh`
-where `python3` has torch; `$PYTHON` picks another interpreter) when it was built for the
-torch you import, and Python otherwise: the same checks and results, with 4.5 us instead of
-13.4 us of host time per call above a direct launch (varlen: 6.1 and 22.8 us; H200,
-2026-12-01). `fa_tune_ops.native.status()` says which runs and why; `FA_TUNE_OPS_NATIVE=0`
-turns the C++ path off. A call the C++ path cannot vouch for (a
-shape's first call, any input it would refuse) takes the Python path, which says what is wrong.
+It launches on torch's current stream, allocates its outputs (and the workspace of a call with
+device metadata) with torch, and does not synchronise the host: a fixed-length shape's first
+call does the one-time setup above (run each shape once before capturing a CUDA graph); calls
+with device metadata need none. Bad device metadata never faults: the kernel finds it, that
+call's out and lse are NaN, and the op raises ValueError naming what was wrong at the next
+call on that device; `fa_tune_ops.check()` synchronises and raises at once, and
+`FA_TUNE_OPS_SYNC_CHECK=1` (or `fa_tune_ops.set_sync_check(True)`) makes every such call
+synchronise and raise. `fa_tune_ops.stats()` counts the calls the kernel served and the
+transformers backend's fallbacks, by reason. Forward only. The library is `lib/{LIB_NAME}`
+beside the package, or `$FA_TUNE_LIB`, or `fa_tune_ops.load(PATH)`.
+
+The op's launch path is C++ (`lib/libfa_tune_torch.<torch version>.abi<N>.so`, built by
+`build.sh` where `python3` has torch; `$PYTHON` picks another interpreter) when it was built for
+the torch you import, and Python otherwise: the same checks and results, with 4.5 us instead of
+13.4 us of host time per call above a direct launch (ABI 2; H200, 2026-12-01).
+`fa_tune_ops.native.status()` says which runs and why; `FA_TUNE_OPS_NATIVE=0` turns the C++
+path off. A call the C++ path cannot vouch for (a shape's first call, a layout to copy, any
+input it would refuse) takes the Python path, which says what is wrong.
 
 ### Hugging Face transformers
 
@@ -602,17 +625,20 @@ shape's first call, any input it would refuse) takes the Python path, which says
 import fa_tune_ops
 fa_tune_ops.register_hf()          # AttentionInterface "fa_tune" (+ its mask function)
 model = AutoModelForCausalLM.from_pretrained(..., attn_implementation="fa_tune")
-# or: model.set_attn_implementation("fa_tune")
+out = model.generate(ids, max_new_tokens=32)   # the default DynamicCache
+print(fa_tune_ops.stats())         # {{"fa_tune": ..., "fallback:fa3:decode (S_q=1 < 64)": ...}}
 ```
 
-The backend serves prefill without padding: query length = key length (no KV cache in use, or
-an empty one), no attention mask other than the model's own causal one, dropout 0, BF16, head
-dim {d}. Packed sequences run the varlen kernel: given as FlashAttention's keyword arguments
-(`cu_seq_lens_q` = `cu_seq_lens_k`, `max_length_q`/`max_length_k`, e.g. from
-`DataCollatorWithFlattening(return_flash_attn_kwargs=True)`), or found by transformers in
-`position_ids` that restart (no cache, no padding mask). Anything else (decoding steps, padded
-batches, softcapping, sliding windows) is a ValueError naming the cause; use another backend for
-those calls.
+The kernel runs prefill: a fresh prompt, a prompt continuing a cached prefix (bottom-right
+causal over the cache, read in place through its strides), packed sequences (FlashAttention's
+`cu_seq_lens_q/k` and `max_length_q/k` keyword arguments, or `position_ids` that restart).
+Every other call goes to a stated fallback, counted in `stats()`: FlashAttention-3
+(`flash_attn.cute.interface`) when it imports, else torch's sdpa (with the bottom-right mask
+where S_q != S_k; eager for softcap or sinks without FA3): decode steps (fewer than 64 queries:
+the kernel's 64-row tiles would waste most of their work), a real attention mask (padding, a
+static cache; it arrives materialised and the fallback uses it), sliding windows, softcap,
+attention sinks, dropout, another dtype or head dim, lengths no bucket serves.
+`FA_TUNE_HF_FALLBACK=sdpa` skips FA3.
 """
 
 
@@ -641,13 +667,16 @@ def _check_built_library(so: Path, table: Any) -> None:
     """The library just built answers as the table says (no GPU needed: host-only calls)."""
     import ctypes
 
+    from tuner import dispatch as dispatch_mod
+
     try:
         lib = ctypes.CDLL(str(so))
         lib.fa_tune_dispatch_json.restype = ctypes.c_char_p
         lib.fa_tune_problem_class.restype = ctypes.c_char_p
         got = json.loads(lib.fa_tune_dispatch_json().decode())
         pclass = json.loads(lib.fa_tune_problem_class().decode())
-        ok = (lib.fa_tune_abi_version() == 2 and lib.fa_tune_bucket_count() == len(table.entries)
+        ok = (lib.fa_tune_abi_version() == dispatch_mod.ABI_VERSION
+              and lib.fa_tune_bucket_count() == len(table.entries)
               and got == json.loads(json.dumps(table.to_dict()))
               and {k: pclass.get(k) for k in ("head_dim", "causal")}
               == table.problem_class.to_dict() and isinstance(pclass.get("varlen"), bool))
@@ -710,8 +739,9 @@ def export_workload(table: Any, out: Path, *, resolved: Any = None,
                 build_mod.render(e.config, pclass=_with_varlen(e.config, pclass)))
             (tmp / "configs").mkdir(exist_ok=True)
             (tmp / "configs" / f"{e.bucket}.yaml").write_text(e.config.to_yaml())
-        (tmp / "include").mkdir()
-        (tmp / "include" / dispatch_mod.HEADER_NAME).write_text(dispatch_mod.HEADER)
+        (tmp / "include").mkdir()  # the C ABI's one header, as the kernels include it
+        shutil.copy2(_paths.cuda_src_dir() / "fa_tune" / dispatch_mod.HEADER_NAME,
+                     tmp / "include" / dispatch_mod.HEADER_NAME)
         (tmp / "dispatch.cu").write_text(dispatch_mod.dispatcher_source(table))
         (tmp / "build.sh").write_text(workload_build_script(table))
         (tmp / "build.sh").chmod(0o755)

@@ -5,24 +5,36 @@ A workload (``workloads/<name>.yaml``) is what one exported library is tuned for
     name: llama3-8b
     description: free text
     attention: {Hq: 32, Hkv: 8, head_dim: 128, causal: true}
-    buckets:                     # by S (a varlen batch's max_seqlen);
-      - {name: s1k, max_s: 1024} # each bucket serves (previous max_s, max_s]; the last may
-      - {name: s8k, max_s: 8192} # say max_s: null (no upper bound)
+    buckets:                     # by the query length S (a varlen batch's max_seqlen_q);
+      - {name: s1k, max_s: 1024} # each bucket serves (previous max_s, max_s], any key length;
+      - {name: s8k, max_s: 8192} # the last may say max_s: null (no upper bound)
+      # a key-range bucket (chunked prefill, a prompt continuing a cached prefix): queries
+      # min_s..max_s (min_s default 1) over keys k.min..k.max (max null: no upper bound)
+      - {name: chunk2k, max_s: 2048, k: {min: 4096, max: 16384}}
     traffic:                     # relative call frequencies; any of these, all combined
       lengths: {512: 3, 2048: 2} # prefill length S -> weight ...
       batch: {1: 0.7, 4: 0.3}    # ... times batch size B -> weight (default {1: 1})
-      shapes:                    # and fixed (B, S) shapes with their own weights
-        - {B: 1, S: 8192, weight: 1}
+      shapes:                    # and fixed (B, S) shapes with their own weights; Sk: queries
+        - {B: 1, S: 8192, weight: 1}               # over that many keys (default S)
+        - {B: 1, S: 2048, Sk: 8192, weight: 1}     # (a chunk of a chunked prefill)
       packed:                    # and packed varlen batches (a prefill server's): the lengths
-        - {lengths: "4096,2048*2,512*8", weight: 1}   # as in a problem's [...], or a list
+        - {lengths: "4096,2048*2,512*8", weight: 1}   # as in a problem's [...] (q:k pairs
+        - {lengths: "2048:8192,512:4096*2"}           # too), or a list of query lengths
     tuning: {max_problems: 3}    # problems per bucket to tune on (default 3)
+
+Buckets without ``k`` chain by query length, in file order, and serve every key length; a
+bucket with ``k`` stands alone (its own query range, not part of the chain) and is dispatched
+before the chain, so in their overlap it takes the calls: a chunk of 2048 queries over 8192
+cached keys runs chunk2k's kernel, a fresh 2048-token prompt s2k's. Key-range buckets must not
+overlap each other.
 
 ``plan()`` turns it into the problems to tune per bucket: the traffic points in the bucket,
 ranked by their share of attention time there (weight x FLOPs, the time at a constant TFLOPS
-rate), the top ``max_problems``; a bucket without traffic is tuned on its upper edge (B=1). A
-packed batch lands in the bucket of its longest sequence (the dispatcher picks by max_seqlen)
-and is tuned on as a varlen problem, so that bucket's search builds the varlen kernel too.
-A bad file is one ``WorkloadError`` line naming the file and the entry.
+rate), the top ``max_problems``; a bucket without traffic is tuned on its upper edge (B=1, over
+its largest key length). A packed batch lands in the bucket of its longest sequences (the
+dispatcher picks by max_seqlen_q and max_seqlen_k) and is tuned on as a varlen problem, so that
+bucket's search builds the varlen kernel too. A bad file is one ``WorkloadError`` line naming
+the file and the entry.
 """
 
 from __future__ import annotations
@@ -37,7 +49,7 @@ import yaml
 
 from tuner import _paths
 from tuner.errors import FaTuneError
-from tuner.problem import Problem, ProblemClass, ShapeError, lengths_text, parse_lengths
+from tuner.problem import Problem, ProblemClass, ShapeError, lengths_text, parse_pairs
 
 DEFAULT_MAX_PROBLEMS = 3
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -64,51 +76,84 @@ class Attention:
     def problem_class(self) -> ProblemClass:
         return ProblemClass(self.head_dim, self.causal)
 
-    def problem(self, B: int, S: int) -> Problem:
-        return Problem(B, self.Hq, S, Hkv=self.Hkv, D=self.head_dim, causal=self.causal)
+    def problem(self, B: int, S: int, Sk: int = 0) -> Problem:
+        """B x Hq/Hkv x S, over Sk keys (0: S)."""
+        return Problem(B, self.Hq, S, Hkv=self.Hkv, D=self.head_dim, causal=self.causal, Sk=Sk)
 
-    def packed(self, lengths: tuple[int, ...]) -> Problem:
-        return Problem.varlen(lengths, self.Hq, Hkv=self.Hkv, D=self.head_dim, causal=self.causal)
+    def packed(self, lengths: tuple[int, ...], lengths_k: tuple[int, ...] = ()) -> Problem:
+        return Problem.varlen(lengths, self.Hq, Hkv=self.Hkv, D=self.head_dim, causal=self.causal,
+                              seqlens_k=lengths_k or None)
 
     def to_dict(self) -> dict[str, Any]:
         return {"Hq": self.Hq, "Hkv": self.Hkv, "head_dim": self.head_dim, "causal": self.causal}
 
 
+def range_text(lo: int, hi: int | None) -> str:
+    return f"{lo}..{hi}" if hi is not None else f">= {lo}"
+
+
 @dataclass(frozen=True)
 class Bucket:
-    """Sequence lengths s_min <= S <= s_max (s_max None: no upper bound)."""
+    """Query lengths s_min <= S <= s_max (s_max None: no upper bound) over any key length, or
+    (a key-range bucket, ``keyed``) over key lengths k_min <= Sk <= k_max only."""
 
     name: str
     s_min: int
     s_max: int | None
+    k_min: int | None = None  # None: any key length (a bucket of the query-length chain)
+    k_max: int | None = None
 
-    def contains(self, S: int) -> bool:
-        return S >= self.s_min and (self.s_max is None or S <= self.s_max)
+    @property
+    def keyed(self) -> bool:
+        return self.k_min is not None
+
+    def contains(self, S: int, Sk: int | None = None) -> bool:
+        """Whether it serves S queries over Sk keys (None: S)."""
+        sk = S if Sk is None else Sk
+        return (S >= self.s_min and (self.s_max is None or S <= self.s_max)
+                and (self.k_min is None or sk >= self.k_min)
+                and (self.k_max is None or sk <= self.k_max))
 
     def range_text(self) -> str:
-        return f"{self.s_min}..{self.s_max}" if self.s_max is not None else f">= {self.s_min}"
+        text = range_text(self.s_min, self.s_max)
+        return text + (f", k {range_text(self.k_min, self.k_max)}" if self.k_min is not None
+                       else "")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "s_min": self.s_min, "s_max": self.s_max}
+        d: dict[str, Any] = {"name": self.name, "s_min": self.s_min, "s_max": self.s_max}
+        if self.keyed:
+            d.update(k_min=self.k_min, k_max=self.k_max)
+        return d
 
 
 @dataclass(frozen=True)
 class TrafficPoint:
-    """One (B, S) the model is called with, or one packed batch of these sequence lengths (then
-    B is their count and S the longest); weight = its share of calls (all sum to 1)."""
+    """One (B, S) the model is called with (over Sk keys; 0: S), or one packed batch of these
+    sequence lengths (then B is their count, S the longest query length and Sk the longest key
+    length); weight = its share of calls (all sum to 1)."""
 
     B: int
     S: int
     weight: float
     lengths: tuple[int, ...] = ()
+    Sk: int = 0
+    lengths_k: tuple[int, ...] = ()  # the packed batch's key lengths; empty: its query lengths
+
+    @property
+    def S_k(self) -> int:  # noqa: N802 - FlashAttention's name
+        return self.Sk or self.S
 
     def problem(self, att: Attention) -> Problem:
-        return att.packed(self.lengths) if self.lengths else att.problem(self.B, self.S)
+        if self.lengths:
+            return att.packed(self.lengths, self.lengths_k)
+        return att.problem(self.B, self.S, self.Sk)
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"B": self.B, "S": self.S, "weight": self.weight}
+        if self.Sk and self.Sk != self.S:
+            d["Sk"] = self.Sk
         if self.lengths:
-            d["lengths"] = lengths_text(self.lengths)
+            d["lengths"] = lengths_text(self.lengths, self.lengths_k)
         return d
 
 
@@ -141,9 +186,15 @@ class Workload:
     max_problems: int = DEFAULT_MAX_PROBLEMS
     source: str = "<workload>"
 
-    def bucket_for(self, S: int) -> Bucket | None:
-        """The bucket serving sequence length S (max_seqlen for a varlen batch), or None."""
-        return next((b for b in self.buckets if b.contains(S)), None)
+    def dispatch_order(self) -> tuple[Bucket, ...]:
+        """The buckets as the dispatcher tries them: key-range buckets first, then the chain."""
+        return tuple(b for b in self.buckets if b.keyed) + tuple(
+            b for b in self.buckets if not b.keyed)
+
+    def bucket_for(self, S: int, Sk: int | None = None) -> Bucket | None:
+        """The bucket serving S queries over Sk keys (None: S; a varlen batch: max_seqlen_q and
+        max_seqlen_k), or None."""
+        return next((b for b in self.dispatch_order() if b.contains(S, Sk)), None)
 
     def bucket(self, name: str) -> Bucket:
         for b in self.buckets:
@@ -158,17 +209,21 @@ class Workload:
         if keep < 1:
             raise WorkloadError(f"max problems per bucket must be at least 1 (got {keep})")
         total_time = sum(t.weight * t.problem(self.attention).flops for t in self.traffic)
+        home = {id(t): self.bucket_for(t.S, t.S_k) for t in self.traffic}
         plans = []
         for b in self.buckets:
-            pts = [t for t in self.traffic if b.contains(t.S)]
+            pts = [t for t in self.traffic if home[id(t)] is b]
             calls = sum(t.weight for t in pts)
             if not pts:  # no traffic here: tune on the bucket's upper edge, B=1
-                p = self.attention.problem(1, b.s_max if b.s_max is not None else b.s_min)
+                S = b.s_max if b.s_max is not None else b.s_min
+                Sk = 0 if b.k_min is None else max(b.k_max or b.k_min, S)
+                p = self.attention.problem(1, S, Sk)
                 plans.append(BucketPlan(b, (PlannedProblem(p, 0.0, 0.0),), 0.0, 0.0))
                 continue
             cost = [(t, t.problem(self.attention)) for t in pts]
             time = sum(t.weight * p.flops for t, p in cost)
-            ranked = sorted(cost, key=lambda tp: (-tp[0].weight * tp[1].flops, tp[1].S, tp[1].B))
+            ranked = sorted(cost, key=lambda tp: (-tp[0].weight * tp[1].flops, tp[1].S,
+                                                  tp[1].Sk, tp[1].B))
             problems = tuple(PlannedProblem(p, t.weight / calls, t.weight * p.flops / time)
                              for t, p in ranked[:keep])
             plans.append(BucketPlan(b, problems, calls, time / total_time if total_time else 0.0))
@@ -229,25 +284,65 @@ def _attention(d: Any, src: str) -> Attention:
     return att
 
 
+def _bucket_name(item: Mapping, what: str, src: str, seen: list[Bucket]) -> str:
+    name = item.get("name")
+    if not isinstance(name, str) or not _BUCKET_RE.fullmatch(name):
+        raise WorkloadError(f"{src}: {what}.name must be letters, digits, '_' or '-' "
+                            f"(got {name!r})")
+    if any(b.name == name for b in seen):
+        raise WorkloadError(f"{src}: bucket name '{name}' is used twice")
+    if "max_s" not in item:
+        raise WorkloadError(f"{src}: {what} ({name}) needs max_s (null: no upper bound)")
+    return name
+
+
+def _keyed_bucket(item: Mapping, name: str, what: str, src: str) -> Bucket:
+    """A key-range bucket: {name, [min_s,] max_s, k: {[min,] [max]}}."""
+    k = _mapping(item["k"], f"{what}.k", src, {"min", "max"})
+    lo = _pos_int(item.get("min_s", 1), f"{what}.min_s", src)
+    hi = item["max_s"]
+    hi = None if hi is None else _pos_int(hi, f"{what}.max_s", src)
+    k_lo = _pos_int(k.get("min", 1), f"{what}.k.min", src)
+    k_hi = k.get("max")
+    k_hi = None if k_hi is None else _pos_int(k_hi, f"{what}.k.max", src)
+    if hi is not None and hi < lo:
+        raise WorkloadError(f"{src}: {what} ({name}): max_s {hi} is below min_s {lo}")
+    if k_hi is not None and k_hi < k_lo:
+        raise WorkloadError(f"{src}: {what} ({name}): k.max {k_hi} is below k.min {k_lo}")
+    return Bucket(name, lo, hi, k_lo, k_hi)
+
+
+def _overlap(a_lo: int, a_hi: int | None, b_lo: int, b_hi: int | None) -> bool:
+    return (b_hi is None or a_lo <= b_hi) and (a_hi is None or b_lo <= a_hi)
+
+
 def _buckets(items: Any, src: str) -> tuple[Bucket, ...]:
     if not isinstance(items, list) or not items:
         raise WorkloadError(f"{src}: buckets must be a non-empty list of {{name, max_s}}")
     out: list[Bucket] = []
     lo = 1
+    chain = [i for i, item in enumerate(items) if not (isinstance(item, Mapping) and "k" in item)]
     for i, item in enumerate(items):
         what = f"buckets[{i}]"
-        item = _mapping(item, what, src, {"name", "max_s"})
-        name = item.get("name")
-        if not isinstance(name, str) or not _BUCKET_RE.fullmatch(name):
-            raise WorkloadError(f"{src}: {what}.name must be letters, digits, '_' or '-' "
-                                f"(got {name!r})")
-        if any(b.name == name for b in out):
-            raise WorkloadError(f"{src}: bucket name '{name}' is used twice")
-        if "max_s" not in item:
-            raise WorkloadError(f"{src}: {what} ({name}) needs max_s (null: no upper bound)")
+        item = _mapping(item, what, src, {"name", "max_s", "min_s", "k"})
+        name = _bucket_name(item, what, src, out)
+        if "k" in item:
+            b = _keyed_bucket(item, name, what, src)
+            for other in out:
+                if other.keyed and _overlap(b.s_min, b.s_max, other.s_min, other.s_max) and \
+                        _overlap(b.k_min or 1, b.k_max, other.k_min or 1, other.k_max):
+                    raise WorkloadError(f"{src}: key-range buckets {other.name} "
+                                        f"({other.range_text()}) and {name} ({b.range_text()}) "
+                                        "overlap; the dispatcher would never pick the second")
+            out.append(b)
+            continue
+        if "min_s" in item:
+            raise WorkloadError(f"{src}: {what} ({name}): min_s goes with k (a key-range "
+                                "bucket); the query-length chain starts where the previous "
+                                "bucket ends")
         hi = item["max_s"]
         if hi is None:
-            if i != len(items) - 1:
+            if i != chain[-1]:
                 raise WorkloadError(f"{src}: only the last bucket may have max_s: null "
                                     f"({name} is not last)")
         else:
@@ -257,33 +352,55 @@ def _buckets(items: Any, src: str) -> tuple[Bucket, ...]:
                                     f"the previous bucket's {lo - 1}")
         out.append(Bucket(name, lo, hi))
         lo = (hi or 0) + 1
+    if not chain:
+        raise WorkloadError(f"{src}: buckets need at least one bucket without k (the "
+                            "query-length chain serves every call no key-range bucket takes)")
     return tuple(out)
 
 
-Raw = tuple[int, int, float, str, tuple[int, ...]]  # (B, S, weight, where, packed lengths)
+@dataclass(frozen=True)
+class _Raw:
+    """A traffic entry before normalising."""
+
+    B: int
+    S: int
+    weight: float
+    where: str
+    lengths: tuple[int, ...] = ()
+    lengths_k: tuple[int, ...] = ()  # empty: the query lengths
+    Sk: int = 0                      # 0: S
+
+    @property
+    def key(self) -> tuple[bool, int, int, int, tuple[int, ...], tuple[int, ...]]:
+        """Identity (entries with one key merge) and order: fixed shapes by (S, Sk, B), then
+        packed batches by (S, Sk, B, lengths)."""
+        return (bool(self.lengths), self.S, self.Sk, self.B, self.lengths, self.lengths_k)
 
 
-def _packed_lengths(value: Any, what: str, src: str) -> tuple[int, ...]:
+def _packed_lengths(value: Any, what: str, src: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(query lengths, key lengths; empty when the same) of a packed batch."""
+    lengths_k: tuple[int, ...] = ()
     if isinstance(value, str):
         try:
-            lengths = parse_lengths(value.strip("[] "), value)
+            lengths, ks = parse_pairs(value.strip("[] "), value)
         except ShapeError as e:
             raise WorkloadError(f"{src}: {what}: {e}") from None
+        lengths_k = ks if ks != lengths else ()
     elif isinstance(value, list) and value:
         lengths = tuple(v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else
                         _pos_int(v, f"{what} entries", src) for v in value)
     else:
         raise WorkloadError(f"{src}: {what} must be sequence lengths: text as in a problem "
-                            f"('4096,2048*2,512*8') or a list of integers (got {value!r})")
+                            f"('4096,2048*2,512*8' or q:k pairs '2048:8192,512:4096*2') or a "
+                            f"list of integers (got {value!r})")
     if not lengths or max(lengths) < 1:
         raise WorkloadError(f"{src}: {what} must hold at least one sequence of 1 token or more")
-    return lengths
+    return lengths, lengths_k
 
 
-def _traffic(d: Any, src: str) -> list[Raw]:
-    """(B, S, weight, where, lengths) before normalising."""
+def _traffic(d: Any, src: str) -> list[_Raw]:
     d = _mapping(d, "traffic", src, {"lengths", "batch", "shapes", "packed"})
-    pts: list[Raw] = []
+    pts: list[_Raw] = []
     if "lengths" in d:
         lengths = _mapping(d["lengths"], "traffic.lengths", src)
         batch = _mapping(d.get("batch", {1: 1}), "traffic.batch", src)
@@ -294,8 +411,8 @@ def _traffic(d: Any, src: str) -> list[Raw]:
             w_s = _weight(ws, f"traffic.lengths[{s}]", src)
             for b, wb in batch.items():
                 B = _pos_int(b, f"traffic.batch key {b!r}", src)
-                pts.append((B, S, w_s * _weight(wb, f"traffic.batch[{b}]", src),
-                            f"traffic.lengths[{S}] x batch[{B}]", ()))
+                pts.append(_Raw(B, S, w_s * _weight(wb, f"traffic.batch[{b}]", src),
+                                f"traffic.lengths[{S}] x batch[{B}]"))
     elif "batch" in d:
         raise WorkloadError(f"{src}: traffic.batch needs traffic.lengths (batch sizes weight "
                             "the lengths)")
@@ -304,12 +421,14 @@ def _traffic(d: Any, src: str) -> list[Raw]:
         raise WorkloadError(f"{src}: traffic.shapes must be a list of {{B, S, weight}}")
     for i, item in enumerate(shapes):
         what = f"traffic.shapes[{i}]"
-        item = _mapping(item, what, src, {"B", "S", "weight"})
+        item = _mapping(item, what, src, {"B", "S", "Sk", "weight"})
         if "S" not in item:
             raise WorkloadError(f"{src}: {what} needs S")
-        pts.append((_pos_int(item.get("B", 1), f"{what}.B", src),
-                    _pos_int(item["S"], f"{what}.S", src),
-                    _weight(item.get("weight", 1), f"{what}.weight", src), what, ()))
+        S = _pos_int(item["S"], f"{what}.S", src)
+        Sk = _pos_int(item.get("Sk", S), f"{what}.Sk", src)
+        pts.append(_Raw(_pos_int(item.get("B", 1), f"{what}.B", src), S,
+                        _weight(item.get("weight", 1), f"{what}.weight", src), what,
+                        Sk=0 if Sk == S else Sk))
     packed = d.get("packed", [])
     if not isinstance(packed, list):
         raise WorkloadError(f"{src}: traffic.packed must be a list of {{lengths, weight}}")
@@ -318,9 +437,11 @@ def _traffic(d: Any, src: str) -> list[Raw]:
         item = _mapping(item, what, src, {"lengths", "weight"})
         if "lengths" not in item:
             raise WorkloadError(f"{src}: {what} needs lengths (e.g. '4096,2048*2,512*8')")
-        lengths = _packed_lengths(item["lengths"], f"{what}.lengths", src)
-        pts.append((len(lengths), max(lengths),
-                    _weight(item.get("weight", 1), f"{what}.weight", src), what, lengths))
+        lengths, lengths_k = _packed_lengths(item["lengths"], f"{what}.lengths", src)
+        sk = max(lengths_k) if lengths_k else 0
+        pts.append(_Raw(len(lengths), max(lengths),
+                        _weight(item.get("weight", 1), f"{what}.weight", src), what, lengths,
+                        lengths_k, Sk=0 if sk in (0, max(lengths)) else sk))
     if not pts:
         raise WorkloadError(f"{src}: traffic names no shapes: give traffic.lengths (and batch), "
                             "traffic.shapes or traffic.packed")
@@ -343,25 +464,28 @@ def workload_from_dict(data: Any, source: str = "<workload>") -> Workload:
         raise WorkloadError(f"{src}: description must be text")
     att = _attention(d["attention"], src)
     buckets = _buckets(d["buckets"], src)
-    raw = _traffic(d["traffic"], src)
-    merged: dict[tuple[int, int, tuple[int, ...]], float] = {}
-    for B, S, w, where, lengths in raw:
+    probe = Workload(name, att, buckets, (), desc, DEFAULT_MAX_PROBLEMS, src)
+    merged: dict[tuple[Any, ...], tuple[_Raw, float]] = {}
+    for r in _traffic(d["traffic"], src):
         try:
-            att.packed(lengths) if lengths else att.problem(B, S)
+            r_problem = (att.packed(r.lengths, r.lengths_k) if r.lengths
+                         else att.problem(r.B, r.S, r.Sk))
         except FaTuneError as e:
-            raise WorkloadError(f"{src}: {where}: {e}") from None
-        if not any(b.contains(S) for b in buckets):
-            longest = " (its longest sequence)" if lengths else ""
-            raise WorkloadError(f"{src}: {where}: S={S}{longest} falls in no bucket (the last "
-                                f"serves {buckets[-1].range_text()}); add a bucket or max_s: "
-                                "null")
-        merged[(B, S, lengths)] = merged.get((B, S, lengths), 0.0) + w
-    total = sum(merged.values())
+            raise WorkloadError(f"{src}: {r.where}: {e}") from None
+        if probe.bucket_for(r.S, r_problem.Sk) is None:
+            longest = " (its longest sequence)" if r.lengths else ""
+            keys = f" over Sk={r_problem.Sk}" if r_problem.Sk != r.S else ""
+            chain = [b for b in buckets if not b.keyed]
+            raise WorkloadError(f"{src}: {r.where}: S={r.S}{keys}{longest} falls in no bucket "
+                                f"(the last serves {chain[-1].range_text()}); add a bucket or "
+                                "max_s: null")
+        prev = merged.get(r.key)
+        merged[r.key] = (r, (prev[1] if prev else 0.0) + r.weight)
+    total = sum(w for _, w in merged.values())
     if total <= 0:
         raise WorkloadError(f"{src}: traffic weights sum to 0; give some weight > 0")
-    # Fixed shapes by (S, B), then packed batches by (S, B, lengths).
-    order = sorted(merged.items(), key=lambda x: (bool(x[0][2]), x[0][1], x[0][0], x[0][2]))
-    traffic = tuple(TrafficPoint(B, S, w / total, lengths) for (B, S, lengths), w in order)
+    traffic = tuple(TrafficPoint(r.B, r.S, w / total, r.lengths, r.Sk, r.lengths_k)
+                    for _, (r, w) in sorted(merged.items(), key=lambda x: x[0]))
     tuning = _mapping(d.get("tuning", {}), "tuning", src, {"max_problems"})
     keep = _pos_int(tuning.get("max_problems", DEFAULT_MAX_PROBLEMS), "tuning.max_problems", src)
     return Workload(name, att, buckets, traffic, desc, keep, src)

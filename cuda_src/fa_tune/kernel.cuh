@@ -160,7 +160,9 @@ struct Consumer {
 template <class Cfg, bool kVarlen>
 struct RegSplit {
   using D = Derived<Cfg>;
-  static constexpr int kMinProducer = D::kConsumerWGs == 1 ? 56 : 24;
+  // Without intra_wg_overlap its loop holds both rings' cursors at once beside the 32-byte task
+  // and spilled one int at 24 (H200 build, 2026-12-04): 32 there.
+  static constexpr int kMinProducer = D::kConsumerWGs == 1 ? 56 : D::kOverlap ? 24 : 32;
   static constexpr int kProducer =
       kVarlen && Cfg::producer_regs < kMinProducer ? kMinProducer : Cfg::producer_regs;
   static constexpr int kSpare = (D::kLaunchRegs / kWarpgroupThreads - kProducer) / D::kConsumerWGs / 8 * 8;

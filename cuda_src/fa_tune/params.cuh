@@ -34,6 +34,8 @@ struct TileCoord {
   int k_len = 0;
   int kv_head = 0;
   int kv_batch = 0;
+  int kv_tiles = 0;  // KV tiles the task visits (the schedule computed it: one value for the
+                     // 24-register producer to hold instead of two lengths)
 };
 
 // One query tile of a device-scheduled launch, as the schedule stores it (varlen.cuh): 32
@@ -46,8 +48,8 @@ struct VarlenTask {
   int len;       // query rows
   int k_start;   // first key row (cu_seqlens_k[sequence], or 0)
   int k_len;     // keys it attends to (seqused_k, or the cu_seqlens_k difference)
-  int q_batch;   // batch coordinate of q and o (0 when packed)
-  int kv_batch;  // batch coordinate of k and v (0 when packed)
+  int batches;   // batch coordinate of q and o | that of k and v << 16 (0 when packed)
+  int kv_tiles;  // KV tiles the task visits (num_kv_blocks)
 };
 
 // What the persistent schedulers read (unused by the grid scheduler).

@@ -91,8 +91,13 @@ struct Producer {
     const int h = Sched::kv_head(p, t), b = Sched::kv_batch(t);
     // Varlen: a tile past its sequence's keys also holds the next sequence's first keys; the
     // causal mask hides them from the sequence's rows (the non-causal mask ends at its keys).
-    const int Sk = Sched::key_len(p, t);
-    const int n_blocks = num_kv_blocks<T>(Sk, Sk - Sched::seq_len(p, t), t.m_block);
+    int n_blocks;
+    if constexpr (Sched::kPacked) {
+      n_blocks = t.kv_tiles;  // the device-side schedule's count (varlen.cuh, tile_cost)
+    } else {
+      const int Sk = Sched::key_len(p, t);
+      n_blocks = num_kv_blocks<T>(Sk, Sk - Sched::seq_len(p, t), t.m_block);
+    }
     const int start = Sched::key_start(t);
     auto load_k = [&](int n) {
       load_tile<Cfg::hint_k>(&p.tma_k, ss.k_ring, kst, ss.k, n, start + n * T::kBlockN, h, b,

@@ -149,8 +149,8 @@ struct VarlenTiles {
   __device__ static int kv_batch(const TileCoord& t) { return t.kv_batch; }
   __device__ static int kv_head(const Params&, const TileCoord& t) { return t.kv_head; }
   __device__ static TileCoord from_task(const VarlenTask& w, int t, int turn) {
-    return {w.m_block, w.heads & 0xffff, w.q_batch, t, turn, w.m_block >= 0, w.start, w.len,
-            w.k_start, w.k_len, w.heads >> 16, w.kv_batch};
+    return {w.m_block, w.heads & 0xffff, w.batches & 0xffff, t, turn, w.m_block >= 0, w.start,
+            w.len, w.k_start, w.k_len, w.heads >> 16, w.batches >> 16, w.kv_tiles};
   }
   __device__ static VarlenTask task(const Params& p, int t) {
     if (t >= p.sched.num_tiles) return {-1, 0, 0, 0, 0, 0, 0, 0};

@@ -115,7 +115,8 @@ __device__ __forceinline__ SeqSpan seq_span(const VarlenMeta& m, int b, int B) {
   return s;
 }
 
-// KV tiles query tile m of a sequence visits (params.cuh's kv_blocks_below, on the plan).
+// KV tiles query tile m of a sequence visits (params.cuh's num_kv_blocks, on the plan): the
+// order's cost, and the count the producer loads.
 __device__ __forceinline__ int tile_cost(const VarlenPlan& plan, const SeqSpan& s, int m) {
   const int keys = plan.causal ? min((m + 1) * plan.rows_per_tile + s.k_len - s.q_len, s.k_len)
                                : s.k_len;
@@ -258,10 +259,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     int m;
     const int b = tile_at(i, m);
     const SeqSpan s = seq_span(meta, b, B);
-    const long long pos = atomicAdd(&at_cost[tile_cost(plan, s, m)], 1);
+    const int cost = tile_cost(plan, s, m);  // = params.cuh's num_kv_blocks for the task
+    const long long pos = atomicAdd(&at_cost[cost], 1);
     for (int h = 0; h < H; ++h)
       tasks[pos * H + h] = VarlenTask{m, h | (h / plan.group) << 16, s.q_start, s.q_len,
-                                      s.k_start, s.k_len, s.q_batch, s.kv_batch};
+                                      s.k_start, s.k_len, s.q_batch | s.kv_batch << 16, cost};
   }
   for (long long t = (long long)num_tiles * H + tid; t < plan.bound; t += nt)
     tasks[t] = VarlenTask{-1, 0, 0, 0, 0, 0, 0, 0};

@@ -1,23 +1,30 @@
 """fa-tune as a Hugging Face transformers attention backend (``attn_implementation="fa_tune"``).
 
 transformers calls an attention function as ``fn(module, query, key, value, attention_mask,
-scaling=None, dropout=0.0, **kwargs)`` with query [B, Hq, S, D] and key/value [B, Hkv, S, D]
-and expects (output [B, S, Hq, D], weights or None). The op takes BSHD: ``transpose(1, 2)``
-gives it without a copy when the memory is BSHD already, as Llama's projections leave it.
+scaling=None, dropout=0.0, **kwargs)`` with query [B, Hq, S_q, D] and key/value [B, Hkv, S_k,
+D] and expects (output [B, S_q, Hq, D], weights or None). The op reads all three through their
+strides (``transpose(1, 2)`` views, no copy): the projections' BSHD memory and the default
+DynamicCache's [B, H, S, D] memory alike.
 
-Packed sequences (several sequences in one row, FlashAttention's "padding-free" batches) go to
-the op's varlen path, flattened to [B * S, H, D] (a view), in either of transformers' two forms:
+Routing, every call counted in ``fa_tune_ops.stats()``:
 
-* FlashAttention's keyword arguments ``cu_seq_lens_q``/``cu_seq_lens_k`` (equal: query length =
-  key length per sequence) and ``max_length_q``/``max_length_k``, as
-  ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` makes them;
-* ``position_ids`` that restart, which transformers' mask creation detects (no cache, no padding
-  mask). The registered mask function (``mask``) is sdpa's, except that for exactly that case
-  (the causal mask of packed sequences, nothing else) it returns ``PackedSequences`` instead of
-  materialising a [B, 1, S, S] mask; the backend takes cu_seqlens from it.
+* the fa-tune kernel: prefill, causal aligned bottom-right, so a prompt continuing a cached
+  prefix (S_q < S_k, inside ``model(...)`` with a DynamicCache or ``generate()``) runs it too;
+  and packed sequences (the varlen kernel), in either of transformers' forms: FlashAttention's
+  keyword arguments ``cu_seq_lens_q``/``cu_seq_lens_k`` and ``max_length_q``/``max_length_k``
+  (``DataCollatorWithFlattening(return_flash_attn_kwargs=True)``; the two may differ), or
+  ``position_ids`` that restart, which the mask function below hands on as ``PackedSequences``;
+* a stated fallback (fallback.py: FA3 when it imports, else sdpa; eager for softcap or sinks
+  without FA3) for the calls the kernel does not serve: decode steps (S_q < DECODE_THRESHOLD),
+  a real attention mask (padding, a static cache's, a model's own overlay: run with that mask,
+  never dropped), sliding windows, softcap, attention sinks, dropout, another dtype, head dim
+  or mask class than the library's, or lengths no bucket serves.
 
-Anything else that needs a mask (padding, overlays of a model's own) reaches the backend as
-sdpa's mask and is refused, so nothing is silently computed without its mask.
+The registered mask function (``mask``) returns no mask exactly when the causal mask is the
+plain bottom-right one the kernel computes (causal mask function, no padding, the queries the
+last S_q of S_k keys: no cache, or a DynamicCache), ``PackedSequences`` for packed sequences,
+and otherwise sdpa's mask, always materialised (never sdpa's "use is_causal" None, whose
+alignment is top-left), so a padded batch reaches the backend with its mask.
 """
 
 from __future__ import annotations
@@ -27,9 +34,15 @@ from typing import Any
 
 import torch
 
-from . import op as _op  # noqa: F401 - registers torch.ops.fa_tune.attention
+from . import fallback, status
+from . import op as _op
 
 NAME = "fa_tune"
+# Query lengths below this go to the fallback: the kernel computes 64-row query tiles per
+# consumer warpgroup with no split over the keys, so a decode step of a few tokens would run
+# mostly masked rows on a handful of SMs, where FlashAttention's decode path (or sdpa) splits
+# the keys across the GPU.
+DECODE_THRESHOLD = 64
 _VARLEN_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
@@ -91,68 +104,118 @@ def _packed_sequence_ids(mask_function: Callable[..., Any] | None) -> torch.Tens
     return ids if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
 
 
+def _plain_causal(kwargs: dict[str, Any]) -> bool:
+    """Whether the mask transformers asks for is exactly the kernel's: causal, no overlay, no
+    padding, the queries the last q_length positions of kv_length keys (bottom-right). A
+    static cache (kv_length = its size, q_offset a tensor) or a window is not."""
+    from transformers import masking_utils as mu
+
+    if kwargs.get("mask_function", mu.causal_mask_function) is not mu.causal_mask_function:
+        return False
+    if not kwargs.get("allow_is_causal_skip", True):  # the caller wants the mask itself
+        return False
+    q_len, kv_len = kwargs.get("q_length"), kwargs.get("kv_length")
+    q_off, kv_off = kwargs.get("q_offset", 0), kwargs.get("kv_offset", 0)
+    if not all(isinstance(x, int) for x in (q_len, kv_len, q_off, kv_off)):
+        return False
+    if kv_off != 0 or q_off + q_len != kv_len:
+        return False
+    pad = kwargs.get("attention_mask")
+    if pad is None:
+        return True
+    if pad.dim() != 2:
+        return False
+    pad = mu.prepare_padding_mask(pad, kv_len, kv_off)[:, :kv_len]
+    tracing = getattr(mu, "is_tracing", None)
+    if (tracing(pad) if tracing is not None else torch.compiler.is_compiling()):
+        return False  # no data-dependent answer while tracing: the mask itself
+    return bool(mu.fast_all(pad))  # one sync per forward, as sdpa's own check
+
+
 def mask(*args: Any, **kwargs: Any) -> Any:
-    """The backend's AttentionMaskInterface entry: sdpa's mask (None for a causal prefill
-    without padding), or PackedSequences for packed sequences and nothing else."""
+    """The backend's AttentionMaskInterface entry: None for the plain bottom-right causal mask,
+    PackedSequences for packed sequences, else sdpa's mask, materialised."""
     from transformers.masking_utils import sdpa_mask
 
     if kwargs.get("attention_mask") is None:
         ids = _packed_sequence_ids(kwargs.get("mask_function"))
         if ids is not None:
             return PackedSequences(ids)
-    return sdpa_mask(*args, **kwargs)
+    if _plain_causal(kwargs):
+        return None
+    return sdpa_mask(*args, **{**kwargs, "allow_is_causal_skip": False})
 
 
-# The last (cu_seq_lens_q, cu_seq_lens_k) pair found equal, with their versions: every layer
-# gets the same two tensors, and comparing them costs a host sync.
-_same_pair: tuple[torch.Tensor, torch.Tensor, int, int] | None = None
-
-
-def _same_lengths(cu_q: torch.Tensor, cu_k: torch.Tensor) -> bool:
-    global _same_pair
-    if cu_q is cu_k:
-        return True
-    if cu_q.shape != cu_k.shape:
-        return False
-    p = _same_pair
-    if p is not None and p[0] is cu_q and p[1] is cu_k and (p[2], p[3]) == (cu_q._version,
-                                                                           cu_k._version):
-        return True
-    if torch.compiler.is_compiling():  # no data-dependent branch in a graph: trusted
-        return True
-    if not torch.equal(cu_q, cu_k.to(cu_q.device)):
-        return False
-    _same_pair = (cu_q, cu_k, cu_q._version, cu_k._version)
-    return True
-
-
-def _varlen_args(query: torch.Tensor, kwargs: dict[str, Any],
-                 packed: PackedSequences | None) -> tuple[torch.Tensor, int] | None:
-    """(cu_seqlens on query's device as int32, max_seqlen) of a packed batch; None: not one."""
+def _varlen_args(query: torch.Tensor, kwargs: dict[str, Any], packed: PackedSequences | None,
+                 ) -> tuple[torch.Tensor, torch.Tensor, int, int] | None:
+    """(cu_seqlens_q, cu_seqlens_k on query's device as int32, max_seqlen_q, max_seqlen_k) of a
+    packed batch; None: not one."""
     missing = [k for k in _VARLEN_KWARGS if kwargs.get(k) is None]
     if 0 < len(missing) < len(_VARLEN_KWARGS):
         _fail(f"packed sequences need {', '.join(_VARLEN_KWARGS)}; {', '.join(missing)} "
               f"{'is' if len(missing) == 1 else 'are'} missing")
     if not missing:
-        cu, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
-        if not _same_lengths(cu, cu_k):
-            _fail("cu_seq_lens_q != cu_seq_lens_k: fa_tune serves packed prefill with query "
-                  "length = key length per sequence")
-        max_seqlen = max(int(kwargs["max_length_q"]), int(kwargs["max_length_k"]))
+        cu_q, cu_k = kwargs["cu_seq_lens_q"], kwargs["cu_seq_lens_k"]
+        max_q, max_k = int(kwargs["max_length_q"]), int(kwargs["max_length_k"])
     elif packed is not None:
-        cu, max_seqlen = packed.varlen()
+        cu_q, max_q = packed.varlen()
+        cu_k, max_k = cu_q, max_q
     else:
         return None
-    return cu.to(device=query.device, dtype=torch.int32), max_seqlen  # as the op takes it
+    same = cu_k is cu_q
+    cu_q = cu_q.to(device=query.device, dtype=torch.int32)  # as the op takes them
+    cu_k = cu_q if same else cu_k.to(device=query.device, dtype=torch.int32)
+    return cu_q, cu_k, max_q, max_k
 
 
-def _flat(x: torch.Tensor, name: str) -> torch.Tensor:
-    """[B, H, S, D] (a view of BSHD memory) -> [B * S, H, D] packed rows, without a copy."""
-    t = x.transpose(1, 2)
-    if not t.is_contiguous():
-        _fail(f"{name} {list(x.shape)} with strides {tuple(x.stride())} is not a view of BSHD "
-              "memory; packed sequences are read as [tokens, heads, head_dim] rows")
-    return t.reshape(-1, t.shape[2], t.shape[3])
+def _fallback_reason(query: torch.Tensor, key: torch.Tensor, attention_mask: Any,
+                     causal: bool, dropout: float, kwargs: dict[str, Any],
+                     varlen: tuple[torch.Tensor, torch.Tensor, int, int] | None) -> str | None:
+    """Why the kernel does not serve this call (None: it does)."""
+    if attention_mask is not None:
+        return "attention mask"
+    for arg, what in (("sliding_window", "sliding window"), ("softcap", "softcap"),
+                      ("s_aux", "attention sinks")):
+        if kwargs.get(arg) is not None:
+            return what
+    if dropout:
+        return "dropout"
+    if query.device.type == "cpu":
+        return "CPU tensors"
+    lib = _op.library()
+    if query.dtype != torch.bfloat16:
+        return f"dtype {query.dtype}"
+    if query.shape[-1] != lib.head_dim:
+        return f"head dim {query.shape[-1]}"
+    if bool(causal) != lib.causal:
+        return "causal" if causal else "non-causal"
+    Hq, Hkv = query.shape[1], key.shape[1]
+    if varlen is None:
+        s_q, s_k = query.shape[2], key.shape[2]
+        if s_q < DECODE_THRESHOLD:
+            return f"decode (S_q={s_q} < {DECODE_THRESHOLD})"
+        if lib.bucket_for(Hq, Hkv, s_q, s_k) == -1:
+            return f"no bucket (Hq={Hq} Hkv={Hkv} S_q={s_q} S_k={s_k})"
+        return None
+    _, _, max_q, max_k = varlen
+    i = lib.bucket_for(Hq, Hkv, max_q, max_k)
+    if i == -1:
+        return f"no bucket (varlen Hq={Hq} Hkv={Hkv} max_seqlen_q={max_q} max_seqlen_k={max_k})"
+    if lib.varlen_missing(i) is not None:
+        return "no varlen kernel"
+    return None
+
+
+def _kernel(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The op, called by name at call time (tests watch the calls here)."""
+    return torch.ops.fa_tune.attention(*args)
+
+
+def _unpacked(t: torch.Tensor) -> torch.Tensor:
+    """A packed batch's [B, H, S, D] tensor as the op's [B * S, H, D] rows (a strided view when
+    B is 1 or the memory is BSHD; a copy otherwise)."""
+    t = t.transpose(1, 2)
+    return t[0] if t.shape[0] == 1 else t.reshape(-1, t.shape[2], t.shape[3])
 
 
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
@@ -160,36 +223,42 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       scaling: float | None = None, dropout: float = 0.0,
                       **kwargs: Any) -> tuple[torch.Tensor, None]:
     packed = attention_mask if isinstance(attention_mask, PackedSequences) else None
-    if attention_mask is not None and packed is None:
-        _fail("got an attention mask; fa_tune serves causal prefill without padding (pass no "
-              "padded batch, or pack its sequences: cu_seq_lens_q/k and max_length_q/k)")
-    if dropout:
-        _fail(f"dropout {dropout} > 0 is not supported (inference only)")
-    for arg in ("softcap", "sliding_window", "s_aux"):
-        if kwargs.get(arg) is not None:
-            _fail(f"{arg} is not supported")
-    if query.shape[2] != key.shape[2]:
-        _fail(f"query length {query.shape[2]} != key length {key.shape[2]} (decoding with a KV "
-              "cache); fa_tune serves prefill only: use another backend for decoding")
+    mask_t = None if packed is not None else attention_mask
+    if mask_t is not None and not isinstance(mask_t, torch.Tensor):
+        _fail(f"got a {type(mask_t).__name__} mask; this backend's fallbacks take tensor masks "
+              "(a flex BlockMask needs attn_implementation='flex_attention')")
     causal = kwargs.get("is_causal")
     if causal is None:
         causal = getattr(module, "is_causal", True)
-    varlen = _varlen_args(query, kwargs, packed)
+    varlen = _varlen_args(query, kwargs, packed) if mask_t is None else None
+    why = _fallback_reason(query, key, mask_t, bool(causal), dropout, kwargs, varlen)
+    if why is not None:
+        if varlen is not None:
+            _fail(f"packed sequences ({why}) have no fallback here; the kernel serves them "
+                  "with BF16, the library's head dim and mask, and a bucket for their lengths")
+        sliding, softcap, sinks = (kwargs.get(k) for k in ("sliding_window", "softcap", "s_aux"))
+        where = fallback.choose(query, mask_t, dropout, sliding, softcap, sinks)
+        if not torch.compiler.is_compiling():  # count calls, not traces of them
+            status.count(f"fallback:{where}:{why}")
+        out = fallback.run(where, query, key, value, mask_t, bool(causal), scaling, dropout,
+                           sliding, softcap, sinks)
+        return out, None
     if varlen is None:
-        out, _ = torch.ops.fa_tune.attention(query.transpose(1, 2), key.transpose(1, 2),
-                                             value.transpose(1, 2), bool(causal), scaling)
+        out, _ = _kernel(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                         bool(causal), scaling)
         return out, None
     B, H, S, D = query.shape
-    out, _ = torch.ops.fa_tune.attention(_flat(query, "query"), _flat(key, "key"),
-                                         _flat(value, "value"), bool(causal), scaling, *varlen)
+    cu_q, cu_k, max_q, max_k = varlen
+    out, _ = _kernel(_unpacked(query), _unpacked(key), _unpacked(value), bool(causal), scaling,
+                     cu_q, cu_k, max_q, max_k)
     return out.view(B, S, H, D), None
 
 
 def register(name: str = NAME) -> None:
     """Register the backend under ``name`` with transformers, and its mask function (``mask``):
-    a causal prefill without padding then reaches the backend with no mask, packed sequences
-    as PackedSequences, and a padded batch with a mask (refused), instead of transformers
-    dropping the mask for an unknown backend."""
+    a plain causal prefill or continuation reaches the backend with no mask, packed sequences
+    as PackedSequences, and anything else with its mask (then the fallback runs with it),
+    instead of transformers dropping the mask for an unknown backend."""
     try:
         from transformers import AttentionInterface
         from transformers.masking_utils import AttentionMaskInterface

@@ -1,10 +1,11 @@
-"""ctypes binding of a fa-tune kernel library's C ABI v2 (no torch, no fa-tune needed).
+"""ctypes binding of a fa-tune kernel library's C ABI 3 (no torch, no fa-tune needed).
 
 The exported package must work where fa-tune is not installed, so it carries this small binding
-instead of tuner.runtime.KernelModule (which needs cuda-python). It binds what a workload
-library exports (include/fa_tune.h); a single-kernel export lacks the dispatcher's extras
-(bucket_for, dispatch_json), which then answer None, and a library from before varlen lacks
-forward_varlen and varlen_workspace_bytes (then None, and ``varlen`` False).
+instead of tuner.runtime.KernelModule (which needs cuda-python); both take the argument struct
+from abi.py, the one Python mirror of fa_tune.h. It binds what a workload library exports
+(include/fa_tune.h); a single-kernel export lacks the dispatcher's extras (bucket_for,
+dispatch_json): then ``bucket_for`` answers None. A library of another ABI version is refused
+in one line.
 """
 
 from __future__ import annotations
@@ -15,9 +16,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from . import abi
+
 LIB_NAME = "libfa_tune_fwd.so"
-ABI_VERSION = 2
-_vp, _ci, _cf, _sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_size_t
+ABI_VERSION = abi.ABI_VERSION
+# The kernel's entry points every library exports (the dispatcher's extras may be absent).
+_REQUIRED = ("forward", "prepare", "workspace_bytes", "last_error", "problem_class")
 
 
 def default_path() -> Path:
@@ -32,8 +36,13 @@ class LibraryError(RuntimeError):
     """The library cannot be loaded, or a call into it failed."""
 
 
+def _range(lo: int, hi: int | None) -> str:
+    return f"{lo}..{hi}" if hi is not None else f">= {lo}"
+
+
 class Library:
-    """One loaded kernel library: its problem class and its entry points."""
+    """One loaded kernel library: its problem class and its entry points (``forward``,
+    ``prepare``, ``workspace_bytes``: ctypes functions taking ``ctypes.byref(abi.Args)``)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -44,47 +53,35 @@ class Library:
             lib = ctypes.CDLL(str(self.path))
         except OSError as e:
             raise LibraryError(f"cannot load {self.path}: {e}") from None
-        if not hasattr(lib, "fa_tune_abi_version") or lib.fa_tune_abi_version() != ABI_VERSION:
-            raise LibraryError(f"{self.path} does not speak the fa-tune C ABI {ABI_VERSION}")
+        why = abi.version_problem(lib, self.path)
+        if why is not None:
+            raise LibraryError(why)
         self._lib = lib
-        # Bound once with argtypes: ctypes converts plain ints fastest when told the types.
-        self.forward = lib.fa_tune_forward
-        self.forward.argtypes = [_vp, _vp, _vp, _vp, _vp, _ci, _ci, _ci, _ci, _cf, _vp]
-        self.forward.restype = _ci
-        self.prepare = lib.fa_tune_prepare
-        self.prepare.argtypes = [_ci, _ci, _ci, _ci, _vp, ctypes.POINTER(ctypes.c_double)]
-        self.prepare.restype = _ci
-        self.forward_varlen = getattr(lib, "fa_tune_forward_varlen", None)
-        if self.forward_varlen is not None:
-            # (q, k, v, o, lse, cu_seqlens, num_seqs, total_tokens, max_seqlen, Hq, Hkv,
-            #  softmax_scale, workspace, workspace_bytes, stream)
-            self.forward_varlen.argtypes = [_vp, _vp, _vp, _vp, _vp, _vp, _ci, _ci, _ci, _ci,
-                                            _ci, _cf, _vp, _sz, _vp]
-            self.forward_varlen.restype = _ci
-        self.varlen_workspace_bytes = getattr(lib, "fa_tune_varlen_workspace_bytes", None)
-        if self.varlen_workspace_bytes is not None:
-            self.varlen_workspace_bytes.argtypes = [_ci, _ci, _ci, _ci]
-            self.varlen_workspace_bytes.restype = _sz
-        lib.fa_tune_last_error.restype = ctypes.c_char_p
-        lib.fa_tune_problem_class.restype = ctypes.c_char_p
-        pc = json.loads(lib.fa_tune_problem_class().decode())
+        self.fn = abi.bind(lib)  # bound once with argtypes: ctypes converts fastest when told
+        missing = [n for n in _REQUIRED if self.fn[n] is None]
+        if missing:
+            raise LibraryError(f"{self.path} does not export fa_tune_{missing[0]}(): not a "
+                               "fa-tune build?")
+        self.forward = self.fn["forward"]
+        self.prepare = self.fn["prepare"]
+        self.workspace_bytes = self.fn["workspace_bytes"]
+        pc = json.loads(self.fn["problem_class"]().decode())
         self.head_dim = int(pc.get("head_dim", 128))
         self.causal = bool(pc.get("causal", True))
-        # A workload library says varlen when some bucket serves it; varlen_missing(i) says
-        # which do not, and why.
-        self.varlen = (bool(pc.get("varlen", False)) and self.forward_varlen is not None
-                       and self.varlen_workspace_bytes is not None)
-        self._bucket_for = getattr(lib, "fa_tune_bucket_for", None)
-        if self._bucket_for is not None:
-            self._bucket_for.argtypes = [_ci, _ci, _ci, _ci]
-            self._bucket_for.restype = _ci
+        # A workload library says varlen when some bucket serves calls with device metadata;
+        # varlen_missing(i) says which do not, and why.
+        self.varlen = bool(pc.get("varlen", False))
+        self._bucket_for = self.fn["bucket_for"]
         self._bucket_varlen = self._read_bucket_varlen() if self._bucket_for is not None else []
+        self._table: dict[str, Any] | None = None
+        # (Hq, Hkv, S_q, S_k) -> bucket index: the dispatcher's answer never changes.
+        self._buckets: dict[tuple[int, int, int, int], int] = {}
 
     def _read_bucket_varlen(self) -> list[bool]:
         """Each bucket's own problem_class (fa_tune_b<i>_problem_class, exported beside the
-        dispatcher's): whether its kernel serves varlen."""
+        dispatcher's): whether its kernel serves calls with device metadata."""
         out = []
-        for i in range(int(self._lib.fa_tune_bucket_count())):
+        for i in range(int(self.fn["bucket_count"]())):
             fn = getattr(self._lib, f"fa_tune_b{i}_problem_class", None)
             if fn is None:
                 out.append(False)
@@ -94,9 +91,8 @@ class Library:
         return out
 
     def varlen_missing(self, index: int | None = None) -> str | None:
-        """Why the library (or its bucket ``index``) cannot run varlen; None when it can."""
-        if self.forward_varlen is None or self.varlen_workspace_bytes is None:
-            return f"{self.path.name} predates the varlen kernel (export it again)"
+        """Why the library (or its bucket ``index``) cannot run calls with device metadata
+        (cu_seqlens_q/k, seqused_k); None when it can."""
         if self._bucket_for is None:  # one kernel
             return None if self.varlen else f"{self.path.name} cannot run varlen: {_NO_VARLEN}"
         if index is None:
@@ -105,37 +101,49 @@ class Library:
                 "varlen kernel)")
         if self._bucket_varlen[index]:
             return None
-        entry = ((self.dispatch() or {}).get("entries") or [{}] * (index + 1))[index]
-        return (f"bucket {entry.get('bucket', index)} of {self.path.name} cannot run varlen: "
-                f"{_NO_VARLEN}")
+        entries = (self.dispatch() or {}).get("entries") or []
+        name = entries[index].get("bucket", index) if index < len(entries) else index
+        return f"bucket {name} of {self.path.name} cannot run varlen: {_NO_VARLEN}"
 
     def last_error(self) -> str:
-        raw = self._lib.fa_tune_last_error()
+        raw = self.fn["last_error"]()
         return raw.decode(errors="replace") if raw else ""
 
-    def bucket_for(self, B: int, Hq: int, Hkv: int, S: int) -> int | None:
-        """The serving bucket's index, -1 for none; None for a library without a dispatcher."""
+    def bucket_for(self, Hq: int, Hkv: int, S_q: int, S_k: int | None = None) -> int | None:
+        """The index of the bucket serving S_q queries over S_k keys (None: S_q; device
+        metadata: max_seqlen_q and max_seqlen_k), -1 for none; None for a library without a
+        dispatcher."""
         if self._bucket_for is None:
             return None
-        return int(self._bucket_for(B, Hq, Hkv, S))
+        key = (Hq, Hkv, S_q, S_q if S_k is None else S_k)
+        i = self._buckets.get(key)
+        if i is None:
+            a = abi.make_args(heads_q=Hq, heads_kv=Hkv, seqlen_q=key[2], seqlen_k=key[3],
+                              batch=1, head_dim=self.head_dim, causal=int(self.causal))
+            i = self._buckets[key] = int(self._bucket_for(ctypes.byref(a)))
+        return i
 
     def dispatch(self) -> dict[str, Any] | None:
         """The dispatch table compiled in (dispatch.json), or None for a single kernel."""
-        fn = getattr(self._lib, "fa_tune_dispatch_json", None)
-        if fn is None:
-            return None
-        fn.restype = ctypes.c_char_p
-        return json.loads(fn().decode())
+        if self._table is None:
+            fn = self.fn["dispatch_json"]
+            if fn is None:
+                return None
+            self._table = json.loads(fn().decode())
+        return self._table
 
     def serves_text(self) -> str:
         """What the library serves, for error messages."""
         table = self.dispatch()
         if not table:
             return f"head dim {self.head_dim}, {'causal' if self.causal else 'non-causal'}"
-        return "; ".join(f"Hq={e['Hq']} Hkv={e['Hkv']} S "
-                         + (f"{e['s_min']}..{e['s_max']}" if e["s_max"] is not None
-                            else f">= {e['s_min']}") + f" ({e['bucket']})"
-                         for e in table.get("entries", []))
+        out = []
+        for e in table.get("entries", []):
+            text = f"Hq={e['Hq']} Hkv={e['Hkv']} S {_range(e['s_min'], e['s_max'])}"
+            if e.get("k_min") is not None:
+                text += f" k {_range(e['k_min'], e.get('k_max'))}"
+            out.append(f"{text} ({e['bucket']})")
+        return "; ".join(out)
 
 
 # Why a kernel has no varlen kernel: its library says nothing more; the export's README names

@@ -1,8 +1,11 @@
 """The op's C++ launch path (csrc/attention_op.cpp): building it, loading it, binding it.
 
-The compiled extension is ``libfa_tune_torch.<torch version>.so`` beside the kernel library
-(an export's ``lib/``; build.sh builds it when ``python3`` has torch). It holds PyTorch's C++
-ABI, so it is used only by the torch version it was built with; without it the op runs its
+The compiled extension is ``libfa_tune_torch.<torch version>.abi<N>.so`` beside the kernel
+library (an export's ``lib/``; build.sh builds it when ``python3`` has torch). It holds
+PyTorch's C++ ABI and the fa-tune C ABI N it was compiled against (fa_tune.h: include/ in an
+export, cuda_src/fa_tune/ in fa-tune), so it is used only by the torch version and the
+fa_tune_ops it was built for (its static registration runs when it is loaded: a mismatched one
+must never be, hence both in its name); without it the op runs its
 Python implementation (the same results, more host time per call). ``FA_TUNE_OPS_NATIVE=0``
 turns it off.
 
@@ -21,6 +24,7 @@ import torch
 
 SOURCE = Path(__file__).resolve().parent / "csrc" / "attention_op.cpp"
 BUILD_TIMEOUT_S = 600.0
+HEADER = "fa_tune.h"
 
 
 class NativeBuildError(RuntimeError):
@@ -28,8 +32,10 @@ class NativeBuildError(RuntimeError):
 
 
 def ext_name() -> str:
-    """The extension's file name for this process's torch."""
-    return f"libfa_tune_torch.{torch.__version__}.so"
+    """The extension's file name for this process's torch and this package's C ABI."""
+    from . import abi
+
+    return f"libfa_tune_torch.{torch.__version__}.abi{abi.ABI_VERSION}.so"
 
 
 def _cuda_include() -> Path | None:
@@ -53,6 +59,16 @@ def _cuda_include() -> Path | None:
     return next((c for c in cands if (c / "cuda_runtime_api.h").is_file()), None)
 
 
+def header_dir() -> Path | None:
+    """The folder with the C ABI's header: include/ beside this package in an export,
+    cuda_src/fa_tune/ in the fa-tune repository."""
+    here = Path(__file__).resolve().parent
+    for cand in (here.parent / "include", here.parents[1] / "cuda_src" / "fa_tune"):
+        if (cand / HEADER).is_file():
+            return cand
+    return None
+
+
 def compile_command(out: Path) -> list[str]:
     """The g++ command that builds the extension against this process's torch."""
     torch_dir = Path(torch.__file__).resolve().parent
@@ -60,6 +76,11 @@ def compile_command(out: Path) -> list[str]:
     cuda_inc = _cuda_include()
     if cuda_inc is None:
         raise NativeBuildError("no CUDA headers (cuda_runtime_api.h) found: set CUDA_HOME")
+    abi_inc = header_dir()
+    if abi_inc is None:
+        raise NativeBuildError(f"no {HEADER} beside the package (../include) or in fa-tune's "
+                               "cuda_src/fa_tune/")
+    incs.append(abi_inc)
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
     lib_dir = torch_dir / "lib"
     return [os.environ.get("CXX", "g++"), "-O2", "-std=c++20", "-shared", "-fPIC",
@@ -90,6 +111,9 @@ def build(out_dir: Path) -> Path:
 # ---- loading and binding ----------------------------------------------------------------------
 _loaded: ctypes.CDLL | None = None
 _status = "not loaded"
+# What the extension is told once loaded (status.py sets these before or after loading).
+_status_words: dict[int, int] = {}
+_sync_check = False
 
 
 def status() -> str:
@@ -117,7 +141,8 @@ def find(lib_path: Path) -> Path | None:
 
 def load(ext: Path) -> bool:
     """Load the extension once per process: its static registration makes it the CUDA kernel
-    of fa_tune::attention (op.py drops its Python one first). False, with status(), on failure."""
+    of fa_tune::attention (op.py drops its Python one first). False, with status(), on failure.
+    Its name carries the C ABI (ext_name), so one of another ABI is never found."""
     global _loaded, _status
     try:
         torch.ops.load_library(str(ext))
@@ -125,6 +150,24 @@ def load(ext: Path) -> bool:
     except (OSError, RuntimeError) as e:
         _status = f"{ext} did not load: {e}"
         return False
+    from . import abi
+
+    version = int(_loaded.fa_tune_torch_abi_version())
+    if version != abi.ABI_VERSION:  # a renamed file: refuse to launch through it
+        _loaded = None
+        _status = (f"{ext.name} was compiled against C ABI {version}, this package speaks "
+                   f"{abi.ABI_VERSION}: rebuild it (python3 -m fa_tune_ops.build_ext DIR)")
+        return False
+    vp, ci = ctypes.c_void_p, ctypes.c_int
+    _loaded.fa_tune_torch_bind.argtypes = [vp] * 4 + [ci, ci]
+    _loaded.fa_tune_torch_set_status.argtypes = [ci, vp]
+    _loaded.fa_tune_torch_set_sync_check.argtypes = [ci]
+    _loaded.fa_tune_torch_set_sync_check.restype = None
+    _loaded.fa_tune_torch_calls.restype = ctypes.c_longlong
+    _loaded.fa_tune_torch_reset_calls.restype = None
+    for dev, ptr in _status_words.items():
+        _loaded.fa_tune_torch_set_status(dev, ptr)
+    _loaded.fa_tune_torch_set_sync_check(int(_sync_check))
     _status = "loaded, not bound yet"
     return True
 
@@ -134,18 +177,37 @@ def bind(lib: object) -> None:
     global _status
     if _loaded is None:
         return
-    raw = lib._lib  # type: ignore[attr-defined]
+    fn = lib.fn  # type: ignore[attr-defined]
 
     def addr(name: str) -> int | None:
-        fn = getattr(raw, name, None)
-        return None if fn is None else ctypes.cast(fn, ctypes.c_void_p).value
+        f = fn.get(name)
+        return None if f is None else ctypes.cast(f, ctypes.c_void_p).value
 
-    vp = ctypes.c_void_p
-    _loaded.fa_tune_torch_bind.argtypes = [vp] * 5 + [ctypes.c_int, ctypes.c_int]
-    _loaded.fa_tune_torch_bind(
-        addr("fa_tune_forward"),
-        addr("fa_tune_forward_varlen") if lib.varlen else None,  # type: ignore[attr-defined]
-        addr("fa_tune_varlen_workspace_bytes") if lib.varlen else None,  # type: ignore[attr-defined]
-        addr("fa_tune_bucket_for"), addr("fa_tune_last_error"),
-        int(lib.head_dim), int(lib.causal))  # type: ignore[attr-defined]
+    _loaded.fa_tune_torch_bind(addr("forward"), addr("workspace_bytes"), addr("bucket_for"),
+                               addr("last_error"), int(lib.head_dim),  # type: ignore[attr-defined]
+                               int(lib.causal))  # type: ignore[attr-defined]
     _status = "active"
+
+
+def set_status(dev: int, ptr: int) -> None:
+    """Device ``dev``'s status words (status.py): the fast path reads and passes them."""
+    _status_words[dev] = ptr
+    if _loaded is not None:
+        _loaded.fa_tune_torch_set_status(dev, ptr)
+
+
+def set_sync_check(on: bool) -> None:
+    global _sync_check
+    _sync_check = bool(on)
+    if _loaded is not None:
+        _loaded.fa_tune_torch_set_sync_check(int(on))
+
+
+def calls() -> int:
+    """Kernel launches the C++ path made since the last reset_calls()."""
+    return int(_loaded.fa_tune_torch_calls()) if _loaded is not None else 0
+
+
+def reset_calls() -> None:
+    if _loaded is not None:
+        _loaded.fa_tune_torch_reset_calls()
