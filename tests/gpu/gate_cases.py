@@ -3,6 +3,8 @@ the parametrize ids and one gated case."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from tuner.config import KernelConfig
 from tuner.measure.bench import Bench
 from tuner.measure.oracle import GateResult
@@ -41,3 +43,22 @@ def more_keys_problems(head_dim: int, causal: bool, varlen: bool = False) -> lis
     if varlen:
         texts += ["8/2x[300:1000,0:64,128,1:513]", "8/2x[200:900*3,77:78,0]"]
     return [Problem.parse(t + opts) for t in texts]
+
+
+def gate_peer(bench: Bench, launch: Any, name: str, problem: Problem, declined: list[str],
+              failed: list[str]) -> GateResult | None:
+    """Gate a peer's launch on the problem: None (and a line in ``declined``) when the peer
+    declines it at prepare; a failed gate's summary goes to ``failed``."""
+    from tuner.peers.base import Unsupported
+
+    try:
+        g = bench.gate(launch, problem)
+    except Unsupported as e:
+        declined.append(f"{problem}: {e}")
+        return None
+    finally:
+        launch.release()
+    print(f"{name} {g.summary()}")
+    if not g.passed:
+        failed.append(g.summary())
+    return g

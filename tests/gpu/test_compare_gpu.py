@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gate_cases import gate_peer
 
 from tuner import build, compare
 from tuner.config import load_preset
@@ -91,7 +92,6 @@ def test_peers_pass_the_gate_on_the_family(peer_name: str) -> None:
     from tuner.measure.bench import Bench
     from tuner.measure.launch import PeerLaunch
     from tuner.peers import make_peer
-    from tuner.peers.base import Unsupported
 
     peer = make_peer(peer_name)
     ok, why = peer.available()
@@ -103,16 +103,9 @@ def test_peers_pass_the_gate_on_the_family(peer_name: str) -> None:
     try:
         for problem in FAMILY:
             assert launch.supports(problem) is None, problem
-            try:
-                g = bench.gate(launch, problem)
-            except Unsupported as e:
-                declined.append(f"{problem}: {e}")
+            g = gate_peer(bench, launch, peer_name, problem, declined, failed)
+            if g is None:
                 continue
-            finally:
-                launch.release()
-            print(f"{peer_name} {g.summary()}")
-            if not g.passed:
-                failed.append(g.summary())
             assert [m.input_set for m in g.sets] == ["seed", "rising"]
             if peer_name == "fa3":
                 assert all(m.lse_checked for m in g.sets), g.summary()  # [B, Hq, S] LSE
@@ -173,7 +166,6 @@ def test_peers_pass_the_gate_with_more_keys(peer_name: str) -> None:
     from tuner.measure.bench import Bench
     from tuner.measure.launch import PeerLaunch
     from tuner.peers import make_peer
-    from tuner.peers.base import Unsupported
 
     peer = make_peer(peer_name)
     ok, why = peer.available()
@@ -187,17 +179,8 @@ def test_peers_pass_the_gate_with_more_keys(peer_name: str) -> None:
             if launch.supports(problem) is not None:
                 assert peer_name != "fa3" and problem.is_varlen, problem
                 continue
-            try:
-                g = bench.gate(launch, problem)
-            except Unsupported as e:
-                declined.append(f"{problem}: {e}")
-                continue
-            finally:
-                launch.release()
-            print(f"{peer_name} {g.summary()}")
-            if not g.passed:
-                failed.append(g.summary())
-            if peer_name == "fa3":
+            g = gate_peer(bench, launch, peer_name, problem, declined, failed)
+            if g is not None and peer_name == "fa3":
                 assert all(m.lse_checked for m in g.sets), g.summary()  # [B, Hq, S_q] LSE
             bench.release(problem)
     finally:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gate_cases import gate_peer
 from numpy.lib.stride_tricks import as_strided
 
 from tuner import build, compare
@@ -139,7 +140,6 @@ def test_peers_pass_the_gate_on_the_same_views(peer_name: str) -> None:
     torch = pytest.importorskip("torch")
     from tuner.measure.launch import PeerLaunch, torch_views
     from tuner.peers import make_peer
-    from tuner.peers.base import Unsupported
 
     peer = make_peer(peer_name)
     ok, why = peer.available()
@@ -157,17 +157,8 @@ def test_peers_pass_the_gate_on_the_same_views(peer_name: str) -> None:
                 assert t.data_ptr() == ptr and t.stride() == (*strides, 1), (p, name)
                 assert t.dtype == torch.bfloat16 and tuple(t.shape) == p.view(name).dims
             assert launch.supports(p) is None, p
-            try:
-                g = bench.gate(launch, p)
-            except Unsupported as e:
-                declined.append(f"{p}: {e}")
-                continue
-            finally:
-                launch.release()
-            print(f"{peer_name} {g.summary()}")
-            if not g.passed:
-                failed.append(g.summary())
-            bench.release(p)
+            if gate_peer(bench, launch, peer_name, p, declined, failed) is not None:
+                bench.release(p)
     finally:
         bench.close()
     print(f"{peer_name} declined: {declined}")
