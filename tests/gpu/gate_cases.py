@@ -62,3 +62,17 @@ def gate_peer(bench: Bench, launch: Any, name: str, problem: Problem, declined: 
     if not g.passed:
         failed.append(g.summary())
     return g
+
+
+def peer_launch(peer_name: str) -> Any:
+    """The peer's PeerLaunch, or a pytest skip saying why the peer is not installed here."""
+    import pytest
+
+    from tuner.measure.launch import PeerLaunch
+    from tuner.peers import make_peer
+
+    peer = make_peer(peer_name)
+    ok, why = peer.available()
+    if not ok:
+        pytest.skip(f"{peer_name}: {why}")
+    return PeerLaunch(peer)

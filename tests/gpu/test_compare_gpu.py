@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gate_cases import gate_peer
+from gate_cases import gate_peer, peer_launch
 
 from tuner import build, compare
 from tuner.config import load_preset
@@ -90,15 +90,9 @@ def test_peers_pass_the_gate_on_the_family(peer_name: str) -> None:
     installed skips; a problem the peer declines at prepare (Unsupported) is listed, not
     failed, except that FA3 must run every problem of the family."""
     from tuner.measure.bench import Bench
-    from tuner.measure.launch import PeerLaunch
-    from tuner.peers import make_peer
 
-    peer = make_peer(peer_name)
-    ok, why = peer.available()
-    if not ok:
-        pytest.skip(f"{peer_name}: {why}")
+    launch = peer_launch(peer_name)
     bench = Bench(0)
-    launch = PeerLaunch(peer)
     declined, failed = [], []
     try:
         for problem in FAMILY:
@@ -164,15 +158,9 @@ def test_peers_pass_the_gate_with_more_keys(peer_name: str) -> None:
     """Gate only: FA3 must run and pass every problem (fixed and packed, its own cu_seqlens_q /
     cu_seqlens_k); cuDNN may decline one (Unsupported: the mask or GQA), never fail one."""
     from tuner.measure.bench import Bench
-    from tuner.measure.launch import PeerLaunch
-    from tuner.peers import make_peer
 
-    peer = make_peer(peer_name)
-    ok, why = peer.available()
-    if not ok:
-        pytest.skip(f"{peer_name}: {why}")
+    launch = peer_launch(peer_name)
     bench = Bench(0)
-    launch = PeerLaunch(peer)
     declined, failed = [], []
     try:
         for problem in MORE_KEYS + PACKED_MORE_KEYS:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gate_cases import gate_peer
+from gate_cases import gate_peer, peer_launch
 from numpy.lib.stride_tricks import as_strided
 
 from tuner import build, compare
@@ -138,15 +138,10 @@ def test_peers_pass_the_gate_on_the_same_views(peer_name: str) -> None:
     buffer: same addresses, same strides) and pass the gate; FA3 must run every one without a
     copy (strided_views_reason), cuDNN may decline one, never fail one."""
     torch = pytest.importorskip("torch")
-    from tuner.measure.launch import PeerLaunch, torch_views
-    from tuner.peers import make_peer
+    from tuner.measure.launch import torch_views
 
-    peer = make_peer(peer_name)
-    ok, why = peer.available()
-    if not ok:
-        pytest.skip(f"{peer_name}: {why}")
+    launch = peer_launch(peer_name)
     bench = Bench(0)
-    launch = PeerLaunch(peer)
     declined, failed = [], []
     try:
         for p in LAYOUTS:
