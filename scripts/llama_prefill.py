@@ -49,6 +49,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--packed", default=None,
                     help="Also a packed varlen batch of these lengths, e.g. 4096,2048,1024*2.")
     ap.add_argument("--json", type=Path, default=None, help="Also write the results here.")
+    ap.add_argument("--generate", action="store_true",
+                    help="Also time to first token: a 1-token generate() per backend (default "
+                         "DynamicCache), fa_tune with use_cache=False too, and model() with and "
+                         "without the cache; backends alternated.")
+    ap.add_argument("--profile", type=Path, default=None,
+                    help="With --generate: write each backend's CUDA kernel totals of one "
+                         "1-token generate() (torch.profiler) into this folder.")
     a = ap.parse_args(argv)
     a.lengths = None
     if a.packed:
@@ -68,13 +75,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def build_model(layers: int, seed: int) -> Any:
+def build_model(layers: int, seed: int, max_positions: int = 8192) -> Any:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
                       head_dim=128, intermediate_size=14336, vocab_size=128256,
-                      num_hidden_layers=layers, max_position_embeddings=8192,
+                      num_hidden_layers=layers, max_position_embeddings=max_positions,
                       rms_norm_eps=1e-5, rope_parameters={"rope_type": "default",
                                                           "rope_theta": 500000.0})
     torch.manual_seed(seed)
@@ -86,6 +93,7 @@ def build_model(layers: int, seed: int) -> Any:
             model = LlamaForCausalLM(cfg)
     finally:
         torch.set_default_dtype(old)
+    model.generation_config.eos_token_id = None  # every generate() makes exactly the tokens asked
     return model.eval()
 
 
@@ -148,6 +156,80 @@ def run_case(model: Any, ids: Any, pos: Any, a: argparse.Namespace) -> dict[str,
     }
 
 
+def _wall_ms(fn: Any) -> float:
+    import time
+
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _generate_1(model: Any, ids: Any, use_cache: bool) -> None:
+    import torch
+
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=1, min_new_tokens=1, do_sample=False,
+                       use_cache=use_cache)
+
+
+def _forward(model: Any, ids: Any, use_cache: bool) -> None:
+    import torch
+
+    with torch.inference_mode():
+        model(ids, use_cache=use_cache, logits_to_keep=1)
+
+
+def time_to_first_token(model: Any, ids: Any, a: argparse.Namespace) -> dict[str, Any]:
+    """Wall times (ms, synchronised) of a 1-token generate() per backend with the default cache,
+    fa_tune's with use_cache=False, and the bare forward with and without the cache; every case
+    once per round, the order reversed every other round (clock drift hits all alike)."""
+    cases = {
+        "generate sdpa": ("sdpa", lambda: _generate_1(model, ids, True)),
+        "generate fa_tune": ("fa_tune", lambda: _generate_1(model, ids, True)),
+        "generate sdpa use_cache=False": ("sdpa", lambda: _generate_1(model, ids, False)),
+        "generate fa_tune use_cache=False": ("fa_tune", lambda: _generate_1(model, ids, False)),
+        "model() sdpa cache": ("sdpa", lambda: _forward(model, ids, True)),
+        "model() fa_tune cache": ("fa_tune", lambda: _forward(model, ids, True)),
+        "model() sdpa no cache": ("sdpa", lambda: _forward(model, ids, False)),
+        "model() fa_tune no cache": ("fa_tune", lambda: _forward(model, ids, False)),
+    }
+    times: dict[str, list[float]] = {c: [] for c in cases}
+    order = list(cases)
+    for i in range(a.warmup + a.iters):
+        for name in (order if i % 2 == 0 else order[::-1]):
+            impl, fn = cases[name]
+            model.set_attn_implementation(impl)
+            ms = _wall_ms(fn)
+            if i >= a.warmup:
+                times[name].append(ms)
+    if a.profile:
+        profile_kernels(model, ids, a.profile)
+    return {c: {"median": statistics.median(v), "min": min(v), "max": max(v), "all": v}
+            for c, v in times.items()}
+
+
+def profile_kernels(model: Any, ids: Any, folder: Path) -> None:
+    """Each backend's CUDA kernel totals over one 1-token generate() with and without the cache
+    (torch.profiler)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for impl in ("sdpa", "fa_tune"):
+        for cache in (True, False):
+            model.set_attn_implementation(impl)
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                _generate_1(model, ids, cache)
+                torch.cuda.synchronize()
+            table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=60,
+                                              max_name_column_width=90)
+            (folder / f"{impl}{'' if cache else '_nocache'}.txt").write_text(table)
+
+
 def report(title: str, r: dict[str, Any], iters: int) -> None:
     lg, err = r["logits"], r["logits"]["rel_err_vs_fp32"]
     print(title)
@@ -182,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.lengths and lib.bucket_for(32, 8, max(a.lengths)) == -1:
         fail(f"{lib.path} serves no bucket for max_seqlen {max(a.lengths)}")
     fa_tune_ops.register_hf()
-    model = build_model(a.layers, a.seed)
+    model = build_model(a.layers, a.seed, a.seq + 64)
     g = torch.Generator(device="cuda").manual_seed(a.seed + 1)
     ids = torch.randint(0, model.config.vocab_size, (a.batch, a.seq), device="cuda", generator=g)
     result: dict[str, Any] = {
@@ -193,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     report(f"{result['model']}, B={a.batch}, S={a.seq}, {result['gpu']}", result, a.iters)
     ok = result["logits"]["ok"]
+    if a.generate:
+        ttft = time_to_first_token(model, ids, a)
+        result["time_to_first_token_ms"] = ttft
+        print(f"wall times, {a.iters} rounds after {a.warmup}, alternated:")
+        for c, t in ttft.items():
+            print(f"  {c:34s} median {t['median']:.2f} ms (min {t['min']:.2f}, max {t['max']:.2f})")
     if a.lengths:
         # One row of every sequence's tokens; position_ids restart per sequence (packing).
         pos = torch.cat([torch.arange(n, device="cuda") for n in a.lengths])[None]
