@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tuner import export  # noqa: E402
 from tuner.config import KernelConfig, check_problems  # noqa: E402
 from tuner.errors import FaTuneError  # noqa: E402
+from tuner.measure import ab  # noqa: E402
 from tuner.measure.bench import Bench  # noqa: E402
 from tuner.measure.launch import KernelLaunch  # noqa: E402
 from tuner.measure.timing import FULL  # noqa: E402
@@ -74,18 +75,13 @@ def _main() -> int:
                       "export_so": str(export_so), "shapes": {}}
     for shape in problems:
         text = str(shape)
-        per: dict[str, list[float]] = {k: [] for k in kernels}
-        for name, kern in kernels.items():
-            verdict = bench.gate(kern, shape)
-            if not verdict.passed:
-                print(f"export_timing: {name} kernel failed the gate at {text}: "
-                      f"{verdict.summary()}")
-                return 1
-        names = list(kernels)
-        for i in range(a.pairs):
-            # A B, then B A: neither library always runs on the hotter GPU.
-            for name in names if i % 2 == 0 else names[::-1]:
-                per[name].append(bench.time(kernels[name], shape, proto).median_ms)
+        failed = ab.gate_all(bench, kernels, shape)
+        for name, why in failed.items():
+            print(f"export_timing: {name} kernel failed the gate at {text}: {why}")
+        if failed:
+            return 1
+        # A B, then B A: neither library always runs on the hotter GPU.
+        per = ab.interleaved(bench, kernels, shape, proto, a.pairs)
         bench.release(shape)
         med = {k: statistics.median(v) for k, v in per.items()}
         rows.append((text, med["tuner"], med["export"], med["export"] / med["tuner"],

@@ -12,7 +12,7 @@ Variants are partial knob dicts over the defaults (JSON) or preset names:
 
 A variant may carry lab-only macros, `{"scheduler": "static", "_lab": {"FA_TUNE_LAB_X": 2}}`,
 passed to nvcc as -D through the build path (experiments that break results on purpose, e.g.
-FA_TUNE_LAB_KV_LOAD_EVERY in fa_tune/producer.cuh); such a variant is gated for the record but
+FA_TUNE_LAB_KV_LOAD_EVERY, cuda_src/lab/hooks.cuh); such a variant is gated for the record but
 timed whatever the gate says, and its row says "exp". --unchecked builds configs that
 config.validate refuses until they have run on a GPU (the kernel's static_asserts still
 apply); they are gated like any other. FA3 runs first and last on each shape.

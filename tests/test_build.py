@@ -183,18 +183,19 @@ def test_build_many_parallel(studies: Path, data_dir: Path) -> None:
     assert all(o.result.cache_hit for o in again)
 
 
-# ---- -D defines (test builds: FA_TUNE_PLANT_BUG, cuda_src/fa_tune/config.cuh) ----------------
+# ---- -D defines (test builds: FA_TUNE_PLANT_BUG, cuda_src/lab/hooks.cuh) ---------------------
 def planted_bugs() -> dict[int, str]:
-    """The planted bugs config.cuh documents: {N: "file  what it does"}."""
-    text = (Path(build._paths.cuda_src_dir()) / "fa_tune" / "config.cuh").read_text()
-    block = text[text.index("FA_TUNE_PLANT_BUG = N"):text.index("#ifndef FA_TUNE_PLANT_BUG")]
+    """The planted bugs the lab hooks header documents: {N: "file  what it does"}."""
+    text = (Path(build._paths.cuda_src_dir()) / "lab" / "hooks.cuh").read_text()
+    block = text[text.index("FA_TUNE_PLANT_BUG = N"):text.index("#pragma once")]
     return {int(m.group(1)): m.group(2).strip()
             for m in re.finditer(r"^//\s+(\d+) (\w+\.cuh .*)$", block, re.MULTILINE)}
 
 
 def test_define_flags() -> None:
     assert build.define_flags(None) == [] and build.define_flags({}) == []
-    assert build.define_flags({"B": "x1", "A": 3}) == ["-DA=3", "-DB=x1"]  # sorted
+    assert build.define_flags({"B": "x1", "A": 3}) == [build.LAB_HOOKS_FLAG, "-DA=3",
+                                                       "-DB=x1"]  # sorted
     for bad in ({"1A": 1}, {"A B": 1}, {"A": "x y"}, {"A": "$(rm)"}, {"A": True}, {"A": 1.5}):
         with pytest.raises(BuildError, match="define"):
             build.define_flags(bad)  # type: ignore[arg-type]
@@ -202,7 +203,7 @@ def test_define_flags() -> None:
 
 _PROBE_TEMPLATE = """#include "fa_tune/config.cuh"
 #define API extern "C" __attribute__((visibility("default")))
-API int probe_plant_bug(void) { return fa_tune::kPlantBug; }
+API int probe_plant_bug(void) { return fa_tune::Hooks::adjust_normalize ? 4 : 0; }
 API const char* fa_tune_config_json(void) { return ${config_json}; }
 """
 
@@ -225,7 +226,7 @@ def test_defines_are_part_of_the_key_and_none_changes_nothing(studies: Path,
 
     bug = build.build_config(cfg, template=tpl, defines={"FA_TUNE_PLANT_BUG": 4})
     assert not bug.cache_hit and bug.key != plain.key
-    assert bug.flags == [*build.KERNEL_FLAGS, "-DFA_TUNE_PLANT_BUG=4"]
+    assert bug.flags == [*build.KERNEL_FLAGS, build.LAB_HOOKS_FLAG, "-DFA_TUNE_PLANT_BUG=4"]
     assert bug.config_id == plain.config_id  # the same config, another artifact
     assert ctypes.CDLL(bug.so_path).probe_plant_bug() == 4
     # build_many passes the defines to its workers (a cache hit here).
@@ -235,15 +236,21 @@ def test_defines_are_part_of_the_key_and_none_changes_nothing(studies: Path,
         build.build_many([cfg], template=tpl, defines={"FA_TUNE_PLANT_BUG": "4; rm"})
 
 
-def test_planted_bugs_are_documented() -> None:
+def test_planted_bugs_are_documented_and_out_of_the_product_headers() -> None:
+    """Each planted bug is set in the lab hooks header and reaches the product file it names
+    through a hook point (Hooks::); no product header names a planted bug or a lab macro."""
     bugs = planted_bugs()
     assert sorted(bugs) == list(range(1, 9)), bugs
-    src = Path(build._paths.cuda_src_dir()) / "fa_tune"
-    hooks = "".join(p.read_text() for p in src.glob("*.cuh"))
+    root = Path(build._paths.cuda_src_dir())
+    lab = (root / "lab" / "hooks.cuh").read_text()
+    assert "#define FA_TUNE_PLANT_BUG 0" in lab and "#define FA_TUNE_HOOKS" in lab
     for n, what in bugs.items():
-        file = what.split()[0]
-        assert re.search(rf"kPlantBug == {n}\b", (src / file).read_text()), (n, file)
-    assert "kPlantBug" in hooks and "#define FA_TUNE_PLANT_BUG 0" in hooks
+        assert re.search(rf"kPlantBug [!=]= {n}\b", lab), n
+        assert "Hooks::" in (root / "fa_tune" / what.split()[0]).read_text(), (n, what)
+    for header in (root / "fa_tune").glob("*"):
+        text = header.read_text()
+        for word in ("kPlantBug", "FA_TUNE_PLANT_BUG", "FA_TUNE_LAB_", "planted"):
+            assert word not in text, (header.name, word)
 
 
 @pytest.mark.slow

@@ -556,11 +556,17 @@ _DEFINE_VALUE_RE = re.compile(r"[A-Za-z0-9_.+-]*")
 Defines = Mapping[str, "str | int"]
 
 
+# Lab and test builds pre-include the header that sets the kernel's hook points from their
+# macros (cuda_src/lab/hooks.cuh; found through the cuda_src include path).
+LAB_HOOKS_FLAG = "--pre-include=lab/hooks.cuh"
+
+
 def define_flags(defines: Defines | None) -> list[str]:
-    """``-DNAME=VALUE`` flags, sorted by name (so the cache key does not depend on dict order).
-    None or {} gives no flags: the build, and its cache key, are exactly those without defines.
-    For test builds (e.g. FA_TUNE_PLANT_BUG, cuda_src/fa_tune/config.cuh); never a knob."""
-    out: list[str] = []
+    """The lab hooks' pre-include, then ``-DNAME=VALUE`` flags sorted by name (so the cache key
+    does not depend on dict order). None or {} gives no flags: the build, and its cache key,
+    are exactly those without defines. For test and lab builds (FA_TUNE_PLANT_BUG,
+    FA_TUNE_LAB_*: cuda_src/lab/hooks.cuh); never a knob."""
+    out: list[str] = [LAB_HOOKS_FLAG] if defines else []
     for name in sorted(defines or {}):
         value = (defines or {})[name]
         if isinstance(value, bool) or not isinstance(value, (int, str)):

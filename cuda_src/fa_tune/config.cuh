@@ -12,31 +12,12 @@
 #define FA_TUNE_EXTENDED_MMA 1
 #endif
 
-// TEST ONLY, never a knob: FA_TUNE_PLANT_BUG = N compiles planted bug N into the kernel, so
-// tests/gpu/test_planted_bugs_gpu.py can prove the gate rejects real kernel bugs (built through
-// tuner.build.build_config(cfg, defines={"FA_TUNE_PLANT_BUG": N})). 0, the default, plants
-// nothing: each hook is an `if constexpr` (or a constant folded to 0) on kPlantBug, so the
-// default build compiles to the same code. The hooks (search for kPlantBug):
-//   1 softmax.cuh   O is not rescaled when a row's running max rises (the row sum is)
-//   2 softmax.cuh   causal mask off by one: key row + 1 is kept
-//   3 epilogue.cuh  no final 1/rowsum on rows 0-7 of every 64-row warpgroup tile
-//   4 epilogue.cuh  O x 1.015 on rows 0-7 of every 64-row tile (passes the per-element rule)
-//   5 mainloop.cuh  a tile's first QK is issued before waiting on its K stage's full barrier
-//                   (reads K before the TMA lands; the wait follows; intra_wg_overlap path)
-//   6 epilogue.cuh  O x 1.01 on head-dim columns 0-3 of every row
-//   7 softmax.cuh   the row sum is not rescaled when a row's running max rises (O is)
-//   8 scheduler.cuh GQA head mapping: query head h reads K/V head h % Hkv, not h / group
-//                   (fixed-length schedulers; varlen tasks carry their K/V head)
-#ifndef FA_TUNE_PLANT_BUG
-#define FA_TUNE_PLANT_BUG 0
-#endif
-
 #include <cstdint>
 #include <type_traits>
 
-namespace fa_tune {
+#include "hooks.cuh"
 
-constexpr int kPlantBug = FA_TUNE_PLANT_BUG;  // TEST ONLY (above)
+namespace fa_tune {
 
 enum class CacheHint { None, EvictFirst, EvictLast, EvictNormal };
 enum class KRelease { AfterQk, AfterSoftmax };

@@ -10,28 +10,6 @@
 
 namespace fa_tune {
 
-// TEST ONLY: planted bugs 3, 4 and 6 (config.cuh). Rows 0-7 of a 64-row warpgroup tile are
-// warp 0's i1 = 0 rows (row0 % 64 < 8): 3 leaves them unnormalized, 4 scales them by 1.015; 6
-// scales head-dim columns 0-3 (fragment entries 0-3 of the lanes with lane % 4 < 2) by 1.01.
-template <class TOrO>
-__device__ __forceinline__ void planted_normalize(TOrO& tOrO, const float (&inv_sum)[2], int row0) {
-  float f[2] = {inv_sum[0], inv_sum[1]};
-  CUTE_UNROLL
-  for (int r = 0; r < 2; ++r) {
-    if ((row0 + 8 * r) % 64 < 8) {
-      if constexpr (kPlantBug == 3) f[r] = 1.f;
-      if constexpr (kPlantBug == 4) f[r] *= 1.015f;
-    }
-  }
-  scale_rows(tOrO, f);
-  if constexpr (kPlantBug == 6) {
-    if (threadIdx.x % 4 < 2) {
-      CUTE_UNROLL
-      for (int e = 0; e < 4; ++e) tOrO(e) *= 1.01f;
-    }
-  }
-}
-
 template <class Cfg, class Sched>
 struct Epilogue {
   using T = Traits<Cfg>;
@@ -47,7 +25,7 @@ struct Epilogue {
     constexpr int kChunks = T::kHeadDim / 8;  // 16-byte pieces per row
     const int rows = min(64, S - first_row);
     const int row_base = Sched::seq_start(t) + first_row;
-    auto* o = static_cast<Element*>(p.o) + size_t(t.batch) * p.shape.Sq * p.shape.H * T::kHeadDim;
+    auto* o = static_cast<Element*>(p.store.o) + size_t(t.batch) * p.shape.Sq * p.shape.H * T::kHeadDim;
     for (int i = tid % kWarpgroupThreads; i < rows * kChunks; i += kWarpgroupThreads) {
       const int r = i / kChunks, c = (i % kChunks) * 8;
       // Never past the tensor (the schedule checked the metadata; this is the last guard).
@@ -67,8 +45,11 @@ struct Epilogue {
                              const float (&inv_sum)[2],
                              const TileCoord& t, int first_row, int row0, int wg, int tid) {
     using namespace cute;
-    if constexpr (kPlantBug == 3 || kPlantBug == 4 || kPlantBug == 6) {
-      planted_normalize(tOrO, inv_sum, row0);  // TEST ONLY (config.cuh)
+    if constexpr (Hooks::adjust_normalize) {
+      float f[2] = {inv_sum[0], inv_sum[1]};
+      Hooks::normalize_factors(f, row0);
+      scale_rows(tOrO, f);
+      Hooks::after_normalize(tOrO);
     } else {
       scale_rows(tOrO, inv_sum);
     }
@@ -98,7 +79,7 @@ struct Epilogue {
     if (!stored && tid % kWarpgroupThreads == 0) {
       if (first_row < S) {
         for (int c = 0; c < T::kDBoxes; ++c)  // 64-column boxes; rows past S are clipped by TMA
-          tma_store_4d<Cfg::hint_o>(&p.tma_o, o_smem + (c * T::kBlockM + wg * 64) * kBoxCols,
+          tma_store_4d<Cfg::hint_o>(&p.store.tma_o, o_smem + (c * T::kBlockM + wg * 64) * kBoxCols,
                                     c * kBoxCols, start + first_row, t.head, t.batch);
       }
       tma_store_commit();
@@ -107,8 +88,8 @@ struct Epilogue {
 
     if constexpr (Cfg::write_lse) {
       // [B, H, Sq]; packed [H, total tokens] (batch 0, Sq the pack's tokens, rows from start).
-      if (p.lse != nullptr && (threadIdx.x % 4) == 0) {
-        float* lse = p.lse + (size_t(t.batch) * p.shape.H + t.head) * p.shape.Sq + start;
+      if (p.store.lse != nullptr && (threadIdx.x % 4) == 0) {
+        float* lse = p.store.lse + (size_t(t.batch) * p.shape.H + t.head) * p.shape.Sq + start;
         const float scale_log2 = p.scale_log2;
         for (int r = 0; r < 2; ++r) {
           const int row = row0 + 8 * r;

@@ -11,14 +11,7 @@
 #include "scheduler.cuh"
 #include "traits.cuh"
 
-// Lab A/B, never a knob: 1 slices Q's descriptors by thread as before 2026-12-02.
-#ifndef FA_TUNE_LAB_Q_SLICE_BY_TID
-#define FA_TUNE_LAB_Q_SLICE_BY_TID 0
-#endif
-
 namespace fa_tune {
-
-constexpr bool kLabQSliceByTid = FA_TUNE_LAB_Q_SLICE_BY_TID != 0;
 
 template <class Cfg, class Sched>
 struct Consumer {
@@ -35,7 +28,7 @@ struct Consumer {
     copy(s2r, thr.partition_S(sQ), dst);
   }
 
-  __device__ static void run(const Params& p, SharedStorage<T>& ss, int wg) {
+  __device__ static void run(const KernelParams<Sched>& p, SharedStorage<T>& ss, int wg) {
     using namespace cute;
     const int tid = threadIdx.x - kWarpgroupThreads;  // index among consumer threads
     typename T::MmaQK mma_qk;
@@ -51,7 +44,7 @@ struct Consumer {
     // borrow P's for the row max, which then waits for the PV still reading P (D 64:
     // docs/PERF.md step 40). At 240 registers it is not needed, and at D 256 one clustered
     // config spilled with it.
-    constexpr bool kUniformQ = T::kConsumerWGs >= 3 && !kLabQSliceByTid;
+    constexpr bool kUniformQ = T::kConsumerWGs >= 3 && !Hooks::q_slice_by_tid;
     Tensor tSrQ = mma_qk.get_thread_slice(kUniformQ ? wg * kWarpgroupThreads : tid)
                       .partition_fragment_A(sQ);
     Tensor tSrK = thr_qk.partition_fragment_B(sK);
@@ -140,9 +133,10 @@ struct Consumer {
       typename ML::Softmax sm;
       float inv_sum[2];
       // The causal mask compares keys with row0 + off (the row's diagonal key).
-      ML::run(st, ss, sm, n_blocks, num_unmasked_kv_blocks<T>(first_row, n_blocks, Sk, off),
-              n_skip_v, row0 + off, Sk, p.scale_log2, wg, !next.valid, release_q, issue_next,
-              inv_sum);
+      const typename ML::TileArgs args{n_blocks,
+                                       num_unmasked_kv_blocks<T>(first_row, n_blocks, Sk, off),
+                                       n_skip_v, row0 + off, Sk, p.scale_log2, wg, !next.valid};
+      ML::run(st, ss, sm, args, release_q, issue_next, inv_sum);
       Epilogue<Cfg, Sched>::run(p, ss, mma_pv, tOrO, sm, inv_sum, t, first_row, row0, wg, tid);
       if constexpr (Cfg::q_release == QRelease::AtEnd) ss.q_ring.release(qst);
       qst.advance<1>();
@@ -172,7 +166,7 @@ struct RegSplit {
 // kVarlen: packed sequences (cu_seqlens) on the varlen scheduler; the same pieces otherwise.
 template <class Cfg, bool kVarlen = false>
 __global__ void __launch_bounds__(Derived<Cfg>::kThreads, 1)
-    attention_fwd_kernel(const __grid_constant__ Params p) {
+    attention_fwd_kernel(const __grid_constant__ KernelParams<SchedulerFor<Cfg, kVarlen>> p) {
   using T = Traits<Cfg>;
   using Sched = SchedulerFor<Cfg, kVarlen>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -192,10 +186,10 @@ __global__ void __launch_bounds__(Derived<Cfg>::kThreads, 1)
     ss.q_ring.init(T::kConsumerWarps);
     ss.k_ring.init(T::kConsumerWarps);
     ss.v_ring.init(T::kConsumerWarps);
-    prefetch_tma_map(&p.tma_q);
-    prefetch_tma_map(&p.tma_k);
-    prefetch_tma_map(&p.tma_v);
-    prefetch_tma_map(&p.tma_o);
+    prefetch_tma_map(&p.load.tma_q);
+    prefetch_tma_map(&p.load.tma_k);
+    prefetch_tma_map(&p.load.tma_v);
+    prefetch_tma_map(&p.store.tma_o);
   }
   cutlass::arch::fence_barrier_init();
   if constexpr (T::kClustered) {

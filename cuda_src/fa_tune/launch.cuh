@@ -1,6 +1,7 @@
-// The host side of one kernel config: argument checks, TMA maps, the schedulers' one-time
-// setup, the device-side schedule of varlen launches, and the launch itself. entry.cuh exports
-// it as the C ABI of fa_tune.h.
+// The host side of one kernel config: argument checks, TMA maps, the per-shape cache of the
+// scheduler's one-time setup (each scheduler's own prepare, scheduler.cuh), the device-side
+// schedule of varlen launches, and the launch itself. entry.cuh exports it as the C ABI of
+// fa_tune.h.
 #pragma once
 
 #include <algorithm>
@@ -12,9 +13,9 @@
 #include <string>
 #include <tuple>
 
+#include "errors.cuh"
 #include "fa_tune.h"
 #include "kernel.cuh"
-#include "task_list.h"
 // The varlen kernel is a second instantiation of the same pieces: built only when asked
 // (FA_TUNE_VARLEN=1: exports and workload libraries), since it doubles a candidate's compile.
 #ifndef FA_TUNE_VARLEN
@@ -23,15 +24,6 @@
 #include "varlen.cuh"
 
 namespace fa_tune {
-
-inline thread_local std::string g_last_error;
-
-inline cudaError_t fail(cudaError_t code, const std::string& msg) {
-  g_last_error = msg;
-  return code;
-}
-
-inline std::string str(long long x) { return std::to_string(x); }
 
 // A BSHD tensor as TMA reads it: rows x heads per batch entry, element strides (batch, row,
 // head), the head dim contiguous. Packed (varlen) tensors are one entry of all their rows.
@@ -49,6 +41,8 @@ inline cudaError_t encode_view(CUtensorMap* map, const TensorView& t, int D, int
 template <class Cfg>
 struct Launcher {
   using T = Traits<Cfg>;
+  using Sched = SchedulerFor<Cfg, false>;          // fixed length: the config's scheduler
+  using VarlenSched = SchedulerFor<Cfg, true>;     // device-scheduled calls
   static constexpr bool kHasVarlen = FA_TUNE_VARLEN;
   static constexpr int smem_bytes() { return int(sizeof(SharedStorage<T>)); }
 
@@ -127,6 +121,7 @@ struct Launcher {
   // The four TMA maps of a call: q, k, v as the caller laid them out, o dense.
   static cudaError_t encode_maps(Params& p, const fa_tune_args& a, int qb, int q_rows, int kb,
                                  int k_rows) {
+    LoadParams& l = p.load;
     constexpr int D = T::kHeadDim;
     const int H = a.heads_q, Hkv = a.heads_kv;
     const long long o_row = (long long)H * D;
@@ -135,10 +130,10 @@ struct Launcher {
     const TensorView v{a.v, kb, k_rows, Hkv, {a.v_stride[0], a.v_stride[1], a.v_stride[2]}};
     const TensorView o{a.o, qb, q_rows, H, {q_rows * o_row, o_row, D}};
     cudaError_t e;
-    if ((e = encode_view(&p.tma_q, q, D, T::kQBoxRows)) != cudaSuccess ||
-        (e = encode_view(&p.tma_k, k, D, T::kKVBoxRows)) != cudaSuccess ||
-        (e = encode_view(&p.tma_v, v, D, T::kKVBoxRows)) != cudaSuccess ||
-        (e = encode_view(&p.tma_o, o, D, 64)) != cudaSuccess)
+    if ((e = encode_view(&l.tma_q, q, D, T::kQBoxRows)) != cudaSuccess ||
+        (e = encode_view(&l.tma_k, k, D, T::kKVBoxRows)) != cudaSuccess ||
+        (e = encode_view(&l.tma_v, v, D, T::kKVBoxRows)) != cudaSuccess ||
+        (e = encode_view(&p.store.tma_o, o, D, 64)) != cudaSuccess)
       return fail(e, "cuTensorMapEncodeTiled refused these tensors (q rows " + str(q_rows) +
                          ", k rows " + str(k_rows) + ")");
     return cudaSuccess;
@@ -147,7 +142,7 @@ struct Launcher {
   // Per-shape scheduler state on the device, built once by prepare() and reused by every
   // launch of that shape (the timed region never includes it).
   struct Prepared {
-    SchedParams sched{};
+    typename Sched::Params sched{};
     int num_ctas = 0;
     double host_ms = 0.0;
   };
@@ -159,13 +154,6 @@ struct Launcher {
   static std::mutex& cache_mutex() {
     static std::mutex m;
     return m;
-  }
-
-  // S_k - S_q in block_m units (rounded to nearest): the extra KV tiles' worth every causal
-  // task visits over a prefill's, in the static scheduler's cost model (task_list.h).
-  static int kv_shift(int Sq, int Sk) {
-    const int off = Sk - Sq, half = T::kBlockM / 2;
-    return off >= 0 ? (off + half) / T::kBlockM : -((-off + half) / T::kBlockM);
   }
 
   static cudaError_t prepare(int B, int H, int Sq, int Sk, const Prepared** out, double* host_ms) {
@@ -181,52 +169,12 @@ struct Launcher {
       return cudaSuccess;
     }
     Prepared prep;
-    const int num_m = (Sq + T::kBlockM - 1) / T::kBlockM;
-    const long long num_tiles = (long long)num_m * H * B;
+    const long long num_tiles = (long long)((Sq + T::kBlockM - 1) / T::kBlockM) * H * B;
     if (num_tiles > 0x7fffffffLL) return fail(cudaErrorInvalidValue, "too many query tiles for one launch");
     if ((e = persistent_ctas<false>(dev, &prep.num_ctas)) != cudaSuccess) return e;
-    if constexpr (Cfg::scheduler == Scheduler::Static) {
-      TaskLists lists;
-      // Per cluster: kv_multicast pairs query tiles, head_cluster runs of heads.
-      const int num_tasks_m = (num_m + T::kRowCtas - 1) / T::kRowCtas;
-      // The last task's 64-row chunks in the sequence (at most kRowsPerTask / 64); its busiest
-      // CTA holds ceil(/ kRowCtas) of them, so at most kConsumerWGs (wg_first_row deals a
-      // pair's chunks evenly). With kWgSkip the others idle.
-      const int last_chunks = (Sq - (num_tasks_m - 1) * T::kRowsPerTask + 63) / 64;
-      const int last_busy = T::kWgSkip ? (last_chunks + T::kRowCtas - 1) / T::kRowCtas
-                                       : T::kConsumerWGs;
-      const std::string why = build_task_lists(B, H / T::kHeadCtas, num_tasks_m,
-                                               prep.num_ctas / T::kClusterSize, Cfg::fixed_cost,
-                                               lists, T::kRowCtas, T::kCausal,
-                                               last_busy, T::kConsumerWGs, kv_shift(Sq, Sk));
-      if (!why.empty()) return fail(cudaErrorInvalidValue, why);
-      uint32_t* d_tasks = nullptr;
-      int* d_offsets = nullptr;
-      const size_t tb = lists.tasks.size() * sizeof(uint32_t);
-      const size_t ob = lists.offsets.size() * sizeof(int32_t);
-      if ((e = cudaMalloc(&d_tasks, tb)) != cudaSuccess ||
-          (e = cudaMalloc(&d_offsets, ob)) != cudaSuccess ||
-          (e = cudaMemcpy(d_tasks, lists.tasks.data(), tb, cudaMemcpyHostToDevice)) != cudaSuccess ||
-          (e = cudaMemcpy(d_offsets, lists.offsets.data(), ob, cudaMemcpyHostToDevice)) != cudaSuccess)
-        return fail(e, std::string("uploading task lists: ") + cudaGetErrorString(e));
-      prep.sched.tasks = d_tasks;
-      prep.sched.offsets = d_offsets;
-      prep.sched.m_bits = lists.packing.m_bits;
-      prep.sched.h_bits = lists.packing.h_bits;
-    } else if constexpr (Cfg::scheduler == Scheduler::Dynamic) {
-      if ((e = cudaMalloc(&prep.sched.tile_counter, sizeof(int))) != cudaSuccess)
-        return fail(e, std::string("allocating the tile counter: ") + cudaGetErrorString(e));
-      prep.num_ctas = int(std::min<long long>(prep.num_ctas, num_tiles));
-      // L2 sections: as many (batch, head) pairs as keep their K and V within ~60% of L2
-      // (the rest holds Q, O and other traffic).
-      int l2_bytes = 0;
-      if ((e = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, dev)) != cudaSuccess)
-        return fail(e, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e));
-      const double kv_bytes = 2.0 * Sk * T::kHeadDim * sizeof(typename T::Element);
-      prep.sched.section_heads =
-          int(std::clamp<double>(std::floor(0.6 * l2_bytes / kv_bytes), 1.0, double(B) * H));
-    }
-    prep.sched.num_tiles = int(num_tiles);
+    if ((e = Sched::prepare(FixedShape{B, H, Sq, Sk, dev, prep.num_ctas}, prep.sched,
+                            prep.num_ctas)) != cudaSuccess)
+      return e;
     prep.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (host_ms) *host_ms = prep.host_ms;
     *out = &cache().emplace(Key{dev, B, H, Sq, Sk}, prep).first->second;
@@ -324,11 +272,6 @@ struct Launcher {
     return lc;
   }
 
-  static dim3 grid(const ShapeInfo& shape, const Prepared& prep) {
-    if constexpr (SchedulerFor<Cfg>::kPersistent) return dim3(prep.num_ctas);
-    return dim3(shape.num_m_blocks, shape.H, shape.B);
-  }
-
   static cudaError_t check_fixed(const fa_tune_args& a) {
     if (a.seqlen_q < 1 || a.seqlen_k < 1)
       return fail(cudaErrorInvalidValue, "seqlen_q and seqlen_k must be positive, got " +
@@ -345,24 +288,21 @@ struct Launcher {
     const int B = a.batch, H = a.heads_q, Sq = a.seqlen_q, Sk = a.seqlen_k;
     const Prepared* prep = nullptr;
     if (cudaError_t e = prepare(B, H, Sq, Sk, &prep, nullptr); e != cudaSuccess) return e;
-    Params p{};
+    KernelParams<Sched> p{};
     p.shape = ShapeInfo{B, H, Sq, Sk, (Sq + T::kBlockM - 1) / T::kBlockM, a.heads_kv,
                         H / a.heads_kv};
     p.sched = prep->sched;
-    p.lse = a.lse;
+    p.store.lse = a.lse;
     p.scale_log2 = scale_log2(a.softmax_scale);
     cudaError_t e;
     if ((e = encode_maps(p, a, B, Sq, B, Sk)) != cudaSuccess) return e;
-    if constexpr (Cfg::scheduler == Scheduler::Dynamic) {
-      // The counter starts where the grid's first tiles end; zero it on the launch's stream.
-      if ((e = cudaMemsetAsync(p.sched.tile_counter, 0, sizeof(int), stream)) != cudaSuccess)
-        return fail(e, std::string("resetting the tile counter: ") + cudaGetErrorString(e));
-    }
-    return launch<false>(p, grid(p.shape, *prep), stream);
+    if ((e = Sched::before_launch(p.sched, stream)) != cudaSuccess) return e;
+    return launch<false>(p, Sched::grid(p.shape, prep->num_ctas), stream);
   }
 
   template <bool kVarlen>
-  static cudaError_t launch(const Params& p, dim3 g, cudaStream_t stream) {
+  static cudaError_t launch(const KernelParams<SchedulerFor<Cfg, kVarlen>>& p, dim3 g,
+                            cudaStream_t stream) {
     auto kernel = attention_fwd_kernel<Cfg, kVarlen>;
     cudaError_t e;
     if ((e = set_attributes<kVarlen>()) != cudaSuccess) return e;
@@ -506,22 +446,18 @@ struct Launcher {
       if ((e = cudaGetLastError()) != cudaSuccess)
         return fail(e, std::string("device-side schedule kernel: ") + cudaGetErrorString(e));
 
-      Params p{};
+      KernelParams<VarlenSched> p{};
       p.shape = ShapeInfo{a.batch, a.heads_q, q_rows(a), k_rows(a), 0, a.heads_kv,
                           a.heads_q / a.heads_kv};
-      p.sched.num_tiles = int(plan.bound);
-      p.sched.varlen_tasks = tasks;
-      p.sched.tile_counter = counter;
-      p.lse = a.lse;
-      p.o = a.o;
+      p.sched = typename VarlenSched::Params{tasks, counter, int(plan.bound)};
+      p.store.lse = a.lse;
+      p.store.o = a.o;
       p.scale_log2 = scale_log2(a.softmax_scale);
       if ((e = encode_maps(p, a, qb, q_rows(a), kb, k_rows(a))) != cudaSuccess) return e;
-      int dev = 0, ctas = 0;  // persistent, no more clusters than there are tasks
-      if ((e = cudaGetDevice(&dev)) != cudaSuccess)
-        return fail(e, std::string("cudaGetDevice: ") + cudaGetErrorString(e));
+      int dev = 0, ctas = 0;
+      if ((e = cudaGetDevice(&dev)) != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
       if ((e = persistent_ctas<true>(dev, &ctas)) != cudaSuccess) return e;
-      const long long clusters = std::min<long long>(ctas / T::kClusterSize, plan.bound);
-      return launch<true>(p, dim3(unsigned(clusters * T::kClusterSize)), stream);
+      return launch<true>(p, VarlenSched::grid(ctas, T::kClusterSize, plan.bound), stream);
     }
     return cudaSuccess;
   }

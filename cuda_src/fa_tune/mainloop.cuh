@@ -77,30 +77,34 @@ struct Mainloop {
     if constexpr (T::kSumInPv) sm.finalize(st.osum, inv_sum);
   }
 
+  // What one warpgroup's run over one query tile is told (the consumer computes it per tile).
+  struct TileArgs {
+    int n_blocks;      // KV tiles this warpgroup visits (diagonal first)
+    int n_unmasked;    // how many of them (from key 0) need no mask
+    int n_skip;        // kWgSkip: the V stages of the task's skipped KV tiles that skip_top left
+                       // to skip_top_v (overlap: here, once the first softmax is done)
+    int diag0;         // the last key this thread's first row sees: its query row plus the
+                       // bottom-right offset (the causal mask)
+    int key_end;       // the sequence's keys (the non-causal mask)
+    float scale_log2;  // log2(e) x softmax scale
+    int wg;            // the warpgroup (its pingpong turns)
+    bool last_tile;    // the CTA's last tile: the pingpong's last turn
+  };
+
   // Runs every KV tile of one query tile; returns with the last PV complete, O unnormalized
   // in tOrO, every K/V stage released and inv_sum = 1 / row sum. `release_q` is called once
   // the last QK has read Q. With overlap the tile's first QK must already be in flight
   // (issue_first_qk, or the previous tile's drain). `issue_next` is called in the drain's turn,
   // right after the last PV is issued; with early_next_qk it issues one more QK, which is
   // still in flight on return.
-  // n_blocks: KV tiles this warpgroup visits (diagonal first); n_unmasked: how many of them
-  // (from key 0) need no mask; diag0: the last key this thread's first row sees (its query row
-  // plus the bottom-right offset: the causal mask); key_end: the sequence's keys (the
-  // non-causal mask); n_skip: the V
-  // stages of the task's skipped KV tiles (kWgSkip) that skip_top left to skip_top_v (overlap:
-  // here, once the first softmax is done).
   template <class St, class ReleaseQ, class IssueNext>
   __device__ __forceinline__ static void run(St& st, SharedStorage<T>& ss, Softmax& sm,
-                                             int n_blocks, int n_unmasked, int n_skip, int diag0,
-                                             int key_end, float scale_log2, int wg, bool last_tile,
-                                             ReleaseQ&& release_q, IssueNext&& issue_next,
-                                             float (&inv_sum)[2]) {
+                                             const TileArgs& a, ReleaseQ&& release_q,
+                                             IssueNext&& issue_next, float (&inv_sum)[2]) {
     if constexpr (T::kOverlap) {
-      overlapped(st, ss, sm, n_blocks, n_unmasked, n_skip, diag0, key_end, scale_log2, wg, last_tile,
-                 release_q, issue_next, inv_sum);
+      overlapped(st, ss, sm, a, release_q, issue_next, inv_sum);
     } else {
-      serial(st, ss, sm, n_blocks, n_unmasked, diag0, key_end, scale_log2, wg, last_tile, release_q,
-             inv_sum);
+      serial(st, ss, sm, a, release_q, inv_sum);
     }
   }
 
@@ -148,7 +152,7 @@ struct Mainloop {
   template <class St>
   __device__ __forceinline__ static void issue_first_qk(St& st, SharedStorage<T>& ss, int wg) {
     PP::wait_turn(wg);
-    if constexpr (kPlantBug == 5) {  // TEST ONLY (config.cuh): reads K before the TMA lands
+    if constexpr (Hooks::qk_before_k_wait) {
       issue_qk_unchecked(st);
       ss.k_ring.wait_full(st.kst);
     } else {
@@ -180,12 +184,12 @@ struct Mainloop {
 
   template <class St, class ReleaseQ, class IssueNext>
   __device__ __forceinline__ static void overlapped(St& st, SharedStorage<T>& ss, Softmax& sm,
-                                                    int n_blocks, int n_unmasked, int n_skip,
-                                                    int diag0, int key_end,
-                                                    float scale_log2, int wg, bool last_tile,
-                                                    ReleaseQ& release_q, IssueNext& issue_next,
-                                                    float (&inv_sum)[2]) {
+                                                    const TileArgs& a, ReleaseQ& release_q,
+                                                    IssueNext& issue_next, float (&inv_sum)[2]) {
     using namespace cute;
+    const int n_blocks = a.n_blocks, n_unmasked = a.n_unmasked, diag0 = a.diag0,
+              key_end = a.key_end, wg = a.wg;
+    const float scale_log2 = a.scale_log2;
     float rescale[2];
     float pending_rescale[2] = {1.f, 1.f};  // rescale_o = before_pv: applied before the next PV
     bool pending = false;                     // ... and whether any row of the warp needs it
@@ -201,7 +205,7 @@ struct Mainloop {
     if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
     st.kst.template advance<T::kKStages>();
     pack_p(st.tSrS, st.tOrP);
-    if constexpr (T::kWgSkip) skip_top_v(st, ss, n_skip);
+    if constexpr (T::kWgSkip) skip_top_v(st, ss, a.n_skip);
 
     bool first_pv = true;
     auto step = [&](auto mask_tag, int n) {
@@ -245,7 +249,7 @@ struct Mainloop {
     }
     issue_pv(st, ss, first_pv);
     issue_next();  // early_next_qk: the next tile's first QK, behind this PV
-    PP::pass_turn(wg, last_tile);
+    PP::pass_turn(wg, a.last_tile);
     if constexpr (!T::kSumInPv) sm.finalize(inv_sum);  // the row-sum reduction hides under the last PV
     // The PV (the older group) is done; an early next QK may still run.
     wait_pv<T::kEarlyNextQk ? 1 : 0>(st);
@@ -254,11 +258,14 @@ struct Mainloop {
   }
 
   template <class St, class ReleaseQ>
-  __device__ __forceinline__ static void serial(St& st, SharedStorage<T>& ss, Softmax& sm, int n_blocks,
-                                int n_unmasked, int diag0, int key_end, float scale_log2, int wg,
-                                bool last_tile,
-                                ReleaseQ& release_q, float (&inv_sum)[2]) {
+  __device__ __forceinline__ static void serial(St& st, SharedStorage<T>& ss, Softmax& sm,
+                                                const TileArgs& a, ReleaseQ& release_q,
+                                                float (&inv_sum)[2]) {
     using namespace cute;
+    const int n_blocks = a.n_blocks, n_unmasked = a.n_unmasked, diag0 = a.diag0,
+              key_end = a.key_end, wg = a.wg;
+    const float scale_log2 = a.scale_log2;
+    const bool last_tile = a.last_tile;
     PipeState v_prev;
     bool first = true;
     auto step = [&](auto mask_tag, int n) {

@@ -1,5 +1,6 @@
-// Kernel parameters (passed as a __grid_constant__, so TMA reads the maps in place) and
-// the causal tile arithmetic both roles share.
+// Kernel parameters (passed as a __grid_constant__, so TMA reads the maps in place): the
+// producer's, the epilogue's, and what every piece reads; the scheduler's own are in
+// scheduler.cuh (KernelParams). And the causal tile arithmetic both roles share.
 #pragma once
 
 #include <cuda.h>
@@ -52,27 +53,31 @@ struct VarlenTask {
   int kv_tiles;  // KV tiles the task visits (num_kv_blocks)
 };
 
-// What the persistent schedulers read (unused by the grid scheduler).
-struct SchedParams {
-  const uint32_t* tasks;   // static: packed tasks, all CTAs' lists concatenated
-  const int* offsets;      // static: CTA i owns tasks[offsets[i], offsets[i+1])
-  int* tile_counter;       // dynamic: next tile to hand out (zeroed before each launch)
-  uint32_t m_bits, h_bits; // static: packing widths (task_list.h)
-  int num_tiles;           // dynamic: query tiles over all heads and batches; varlen: a bound
-  const VarlenTask* varlen_tasks;  // varlen: the tiles in order, built on the device
-  int section_heads;       // dynamic: (batch, head) pairs per L2 section (>= 1)
-};
-
-struct Params {
+// The producer's: q, k and v as the caller laid them out.
+struct LoadParams {
   CUtensorMap tma_q;  // boxes of (64 cols, block_m rows)
   CUtensorMap tma_k;  // boxes of (64 cols, block_n rows)
   CUtensorMap tma_v;
+};
+
+// The epilogue's: O (dense) and the LSE.
+struct StoreParams {
   CUtensorMap tma_o;  // boxes of (64 cols, 64 rows): each warpgroup stores its own rows
   float* lse;         // [B, H, Sq] or null; packed [H, total query tokens]
   void* o;            // varlen: a tile that ends past its sequence is stored without TMA
+};
+
+struct Params {
+  LoadParams load;
+  StoreParams store;
   ShapeInfo shape;
-  SchedParams sched;
-  float scale_log2;   // log2(e) / sqrt(head_dim)
+  float scale_log2;   // log2(e) x softmax scale
+};
+
+// The kernel's parameters: the above and its scheduler's own (scheduler.cuh: Sched::Params).
+template <class Sched>
+struct KernelParams : Params {
+  typename Sched::Params sched;
 };
 
 // The key tiles of a query tile. Causal masks are aligned bottom-right (FlashAttention's rule):

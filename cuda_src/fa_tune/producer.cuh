@@ -5,16 +5,7 @@
 #include "tma.cuh"
 #include "traits.cuh"
 
-// Lab experiment, never a knob (results are wrong): load only every Nth K/V tile and let the
-// consumers reuse stale stages, so scripts/kernel_lab.py can time the kernel with a fraction
-// of the L2 -> shared memory traffic (the bound on what K/V multicast could buy).
-#ifndef FA_TUNE_LAB_KV_LOAD_EVERY
-#define FA_TUNE_LAB_KV_LOAD_EVERY 1
-#endif
-
 namespace fa_tune {
-
-constexpr int kLabKvLoadEvery = FA_TUNE_LAB_KV_LOAD_EVERY;
 
 template <class Cfg, class Sched>
 struct Producer {
@@ -23,7 +14,7 @@ struct Producer {
   // Runs on the whole producer warp: the loop, the ring waits and the scheduler run on every
   // lane, so its state is warp-uniform (uniform registers: the persistent loop fits in few
   // vector registers); one elected lane arms the barriers and issues the TMA copies.
-  __device__ static void run(const Params& p, SharedStorage<T>& ss) {
+  __device__ static void run(const KernelParams<Sched>& p, SharedStorage<T>& ss) {
     const bool leader = cute::elect_one_sync();
     const int rank = T::kClustered ? int(cute::block_rank_in_cluster()) : 0;
     const int rows_rank = row_rank<T>();  // kv_multicast: this CTA's rows of the pair
@@ -39,7 +30,7 @@ struct Producer {
         for (int r = 0; r < kQBoxes; ++r) {
           const int row = wg_first_row<T>(t.m_block, r, rows_rank);  // no multicast: r = 0, the tile's first row
           for (int c = 0; c < T::kDBoxes; ++c)
-            tma_load_4d<Cfg::hint_q>(&p.tma_q, bar,
+            tma_load_4d<Cfg::hint_q>(&p.load.tma_q, bar,
                                      ss.q + (c * T::kBlockM + r * T::kQBoxRows) * kBoxCols,
                                      c * kBoxCols, start + row, h, b);
         }
@@ -66,7 +57,7 @@ struct Producer {
   __device__ static void load_tile(const CUtensorMap* map, Ring& ring, PipeState& st,
                                    typename T::Element* base, int n, int row, int h, int b,
                                    int rank, bool leader) {
-    const bool load = kLabKvLoadEvery == 1 || n % kLabKvLoadEvery == 0;
+    const bool load = Hooks::kv_load_every == 1 || n % Hooks::kv_load_every == 0;
     uint64_t* bar = ring.acquire(st, load ? T::kKVTileBytes : 0, leader);
     auto* dst = base + st.index * T::kBlockN * T::kHeadDim;
     if (load && leader) {
@@ -85,7 +76,7 @@ struct Producer {
     st.template advance<Ring::kStages>();
   }
 
-  __device__ static void load_kv(const Params& p, SharedStorage<T>& ss, const TileCoord& t,
+  __device__ static void load_kv(const KernelParams<Sched>& p, SharedStorage<T>& ss, const TileCoord& t,
                                  PipeState& kst, PipeState& vst, int rank, bool leader) {
     // GQA / MQA: the K/V head it reads; a per-sequence cache: the sequence's batch entry.
     const int h = Sched::kv_head(p, t), b = Sched::kv_batch(t);
@@ -100,11 +91,11 @@ struct Producer {
     }
     const int start = Sched::key_start(t);
     auto load_k = [&](int n) {
-      load_tile<Cfg::hint_k>(&p.tma_k, ss.k_ring, kst, ss.k, n, start + n * T::kBlockN, h, b,
+      load_tile<Cfg::hint_k>(&p.load.tma_k, ss.k_ring, kst, ss.k, n, start + n * T::kBlockN, h, b,
                              rank, leader);
     };
     auto load_v = [&](int n) {
-      load_tile<Cfg::hint_v>(&p.tma_v, ss.v_ring, vst, ss.v, n, start + n * T::kBlockN, h, b,
+      load_tile<Cfg::hint_v>(&p.load.tma_v, ss.v_ring, vst, ss.v, n, start + n * T::kBlockN, h, b,
                              rank, leader);
     };
     // Issue in the order the consumers need the tiles (diagonal first, toward key 0), so

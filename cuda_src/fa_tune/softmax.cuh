@@ -13,17 +13,6 @@
 
 #include "config.cuh"
 
-// Lab A/B, never a knob: 1 packs P to BF16 by truncation (one PRMT per pair on the ALU pipe)
-// instead of cvt.rn (F2FP), to see whether F2FP competes with MUFU.EX2 for its pipe.
-#ifndef FA_TUNE_LAB_P_TRUNC
-#define FA_TUNE_LAB_P_TRUNC 0
-#endif
-// Lab bound, results wrong on purpose: 1 skips the softmax (P = S), what the GEMMs and the
-// pipeline cost alone at the power cap.
-#ifndef FA_TUNE_LAB_NO_SOFTMAX
-#define FA_TUNE_LAB_NO_SOFTMAX 0
-#endif
-
 namespace fa_tune {
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -45,8 +34,7 @@ __device__ __forceinline__ void apply_causal_mask(Frag& s, int diag0, int col0) 
   CUTE_UNROLL
   for (int e = 0; e < N; ++e) {
     const int i0 = e % 2, i1 = (e / 2) % 2, i2 = e / 4;
-    // TEST ONLY: planted bug 2 (config.cuh) keeps key row + 1.
-    if (lane_col + 8 * i2 + i0 > diag0 + 8 * i1 + (kPlantBug == 2 ? 1 : 0)) s(e) = -INFINITY;
+    if (lane_col + 8 * i2 + i0 > diag0 + 8 * i1 + Hooks::mask_slack) s(e) = -INFINITY;
   }
 }
 
@@ -93,7 +81,7 @@ struct OnlineSoftmax {
   template <bool kFirst, class Frag>
   __device__ __forceinline__ bool update(Frag& s, float scale_log2, float (&rescale)[2]) {
     constexpr int N = decltype(cute::size(s))::value;
-    if constexpr (FA_TUNE_LAB_NO_SOFTMAX != 0) {
+    if constexpr (Hooks::skip_softmax) {
       rescale[0] = rescale[1] = 1.f;
       row_max[0] = row_max[1] = 0.f;
       row_sum[0] = row_sum[1] = 1.f;
@@ -156,10 +144,10 @@ struct OnlineSoftmax {
         for (int c = 1; c < kChains; ++c) sum[r] += sc[r][c];
       }
       CUTE_UNROLL
-      for (int r = 0; r < 2; ++r)  // TEST ONLY: planted bug 7 (config.cuh) skips the rescale
-        row_sum[r] = kFirst ? sum[r] : fmaf(row_sum[r], kPlantBug == 7 ? 1.f : rescale[r], sum[r]);
+      for (int r = 0; r < 2; ++r)
+        row_sum[r] = kFirst ? sum[r] : fmaf(row_sum[r], Hooks::rescale_sum ? rescale[r] : 1.f, sum[r]);
     }
-    if constexpr (kPlantBug == 1) {  // TEST ONLY: planted bug 1 (config.cuh): O keeps its scale
+    if constexpr (!Hooks::rescale_o) {
       rescale[0] = rescale[1] = 1.f;
       return false;
     }
@@ -219,10 +207,10 @@ __device__ __forceinline__ void convert_to_bf16(const Src& src, Dst& dst) {
   }
 }
 
-// P (probabilities) -> BF16 for the PV GEMM: convert_to_bf16, or the lab's truncation.
+// P (probabilities) -> BF16 for the PV GEMM: convert_to_bf16, or a lab build's truncation.
 template <class Src, class Dst>
 __device__ __forceinline__ void pack_p(const Src& src, Dst& dst) {
-  if constexpr (FA_TUNE_LAB_P_TRUNC != 0) {
+  if constexpr (Hooks::truncate_p) {
     constexpr int N = decltype(cute::size(src))::value;
     auto dst32 = cute::recast<uint32_t>(dst);
     CUTE_UNROLL

@@ -1,6 +1,6 @@
 """Planted kernel bugs on an H200: the gate must reject every one, and pass every preset.
 
-Each planted bug (FA_TUNE_PLANT_BUG = N, documented in cuda_src/fa_tune/config.cuh) is compiled
+Each planted bug (FA_TUNE_PLANT_BUG = N, documented in cuda_src/lab/hooks.cuh) is compiled
 into the default preset through the product's own build path (tuner.build.build_config with
 ``defines``), loaded through tuner.runtime.KernelModule and gated by tuner.measure.oracle.gate at
 a shape no tile divides (2x4x1000) and at 1x8x4096 (bug 8, the GQA head mapping, at GQA shapes).
@@ -38,9 +38,9 @@ ALL_SETS = ("seed", "rising", "rising_fwd")
 
 
 def planted_bugs() -> dict[int, str]:
-    """{N: "file  what it does"} as cuda_src/fa_tune/config.cuh documents them."""
-    text = (Path(_paths.cuda_src_dir()) / "fa_tune" / "config.cuh").read_text()
-    block = text[text.index("FA_TUNE_PLANT_BUG = N"):text.index("#ifndef FA_TUNE_PLANT_BUG")]
+    """{N: "file  what it does"} as cuda_src/lab/hooks.cuh documents them."""
+    text = (Path(_paths.cuda_src_dir()) / "lab" / "hooks.cuh").read_text()
+    block = text[text.index("FA_TUNE_PLANT_BUG = N"):text.index("#pragma once")]
     return {int(m.group(1)): " ".join(m.group(2).split())
             for m in re.finditer(r"^//\s+(\d+) (\w+\.cuh .*)$", block, re.MULTILINE)}
 

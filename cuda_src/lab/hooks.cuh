@@ -1,0 +1,86 @@
+// Lab and test builds only: the kernel's hook points (fa_tune/hooks.cuh) set from -D macros.
+// tuner's build pre-includes this file whenever it is given defines (build.define_flags); a
+// product build never sees it. Two families:
+//
+// FA_TUNE_PLANT_BUG = N compiles planted bug N into the kernel, so
+// tests/gpu/test_planted_bugs_gpu.py can prove the gate rejects real kernel bugs (built through
+// tuner.build.build_config(cfg, defines={"FA_TUNE_PLANT_BUG": N})). The bugs (hook, file):
+//   1 softmax.cuh   O is not rescaled when a row's running max rises (the row sum is)
+//   2 softmax.cuh   causal mask off by one: key row + 1 is kept
+//   3 epilogue.cuh  no final 1/rowsum on rows 0-7 of every 64-row warpgroup tile
+//   4 epilogue.cuh  O x 1.015 on rows 0-7 of every 64-row tile (passes the per-element rule)
+//   5 mainloop.cuh  a tile's first QK is issued before waiting on its K stage's full barrier
+//                   (reads K before the TMA lands; the wait follows; intra_wg_overlap path)
+//   6 epilogue.cuh  O x 1.01 on head-dim columns 0-3 of every row
+//   7 softmax.cuh   the row sum is not rescaled when a row's running max rises (O is)
+//   8 scheduler.cuh GQA head mapping: query head h reads K/V head h % Hkv, not h / group
+//                   (fixed-length schedulers; varlen tasks carry their K/V head)
+//
+// FA_TUNE_LAB_* are lab experiments for scripts/kernel_lab.py (variants' "_lab" macros), never
+// knobs:
+//   FA_TUNE_LAB_KV_LOAD_EVERY = N  load only every Nth K/V tile, the consumers reuse stale
+//                                  stages (results wrong): the bound on what less K/V traffic buys
+//   FA_TUNE_LAB_Q_SLICE_BY_TID = 1 slice Q's descriptors by thread as before 2026-12-02
+//   FA_TUNE_LAB_NO_SOFTMAX = 1     skip the softmax (P = S): what the GEMMs and the pipeline
+//                                  cost alone at the power cap
+//   FA_TUNE_LAB_P_TRUNC = 1        pack P to BF16 by truncation (one PRMT per pair on the ALU
+//                                  pipe) instead of cvt.rn (F2FP), to see whether F2FP competes
+//                                  with MUFU.EX2 for its pipe
+#pragma once
+
+#define FA_TUNE_HOOKS 1
+#ifndef FA_TUNE_PLANT_BUG
+#define FA_TUNE_PLANT_BUG 0
+#endif
+#ifndef FA_TUNE_LAB_KV_LOAD_EVERY
+#define FA_TUNE_LAB_KV_LOAD_EVERY 1
+#endif
+#ifndef FA_TUNE_LAB_Q_SLICE_BY_TID
+#define FA_TUNE_LAB_Q_SLICE_BY_TID 0
+#endif
+#ifndef FA_TUNE_LAB_NO_SOFTMAX
+#define FA_TUNE_LAB_NO_SOFTMAX 0
+#endif
+#ifndef FA_TUNE_LAB_P_TRUNC
+#define FA_TUNE_LAB_P_TRUNC 0
+#endif
+
+namespace fa_tune {
+
+constexpr int kPlantBug = FA_TUNE_PLANT_BUG;
+
+struct Hooks {
+  static constexpr int kv_load_every = FA_TUNE_LAB_KV_LOAD_EVERY;
+  static constexpr bool q_slice_by_tid = FA_TUNE_LAB_Q_SLICE_BY_TID != 0;
+  static constexpr bool skip_softmax = FA_TUNE_LAB_NO_SOFTMAX != 0;
+  static constexpr bool truncate_p = FA_TUNE_LAB_P_TRUNC != 0;
+  static constexpr int mask_slack = kPlantBug == 2 ? 1 : 0;
+  static constexpr bool rescale_o = kPlantBug != 1;
+  static constexpr bool rescale_sum = kPlantBug != 7;
+  static constexpr bool qk_before_k_wait = kPlantBug == 5;
+  static constexpr bool interleave_kv_heads = kPlantBug == 8;
+  static constexpr bool adjust_normalize = kPlantBug == 3 || kPlantBug == 4 || kPlantBug == 6;
+  // Bugs 3, 4 and 6. Rows 0-7 of a 64-row warpgroup tile are warp 0's i1 = 0 rows
+  // (row0 % 64 < 8): 3 leaves them unnormalized, 4 scales them by 1.015; 6 scales head-dim
+  // columns 0-3 (fragment entries 0-3 of the lanes with lane % 4 < 2) by 1.01.
+  __device__ static void normalize_factors(float (&f)[2], int row0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      if ((row0 + 8 * r) % 64 < 8) {
+        if constexpr (kPlantBug == 3) f[r] = 1.f;
+        if constexpr (kPlantBug == 4) f[r] *= 1.015f;
+      }
+    }
+  }
+  template <class Frag>
+  __device__ static void after_normalize(Frag& o) {
+    if constexpr (kPlantBug == 6) {
+      if (threadIdx.x % 4 < 2) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o(e) *= 1.01f;
+      }
+    }
+  }
+};
+
+}  // namespace fa_tune
