@@ -37,10 +37,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.errors import FaTuneError  # noqa: E402
+from tuner.kernel.runtime import AttnBuffers, Device, Event, OracleModule, as_problem  # noqa: E402
 from tuner.measure import oracle as O  # noqa: E402
 from tuner.measure import timing as T  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
-from tuner.runtime import AttnBuffers, Device, Event, OracleModule, as_problem  # noqa: E402
 
 ROWS: list[tuple[str, str, str]] = []  # (check, PASS/FAIL, detail)
 DETAILS: dict[str, Any] = {}
@@ -104,7 +104,7 @@ def main() -> int:
         if args.oracle_so:
             holder["o"] = O.get_oracle(args.oracle_so)
             return True, f"loaded {args.oracle_so}"
-        from tuner import build as B
+        from tuner.kernel import build as B
 
         res = B.build_oracle()
         holder["o"] = O.get_oracle(res.so_path)

@@ -32,9 +32,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tuner import build, config  # noqa: E402
-from tuner.config import KernelConfig, check_problem  # noqa: E402
 from tuner.errors import ShapeError  # noqa: E402
+from tuner.kernel import build, config  # noqa: E402
+from tuner.kernel.config import KernelConfig, check_problem  # noqa: E402
 from tuner.measure.timing import Protocol  # noqa: E402
 from tuner.problem import (  # noqa: E402
     DEFAULT_CLASS,
@@ -173,7 +173,7 @@ def main() -> None:
 
     from tuner.measure.bench import Bench
     from tuner.measure.launch import PeerLaunch
-    from tuner.peers import make_peer
+    from tuner.measure.peers import make_peer
 
     proto = Protocol(warmup=args.warmup, repeat=args.repeat, rounds=args.rounds,
                      settle_s=args.settle_s)

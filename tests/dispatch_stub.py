@@ -1,5 +1,5 @@
 """A workload library without kernels, for fast CPU tests: the real generated dispatcher
-(tuner.dispatch.dispatcher_source, including cuda_src/fa_tune/fa_tune.h as an export includes
+(tuner.ship.dispatch.dispatcher_source, including cuda_src/fa_tune/fa_tune.h as an export includes
 include/fa_tune.h) linked with stub buckets that take the C ABI 3 argument struct and record it
 instead of launching. Builds in seconds (no kernel template); needs nvcc.
 
@@ -17,8 +17,9 @@ import ctypes
 import subprocess
 from pathlib import Path
 
-from tuner import _paths, dispatch
-from tuner import build as build_mod
+from tuner import _paths
+from tuner.kernel import build as build_mod
+from tuner.ship import dispatch
 
 # A two-bucket workload (Llama-3-8B's heads) the dispatch and export tests share.
 TWO = {
@@ -103,8 +104,9 @@ def build_stub_library(table: dispatch.DispatchTable, folder: Path,
 
 
 def last_args(lib: ctypes.CDLL) -> object:
-    """A copy of the args struct the stub buckets last received (tuner.fa_tune_ops.abi.Args)."""
-    from tuner.runtime import abi
+    """A copy of the args struct the stub buckets last received
+    (tuner.ship.fa_tune_ops.abi.Args)."""
+    from tuner.kernel.runtime import abi
 
     fn = lib.stub_last_args
     fn.restype = ctypes.POINTER(abi.Args)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner import build
-from tuner.config import KernelConfig
 from tuner.errors import BuildError, ConfigError
+from tuner.kernel import build
+from tuner.kernel.config import KernelConfig
 
 
 def test_find_nvcc_and_version() -> None:
@@ -253,7 +253,7 @@ def test_planted_bug_variants_compile() -> None:
     at once, one nvcc per usable CPU."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tuner.config import load_preset
+    from tuner.kernel.config import load_preset
 
     cfg = load_preset("default")
     plain = build.cache_key(build.render(cfg), build.KERNEL_FLAGS, build.nvcc_version())

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner import build
 from tuner.errors import BuildError
+from tuner.kernel import build
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 SOURCE = "// fa-tune cache lock test\nextern \"C\" int f() { return 1; }\n"

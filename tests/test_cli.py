@@ -41,8 +41,8 @@ def test_bad_shape_exit_2(shape: str, needle: str) -> None:
 @pytest.fixture()
 def no_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any compile or GPU use is a test failure: the refusal must come first."""
-    from tuner import build as build_mod
-    from tuner import runtime
+    from tuner.kernel import build as build_mod
+    from tuner.kernel import runtime
 
     def refuse(*_a: object, **_k: object) -> None:
         raise AssertionError("a kernel was built (or the GPU opened) for a problem it cannot run")
@@ -172,7 +172,7 @@ def test_bundle_refuses_non_empty_dir(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(has_sm90_gpu(), reason="checks the no-GPU message")
 def test_run_without_gpu_exit_2() -> None:
-    pytest.importorskip("tuner.runtime")
+    pytest.importorskip("tuner.kernel.runtime")
     r = runner.invoke(app, ["run", "--preset", "baseline", "--shape", "1x1x128"])
     assert r.exit_code == 2, r.output
     _one_error_line(r.output)

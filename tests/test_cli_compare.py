@@ -13,11 +13,11 @@ import pytest
 from cli_helpers import one_error_line as _one_error_line
 from typer.testing import CliRunner
 
-from tuner import build as build_mod
-from tuner import compare as compare_mod
-from tuner import peers
+from tuner.analysis import compare as compare_mod
 from tuner.cli import app
-from tuner.config import load_preset
+from tuner.kernel import build as build_mod
+from tuner.kernel.config import load_preset
+from tuner.measure import peers
 from tuner.problem import Problem, ProblemClass
 
 REPO = Path(__file__).resolve().parent.parent
@@ -114,7 +114,7 @@ def test_compare_study_resolution_errors(tmp_path: Path, config: Any, needle: st
 
 def test_compare_without_a_gpu_is_one_line_before_building() -> None:
     """No GPU on this machine: one line, exit 2, and no compile (the fixture refuses builds)."""
-    from tuner import runtime
+    from tuner.kernel import runtime
 
     try:
         runtime.Device.open(0)
@@ -148,8 +148,9 @@ def _fake_gpu_path(monkeypatch: pytest.MonkeyPatch, payload: dict[str, Any],
         return built
 
     monkeypatch.setattr(build_mod, "build_config", fake_build)
-    monkeypatch.setattr("tuner.peers.base.module_missing", lambda name: None)
-    monkeypatch.setattr("tuner.runtime.Device.open", lambda *a, **k: None)  # "a GPU is there"
+    monkeypatch.setattr("tuner.measure.peers.base.module_missing", lambda name: None)
+    # "a GPU is there"
+    monkeypatch.setattr("tuner.kernel.runtime.Device.open", lambda *a, **k: None)
 
     def fake_compare(so_path: Any, shapes: Any, backends: Any, **kw: Any) -> dict[str, Any]:
         calls.append({"so_path": so_path, "shapes": shapes, "backends": backends, **kw})
@@ -305,9 +306,9 @@ def test_compare_without_torch_is_one_line_before_building() -> None:
         "        if name.split('.')[0] in {'torch', 'triton', 'flash_attn'}:\n"
         "            raise ModuleNotFoundError(name)\n"
         "sys.meta_path.insert(0, B())\n"
-        "import tuner.build\n"
+        "import tuner.kernel.build\n"
         "def refuse(*a, **k): raise SystemExit('built a kernel')\n"
-        "tuner.build.build_config = refuse\n"
+        "tuner.kernel.build.build_config = refuse\n"
         "from tuner.cli import main\n"
         "main(['compare', '--preset', 'default'])\n"
     )
@@ -333,7 +334,7 @@ def test_compare_study_with_a_problem_the_kernel_cannot_run_exit_2(tmp_path: Pat
 def test_compare_peers_only_accepts_a_gqa_problem_up_to_the_gpu_check(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """No --study/--preset/--config: every problem is the peers'; it gets as far as the GPU."""
-    from tuner import runtime
+    from tuner.kernel import runtime
 
     opened: list[int] = []
 
@@ -341,7 +342,8 @@ def test_compare_peers_only_accepts_a_gqa_problem_up_to_the_gpu_check(
         opened.append(index)
         raise runtime.GpuError("no GPU here (test)")
 
-    monkeypatch.setattr("tuner.peers.base.module_missing", lambda name: None)  # "torch is there"
+    # "torch is there"
+    monkeypatch.setattr("tuner.measure.peers.base.module_missing", lambda name: None)
     monkeypatch.setattr(runtime.Device, "open", no_gpu)
     r = runner.invoke(app, ["compare", "--shape", "1x32/8x8192", "--shape", "4x32x8192:d64:full",
                             "--backends", "fa3,cudnn"])

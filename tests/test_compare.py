@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner import compare
+from tuner.analysis import compare
 from tuner.errors import FaTuneError
 from tuner.problem import Problem
 
@@ -47,9 +47,9 @@ def run_without_torch(body: str) -> subprocess.CompletedProcess[str]:
 def test_compare_and_peers_import_without_torch() -> None:
     r = run_without_torch(
         """
-        import tuner.compare, tuner.peers, tuner.peers.fa3, tuner.peers.sdpa
-        import tuner.peers.triton_fa, tuner.peers.base, tuner.measure.launch
-        import tuner.measure.bench
+        import tuner.analysis.compare, tuner.measure.peers, tuner.measure.peers.fa3,
+        tuner.measure.peers.sdpa import tuner.measure.peers.triton_fa, tuner.measure.peers.base,
+        tuner.measure.launch import tuner.measure.bench
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
         assert not heavy, heavy
         print("ok")
@@ -65,8 +65,8 @@ def test_peers_report_unavailable_without_torch(tmp_path: Path) -> None:
     r = run_without_torch(
         f"""
         import json
-        from tuner.compare import make_backends
-        from tuner.peers import PEER_NAMES
+        from tuner.analysis.compare import make_backends
+        from tuner.measure.peers import PEER_NAMES
         out = {{b.name: [b.available, b.reason] for b in make_backends(
             [({str(fake_so)!r}, "x")], PEER_NAMES)}}
         print(json.dumps(out))
@@ -116,7 +116,7 @@ def test_kernel_lab_help_without_torch() -> None:
 
 # ---- the Triton kernel (parsed, never imported: no triton here) ---------------------------
 def _triton_source() -> ast.Module:
-    return ast.parse((REPO / "tuner/peers/_triton_kernel.py").read_text())
+    return ast.parse((REPO / "tuner/measure/peers/_triton_kernel.py").read_text())
 
 
 def test_triton_kernel_source_parses_and_has_the_kernel() -> None:
@@ -356,12 +356,13 @@ def _stub_so(tmp_path: Path, causal: bool = True) -> Path:
 
 
 def test_kernel_launch_reads_the_c_abi_of_a_stub_library(tmp_path: Path) -> None:
-    """The one ctypes binding (tuner.runtime.KernelModule), on a C stub (no CUDA, no torch)."""
+    """The one ctypes binding (tuner.kernel.runtime.KernelModule), on a C stub (no CUDA, no
+    torch)."""
     from types import SimpleNamespace
 
-    from tuner import build
+    from tuner.kernel import build
+    from tuner.kernel.runtime import KernelError
     from tuner.measure.launch import KernelLaunch
-    from tuner.runtime import KernelError
 
     so = _stub_so(tmp_path)
     k = KernelLaunch(so, "stub")
@@ -385,7 +386,7 @@ FAMILY_PROBLEMS = [Problem(1, 32, 1024), Problem(1, 32, 1024, Hkv=8), Problem(1,
 def test_every_peer_answers_supports_and_takes_the_mask() -> None:
     import inspect
 
-    from tuner.peers import PEER_NAMES, make_peer
+    from tuner.measure.peers import PEER_NAMES, make_peer
 
     for name in PEER_NAMES:
         peer = make_peer(name)
@@ -409,8 +410,8 @@ def test_every_peer_answers_supports_and_takes_the_mask() -> None:
 def test_triton_peer_refuses_at_prepare_before_importing_torch() -> None:
     from types import SimpleNamespace
 
-    from tuner.peers.base import Unsupported
-    from tuner.peers.triton_fa import TritonPeer
+    from tuner.measure.peers.base import Unsupported
+    from tuner.measure.peers.triton_fa import TritonPeer
 
     q = SimpleNamespace(shape=(1, 64, 8, 128))
     kv = SimpleNamespace(shape=(1, 64, 2, 128))
@@ -433,7 +434,7 @@ class _Launch:
 
 def test_bench_measure_reports_an_unsupported_problem_as_unavailable() -> None:
     from tuner.measure.bench import Bench
-    from tuner.peers.base import Unsupported
+    from tuner.measure.peers.base import Unsupported
 
     bench = object.__new__(Bench)  # no device: nothing may run for an unsupported problem
 
@@ -457,7 +458,7 @@ def test_bench_measure_reports_an_unsupported_problem_as_unavailable() -> None:
 
 def test_kernel_and_peer_launch_supports(tmp_path: Path) -> None:
     from tuner.measure.launch import KernelLaunch, PeerLaunch, launch_supports
-    from tuner.peers import make_peer
+    from tuner.measure.peers import make_peer
 
     # FAMILY_PROBLEMS: MHA, GQA, MQA (D 128, causal), D 64, D 256, non-causal.
     k = KernelLaunch(_stub_so(tmp_path), "stub")
@@ -482,7 +483,7 @@ def test_kernel_and_peer_launch_supports(tmp_path: Path) -> None:
 
 # ---- queries over a longer KV (S_q < S_k): which peer runs what, and SDPA's mask -------------
 def test_peers_on_queries_over_more_keys() -> None:
-    from tuner.peers import make_peer
+    from tuner.measure.peers import make_peer
 
     causal, full = Problem.parse("1x32/8x2048:k8192"), Problem.parse("1x32/8x2048:k8192:full")
     packed = Problem.parse("32/8x[2048:8192,512:4096]")
@@ -510,7 +511,7 @@ def test_sdpa_peer_gives_a_bottom_right_mask_never_top_left(monkeypatch: pytest.
     from contextlib import nullcontext
 
     from tuner.measure import reference_numpy as RN
-    from tuner.peers.sdpa import SdpaPeer
+    from tuner.measure.peers.sdpa import SdpaPeer
 
     rng = np.random.default_rng(0)
     q = torch.from_numpy(rng.uniform(-2, 2, (2, 5, 4, 16)).astype(np.float32))
@@ -597,7 +598,7 @@ def test_sdpa_peer_reads_a_layouts_views(monkeypatch: pytest.MonkeyPatch, text: 
     from contextlib import nullcontext
 
     from tuner.measure import reference_numpy as RN
-    from tuner.peers.sdpa import SdpaPeer
+    from tuner.measure.peers.sdpa import SdpaPeer
 
     p = Problem.parse(text)
     rng = np.random.default_rng(1)

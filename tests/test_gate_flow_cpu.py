@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tuner.kernel.runtime import KernelError, problem_dims
 from tuner.measure import oracle as O
 from tuner.problem import Problem
-from tuner.runtime import KernelError, problem_dims
 
 _ptrs = itertools.count(0x10000, 0x1000)
 STATS: dict[int, bytes] = {}
@@ -423,10 +423,10 @@ def test_gate_reports_rejected_metadata_as_the_sets_reason() -> None:
 def test_gpu_worker_takes_a_problem_with_more_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     """The search's GPU worker reads the request's problem dict (Sk too) back into the same
     Problem and measures that (fake bench and kernel: no GPU here)."""
-    from tuner import gpu_worker
     from tuner.measure import bench as bench_mod
     from tuner.measure import launch as launch_mod
     from tuner.measure.timing import Protocol
+    from tuner.search import gpu_worker
 
     seen: list[Problem] = []
 

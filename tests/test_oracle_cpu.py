@@ -17,16 +17,16 @@ import numpy as np
 import pytest
 
 from tuner.errors import FaTuneError
-from tuner.measure import oracle as O
-from tuner.measure import reference_numpy as RN
-from tuner.problem import Problem
-from tuner.runtime import (
+from tuner.kernel.runtime import (
     ORACLE_ABI_VERSION,
     ORACLE_ROW_BLOCK,
     ORACLE_STATS_BYTES,
     CudaError,
     OracleModule,
 )
+from tuner.measure import oracle as O
+from tuner.measure import reference_numpy as RN
+from tuner.problem import Problem
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE_CU = ROOT / "cuda_src" / "oracle.cu"
@@ -36,7 +36,7 @@ FLAGS = ["-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-shared"
 
 def _nvcc() -> str:
     try:
-        from tuner.build import find_nvcc
+        from tuner.kernel.build import find_nvcc
 
         return str(find_nvcc())
     except Exception:
@@ -78,7 +78,7 @@ def test_oracle_compiles_without_spills(oracle_so: tuple[Path, str]) -> None:
 
 
 def test_oracle_builds_through_build_cache() -> None:
-    from tuner import build
+    from tuner.kernel import build
 
     res = build.build_oracle()
     assert Path(res.so_path).is_file()

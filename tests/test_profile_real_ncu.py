@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import profile
+from tuner.analysis import profile
 from tuner.problem import Problem
 
 FIX = Path(__file__).resolve().parent / "fixtures"

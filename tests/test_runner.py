@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import store
+from tuner.measure import store
 from tuner.problem import SEED_PROBLEMS
 
 oracle = pytest.importorskip("tuner.measure.oracle")

@@ -1,5 +1,5 @@
 """Workload files: the shipped ones, bucket selection, the tuning plan, and one clear line for
-every malformed file (tuner/workload.py, `fa-tune workload`)."""
+every malformed file (tuner/ship/workload.py, `fa-tune workload`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from tuner.cli import app
 from tuner.errors import FaTuneError
 from tuner.problem import Problem
-from tuner.workload import WorkloadError, load_workload, shipped_workloads, workload_from_dict
+from tuner.ship.workload import WorkloadError, load_workload, shipped_workloads, workload_from_dict
 
 runner = CliRunner()
 
@@ -178,7 +178,7 @@ def test_tune_searches_each_bucket_in_its_own_study(monkeypatch: pytest.MonkeyPa
     from typer.testing import CliRunner
 
     from tuner import cli
-    from tuner.workload import load_workload
+    from tuner.ship.workload import load_workload
 
     calls: list[dict] = []
     monkeypatch.setattr(cli, "_run_search", lambda **kw: calls.append(kw))

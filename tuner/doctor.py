@@ -121,7 +121,7 @@ extern "C" __global__ void fa_tune_probe(float* o) {
 
 def probe_nvcc_sm90a() -> tuple[bool, str]:
     """Compile a tiny kernel with a wgmma fence for sm_90a (no GPU needed)."""
-    from tuner import build
+    from tuner.kernel import build
 
     try:
         nvcc = build.find_nvcc()
@@ -143,7 +143,8 @@ def probe_nvcc_sm90a() -> tuple[bool, str]:
 
 def run_checks() -> list[Check]:
     """Everything fa-tune needs, in the order a user would fix it."""
-    from tuner import _paths, build
+    from tuner import _paths
+    from tuner.kernel import build
 
     checks: list[Check] = []
     cp = _version("cuda-python") or _version("cuda-bindings")
@@ -221,7 +222,7 @@ def run_checks() -> list[Check]:
 
 
 def _ncu_check() -> Check:
-    from tuner.profile import ProfileError, find_ncu
+    from tuner.analysis.profile import ProfileError, find_ncu
 
     try:
         return Check("Nsight Compute", True, str(find_ncu()), need=OPTIONAL)

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tuner.kernel.runtime import AttnBuffers, Device, OracleModule, Stream
 from tuner.measure import oracle as O
 from tuner.problem import Problem
-from tuner.runtime import AttnBuffers, Device, OracleModule, Stream
 
 pytestmark = pytest.mark.gpu
 
@@ -547,7 +547,7 @@ def test_mapped_status_words_are_the_devices(dev: Device) -> None:
     at status.ptr is what the host reads, without a copy."""
     from cuda.bindings import driver as drv
 
-    from tuner import runtime as R
+    from tuner.kernel import runtime as R
 
     st = R.MappedStatus()
     try:

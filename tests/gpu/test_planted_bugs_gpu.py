@@ -1,14 +1,14 @@
 """Planted kernel bugs on an H200: the gate must reject every one, and pass every preset.
 
 Each planted bug (FA_TUNE_PLANT_BUG = N, documented in cuda_src/fa_tune/config.cuh) is compiled
-into the default preset through the product's own build path (tuner.build.build_config with
-``defines``), loaded through tuner.runtime.KernelModule and gated by tuner.measure.oracle.gate at
-a shape no tile divides (2x4x1000) and at 1x8x4096 (bug 8, the GQA head mapping, at GQA shapes).
-Every preset of search_spaces/presets/ must pass on seed, rising and rising_fwd at the same
-shapes, at its own head dim (config.preset_head_dim). With ``pytest -s`` a table shows, per
-variant, shape and input set, the worst rms_err / rms_bf16 over the 16-row blocks and over the
-head-dim columns, the worst rms_err / budget (<= 1 passes) and the verdict: the margins that
-confirm BUDGET_K (docs/GATE.md).
+into the default preset through the product's own build path (tuner.kernel.build.build_config with
+``defines``), loaded through tuner.kernel.runtime.KernelModule and gated by
+tuner.measure.oracle.gate at a shape no tile divides (2x4x1000) and at 1x8x4096 (bug 8, the GQA head
+mapping, at GQA shapes). Every preset of search_spaces/presets/ must pass on seed, rising and
+rising_fwd at the same shapes, at its own head dim (config.preset_head_dim). With ``pytest -s`` a
+table shows, per variant, shape and input set, the worst rms_err / rms_bf16 over the 16-row blocks
+and over the head-dim columns, the worst rms_err / budget (<= 1 passes) and the verdict: the margins
+that confirm BUDGET_K (docs/GATE.md).
 
     pytest -s -m gpu tests/gpu/test_planted_bugs_gpu.py
 """
@@ -23,11 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from tuner import _paths, build
-from tuner.config import list_presets, load_preset, preset_head_dim
+from tuner import _paths
+from tuner.kernel import build
+from tuner.kernel.config import list_presets, load_preset, preset_head_dim
+from tuner.kernel.runtime import AttnBuffers, Device, KernelModule
 from tuner.measure import oracle
 from tuner.problem import Problem, ProblemClass
-from tuner.runtime import AttnBuffers, Device, KernelModule
 
 pytestmark = pytest.mark.gpu
 

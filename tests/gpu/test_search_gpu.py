@@ -13,8 +13,8 @@ import pytest
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
-from tuner import build as build_mod
 from tuner.cli import app
+from tuner.kernel import build as build_mod
 
 pytestmark = pytest.mark.gpu
 SPACE = "block_n: [112, 128]\nk_stages: [2, 3]\nv_stages: [2, 3]\n"
@@ -55,7 +55,7 @@ def test_export_builds_and_passes_gate(gpu_study: tuple[str, str], tmp_path: Pat
     p = subprocess.run(["bash", str(out / "build.sh")], capture_output=True, text=True, env=env,
                        timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]
-    from tuner import runtime
+    from tuner.kernel import runtime
     from tuner.measure import oracle
     from tuner.problem import Problem
 

@@ -14,7 +14,7 @@ mask). ``measure(launch, shape, protocol)`` is the whole path:
 3. optionally the output of the last timed launch checked again (``gate_after``: a kernel that
    is right only when the GPU is idle has no valid timing).
 
-``launch`` is fa-tune's kernel (``KernelLaunch`` / ``tuner.runtime.KernelModule``) or a peer
+``launch`` is fa-tune's kernel (``KernelLaunch`` / ``tuner.kernel.runtime.KernelModule``) or a peer
 (``PeerLaunch``): same buffers, same inputs, same stream, same gate, same loop.
 """
 
@@ -24,12 +24,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tuner import store
-from tuner.measure import oracle, timing
+from tuner.kernel.runtime import AttnBuffers, Device, ShapeLike, as_problem
+from tuner.measure import oracle, store, timing
 from tuner.measure.launch import launch_supports
-from tuner.peers.base import Unsupported
+from tuner.measure.peers.base import Unsupported
 from tuner.problem import Problem
-from tuner.runtime import AttnBuffers, Device, ShapeLike, as_problem
 
 
 def _key(shape: ShapeLike) -> Problem:

@@ -37,6 +37,26 @@ from typing import Any, Protocol
 import numpy as np
 
 from tuner.errors import FaTuneError  # noqa: F401 - O.FaTuneError (input-set errors)
+from tuner.kernel.runtime import (
+    F32_BYTES,
+    ORACLE_ROW_BLOCK,
+    ORACLE_STATS_BYTES,
+    AttnBuffers,
+    BufferGroup,
+    CudaError,
+    Device,
+    DeviceBuffer,
+    KernelError,
+    OracleModule,
+    ShapeLike,
+    Stream,
+    as_problem,
+    elems_bshd,
+    elems_kv,
+    elems_lse,
+    problem_dims,
+    same_problem,
+)
 from tuner.measure.reference_numpy import (  # noqa: F401 - re-exported: the twin's old home
     DEFAULT_SEED,
     INPUT_SETS,
@@ -65,26 +85,6 @@ from tuner.measure.reference_numpy import (  # noqa: F401 - re-exported: the twi
     scores_f64,
     uniform01,
     uniform_in,
-)
-from tuner.runtime import (
-    F32_BYTES,
-    ORACLE_ROW_BLOCK,
-    ORACLE_STATS_BYTES,
-    AttnBuffers,
-    BufferGroup,
-    CudaError,
-    Device,
-    DeviceBuffer,
-    KernelError,
-    OracleModule,
-    ShapeLike,
-    Stream,
-    as_problem,
-    elems_bshd,
-    elems_kv,
-    elems_lse,
-    problem_dims,
-    same_problem,
 )
 
 # ---- the rule -------------------------------------------------------------------------------
@@ -123,7 +123,7 @@ REF_BUG_NO_RESCALE_L = 4
 
 
 class KernelLike(Protocol):
-    """What the gate needs from a kernel: tuner.runtime.KernelModule, or a test double."""
+    """What the gate needs from a kernel: tuner.kernel.runtime.KernelModule, or a test double."""
 
     @property
     def writes_lse(self) -> bool: ...
@@ -738,9 +738,11 @@ _ORACLE: dict[str, OracleModule] = {}
 
 
 def get_oracle(so_path: str | Path | None = None) -> OracleModule:
-    """Load oracle.so (building cuda_src/oracle.cu through tuner.build's cache if needed)."""
+    """Load oracle.so (building cuda_src/oracle.cu through tuner.kernel.build's cache if needed)."""
     if so_path is None:
-        from tuner import build  # lazy: build pulls in config/yaml; not needed for a given path
+        from tuner.kernel import (
+            build,  # lazy: build pulls in config/yaml; not needed for a given path
+        )
 
         so_path = build.build_oracle().so_path
     key = str(Path(so_path).resolve())
