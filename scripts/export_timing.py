@@ -22,14 +22,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner.analysis.show import pick_trial  # noqa: E402
 from tuner.errors import FaTuneError  # noqa: E402
-from tuner.kernel.config import KernelConfig, check_problems  # noqa: E402
+from tuner.kernel.config import KernelConfig  # noqa: E402
+from tuner.kernel.support import check_problems
 from tuner.measure.bench import Bench  # noqa: E402
 from tuner.measure.launch import KernelLaunch  # noqa: E402
 from tuner.measure.timing import FULL  # noqa: E402
 from tuner.problem import parse_problems  # noqa: E402
 from tuner.search.study import trial_problems  # noqa: E402
+from tuner.search.trials import pick_trial  # noqa: E402
 from tuner.ship import export  # noqa: E402
 
 

@@ -34,13 +34,12 @@ sys.path.insert(0, str(ROOT))
 
 from tuner.errors import ShapeError  # noqa: E402
 from tuner.kernel import build, config  # noqa: E402
-from tuner.kernel.config import KernelConfig, check_problem  # noqa: E402
+from tuner.kernel.support import check_runnable  # noqa: E402
 from tuner.measure.timing import Protocol  # noqa: E402
 from tuner.problem import (  # noqa: E402
     DEFAULT_CLASS,
     Problem,  # noqa: E402
     ProblemClass,
-    class_of,
 )
 
 
@@ -160,9 +159,7 @@ def main() -> None:
     variants = [Variant(v) for v in (texts or ["default"])]
     try:  # before compiling: a problem the kernel cannot run is one line
         problems = [Problem.parse(s) for s in (args.shape or ["4x32x8192"])]
-        for p in problems:
-            check_problem(KernelConfig(), p)
-        pclass = class_of(problems)
+        pclass = check_runnable(problems)
     except ShapeError as e:
         raise SystemExit(f"kernel_lab: {e}") from None
     t0 = time.time()

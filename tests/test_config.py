@@ -8,16 +8,8 @@ import yaml
 
 from tuner.errors import ConfigError, ShapeError
 from tuner.kernel import config as C
-from tuner.kernel.config import (
-    KNOBS,
-    KernelConfig,
-    camel_case,
-    check_problem,
-    check_problems,
-    list_presets,
-    load_preset,
-    validate,
-)
+from tuner.kernel.config import KNOBS, KernelConfig, camel_case, list_presets, load_preset, validate
+from tuner.kernel.support import check_problem, check_problems
 from tuner.problem import SEED_PROBLEMS, Problem, ProblemClass, class_of
 
 ARCH_DEFAULTS = {
@@ -372,14 +364,14 @@ def test_check_varlen_refuses_what_cannot_serve_varlen(monkeypatch: pytest.Monke
         C.check_varlen(cfg, 64)
     assert "leaves" in (C.varlen_reason(cfg, 64) or "")
     with pytest.raises(ConfigError, match="leaves the consumers 152"):
-        C.check_problems(cfg, [Problem.parse("32/8x[8192,4096*2]:d64")])
+        check_problems(cfg, [Problem.parse("32/8x[8192,4096*2]:d64")])
 
 
 def test_check_problems_checks_varlen_only_for_varlen_problems() -> None:
     d64 = load_preset("d64")
-    assert C.check_problems(d64, [Problem(1, 32, 8192, Hkv=8, D=64)]).varlen is False
-    assert C.check_problems(d64, [Problem.parse("32/8x[8192,4096*2]:d64")]).varlen is True
-    assert C.check_problems(load_preset("default"), [Problem.parse("32/8x[100,1]")]) == \
+    assert check_problems(d64, [Problem(1, 32, 8192, Hkv=8, D=64)]).varlen is False
+    assert check_problems(d64, [Problem.parse("32/8x[8192,4096*2]:d64")]).varlen is True
+    assert check_problems(load_preset("default"), [Problem.parse("32/8x[100,1]")]) == \
         ProblemClass(128, True, varlen=True)
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from tuner.errors import FaTuneError, GpuError
 from tuner.kernel import runtime as R
+from tuner.kernel.support import class_reason
 
 DATA = Path(__file__).parent / "data"
 
@@ -336,15 +337,15 @@ def test_attn_buffers_sizes_for_gqa_and_head_dims() -> None:
 def test_kernel_unsupported_rule() -> None:
     from tuner.problem import Problem
 
-    assert R.kernel_unsupported(Problem(4, 32, 4096)) is None
-    assert R.kernel_unsupported(SimpleNamespace(B=1, H=1, S=128)) is None
-    assert R.kernel_unsupported(Problem(1, 32, 4096, Hkv=8)) is None  # GQA: a run-time argument
-    assert R.kernel_unsupported(Problem(1, 32, 4096, Hkv=1)) is None  # MQA
-    assert R.kernel_unsupported(Problem(1, 32, 4096, causal=False), causal=False) is None
+    assert class_reason(Problem(4, 32, 4096)) is None
+    assert class_reason(SimpleNamespace(B=1, H=1, S=128)) is None
+    assert class_reason(Problem(1, 32, 4096, Hkv=8)) is None  # GQA: a run-time argument
+    assert class_reason(Problem(1, 32, 4096, Hkv=1)) is None  # MQA
+    assert class_reason(Problem(1, 32, 4096, causal=False), causal=False) is None
     for p, kw, needle in ((Problem(1, 32, 4096, D=64), {}, "D=64"),
                           (Problem(1, 32, 4096, causal=False), {}, "non-causal"),
                           (Problem(1, 32, 4096), {"causal": False}, "got causal")):
-        why = R.kernel_unsupported(p, **kw)
+        why = class_reason(p, **kw)
         assert why is not None and "this kernel library runs D 128" in why and needle in why
 
 

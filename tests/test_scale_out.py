@@ -26,11 +26,12 @@ from optuna.trial import TrialState
 from typer.testing import CliRunner
 
 from tuner.cli import app
+from tuner.errors import SearchError
 from tuner.problem import Problem
 from tuner.search import fleet, rdb
 from tuner.search import loop as search
 from tuner.search.space import space_from_dict
-from tuner.search.study import SearchError, driver_url
+from tuner.search.study import driver_url
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(FIX))

@@ -20,13 +20,13 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.errors import ShapeError
+from tuner.errors import SearchError, ShapeError
 from tuner.measure import timing
 from tuner.problem import Problem, as_problem
 from tuner.search import loop as search
 from tuner.search import policy, sampler, worker_client
 from tuner.search.space import space_from_dict
-from tuner.search.study import SearchError, load_existing_study, open_storage, storage_url
+from tuner.search.study import load_existing_study, open_storage, storage_url
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(FIX))

@@ -21,7 +21,8 @@ from tuner.kernel.config import KernelConfig
 from tuner.problem import Problem
 from tuner.search import loop as search
 from tuner.search.space import space_from_dict
-from tuner.search.study import best_config, default_storage_url, open_storage
+from tuner.search.study import default_storage_url, open_storage
+from tuner.search.trials import best_config
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 DATA = Path(__file__).resolve().parent / "data"

@@ -17,11 +17,14 @@ from __future__ import annotations
 import importlib.metadata
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import FaTuneError
+from tuner.kernel.gpus import GpuInfo, GpuProbe, has_sm90_gpu, one_line, probe_gpus
+
+__all__ = ["GpuInfo", "GpuProbe", "has_sm90_gpu", "probe_gpus"]  # re-exported: the doctor's probe
 
 BUILD, RUN, OPTIONAL = "build", "run", "optional"
 NEEDED_FOR = {BUILD: "build and everything else", RUN: "run/search/compare/profile",
@@ -35,73 +38,6 @@ class Check:
     detail: str
     fix: str = ""  # how to get it, when not ok
     need: str = RUN  # BUILD, RUN or OPTIONAL: what fails without it
-
-
-@dataclass
-class GpuInfo:
-    index: int
-    name: str
-    cc: tuple[int, int]
-    sm_count: int
-
-
-@dataclass
-class GpuProbe:
-    driver_version: str | None = None
-    gpus: list[GpuInfo] = field(default_factory=list)
-    error: str | None = None
-
-    @property
-    def sm90(self) -> list[GpuInfo]:
-        return [g for g in self.gpus if g.cc == (9, 0)]
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:200] or type(e).__name__
-
-
-def probe_gpus() -> GpuProbe:
-    """GPUs seen by the CUDA driver API through cuda-python; never raises."""
-    probe = GpuProbe()
-    try:
-        from cuda.bindings import driver
-    except Exception as e:  # cuda-python missing or broken
-        probe.error = f"cuda-python not importable: {_one_line(e)}"
-        return probe
-    try:
-        (err,) = driver.cuInit(0)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            probe.error = f"cuInit failed: {err.name}"
-            return probe
-        err, ver = driver.cuDriverGetVersion()
-        probe.driver_version = f"{ver // 1000}.{(ver % 1000) // 10}"
-        err, n = driver.cuDeviceGetCount()
-        attr = driver.CUdevice_attribute
-        for i in range(n if err == driver.CUresult.CUDA_SUCCESS else 0):
-            _, dev = driver.cuDeviceGet(i)
-            _, raw = driver.cuDeviceGetName(256, dev)
-            _, major = driver.cuDeviceGetAttribute(
-                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev
-            )
-            _, minor = driver.cuDeviceGetAttribute(
-                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev
-            )
-            _, sms = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)
-            name = raw.split(b"\0", 1)[0].decode(errors="replace")
-            probe.gpus.append(GpuInfo(i, name, (int(major), int(minor)), int(sms)))
-    except Exception as e:  # no libcuda.so, or a driver too old for these bindings
-        if "NotFound" in type(e).__name__:
-            probe.error = "libcuda.so not found (no NVIDIA driver installed)"
-        else:
-            probe.error = _one_line(e)
-    return probe
-
-
-def has_sm90_gpu() -> bool:
-    try:
-        return bool(probe_gpus().sm90)
-    except Exception:
-        return False
 
 
 def _version(dist: str) -> str | None:
@@ -134,7 +70,7 @@ def probe_nvcc_sm90a() -> tuple[bool, str]:
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.SubprocessError) as e:
-            return False, _one_line(e)
+            return False, one_line(e)
         if p.returncode != 0:
             lines = [ln for ln in (p.stderr + p.stdout).splitlines() if ln.strip()]
             return False, (lines[0] if lines else f"exit code {p.returncode}")[:200]
@@ -258,7 +194,7 @@ def _nvml_check() -> Check:
     try:
         import pynvml
     except Exception as e:
-        return Check("NVML", False, f"nvidia-ml-py not importable: {_one_line(e)}", fix, RUN)
+        return Check("NVML", False, f"nvidia-ml-py not importable: {one_line(e)}", fix, RUN)
     try:
         pynvml.nvmlInit()
         try:
@@ -268,7 +204,7 @@ def _nvml_check() -> Check:
         finally:
             pynvml.nvmlShutdown()
     except Exception as e:
-        return Check("NVML", False, f"nvidia-ml-py {ver}; {_one_line(e)}", fix, RUN)
+        return Check("NVML", False, f"nvidia-ml-py {ver}; {one_line(e)}", fix, RUN)
 
 
 def gpu_summary() -> dict[str, Any]:

@@ -20,14 +20,9 @@ from gate_cases import case_id, gate_case
 
 from tuner.errors import ShapeError
 from tuner.kernel import build
-from tuner.kernel.config import (
-    KernelConfig,
-    check_problem,
-    list_presets,
-    load_preset,
-    preset_head_dim,
-)
+from tuner.kernel.config import KernelConfig, list_presets, load_preset, preset_head_dim
 from tuner.kernel.runtime import KernelError
+from tuner.kernel.support import check_problem
 from tuner.measure.bench import Bench
 from tuner.measure.launch import KernelLaunch
 from tuner.problem import Problem, ProblemClass

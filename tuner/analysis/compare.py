@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import FaTuneError, GpuError
+from tuner.kernel.support import unsupported
 from tuner.measure.peers import DEFAULT_PEERS, PEER_NAMES, REFERENCE_PEER, make_peer
 from tuner.measure.peers.base import dist_version
 from tuner.measure.timing import FULL, Protocol
@@ -197,13 +198,10 @@ def measure(backend: Backend, bench: Any, shape: Problem, protocol: Protocol,
     if not backend.available:
         return run
     if backend.role == "kernel":
-        from tuner.errors import ShapeError
-        from tuner.kernel.config import KernelConfig, check_problem
-
-        try:  # the grid limits (the CLI refuses earlier; the bench checks the library's class)
-            check_problem(KernelConfig(), shape)
-        except ShapeError as exc:
-            run["reason"] = str(exc)
+        # the grid limits (the CLI refuses earlier; the bench checks the library's class)
+        why = unsupported(shape)
+        if why is not None:
+            run["reason"] = why
             return run
     launch = backend.launch
     try:
@@ -764,7 +762,7 @@ def run_compare(
     so_path_or_none: one built kernel .so, a list of paths or (path, label) pairs, or None for
     peers only. shapes: Problems or their text forms
     'BxHq[/Hkv]xS[:kSK][:dD][:full][:qkv|:bhsd]' (default: the seed problems); the kernel's own
-    limits are the caller's check (config.check_problem: a problem it cannot run would be a
+    limits are the caller's check (support.check_problem: a problem it cannot run would be a
     failed row, the peers run every one). backends:
     peer names ('fa3,cudnn,fa2,triton' by default). The payload gains 'result_dir' and 'files'.
     """

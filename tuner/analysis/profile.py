@@ -666,8 +666,9 @@ def fa3_reason() -> str | None:
 
 def _trial_subject(study: str, storage: str | None, number: int | None,
                    shape: Problem) -> tuple[Any, Any, Subject]:
-    from tuner.analysis.show import pick_trial
-    from tuner.kernel.config import KernelConfig, check_problem
+    from tuner.kernel.config import KernelConfig
+    from tuner.kernel.support import check_problem
+    from tuner.search.trials import pick_trial
 
     _, t = pick_trial(study, storage, number)
     cfg = KernelConfig.from_dict(t.user_attrs.get("config") or {})
@@ -705,7 +706,8 @@ def profile_config(cfg: Any, label: str, shape: Problem, *, vs: str | None = Non
     """Profile a config that is no trial (``--preset`` / ``--config``), built for ``shape``'s
     class, alone or beside FA3; nothing is stored (there is no trial to keep the headline)."""
     from tuner.kernel.build import build_config
-    from tuner.kernel.config import check_problem, validate
+    from tuner.kernel.config import validate
+    from tuner.kernel.support import check_problem
 
     check_problem(cfg, shape)
     pclass = shape.problem_class

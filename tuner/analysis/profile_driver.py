@@ -78,7 +78,7 @@ def profiled_range() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> int:
     from tuner.errors import FaTuneError
-    from tuner.kernel.config import KernelConfig, check_problem
+    from tuner.kernel.support import check_runnable
     from tuner.measure.launch import launch_supports
     from tuner.problem import Problem
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = None
     try:
         shape = Problem.parse(text)
-        check_problem(KernelConfig(), shape)  # before opening a GPU
+        check_runnable([shape])  # before opening a GPU
         from tuner.measure.bench import Bench
 
         bench = Bench(0)

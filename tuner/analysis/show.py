@@ -12,73 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from tuner import _paths
-from tuner.search.study import SearchError, confirmed_value, load_existing_study
+from tuner.errors import SearchError
+from tuner.search.trials import complete_trials, confirmed_value, why_not_complete
 
 MIN_TRIALS_FOR_IMPORTANCE = 4
-
-
-def study_trials(study: str, storage: str | None) -> tuple[Any, list[Any]]:
-    st = load_existing_study(study, storage)
-    trials = st.get_trials(deepcopy=False)
-    if not trials:
-        raise SearchError(
-            f"study '{study}' has no trials yet; run `fa-tune search --study {study}`"
-        )
-    return st, trials
-
-
-def complete_trials(trials: list[Any]) -> list[Any]:
-    from optuna.trial import TrialState
-
-    return [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
-
-
-def best_rows(trials: list[Any], shape: str | None, top: int) -> list[dict[str, Any]]:
-    """Rows {trial, config_id, confirmed, value, tflops per shape, diff} best first; ``shape``
-    (a problem's canonical text, str(Problem)) ranks by that problem alone."""
-    done = complete_trials(trials)
-    seen: set[str] = set()
-    rows: list[dict[str, Any]] = []
-    for t in done:
-        if "duplicate_of" in t.user_attrs:
-            continue
-        conf = t.user_attrs.get("confirmed") or {}
-        per = conf.get("shapes") or t.user_attrs.get("shapes") or {}
-        if shape is not None:
-            name = _stored_name(per, shape)
-            if name is None:
-                continue
-            key = float(per[name]["tflops"])
-        else:
-            key = confirmed_value(t) or float(t.value)
-        cid = t.user_attrs.get("config_id", "")
-        if cid in seen:
-            continue
-        seen.add(cid)
-        rows.append({
-            "trial": t.number, "config_id": cid, "confirmed": bool(conf),
-            "value": confirmed_value(t) or float(t.value), "key": key,
-            "shapes": {s: float(v["tflops"]) for s, v in per.items()},
-            "config": t.user_attrs.get("config") or {},
-        })
-    rows.sort(key=lambda r: (not r["confirmed"], -r["key"]))
-    return rows[:top]
-
-
-def _stored_name(per: dict[str, Any], problem: str) -> str | None:
-    """The key of ``per`` (a trial's {problem text: row}) naming the same problem, or None."""
-    if problem in per:
-        return problem
-    from tuner.errors import ShapeError
-    from tuner.problem import Problem
-
-    for k in per:
-        try:
-            if str(Problem.parse(k)) == problem:
-                return k
-        except ShapeError:
-            continue
-    return None
 
 
 STATE_LABELS = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed",
@@ -110,21 +47,11 @@ def not_run_reason(t: Any) -> str | None:
     return f"enqueued ({source})" if source else "enqueued"
 
 
-def _why(t: Any) -> str:
-    """Why a trial did not complete, in a few words ("" when it says nothing)."""
-    from tuner.search.rdb import stale_failed
-
-    a = t.user_attrs
-    if stale_failed(t):  # failed by Optuna's heartbeat: no worker told it anything
-        return "its worker stopped (no heartbeat); the config is measured again as a retry"
-    return a.get("fail_reason") or a.get("prune_reason") or ""
-
-
 def trial_rows(trials: list[Any]) -> list[dict[str, Any]]:
     out = []
     for t in trials:
         a = t.user_attrs
-        why = not_run_reason(t) or _why(t)
+        why = not_run_reason(t) or why_not_complete(t)
         if "duplicate_of" in a:
             why = f"duplicate of {a['duplicate_of']}" + (f"; {why}" if why else "")
         out.append({
@@ -220,25 +147,6 @@ def write_plots(study: str, trials: list[Any], out: Path | None = None) -> list[
         plt.close(fig)
         paths.append(p)
     return paths
-
-
-def pick_trial(study: str, storage: str | None, trial: int | None) -> tuple[Any, Any]:
-    """The trial to export/profile: --trial N, else the best confirmed (else best complete)."""
-    st, trials = study_trials(study, storage)
-    if trial is not None:
-        match = [t for t in trials if t.number == trial]
-        if not match:
-            raise SearchError(f"study '{study}' has no trial {trial} (trials 0..{len(trials) - 1})")
-        t = match[0]
-        if not complete_trials([t]):
-            why = _why(t)
-            raise SearchError(f"trial {trial} of study '{study}' is {t.state.name}"
-                              + (f" ({why[:150]})" if why else "") + "; pick a COMPLETE trial")
-        return st, t
-    rows = best_rows(trials, None, 1)
-    if not rows:
-        raise SearchError(f"study '{study}' has no completed trial yet")
-    return st, next(t for t in trials if t.number == rows[0]["trial"])
 
 
 def profile_lines(trials: list[Any]) -> list[str]:

@@ -23,15 +23,10 @@ from rich.table import Table
 
 from tuner import _paths
 from tuner.errors import BundleError, ConfigError, FaTuneError
-from tuner.kernel.config import (
-    KernelConfig,
-    check_problem,
-    check_problems,
-    list_presets,
-    load_preset,
-    smem_bytes,
-)
+from tuner.kernel.config import KernelConfig, list_presets, load_preset, smem_bytes
+from tuner.kernel.support import check_problems, check_runnable
 from tuner.problem import HEAD_DIMS, Problem, ProblemClass, class_of, parse_problems
+from tuner.search.trials import best_rows, study_best, study_trials
 
 app = typer.Typer(
     name="fa-tune",
@@ -330,20 +325,6 @@ def bundle(
 
 
 # ---- compare ------------------------------------------------------------------------------
-def _study_best(study: str, storage: str | None
-                ) -> tuple[KernelConfig, dict[str, Any] | None, list[Problem]]:
-    """The study's best config, what the search confirmed for it (None if unconfirmed) and the
-    problems it was measured on."""
-    from tuner.search.study import best_trial, trial_problems
-
-    t = best_trial(study, storage)
-    if t is None or not isinstance(t.user_attrs.get("config"), dict):
-        raise ConfigError(f"study '{study}' has no best config (no trial passed its gate yet)")
-    cfg = KernelConfig.from_dict(t.user_attrs["config"], source=f"study '{study}'")
-    conf = t.user_attrs.get("confirmed")
-    return cfg, conf if isinstance(conf, dict) else None, trial_problems(t)
-
-
 @app.command()
 @_user_errors
 def compare(
@@ -392,7 +373,7 @@ def compare(
     if storage is not None and study is None:
         raise ConfigError("--storage goes with --study")
     if study is not None:
-        cfg, confirmed, measured = _study_best(study, storage)
+        cfg, confirmed, measured = study_best(study, storage)
         label = f"study {study}"
         if not shape and measured:  # the study's own problems (a D 256 study: D 256 ones)
             problems, shapes = measured, [str(p) for p in measured]
@@ -439,9 +420,7 @@ def compare(
 def _check_search_problems(problems: list[Problem]) -> None:
     """The search tunes fa-tune's kernel: every problem must be one the kernel runs, all of one
     problem class (head dim and mask: one kernel library serves one)."""
-    for p in problems:
-        check_problem(KernelConfig(), p)
-    class_of(problems)
+    check_runnable(problems)
 
 
 StudyOpt = Annotated[str, typer.Option("--study", help="Study name.")]
@@ -578,11 +557,11 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
     """One worker in this process (one GPU), or a fleet of them (--gpus with several)."""
     from rich.live import Live
 
+    from tuner.errors import SearchError
     from tuner.search import fleet
     from tuner.search import loop as search_mod
     from tuner.search.gpu_worker import DEFAULT_ENTRY
     from tuner.search.sampler import SAMPLERS
-    from tuner.search.study import SearchError
 
     budget = search_mod.parse_duration(timeout)
     if trials is None and budget is None:
@@ -739,13 +718,12 @@ def _run_fleet(devices: list[int], kwargs: dict[str, Any]) -> None:
 
 
 def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> None:
-    from tuner.analysis import show as show_mod
-    from tuner.search.study import SearchError
+    from tuner.errors import SearchError
 
     if shape is not None:
         shape = str(Problem.parse(shape))
-    _, trials = show_mod.study_trials(study, storage)
-    rows = show_mod.best_rows(trials, shape, top)
+    _, trials = study_trials(study, storage)
+    rows = best_rows(trials, shape, top)
     if not rows:
         raise SearchError(f"study '{study}' has no completed trial"
                           + (f" measured on {shape}" if shape else ""))
@@ -786,14 +764,14 @@ def show(
 ) -> None:
     """Read a study: best configs, all trials, knob importances (fANOVA), PNG plots."""
     from tuner.analysis import show as show_mod
-    from tuner.search.study import SearchError
+    from tuner.errors import SearchError
 
     if what == "best":
         _show_best(study, storage, shape, top)
-        _print_profiles(show_mod.study_trials(study, storage)[1])
+        _print_profiles(study_trials(study, storage)[1])
         what = "importance+plots"
     elif what == "trials":
-        _, trials = show_mod.study_trials(study, storage)
+        _, trials = study_trials(study, storage)
         counts = ", ".join(f"{n} {state}" for state, n in show_mod.state_counts(trials).items())
         t = Table(title=f"study {study}: {len(trials)} trials ({counts})")
         for col in ("trial", "state", "value", "confirmed", "config", "reason"):
@@ -808,7 +786,7 @@ def show(
         return
     elif what not in ("importance", "plots"):
         raise SearchError(f"unknown `show {what}`; use best, trials, importance or plots")
-    st, trials = show_mod.study_trials(study, storage)
+    st, trials = study_trials(study, storage)
     if "importance" in what:
         imp, why = show_mod.importances(st, trials)
         if imp is None:
@@ -1023,7 +1001,7 @@ def profile(
         _print_profile(profile_mod.profile_config(cfg, label if config else f"preset {label}",
                                                   sh, vs=vs))
         return
-    check_problem(KernelConfig(), sh)
+    check_runnable([sh])
     _print_profile(profile_mod.profile_trial(study, storage, trial, sh, vs_trial=vs_trial, vs=vs))
 
 

@@ -13,7 +13,7 @@ import dataclasses
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,8 @@ from typing import Any
 import yaml
 
 from tuner import _paths
-from tuner.errors import ConfigError, ShapeError
-from tuner.problem import DEFAULT_HEAD_DIM, HEAD_DIMS, Problem, ProblemClass, class_of
+from tuner.errors import ConfigError
+from tuner.problem import DEFAULT_HEAD_DIM, HEAD_DIMS
 
 HEAD_DIM = DEFAULT_HEAD_DIM  # the head dim studies meant before the kernel family
 ELEM_BYTES = 2  # BF16
@@ -631,60 +631,3 @@ def load_preset(name: str) -> KernelConfig:
             f"unknown preset '{name}'; available presets: {', '.join(list_presets()) or 'none'}"
         )
     return KernelConfig.load(path)
-
-
-# ---- problems the kernel can run ----------------------------------------------------------
-GRID_LIMIT = 65535  # gridDim.y and gridDim.z (heads and batch of the grid launch)
-
-
-def head_cluster_reason(head_cluster: int, group: int) -> str | None:
-    """Why a kernel with ``head_cluster`` cannot run a problem of ``group`` = Hq/Hkv query heads
-    per K/V head (None: it can); the config check and a built library's refusal both say this."""
-    if group % head_cluster == 0:
-        return None
-    fits = [str(c) for c in KNOBS["head_cluster"].choices if group % c == 0]
-    return (f"head_cluster {head_cluster} runs that many query heads of one K/V head together, "
-            f"but Hq/Hkv is {group}; use a config with head_cluster {' or '.join(fits)} for it")
-
-
-def check_problem(cfg: KernelConfig, problem: Problem) -> None:
-    """Raise ShapeError (one sentence) if the kernel cannot run cfg on problem; before building.
-
-    The kernel runs MHA, GQA and MQA (Hkv a run-time argument), head dim 64, 128 or 256 and
-    causal or not (both compiled in: a kernel is built per problem class, tuner.kernel.build's
-    ``pclass``). It masks ragged query and KV tiles (TMA fills out-of-bounds rows), so any S
-    works, and S_q queries over S_k keys are run-time values too (Problem itself refuses a
-    causal S_q > S_k); B and Hq index the grid, which allows at most 65535 in y and z. Whether
-    cfg fits the problem's head dim (shared memory, registers) is validate(cfg, problem.D)'s
-    ConfigError.
-    """
-    why = head_cluster_reason(cfg.head_cluster, problem.group)
-    if why is not None:
-        raise ShapeError(f"problem {problem}: {why}")
-    for name in ("B", "Hq"):
-        v = getattr(problem, name)
-        if v > GRID_LIMIT:
-            raise ShapeError(
-                f"problem {problem}: {name}={v} exceeds the kernel's grid limit {GRID_LIMIT}"
-            )
-
-
-def check_problems(cfg: KernelConfig, problems: Iterable[Problem]) -> ProblemClass:
-    """check_problem for each (the first one the kernel cannot run raises), one problem class
-    (head dim and mask) for all of them (a kernel library serves one: class_of), and cfg valid
-    for that class (validate). Returns the class: what to build cfg for."""
-    problems = list(problems)
-    for p in problems:
-        check_problem(cfg, p)
-    pclass = class_of(problems)
-    try:
-        validate(cfg, pclass.head_dim, pclass.causal)
-    except ConfigError as e:
-        d = pclass.head_dim
-        if d != HEAD_DIM:
-            raise ConfigError(f"{e} (for head dim {d} problems; preset "
-                              f"'{DEFAULT_PRESETS[d]}' is the default there)") from None
-        raise
-    if pclass.varlen:  # its own hint: the default preset may be the config it refuses
-        check_varlen(cfg, pclass.head_dim)
-    return pclass

@@ -28,11 +28,11 @@ from tuner.kernel.runtime import (
     abi,
     as_problem,
     cuda_error_name,
-    kernel_unsupported,
     problem_dims,
     stream_handle,
     tensor_view,
 )
+from tuner.kernel.support import unsupported
 from tuner.problem import Problem, ProblemClass, dense_strides
 
 
@@ -146,16 +146,7 @@ class KernelModule:
 
     def unsupported(self, shape: Any) -> str | None:
         """Why this library cannot run ``shape`` (None: it can)."""
-        why = kernel_unsupported(shape, causal=self.causal, head_dim=self.head_dim)
-        if why is None:
-            from tuner.kernel.config import head_cluster_reason
-
-            _, hq, hkv, *_ = problem_dims(shape)
-            why = head_cluster_reason(int(self.config.get("head_cluster", 1)), hq // hkv)
-        if why is None and getattr(shape, "seqlens", ()) and not self.has_varlen:
-            why = ("this kernel library has no varlen kernel (built for fixed-length problems, "
-                   "for example); build it for a varlen problem class")
-        return why
+        return unsupported(shape, library=self)
 
     def _fail(self, what: str, rc: int) -> KernelError:
         why = self.last_error()

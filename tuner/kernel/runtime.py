@@ -112,24 +112,6 @@ def same_problem(a: Any, b: Any) -> bool:
     return as_problem(a) == as_problem(b)  # a varlen batch's lengths too
 
 
-def kernel_unsupported(shape: Any, *, causal: bool = True, head_dim: int = HEAD_DIM) -> str | None:
-    """Why a kernel library compiled for (head_dim, causal) cannot run ``shape`` (None: it can).
-    Hq and Hkv are run-time arguments of its C ABI (any Hkv that divides Hq); the head dim and
-    the mask are compiled in; S_q and S_k are run-time values (any S_q <= S_k)."""
-    _, hq, hkv, _, _, D, p_causal = problem_dims(shape)
-    what = []
-    if hq % hkv:
-        what.append(f"Hkv={hkv} does not divide Hq={hq}")
-    if D != head_dim:
-        what.append(f"D={D}")
-    if p_causal != causal:
-        what.append("non-causal" if causal else "causal")
-    if not what:
-        return None
-    mask = "causal" if causal else "non-causal"
-    return f"this kernel library runs D {head_dim}, {mask} problems; got {', '.join(what)}"
-
-
 # ---- cuda.bindings access -------------------------------------------------------------------
 def _driver() -> Any:
     try:

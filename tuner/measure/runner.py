@@ -7,16 +7,16 @@ is recorded with its metrics and never timed; the run then fails. Nothing is sub
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner import __version__, _paths
+from tuner import _paths
 from tuner.errors import FaTuneError
 from tuner.kernel import build as build_mod
-from tuner.kernel.config import KernelConfig, check_problems
+from tuner.kernel.config import KernelConfig
+from tuner.kernel.support import check_problems
 from tuner.measure import store
 from tuner.problem import Problem
 
@@ -30,23 +30,6 @@ class RunReport:
     @property
     def passed(self) -> bool:
         return self.payload["status"] == "passed"
-
-
-def build_summary(b: build_mod.BuildResult) -> dict[str, Any]:
-    sass = b.sass or {}
-    return {
-        "key": b.key,
-        "so_path": b.so_path,
-        "so_sha256": b.so_sha256,
-        "source_sha256": b.source_sha256,
-        "template_sha256": b.template_sha256,
-        "nvcc_version": b.nvcc_version,
-        "cutlass_version": b.cutlass_version,
-        "compile_seconds": b.compile_seconds,
-        "cache_hit": b.cache_hit,
-        "ptxas": b.main_entry,
-        "sass": {k: sass.get(k) for k in ("hgmma", "ldl", "stl")} if b.sass else None,
-    }
 
 
 def run_config(
@@ -64,7 +47,7 @@ def run_config(
     """Build cfg, then gate and time it on every problem; write the result folder.
 
     Raises FaTuneError for user-level errors found before any measurement (invalid config, a
-    problem the kernel cannot run (config.check_problem), no sm_90 GPU, compile error). A
+    problem the kernel cannot run (support.check_problem), no sm_90 GPU, compile error). A
     failed gate does not raise: the run is stored as failed and ``RunReport.passed`` is False.
     Each row of the payload carries the problem's dict (B, H = Hq, Hq, Hkv, S, D, causal; Sk
     when the keys outnumber the queries, seqlens / seqlens_k for a packed batch) and
@@ -87,15 +70,7 @@ def run_config(
 
     rows: list[dict[str, Any]] = []
     for shape in shapes:
-        row: dict[str, Any] = {
-            "shape": str(shape),
-            **shape.to_dict(),
-            "flops": shape.flops,
-            "status": "error",
-            "error": None,
-            "gate": None,
-            "timing": None,
-        }
+        row = store.shape_row(shape)
         rows.append(row)
         try:
             say(f"{shape}: gating, then timing")
@@ -112,26 +87,9 @@ def run_config(
         finally:
             bench.release(shape)
 
-    bad = [r for r in rows if r["status"] != "passed"]
-    failure = None
-    if bad:
-        failure = "; ".join(f"{r['shape']}: {r['error']}" for r in bad)
-    payload: dict[str, Any] = {
-        "schema": store.SCHEMA_VERSION,
-        "status": "failed" if bad else "passed",
-        "failure": failure,
-        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "fa_tune_version": __version__,
-        "config": cfg.to_dict(),
-        "config_id": cfg.config_id(),
-        "preset": preset,
-        "config_file": config_file,
-        "protocol": store.to_plain(protocol),
-        "seed": seed,
-        "gpu": bench.gpu_info(),
-        "build": build_summary(built),
-        "shapes": rows,
-    }
+    payload = store.results_payload(
+        cfg=cfg, rows=rows, protocol=store.to_plain(protocol), seed=seed, gpu=bench.gpu_info(),
+        build=store.build_summary(built), preset=preset, config_file=config_file)
     out = store.new_result_dir(results_root or _paths.results_root())
     store.write_results(out, payload)
     return RunReport(payload, out, built)

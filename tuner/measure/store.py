@@ -49,6 +49,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tuner import __version__
+
 SCHEMA_VERSION = 1
 CSV_COLUMNS = (
     "shape",
@@ -81,6 +83,60 @@ def to_plain(obj: Any) -> Any:
     if isinstance(obj, (str, int, float, bool)) or obj is None:
         return obj
     return str(obj)
+
+
+def build_summary(b: Any) -> dict[str, Any]:
+    """What a results payload records of the kernel's build (a tuner.kernel.build.BuildResult)."""
+    sass = b.sass or {}
+    return {
+        "key": b.key,
+        "so_path": b.so_path,
+        "so_sha256": b.so_sha256,
+        "source_sha256": b.source_sha256,
+        "template_sha256": b.template_sha256,
+        "nvcc_version": b.nvcc_version,
+        "cutlass_version": b.cutlass_version,
+        "compile_seconds": b.compile_seconds,
+        "cache_hit": b.cache_hit,
+        "ptxas": b.main_entry,
+        "sass": {k: sass.get(k) for k in ("hgmma", "ldl", "stl")} if b.sass else None,
+    }
+
+
+def shape_row(shape: Any, *, status: str = "error", error: str | None = None,
+              gate: Any = None, timing: Any = None) -> dict[str, Any]:
+    """One problem's entry of a payload's ``shapes``: the problem's text and dict, its FLOPs,
+    the outcome and the gate's and timing's records."""
+    return {"shape": str(shape), **shape.to_dict(), "flops": shape.flops, "status": status,
+            "error": error, "gate": gate, "timing": timing}
+
+
+def results_payload(*, cfg: Any, rows: list[dict[str, Any]], protocol: dict[str, Any],
+                    seed: int, gpu: Any, build: dict[str, Any], preset: str | None = None,
+                    config_file: str | None = None,
+                    study: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The results.json payload of one config measured on its problems (``fa-tune run`` and a
+    search's confirmed best): failed when any row did not pass, its errors the failure."""
+    bad = [r for r in rows if r["status"] != "passed"]
+    payload: dict[str, Any] = {
+        "schema": SCHEMA_VERSION,
+        "status": "failed" if bad else "passed",
+        "failure": "; ".join(f"{r['shape']}: {r['error']}" for r in bad) if bad else None,
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "fa_tune_version": __version__,
+        "config": cfg.to_dict(),
+        "config_id": cfg.config_id(),
+        "preset": preset,
+        "config_file": config_file,
+        "protocol": protocol,
+        "seed": seed,
+        "gpu": gpu,
+        "build": build,
+        "shapes": rows,
+    }
+    if study is not None:
+        payload["study"] = study
+    return payload
 
 
 def new_result_dir(root: str | Path) -> Path:

@@ -43,11 +43,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.errors import FaTuneError
+from tuner.errors import FaTuneError, SearchError
+from tuner.kernel.gpus import probe_gpus
 from tuner.problem import Problem
 from tuner.search.loop import Progress, Search, SearchSummary
 from tuner.search.space import SearchSpace
-from tuner.search.study import SearchError, load_existing_study, redact
+from tuner.search.study import load_existing_study, redact
+from tuner.search.trials import best_summary
 
 # After Ctrl-C / SIGTERM, how long the workers get to settle their trials before SIGKILL.
 SETTLE_S = 120.0
@@ -56,8 +58,6 @@ SETTLE_S = 120.0
 # ---- options -----------------------------------------------------------------------------------
 def visible_gpus() -> list[int]:
     """Indices of the CUDA devices this process sees (CUDA_VISIBLE_DEVICES applies)."""
-    from tuner.doctor import probe_gpus
-
     probe = probe_gpus()
     if not probe.gpus:
         raise SearchError(f"--gpus all: no CUDA GPU is visible ({probe.error or 'none found'})")
@@ -250,7 +250,8 @@ class Fleet:
                 raise SearchError(errs[0].error or "every worker failed")
         return FleetSummary(study=self.progress.study, storage=storage, workers=workers,
                             wall_s=time.monotonic() - t0, stopped_by=stopped_by,
-                            best=_study_best(self.kwargs))
+                            best=best_summary(str(self.kwargs["study"]),
+                                             self.kwargs.get("storage")))
 
     def _drain(self, q: Any, procs: dict[int, Any], final: bool = False) -> None:
         """Take the workers' messages (waiting up to 0.25 s for the first one)."""
@@ -307,20 +308,3 @@ def _worker_main(kwargs: dict[str, Any], device: int, q: Any) -> None:
         q.put(("error", device, (" ".join(str(e).split()), e.exit_code)))
     except BaseException as e:  # noqa: BLE001 - one line to the parent, not a traceback
         q.put(("error", device, (f"{type(e).__name__}: {' '.join(str(e).split())}", 1)))
-
-
-def _study_best(kwargs: dict[str, Any]) -> dict[str, Any] | None:
-    """The study's best confirmed trial (whichever worker found it)."""
-    from optuna.trial import TrialState
-
-    from tuner.search.study import best_confirmed
-
-    try:
-        st = load_existing_study(str(kwargs["study"]), kwargs.get("storage"))
-        best = best_confirmed(st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-    except FaTuneError:
-        return None
-    if best is None:
-        return None
-    return {"trial": best.number, "config_id": best.user_attrs.get("config_id"),
-            "confirmed": best.user_attrs.get("confirmed"), "gpu": best.user_attrs.get("gpu")}

@@ -28,7 +28,7 @@ The request's ``"shape"`` is the problem as ``tuner.problem.Problem.to_dict()``:
 over more keys, ``"seqlens"`` / ``"seqlens_k"`` for a packed batch), read back with
 ``tuner.problem.as_problem`` (which also takes the text form ``"1x32/8x2048:k8192"`` and the
 ``[B, H, S]`` list of workers before problems; a worker that cannot read it replies
-``"error"``). The parent sends only problems the kernel runs (config.check_problem).
+``"error"``). The parent sends only problems the kernel runs (support.check_problem).
 
 With ``gate`` false the seed inputs are generated afresh before timing (the buffers may hold
 another candidate's gate inputs or nothing yet).

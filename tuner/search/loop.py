@@ -73,26 +73,19 @@ from pathlib import Path
 from typing import Any
 
 from tuner import _paths
-from tuner.errors import ConfigError, FaTuneError, ShapeError
+from tuner.errors import ConfigError, FaTuneError, SearchError, ShapeError
 from tuner.kernel import build as build_mod
-from tuner.kernel.config import KernelConfig, check_problem, load_preset
+from tuner.kernel.config import KernelConfig, load_preset
+from tuner.kernel.support import check_runnable
 from tuner.measure.timing import Protocol
-from tuner.problem import Problem, class_of
+from tuner.problem import Problem
 from tuner.search import rdb
 from tuner.search.gpu_worker import DEFAULT_ENTRY
 from tuner.search.policy import SearchPolicy
 from tuner.search.sampler import make_sampler, static_check, suggest_config, valid_config
 from tuner.search.space import SearchSpace
-from tuner.search.study import (
-    SearchError,
-    best_confirmed,
-    check_study_name,
-    confirmed_value,
-    open_storage,
-    quiet_optuna,
-    redact,
-    storage_url,
-)
+from tuner.search.study import check_study_name, open_storage, quiet_optuna, redact, storage_url
+from tuner.search.trials import best_confirmed, confirmed_value
 from tuner.search.worker_client import GpuWorker, WorkerFailure
 
 # ---- the search's constants -------------------------------------------------------------------
@@ -278,9 +271,7 @@ class Search:
         # The search tunes fa-tune's kernel: a problem it cannot run (past the grid limits, or
         # a mix of head dims or masks: one library serves one class) is refused here, once, not
         # as a static reject of every trial. A caller's own builder must build for the class.
-        for s in shapes:
-            check_problem(KernelConfig(), s)
-        self.pclass = class_of(shapes)  # the head dim and mask every candidate is built for
+        self.pclass = check_runnable(shapes)  # the head dim and mask every candidate is built for
         if n_trials is not None and n_trials < 1:
             raise SearchError(f"--trials must be at least 1 (got {n_trials})")
         self.study_name = check_study_name(study)
@@ -1119,31 +1110,19 @@ class Search:
 
     def _write_results(self, trial: Any, cfg: KernelConfig, built: Any,
                        timings: dict[str, dict[str, Any]], gates: dict[str, Any]) -> Path:
-        from tuner import __version__
         from tuner.measure import store
-        from tuner.measure.runner import build_summary
 
-        rows = []
-        for shape in self.shapes:
-            r = timings[str(shape)]
-            g = gates.get(str(shape))
-            rows.append({"shape": str(shape), **shape.to_dict(), "flops": shape.flops,
-                         "status": "passed", "error": None, "gate": g,
-                         "timing": r.get("timing")})
+        rows = [store.shape_row(shape, status="passed", gate=gates.get(str(shape)),
+                                timing=timings[str(shape)].get("timing"))
+                for shape in self.shapes]
         try:
-            bsum = build_summary(built)
+            bsum = store.build_summary(built)
         except Exception:  # noqa: BLE001 - a test builder's stand-in lacks the fields
             bsum = {"so_path": str(built.so_path), "key": getattr(built, "key", None)}
-        payload = {
-            "schema": store.SCHEMA_VERSION, "status": "passed", "failure": None,
-            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "fa_tune_version": __version__, "config": cfg.to_dict(),
-            "config_id": cfg.config_id(), "preset": None, "config_file": None,
-            "protocol": self.policy.confirm.to_dict(), "seed": self.gate_seed,
-            "gpu": self.worker.gpu, "build": bsum, "shapes": rows,
-            "study": {"name": self.study_name, "storage": redact(self.url),
-                      "trial": trial.number},
-        }
+        payload = store.results_payload(
+            cfg=cfg, rows=rows, protocol=self.policy.confirm.to_dict(), seed=self.gate_seed,
+            gpu=self.worker.gpu, build=bsum,
+            study={"name": self.study_name, "storage": redact(self.url), "trial": trial.number})
         out = store.new_result_dir(self.results_root or _paths.results_root())
         store.write_results(out, payload)
         return out

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.measure.timing import FULL, SCREEN, SURVEY, Protocol
-from tuner.search.study import confirmed_value
+from tuner.search.trials import confirmed_value
 
 # A candidate whose screening median is more than this fraction slower than the incumbent's
 # screening median (same shape, same short protocol) is pruned.

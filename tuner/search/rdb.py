@@ -35,6 +35,8 @@ import optuna
 from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
 from optuna.trial import FrozenTrial, TrialState
 
+from tuner.errors import SearchError
+
 RETRY_EVERY_S = 2.0
 DEFAULT_RETRY_S = float(os.environ.get("FA_TUNE_STORAGE_RETRY_S", "600"))
 # A stale trial is retried this often at most: a config whose measurement kills its worker's
@@ -130,8 +132,6 @@ class ResilientRDBStorage(RDBStorage):
         self._ready = True
 
     def _gone(self, why: str, waited_s: float) -> Exception:
-        from tuner.search.study import SearchError
-
         return SearchError(
             f"storage {self.display_url} unreachable ({why})"
             + (f" for {waited_s:.0f} s" if waited_s else "")

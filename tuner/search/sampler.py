@@ -37,11 +37,11 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.samplers import BaseSampler
 
-from tuner.errors import ConfigError, ShapeError
-from tuner.kernel.config import KNOBS, KernelConfig, check_problems, validate
+from tuner.errors import ConfigError, SearchError, ShapeError
+from tuner.kernel.config import KNOBS, KernelConfig, validate
+from tuner.kernel.support import check_problems
 from tuner.problem import Problem
 from tuner.search.space import SearchSpace
-from tuner.search.study import SearchError
 
 Accept = Callable[[dict[str, Any]], bool]
 SAMPLERS = ("tpe", "random", "grid", "cmaes")

@@ -15,20 +15,15 @@ the highest ``confirmed`` number (the full protocol, tuner/search/policy.py) ove
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tuner import _paths
-from tuner.errors import FaTuneError
-from tuner.kernel.config import KernelConfig
+from tuner.errors import FaTuneError, SearchError
 from tuner.problem import DEFAULT_CLASS, Problem, ProblemClass
 
 DEFAULT_STUDY = "default"
-
-
-class SearchError(FaTuneError):
-    """A study, storage or search option is wrong (one line, exit 2)."""
 
 
 def check_study_name(name: str) -> str:
@@ -191,41 +186,6 @@ def load_existing_study(study: str, storage: str | None) -> Any:
 
 
 # ---- reading trials ---------------------------------------------------------------------------
-def confirmed_value(t: Any) -> float | None:
-    """The trial's confirmed geometric-mean TFLOPS (full protocol), or None."""
-    c = t.user_attrs.get("confirmed")
-    if isinstance(c, dict) and isinstance(c.get("geomean_tflops"), (int, float)):
-        return float(c["geomean_tflops"])
-    return None
-
-
-def best_confirmed(trials: Sequence[Any]) -> Any | None:
-    from optuna.trial import TrialState
-
-    cands = [t for t in trials if t.state == TrialState.COMPLETE and confirmed_value(t)]
-    return max(cands, key=lambda t: confirmed_value(t) or 0.0, default=None)
-
-
-def best_trial(study: str, storage: str | None = None) -> Any | None:
-    """The study's best trial: highest confirmed number, else highest search value; None if no
-    trial completed."""
-    from optuna.trial import TrialState
-
-    st = load_existing_study(study, storage)
-    trials = st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return best_confirmed(trials) or max(
-        (t for t in trials if t.value is not None), key=lambda t: t.value, default=None
-    )
-
-
-def best_config(study: str, storage: str | None = None) -> KernelConfig | None:
-    """The best trial's config (``fa-tune compare --study`` and export use this)."""
-    t = best_trial(study, storage)
-    if t is None or not isinstance(t.user_attrs.get("config"), dict):
-        return None
-    return KernelConfig.from_dict(t.user_attrs["config"])
-
-
 def trial_problems(t: Any) -> list[Problem]:
     """The problems a trial was measured on (its confirmed ones, else its search's), in order;
     names this fa-tune cannot read are left out."""

@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tuner.errors import SearchError
 from tuner.measure.timing import Protocol
 from tuner.problem import Problem
 from tuner.search.gpu_worker import DEFAULT_ENTRY
-from tuner.search.study import SearchError
 
 # Watchdog: a request may take BASE + launches x (time at WATCHDOG_MIN_TFLOPS) + per round the
 # protocol's temperature wait and settle phase. BASE covers loading a kernel and the reference

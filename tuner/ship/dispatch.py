@@ -315,8 +315,8 @@ def resolve_source(text: str, pclass: ProblemClass, storage: str | None = None) 
     """A bucket's config from SOURCE (``SOURCE_HELP``), checked against the library's class."""
     text = str(text).strip()
     if text.startswith("study:"):
-        from tuner.analysis.show import pick_trial
         from tuner.search.study import redact, trial_class
+        from tuner.search.trials import pick_trial
 
         m = re.fullmatch(r"study:([^:]+)(?::(\d+))?", text)
         if not m:
@@ -347,7 +347,8 @@ def resolve_source(text: str, pclass: ProblemClass, storage: str | None = None) 
 
 
 def _study_exists(name: str, storage: str | None) -> bool:
-    from tuner.search.study import SearchError, load_existing_study
+    from tuner.errors import SearchError
+    from tuner.search.study import load_existing_study
 
     try:
         load_existing_study(name, storage)

@@ -31,11 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from tuner import _paths
-from tuner.errors import FaTuneError
+from tuner.errors import FaTuneError, SearchError
 from tuner.kernel import build as build_mod
 from tuner.kernel.config import KernelConfig, varlen_reason
 from tuner.problem import ProblemClass
-from tuner.search.study import SearchError
 
 LIB_NAME = "libfa_tune_fwd.so"
 
@@ -352,7 +351,7 @@ def artifact_for(trial: Any, cfg: KernelConfig, pclass: ProblemClass | None = No
 
 def export_trial(study_name: str, storage: str | None, trial_number: int | None,
                  out: Path) -> dict[str, Any]:
-    from tuner.analysis.show import pick_trial
+    from tuner.search.trials import pick_trial
 
     out = Path(out)
     if out.exists():
