@@ -14,6 +14,7 @@ from cli_helpers import one_error_line as _one_error_line
 from typer.testing import CliRunner
 
 from tuner.analysis import compare as compare_mod
+from tuner.analysis import compare_report
 from tuner.cli import app
 from tuner.kernel import build as build_mod
 from tuner.kernel.config import load_preset
@@ -257,11 +258,11 @@ def test_check_confirmed_ratio() -> None:
     ]}
     conf = {"protocol": {"settle_s": 2.0}, "shapes": {"4x32x4096": {"tflops": 600.0},
                                                       "4x32x8192": {"tflops": 650.0}}}
-    chk = compare_mod.check_confirmed(payload, conf)
+    chk = compare_report.check_confirmed(payload, conf)
     [row] = chk["shapes"]
     assert row["shape"] == "4x32x4096" and row["ratio"] == pytest.approx(1.01)
     payload["search_confirmed"] = chk
-    assert "ratio 1.010" in compare_mod.confirmed_lines(payload)[1]
+    assert "ratio 1.010" in compare_report.confirmed_lines(payload)[1]
 
 
 def test_compare_failed_kernel_gate_exit_1(monkeypatch: pytest.MonkeyPatch,
@@ -397,12 +398,12 @@ def test_compare_rows_carry_the_problem(tmp_path: Path) -> None:
     assert (full["D"], full["causal"]) == (64, False)
     # TFLOPS with the non-causal count: 4*B*Hq*S^2*D.
     assert full["tflops"] == pytest.approx(4 * 4 * 32 * 8192**2 * 64 / (2.0 * 1e9))
-    md = compare_mod.summary_markdown(p)
+    md = compare_report.summary_markdown(p)
     assert "D=128, causal" not in md and "causal and non-causal, D=64/128" in md
     # Columns are whole problem names when more than S differs.
     assert "| implementation | 1x32/8x8192 ms / TFLOPS | 4x32x8192:d64:full ms / TFLOPS |" in md
     assert "non-causal 4*B*Hq*S^2*D" in md
-    files = compare_mod.write_outputs(p, tmp_path)
+    files = compare_report.write_outputs(p, tmp_path)
     import csv
 
     with open(files["csv"], newline="") as f:
@@ -412,14 +413,14 @@ def test_compare_rows_carry_the_problem(tmp_path: Path) -> None:
 
 
 def test_compare_titles_say_what_the_problems_are() -> None:
-    assert compare_mod.problems_title(_problem_payload(["4x32x4096", "4x32x8192"])) == (
+    assert compare_report.problems_title(_problem_payload(["4x32x4096", "4x32x8192"])) == (
         "causal, D=128, MHA, B=4, H=32")
-    assert compare_mod.problems_title(_problem_payload(["1x32/8x4096", "1x32/8x8192"])) == (
+    assert compare_report.problems_title(_problem_payload(["1x32/8x4096", "1x32/8x8192"])) == (
         "causal, D=128, GQA (Hq=32, Hkv=8), B=1")
     p = _problem_payload(["4x32x4096:d64", "4x32x8192:d64"])
-    assert compare_mod._shape_headers(p) == [("4x32x4096:d64", "S=4096"),
+    assert compare_report._shape_headers(p) == [("4x32x4096:d64", "S=4096"),
                                             ("4x32x8192:d64", "S=8192")]
-    assert "non-causal" in compare_mod.problems_title(_problem_payload(["4x32x4096:full"]))
+    assert "non-causal" in compare_report.problems_title(_problem_payload(["4x32x4096:full"]))
 
 
 def test_compare_reads_an_old_payload_as_mha_causal() -> None:
@@ -430,7 +431,7 @@ def test_compare_reads_an_old_payload_as_mha_causal() -> None:
             del s[k]
     p["summary"] = compare_mod.summarize(p)
     assert p["summary"][0]["Hkv"] == 32 and p["summary"][0]["causal"] is True
-    assert compare_mod.problems_title(p) == "causal, D=128, MHA, B=4, H=32"
+    assert compare_report.problems_title(p) == "causal, D=128, MHA, B=4, H=32"
 
 
 def test_compare_kernel_row_for_a_problem_it_cannot_run_is_unavailable() -> None:
@@ -474,11 +475,11 @@ def test_compare_rows_carry_the_key_length(tmp_path: Path) -> None:
     assert row["tflops"] == pytest.approx(prob.flops / (row["median_ms"] * 1e9))
     assert prob.flops == 4 * 32 * 128 * (2048 * 8192 - 2048**2 // 2)
     assert Problem.from_dict(p["shapes"][0]) == prob
-    assert compare_mod._shape_headers(p) == [("1x32/8x2048:k8192", "1x32/8x2048:k8192"),
+    assert compare_report._shape_headers(p) == [("1x32/8x2048:k8192", "1x32/8x2048:k8192"),
                                             ("1x32/8x8192", "1x32/8x8192")]
-    md = compare_mod.summary_markdown(p)
+    md = compare_report.summary_markdown(p)
     assert "BxHq[/Hkv]xS[:kSK][:dD][:full]" in md and "S_q*S_k - S_q^2/2" in md
-    files = compare_mod.write_outputs(p, tmp_path)
+    files = compare_report.write_outputs(p, tmp_path)
     import csv
 
     with open(files["csv"], newline="") as f:

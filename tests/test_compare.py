@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner.analysis import compare
+from tuner.analysis import compare, compare_report
 from tuner.errors import FaTuneError
 from tuner.problem import Problem
 
@@ -273,12 +273,12 @@ def test_summarize_merges_reference_ends_and_takes_ratios() -> None:
 
 def test_write_outputs_from_fixture(tmp_path: Path) -> None:
     p = fixture_payload()
-    files = compare.write_outputs(p, tmp_path)
+    files = compare_report.write_outputs(p, tmp_path)
     assert json.loads(files["json"].read_text())["summary"] == json.loads(json.dumps(p["summary"]))
 
     with open(files["csv"], newline="") as f:
         reader = csv.DictReader(f)
-        assert tuple(reader.fieldnames or ()) == compare.SUMMARY_COLUMNS
+        assert tuple(reader.fieldnames or ()) == compare_report.SUMMARY_COLUMNS
         csv_rows = list(reader)
     assert len(csv_rows) == 10
     tune = next(r for r in csv_rows if r["backend"] == "fa-tune" and r["S"] == "4096")
@@ -299,12 +299,12 @@ def test_write_outputs_from_fixture(tmp_path: Path) -> None:
 def test_chart_from_fixture(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out = tmp_path / "chart.png"
-    assert compare.write_chart(fixture_payload(), out)
+    assert compare_report.write_chart(fixture_payload(), out)
     assert out.stat().st_size > 1000
 
 
 def test_format_table_lists_every_row() -> None:
-    text = compare.format_table(fixture_payload())
+    text = compare_report.format_table(fixture_payload())
     assert text.count("\n") >= 11
     assert "gate_failed: 12 elements" in text and "drift 4x32x4096" in text
 
@@ -544,7 +544,7 @@ def test_a_declined_problem_is_unsupported_not_missing(tmp_path: Path) -> None:
                 r.update(status="unavailable", timing=None, gate=None,
                          reason="fa2 cannot run it: 2048 queries over 8192 keys")
     p["summary"] = compare.summarize(p)
-    md = compare.summary_markdown(p)
+    md = compare_report.summary_markdown(p)
     assert "| FlashAttention-2 | unsupported | unsupported |" in md
     assert "| Triton | not installed | not installed |" in md
     assert "- FlashAttention-2 on 4x32x4096: unsupported (fa2 cannot run it: 2048 queries" in md
@@ -562,7 +562,8 @@ def _layout_payload() -> dict:
                        "runs": runs, "drift": compare._drift(runs)})
     payload = fixture_payload()
     payload.update(shapes=shapes, backends=[], status="ok")
-    payload["inputs"] = {"layout": compare._layout_text([Problem.from_dict(s) for s in shapes])}
+    problems = [Problem.from_dict(s) for s in shapes]
+    payload["inputs"] = {"layout": compare_report._layout_text(problems)}
     payload["summary"] = compare.summarize(payload)
     return payload
 
@@ -576,11 +577,11 @@ def test_a_layout_is_its_own_row_column_and_csv_field(tmp_path: Path) -> None:
                          for b in ("fa3", "fa-tune")}
     assert rows[("1x32/8x8192:qkv", "fa-tune")]["layout"] == "qkv"
     assert "layout" not in rows[("1x32/8x8192", "fa-tune")]  # the default: left out, as Sk
-    assert [t for _, t in compare._shape_headers(p)] == ["1x32/8x8192", "1x32/8x8192:qkv"]
+    assert [t for _, t in compare_report._shape_headers(p)] == ["1x32/8x8192", "1x32/8x8192:qkv"]
     assert "fused QKV" in p["inputs"]["layout"] and ":qkv as q, k, v views" in p["inputs"]["layout"]
-    assert compare._layout_text([Problem(1, 2, 64)]).startswith("BSHD contiguous")
-    assert "as q, k, v" not in compare._layout_text([Problem(1, 2, 64)])
-    files = compare.write_outputs(p, tmp_path)
+    assert compare_report._layout_text([Problem(1, 2, 64)]).startswith("BSHD contiguous")
+    assert "as q, k, v" not in compare_report._layout_text([Problem(1, 2, 64)])
+    files = compare_report.write_outputs(p, tmp_path)
     with open(files["csv"], newline="") as f:
         got = {(r["shape"], r["backend"]): r["layout"] for r in csv.DictReader(f)}
     assert got[("1x32/8x8192:qkv", "fa-tune")] == "qkv" and got[("1x32/8x8192", "fa3")] == ""

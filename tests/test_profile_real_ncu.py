@@ -214,14 +214,14 @@ def test_vs_fa3_rows_that_differ_most() -> None:
 
 
 def test_side_by_side_printed_as_the_cli_prints_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The table through cli._print_profile, the function `fa-tune profile` prints with."""
+    """The table through study_cmds._print_profile, the function `fa-tune profile` prints with."""
     from rich.console import Console
 
-    from tuner import cli
+    from tuner.cli import study_cmds
 
     buf = io.StringIO()
-    monkeypatch.setattr(cli, "console", Console(file=buf, width=200, color_system=None))
-    cli._print_profile(_result("vs_fa3"))
+    monkeypatch.setattr(study_cmds, "console", Console(file=buf, width=200, color_system=None))
+    study_cmds._print_profile(_result("vs_fa3"))
     out = buf.getvalue()
     lines = out.splitlines()
     assert lines[0].strip() == f"trial 0 (3b52d82beee5) vs {FA3_LABEL} on 4x32x8192"

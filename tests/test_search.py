@@ -24,7 +24,7 @@ from tuner.errors import SearchError, ShapeError
 from tuner.measure import timing
 from tuner.problem import Problem, as_problem
 from tuner.search import loop as search
-from tuner.search import policy, sampler, worker_client
+from tuner.search import policy, sampler, session, worker_client
 from tuner.search.space import space_from_dict
 from tuner.search.study import load_existing_study, open_storage, storage_url
 
@@ -70,14 +70,14 @@ def plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_parse_duration() -> None:
-    assert search.parse_duration("90s") == 90
-    assert search.parse_duration("10m") == 600
-    assert search.parse_duration("1h30m") == 5400
-    assert search.parse_duration("45") == 45
-    assert search.parse_duration(None) is None
+    assert session.parse_duration("90s") == 90
+    assert session.parse_duration("10m") == 600
+    assert session.parse_duration("1h30m") == 5400
+    assert session.parse_duration("45") == 45
+    assert session.parse_duration(None) is None
     for bad in ("ten minutes", "0", "5x", "-3m"):
         with pytest.raises(SearchError):
-            search.parse_duration(bad)
+            session.parse_duration(bad)
 
 
 def test_gpu_takes_whichever_compile_finishes_first(tmp_path: Path, plan) -> None:
@@ -146,7 +146,7 @@ def test_search_seeds_first_confirms_best(tmp_path: Path, plan) -> None:
     # Screening ran on the cheapest shape, and the value is the geometric mean over shapes.
     assert ts[0].user_attrs["screen"]["shape"] == "1x2x256"
     rows = ts[0].user_attrs["shapes"]
-    assert ts[0].value == pytest.approx(search.geomean([r["tflops"] for r in rows.values()]))
+    assert ts[0].value == pytest.approx(session.geomean([r["tflops"] for r in rows.values()]))
     lines = log.read_text().splitlines()
     full = f"repeat=200 rounds=3 settle_s={timing.FULL.settle_s:g} temp_wait_s=60"
     assert sum(full in ln for ln in lines) >= 2  # full protocol, both shapes

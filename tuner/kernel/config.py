@@ -631,3 +631,13 @@ def load_preset(name: str) -> KernelConfig:
             f"unknown preset '{name}'; available presets: {', '.join(list_presets()) or 'none'}"
         )
     return KernelConfig.load(path)
+
+
+def load_config(preset: str | None, config: Path | str | None) -> tuple[KernelConfig, str]:
+    """The config named by exactly one of --preset / --config, and a label for it."""
+    if (preset is None) == (config is None):
+        raise ConfigError("give exactly one of --preset NAME or --config FILE")
+    if preset is not None:
+        return load_preset(preset), preset
+    assert config is not None
+    return KernelConfig.load(config), str(config)

@@ -46,7 +46,8 @@ from typing import Any
 from tuner.errors import FaTuneError, SearchError
 from tuner.kernel.gpus import probe_gpus
 from tuner.problem import Problem
-from tuner.search.loop import Progress, Search, SearchSummary
+from tuner.search.loop import Search
+from tuner.search.session import Progress, SearchSummary
 from tuner.search.space import SearchSpace
 from tuner.search.study import load_existing_study, redact
 from tuner.search.trials import best_summary
