@@ -33,7 +33,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tuner.errors import ShapeError  # noqa: E402
-from tuner.kernel import build, config  # noqa: E402
+from tuner.kernel import (  # noqa: E402
+    build,
+    config,
+    toolchain,  # noqa: E402
+)
 from tuner.kernel.support import check_runnable  # noqa: E402
 from tuner.measure.timing import Protocol  # noqa: E402
 from tuner.problem import (  # noqa: E402
@@ -145,7 +149,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--settle-s", type=float, default=2.0,
                     help="seconds of launches before each round (the power ramp; 0: none)")
-    ap.add_argument("--jobs", type=int, default=build.usable_cpus())
+    ap.add_argument("--jobs", type=int, default=toolchain.usable_cpus())
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--unchecked", action="store_true",
                     help="build configs config.validate refuses (e.g. not yet verified on a "

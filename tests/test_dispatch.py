@@ -22,7 +22,7 @@ from tuner.kernel.config import KernelConfig, load_preset
 from tuner.kernel.runtime import abi
 from tuner.problem import Problem, ProblemClass
 from tuner.search.study import default_storage_url, open_storage
-from tuner.ship import dispatch
+from tuner.ship import dispatch, dispatcher_cpp
 from tuner.ship.dispatch import DispatchEntry, DispatchError, DispatchTable
 from tuner.ship.workload import load_workload, workload_from_dict
 
@@ -501,8 +501,8 @@ def test_export_workload_wrong_input_one_line(argv: list[str], needle: str,
 
 def test_dispatcher_comments_cannot_swallow_code() -> None:
     # A source text ending in a backslash would splice the next bucket row into the comment.
-    assert dispatch._comment("file C:\\cfg\\\nx\u00e9") == "file C:?cfg??x?"
+    assert dispatcher_cpp._comment("file C:\\cfg\\\nx\u00e9") == "file C:?cfg??x?"
     t = _table()
-    src = dispatch.dispatcher_source(t)
+    src = dispatcher_cpp.dispatcher_source(t)
     rows = [ln for ln in src.splitlines() if ln.lstrip().startswith('{"s')]
     assert len(rows) == 4 and all("fa_tune_b" in r for r in rows)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tuner import _paths
-from tuner.kernel import build
+from tuner.kernel import build, toolchain
 from tuner.kernel.config import SMEM_LIMIT_BYTES, list_presets, load_preset, preset_head_dim
 from tuner.problem import ProblemClass
 
@@ -72,7 +72,7 @@ def test_multicast_kernel_shares_kv_across_the_cluster() -> None:
     # plain persistent kernel has neither.
     import subprocess
 
-    cuobjdump = build.find_tool("cuobjdump", build.find_nvcc())
+    cuobjdump = toolchain.find_tool("cuobjdump", toolchain.find_nvcc())
     if cuobjdump is None:
         pytest.skip("cuobjdump not installed")
 
@@ -174,7 +174,7 @@ def _dump_sass(results: dict) -> dict[str, str]:
     import os
     import subprocess
 
-    tool, nvdisasm = build.find_tool("cuobjdump"), build.find_tool("nvdisasm")
+    tool, nvdisasm = toolchain.find_tool("cuobjdump"), toolchain.find_tool("nvdisasm")
     if tool is None:
         pytest.skip("cuobjdump not found")
     env = dict(os.environ)

@@ -15,7 +15,7 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
-from tuner.analysis import profile
+from tuner.analysis import ncu_report, profile
 from tuner.cli import app
 from tuner.kernel.config import KernelConfig
 from tuner.problem import Problem
@@ -274,16 +274,16 @@ def test_search_cli_with_fixture_worker_missing_gpu_is_one_line(studies: Path) -
 
 
 def test_parse_ncu_details_fixture() -> None:
-    h = profile.parse_details_csv((DATA / "ncu_details_fixture.csv").read_text())
+    h = ncu_report.parse_details_csv((DATA / "ncu_details_fixture.csv").read_text())
     assert "attention_fwd_kernel" in (h.kernel_name or "")
     assert h.duration_ms == pytest.approx(1.23456)
     assert h.metrics["sm_throughput_pct"] == pytest.approx(78.9)
     assert h.metrics["achieved_occupancy_pct"] == pytest.approx(18.4)
     assert h.metrics["l2_hit_rate_pct"] == pytest.approx(88.12)
-    raw = profile.parse_raw_tensor_pipe((DATA / "ncu_raw_fixture.csv").read_text())
+    raw = ncu_report.parse_raw_tensor_pipe((DATA / "ncu_raw_fixture.csv").read_text())
     assert raw == pytest.approx(71.25)
-    with pytest.raises(profile.ProfileError):
-        profile.parse_details_csv("==PROF== nothing here\n")
+    with pytest.raises(ncu_report.ProfileError):
+        ncu_report.parse_details_csv("==PROF== nothing here\n")
 
 
 def test_ncu_failures_are_one_line() -> None:

@@ -57,10 +57,10 @@ extern "C" __global__ void fa_tune_probe(float* o) {
 
 def probe_nvcc_sm90a() -> tuple[bool, str]:
     """Compile a tiny kernel with a wgmma fence for sm_90a (no GPU needed)."""
-    from tuner.kernel import build
+    from tuner.kernel import build, toolchain
 
     try:
-        nvcc = build.find_nvcc()
+        nvcc = toolchain.find_nvcc()
     except FaTuneError as e:
         return False, str(e)
     with tempfile.TemporaryDirectory() as d:
@@ -80,7 +80,7 @@ def probe_nvcc_sm90a() -> tuple[bool, str]:
 def run_checks() -> list[Check]:
     """Everything fa-tune needs, in the order a user would fix it."""
     from tuner import _paths
-    from tuner.kernel import build
+    from tuner.kernel import toolchain
 
     checks: list[Check] = []
     cp = _version("cuda-python") or _version("cuda-bindings")
@@ -113,14 +113,14 @@ def run_checks() -> list[Check]:
         )
     )
     try:
-        nvcc = build.find_nvcc()
-        checks.append(Check("nvcc", True, f"{nvcc} ({build.nvcc_version(nvcc)})", need=BUILD))
+        nvcc = toolchain.find_nvcc()
+        checks.append(Check("nvcc", True, f"{nvcc} ({toolchain.nvcc_version(nvcc)})", need=BUILD))
         ok, detail = probe_nvcc_sm90a()
         checks.append(
             Check("nvcc sm_90a", ok, detail, "use CUDA >= 12.3 (13.0 is tested); set CUDA_HOME",
                   BUILD)
         )
-        cuobjdump = build.find_tool("cuobjdump", nvcc)
+        cuobjdump = toolchain.find_tool("cuobjdump", nvcc)
         checks.append(
             Check(
                 "cuobjdump",
@@ -136,8 +136,8 @@ def run_checks() -> list[Check]:
                   "install the CUDA toolkit or `pip install nvidia-cuda-nvcc`", BUILD)
         )
     try:
-        inc = build.cutlass_include()
-        checks.append(Check("CUTLASS headers", True, f"{inc} ({build.cutlass_version()})",
+        inc = toolchain.cutlass_include()
+        checks.append(Check("CUTLASS headers", True, f"{inc} ({toolchain.cutlass_version()})",
                             need=BUILD))
     except FaTuneError as e:
         checks.append(Check("CUTLASS headers", False, str(e), "pip install nvidia-cutlass",
@@ -158,7 +158,8 @@ def run_checks() -> list[Check]:
 
 
 def _ncu_check() -> Check:
-    from tuner.analysis.profile import ProfileError, find_ncu
+    from tuner.analysis.ncu_report import ProfileError
+    from tuner.analysis.profile import find_ncu
 
     try:
         return Check("Nsight Compute", True, str(find_ncu()), need=OPTIONAL)

@@ -7,7 +7,7 @@ from typing import Any
 
 from tuner.kernel.config import KernelConfig
 from tuner.measure.bench import Bench
-from tuner.measure.oracle import GateResult
+from tuner.measure.gate_rule import GateResult
 from tuner.problem import Problem
 
 

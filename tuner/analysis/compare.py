@@ -251,7 +251,7 @@ def run_suite(
     device_index: int = 0,
 ) -> dict[str, Any]:
     """Measure every backend on every shape; return the results.json payload (no files)."""
-    from tuner.measure import oracle
+    from tuner.measure import gate_rule
     from tuner.measure.bench import Bench
 
     if any(b.role == "peer" and b.available for b in backends):
@@ -283,7 +283,7 @@ def run_suite(
             "timed_on": "seed: Q, K uniform[-2, 2], V uniform[-1, 1] (tuner.measure.oracle)",
         },
         "gate": {
-            "rule": oracle.RULE_TEXT,
+            "rule": gate_rule.RULE_TEXT,
             "reference": "FP32 attention on the GPU, every element (cuda_src/oracle.cu)",
             "checked": "before timing, on every input set, and on the last timed launch's "
             "output",

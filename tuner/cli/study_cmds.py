@@ -29,6 +29,7 @@ from tuner.problem import Problem
 from tuner.search.trials import best_rows, study_trials
 from tuner.ship import dispatch as dispatch_mod
 from tuner.ship import export as export_mod
+from tuner.ship import export_workload
 from tuner.ship import workload as workload_mod
 
 
@@ -175,7 +176,7 @@ def export(
         w = workload_mod.load_workload(wfile)
         resolved = dispatch_mod.bucket_sources(w, bucket, study_prefix, default, storage)
         t = dispatch_mod.table_for_workload(w, resolved)
-    r = export_mod.export_workload(t, out, resolved=resolved, workload_file=wfile,
+    r = export_workload.export_workload(t, out, resolved=resolved, workload_file=wfile,
                                    build=not no_build, jobs=jobs)
     for e in t.entries:
         console.print(f"  {e.bucket}: S {e.range_text()}, {e.config.config_id()} "

@@ -20,8 +20,6 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
-import importlib.metadata
-import importlib.util
 import json
 import os
 import re
@@ -32,7 +30,6 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from string import Template
 from typing import Any
@@ -40,6 +37,14 @@ from typing import Any
 from tuner import _paths
 from tuner.errors import BuildError, ConfigError, FaTuneError
 from tuner.kernel.config import KernelConfig, check_varlen, validate
+from tuner.kernel.sass import parse_ptxas, sass_report
+from tuner.kernel.toolchain import (
+    cutlass_include,
+    cutlass_version,
+    find_nvcc,
+    nvcc_version,
+    usable_cpus,
+)
 from tuner.problem import DEFAULT_CLASS, ProblemClass
 
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"  # -arch=sm_90a has failed with nvcc 13.0
@@ -71,122 +76,6 @@ KERNEL_FLAGS: tuple[str, ...] = (
 ORACLE_FLAGS: tuple[str, ...] = COMMON_FLAGS
 
 NVCC_TIMEOUT_S = float(os.environ.get("FA_TUNE_NVCC_TIMEOUT", "1800"))
-
-
-# ---- tool discovery ------------------------------------------------------------------------
-def _wheel_bin_dirs() -> list[Path]:
-    """bin/ folders of NVIDIA's pip wheels (nvidia/cu13/bin, nvidia/cuda_nvcc/bin, ...)."""
-    try:
-        spec = importlib.util.find_spec("nvidia")
-    except (ImportError, ValueError):
-        return []
-    if spec is None or not spec.submodule_search_locations:
-        return []
-    dirs: list[Path] = []
-    for loc in spec.submodule_search_locations:
-        dirs.extend(sorted(p for p in Path(loc).glob("*/bin") if p.is_dir()))
-    return dirs
-
-
-def _candidate_bin_dirs() -> list[Path]:
-    dirs: list[Path] = []
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(var):
-            dirs.append(Path(os.environ[var]) / "bin")
-    dirs.extend(Path(p) for p in os.environ.get("PATH", "").split(os.pathsep) if p)
-    dirs.extend(_wheel_bin_dirs())
-    dirs.append(Path("/usr/local/cuda/bin"))
-    return dirs
-
-
-def _is_exe(p: Path) -> bool:
-    return p.is_file() and os.access(p, os.X_OK)
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on (its affinity mask, which containers and taskset narrow;
-    os.cpu_count() reports the whole host)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
-def find_nvcc() -> Path:
-    """nvcc from CUDA_HOME/bin, then PATH, then the nvidia-cuda-nvcc wheel; else BuildError."""
-    for d in _candidate_bin_dirs():
-        if _is_exe(d / "nvcc"):
-            return d / "nvcc"
-    raise BuildError(
-        "nvcc not found (looked in CUDA_HOME/bin, PATH and the nvidia-cuda-nvcc wheel); install "
-        "the CUDA toolkit >= 12.3 and set CUDA_HOME, or `pip install nvidia-cuda-nvcc`"
-    )
-
-
-def _real_cuda_bin(nvcc: Path) -> Path:
-    """The toolkit's bin/ behind nvcc, which may be a symlink or a wrapper script."""
-    try:
-        # --dryrun prints the driver's own folder without compiling anything.
-        out = subprocess.run(
-            [str(nvcc), "--dryrun", "-c", "fa_tune_probe.cu"],
-            capture_output=True, text=True, timeout=60,
-        )
-        m = re.search(r"#\$ _HERE_=(\S+)", out.stderr + out.stdout)
-        if m:
-            return Path(m.group(1))
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return nvcc.resolve().parent
-
-
-def find_tool(name: str, nvcc: Path | None = None) -> Path | None:
-    """A CUDA binary (cuobjdump, nvdisasm, ...): next to nvcc first, then the usual places."""
-    dirs: list[Path] = []
-    if nvcc is not None:
-        dirs += [nvcc.parent, _real_cuda_bin(nvcc)]
-    dirs += _candidate_bin_dirs()
-    for d in dirs:
-        if _is_exe(d / name):
-            return d / name
-    return None
-
-
-@lru_cache(maxsize=8)
-def _nvcc_version_of(nvcc: str) -> str:
-    try:
-        out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as e:
-        raise BuildError(f"cannot run {nvcc} --version: {e}") from None
-    m = re.search(r"release [\d.]+, V([\d.]+)", out.stdout)
-    if not m:
-        raise BuildError(f"cannot read the version from `{nvcc} --version`")
-    return m.group(1)
-
-
-def nvcc_version(nvcc: Path | None = None) -> str:
-    """Full nvcc version, e.g. '13.0.88'."""
-    return _nvcc_version_of(str(nvcc or find_nvcc()))
-
-
-def cutlass_include() -> Path:
-    """CUTLASS/CuTe headers shipped by the nvidia-cutlass wheel (found without importing it)."""
-    try:
-        spec = importlib.util.find_spec("cutlass_library")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        for loc in spec.submodule_search_locations:
-            inc = Path(loc) / "source" / "include"
-            if (inc / "cute" / "tensor.hpp").is_file():
-                return inc
-    raise BuildError("CUTLASS headers not found; `pip install nvidia-cutlass`")
-
-
-def cutlass_version() -> str:
-    try:
-        return importlib.metadata.version("nvidia-cutlass")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
 
 
 # ---- hashing ------------------------------------------------------------------------------
@@ -268,141 +157,6 @@ def render(cfg: KernelConfig, template: Path | None = None, *,
         ) from None
     except ValueError as e:
         raise BuildError(f"template {template or _paths.kernel_template()}: {e}") from None
-
-
-# ---- ptxas and SASS reports -----------------------------------------------------------------
-_ENTRY_RE = re.compile(r"ptxas info\s*: Compiling entry function '([^']+)' for '(\w+)'")
-_PROPS_RE = re.compile(r"ptxas info\s*: Function properties for (\S+)")
-_FRAME_RE = re.compile(
-    r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads"
-)
-_USED_RE = re.compile(r"ptxas info\s*: Used (\d+) registers(.*)")
-_WARN_RE = re.compile(r"ptxas (?:warning|error)\s*:.*")
-# ptxas's notice that it gave up on asynchronous wgmma (C7510-C7520): every wgmma then waits
-# for the previous one, which costs 35-60% (measured 2026-11-29, early_next_qk, docs/PERF.md).
-_SERIAL_RE = re.compile(
-    r"ptxas (?:info|warning)\s*: \((C75\d\d)\) Potential Performance Loss: "
-    r"wgmma\.mma_async instructions are serialized due to (.*?)"
-    r"(?: in the function '[^']*'|\s*\.?\s*$)"
-)
-
-
-def parse_ptxas(log: str) -> dict[str, Any]:
-    """Per-entry resources from ``-Xptxas -v`` output (CUDA 12 and 13 formats).
-
-    Returns {"entries": {name: {...}}, "main": name | None, "warnings": [...],
-    "wgmma_serialized": ["C7514: <ptxas's reason>", ...]}; "main" is the entry using the most
-    registers (then shared memory): the attention kernel in our .so files.
-    """
-    entries: dict[str, dict[str, Any]] = {}
-    current: str | None = None
-    props_for: str | None = None
-    warnings: list[str] = []
-    serialized: list[str] = []
-    for line in log.splitlines():
-        if m := _SERIAL_RE.search(line):
-            why = f"{m.group(1)}: {m.group(2).strip()}"
-            if why not in serialized:
-                serialized.append(why)
-            continue
-        if m := _ENTRY_RE.search(line):
-            current = m.group(1)
-            entries[current] = {
-                "arch": m.group(2),
-                "registers": 0,
-                "spill_stores": 0,
-                "spill_loads": 0,
-                "stack_frame": 0,
-                "smem": 0,
-                "cmem": {},
-                "barriers": 0,
-            }
-            props_for = None
-            continue
-        if m := _PROPS_RE.search(line):
-            props_for = m.group(1)
-            continue
-        if (m := _FRAME_RE.search(line)) and props_for is not None and props_for in entries:
-            e = entries[props_for]
-            e["stack_frame"], e["spill_stores"], e["spill_loads"] = map(int, m.groups())
-            continue
-        if (m := _USED_RE.search(line)) and current is not None:
-            e = entries[current]
-            e["registers"] = int(m.group(1))
-            rest = m.group(2)
-            if s := re.search(r"(\d+) bytes smem", rest):
-                e["smem"] = int(s.group(1))
-            if b := re.search(r"used (\d+) barriers", rest):
-                e["barriers"] = int(b.group(1))
-            for c in re.finditer(r"(\d+) bytes cmem\[(\d+)\]", rest):
-                e["cmem"][c.group(2)] = int(c.group(1))
-            continue
-        if m := _WARN_RE.search(line):
-            warnings.append(m.group(0).strip())
-    main = None
-    if entries:
-        main = max(entries, key=lambda n: (entries[n]["registers"], entries[n]["smem"]))
-    return {"entries": entries, "main": main, "warnings": warnings,
-            "wgmma_serialized": serialized}
-
-
-_SASS_FUNC_RE = re.compile(r"^\s*Function : (\S+)")
-_SASS_INSN_RE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*)")
-
-
-def parse_sass(text: str) -> dict[str, Any]:
-    """Opcode counts per function from ``cuobjdump --dump-sass`` (HGMMA, LDL, STL, total)."""
-    funcs: dict[str, dict[str, int]] = {}
-    cur: dict[str, int] | None = None
-    for line in text.splitlines():
-        if m := _SASS_FUNC_RE.match(line):
-            cur = funcs.setdefault(m.group(1), {"instructions": 0, "hgmma": 0, "ldl": 0, "stl": 0})
-            continue
-        if cur is None:
-            continue
-        if m := _SASS_INSN_RE.search(line):
-            op = m.group(1)
-            cur["instructions"] += 1
-            if op == "HGMMA":
-                cur["hgmma"] += 1
-            elif op == "LDL":
-                cur["ldl"] += 1
-            elif op == "STL":
-                cur["stl"] += 1
-    total = {k: sum(f[k] for f in funcs.values()) for k in ("instructions", "hgmma", "ldl", "stl")}
-    return {
-        "functions": funcs,
-        **total,
-        "has_hgmma": total["hgmma"] > 0,
-        "has_local_mem": (total["ldl"] + total["stl"]) > 0,
-    }
-
-
-def sass_report(so_path: Path, nvcc: Path | None = None) -> tuple[dict[str, Any] | None, str]:
-    """(summary, "") or (None, why it could not be checked)."""
-    cuobjdump = find_tool("cuobjdump", nvcc)
-    if cuobjdump is None:
-        return None, "cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)"
-    env = dict(os.environ)
-    nvdisasm = find_tool("nvdisasm", nvcc)
-    if nvdisasm is not None:
-        # cuobjdump runs nvdisasm; the wheels may put it in a folder not on PATH.
-        env["PATH"] = f"{nvdisasm.parent}{os.pathsep}{env.get('PATH', '')}"
-        env["NVDISASM_PATH"] = str(nvdisasm.parent)
-    try:
-        out = subprocess.run(
-            [str(cuobjdump), "--dump-sass", str(so_path)],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env=env,
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        return None, f"cuobjdump failed: {e}"
-    if out.returncode != 0:
-        msg = (out.stderr.strip().splitlines() or [f"exit code {out.returncode}"])[0]
-        return None, f"cuobjdump failed: {msg}"
-    return parse_sass(out.stdout), ""
 
 
 # ---- the cache -----------------------------------------------------------------------------

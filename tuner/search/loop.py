@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ConfigError, SearchError, ShapeError
-from tuner.kernel import build as build_mod
+from tuner.kernel import toolchain
 from tuner.kernel.config import KernelConfig
 from tuner.kernel.support import check_runnable
 from tuner.problem import Problem
@@ -159,7 +159,7 @@ class Search(SharedStudy, TrialOutcomes):
         self.url = storage_url(study, storage)
         self.n_trials = n_trials
         self.timeout_s = timeout_s
-        self.jobs = max(1, jobs or build_mod.usable_cpus())
+        self.jobs = max(1, jobs or toolchain.usable_cpus())
         self.lookahead = max(2, self.jobs)
         if builder is None:
             from tuner.kernel.build import build_config

@@ -24,8 +24,6 @@ from tuner.search.space import SearchSpace
 # FAIL reasons of trials whose measurement was cut, not judged: re-enqueued on resume.
 # "not run: search stopped" is what earlier versions told trials they never started.
 REQUEUE_REASONS = ("interrupted", "not run: search stopped")
-
-
 # A RUNNING trial without an owner (versions before owners) counts as killed only when it
 # started this long before us: a trial another worker asked a moment ago has no owner yet.
 OWNERLESS_GRACE_S = 120.0

@@ -12,7 +12,7 @@ from datetime import timedelta, timezone
 from typing import Any
 
 from tuner.errors import FaTuneError, SearchError
-from tuner.kernel import build as build_mod
+from tuner.kernel import toolchain
 from tuner.kernel.config import KernelConfig
 from tuner.search import rdb
 from tuner.search.session import (
@@ -250,7 +250,7 @@ class SharedStudy:
         if not nvcc:
             if self._nvcc is False:
                 try:
-                    self._nvcc = build_mod.nvcc_version()
+                    self._nvcc = toolchain.nvcc_version()
                 except FaTuneError:
                     self._nvcc = None
             nvcc = self._nvcc
