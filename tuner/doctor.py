@@ -191,11 +191,15 @@ def summarize(checks: list[Check], build_only: bool = False) -> tuple[int, str]:
 
 def _nvml_check() -> Check:
     ver = _version("nvidia-ml-py")
-    fix = "pip install nvidia-ml-py; NVML comes with the NVIDIA driver"
     try:
         import pynvml
     except Exception as e:
+        fix = ("pip install nvidia-ml-py" if ver is None else
+               f"reinstall nvidia-ml-py (pip install --force-reinstall nvidia-ml-py=={ver})")
         return Check("NVML", False, f"nvidia-ml-py not importable: {one_line(e)}", fix, RUN)
+    # The binding is there: NVML itself (libnvidia-ml.so) is the NVIDIA driver's.
+    fix = ("install or repair the NVIDIA driver: NVML (libnvidia-ml.so) comes with it, and "
+           "`nvidia-smi` must work")
     try:
         pynvml.nvmlInit()
         try:

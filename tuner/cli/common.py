@@ -11,12 +11,53 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand, TyperGroup
 
 from tuner.errors import FaTuneError
 from tuner.kernel.support import check_runnable
 from tuner.problem import Problem
 
+# What --help shows after an option that takes a value (typer's default is its Python type:
+# <str>, <list[str]>, <int range>); flags (and --help itself) show nothing.
+METAVARS = {
+    "shape": "PROBLEM", "preset": "NAME", "config": "FILE", "results_dir": "DIR", "out": "DIR",
+    "storage": "URL", "study": "NAME", "trials": "N", "trial": "N", "vs_trial": "N",
+    "timeout": "DURATION", "sampler": "NAME", "seed": "N", "jobs": "N", "device": "INDEX",
+    "gpus": "LIST", "worker": "MODULE:FUNC", "backends": "LIST", "warmup": "N", "repeat": "N",
+    "rounds": "N", "settle_s": "SECONDS", "top": "N", "space": "NAME|FILE", "head_dim": "D",
+    "workload": "NAME|FILE", "table": "FILE", "default": "SOURCE", "vs": "PEER",
+    "python": "VERSION", "platform": "TAG", "extra": "NAME", "what": "WHAT", "bucket": "NAME",
+    "study_prefix": "PREFIX", "max_problems": "N",
+}
+
+
+class _Metavars:
+    """Gives every parameter of a command a metavar (METAVARS, else its name in capitals) and
+    every flag none, in --help and in the usage line."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for p in params:
+            if getattr(p, "is_flag", False):
+                p.metavar = ""
+            elif p.param_type_name == "argument":
+                p.metavar = p.metavar or METAVARS.get(p.name, p.name.upper())
+                p.display_type_rich = lambda ctx: None  # the metavar already names it
+            elif p.metavar is None:
+                p.metavar = METAVARS.get(p.name, p.name.upper())
+        return params
+
+
+class Command(_Metavars, TyperCommand):
+    pass
+
+
+class Group(_Metavars, TyperGroup):
+    pass
+
+
 app = typer.Typer(
+    cls=Group,
     name="fa-tune",
     help="Autotuner for a FlashAttention forward kernel (BF16, sm_90a Hopper).",
     no_args_is_help=True,
