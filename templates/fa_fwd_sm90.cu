@@ -1,7 +1,7 @@
 // fa-tune kernel template: FlashAttention forward, BF16, BSHD, sm_90a; MHA, GQA and MQA at run
 // time (Hkv); head dim 64/128/256, causal or not, and whether the varlen (packed) kernel is
 // built too at compile time (the problem class, not knobs).
-// Rendered by tuner/kernel/build.py: each $${knob} becomes a C++ constant (docs/ARCHITECTURE.md).
+// Rendered by tuner/build.py: each $${knob} becomes a C++ constant (docs/ARCHITECTURE.md).
 // The kernel itself lives in cuda_src/fa_tune/; this unit only fixes its knobs.
 #define FA_TUNE_EXTENDED_MMA ${extended_mma}  // derived from block_n (fa_tune/config.cuh)
 #ifndef FA_TUNE_VARLEN

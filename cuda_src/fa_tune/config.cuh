@@ -1,7 +1,7 @@
 // Knob vocabulary shared by the template and every kernel piece.
 //
 // A rendered template defines `struct Config` with one static constexpr member per knob
-// (names and values as in tuner/kernel/config.py); everything below derives from it at compile
+// (names and values as in tuner/config.py); everything below derives from it at compile
 // time, so each config is its own kernel with no run-time branching on knobs.
 #pragma once
 
@@ -14,7 +14,7 @@
 
 // TEST ONLY, never a knob: FA_TUNE_PLANT_BUG = N compiles planted bug N into the kernel, so
 // tests/gpu/test_planted_bugs_gpu.py can prove the gate rejects real kernel bugs (built through
-// tuner.kernel.build.build_config(cfg, defines={"FA_TUNE_PLANT_BUG": N})). 0, the default, plants
+// tuner.build.build_config(cfg, defines={"FA_TUNE_PLANT_BUG": N})). 0, the default, plants
 // nothing: each hook is an `if constexpr` (or a constant folded to 0) on kPlantBug, so the
 // default build compiles to the same code. The hooks (search for kPlantBug):
 //   1 softmax.cuh   O is not rescaled when a row's running max rises (the row sum is)

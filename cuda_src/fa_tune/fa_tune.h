@@ -1,5 +1,5 @@
 // fa-tune kernel library: the C ABI. The one definition every side includes or mirrors: the
-// kernel's entry points (entry.cuh), the workload dispatcher (tuner/ship/dispatch.py), the torch op's
+// kernel's entry points (entry.cuh), the workload dispatcher (tuner/dispatch.py), the torch op's
 // C++ launch path (fa_tune_ops/csrc/attention_op.cpp) and the Python bindings (fa_tune_ops/abi.py
 // mirrors the struct; tests/test_abi.py compiles this header and checks the mirror field by
 // field). Exports ship it as include/fa_tune.h.
