@@ -47,9 +47,9 @@ def run_without_torch(body: str) -> subprocess.CompletedProcess[str]:
 def test_compare_and_peers_import_without_torch() -> None:
     r = run_without_torch(
         """
-        import tuner.analysis.compare, tuner.measure.peers, tuner.measure.peers.fa3,
-        tuner.measure.peers.sdpa import tuner.measure.peers.triton_fa, tuner.measure.peers.base,
-        tuner.measure.launch import tuner.measure.bench
+        import tuner.analysis.compare, tuner.measure.peers, tuner.measure.peers.fa3
+        import tuner.measure.peers.sdpa, tuner.measure.peers.triton_fa, tuner.measure.peers.base
+        import tuner.measure.launch, tuner.measure.bench
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
         assert not heavy, heavy
         print("ok")

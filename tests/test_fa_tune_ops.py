@@ -785,7 +785,7 @@ def test_native_launch_path_builds_loads_and_binds(stub_lib: Path, tmp_path: Pat
 def test_native_build_finds_the_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tuner.ship.fa_tune_ops import native
 
-    assert native.header_dir() == Path(ops.__file__).resolve().parents[2] / "cuda_src" / "fa_tune"
+    assert native.header_dir() == Path(ops.__file__).resolve().parents[3] / "cuda_src" / "fa_tune"
     if native._cuda_include() is not None:
         assert f"-I{native.header_dir()}" in native.compile_command(tmp_path / "x.so")
     monkeypatch.setenv("CXX", "false")

@@ -61,9 +61,9 @@ def _cuda_include() -> Path | None:
 
 def header_dir() -> Path | None:
     """The folder with the C ABI's header: include/ beside this package in an export,
-    cuda_src/fa_tune/ in the fa-tune repository."""
+    cuda_src/fa_tune/ in the fa-tune repository (this package is tuner/ship/fa_tune_ops there)."""
     here = Path(__file__).resolve().parent
-    for cand in (here.parent / "include", here.parents[1] / "cuda_src" / "fa_tune"):
+    for cand in (here.parent / "include", here.parents[2] / "cuda_src" / "fa_tune"):
         if (cand / HEADER).is_file():
             return cand
     return None
