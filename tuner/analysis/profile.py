@@ -188,7 +188,7 @@ def run_ncu(subjects: Sequence[Subject], shape: Problem, name: str,
     cmd = ncu_command(ncu, subjects, shape, rep_base)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(__file__).resolve().parent.parent), env.get("PYTHONPATH", "")]
+        [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")]
     ).rstrip(os.pathsep)
     rep = rep_base.with_name(rep_base.name + ".ncu-rep")
     if rep.exists():
