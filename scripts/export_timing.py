@@ -22,16 +22,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner import export  # noqa: E402
-from tuner.config import KernelConfig, check_problems  # noqa: E402
 from tuner.errors import FaTuneError  # noqa: E402
+from tuner.kernel.config import KernelConfig  # noqa: E402
+from tuner.kernel.support import check_problems  # noqa: E402
 from tuner.measure import ab  # noqa: E402
 from tuner.measure.bench import Bench  # noqa: E402
 from tuner.measure.launch import KernelLaunch  # noqa: E402
 from tuner.measure.timing import FULL  # noqa: E402
 from tuner.problem import parse_problems  # noqa: E402
-from tuner.show import pick_trial  # noqa: E402
-from tuner.study import trial_problems  # noqa: E402
+from tuner.search.study import trial_problems  # noqa: E402
+from tuner.search.trials import pick_trial  # noqa: E402
+from tuner.ship import export  # noqa: E402
 
 
 def main() -> int:

@@ -37,10 +37,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.errors import FaTuneError  # noqa: E402
+from tuner.kernel.runtime import AttnBuffers, Device, Event, OracleModule, as_problem  # noqa: E402
+from tuner.measure import gate_rule as GR  # noqa: E402
 from tuner.measure import oracle as O  # noqa: E402
 from tuner.measure import timing as T  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
-from tuner.runtime import AttnBuffers, Device, Event, OracleModule, as_problem  # noqa: E402
 
 ROWS: list[tuple[str, str, str]] = []  # (check, PASS/FAIL, detail)
 DETAILS: dict[str, Any] = {}
@@ -104,7 +105,7 @@ def main() -> int:
         if args.oracle_so:
             holder["o"] = O.get_oracle(args.oracle_so)
             return True, f"loaded {args.oracle_so}"
-        from tuner import build as B
+        from tuner.kernel import build as B
 
         res = B.build_oracle()
         holder["o"] = O.get_oracle(res.so_path)
@@ -220,7 +221,7 @@ def main() -> int:
                 stream.synchronize()
                 o = bufs.o.copy_to_host(np.uint16, bufs.n)
                 o[::977] = 0x3F80  # 1.0: violations and budget errors scattered around
-                o[5] = O.POISON_BF16
+                o[5] = GR.POISON_BF16
                 o[123456] = 0x7FC0
                 bufs.o.copy_from_host(o)
                 stats, sums = O.compare(dev, orc, bufs, o_ref, None, stream)
@@ -228,7 +229,7 @@ def main() -> int:
             finally:
                 o_ref.free()
         dims = (shp.B, shp.S, shp.H, getattr(shp, "D", 128))
-        want, wsums = O.compare_numpy(o.reshape(dims), ref.reshape(dims))
+        want, wsums = GR.compare_numpy(o.reshape(dims), ref.reshape(dims))
         bad = [f for f in ("o_count", "o_violations", "o_nonfinite", "o_unwritten",
                            "o_first_violation", "o_block_rows", "o_max_abs_err")
                if getattr(stats, f) != getattr(want, f)]
@@ -252,7 +253,7 @@ def main() -> int:
     shape = Shape(2, 4, 1024)
     gbufs = AttnBuffers(dev, shape)
 
-    def run_gate(kern: Any, sets: tuple[str, ...] = ("seed", "rising")) -> O.GateResult:
+    def run_gate(kern: Any, sets: tuple[str, ...] = ("seed", "rising")) -> GR.GateResult:
         try:
             return O.gate(dev, kern, shape, gbufs, 42, sets, oracle=orc, stream=stream)
         finally:
@@ -302,7 +303,7 @@ def main() -> int:
         return ok, f"violations {m.violations} first {m.first_violation}"
 
     def one_unwritten() -> tuple[bool, str]:
-        g = run_gate(O.ReferenceKernel(dev, orc, after=poke("o", flat, O.POISON_BF16, np.uint16)),
+        g = run_gate(O.ReferenceKernel(dev, orc, after=poke("o", flat, GR.POISON_BF16, np.uint16)),
                      ("seed",))
         m = g.sets[0]
         ok = m.unwritten == 1 and m.violations == 1 and m.first_violation == (1, 777, 2, 5)
@@ -347,7 +348,7 @@ def main() -> int:
                     ) -> Callable[[], tuple[bool, str]]:
         def f() -> tuple[bool, str]:
             g = run_gate(O.ReferenceKernel(dev, orc, after=scale_after(rows, cols, factor)))
-            ok = all(m.violations == 0 and m.rel_l2 <= O.REL_L2_MAX and not m.passed
+            ok = all(m.violations == 0 and m.rel_l2 <= GR.REL_L2_MAX and not m.passed
                      and needle in " ".join(m.reasons) for m in g.sets)
             return ok, " | ".join(
                 f"{m.input_set}: rel L2 {m.rel_l2:.2g}, {m.budget_ratio:.2f}x budget, "
@@ -382,7 +383,7 @@ def main() -> int:
         cache = O.ReferenceCache()
         out = []
         with AttnBuffers(dev, p) as bufs:
-            def gate(kern: Any) -> O.GateResult:
+            def gate(kern: Any) -> GR.GateResult:
                 try:
                     return O.gate(dev, kern, p, bufs, 42, sets, oracle=orc, stream=stream,
                                   reference_cache=cache)
@@ -469,15 +470,15 @@ def main() -> int:
                 O.compare(dev, orc, bufs, o_ref, None, stream, scratch)  # warm-up
                 e0, e1 = Event(dev), Event(dev)
                 e0.record(stream)
-                orc.compare(bufs.o.ptr, o_ref.ptr, shp.B, shp.H, shp.S, 128, None, None, O.O_ATOL,
-                            O.O_RTOL, O.LSE_ATOL, O.LSE_RTOL, scratch.stats.ptr,
+                orc.compare(bufs.o.ptr, o_ref.ptr, shp.B, shp.H, shp.S, 128, None, None, GR.O_ATOL,
+                            GR.O_RTOL, GR.LSE_ATOL, GR.LSE_RTOL, scratch.stats.ptr,
                             scratch.blocks.ptr, scratch.cols.ptr, stream)
                 e1.record(stream)
                 stream.synchronize()
                 ms = Event.elapsed_ms(e0, e1)
                 t0 = time.monotonic()
                 stats, sums = O.compare(dev, orc, bufs, o_ref, None, stream, scratch)
-                m = O.evaluate(stats, shp, "seed", False, budget=sums)
+                m = GR.evaluate(stats, shp, "seed", False, budget=sums)
                 host_ms = (time.monotonic() - t0) * 1e3
             finally:
                 scratch.free()

@@ -32,15 +32,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tuner import build, config  # noqa: E402
-from tuner.config import KernelConfig, check_problem  # noqa: E402
 from tuner.errors import ShapeError  # noqa: E402
+from tuner.kernel import (  # noqa: E402
+    build,
+    config,
+    toolchain,  # noqa: E402
+)
+from tuner.kernel.support import check_runnable  # noqa: E402
 from tuner.measure.timing import Protocol  # noqa: E402
 from tuner.problem import (  # noqa: E402
     DEFAULT_CLASS,
     Problem,  # noqa: E402
     ProblemClass,
-    class_of,
 )
 
 
@@ -146,7 +149,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--settle-s", type=float, default=2.0,
                     help="seconds of launches before each round (the power ramp; 0: none)")
-    ap.add_argument("--jobs", type=int, default=build.usable_cpus())
+    ap.add_argument("--jobs", type=int, default=toolchain.usable_cpus())
     ap.add_argument("--build-only", action="store_true")
     ap.add_argument("--unchecked", action="store_true",
                     help="build configs config.validate refuses (e.g. not yet verified on a "
@@ -160,9 +163,7 @@ def main() -> None:
     variants = [Variant(v) for v in (texts or ["default"])]
     try:  # before compiling: a problem the kernel cannot run is one line
         problems = [Problem.parse(s) for s in (args.shape or ["4x32x8192"])]
-        for p in problems:
-            check_problem(KernelConfig(), p)
-        pclass = class_of(problems)
+        pclass = check_runnable(problems)
     except ShapeError as e:
         raise SystemExit(f"kernel_lab: {e}") from None
     t0 = time.time()
@@ -173,7 +174,7 @@ def main() -> None:
 
     from tuner.measure.bench import Bench
     from tuner.measure.launch import PeerLaunch
-    from tuner.peers import make_peer
+    from tuner.measure.peers import make_peer
 
     proto = Protocol(warmup=args.warmup, repeat=args.repeat, rounds=args.rounds,
                      settle_s=args.settle_s)

@@ -6,7 +6,7 @@ WITHOUT validate() and report what ptxas did (registers, stack, local memory, se
 
 Each row: config id, the knobs that vary, the static estimate (config.consumer_reg_estimate)
 vs consumer_regs, and the build's verdict. Used for CONSUMER_REG_OVERHEAD (D 128, both masks:
-docs/PERF.md step 35) and CONSUMER_REG_OVERHEAD_D (step 26) in tuner/config.py. CPU only:
+docs/PERF.md step 35) and CONSUMER_REG_OVERHEAD_D (step 26) in tuner/kernel/config.py. CPU only:
 nvcc 13.0 builds sm_90a without a GPU.
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tuner import build  # noqa: E402
-from tuner.config import KernelConfig, consumer_reg_estimate  # noqa: E402
+from tuner.kernel import build  # noqa: E402
+from tuner.kernel.config import KernelConfig, consumer_reg_estimate  # noqa: E402
 from tuner.problem import ProblemClass  # noqa: E402
 
 # D 128 with overlap (2026-12-01, docs/PERF.md step 35): grid and multicast, both masks

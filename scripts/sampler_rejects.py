@@ -9,7 +9,7 @@ them are told PRUNED after one intermediate value (the screen), as most candidat
 Invalid ones are told
   fail:     FAIL (the search before 2026-11-30; TPE leaves them out of its model)
   pruned:   PRUNED with a violated constraint (2026-11-30; TPE puts them in its model)
-  feasible: as pruned, behind tuner/sampler.py's FeasibleSampler (proposals are checked in
+  feasible: as pruned, behind tuner/search/sampler.py's FeasibleSampler (proposals are checked in
             Python before Optuna stores a trial; since 2026-11-30, session 2)
 Like the search, valid trials stay open (RUNNING, which TPE's constant liar sees) while the
 next ones are asked: the oldest is told only when --lag of them are open (the search keeps as
@@ -34,11 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
-from tuner import space as spaces  # noqa: E402
-from tuner.config import ConfigError, validate  # noqa: E402
-from tuner.sampler import make_sampler, suggest_config, valid_config  # noqa: E402
-from tuner.search import seed_params  # noqa: E402
-from tuner.study import open_storage  # noqa: E402
+from tuner.kernel.config import ConfigError, validate  # noqa: E402
+from tuner.search import space as spaces  # noqa: E402
+from tuner.search.loop import seed_params  # noqa: E402
+from tuner.search.sampler import make_sampler, suggest_config, valid_config  # noqa: E402
+from tuner.search.study import open_storage  # noqa: E402
 
 
 def main() -> None:

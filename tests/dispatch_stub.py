@@ -1,7 +1,7 @@
 """A workload library without kernels, for fast CPU tests: the real generated dispatcher
-(tuner.dispatch.dispatcher_source, including cuda_src/fa_tune/fa_tune.h as an export includes
-include/fa_tune.h) linked with stub buckets that take the C ABI 3 argument struct and record it
-instead of launching. Builds in seconds (no kernel template); needs nvcc.
+(tuner.ship.dispatcher_cpp.dispatcher_source, including cuda_src/fa_tune/fa_tune.h as an export
+includes include/fa_tune.h) linked with stub buckets that take the C ABI 3 argument struct and
+record it instead of launching. Builds in seconds (no kernel template); needs nvcc.
 
 The stubs: buckets 0 and 1 serve device metadata (cu_seqlens_q/k, seqused_k), buckets 2 and 3
 were "built without the varlen kernel" (their problem_class says so, and they refuse such a call
@@ -17,8 +17,9 @@ import ctypes
 import subprocess
 from pathlib import Path
 
-from tuner import _paths, dispatch
-from tuner import build as build_mod
+from tuner import _paths
+from tuner.kernel import toolchain
+from tuner.ship import dispatch, dispatcher_cpp
 
 # A two-bucket workload (Llama-3-8B's heads) the dispatch and export tests share.
 TWO = {
@@ -86,9 +87,9 @@ def build_stub_library(table: dispatch.DispatchTable, folder: Path,
     extra -D flags for the stubs, e.g. 'STUB_B3_ABI=2')."""
     assert len(table.entries) <= 4
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "dispatch.cu").write_text(dispatch.dispatcher_source(table))
+    (folder / "dispatch.cu").write_text(dispatcher_cpp.dispatcher_source(table))
     (folder / "stub.cu").write_text(STUB_BUCKETS)
-    nvcc = str(build_mod.find_nvcc())
+    nvcc = str(toolchain.find_nvcc())
     so = folder / "libfa_tune_fwd.so"
     for src in ("dispatch.cu", "stub.cu"):
         r = subprocess.run([nvcc, "-std=c++17", "-O1", "-Xcompiler", "-fPIC", "-Xcompiler",
@@ -103,8 +104,9 @@ def build_stub_library(table: dispatch.DispatchTable, folder: Path,
 
 
 def last_args(lib: ctypes.CDLL) -> object:
-    """A copy of the args struct the stub buckets last received (tuner.fa_tune_ops.abi.Args)."""
-    from tuner.runtime import abi
+    """A copy of the args struct the stub buckets last received
+    (tuner.ship.fa_tune_ops.abi.Args)."""
+    from tuner.kernel.runtime import abi
 
     fn = lib.stub_last_args
     fn.restype = ctypes.POINTER(abi.Args)

@@ -22,8 +22,8 @@ import functools
 import random
 from collections.abc import Iterable
 
-from tuner.config import KNOBS, KernelConfig, validate
 from tuner.errors import ConfigError
+from tuner.kernel.config import KNOBS, KernelConfig, validate
 
 # Host-only knobs (see the module docstring): one value compiled, the rest covered on the host.
 PINNED: dict[str, object] = {

@@ -1,4 +1,4 @@
-"""The C ABI's one Python mirror (tuner/fa_tune_ops/abi.py) against its definition,
+"""The C ABI's one Python mirror (tuner/ship/fa_tune_ops/abi.py) against its definition,
 cuda_src/fa_tune/fa_tune.h: a small C program compiled against the header prints the version,
 sizeof(fa_tune_args), the offset of every field and the status bits; abi.Args must agree field
 by field, and hold exactly the header's fields in its order. Needs a C compiler (cc or gcc;
@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from tuner import _paths
-from tuner.runtime import abi
+from tuner.kernel.runtime import abi
 
 HEADER = _paths.cuda_src_dir() / "fa_tune" / "fa_tune.h"
 

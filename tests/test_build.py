@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tuner import build
-from tuner.config import KernelConfig
 from tuner.errors import BuildError, ConfigError
+from tuner.kernel import build, sass, toolchain
+from tuner.kernel.config import KernelConfig
 
 
 def test_find_nvcc_and_version() -> None:
-    nvcc = build.find_nvcc()
+    nvcc = toolchain.find_nvcc()
     assert os.access(nvcc, os.X_OK)
-    ver = build.nvcc_version(nvcc)
+    ver = toolchain.nvcc_version(nvcc)
     assert ver.count(".") == 2 and int(ver.split(".")[0]) >= 12
 
 
@@ -26,10 +26,10 @@ def test_find_nvcc_missing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
-    monkeypatch.setattr(build, "_wheel_bin_dirs", lambda: [])
-    monkeypatch.setattr(build, "_candidate_bin_dirs", lambda: [Path("/nonexistent")])
+    monkeypatch.setattr(toolchain, "_wheel_bin_dirs", lambda: [])
+    monkeypatch.setattr(toolchain, "_candidate_bin_dirs", lambda: [Path("/nonexistent")])
     with pytest.raises(BuildError, match="nvcc not found.*CUDA_HOME"):
-        build.find_nvcc()
+        toolchain.find_nvcc()
 
 
 def test_find_nvcc_prefers_cuda_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -38,11 +38,11 @@ def test_find_nvcc_prefers_cuda_home(tmp_path: Path, monkeypatch: pytest.MonkeyP
     fake.write_text("#!/bin/sh\nexec nvcc \"$@\"\n")
     fake.chmod(0o755)
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
-    assert build.find_nvcc() == fake
+    assert toolchain.find_nvcc() == fake
 
 
 def test_cutlass_headers_found() -> None:
-    inc = build.cutlass_include()
+    inc = toolchain.cutlass_include()
     assert (inc / "cute" / "tensor.hpp").is_file()
 
 
@@ -77,7 +77,7 @@ def test_parse_ptxas_cuda12_format() -> None:
         "ptxas info    : Used 168 registers, 1024 bytes smem, 560 bytes cmem[0], 8 bytes cmem[2]\n"
         "ptxas warning : (C7515) Potential Performance Loss: wgmma.mma_async serialized\n"
     )
-    p = build.parse_ptxas(log)
+    p = sass.parse_ptxas(log)
     k = p["entries"]["k"]
     assert (k["registers"], k["smem"], k["spill_stores"], k["stack_frame"]) == (168, 1024, 4, 8)
     assert k["cmem"] == {"0": 560, "2": 8}
@@ -100,12 +100,12 @@ def test_parse_ptxas_wgmma_serialization() -> None:
         "ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions are "
         "serialized due to program dependence on compiler-inserted WG.AR in divergent path\n"
     )
-    p = build.parse_ptxas(log)
+    p = sass.parse_ptxas(log)
     assert [w.split(":")[0] for w in p["wgmma_serialized"]] == ["C7514", "C7512", "C7520"]
     assert "insufficient register resources" in p["wgmma_serialized"][1]
     assert p["wgmma_serialized"][2].endswith("divergent path")
     # An injected wait alone (C7517) keeps the pipeline: not a serialization.
-    assert build.parse_ptxas(log.splitlines()[0])["wgmma_serialized"] == []
+    assert sass.parse_ptxas(log.splitlines()[0])["wgmma_serialized"] == []
     r = build.BuildResult(
         key="k", name="kernel", cache_dir="", so_path="", config=None, config_id="abc",
         cache_hit=False, compile_seconds=0.0, ptxas=p, sass={"ldl": 0, "stl": 0},
@@ -129,7 +129,7 @@ def test_wgmma_kernel_sass_and_cache_hit(studies: Path, data_dir: Path) -> None:
     art = json.loads((so.parent / "artifact.json").read_text())
     assert art["so_sha256"] == build.sha256_file(so)
     assert art["config"] == cfg.to_dict() and art["key"] == so.parent.name
-    assert art["nvcc_version"] == build.nvcc_version()
+    assert art["nvcc_version"] == toolchain.nvcc_version()
     mtime = so.stat().st_mtime_ns
 
     r2 = build.build_config(cfg, template=tpl)
@@ -148,7 +148,7 @@ def test_wgmma_kernel_sass_and_cache_hit(studies: Path, data_dir: Path) -> None:
 
     # Any change to the config is a different artifact.
     assert build.cache_key(build.render(KernelConfig(), tpl), build.KERNEL_FLAGS,
-                           build.nvcc_version()) != r1.key
+                           toolchain.nvcc_version()) != r1.key
 
 
 def test_render_unknown_placeholder(tmp_path: Path) -> None:
@@ -216,7 +216,7 @@ def test_defines_are_part_of_the_key_and_none_changes_nothing(studies: Path,
     plain = build.build_config(cfg, template=tpl)
     # No defines: the key is exactly the one the code computed before defines existed.
     assert plain.key == build.cache_key(build.render(cfg, tpl), build.KERNEL_FLAGS,
-                                        build.nvcc_version())
+                                        toolchain.nvcc_version())
     assert plain.flags == list(build.KERNEL_FLAGS)
     for none in (None, {}):
         again = build.build_config(cfg, template=tpl, defines=none)
@@ -260,12 +260,12 @@ def test_planted_bug_variants_compile() -> None:
     at once, one nvcc per usable CPU."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from tuner.config import load_preset
+    from tuner.kernel.config import load_preset
 
     cfg = load_preset("default")
-    plain = build.cache_key(build.render(cfg), build.KERNEL_FLAGS, build.nvcc_version())
+    plain = build.cache_key(build.render(cfg), build.KERNEL_FLAGS, toolchain.nvcc_version())
     bugs = sorted(planted_bugs())
-    with ThreadPoolExecutor(max_workers=build.usable_cpus()) as ex:
+    with ThreadPoolExecutor(max_workers=toolchain.usable_cpus()) as ex:
         results = list(ex.map(
             lambda n: build.build_config(cfg, defines={"FA_TUNE_PLANT_BUG": n}), bugs))
     for bug, r in zip(bugs, results, strict=True):

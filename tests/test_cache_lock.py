@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner import build
 from tuner.errors import BuildError
+from tuner.kernel import build, toolchain
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 SOURCE = "// fa-tune cache lock test\nextern \"C\" int f() { return 1; }\n"
@@ -34,9 +34,9 @@ def fake_nvcc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     log = tmp_path / "nvcc.log"
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
     monkeypatch.setenv("FAKE_NVCC_LOG", str(log))
-    build._nvcc_version_of.cache_clear()
+    toolchain._nvcc_version_of.cache_clear()
     yield log
-    build._nvcc_version_of.cache_clear()
+    toolchain._nvcc_version_of.cache_clear()
 
 
 def _build_in_process(source: str, root: str) -> tuple[str, object]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,8 +42,8 @@ def test_bad_shape_exit_2(shape: str, needle: str) -> None:
 @pytest.fixture()
 def no_builds(monkeypatch: pytest.MonkeyPatch) -> None:
     """Any compile or GPU use is a test failure: the refusal must come first."""
-    from tuner import build as build_mod
-    from tuner import runtime
+    from tuner.kernel import build as build_mod
+    from tuner.kernel import runtime
 
     def refuse(*_a: object, **_k: object) -> None:
         raise AssertionError("a kernel was built (or the GPU opened) for a problem it cannot run")
@@ -172,7 +173,7 @@ def test_bundle_refuses_non_empty_dir(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(has_sm90_gpu(), reason="checks the no-GPU message")
 def test_run_without_gpu_exit_2() -> None:
-    pytest.importorskip("tuner.runtime")
+    pytest.importorskip("tuner.kernel.runtime")
     r = runner.invoke(app, ["run", "--preset", "baseline", "--shape", "1x1x128"])
     assert r.exit_code == 2, r.output
     _one_error_line(r.output)
@@ -206,3 +207,28 @@ def test_help_shows_the_problem_syntax(command: str) -> None:
     r = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert "BxHq[/Hkv]xS[:kSK][:dD][:full][:qkv|:bhsd]" in r.output
+
+
+@pytest.mark.parametrize("args", [["run", "--bogus"], ["show", "--top"], ["frob"],
+                                  ["workload"], ["show", "--top", "x"]])
+def test_usage_errors_are_one_line(args: list[str]) -> None:
+    """click's own errors through the entry point: one line on stderr naming the command's
+    --help, exit 2, no usage dump and no box."""
+    r = subprocess.run([sys.executable, "-c", "from tuner.cli import main; main()", *args],
+                       capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"})
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("fa-tune: error: ") and "--help`)" in r.stderr
+    assert "╭" not in r.stderr and "Usage:" not in r.stderr
+
+
+@pytest.mark.parametrize("command", ["", "build", "run", "doctor", "presets", "bundle", "compare",
+                                     "search", "worker", "show", "export", "workload", "tune",
+                                     "profile"])
+def test_help_shows_no_type_placeholders(command: str) -> None:
+    """Options that take a value show a metavar (PROBLEM, NAME, N, ...), flags none: no
+    <bool>, <str>, <list[str]>, <int range>."""
+    r = runner.invoke(app, [*command.split(), "--help"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert not re.findall(r"<(bool|str|int|float|path|list\[\w+\]|int range|float range)>",
+                          r.output), r.output

@@ -13,11 +13,12 @@ import pytest
 from cli_helpers import one_error_line as _one_error_line
 from typer.testing import CliRunner
 
-from tuner import build as build_mod
-from tuner import compare as compare_mod
-from tuner import peers
+from tuner.analysis import compare as compare_mod
+from tuner.analysis import compare_report
 from tuner.cli import app
-from tuner.config import load_preset
+from tuner.kernel import build as build_mod
+from tuner.kernel.config import load_preset
+from tuner.measure import peers
 from tuner.problem import Problem, ProblemClass
 
 REPO = Path(__file__).resolve().parent.parent
@@ -114,7 +115,7 @@ def test_compare_study_resolution_errors(tmp_path: Path, config: Any, needle: st
 
 def test_compare_without_a_gpu_is_one_line_before_building() -> None:
     """No GPU on this machine: one line, exit 2, and no compile (the fixture refuses builds)."""
-    from tuner import runtime
+    from tuner.kernel import runtime
 
     try:
         runtime.Device.open(0)
@@ -148,8 +149,9 @@ def _fake_gpu_path(monkeypatch: pytest.MonkeyPatch, payload: dict[str, Any],
         return built
 
     monkeypatch.setattr(build_mod, "build_config", fake_build)
-    monkeypatch.setattr("tuner.peers.base.module_missing", lambda name: None)
-    monkeypatch.setattr("tuner.runtime.Device.open", lambda *a, **k: None)  # "a GPU is there"
+    monkeypatch.setattr("tuner.measure.peers.base.module_missing", lambda name: None)
+    # "a GPU is there"
+    monkeypatch.setattr("tuner.kernel.runtime.Device.open", lambda *a, **k: None)
 
     def fake_compare(so_path: Any, shapes: Any, backends: Any, **kw: Any) -> dict[str, Any]:
         calls.append({"so_path": so_path, "shapes": shapes, "backends": backends, **kw})
@@ -256,11 +258,11 @@ def test_check_confirmed_ratio() -> None:
     ]}
     conf = {"protocol": {"settle_s": 2.0}, "shapes": {"4x32x4096": {"tflops": 600.0},
                                                       "4x32x8192": {"tflops": 650.0}}}
-    chk = compare_mod.check_confirmed(payload, conf)
+    chk = compare_report.check_confirmed(payload, conf)
     [row] = chk["shapes"]
     assert row["shape"] == "4x32x4096" and row["ratio"] == pytest.approx(1.01)
     payload["search_confirmed"] = chk
-    assert "ratio 1.010" in compare_mod.confirmed_lines(payload)[1]
+    assert "ratio 1.010" in compare_report.confirmed_lines(payload)[1]
 
 
 def test_compare_failed_kernel_gate_exit_1(monkeypatch: pytest.MonkeyPatch,
@@ -305,9 +307,9 @@ def test_compare_without_torch_is_one_line_before_building() -> None:
         "        if name.split('.')[0] in {'torch', 'triton', 'flash_attn'}:\n"
         "            raise ModuleNotFoundError(name)\n"
         "sys.meta_path.insert(0, B())\n"
-        "import tuner.build\n"
+        "import tuner.kernel.build\n"
         "def refuse(*a, **k): raise SystemExit('built a kernel')\n"
-        "tuner.build.build_config = refuse\n"
+        "tuner.kernel.build.build_config = refuse\n"
         "from tuner.cli import main\n"
         "main(['compare', '--preset', 'default'])\n"
     )
@@ -333,7 +335,7 @@ def test_compare_study_with_a_problem_the_kernel_cannot_run_exit_2(tmp_path: Pat
 def test_compare_peers_only_accepts_a_gqa_problem_up_to_the_gpu_check(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """No --study/--preset/--config: every problem is the peers'; it gets as far as the GPU."""
-    from tuner import runtime
+    from tuner.kernel import runtime
 
     opened: list[int] = []
 
@@ -341,7 +343,8 @@ def test_compare_peers_only_accepts_a_gqa_problem_up_to_the_gpu_check(
         opened.append(index)
         raise runtime.GpuError("no GPU here (test)")
 
-    monkeypatch.setattr("tuner.peers.base.module_missing", lambda name: None)  # "torch is there"
+    # "torch is there"
+    monkeypatch.setattr("tuner.measure.peers.base.module_missing", lambda name: None)
     monkeypatch.setattr(runtime.Device, "open", no_gpu)
     r = runner.invoke(app, ["compare", "--shape", "1x32/8x8192", "--shape", "4x32x8192:d64:full",
                             "--backends", "fa3,cudnn"])
@@ -395,12 +398,12 @@ def test_compare_rows_carry_the_problem(tmp_path: Path) -> None:
     assert (full["D"], full["causal"]) == (64, False)
     # TFLOPS with the non-causal count: 4*B*Hq*S^2*D.
     assert full["tflops"] == pytest.approx(4 * 4 * 32 * 8192**2 * 64 / (2.0 * 1e9))
-    md = compare_mod.summary_markdown(p)
+    md = compare_report.summary_markdown(p)
     assert "D=128, causal" not in md and "causal and non-causal, D=64/128" in md
     # Columns are whole problem names when more than S differs.
     assert "| implementation | 1x32/8x8192 ms / TFLOPS | 4x32x8192:d64:full ms / TFLOPS |" in md
     assert "non-causal 4*B*Hq*S^2*D" in md
-    files = compare_mod.write_outputs(p, tmp_path)
+    files = compare_report.write_outputs(p, tmp_path)
     import csv
 
     with open(files["csv"], newline="") as f:
@@ -410,14 +413,14 @@ def test_compare_rows_carry_the_problem(tmp_path: Path) -> None:
 
 
 def test_compare_titles_say_what_the_problems_are() -> None:
-    assert compare_mod.problems_title(_problem_payload(["4x32x4096", "4x32x8192"])) == (
+    assert compare_report.problems_title(_problem_payload(["4x32x4096", "4x32x8192"])) == (
         "causal, D=128, MHA, B=4, H=32")
-    assert compare_mod.problems_title(_problem_payload(["1x32/8x4096", "1x32/8x8192"])) == (
+    assert compare_report.problems_title(_problem_payload(["1x32/8x4096", "1x32/8x8192"])) == (
         "causal, D=128, GQA (Hq=32, Hkv=8), B=1")
     p = _problem_payload(["4x32x4096:d64", "4x32x8192:d64"])
-    assert compare_mod._shape_headers(p) == [("4x32x4096:d64", "S=4096"),
+    assert compare_report._shape_headers(p) == [("4x32x4096:d64", "S=4096"),
                                             ("4x32x8192:d64", "S=8192")]
-    assert "non-causal" in compare_mod.problems_title(_problem_payload(["4x32x4096:full"]))
+    assert "non-causal" in compare_report.problems_title(_problem_payload(["4x32x4096:full"]))
 
 
 def test_compare_reads_an_old_payload_as_mha_causal() -> None:
@@ -428,7 +431,7 @@ def test_compare_reads_an_old_payload_as_mha_causal() -> None:
             del s[k]
     p["summary"] = compare_mod.summarize(p)
     assert p["summary"][0]["Hkv"] == 32 and p["summary"][0]["causal"] is True
-    assert compare_mod.problems_title(p) == "causal, D=128, MHA, B=4, H=32"
+    assert compare_report.problems_title(p) == "causal, D=128, MHA, B=4, H=32"
 
 
 def test_compare_kernel_row_for_a_problem_it_cannot_run_is_unavailable() -> None:
@@ -472,11 +475,11 @@ def test_compare_rows_carry_the_key_length(tmp_path: Path) -> None:
     assert row["tflops"] == pytest.approx(prob.flops / (row["median_ms"] * 1e9))
     assert prob.flops == 4 * 32 * 128 * (2048 * 8192 - 2048**2 // 2)
     assert Problem.from_dict(p["shapes"][0]) == prob
-    assert compare_mod._shape_headers(p) == [("1x32/8x2048:k8192", "1x32/8x2048:k8192"),
+    assert compare_report._shape_headers(p) == [("1x32/8x2048:k8192", "1x32/8x2048:k8192"),
                                             ("1x32/8x8192", "1x32/8x8192")]
-    md = compare_mod.summary_markdown(p)
+    md = compare_report.summary_markdown(p)
     assert "BxHq[/Hkv]xS[:kSK][:dD][:full]" in md and "S_q*S_k - S_q^2/2" in md
-    files = compare_mod.write_outputs(p, tmp_path)
+    files = compare_report.write_outputs(p, tmp_path)
     import csv
 
     with open(files["csv"], newline="") as f:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tuner import compare
+from tuner.analysis import compare, compare_report
 from tuner.errors import FaTuneError
 from tuner.problem import Problem
 
@@ -47,9 +47,9 @@ def run_without_torch(body: str) -> subprocess.CompletedProcess[str]:
 def test_compare_and_peers_import_without_torch() -> None:
     r = run_without_torch(
         """
-        import tuner.compare, tuner.peers, tuner.peers.fa3, tuner.peers.sdpa
-        import tuner.peers.triton_fa, tuner.peers.base, tuner.measure.launch
-        import tuner.measure.bench
+        import tuner.analysis.compare, tuner.measure.peers, tuner.measure.peers.fa3
+        import tuner.measure.peers.sdpa, tuner.measure.peers.triton_fa, tuner.measure.peers.base
+        import tuner.measure.launch, tuner.measure.bench
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
         assert not heavy, heavy
         print("ok")
@@ -65,8 +65,8 @@ def test_peers_report_unavailable_without_torch(tmp_path: Path) -> None:
     r = run_without_torch(
         f"""
         import json
-        from tuner.compare import make_backends
-        from tuner.peers import PEER_NAMES
+        from tuner.analysis.compare import make_backends
+        from tuner.measure.peers import PEER_NAMES
         out = {{b.name: [b.available, b.reason] for b in make_backends(
             [({str(fake_so)!r}, "x")], PEER_NAMES)}}
         print(json.dumps(out))
@@ -116,7 +116,7 @@ def test_kernel_lab_help_without_torch() -> None:
 
 # ---- the Triton kernel (parsed, never imported: no triton here) ---------------------------
 def _triton_source() -> ast.Module:
-    return ast.parse((REPO / "tuner/peers/_triton_kernel.py").read_text())
+    return ast.parse((REPO / "tuner/measure/peers/_triton_kernel.py").read_text())
 
 
 def test_triton_kernel_source_parses_and_has_the_kernel() -> None:
@@ -273,12 +273,12 @@ def test_summarize_merges_reference_ends_and_takes_ratios() -> None:
 
 def test_write_outputs_from_fixture(tmp_path: Path) -> None:
     p = fixture_payload()
-    files = compare.write_outputs(p, tmp_path)
+    files = compare_report.write_outputs(p, tmp_path)
     assert json.loads(files["json"].read_text())["summary"] == json.loads(json.dumps(p["summary"]))
 
     with open(files["csv"], newline="") as f:
         reader = csv.DictReader(f)
-        assert tuple(reader.fieldnames or ()) == compare.SUMMARY_COLUMNS
+        assert tuple(reader.fieldnames or ()) == compare_report.SUMMARY_COLUMNS
         csv_rows = list(reader)
     assert len(csv_rows) == 10
     tune = next(r for r in csv_rows if r["backend"] == "fa-tune" and r["S"] == "4096")
@@ -299,12 +299,12 @@ def test_write_outputs_from_fixture(tmp_path: Path) -> None:
 def test_chart_from_fixture(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     out = tmp_path / "chart.png"
-    assert compare.write_chart(fixture_payload(), out)
+    assert compare_report.write_chart(fixture_payload(), out)
     assert out.stat().st_size > 1000
 
 
 def test_format_table_lists_every_row() -> None:
-    text = compare.format_table(fixture_payload())
+    text = compare_report.format_table(fixture_payload())
     assert text.count("\n") >= 11
     assert "gate_failed: 12 elements" in text and "drift 4x32x4096" in text
 
@@ -356,12 +356,13 @@ def _stub_so(tmp_path: Path, causal: bool = True) -> Path:
 
 
 def test_kernel_launch_reads_the_c_abi_of_a_stub_library(tmp_path: Path) -> None:
-    """The one ctypes binding (tuner.runtime.KernelModule), on a C stub (no CUDA, no torch)."""
+    """The one ctypes binding (tuner.kernel.runtime.KernelModule), on a C stub (no CUDA, no
+    torch)."""
     from types import SimpleNamespace
 
-    from tuner import build
+    from tuner.kernel import build
+    from tuner.kernel.runtime import KernelError
     from tuner.measure.launch import KernelLaunch
-    from tuner.runtime import KernelError
 
     so = _stub_so(tmp_path)
     k = KernelLaunch(so, "stub")
@@ -385,7 +386,7 @@ FAMILY_PROBLEMS = [Problem(1, 32, 1024), Problem(1, 32, 1024, Hkv=8), Problem(1,
 def test_every_peer_answers_supports_and_takes_the_mask() -> None:
     import inspect
 
-    from tuner.peers import PEER_NAMES, make_peer
+    from tuner.measure.peers import PEER_NAMES, make_peer
 
     for name in PEER_NAMES:
         peer = make_peer(name)
@@ -409,8 +410,8 @@ def test_every_peer_answers_supports_and_takes_the_mask() -> None:
 def test_triton_peer_refuses_at_prepare_before_importing_torch() -> None:
     from types import SimpleNamespace
 
-    from tuner.peers.base import Unsupported
-    from tuner.peers.triton_fa import TritonPeer
+    from tuner.measure.peers.base import Unsupported
+    from tuner.measure.peers.triton_fa import TritonPeer
 
     q = SimpleNamespace(shape=(1, 64, 8, 128))
     kv = SimpleNamespace(shape=(1, 64, 2, 128))
@@ -433,7 +434,7 @@ class _Launch:
 
 def test_bench_measure_reports_an_unsupported_problem_as_unavailable() -> None:
     from tuner.measure.bench import Bench
-    from tuner.peers.base import Unsupported
+    from tuner.measure.peers.base import Unsupported
 
     bench = object.__new__(Bench)  # no device: nothing may run for an unsupported problem
 
@@ -457,7 +458,7 @@ def test_bench_measure_reports_an_unsupported_problem_as_unavailable() -> None:
 
 def test_kernel_and_peer_launch_supports(tmp_path: Path) -> None:
     from tuner.measure.launch import KernelLaunch, PeerLaunch, launch_supports
-    from tuner.peers import make_peer
+    from tuner.measure.peers import make_peer
 
     # FAMILY_PROBLEMS: MHA, GQA, MQA (D 128, causal), D 64, D 256, non-causal.
     k = KernelLaunch(_stub_so(tmp_path), "stub")
@@ -482,7 +483,7 @@ def test_kernel_and_peer_launch_supports(tmp_path: Path) -> None:
 
 # ---- queries over a longer KV (S_q < S_k): which peer runs what, and SDPA's mask -------------
 def test_peers_on_queries_over_more_keys() -> None:
-    from tuner.peers import make_peer
+    from tuner.measure.peers import make_peer
 
     causal, full = Problem.parse("1x32/8x2048:k8192"), Problem.parse("1x32/8x2048:k8192:full")
     packed = Problem.parse("32/8x[2048:8192,512:4096]")
@@ -510,7 +511,7 @@ def test_sdpa_peer_gives_a_bottom_right_mask_never_top_left(monkeypatch: pytest.
     from contextlib import nullcontext
 
     from tuner.measure import reference_numpy as RN
-    from tuner.peers.sdpa import SdpaPeer
+    from tuner.measure.peers.sdpa import SdpaPeer
 
     rng = np.random.default_rng(0)
     q = torch.from_numpy(rng.uniform(-2, 2, (2, 5, 4, 16)).astype(np.float32))
@@ -543,7 +544,7 @@ def test_a_declined_problem_is_unsupported_not_missing(tmp_path: Path) -> None:
                 r.update(status="unavailable", timing=None, gate=None,
                          reason="fa2 cannot run it: 2048 queries over 8192 keys")
     p["summary"] = compare.summarize(p)
-    md = compare.summary_markdown(p)
+    md = compare_report.summary_markdown(p)
     assert "| FlashAttention-2 | unsupported | unsupported |" in md
     assert "| Triton | not installed | not installed |" in md
     assert "- FlashAttention-2 on 4x32x4096: unsupported (fa2 cannot run it: 2048 queries" in md
@@ -561,7 +562,8 @@ def _layout_payload() -> dict:
                        "runs": runs, "drift": compare._drift(runs)})
     payload = fixture_payload()
     payload.update(shapes=shapes, backends=[], status="ok")
-    payload["inputs"] = {"layout": compare._layout_text([Problem.from_dict(s) for s in shapes])}
+    problems = [Problem.from_dict(s) for s in shapes]
+    payload["inputs"] = {"layout": compare_report._layout_text(problems)}
     payload["summary"] = compare.summarize(payload)
     return payload
 
@@ -575,11 +577,11 @@ def test_a_layout_is_its_own_row_column_and_csv_field(tmp_path: Path) -> None:
                          for b in ("fa3", "fa-tune")}
     assert rows[("1x32/8x8192:qkv", "fa-tune")]["layout"] == "qkv"
     assert "layout" not in rows[("1x32/8x8192", "fa-tune")]  # the default: left out, as Sk
-    assert [t for _, t in compare._shape_headers(p)] == ["1x32/8x8192", "1x32/8x8192:qkv"]
+    assert [t for _, t in compare_report._shape_headers(p)] == ["1x32/8x8192", "1x32/8x8192:qkv"]
     assert "fused QKV" in p["inputs"]["layout"] and ":qkv as q, k, v views" in p["inputs"]["layout"]
-    assert compare._layout_text([Problem(1, 2, 64)]).startswith("BSHD contiguous")
-    assert "as q, k, v" not in compare._layout_text([Problem(1, 2, 64)])
-    files = compare.write_outputs(p, tmp_path)
+    assert compare_report._layout_text([Problem(1, 2, 64)]).startswith("BSHD contiguous")
+    assert "as q, k, v" not in compare_report._layout_text([Problem(1, 2, 64)])
+    files = compare_report.write_outputs(p, tmp_path)
     with open(files["csv"], newline="") as f:
         got = {(r["shape"], r["backend"]): r["layout"] for r in csv.DictReader(f)}
     assert got[("1x32/8x8192:qkv", "fa-tune")] == "qkv" and got[("1x32/8x8192", "fa3")] == ""
@@ -597,7 +599,7 @@ def test_sdpa_peer_reads_a_layouts_views(monkeypatch: pytest.MonkeyPatch, text: 
     from contextlib import nullcontext
 
     from tuner.measure import reference_numpy as RN
-    from tuner.peers.sdpa import SdpaPeer
+    from tuner.measure.peers.sdpa import SdpaPeer
 
     p = Problem.parse(text)
     rng = np.random.default_rng(1)

@@ -6,18 +6,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuner import config as C
-from tuner.config import (
-    KNOBS,
-    KernelConfig,
-    camel_case,
-    check_problem,
-    check_problems,
-    list_presets,
-    load_preset,
-    validate,
-)
 from tuner.errors import ConfigError, ShapeError
+from tuner.kernel import config as C
+from tuner.kernel.config import KNOBS, KernelConfig, camel_case, list_presets, load_preset, validate
+from tuner.kernel.support import check_problem, check_problems
 from tuner.problem import SEED_PROBLEMS, Problem, ProblemClass, class_of
 
 ARCH_DEFAULTS = {
@@ -372,14 +364,14 @@ def test_check_varlen_refuses_what_cannot_serve_varlen(monkeypatch: pytest.Monke
         C.check_varlen(cfg, 64)
     assert "leaves" in (C.varlen_reason(cfg, 64) or "")
     with pytest.raises(ConfigError, match="leaves the consumers 152"):
-        C.check_problems(cfg, [Problem.parse("32/8x[8192,4096*2]:d64")])
+        check_problems(cfg, [Problem.parse("32/8x[8192,4096*2]:d64")])
 
 
 def test_check_problems_checks_varlen_only_for_varlen_problems() -> None:
     d64 = load_preset("d64")
-    assert C.check_problems(d64, [Problem(1, 32, 8192, Hkv=8, D=64)]).varlen is False
-    assert C.check_problems(d64, [Problem.parse("32/8x[8192,4096*2]:d64")]).varlen is True
-    assert C.check_problems(load_preset("default"), [Problem.parse("32/8x[100,1]")]) == \
+    assert check_problems(d64, [Problem(1, 32, 8192, Hkv=8, D=64)]).varlen is False
+    assert check_problems(d64, [Problem.parse("32/8x[8192,4096*2]:d64")]).varlen is True
+    assert check_problems(load_preset("default"), [Problem.parse("32/8x[100,1]")]) == \
         ProblemClass(128, True, varlen=True)
 
 
@@ -394,7 +386,7 @@ def test_head_cluster_is_left_out_of_the_id_at_its_neutral_value() -> None:
 
 
 def test_head_cluster_row_slices_per_head_dim() -> None:
-    from tuner.config import cluster_size
+    from tuner.kernel.config import cluster_size
 
     mc_hc = KernelConfig(scheduler="static", kv_multicast=True, head_cluster=2)
     assert cluster_size(mc_hc) == 4 and cluster_size(KernelConfig()) == 1
@@ -421,7 +413,7 @@ def test_check_problem_needs_a_group_head_cluster_divides(text: str, c: int, ok:
 
 
 def test_sum_in_pv_only_at_head_dim_64() -> None:
-    from tuner.config import consumer_reg_estimate, smem_bytes
+    from tuner.kernel.config import consumer_reg_estimate, smem_bytes
 
     cfg = load_preset("d64-sumpv")
     assert cfg.sum_in_pv and validate(cfg, 64) is cfg
@@ -439,7 +431,7 @@ def test_sum_in_pv_only_at_head_dim_64() -> None:
 
 
 def test_wg_skip_rules() -> None:
-    from tuner.config import warpgroup_max_skip
+    from tuner.kernel.config import warpgroup_max_skip
 
     cfg = load_preset("d64-wgskip")
     assert cfg.wg_skip and validate(cfg, 64) is cfg
@@ -474,7 +466,7 @@ def test_192_row_pairs_need_v_stages_only_when_causal() -> None:
 def test_two_warpgroup_pairs_count_four_more_registers() -> None:
     # 128 x 80 pairs at 160 registers put 8 B on the stack where the estimate said 160 (nvcc
     # 13.0, 2026-12-03); unpaired and three-warpgroup pairs compiled clean at their estimates.
-    from tuner.config import consumer_reg_estimate
+    from tuner.kernel.config import consumer_reg_estimate
 
     pair = KernelConfig(scheduler="static", kv_multicast=True, block_n=80, consumer_regs=160,
                         producer_regs=40, q_release="after_last_qk")

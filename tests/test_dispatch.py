@@ -16,15 +16,15 @@ from cli_helpers import one_error_line
 from dispatch_stub import HEADER_DIR, TWO, build_stub_library, last_args
 from typer.testing import CliRunner
 
-from tuner import dispatch
 from tuner.cli import app
-from tuner.config import KernelConfig, load_preset
-from tuner.dispatch import DispatchEntry, DispatchError, DispatchTable
 from tuner.errors import FaTuneError
+from tuner.kernel.config import KernelConfig, load_preset
+from tuner.kernel.runtime import abi
 from tuner.problem import Problem, ProblemClass
-from tuner.runtime import abi
-from tuner.study import default_storage_url, open_storage
-from tuner.workload import load_workload, workload_from_dict
+from tuner.search.study import default_storage_url, open_storage
+from tuner.ship import dispatch, dispatcher_cpp
+from tuner.ship.dispatch import DispatchEntry, DispatchError, DispatchTable
+from tuner.ship.workload import load_workload, workload_from_dict
 
 runner = CliRunner()
 
@@ -386,7 +386,7 @@ def test_dispatcher_routes_device_metadata(stub) -> None:
 
 
 def _library_module():
-    """tuner/fa_tune_ops/library.py (and the abi.py it imports) without the package's
+    """tuner/ship/fa_tune_ops/library.py (and the abi.py it imports) without the package's
     __init__, which imports torch: the binding needs neither torch nor fa-tune."""
     import importlib
     import sys
@@ -501,8 +501,8 @@ def test_export_workload_wrong_input_one_line(argv: list[str], needle: str,
 
 def test_dispatcher_comments_cannot_swallow_code() -> None:
     # A source text ending in a backslash would splice the next bucket row into the comment.
-    assert dispatch._comment("file C:\\cfg\\\nx\u00e9") == "file C:?cfg??x?"
+    assert dispatcher_cpp._comment("file C:\\cfg\\\nx\u00e9") == "file C:?cfg??x?"
     t = _table()
-    src = dispatch.dispatcher_source(t)
+    src = dispatcher_cpp.dispatcher_source(t)
     rows = [ln for ln in src.splitlines() if ln.lstrip().startswith('{"s')]
     assert len(rows) == 4 and all("fa_tune_b" in r for r in rows)

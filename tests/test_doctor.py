@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 from typer.testing import CliRunner
 
@@ -60,3 +63,14 @@ def test_cli_exit_code_follows_the_summary(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(doctor, "run_checks", lambda: checks())
     r = runner.invoke(app, ["doctor"])
     assert r.exit_code == 0 and "everything required is there" in r.output
+
+
+def test_nvml_failing_with_the_binding_installed_names_the_driver(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvidia-ml-py imports but NVML does not start: the fix is the driver, not a pip install."""
+    def no_nvml() -> None:
+        raise OSError("NVML Shared Library Not Found")
+
+    monkeypatch.setitem(sys.modules, "pynvml", types.SimpleNamespace(nvmlInit=no_nvml))
+    c = doctor._nvml_check()
+    assert not c.ok and "driver" in c.fix and "pip install" not in c.fix

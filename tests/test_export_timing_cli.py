@@ -8,7 +8,7 @@ from pathlib import Path
 
 import optuna
 
-from tuner.config import load_preset
+from tuner.kernel.config import load_preset
 
 REPO = Path(__file__).resolve().parents[1]
 

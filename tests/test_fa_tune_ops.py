@@ -1,4 +1,4 @@
-"""The exported PyTorch package (tuner/fa_tune_ops) without a GPU: op registration and schema,
+"""The exported PyTorch package (tuner/ship/fa_tune_ops) without a GPU: op registration and schema,
 the fake implementation for every call form (fixed length with S_q <= S_k, packed q and k with
 their own cu_seqlens, a cache with seqused_k / cache_seqlens, strided views), torch.compile
 tracing, one clear error for every unsupported input, the strides the kernel reads and the
@@ -24,11 +24,11 @@ torch = pytest.importorskip("torch", reason="fa_tune_ops needs PyTorch (pip inst
 from dispatch_stub import build_stub_library  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: E402
 
-from tuner import dispatch  # noqa: E402
-from tuner.workload import workload_from_dict  # noqa: E402
+from tuner.ship import dispatch  # noqa: E402
+from tuner.ship.workload import workload_from_dict  # noqa: E402
 
-ops = pytest.importorskip("tuner.fa_tune_ops", reason="fa_tune_ops needs PyTorch")
-from tuner.fa_tune_ops import checks, fallback, hf, status  # noqa: E402
+ops = pytest.importorskip("tuner.ship.fa_tune_ops", reason="fa_tune_ops needs PyTorch")
+from tuner.ship.fa_tune_ops import checks, fallback, hf, status  # noqa: E402
 
 BF16 = torch.bfloat16
 WORKLOAD = {
@@ -52,7 +52,7 @@ def stub_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def four_buckets(stub_lib: Path, tmp_path_factory: pytest.TempPathFactory):
     """llama3-8b's four buckets over the stub's: s1k and s2k serve varlen, s4k and s8k were
     built without it. Loaded for the test, then the two-bucket library again."""
-    from tuner.workload import load_workload
+    from tuner.ship.workload import load_workload
 
     w = load_workload("llama3-8b")
     t = dispatch.table_for_workload(w, dispatch.bucket_sources(
@@ -301,7 +301,7 @@ def test_one_copy_per_process(stub_lib: Path, tmp_path: Path) -> None:
     import shutil
 
     shutil.copytree(Path(ops.__file__).parent, tmp_path / "fa_tune_ops")
-    code = ("import tuner.fa_tune_ops\n"
+    code = ("import tuner.ship.fa_tune_ops\n"
             "try:\n    import fa_tune_ops\nexcept ImportError as e:\n    print('refused:', e)\n")
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                        text=True, timeout=120, env={**os.environ, "PYTHONPATH": f"{tmp_path}"})
@@ -545,7 +545,7 @@ def test_hf_backend_runs_flash_attention_kwargs_as_varlen(kernel_calls: list) ->
 
 
 def test_hf_backend_runs_packed_sequences_as_varlen(kernel_calls: list) -> None:
-    from tuner.fa_tune_ops.hf import PackedSequences
+    from tuner.ship.fa_tune_ops.hf import PackedSequences
 
     ids = torch.tensor([[0] * 3000 + [1] * 2000])
     out, _ = _packed_call(attention_mask=PackedSequences(ids))
@@ -600,7 +600,7 @@ def test_hf_mask_function_decisions(tiny_llama) -> None:
     mask (materialised, never sdpa's top-left 'use is_causal' None) for everything else."""
     from transformers import StaticCache
 
-    from tuner.fa_tune_ops.hf import PackedSequences
+    from tuner.ship.fa_tune_ops.hf import PackedSequences
 
     model = tiny_llama
     ones = torch.ones(2, 24, dtype=torch.long)
@@ -718,8 +718,8 @@ def test_hf_llama_on_cpu_matches_sdpa_through_the_fallback(stub_lib: Path) -> No
 
 # ---- the C++ launch path (native.py) -------------------------------------------------------------
 _NATIVE_PROBE = """
-import os, torch, tuner.fa_tune_ops as ops
-from tuner.fa_tune_ops import native
+import os, torch, tuner.ship.fa_tune_ops as ops
+from tuner.ship.fa_tune_ops import native
 print('at import:', native.status())
 ops.load(os.environ.get('PROBE_LIB'))
 print('after load:', native.status())
@@ -756,7 +756,7 @@ def test_native_launch_path_builds_loads_and_binds(stub_lib: Path, tmp_path: Pat
     import os
     import shutil
 
-    from tuner.fa_tune_ops import native
+    from tuner.ship.fa_tune_ops import native
 
     lib = tmp_path / "lib" / stub_lib.name
     lib.parent.mkdir()
@@ -783,9 +783,9 @@ def test_native_launch_path_builds_loads_and_binds(stub_lib: Path, tmp_path: Pat
 
 
 def test_native_build_finds_the_header(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tuner.fa_tune_ops import native
+    from tuner.ship.fa_tune_ops import native
 
-    assert native.header_dir() == Path(ops.__file__).resolve().parents[2] / "cuda_src" / "fa_tune"
+    assert native.header_dir() == Path(ops.__file__).resolve().parents[3] / "cuda_src" / "fa_tune"
     if native._cuda_include() is not None:
         assert f"-I{native.header_dir()}" in native.compile_command(tmp_path / "x.so")
     monkeypatch.setenv("CXX", "false")

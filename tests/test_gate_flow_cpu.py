@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tuner.kernel.runtime import KernelError, problem_dims
+from tuner.measure import gate_rule as GR
 from tuner.measure import oracle as O
 from tuner.problem import Problem
-from tuner.runtime import KernelError, problem_dims
 
 _ptrs = itertools.count(0x10000, 0x1000)
 STATS: dict[int, bytes] = {}
@@ -71,13 +72,13 @@ class FakeDev:
 def _pass_stats(shape: Any, **kw: Any) -> bytes:
     B, H, _, Sq, _, D, _ = problem_dims(shape)  # O and LSE: the query rows
     base = dict(o_count=B * Sq * H * D, o_violations=0, o_nonfinite=0, o_unwritten=0,
-                o_first_violation=O.NO_VIOLATION, o_ref_nonfinite=0, o_max_abs_err=0.001,
+                o_first_violation=GR.NO_VIOLATION, o_ref_nonfinite=0, o_max_abs_err=0.001,
                 o_sum_sq_err=1e-8, o_sum_sq_ref=1.0, l_count=B * H * Sq)
     base.update(kw)
-    return O.OracleStats(**base).to_bytes()  # type: ignore[arg-type]
+    return GR.OracleStats(**base).to_bytes()  # type: ignore[arg-type]
 
 
-REF2 = (1e-3 / (0.84 * O.BF16_UNIT)) ** 2  # sum ref^2 of a block whose sum bf16 err^2 is 1e-6
+REF2 = (1e-3 / (0.84 * GR.BF16_UNIT)) ** 2  # sum ref^2 of a block whose sum bf16 err^2 is 1e-6
 
 
 def _budget_bytes(shape: Any, bad_block: bool = False) -> tuple[bytes, bytes]:
@@ -85,7 +86,7 @@ def _budget_bytes(shape: Any, bad_block: bool = False) -> tuple[bytes, bytes]:
     (a correct kernel), or one block at 4x (1% on a few rows). rms_bf16 / rms_ref = 0.84 *
     2^-9, as measured for attention outputs."""
     B, H, _, Sq, _, D, _ = problem_dims(shape)
-    nb = O.n_row_blocks(Sq)
+    nb = GR.n_row_blocks(Sq)
     blocks = np.zeros((B, H, nb, 4), np.float32)
     blocks[..., 1] = 1e-6
     blocks[..., 0] = 1.25**2 * 1e-6
@@ -149,8 +150,8 @@ class FakeOracle:
                 stream: Any) -> None:
         pb, ph, _, psq, _, pd, _ = problem_dims(self.shape)
         assert (B, H, S, D) == (pb, ph, psq, pd)  # over O's query rows
-        assert (o_atol, o_rtol, lse_atol, lse_rtol) == (O.O_ATOL, O.O_RTOL, O.LSE_ATOL,
-                                                        O.LSE_RTOL)
+        assert (o_atol, o_rtol, lse_atol, lse_rtol) == (GR.O_ATOL, GR.O_RTOL, GR.LSE_ATOL,
+                                                        GR.LSE_RTOL)
         assert block_sums is not None and col_sums is not None
         self.calls.append(("compare", lse is not None))
         n_lse = B * H * S if lse is not None else 0
@@ -215,7 +216,7 @@ def test_gate_call_order_and_verdict() -> None:
     stats_bufs = [b for b in dev.allocs if b.nbytes == O.ORACLE_STATS_BYTES]
     assert stats_bufs and all(b.freed for b in stats_bufs)
     scratch = [b for b in dev.allocs
-               if b.nbytes in (O.ORACLE_STATS_BYTES, *O.BudgetSums.device_bytes(shape))]
+               if b.nbytes in (O.ORACLE_STATS_BYTES, *GR.BudgetSums.device_bytes(shape))]
     assert len(scratch) == 3 and all(b.freed for b in scratch)  # the budget sums' buffers too
     # The budget was checked on every set, and its worst ratios are reported.
     for m in g.sets:
@@ -223,7 +224,7 @@ def test_gate_call_order_and_verdict() -> None:
         assert m.block_worst is not None and m.col_worst is not None
     d = g.to_dict()
     assert d["budget_ratio"] == pytest.approx(g.budget_ratio)
-    assert d["rule"]["budget_k"] == O.BUDGET_K
+    assert d["rule"]["budget_k"] == GR.BUDGET_K
     assert "budget" in g.summary()
 
     # Second gate on the same shape: the references come from the cache.
@@ -293,7 +294,7 @@ def test_gate_fails_on_the_budget_alone() -> None:
     seed, rising = g.sets
     assert seed.passed and not rising.passed and rising.violations == 0
     assert rising.block_failures == 1 and rising.block_worst == (0, 1, 96, 99)
-    budget = O.BUDGET_K * 1e-3 + O.BUDGET_FLOOR * O.BF16_UNIT * REF2**0.5
+    budget = GR.BUDGET_K * 1e-3 + GR.BUDGET_FLOOR * GR.BF16_UNIT * REF2**0.5
     assert rising.block_budget_ratio == pytest.approx(4e-3 / budget)
     assert rising.block_bf16_ratio == pytest.approx(4.0)
     assert "16-row blocks exceed the BF16 error budget" in g.summary()
@@ -323,7 +324,7 @@ def test_check_output_checks_the_last_launch_without_launching() -> None:
     assert m.passed and m.input_set == "seed" and m.budget_ratio is not None
     assert orc.calls == [("collect", None), ("compare", True)]  # cached reference, no launch
     scratch = [b for b in dev.allocs
-               if b.nbytes in (O.ORACLE_STATS_BYTES, *O.BudgetSums.device_bytes(shape))]
+               if b.nbytes in (O.ORACLE_STATS_BYTES, *GR.BudgetSums.device_bytes(shape))]
     assert len(scratch) == 6 and all(b.freed for b in scratch)  # gate's and check_output's
     assert all(s.destroyed for s in dev.streams)
 
@@ -344,7 +345,7 @@ def test_gate_flow_for_the_problem_family(problem: Problem) -> None:
     assert g.shape == str(problem) and g.problem == problem.to_dict()
     assert g.summary().startswith(f"gate PASS {problem} seed 42")
     assert all(m.elements == problem.B * problem.S * problem.Hq * problem.D for m in g.sets)
-    scratch = [b for b in dev.allocs if b.nbytes in O.BudgetSums.device_bytes(problem)]
+    scratch = [b for b in dev.allocs if b.nbytes in GR.BudgetSums.device_bytes(problem)]
     assert len(scratch) == 2 and all(b.freed for b in scratch)
 
 
@@ -423,10 +424,10 @@ def test_gate_reports_rejected_metadata_as_the_sets_reason() -> None:
 def test_gpu_worker_takes_a_problem_with_more_keys(monkeypatch: pytest.MonkeyPatch) -> None:
     """The search's GPU worker reads the request's problem dict (Sk too) back into the same
     Problem and measures that (fake bench and kernel: no GPU here)."""
-    from tuner import gpu_worker
     from tuner.measure import bench as bench_mod
     from tuner.measure import launch as launch_mod
     from tuner.measure.timing import Protocol
+    from tuner.search import gpu_worker
 
     seen: list[Problem] = []
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tuner import _paths, build
-from tuner.config import SMEM_LIMIT_BYTES, list_presets, load_preset, preset_head_dim
+from tuner import _paths
+from tuner.kernel import build, toolchain
+from tuner.kernel.config import SMEM_LIMIT_BYTES, list_presets, load_preset, preset_head_dim
 from tuner.problem import ProblemClass
 
 pytestmark = [
@@ -43,7 +44,7 @@ def test_preset_compiles_clean(preset: str) -> None:
 def test_tree_reduce_and_q_in_regs_compile_at_uneven_block_n() -> None:
     # Regression (search on the H200, 2026-11-29): tree_reduce with block_n 112 (14 groups of
     # 4 scores per row, not a multiple of the 4 chains) failed a static_assert in nvcc.
-    from tuner.config import KernelConfig
+    from tuner.kernel.config import KernelConfig
 
     cfg = KernelConfig(block_n=112, tree_reduce=True, q_in_regs=True)
     r = build.build_config(cfg)
@@ -55,7 +56,7 @@ def test_tree_reduce_and_q_in_regs_compile_at_uneven_block_n() -> None:
 def test_early_next_qk_keeps_wgmma_asynchronous() -> None:
     # Regression (lab run 5 on the H200, 2026-11-29): the early QK in flight on one path into
     # the tile loop and not on the other made ptxas serialize every wgmma (C7514), 60% slower.
-    from tuner.config import KernelConfig
+    from tuner.kernel.config import KernelConfig
 
     cfg = KernelConfig(scheduler="static", producer_regs=40, consumer_regs=232,
                        q_release="after_last_qk", early_next_qk=True)
@@ -71,7 +72,7 @@ def test_multicast_kernel_shares_kv_across_the_cluster() -> None:
     # plain persistent kernel has neither.
     import subprocess
 
-    cuobjdump = build.find_tool("cuobjdump", build.find_nvcc())
+    cuobjdump = toolchain.find_tool("cuobjdump", toolchain.find_nvcc())
     if cuobjdump is None:
         pytest.skip("cuobjdump not installed")
 
@@ -103,7 +104,7 @@ def test_varlen_class_compiles_both_kernels_clean(preset: str, head_dim: int, ca
     import dataclasses
     import json
 
-    from tuner.config import check_varlen
+    from tuner.kernel.config import check_varlen
     from tuner.problem import ProblemClass
 
     cfg = dataclasses.replace(load_preset(preset), **tweak)
@@ -123,7 +124,7 @@ def test_varlen_class_compiles_both_kernels_clean(preset: str, head_dim: int, ca
     lib.fa_tune_problem_class.restype = ctypes.c_char_p
     assert json.loads(lib.fa_tune_problem_class()) == {"head_dim": head_dim, "causal": causal,
                                                        "varlen": True}
-    from tuner.runtime import abi  # the one mirror of fa_tune.h (no torch needed)
+    from tuner.kernel.runtime import abi  # the one mirror of fa_tune.h (no torch needed)
 
     fns = abi.bind(lib)
     # 16 bytes of counter, then 32 per task: Hq * (total / rows + num_seqs) tasks at most, a
@@ -143,8 +144,8 @@ def test_varlen_class_compiles_both_kernels_clean(preset: str, head_dim: int, ca
 def test_multicast_with_too_few_v_stages_does_not_compile() -> None:
     # The C side's own guard of config.validate's rule (both hung on the H200, 2026-12-02): a
     # lab build that skips validate must not produce a kernel that deadlocks.
-    from tuner.config import KernelConfig
     from tuner.errors import BuildError
+    from tuner.kernel.config import KernelConfig
 
     cfg = KernelConfig(scheduler="static", kv_multicast=True, q_release="after_last_qk",
                        block_n=64, v_stages=1)
@@ -155,8 +156,8 @@ def test_multicast_with_too_few_v_stages_does_not_compile() -> None:
 def test_unchecked_build_makes_a_config_validate_refuses() -> None:
     # The lab's --unchecked (scripts/kernel_lab.py): the three-warpgroup multicast pair at D 64,
     # which validate refuses (measured slower, docs/PERF.md step 39), still compiles clean.
-    from tuner.config import KernelConfig
     from tuner.errors import ConfigError
+    from tuner.kernel.config import KernelConfig
 
     cfg = KernelConfig(scheduler="static", q_release="after_last_qk", block_m=192,
                        consumer_regs=160, kv_multicast=True)
@@ -173,7 +174,7 @@ def _dump_sass(results: dict) -> dict[str, str]:
     import os
     import subprocess
 
-    tool, nvdisasm = build.find_tool("cuobjdump"), build.find_tool("nvdisasm")
+    tool, nvdisasm = toolchain.find_tool("cuobjdump"), toolchain.find_tool("nvdisasm")
     if tool is None:
         pytest.skip("cuobjdump not found")
     env = dict(os.environ)
@@ -188,7 +189,7 @@ def test_sum_in_pv_moves_the_row_sums_into_a_64x72_pv() -> None:
     # ones, and the softmax's one FADD per score goes. Real SASS of the preset that uses it
     # beside the same kernel without it (docs/PERF.md step 39: 376 against 431 instructions
     # in the steady loop).
-    from tuner.config import smem_bytes
+    from tuner.kernel.config import smem_bytes
 
     on = load_preset("d64-sumpv")
     off = on.replace(sum_in_pv=False)

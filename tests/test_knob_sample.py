@@ -20,9 +20,10 @@ from knob_sample import (
     pairs_to_cover,
 )
 
-from tuner import _paths, build
-from tuner.config import KNOBS, KernelConfig, load_preset, validate
+from tuner import _paths
 from tuner.errors import ConfigError
+from tuner.kernel import build
+from tuner.kernel.config import KNOBS, KernelConfig, load_preset, validate
 
 
 def test_sample_covers_every_knob_value() -> None:

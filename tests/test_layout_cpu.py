@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from numpy.lib.stride_tricks import as_strided
 
+from tuner.kernel.oracle_module import OracleModule
+from tuner.kernel.runtime import AttnBuffers, tensor_view
 from tuner.measure import oracle as O
-from tuner.oracle_module import OracleModule
-from tuner.peers.base import strided_views_reason
+from tuner.measure.peers.base import strided_views_reason
 from tuner.problem import HEAD_DIMS, Problem
-from tuner.runtime import AttnBuffers, tensor_view
 
 torch = pytest.importorskip("torch")
 

@@ -17,16 +17,17 @@ import numpy as np
 import pytest
 
 from tuner.errors import FaTuneError
-from tuner.measure import oracle as O
-from tuner.measure import reference_numpy as RN
-from tuner.problem import Problem
-from tuner.runtime import (
+from tuner.kernel.runtime import (
     ORACLE_ABI_VERSION,
     ORACLE_ROW_BLOCK,
     ORACLE_STATS_BYTES,
     CudaError,
     OracleModule,
 )
+from tuner.measure import gate_rule as GR
+from tuner.measure import oracle as O
+from tuner.measure import reference_numpy as RN
+from tuner.problem import Problem
 
 ROOT = Path(__file__).resolve().parents[1]
 ORACLE_CU = ROOT / "cuda_src" / "oracle.cu"
@@ -36,7 +37,7 @@ FLAGS = ["-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-shared"
 
 def _nvcc() -> str:
     try:
-        from tuner.build import find_nvcc
+        from tuner.kernel.build import find_nvcc
 
         return str(find_nvcc())
     except Exception:
@@ -78,7 +79,7 @@ def test_oracle_compiles_without_spills(oracle_so: tuple[Path, str]) -> None:
 
 
 def test_oracle_builds_through_build_cache() -> None:
-    from tuner import build
+    from tuner.kernel import build
 
     res = build.build_oracle()
     assert Path(res.so_path).is_file()
@@ -90,7 +91,7 @@ def test_oracle_abi_loads_without_gpu(oracle_so: tuple[Path, str]) -> None:
     mod = OracleModule(oracle_so[0])
     assert mod._lib.oracle_stats_size() == ORACLE_STATS_BYTES
     assert mod._lib.oracle_abi_version() == ORACLE_ABI_VERSION
-    assert mod._lib.oracle_row_block() == ORACLE_ROW_BLOCK == O.ROW_BLOCK
+    assert mod._lib.oracle_row_block() == ORACLE_ROW_BLOCK == GR.ROW_BLOCK
 
 
 def test_oracle_call_without_gpu_is_a_clear_error(oracle_so: tuple[Path, str]) -> None:
@@ -153,20 +154,20 @@ def test_oracle_stats_layout_matches_python() -> None:
     start = text.index("struct OracleStats {")
     body = text[start:text.index("};", start)]
     fields = re.findall(r"(?:unsigned long long|double) (\w+);", body)
-    assert fields == list(O._STATS_DTYPE.names)
+    assert fields == list(GR._STATS_DTYPE.names)
     assert "#define ORACLE_POISON_BF16 0x7FBFu" in text
     assert f"#define ORACLE_ABI_VERSION {ORACLE_ABI_VERSION}\n" in text
     assert f"#define ORACLE_ROW_BLOCK {ORACLE_ROW_BLOCK}\n" in text
     assert f"sizeof(OracleStats) == {ORACLE_STATS_BYTES}" in text
     assert "#define ORACLE_POISON_F32 0x7FBADBADu" in text
-    assert O.POISON_BF16 == 0x7FBF and O.POISON_F32 == 0x7FBADBAD
+    assert GR.POISON_BF16 == 0x7FBF and GR.POISON_F32 == 0x7FBADBAD
 
 
 def test_poison_patterns_are_nan_but_not_hardware_nans() -> None:
-    assert np.isnan(O.bf16_bits_to_f32(np.array([O.POISON_BF16], np.uint16))[0])
-    assert np.isnan(np.array([O.POISON_F32], np.uint32).view(np.float32)[0])
-    assert O.POISON_BF16 not in (0x7FC0, 0x7FFF, 0xFFC0, 0xFFFF)
-    assert O.POISON_F32 not in (0x7FC00000, 0x7FFFFFFF, 0xFFC00000)
+    assert np.isnan(O.bf16_bits_to_f32(np.array([GR.POISON_BF16], np.uint16))[0])
+    assert np.isnan(np.array([GR.POISON_F32], np.uint32).view(np.float32)[0])
+    assert GR.POISON_BF16 not in (0x7FC0, 0x7FFF, 0xFFC0, 0xFFFF)
+    assert GR.POISON_F32 not in (0x7FC00000, 0x7FFFFFFF, 0xFFC00000)
 
 
 # ---- decoding -------------------------------------------------------------------------------
@@ -179,9 +180,9 @@ def test_decode_bshd_matches_numpy(shape: Any) -> None:
     rng = np.random.default_rng(0)
     for idx in [0, n - 1, *rng.integers(0, n, 50).tolist()]:
         want = np.unravel_index(idx, (shape.B, shape.S, shape.H, D))
-        assert O.decode_bshd(int(idx), shape) == tuple(int(x) for x in want)
+        assert GR.decode_bshd(int(idx), shape) == tuple(int(x) for x in want)
     with pytest.raises(ValueError):
-        O.decode_bshd(n, shape)
+        GR.decode_bshd(n, shape)
 
 
 @pytest.mark.parametrize("shape", [Shape(3, 5, 7), Problem(3, 6, 7, Hkv=2, D=64)])
@@ -189,37 +190,37 @@ def test_decode_bhs_matches_numpy(shape: Any) -> None:
     dims = (shape.B, shape.H, shape.S)  # LSE is [B, Hq, S] whatever Hkv and D
     for idx in range(int(np.prod(dims))):
         want = np.unravel_index(idx, dims)
-        assert O.decode_bhs(idx, shape) == tuple(int(x) for x in want)
+        assert GR.decode_bhs(idx, shape) == tuple(int(x) for x in want)
     with pytest.raises(ValueError):
-        O.decode_bhs(-1, shape)
+        GR.decode_bhs(-1, shape)
 
 
 # ---- stats and the verdict ------------------------------------------------------------------
-def _stats(shape: SimpleNamespace, **kw: object) -> O.OracleStats:
+def _stats(shape: SimpleNamespace, **kw: object) -> GR.OracleStats:
     n = shape.B * shape.S * shape.H * 128
     base: dict[str, object] = dict(
         o_count=n, o_violations=0, o_nonfinite=0, o_unwritten=0,
-        o_first_violation=O.NO_VIOLATION, o_ref_nonfinite=0, o_max_abs_err=0.002,
+        o_first_violation=GR.NO_VIOLATION, o_ref_nonfinite=0, o_max_abs_err=0.002,
         o_sum_sq_err=1e-6 * n, o_sum_sq_ref=0.1 * n, o_sum_sq_bf16=0.8e-6 * n,
         l_count=shape.B * shape.H * shape.S, l_violations=0, l_nonfinite=0, l_unwritten=0,
-        l_first_violation=O.NO_VIOLATION, l_ref_nonfinite=0, l_max_abs_err=2.0**-17,
+        l_first_violation=GR.NO_VIOLATION, l_ref_nonfinite=0, l_max_abs_err=2.0**-17,
     )
     base.update(kw)
-    return O.OracleStats(**base)  # type: ignore[arg-type]
+    return GR.OracleStats(**base)  # type: ignore[arg-type]
 
 
 def test_stats_bytes_roundtrip() -> None:
     s = _stats(Shape(2, 3, 64), o_violations=3, o_first_violation=12345, o_max_abs_err=0.75)
     raw = s.to_bytes()
     assert len(raw) == ORACLE_STATS_BYTES
-    assert O.OracleStats.from_bytes(raw) == s
+    assert GR.OracleStats.from_bytes(raw) == s
     with pytest.raises(ValueError):
-        O.OracleStats.from_bytes(raw[:-8])
+        GR.OracleStats.from_bytes(raw[:-8])
 
 
 def test_evaluate_pass() -> None:
     shape = Shape(2, 3, 64)
-    m = O.evaluate(_stats(shape), shape, "seed", check_lse=True)
+    m = GR.evaluate(_stats(shape), shape, "seed", check_lse=True)
     assert m.passed and not m.reasons
     assert m.first_violation is None
     assert m.rel_l2 == pytest.approx(math.sqrt(1e-5))
@@ -229,7 +230,7 @@ def test_evaluate_pass() -> None:
 def test_evaluate_one_violation_decodes_location() -> None:
     shape = Shape(2, 3, 64)
     idx = ((1 * 64 + 17) * 3 + 2) * 128 + 100  # (b=1, s=17, h=2, d=100)
-    m = O.evaluate(_stats(shape, o_violations=1, o_first_violation=idx, o_max_abs_err=9.0),
+    m = GR.evaluate(_stats(shape, o_violations=1, o_first_violation=idx, o_max_abs_err=9.0),
                    shape, "rising", check_lse=False)
     assert not m.passed
     assert m.violations == 1 and m.first_violation == (1, 17, 2, 100)
@@ -253,30 +254,30 @@ def test_evaluate_failures(kw: dict[str, object], needle: str) -> None:
     shape = Shape(1, 1, 64)
     if "o_sum_sq_err" in kw:
         kw = dict(kw, o_sum_sq_ref=1.0, o_sum_sq_err=(0.011) ** 2)
-    m = O.evaluate(_stats(shape, **kw), shape, "seed", check_lse=True)
+    m = GR.evaluate(_stats(shape, **kw), shape, "seed", check_lse=True)
     assert not m.passed, m
     assert needle in " ".join(m.reasons)
 
 
 def test_evaluate_lse_ignored_when_kernel_does_not_write_it() -> None:
     shape = Shape(1, 1, 64)
-    m = O.evaluate(_stats(shape, l_unwritten=64, l_violations=64, l_first_violation=0, l_count=64),
+    m = GR.evaluate(_stats(shape, l_unwritten=64, l_violations=64, l_first_violation=0, l_count=64),
                    shape, "seed", check_lse=False)
     assert m.passed and not m.lse_checked and m.lse_first_violation is None
 
 
 def test_evaluate_lse_first_violation_decoded() -> None:
     shape = Shape(2, 3, 64)
-    m = O.evaluate(_stats(shape, l_violations=1, l_first_violation=(1 * 3 + 2) * 64 + 9),
+    m = GR.evaluate(_stats(shape, l_violations=1, l_first_violation=(1 * 3 + 2) * 64 + 9),
                    shape, "seed", check_lse=True)
     assert m.lse_first_violation == (1, 2, 9)
 
 
 def test_evaluate_zero_reference_energy() -> None:
     shape = Shape(1, 1, 64)
-    assert O.evaluate(_stats(shape, o_sum_sq_err=0.0, o_sum_sq_ref=0.0), shape, "seed",
+    assert GR.evaluate(_stats(shape, o_sum_sq_err=0.0, o_sum_sq_ref=0.0), shape, "seed",
                       check_lse=False).rel_l2 == 0.0
-    m = O.evaluate(_stats(shape, o_sum_sq_err=1.0, o_sum_sq_ref=0.0), shape, "seed",
+    m = GR.evaluate(_stats(shape, o_sum_sq_err=1.0, o_sum_sq_ref=0.0), shape, "seed",
                    check_lse=False)
     assert math.isinf(m.rel_l2) and not m.passed
     assert m.to_dict()["rel_l2"] is None
@@ -284,10 +285,10 @@ def test_evaluate_zero_reference_energy() -> None:
 
 def test_gate_result_summary_and_dict() -> None:
     shape = Shape(2, 3, 64)
-    ok = O.evaluate(_stats(shape), shape, "seed", check_lse=True)
-    bad = O.evaluate(_stats(shape, o_violations=2, o_first_violation=0, o_max_abs_err=0.9),
+    ok = GR.evaluate(_stats(shape), shape, "seed", check_lse=True)
+    bad = GR.evaluate(_stats(shape, o_violations=2, o_first_violation=0, o_max_abs_err=0.9),
                      shape, "rising", check_lse=True)
-    g = O.GateResult(passed=False, shape="2x3x64", seed=42, sets=[ok, bad])
+    g = GR.GateResult(passed=False, shape="2x3x64", seed=42, sets=[ok, bad])
     line = g.summary()
     assert "\n" not in line
     assert line.startswith("gate FAIL 2x3x64 seed 42")
@@ -296,15 +297,15 @@ def test_gate_result_summary_and_dict() -> None:
     d = g.to_dict()
     assert d["sets"][1]["first_violation"] == [0, 0, 0, 0]
     assert d["rule"]["o_atol"] == 0.05 and d["rule"]["o_rtol"] == 0.1
-    assert d["rule"]["budget_k"] == O.BUDGET_K and d["rule"]["budget_floor"] == O.BUDGET_FLOOR
-    assert d["rule"]["budget_row_block"] == O.ROW_BLOCK
+    assert d["rule"]["budget_k"] == GR.BUDGET_K and d["rule"]["budget_floor"] == GR.BUDGET_FLOOR
+    assert d["rule"]["budget_row_block"] == GR.ROW_BLOCK
     assert d["budget_ratio"] is None  # no budget sums were given
     import json
 
     json.dumps(d)  # serialisable
-    g2 = O.GateResult(passed=True, shape="2x3x64", seed=42, sets=[ok])
+    g2 = GR.GateResult(passed=True, shape="2x3x64", seed=42, sets=[ok])
     assert g2.summary().startswith("gate PASS")
-    assert O.GateResult(passed=True, shape=(2, 3, 64), seed=42,  # type: ignore[arg-type]
+    assert GR.GateResult(passed=True, shape=(2, 3, 64), seed=42,  # type: ignore[arg-type]
                         sets=[ok]).summary().startswith("gate PASS 2x3x64")  # old tuple form
 
 
@@ -428,16 +429,16 @@ def _synthetic(B: int = 1, H: int = 2, S: int = 256, seed: int = 0,
     rows = np.arange(S, dtype=np.float64)[None, :, None, None]
     ref = (rng.standard_normal((B, S, H, 128)) / np.sqrt(1.0 + rows / 8)).astype(np.float32)
     row_rms = np.sqrt((ref.astype(np.float64) ** 2).mean(axis=-1, keepdims=True))
-    noise = 0.6 * O.BF16_UNIT * row_rms * rng.standard_normal(ref.shape)
+    noise = 0.6 * GR.BF16_UNIT * row_rms * rng.standard_normal(ref.shape)
     return ref, (ref + noise).astype(np.float32)
 
 
-def _verdict(o_pre: np.ndarray, ref: np.ndarray, problem: Any = None) -> O.SetMetrics:
+def _verdict(o_pre: np.ndarray, ref: np.ndarray, problem: Any = None) -> GR.SetMetrics:
     """Round a kernel's FP32 output to BF16 (as the kernel's epilogue does) and gate it."""
     B, S, H, D = ref.shape
-    stats, sums = O.compare_numpy(O.f32_to_bf16_bits(o_pre), ref)
+    stats, sums = GR.compare_numpy(O.f32_to_bf16_bits(o_pre), ref)
     shape = problem if problem is not None else Problem(B, H, S, D=D)
-    return O.evaluate(stats, shape, "seed", check_lse=False, budget=sums)
+    return GR.evaluate(stats, shape, "seed", check_lse=False, budget=sums)
 
 
 def _scaled(o: np.ndarray, factor: float, rows: Any = slice(None), cols: Any = slice(None),
@@ -447,8 +448,8 @@ def _scaled(o: np.ndarray, factor: float, rows: Any = slice(None), cols: Any = s
     return out
 
 
-def _old_rule_passes(m: O.SetMetrics) -> bool:
-    return m.violations == 0 and m.rel_l2 <= O.REL_L2_MAX and not m.nan_count
+def _old_rule_passes(m: GR.SetMetrics) -> bool:
+    return m.violations == 0 and m.rel_l2 <= GR.REL_L2_MAX and not m.nan_count
 
 
 def test_budget_passes_a_correct_looking_kernel() -> None:
@@ -514,18 +515,18 @@ def test_budget_column_floor_is_the_heads_rounding_error() -> None:
     rng = np.random.default_rng(5)
     row_rms = np.sqrt((ref.astype(np.float64) ** 2).mean(axis=-1))
     ref[..., 7] *= np.float32(0.02)  # cancellation
-    o[..., 7] = ref[..., 7] + (0.6 * O.BF16_UNIT * row_rms * rng.standard_normal(row_rms.shape))
+    o[..., 7] = ref[..., 7] + (0.6 * GR.BF16_UNIT * row_rms * rng.standard_normal(row_rms.shape))
     m = _verdict(o, ref)
     assert m.passed, m.reasons
-    _, sums = O.compare_numpy(O.f32_to_bf16_bits(o), ref)
+    _, sums = GR.compare_numpy(O.f32_to_bf16_bits(o), ref)
     own = math.sqrt(sums.cols[0, 0, 7, 0] / sums.cols[0, 0, 7, 1])
-    assert own > 5 * O.BUDGET_K  # judged by its own rounding alone it would fail
+    assert own > 5 * GR.BUDGET_K  # judged by its own rounding alone it would fail
 
 
 def test_budget_sums_twin_and_device_layout() -> None:
     ref, o = _synthetic(B=2, H=3, S=50)  # S not a multiple of 16: a partial last block
     bits = O.f32_to_bf16_bits(o)
-    sums = O.budget_sums_numpy(bits, ref)
+    sums = GR.budget_sums_numpy(bits, ref)
     assert sums.blocks.shape == (2, 3, 4, 4) and sums.cols.shape == (2, 3, 128, 4)
     of = O.bf16_bits_to_f32(bits).astype(np.float64)
     e2 = (of - ref) ** 2
@@ -536,44 +537,44 @@ def test_budget_sums_twin_and_device_layout() -> None:
     assert sums.cols[1, 0, 5, 2] == pytest.approx((ref[1, :, 0, 5].astype(np.float64) ** 2).sum())
     assert sums.cols[..., 3].min() == 50
     # The device buffers' layout: [B, H, NB] float4 blocks, [B, H, 128] x 4 doubles columns.
-    nb_blocks, nb_cols = O.BudgetSums.device_bytes(Shape(2, 3, 50))
+    nb_blocks, nb_cols = GR.BudgetSums.device_bytes(Shape(2, 3, 50))
     assert (nb_blocks, nb_cols) == (2 * 3 * 4 * 16, 2 * 3 * 128 * 32)
-    dev = O.BudgetSums.from_device(Shape(2, 3, 50), sums.blocks.astype(np.float32).reshape(-1),
+    dev = GR.BudgetSums.from_device(Shape(2, 3, 50), sums.blocks.astype(np.float32).reshape(-1),
                                    sums.cols.reshape(-1))
     np.testing.assert_allclose(dev.blocks, sums.blocks, rtol=1e-6)
     assert np.array_equal(dev.cols, sums.cols)
     # Worst case for the gate: 4x32x16384 needs 2.5 MB of device memory for the sums.
-    assert sum(O.BudgetSums.device_bytes(Shape(4, 32, 16384))) <= 3 << 20
+    assert sum(GR.BudgetSums.device_bytes(Shape(4, 32, 16384))) <= 3 << 20
 
 
 def test_budget_non_finite_and_poison_are_left_out_of_the_sums() -> None:
     ref, o = _synthetic(S=32)
     bits = O.f32_to_bf16_bits(o)
-    bits[0, 3, 1, 9] = O.POISON_BF16
+    bits[0, 3, 1, 9] = GR.POISON_BF16
     bits[0, 20, 0, 0] = 0x7FC0  # NaN
-    stats, sums = O.compare_numpy(bits, ref)
+    stats, sums = GR.compare_numpy(bits, ref)
     assert stats.o_unwritten == 1 and stats.o_nonfinite == 1 and stats.o_violations == 2
     assert stats.o_first_violation == (3 * 2 + 1) * 128 + 9
     assert np.isfinite(sums.blocks).all() and sums.blocks[0, 1, 0, 3] == 16 * 128 - 1
-    m = O.evaluate(stats, Shape(1, 2, 32), "seed", check_lse=False, budget=sums)
+    m = GR.evaluate(stats, Shape(1, 2, 32), "seed", check_lse=False, budget=sums)
     assert not m.passed and m.block_failures == 0  # failed by the old rule, not the budget
 
 
 def test_budget_overflowing_sums_fail() -> None:
     ref, o = _synthetic(S=32)
-    _, sums = O.compare_numpy(O.f32_to_bf16_bits(o), ref)
+    _, sums = GR.compare_numpy(O.f32_to_bf16_bits(o), ref)
     sums.blocks[0, 0, 1, 0] = np.inf
     sums.cols[0, 1, 3, 0] = np.nan
-    bc = O.check_budget(sums, 32)
+    bc = GR.check_budget(sums, 32)
     assert bc.block_failures == 1 and bc.block_worst == (0, 0, 16, 31)
     assert bc.col_failures == 1 and bc.col_worst == (0, 1, 3)
 
 
 def test_evaluate_rejects_budget_sums_of_another_shape() -> None:
     ref, o = _synthetic(S=32)
-    stats, sums = O.compare_numpy(O.f32_to_bf16_bits(o), ref)
-    m = O.evaluate(stats, Shape(1, 2, 32), "seed", check_lse=False,
-                   budget=O.BudgetSums(sums.blocks[:, :, :1], sums.cols))
+    stats, sums = GR.compare_numpy(O.f32_to_bf16_bits(o), ref)
+    m = GR.evaluate(stats, Shape(1, 2, 32), "seed", check_lse=False,
+                   budget=GR.BudgetSums(sums.blocks[:, :, :1], sums.cols))
     assert not m.passed and "oracle bug" in " ".join(m.reasons)
 
 
@@ -583,16 +584,16 @@ def test_compare_numpy_lse_side() -> None:
     lse = lse_ref.copy()
     lse[0, 1, 5] += 1.0
     bits = lse.view(np.uint32).copy()
-    bits[0, 0, 2] = O.POISON_F32
-    stats, _ = O.compare_numpy(O.f32_to_bf16_bits(o), ref, bits, lse_ref)
+    bits[0, 0, 2] = GR.POISON_F32
+    stats, _ = GR.compare_numpy(O.f32_to_bf16_bits(o), ref, bits, lse_ref)
     assert stats.l_count == 32 and stats.l_violations == 2 and stats.l_unwritten == 1
     assert stats.l_first_violation == 2 and stats.l_max_abs_err == pytest.approx(1.0, abs=1e-4)
 
 
 def test_stats_bytes_roundtrip_carries_budget_fields() -> None:
     s = _stats(Shape(1, 2, 64), o_sum_sq_bf16=1.25e-3)
-    back = O.OracleStats.from_bytes(s.to_bytes())
-    assert back.o_sum_sq_bf16 == 1.25e-3 and back.o_block_rows == O.ROW_BLOCK
+    back = GR.OracleStats.from_bytes(s.to_bytes())
+    assert back.o_sum_sq_bf16 == 1.25e-3 and back.o_block_rows == GR.ROW_BLOCK
 
 
 # ---- the budget on an emulated FlashAttention kernel (real inputs, real rounding) ------------
@@ -784,19 +785,19 @@ def test_budget_sums_and_device_layout_per_head_dim(D: int) -> None:
     rng = np.random.default_rng(D)
     ref = rng.standard_normal((2, 40, 4, D)).astype(np.float32)
     bits = O.f32_to_bf16_bits(ref * np.float32(1.001))
-    stats, sums = O.compare_numpy(bits, ref)
+    stats, sums = GR.compare_numpy(bits, ref)
     assert sums.blocks.shape == (2, 4, 3, 4) and sums.cols.shape == (2, 4, D, 4)
     assert sums.cols[..., 3].min() == 40 and sums.blocks[0, 0, 2, 3] == 8 * D
-    nb_blocks, nb_cols = O.BudgetSums.device_bytes(problem)
+    nb_blocks, nb_cols = GR.BudgetSums.device_bytes(problem)
     assert (nb_blocks, nb_cols) == (2 * 4 * 3 * 16, 2 * 4 * D * 32)
-    dev = O.BudgetSums.from_device(problem, sums.blocks.astype(np.float32).reshape(-1),
+    dev = GR.BudgetSums.from_device(problem, sums.blocks.astype(np.float32).reshape(-1),
                                    sums.cols.reshape(-1))
     assert np.array_equal(dev.cols, sums.cols)
-    m = O.evaluate(stats, problem, "seed", check_lse=False, budget=sums)
+    m = GR.evaluate(stats, problem, "seed", check_lse=False, budget=sums)
     assert m.elements == 2 * 40 * 4 * D and not [r for r in m.reasons if "oracle bug" in r]
     # Sums laid out for another head dim are an oracle bug, not a verdict.
     other = Problem(2, 4, 40, Hkv=2, D=128 if D != 128 else 64, causal=False)
-    bad = O.evaluate(stats, other, "seed", check_lse=False, budget=sums)
+    bad = GR.evaluate(stats, other, "seed", check_lse=False, budget=sums)
     assert not bad.passed and "oracle bug" in " ".join(bad.reasons)
 
 
@@ -804,13 +805,13 @@ def test_evaluate_decodes_the_first_violation_of_a_gqa_d64_problem() -> None:
     problem = Problem(2, 6, 50, Hkv=3, D=64)
     idx = ((1 * 50 + 17) * 6 + 5) * 64 + 33  # (b=1, s=17, h=5, d=33): O is [B, S, Hq, D]
     n = 2 * 50 * 6 * 64
-    m = O.evaluate(O.OracleStats(o_count=n, o_violations=1, o_nonfinite=0, o_unwritten=0,
+    m = GR.evaluate(GR.OracleStats(o_count=n, o_violations=1, o_nonfinite=0, o_unwritten=0,
                                  o_first_violation=idx, o_ref_nonfinite=0, o_max_abs_err=1.0,
                                  o_sum_sq_err=1e-6, o_sum_sq_ref=1.0,
                                  l_count=2 * 6 * 50), problem, "seed", check_lse=True)
     assert m.first_violation == (1, 17, 5, 33) and m.elements == n
     assert "compared" not in " ".join(m.reasons)  # counts match the problem's sizes
-    g = O.GateResult(passed=m.passed, shape=str(problem), seed=42, sets=[m],
+    g = GR.GateResult(passed=m.passed, shape=str(problem), seed=42, sets=[m],
                      problem=problem.to_dict())
     assert g.summary().startswith("gate FAIL 2x6/3x50:d64 seed 42")
     assert g.to_dict()["problem"]["Hkv"] == 3 and g.to_dict()["shape"] == "2x6/3x50:d64"

@@ -30,14 +30,14 @@ def test_wheel_contains_data(wheel: Path) -> None:
     for rel in ("search_spaces/default.yaml", "search_spaces/presets/baseline.yaml",
                 "workloads/llama3-8b.yaml", "workloads/llama3-70b.yaml"):
         assert f"tuner/_data/{rel}" in names
-    # The package a workload export ships is copied from the installed tuner/fa_tune_ops.
-    assert {"tuner/fa_tune_ops/op.py", "tuner/fa_tune_ops/hf.py",
-            "tuner/fa_tune_ops/csrc/attention_op.cpp"} <= names
+    # The package a workload export ships is copied from the installed tuner/ship/fa_tune_ops.
+    assert {"tuner/ship/fa_tune_ops/op.py", "tuner/ship/fa_tune_ops/hf.py",
+            "tuner/ship/fa_tune_ops/csrc/attention_op.cpp"} <= names
     for d in ("templates", "cuda_src"):
         src = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / d).rglob("*") if p.is_file()
                      and "__pycache__" not in p.parts)
         assert src and all(f"tuner/_data/{s}" in names for s in src), d
-    assert "tuner/cli.py" in names
+    assert "tuner/cli/__init__.py" in names
     meta = next(n for n in names if n.endswith("entry_points.txt"))
     assert "fa-tune = tuner.cli:main" in zipfile.ZipFile(wheel).read(meta).decode()
 
@@ -46,11 +46,11 @@ def test_installed_copy_finds_its_data(wheel: Path, tmp_path: Path) -> None:
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
     code = (
-        "from tuner import _paths, config, build; "
+        "from tuner import _paths; from tuner.kernel import config, build; "
         "assert _paths.data_root() == _paths._PKG_DIR / '_data', _paths.data_root(); "
         "assert not _paths.is_source_checkout(); "
         "assert {'baseline', 'default', 'fa3'} <= set(config.list_presets()); "
-        "from tuner import workload; "
+        "from tuner.ship import workload; "
         "assert workload.load_workload('llama3-8b').attention.Hq == 32; "
         "print(len(build.render(config.load_preset('baseline'))))"
     )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner import store
 from tuner.errors import ShapeError
+from tuner.measure import store
 from tuner.problem import (
     SEED_PROBLEMS,
     Problem,

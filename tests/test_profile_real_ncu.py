@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import profile
+from tuner.analysis import ncu_report, profile
 from tuner.problem import Problem
 
 FIX = Path(__file__).resolve().parent / "fixtures"
@@ -37,7 +37,7 @@ REAL = {
 
 
 def test_details_page_gives_every_headline_metric() -> None:
-    h = profile.parse_details_csv(two.real_details())
+    h = ncu_report.parse_details_csv(two.real_details())
     assert h.kernel_name == two.OURS
     # The values in the captured CSV (its metric rows end with a trailing comma).
     assert h.duration_ms == pytest.approx(2.99)
@@ -54,13 +54,13 @@ def test_details_page_gives_every_headline_metric() -> None:
 
 
 def test_raw_page_gives_the_tensor_pipe() -> None:
-    assert profile.parse_raw_tensor_pipe(two.real_raw()) == pytest.approx(82.775845)
+    assert ncu_report.parse_raw_tensor_pipe(two.real_raw()) == pytest.approx(82.775845)
 
 
 def test_every_row_from_the_real_report() -> None:
-    [k] = profile.parse_report(two.real_details(), two.real_raw())
+    [k] = ncu_report.parse_report(two.real_details(), two.real_raw())
     assert (k.id, k.name) == ("0", two.OURS)
-    h = profile.headline(k)
+    h = ncu_report.headline(k)
     for key, want in REAL.items():
         assert h[key] == pytest.approx(want), key
     assert h["power_w"] is None  # ncu 2025.3.1 reports none
@@ -71,8 +71,8 @@ def test_every_row_from_the_real_report() -> None:
     assert "stall_selected" not in h
     assert sum(h[s] or 0 for s in stalls) + 1.0 == pytest.approx(h["warp_cycles_per_issue"],
                                                                   abs=0.01)
-    assert profile.launch_text(k) == "grid 132 x block 384, cluster 2"
-    tab = profile.build_table([h])
+    assert ncu_report.launch_text(k) == "grid 132 x block 384, cluster 2"
+    tab = ncu_report.build_table([h])
     cells = {r.label: r.cells[0] for r in tab.rows}
     assert cells["duration [ms]"] == "2.987"
     assert cells["SM clock [GHz]"] == "1.688"
@@ -99,8 +99,8 @@ DRAM_READ = "DRAM read [MB]"
 SMEM = "shared memory / CTA (static + dynamic) [KiB]"
 
 
-def _pair(which: str) -> list[profile.KernelReport]:
-    return profile.parse_report(*two.real_pair(which))
+def _pair(which: str) -> list[ncu_report.KernelReport]:
+    return ncu_report.parse_report(*two.real_pair(which))
 
 
 REPORTS = {"vs_trial": "p17-trial0-trial1-4x32x8192", "vs_fa3": "p17-trial0-fa3-4x32x8192"}
@@ -108,7 +108,7 @@ REPORTS = {"vs_trial": "p17-trial0-trial1-4x32x8192", "vs_fa3": "p17-trial0-fa3-
 
 def _result(which: str) -> profile.ProfileResult:
     """What profile_trial returns for the capture (what the CLI prints)."""
-    cols = [profile.Column(s, k, profile.headline(k))
+    cols = [profile.Column(s, k, ncu_report.headline(k))
             for s, k in zip(SUBJECTS[which], _pair(which), strict=True)]
     return profile.ProfileResult(
         Path(f"studies/profiles/{REPORTS[which]}.ncu-rep"), Problem.parse("4x32x8192"),
@@ -129,9 +129,9 @@ def test_two_kernels_split_by_id_in_launch_order(which: str) -> None:
     pattern = profile.kernel_regex(SUBJECTS[which]).removeprefix("regex:")
     assert all(re.search(pattern, k.name) for k in ks)
     # The details page alone (a raw page that cannot be read) splits the same way.
-    alone = profile.parse_report(details, None)
+    alone = ncu_report.parse_report(details, None)
     assert [(k.id, k.name) for k in alone] == [(k.id, k.name) for k in ks]
-    assert [profile.headline(k)["duration_ms"] for k in alone] == pytest.approx(
+    assert [ncu_report.headline(k)["duration_ms"] for k in alone] == pytest.approx(
         [3.09, 3.09] if which == "vs_trial" else [3.09, 3.06])
 
 
@@ -140,8 +140,8 @@ def test_trial_against_trial_told_apart_by_id_alone() -> None:
     only tell, and the values show it: trial 1's 3 K / 3 V stages take 225 KiB, not 161."""
     a, b = _pair("vs_trial")
     assert a.name == b.name == two.OURS
-    assert profile.launch_text(a) == profile.launch_text(b) == "grid 64x32x4 x block 384"
-    ha, hb = profile.headline(a), profile.headline(b)
+    assert ncu_report.launch_text(a) == ncu_report.launch_text(b) == "grid 64x32x4 x block 384"
+    ha, hb = ncu_report.headline(a), ncu_report.headline(b)
     assert (ha["smem_per_cta_kib"], hb["smem_per_cta_kib"]) == pytest.approx((161.0, 225.0))
     assert ha["duration_ms"] == pytest.approx(3.091104)
     assert hb["duration_ms"] == pytest.approx(3.087584)
@@ -161,12 +161,12 @@ def test_vs_fa3_kernel_1_is_fa3() -> None:
     assert fa3.name.startswith("kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90")
     assert not re.search(profile.KERNEL_PATTERN, fa3.name)
     assert re.search("|".join(profile.FA3_PATTERNS), fa3.name)
-    assert profile.launch_text(ours) == "grid 64x32x4 x block 384"
-    assert profile.launch_text(fa3) == "grid 8192 x block 384"  # FA3's grid is flat
+    assert ncu_report.launch_text(ours) == "grid 64x32x4 x block 384"
+    assert ncu_report.launch_text(fa3) == "grid 8192 x block 384"  # FA3's grid is flat
 
 
 def test_vs_fa3_values() -> None:
-    a, b = (profile.headline(k) for k in _pair("vs_fa3"))
+    a, b = (ncu_report.headline(k) for k in _pair("vs_fa3"))
     assert (a["duration_ms"], b["duration_ms"]) == pytest.approx((3.089152, 3.061568))
     assert (a["smem_bank_conflicts"], b["smem_bank_conflicts"]) == (243275, 45)
     assert (a["dram_read_mb"], b["dram_read_mb"]) == pytest.approx((805.3632, 1003.551488))
@@ -193,8 +193,8 @@ def test_every_row_has_both_values_but_board_power(which: str) -> None:
     assert note.startswith("board power: n/a, Nsight Compute reports no board power")
     # Every metric row and the top stall reasons of each kernel (their union) are there.
     labels = [r.label for r in tab.rows]
-    for m in profile.METRICS:
-        assert (m.key == "power_w") != (profile._unit_label(m) in labels), m.key
+    for m in ncu_report.METRICS:
+        assert (m.key == "power_w") != (ncu_report._unit_label(m) in labels), m.key
     assert [r for r in labels if r.startswith("stall:")] == [
         "stall: wait [cycles/issue]",
         *(["stall: barrier [cycles/issue]", "stall: long scoreboard [cycles/issue]"]
@@ -214,14 +214,14 @@ def test_vs_fa3_rows_that_differ_most() -> None:
 
 
 def test_side_by_side_printed_as_the_cli_prints_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The table through cli._print_profile, the function `fa-tune profile` prints with."""
+    """The table through study_cmds._print_profile, the function `fa-tune profile` prints with."""
     from rich.console import Console
 
-    from tuner import cli
+    from tuner.cli import study_cmds
 
     buf = io.StringIO()
-    monkeypatch.setattr(cli, "console", Console(file=buf, width=200, color_system=None))
-    cli._print_profile(_result("vs_fa3"))
+    monkeypatch.setattr(study_cmds, "console", Console(file=buf, width=200, color_system=None))
+    study_cmds._print_profile(_result("vs_fa3"))
     out = buf.getvalue()
     lines = out.splitlines()
     assert lines[0].strip() == f"trial 0 (3b52d82beee5) vs {FA3_LABEL} on 4x32x8192"
@@ -256,9 +256,9 @@ def test_rows_in_any_order_split_by_id() -> None:
     details, _ = two.real_pair("vs_fa3")
     head, *body = details.splitlines()
     random.Random(7).shuffle(body)
-    ks = profile.parse_details("\n".join([head, *body]))
+    ks = ncu_report.parse_details("\n".join([head, *body]))
     assert [k.id for k in ks] == ["0", "1"] and "FlashAttentionForwardSm90" in ks[1].name
-    assert [profile.headline(k)["duration_ms"] for k in ks] == pytest.approx([3.09, 3.06])
+    assert [ncu_report.headline(k)["duration_ms"] for k in ks] == pytest.approx([3.09, 3.06])
 
 
 def _csv(rows: list[list[str]]) -> str:
@@ -311,8 +311,8 @@ def test_other_ncu_layouts(layout: str) -> None:
     else:
         text, want_ms = _relayout(OLD_HEAD, {"Kernel Time": "2024-Jan-01 00:00:00"}, {
             "Duration": ("usecond", "2,987.20"), "SM Frequency": ("cycle/nsecond", "1.69")}), 2.9872
-    [k] = profile.parse_details(text)
-    h = profile.headline(k)
+    [k] = ncu_report.parse_details(text)
+    h = ncu_report.headline(k)
     assert h["duration_ms"] == pytest.approx(want_ms)
     assert h["sm_clock_ghz"] == pytest.approx(1.69)
     assert h["l2_hit_rate_pct"] == pytest.approx(86.28)
@@ -332,10 +332,10 @@ def test_raw_page_in_base_units(which: str) -> None:
                               "dram__bytes_read.sum", "dram__bytes.sum.per_second",
                               "launch__shared_mem_per_block_dynamic")] == [
         "ns", "hz", "byte", "byte/s", "byte/block"]
-    full = profile.parse_report(details, raw)
-    alone = profile.parse_report(details, None)
+    full = ncu_report.parse_report(details, raw)
+    alone = ncu_report.parse_report(details, None)
     for k, d in zip(full, alone, strict=True):
-        h, hd = profile.headline(k), profile.headline(d)
+        h, hd = ncu_report.headline(k), ncu_report.headline(d)
         shared = [key for key, v in hd.items() if v is not None]
         assert {"duration_ms", "sm_clock_ghz", "dram_gbs", "smem_per_cta_kib"} <= set(shared)
         for key in shared:
@@ -355,9 +355,9 @@ def test_raw_page_in_base_units(which: str) -> None:
     (164864, "byte/block", "bytes", 164864),
 ])
 def test_units(value: float, unit: str, kind: str, want: float) -> None:
-    assert profile.to_base(value, unit, kind) == pytest.approx(want)
+    assert ncu_report.to_base(value, unit, kind) == pytest.approx(want)
 
 
 def test_unknown_unit_is_not_guessed() -> None:
-    assert profile.to_base(1.0, "furlong", "time") is None
-    assert profile.to_base(358.67, "Gbyte/s", "pct") is None  # a % row found by name alone
+    assert ncu_report.to_base(1.0, "furlong", "time") is None
+    assert ncu_report.to_base(358.67, "Gbyte/s", "pct") is None  # a % row found by name alone

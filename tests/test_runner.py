@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from tuner import store
+from tuner.measure import gate_rule, store
 from tuner.problem import SEED_PROBLEMS
 
 oracle = pytest.importorskip("tuner.measure.oracle")
 bench = pytest.importorskip("tuner.measure.bench")
 
 
-def _metrics(name: str, passed: bool, err: float, rel: float) -> oracle.SetMetrics:
-    return oracle.SetMetrics(
+def _metrics(name: str, passed: bool, err: float, rel: float) -> gate_rule.SetMetrics:
+    return gate_rule.SetMetrics(
         input_set=name, passed=passed, max_abs_err=err, rel_l2=rel,
         violations=0 if passed else 7, first_violation=None if passed else (0, 5, 1, 3),
         nan_count=0, unwritten=0, elements=10,
@@ -26,7 +26,7 @@ def _metrics(name: str, passed: bool, err: float, rel: float) -> oracle.SetMetri
 
 
 def test_gate_dict_takes_worst_set_and_is_json_safe(tmp_path: Path) -> None:
-    g = oracle.GateResult(
+    g = gate_rule.GateResult(
         passed=False, shape=(4, 32, 4096), seed=42,
         sets=[_metrics("seed", True, 0.002, 1e-3), _metrics("rising", False, 0.7, math.inf)],
     )

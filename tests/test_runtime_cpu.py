@@ -1,5 +1,5 @@
-"""CPU tests of tuner/runtime.py: no-GPU errors are one-line GpuErrors, and the ctypes binding
-of the kernel C ABI (against a host-only stand-in library built with the C compiler)."""
+"""CPU tests of tuner/kernel/runtime.py: no-GPU errors are one-line GpuErrors, and the ctypes
+binding of the kernel C ABI (against a host-only stand-in library built with the C compiler)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from tuner import runtime as R
 from tuner.errors import FaTuneError, GpuError
+from tuner.kernel import runtime as R
+from tuner.kernel.support import class_reason
 
 DATA = Path(__file__).parent / "data"
 
@@ -336,15 +337,15 @@ def test_attn_buffers_sizes_for_gqa_and_head_dims() -> None:
 def test_kernel_unsupported_rule() -> None:
     from tuner.problem import Problem
 
-    assert R.kernel_unsupported(Problem(4, 32, 4096)) is None
-    assert R.kernel_unsupported(SimpleNamespace(B=1, H=1, S=128)) is None
-    assert R.kernel_unsupported(Problem(1, 32, 4096, Hkv=8)) is None  # GQA: a run-time argument
-    assert R.kernel_unsupported(Problem(1, 32, 4096, Hkv=1)) is None  # MQA
-    assert R.kernel_unsupported(Problem(1, 32, 4096, causal=False), causal=False) is None
+    assert class_reason(Problem(4, 32, 4096)) is None
+    assert class_reason(SimpleNamespace(B=1, H=1, S=128)) is None
+    assert class_reason(Problem(1, 32, 4096, Hkv=8)) is None  # GQA: a run-time argument
+    assert class_reason(Problem(1, 32, 4096, Hkv=1)) is None  # MQA
+    assert class_reason(Problem(1, 32, 4096, causal=False), causal=False) is None
     for p, kw, needle in ((Problem(1, 32, 4096, D=64), {}, "D=64"),
                           (Problem(1, 32, 4096, causal=False), {}, "non-causal"),
                           (Problem(1, 32, 4096), {"causal": False}, "got causal")):
-        why = R.kernel_unsupported(p, **kw)
+        why = class_reason(p, **kw)
         assert why is not None and "this kernel library runs D 128" in why and needle in why
 
 
@@ -390,11 +391,11 @@ def test_kernel_module_without_the_varlen_kernel(tmp_path: Path) -> None:
 
 
 def test_runtime_loads_the_abi_mirror_without_torch() -> None:
-    """tuner.runtime binds through tuner/fa_tune_ops/abi.py without running its package's
-    __init__ (torch, the op): a tuner without torch still loads kernel libraries."""
-    code = ("import sys; import tuner.runtime as R; "
+    """tuner.kernel.runtime binds through tuner/ship/fa_tune_ops/abi.py without running its
+    package's __init__ (torch, the op): a tuner without torch still loads kernel libraries."""
+    code = ("import sys; import tuner.kernel.runtime as R; "
             "assert R.abi.ABI_VERSION == 3 and R.abi.Args.__name__ == 'Args'; "
-            "assert 'torch' not in sys.modules and 'tuner.fa_tune_ops.op' not in sys.modules; "
-            "import importlib; m = importlib.import_module('tuner.fa_tune_ops.abi'); "
+            "assert 'torch' not in sys.modules and 'tuner.ship.fa_tune_ops.op' not in sys.modules; "
+            "import importlib; m = importlib.import_module('tuner.ship.fa_tune_ops.abi'); "
             "assert m is R.abi")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -1,4 +1,4 @@
-"""The feasibility filter in front of the search's samplers (tuner/sampler.py), on a real
+"""The feasibility filter in front of the search's samplers (tuner/search/sampler.py), on a real
 SQLite study over the default space. Outcomes told to the sampler are synthetic (a hash of the
 config): these tests check what is proposed, not how fast anything runs."""
 
@@ -12,17 +12,17 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.config import ConfigError, validate
-from tuner.sampler import (
+from tuner.kernel.config import ConfigError, validate
+from tuner.search.loop import seed_params
+from tuner.search.sampler import (
     FeasibleSampler,
     config_from_params,
     make_sampler,
     suggest_config,
     valid_config,
 )
-from tuner.search import seed_params
-from tuner.space import load_space, space_from_dict
-from tuner.study import open_storage
+from tuner.search.space import load_space, space_from_dict
+from tuner.search.study import open_storage
 
 
 def _run(tmp: Path, sampler_name: str, asks: int, seed: int = 3) -> tuple[list[Any], Any]:

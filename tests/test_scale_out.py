@@ -25,11 +25,13 @@ from cli_helpers import one_error_line
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
-from tuner import fleet, rdb, search
 from tuner.cli import app
+from tuner.errors import SearchError
 from tuner.problem import Problem
-from tuner.space import space_from_dict
-from tuner.study import SearchError, driver_url
+from tuner.search import fleet, rdb
+from tuner.search import loop as search
+from tuner.search.space import space_from_dict
+from tuner.search.study import driver_url
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(FIX))
@@ -344,7 +346,7 @@ def test_two_workers_that_take_the_same_config_at_once_measure_it_once(
 
 def _pop_waiting(url: str) -> list[int]:
     """A worker process's share of the study's enqueued trials (ask pops one at a time)."""
-    from tuner.study import open_storage
+    from tuner.search.study import open_storage
 
     st = optuna.load_study(study_name="pop", storage=open_storage(url))
     got = []
@@ -363,7 +365,7 @@ def test_sqlite_study_pops_each_enqueued_trial_once(tmp_path: Path) -> None:
     storage fa-tune opens begins every transaction IMMEDIATE."""
     import multiprocessing as mp
 
-    from tuner.study import open_storage
+    from tuner.search.study import open_storage
 
     url = f"sqlite:///{tmp_path / 'pop.db'}"
     st = optuna.create_study(study_name="pop", storage=open_storage(url))

@@ -20,12 +20,13 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner import policy, sampler, search, worker_client
-from tuner.errors import ShapeError
+from tuner.errors import SearchError, ShapeError
 from tuner.measure import timing
 from tuner.problem import Problem, as_problem
-from tuner.space import space_from_dict
-from tuner.study import SearchError, load_existing_study, open_storage, storage_url
+from tuner.search import loop as search
+from tuner.search import policy, sampler, session, worker_client
+from tuner.search.space import space_from_dict
+from tuner.search.study import load_existing_study, open_storage, storage_url
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(FIX))
@@ -69,14 +70,14 @@ def plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_parse_duration() -> None:
-    assert search.parse_duration("90s") == 90
-    assert search.parse_duration("10m") == 600
-    assert search.parse_duration("1h30m") == 5400
-    assert search.parse_duration("45") == 45
-    assert search.parse_duration(None) is None
+    assert session.parse_duration("90s") == 90
+    assert session.parse_duration("10m") == 600
+    assert session.parse_duration("1h30m") == 5400
+    assert session.parse_duration("45") == 45
+    assert session.parse_duration(None) is None
     for bad in ("ten minutes", "0", "5x", "-3m"):
         with pytest.raises(SearchError):
-            search.parse_duration(bad)
+            session.parse_duration(bad)
 
 
 def test_gpu_takes_whichever_compile_finishes_first(tmp_path: Path, plan) -> None:
@@ -145,7 +146,7 @@ def test_search_seeds_first_confirms_best(tmp_path: Path, plan) -> None:
     # Screening ran on the cheapest shape, and the value is the geometric mean over shapes.
     assert ts[0].user_attrs["screen"]["shape"] == "1x2x256"
     rows = ts[0].user_attrs["shapes"]
-    assert ts[0].value == pytest.approx(search.geomean([r["tflops"] for r in rows.values()]))
+    assert ts[0].value == pytest.approx(session.geomean([r["tflops"] for r in rows.values()]))
     lines = log.read_text().splitlines()
     full = f"repeat=200 rounds=3 settle_s={timing.FULL.settle_s:g} temp_wait_s=60"
     assert sum(full in ln for ln in lines) >= 2  # full protocol, both shapes
@@ -369,7 +370,7 @@ def test_search_accepts_gqa_and_non_causal_problems(tmp_path: Path, plan, texts)
                          n_trials=1, sampler="random", seed=0, jobs=1, worker_entry=WORKER)
     want = Problem.parse(texts[0]).problem_class
     # ... and without the varlen kernel (the problems are fixed-length): exports add it.
-    from tuner import build
+    from tuner.kernel import build
 
     assert real.builder.func is build.build_config and real.builder.keywords == {"pclass": want}
 
@@ -392,7 +393,7 @@ def test_worker_request_carries_the_problem_dict(monkeypatch: pytest.MonkeyPatch
     w.measure("k.so", prob, timing.SCREEN, gate=True, seed=7)
     [msg] = sent
     assert msg["shape"] == prob.to_dict()
-    assert as_problem(msg["shape"]) == prob  # what tuner/gpu_worker.py reads it back with
+    assert as_problem(msg["shape"]) == prob  # what tuner/search/gpu_worker.py reads it back with
     assert as_problem([2, 16, 1024]) == prob  # a request of a worker before problems
 
 
@@ -447,7 +448,7 @@ def test_sampler_choices(tmp_path: Path) -> None:
         assert sampler.make_sampler(name, 0, sp) is not None
     with pytest.raises(SearchError, match="unknown sampler"):
         sampler.make_sampler("annealing", 0, sp)
-    from tuner.space import load_space
+    from tuner.search.space import load_space
 
     with pytest.raises(SearchError, match="grid sampler"):
         sampler.make_sampler("grid", 0, load_space("default"))

@@ -15,12 +15,14 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
-from tuner import profile, search
+from tuner.analysis import ncu_report, profile
 from tuner.cli import app
-from tuner.config import KernelConfig
+from tuner.kernel.config import KernelConfig
 from tuner.problem import Problem
-from tuner.space import space_from_dict
-from tuner.study import best_config, default_storage_url, open_storage
+from tuner.search import loop as search
+from tuner.search.space import space_from_dict
+from tuner.search.study import default_storage_url, open_storage
+from tuner.search.trials import best_config
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 DATA = Path(__file__).resolve().parent / "data"
@@ -108,20 +110,22 @@ def test_show_best_prints_the_winner_as_yaml_when_narrow(study: str) -> None:
 
 
 def test_reading_a_study_does_not_import_the_search(study: str, studies: Path) -> None:
-    # show / export / profile read a study through tuner.study alone: no search loop, no
-    # GPU worker client. (A fresh interpreter: this test module imports tuner.search itself.)
+    # show / export / profile read a study through tuner.search.study alone: no search loop, no
+    # GPU worker client. (A fresh interpreter: this test module imports tuner.search.loop itself.)
+    # (The CLI imports every command's module, the search's too: the modules are what must not.)
     code = (
         "import sys\n"
-        "import tuner.show, tuner.export, tuner.profile\n"
+        "import tuner.analysis.show, tuner.ship.export, tuner.analysis.profile\n"
+        "bad = sorted(m for m in ('tuner.search.loop', 'tuner.search.worker_client',\n"
+        "                         'tuner.search.policy')\n"
+        "             if m in sys.modules)\n"
+        "assert not bad, bad\n"
         "from typer.testing import CliRunner\n"
         "from tuner.cli import app\n"
         "r = CliRunner().invoke(app, ['show', 'best', '--study', 's'])\n"
         "assert r.exit_code == 0, r.output\n"
         "r = CliRunner().invoke(app, ['export', '--study', 's', '--trial', '999', '--out', 'x'])\n"
         "assert r.exit_code == 2, r.output\n"
-        "bad = sorted(m for m in ('tuner.search', 'tuner.worker_client', 'tuner.policy')\n"
-        "             if m in sys.modules)\n"
-        "assert not bad, bad\n"
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**__import__("os").environ, "FA_TUNE_STUDIES": str(studies)})
@@ -162,7 +166,7 @@ def test_export_builds_the_library_with_varlen(study: str, tmp_path: Path,
     without)."""
     from types import SimpleNamespace
 
-    from tuner import build
+    from tuner.kernel import build
     from tuner.problem import ProblemClass
 
     calls: list[dict] = []
@@ -270,16 +274,16 @@ def test_search_cli_with_fixture_worker_missing_gpu_is_one_line(studies: Path) -
 
 
 def test_parse_ncu_details_fixture() -> None:
-    h = profile.parse_details_csv((DATA / "ncu_details_fixture.csv").read_text())
+    h = ncu_report.parse_details_csv((DATA / "ncu_details_fixture.csv").read_text())
     assert "attention_fwd_kernel" in (h.kernel_name or "")
     assert h.duration_ms == pytest.approx(1.23456)
     assert h.metrics["sm_throughput_pct"] == pytest.approx(78.9)
     assert h.metrics["achieved_occupancy_pct"] == pytest.approx(18.4)
     assert h.metrics["l2_hit_rate_pct"] == pytest.approx(88.12)
-    raw = profile.parse_raw_tensor_pipe((DATA / "ncu_raw_fixture.csv").read_text())
+    raw = ncu_report.parse_raw_tensor_pipe((DATA / "ncu_raw_fixture.csv").read_text())
     assert raw == pytest.approx(71.25)
-    with pytest.raises(profile.ProfileError):
-        profile.parse_details_csv("==PROF== nothing here\n")
+    with pytest.raises(ncu_report.ProfileError):
+        ncu_report.parse_details_csv("==PROF== nothing here\n")
 
 
 def test_ncu_failures_are_one_line() -> None:
@@ -306,8 +310,8 @@ def test_best_config_for_compare(study: str) -> None:
 @pytest.mark.slow
 def test_export_builds_standalone(studies: Path, tmp_path: Path) -> None:
     """The export's own build.sh compiles the kernel from scratch (no fa-tune involved)."""
-    from tuner import build
-    from tuner.config import load_preset
+    from tuner.kernel import build
+    from tuner.kernel.config import load_preset
 
     cfg = load_preset("default")
     b = build.build_config(cfg)
@@ -342,7 +346,7 @@ def test_export_builds_standalone(studies: Path, tmp_path: Path) -> None:
 
 def test_profile_driver_takes_a_problem_and_refuses_what_the_kernel_cannot_run(
         capsys: pytest.CaptureFixture[str]) -> None:
-    from tuner import profile_driver
+    from tuner.analysis import profile_driver
 
     assert profile_driver.main(["k.so", "1", "2"]) == 2  # neither PROBLEM nor B H S
     assert "usage:" in capsys.readouterr().err
@@ -372,7 +376,7 @@ def fake_ncu(studies: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     path: the fake ncu never runs the profiled program)."""
     from types import SimpleNamespace
 
-    from tuner import export
+    from tuner.ship import export
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -436,7 +440,7 @@ def test_profile_one_kernel_prints_and_stores_the_headline(
     joined = " ".join(prof_run)
     for need in ("--set full", "--profile-from-start off", "--launch-count 1",
                  "--kernel-name-base demangled", "--kernel-name regex:attention_fwd_kernel",
-                 "--clock-control none", "-m tuner.profile_driver"):
+                 "--clock-control none", "-m tuner.analysis.profile_driver"):
         assert need in joined, need
     assert prof_run[-1] == "1x2x256" and prof_run[-2].endswith(f"trial{best}.so")
     # The headline is stored with the trial, and `fa-tune show` lists it.
@@ -538,7 +542,7 @@ def fake_preset_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[t
     library, so no nvcc compile (tests/test_kernel_build.py compiles every preset)."""
     from types import SimpleNamespace
 
-    from tuner import build
+    from tuner.kernel import build
 
     calls: list[tuple] = []
 
@@ -556,7 +560,7 @@ def test_profile_a_preset_builds_it_for_the_problem_and_stores_nothing(
     sys.path.insert(0, str(FIX))
     import ncu_two_kernels as two
 
-    from tuner.config import load_preset
+    from tuner.kernel.config import load_preset
 
     monkeypatch.setenv("FAKE_NCU_MODE", "ok")
     fake_ncu["details"].write_text(two.real_details())
@@ -601,7 +605,7 @@ def test_profile_preset_wrong_input(studies: Path, fake_ncu: dict[str, Path],
 def test_show_profile_lines_skip_malformed_records() -> None:
     from types import SimpleNamespace
 
-    from tuner import show
+    from tuner.analysis import show
 
     good = {"date": "2026-12-01T00:00:00Z", "ncu_version": "2025.3.1.0", "report": "r.ncu-rep",
             "metrics": {"duration_ms": 2.9872, "tensor_pipe_pct": 82.77, "bogus": 1.0,
@@ -623,7 +627,7 @@ def test_show_says_why_a_heartbeat_failed_trial_failed() -> None:
     import optuna
     from optuna.trial import TrialState
 
-    from tuner.show import trial_rows
+    from tuner.analysis.show import trial_rows
 
     st = optuna.create_study()
     dead = st.ask()

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.config import KNOBS, KernelConfig, list_presets, load_preset, preset_head_dim
 from tuner.errors import ConfigError
-from tuner.space import DEFAULT_SPACES, load_space, space_from_dict
+from tuner.kernel.config import KNOBS, KernelConfig, list_presets, load_preset, preset_head_dim
+from tuner.search.space import DEFAULT_SPACES, load_space, space_from_dict
 
 
 def test_default_space_covers_every_knob_and_value() -> None:

@@ -4,7 +4,7 @@ import csv
 import json
 from pathlib import Path
 
-from tuner import store
+from tuner.measure import store
 
 
 def _payload() -> dict:

@@ -1,5 +1,5 @@
 """Workload files: the shipped ones, bucket selection, the tuning plan, and one clear line for
-every malformed file (tuner/workload.py, `fa-tune workload`)."""
+every malformed file (tuner/ship/workload.py, `fa-tune workload`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from tuner.cli import app
 from tuner.errors import FaTuneError
 from tuner.problem import Problem
-from tuner.workload import WorkloadError, load_workload, shipped_workloads, workload_from_dict
+from tuner.ship.workload import WorkloadError, load_workload, shipped_workloads, workload_from_dict
 
 runner = CliRunner()
 
@@ -177,14 +177,14 @@ def test_tune_searches_each_bucket_in_its_own_study(monkeypatch: pytest.MonkeyPa
     the same names on a rerun, so it resumes; then the export command."""
     from typer.testing import CliRunner
 
-    from tuner import cli
-    from tuner.workload import load_workload
+    from tuner.cli import search_cmds
+    from tuner.ship.workload import load_workload
 
     calls: list[dict] = []
-    monkeypatch.setattr(cli, "_run_search", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(search_cmds, "_run_search", lambda **kw: calls.append(kw))
     w = load_workload("llama3-8b")
     plans = w.plan(None)
-    r = CliRunner().invoke(cli.app, ["tune", "--workload", "llama3-8b", "--timeout", "30m"])
+    r = CliRunner().invoke(app, ["tune", "--workload", "llama3-8b", "--timeout", "30m"])
     assert r.exit_code == 0, r.output
     assert [c["study"] for c in calls] == [f"llama3-8b-{p.bucket.name}" for p in plans]
     for c, p in zip(calls, plans, strict=True):
@@ -193,10 +193,10 @@ def test_tune_searches_each_bucket_in_its_own_study(monkeypatch: pytest.MonkeyPa
     assert "fa-tune export --workload llama3-8b --study-prefix llama3-8b-" in r.output
     calls.clear()
     one = plans[-1].bucket.name
-    r = CliRunner().invoke(cli.app, ["tune", "--workload", "llama3-8b", "--trials", "5",
+    r = CliRunner().invoke(app, ["tune", "--workload", "llama3-8b", "--trials", "5",
                                      "--bucket", one])
     assert r.exit_code == 0 and [c["study"] for c in calls] == [f"llama3-8b-{one}"]
-    r = CliRunner().invoke(cli.app, ["tune", "--workload", "llama3-8b", "--trials", "5",
+    r = CliRunner().invoke(app, ["tune", "--workload", "llama3-8b", "--trials", "5",
                                      "--bucket", "s99k"])
     assert r.exit_code == 2 and "has no bucket 's99k'" in r.output
 
@@ -225,10 +225,10 @@ def test_packed_traffic_is_tuned_as_varlen_in_the_bucket_of_its_longest_sequence
 
 def test_tune_runs_a_packed_bucket_as_varlen(monkeypatch: pytest.MonkeyPatch,
                                              tmp_path: Path) -> None:
-    from tuner import cli
+    from tuner.cli import search_cmds
 
     calls: list[dict] = []
-    monkeypatch.setattr(cli, "_run_search", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(search_cmds, "_run_search", lambda **kw: calls.append(kw))
     f = tmp_path / "w.yaml"
     f.write_text(yaml.safe_dump({**GOOD, "traffic": {"packed": [{"lengths": "3000,1000*4"}]}}))
     r = runner.invoke(app, ["tune", "--workload", str(f), "--bucket", "b", "--trials", "3"])

@@ -18,9 +18,9 @@ from dispatch_stub import TWO
 from typer.testing import CliRunner
 
 from tuner.cli import app
-from tuner.config import load_preset
-from tuner.dispatch import DispatchTable
-from tuner.runtime import abi
+from tuner.kernel.config import load_preset
+from tuner.kernel.runtime import abi
+from tuner.ship.dispatch import DispatchTable
 
 runner = CliRunner()
 

@@ -17,11 +17,14 @@ from __future__ import annotations
 import importlib.metadata
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import FaTuneError
+from tuner.kernel.gpus import GpuInfo, GpuProbe, has_sm90_gpu, one_line, probe_gpus
+
+__all__ = ["GpuInfo", "GpuProbe", "has_sm90_gpu", "probe_gpus"]  # re-exported: the doctor's probe
 
 BUILD, RUN, OPTIONAL = "build", "run", "optional"
 NEEDED_FOR = {BUILD: "build and everything else", RUN: "run/search/compare/profile",
@@ -35,73 +38,6 @@ class Check:
     detail: str
     fix: str = ""  # how to get it, when not ok
     need: str = RUN  # BUILD, RUN or OPTIONAL: what fails without it
-
-
-@dataclass
-class GpuInfo:
-    index: int
-    name: str
-    cc: tuple[int, int]
-    sm_count: int
-
-
-@dataclass
-class GpuProbe:
-    driver_version: str | None = None
-    gpus: list[GpuInfo] = field(default_factory=list)
-    error: str | None = None
-
-    @property
-    def sm90(self) -> list[GpuInfo]:
-        return [g for g in self.gpus if g.cc == (9, 0)]
-
-
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:200] or type(e).__name__
-
-
-def probe_gpus() -> GpuProbe:
-    """GPUs seen by the CUDA driver API through cuda-python; never raises."""
-    probe = GpuProbe()
-    try:
-        from cuda.bindings import driver
-    except Exception as e:  # cuda-python missing or broken
-        probe.error = f"cuda-python not importable: {_one_line(e)}"
-        return probe
-    try:
-        (err,) = driver.cuInit(0)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            probe.error = f"cuInit failed: {err.name}"
-            return probe
-        err, ver = driver.cuDriverGetVersion()
-        probe.driver_version = f"{ver // 1000}.{(ver % 1000) // 10}"
-        err, n = driver.cuDeviceGetCount()
-        attr = driver.CUdevice_attribute
-        for i in range(n if err == driver.CUresult.CUDA_SUCCESS else 0):
-            _, dev = driver.cuDeviceGet(i)
-            _, raw = driver.cuDeviceGetName(256, dev)
-            _, major = driver.cuDeviceGetAttribute(
-                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev
-            )
-            _, minor = driver.cuDeviceGetAttribute(
-                attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev
-            )
-            _, sms = driver.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)
-            name = raw.split(b"\0", 1)[0].decode(errors="replace")
-            probe.gpus.append(GpuInfo(i, name, (int(major), int(minor)), int(sms)))
-    except Exception as e:  # no libcuda.so, or a driver too old for these bindings
-        if "NotFound" in type(e).__name__:
-            probe.error = "libcuda.so not found (no NVIDIA driver installed)"
-        else:
-            probe.error = _one_line(e)
-    return probe
-
-
-def has_sm90_gpu() -> bool:
-    try:
-        return bool(probe_gpus().sm90)
-    except Exception:
-        return False
 
 
 def _version(dist: str) -> str | None:
@@ -121,10 +57,10 @@ extern "C" __global__ void fa_tune_probe(float* o) {
 
 def probe_nvcc_sm90a() -> tuple[bool, str]:
     """Compile a tiny kernel with a wgmma fence for sm_90a (no GPU needed)."""
-    from tuner import build
+    from tuner.kernel import build, toolchain
 
     try:
-        nvcc = build.find_nvcc()
+        nvcc = toolchain.find_nvcc()
     except FaTuneError as e:
         return False, str(e)
     with tempfile.TemporaryDirectory() as d:
@@ -134,7 +70,7 @@ def probe_nvcc_sm90a() -> tuple[bool, str]:
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         except (OSError, subprocess.SubprocessError) as e:
-            return False, _one_line(e)
+            return False, one_line(e)
         if p.returncode != 0:
             lines = [ln for ln in (p.stderr + p.stdout).splitlines() if ln.strip()]
             return False, (lines[0] if lines else f"exit code {p.returncode}")[:200]
@@ -143,7 +79,8 @@ def probe_nvcc_sm90a() -> tuple[bool, str]:
 
 def run_checks() -> list[Check]:
     """Everything fa-tune needs, in the order a user would fix it."""
-    from tuner import _paths, build
+    from tuner import _paths
+    from tuner.kernel import toolchain
 
     checks: list[Check] = []
     cp = _version("cuda-python") or _version("cuda-bindings")
@@ -176,14 +113,14 @@ def run_checks() -> list[Check]:
         )
     )
     try:
-        nvcc = build.find_nvcc()
-        checks.append(Check("nvcc", True, f"{nvcc} ({build.nvcc_version(nvcc)})", need=BUILD))
+        nvcc = toolchain.find_nvcc()
+        checks.append(Check("nvcc", True, f"{nvcc} ({toolchain.nvcc_version(nvcc)})", need=BUILD))
         ok, detail = probe_nvcc_sm90a()
         checks.append(
             Check("nvcc sm_90a", ok, detail, "use CUDA >= 12.3 (13.0 is tested); set CUDA_HOME",
                   BUILD)
         )
-        cuobjdump = build.find_tool("cuobjdump", nvcc)
+        cuobjdump = toolchain.find_tool("cuobjdump", nvcc)
         checks.append(
             Check(
                 "cuobjdump",
@@ -199,8 +136,8 @@ def run_checks() -> list[Check]:
                   "install the CUDA toolkit or `pip install nvidia-cuda-nvcc`", BUILD)
         )
     try:
-        inc = build.cutlass_include()
-        checks.append(Check("CUTLASS headers", True, f"{inc} ({build.cutlass_version()})",
+        inc = toolchain.cutlass_include()
+        checks.append(Check("CUTLASS headers", True, f"{inc} ({toolchain.cutlass_version()})",
                             need=BUILD))
     except FaTuneError as e:
         checks.append(Check("CUTLASS headers", False, str(e), "pip install nvidia-cutlass",
@@ -221,7 +158,8 @@ def run_checks() -> list[Check]:
 
 
 def _ncu_check() -> Check:
-    from tuner.profile import ProfileError, find_ncu
+    from tuner.analysis.ncu_report import ProfileError
+    from tuner.analysis.profile import find_ncu
 
     try:
         return Check("Nsight Compute", True, str(find_ncu()), need=OPTIONAL)
@@ -253,11 +191,15 @@ def summarize(checks: list[Check], build_only: bool = False) -> tuple[int, str]:
 
 def _nvml_check() -> Check:
     ver = _version("nvidia-ml-py")
-    fix = "pip install nvidia-ml-py; NVML comes with the NVIDIA driver"
     try:
         import pynvml
     except Exception as e:
-        return Check("NVML", False, f"nvidia-ml-py not importable: {_one_line(e)}", fix, RUN)
+        fix = ("pip install nvidia-ml-py" if ver is None else
+               f"reinstall nvidia-ml-py (pip install --force-reinstall nvidia-ml-py=={ver})")
+        return Check("NVML", False, f"nvidia-ml-py not importable: {one_line(e)}", fix, RUN)
+    # The binding is there: NVML itself (libnvidia-ml.so) is the NVIDIA driver's.
+    fix = ("install or repair the NVIDIA driver: NVML (libnvidia-ml.so) comes with it, and "
+           "`nvidia-smi` must work")
     try:
         pynvml.nvmlInit()
         try:
@@ -267,7 +209,7 @@ def _nvml_check() -> Check:
         finally:
             pynvml.nvmlShutdown()
     except Exception as e:
-        return Check("NVML", False, f"nvidia-ml-py {ver}; {_one_line(e)}", fix, RUN)
+        return Check("NVML", False, f"nvidia-ml-py {ver}; {one_line(e)}", fix, RUN)
 
 
 def gpu_summary() -> dict[str, Any]:

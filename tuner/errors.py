@@ -42,6 +42,10 @@ class GpuError(FaTuneError):
     """No usable GPU: no driver, no device, or not sm_90."""
 
 
+class SearchError(FaTuneError):
+    """A study, storage or search option is wrong (one line, exit 2)."""
+
+
 class GateError(FaTuneError):
     """The correctness gate failed (the run is stored as failed, never substituted)."""
 

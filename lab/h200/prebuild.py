@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tuner import build  # noqa: E402
-from tuner.config import list_presets, load_preset, preset_head_dim  # noqa: E402
+from tuner.kernel import build  # noqa: E402
+from tuner.kernel.config import list_presets, load_preset, preset_head_dim  # noqa: E402
 from tuner.problem import HEAD_DIMS, ProblemClass  # noqa: E402
 
 

@@ -4,13 +4,13 @@
     python3 lab/h200/sass_profile.py --summarize PAGE.csv[.xz]          (anywhere, a kept page)
 
 Builds (or takes from the cache) the variants at INDEX (0-based lines of the file, default all),
-runs each once under ``ncu --set full`` through tuner.profile_driver, and reads the report's
-source page as SASS (``--page source --print-source sass --csv``). Writes the page of each to
-$OUT/sass_<file>_<i>.csv and prints, per variant, the warp-stall samples summed by opcode, by
+runs each once under ``ncu --set full`` through tuner.analysis.profile_driver, and reads the
+report's source page as SASS (``--page source --print-source sass --csv``). Writes the page of each
+to $OUT/sass_<file>_<i>.csv and prints, per variant, the warp-stall samples summed by opcode, by
 phase of the consumer's step (MUFU, the row max, the waits, ...) and by stall reason. The
 measurement itself is ncu's; this only adds the sums (docs/PERF.md step 42). --fa3 profiles
-FlashAttention-3 on the same problem in the same ncu run as each variant (tuner.profile_driver's
---vs fa3) and writes its page beside it as sass_<file>_<i>_fa3.csv.
+FlashAttention-3 on the same problem in the same ncu run as each variant
+(tuner.analysis.profile_driver's --vs fa3) and writes its page beside it as sass_<file>_<i>_fa3.csv.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tuner import build  # noqa: E402
-from tuner.config import KernelConfig  # noqa: E402
+from tuner.analysis.profile import Subject, find_ncu, kernel_regex  # noqa: E402
 from tuner.errors import FaTuneError  # noqa: E402
+from tuner.kernel import build  # noqa: E402
+from tuner.kernel.config import KernelConfig  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
-from tuner.profile import Subject, find_ncu, kernel_regex  # noqa: E402
 
 
 def variants(path: Path) -> list[tuple[KernelConfig, dict[str, int]]]:
@@ -184,7 +184,8 @@ def main(argv: list[str]) -> int:
         r = build.build_config(cfg, pclass=problem.problem_class, defines=lab or None)
         rep = out / f"sass_{vf.stem}_{i}"
         subjects = [Subject("kernel", r.so_path)] + ([Subject("fa3", "fa3")] if with_fa3 else [])
-        driver = ["tuner.profile_driver", r.so_path, shape] + (["--vs", "fa3"] if with_fa3 else [])
+        driver = ["tuner.analysis.profile_driver", r.so_path, shape]
+        driver += ["--vs", "fa3"] if with_fa3 else []
         p = subprocess.run([str(ncu), "--set", "full", "--import-source", "no",
                             "--profile-from-start", "off", "--launch-count", str(len(subjects)),
                             "--kernel-name-base", "demangled",

@@ -1,6 +1,6 @@
 /* A host-only stand-in for a built kernel .so: the fa-tune C ABI (version 3, fa_tune.h, compiled
  * with a stub cuda_runtime.h that only declares cudaStream_t) without CUDA, so the ctypes
- * binding in tuner/runtime.py can be tested on machines without a GPU. Every call records its
+ * binding in tuner/kernel/runtime.py can be tested on machines without a GPU. Every call records its
  * argument struct and stream (fake_last_args / fake_last_stream). Built with
  * -DFAKE_WRITE_LSE="true"|"false", optionally -DFAKE_CAUSAL="false" (default "true") and
  * -DFAKE_VARLEN=0|1 (default 1: the varlen kernel compiled in; 0: calls with device metadata

@@ -6,8 +6,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tuner import build
-from tuner.config import KernelConfig
+from tuner.kernel import build
+from tuner.kernel.config import KernelConfig
 from tuner.measure.bench import Bench
 from tuner.measure.launch import KernelLaunch
 from tuner.problem import ProblemClass

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.config import KernelConfig
+from tuner.kernel.config import KernelConfig
 from tuner.measure.bench import Bench
-from tuner.measure.oracle import GateResult
+from tuner.measure.gate_rule import GateResult
 from tuner.problem import Problem
 
 
@@ -49,7 +49,7 @@ def gate_peer(bench: Bench, launch: Any, name: str, problem: Problem, declined: 
               failed: list[str]) -> GateResult | None:
     """Gate a peer's launch on the problem: None (and a line in ``declined``) when the peer
     declines it at prepare; a failed gate's summary goes to ``failed``."""
-    from tuner.peers.base import Unsupported
+    from tuner.measure.peers.base import Unsupported
 
     try:
         g = bench.gate(launch, problem)
@@ -69,7 +69,7 @@ def peer_launch(peer_name: str) -> Any:
     import pytest
 
     from tuner.measure.launch import PeerLaunch
-    from tuner.peers import make_peer
+    from tuner.measure.peers import make_peer
 
     peer = make_peer(peer_name)
     ok, why = peer.available()

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from gate_cases import gate_peer, peer_launch
 
-from tuner import build, compare
-from tuner.config import load_preset
+from tuner.analysis import compare
+from tuner.kernel import build
+from tuner.kernel.config import load_preset
 from tuner.measure.timing import Protocol
 from tuner.problem import Problem
 

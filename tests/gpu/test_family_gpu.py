@@ -18,16 +18,17 @@ from __future__ import annotations
 import pytest
 from gate_cases import case_id, gate_case
 
-from tuner import build
-from tuner.config import KernelConfig, check_problem, list_presets, load_preset, preset_head_dim
 from tuner.errors import ShapeError
+from tuner.kernel import build
+from tuner.kernel.config import KernelConfig, list_presets, load_preset, preset_head_dim
+from tuner.kernel.runtime import KernelError
+from tuner.kernel.support import check_problem
 from tuner.measure.bench import Bench
 from tuner.measure.launch import KernelLaunch
 from tuner.problem import Problem, ProblemClass
-from tuner.runtime import KernelError
-from tuner.sampler import config_from_params
-from tuner.search import seed_params
-from tuner.space import default_space_name, load_space
+from tuner.search.loop import seed_params
+from tuner.search.sampler import config_from_params
+from tuner.search.space import default_space_name, load_space
 
 pytestmark = pytest.mark.gpu
 

@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch", reason="the op tests need PyTorch with CUDA
 if not torch.cuda.is_available():  # pragma: no cover - a GPU host without CUDA torch
     pytest.skip("torch has no CUDA here (pip install torch with CUDA)", allow_module_level=True)
 transformers = pytest.importorskip("transformers", reason="pip install transformers")
-ops = pytest.importorskip("tuner.fa_tune_ops")
+ops = pytest.importorskip("tuner.ship.fa_tune_ops")
 
 BF16 = torch.bfloat16
 LAYERS = 4  # of Llama-3-8B's 32: the attention shapes are the model's, the run stays short

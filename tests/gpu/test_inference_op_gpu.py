@@ -20,8 +20,8 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch", reason="the op tests need PyTorch with CUDA")
 if not torch.cuda.is_available():  # pragma: no cover - a GPU host without CUDA torch
     pytest.skip("torch has no CUDA here (pip install torch with CUDA)", allow_module_level=True)
-ops = pytest.importorskip("tuner.fa_tune_ops")
-from tuner.fa_tune_ops import checks  # noqa: E402
+ops = pytest.importorskip("tuner.ship.fa_tune_ops")
+from tuner.ship.fa_tune_ops import checks  # noqa: E402
 
 F = torch.nn.functional
 BF16 = torch.bfloat16

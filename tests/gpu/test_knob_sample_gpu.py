@@ -14,11 +14,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the knob_sample helper
 from knob_sample import gpu_sample  # noqa: E402
 
-from tuner import build
-from tuner.config import KernelConfig  # noqa: E402
+from tuner.kernel import build
+from tuner.kernel.config import KernelConfig  # noqa: E402
+from tuner.kernel.runtime import AttnBuffers, Device, KernelModule  # noqa: E402
 from tuner.measure import oracle  # noqa: E402
 from tuner.problem import SEED_PROBLEMS  # noqa: E402
-from tuner.runtime import AttnBuffers, Device, KernelModule  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -18,14 +18,15 @@ import pytest
 from gate_cases import gate_peer, peer_launch
 from numpy.lib.stride_tricks import as_strided
 
-from tuner import build, compare
-from tuner.config import load_preset
+from tuner.analysis import compare
+from tuner.kernel import build
+from tuner.kernel.config import load_preset
+from tuner.kernel.runtime import AttnBuffers
 from tuner.measure import oracle as O
 from tuner.measure.bench import Bench
 from tuner.measure.launch import KernelLaunch
 from tuner.measure.timing import Protocol
 from tuner.problem import Problem, ProblemClass
-from tuner.runtime import AttnBuffers
 
 pytestmark = pytest.mark.gpu
 

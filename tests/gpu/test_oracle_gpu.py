@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tuner.kernel.runtime import AttnBuffers, Device, OracleModule, Stream
+from tuner.measure import gate_rule as GR
 from tuner.measure import oracle as O
 from tuner.problem import Problem
-from tuner.runtime import AttnBuffers, Device, OracleModule, Stream
 
 pytestmark = pytest.mark.gpu
 
@@ -88,8 +89,8 @@ def test_poison_patterns(dev: Device, orc: OracleModule, stream: Stream) -> None
     with AttnBuffers(dev, shape) as bufs:
         O.poison(orc, bufs, stream)
         stream.synchronize()
-        assert set(bufs.o.copy_to_host(np.uint16).tolist()) == {O.POISON_BF16}
-        assert set(bufs.lse.copy_to_host(np.uint32).tolist()) == {O.POISON_F32}
+        assert set(bufs.o.copy_to_host(np.uint16).tolist()) == {GR.POISON_BF16}
+        assert set(bufs.lse.copy_to_host(np.uint32).tolist()) == {GR.POISON_F32}
 
 
 def test_rising_set_rises_on_gpu_inputs(dev: Device, orc: OracleModule, stream: Stream) -> None:
@@ -173,7 +174,7 @@ def gbufs(dev: Device) -> Iterator[AttnBuffers]:
 
 
 def _gate(dev: Device, orc: OracleModule, stream: Stream, bufs: AttnBuffers, kern: Any,
-          sets: tuple[str, ...] = ("seed", "rising")) -> O.GateResult:
+          sets: tuple[str, ...] = ("seed", "rising")) -> GR.GateResult:
     try:
         return O.gate(dev, kern, GATE_SHAPE, bufs, 42, sets, oracle=orc, stream=stream)
     finally:
@@ -232,7 +233,7 @@ _FLAT = ((_WHERE[0] * GATE_SHAPE.S + _WHERE[1]) * GATE_SHAPE.H + _WHERE[2]) * 12
 
 @pytest.mark.parametrize(
     ("bits", "violations", "nans", "unwritten"),
-    [(0x4120, 1, 0, 0), (O.POISON_BF16, 1, 0, 1), (0x7FC0, 1, 1, 0), (0xFF80, 1, 1, 0)],
+    [(0x4120, 1, 0, 0), (GR.POISON_BF16, 1, 0, 1), (0x7FC0, 1, 1, 0), (0xFF80, 1, 1, 0)],
     ids=["value_10", "poison", "nan", "minus_inf"],
 )
 def test_gate_counts_single_bad_element(dev: Device, orc: OracleModule, stream: Stream,
@@ -314,7 +315,7 @@ def test_compare_matches_numpy_twin(dev: Device, orc: OracleModule, stream: Stre
         stream.synchronize()
         o = bufs.o.copy_to_host(np.uint16, bufs.n)
         if bufs.n > 300:
-            o[17] = O.POISON_BF16
+            o[17] = GR.POISON_BF16
             o[299] = 0x7FC0
             bufs.o.copy_from_host(o)
         stats, sums = O.compare(dev, orc, bufs, o_ref, lse_ref, stream)
@@ -322,7 +323,7 @@ def test_compare_matches_numpy_twin(dev: Device, orc: OracleModule, stream: Stre
         lse = bufs.lse.copy_to_host(np.uint32)
         lref = lse_ref.copy_to_host(np.float32)
     dims = (shape.B, shape.S, shape.H, getattr(shape, "D", 128))
-    want, wsums = O.compare_numpy(o.reshape(dims), ref.reshape(dims),
+    want, wsums = GR.compare_numpy(o.reshape(dims), ref.reshape(dims),
                                   lse.reshape(shape.B, shape.H, shape.S),
                                   lref.reshape(shape.B, shape.H, shape.S))
     for f in ("o_count", "o_violations", "o_nonfinite", "o_unwritten", "o_first_violation",
@@ -352,7 +353,7 @@ def test_gate_budget_catches_small_errors(dev: Device, orc: OracleModule, stream
     kern = O.ReferenceKernel(dev, orc, after=_scale_rows_after(rows, factor, cols))
     g = _gate(dev, orc, stream, gbufs, kern, ("seed", "rising"))
     for m in g.sets:
-        assert m.violations == 0 and m.rel_l2 <= O.REL_L2_MAX  # the old rule misses it
+        assert m.violations == 0 and m.rel_l2 <= GR.REL_L2_MAX  # the old rule misses it
         assert not m.passed and needle in " ".join(m.reasons), m.brief()
 
 
@@ -391,7 +392,7 @@ def _gate_catches_the_bugs(dev: Device, orc: OracleModule, stream: Stream,
     with AttnBuffers(dev, problem) as bufs:
         cache = O.ReferenceCache()
         try:
-            def gate(kern: Any) -> O.GateResult:
+            def gate(kern: Any) -> GR.GateResult:
                 try:
                     return O.gate(dev, kern, problem, bufs, 42, sets, oracle=orc, stream=stream,
                                   reference_cache=cache)
@@ -532,7 +533,7 @@ def test_compare_over_the_query_rows(dev: Device, orc: OracleModule, stream: Str
         lse = bufs.lse.copy_to_host(np.uint32)
         lref = lse_ref.copy_to_host(np.float32)
     dims = (shape.B, shape.S_q, shape.Hq, shape.D)
-    want, wsums = O.compare_numpy(o.reshape(dims), ref.reshape(dims),
+    want, wsums = GR.compare_numpy(o.reshape(dims), ref.reshape(dims),
                                   lse.reshape(shape.B, shape.Hq, shape.S_q),
                                   lref.reshape(shape.B, shape.Hq, shape.S_q))
     assert stats.o_count == shape.B * shape.S_q * shape.Hq * shape.D == want.o_count
@@ -547,7 +548,7 @@ def test_mapped_status_words_are_the_devices(dev: Device) -> None:
     at status.ptr is what the host reads, without a copy."""
     from cuda.bindings import driver as drv
 
-    from tuner import runtime as R
+    from tuner.kernel import runtime as R
 
     st = R.MappedStatus()
     try:

@@ -1,14 +1,14 @@
 """Planted kernel bugs on an H200: the gate must reject every one, and pass every preset.
 
 Each planted bug (FA_TUNE_PLANT_BUG = N, documented in cuda_src/lab/hooks.cuh) is compiled
-into the default preset through the product's own build path (tuner.build.build_config with
-``defines``), loaded through tuner.runtime.KernelModule and gated by tuner.measure.oracle.gate at
-a shape no tile divides (2x4x1000) and at 1x8x4096 (bug 8, the GQA head mapping, at GQA shapes).
-Every preset of search_spaces/presets/ must pass on seed, rising and rising_fwd at the same
-shapes, at its own head dim (config.preset_head_dim). With ``pytest -s`` a table shows, per
-variant, shape and input set, the worst rms_err / rms_bf16 over the 16-row blocks and over the
-head-dim columns, the worst rms_err / budget (<= 1 passes) and the verdict: the margins that
-confirm BUDGET_K (docs/GATE.md).
+into the default preset through the product's own build path (tuner.kernel.build.build_config with
+``defines``), loaded through tuner.kernel.runtime.KernelModule and gated by
+tuner.measure.oracle.gate at a shape no tile divides (2x4x1000) and at 1x8x4096 (bug 8, the GQA head
+mapping, at GQA shapes). Every preset of search_spaces/presets/ must pass on seed, rising and
+rising_fwd at the same shapes, at its own head dim (config.preset_head_dim). With ``pytest -s`` a
+table shows, per variant, shape and input set, the worst rms_err / rms_bf16 over the 16-row blocks
+and over the head-dim columns, the worst rms_err / budget (<= 1 passes) and the verdict: the margins
+that confirm BUDGET_K (docs/GATE.md).
 
     pytest -s -m gpu tests/gpu/test_planted_bugs_gpu.py
 """
@@ -23,11 +23,13 @@ from pathlib import Path
 
 import pytest
 
-from tuner import _paths, build
-from tuner.config import list_presets, load_preset, preset_head_dim
+from tuner import _paths
+from tuner.kernel import build, toolchain
+from tuner.kernel.config import list_presets, load_preset, preset_head_dim
+from tuner.kernel.runtime import AttnBuffers, Device, KernelModule
+from tuner.measure import gate_rule as GR
 from tuner.measure import oracle
 from tuner.problem import Problem, ProblemClass
-from tuner.runtime import AttnBuffers, Device, KernelModule
 
 pytestmark = pytest.mark.gpu
 
@@ -71,7 +73,7 @@ def artifacts() -> dict[str, build.BuildResult]:
         pclass = ProblemClass(preset_head_dim(preset), True)
         return build.build_config(load_preset(preset), defines=defines, pclass=pclass)
 
-    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), build.usable_cpus()))) as ex:
+    with ThreadPoolExecutor(max_workers=max(1, min(len(jobs), toolchain.usable_cpus()))) as ex:
         results = dict(zip(jobs, ex.map(one, jobs.values()), strict=True))
     for name, r in results.items():
         assert r.local_memory is None, f"{name}: {r.local_memory}"
@@ -85,8 +87,8 @@ def table() -> Iterator[list[tuple[str, ...]]]:
     head = ("variant", "shape", "set", "blk err/bf16", "col err/bf16", "err/budget", "max|err|",
             "verdict")
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
-    print(f"\n\nBF16 error budget: K = {oracle.BUDGET_K}, floor = {oracle.BUDGET_FLOOR} * 2^-9 "
-          f"* rms_ref, {oracle.ROW_BLOCK}-row blocks")
+    print(f"\n\nBF16 error budget: K = {GR.BUDGET_K}, floor = {GR.BUDGET_FLOOR} * 2^-9 "
+          f"* rms_ref, {GR.ROW_BLOCK}-row blocks")
     for r in [head, *rows]:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)))
 
@@ -96,7 +98,7 @@ def _fmt(x: float | None) -> str:
 
 
 def _gate(dev: Device, so_path: str, shape: Problem, sets: tuple[str, ...],
-          rows: list[tuple[str, ...]], variant: str) -> oracle.GateResult:
+          rows: list[tuple[str, ...]], variant: str) -> GR.GateResult:
     kernel = KernelModule(so_path)
     with AttnBuffers(dev, shape) as bufs:
         g = oracle.gate(dev, kernel, shape, bufs, input_sets=sets)
@@ -139,7 +141,7 @@ def test_gate_rejects_planted_bug(dev: Device, artifacts: dict, table: list, bug
     if bug in BUDGET_ONLY:
         for m in g.sets:
             # Invisible to the per-element rule and to the relative L2 bound...
-            assert m.violations == 0 and m.rel_l2 <= oracle.REL_L2_MAX, m.brief()
+            assert m.violations == 0 and m.rel_l2 <= GR.REL_L2_MAX, m.brief()
             # ... and caught, on every set, by the budget, which names the place.
             assert not m.passed and BUDGET_ONLY[bug] in " ".join(m.reasons), m.brief()
         if bug == 4:

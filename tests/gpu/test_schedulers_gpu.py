@@ -8,11 +8,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from tuner import build
-from tuner.config import KernelConfig, load_preset
+from tuner.kernel import build
+from tuner.kernel.config import KernelConfig, load_preset
+from tuner.kernel.runtime import AttnBuffers, Device, KernelModule
 from tuner.measure import oracle
 from tuner.problem import SEED_PROBLEMS, Problem
-from tuner.runtime import AttnBuffers, Device, KernelModule
 
 pytestmark = pytest.mark.gpu
 

@@ -13,8 +13,8 @@ import pytest
 from optuna.trial import TrialState
 from typer.testing import CliRunner
 
-from tuner import build as build_mod
 from tuner.cli import app
+from tuner.kernel import toolchain
 
 pytestmark = pytest.mark.gpu
 SPACE = "block_n: [112, 128]\nk_stages: [2, 3]\nv_stages: [2, 3]\n"
@@ -50,12 +50,12 @@ def test_export_builds_and_passes_gate(gpu_study: tuple[str, str], tmp_path: Pat
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # Without fa-tune on the path, build.sh finds CUTLASS only through CUTLASS_DIR (documented),
     # e.g. when nvidia-cutlass was installed with pip --target as on the GPU host.
-    env["CUTLASS_DIR"] = str(build_mod.cutlass_include())
+    env["CUTLASS_DIR"] = str(toolchain.cutlass_include())
     env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
     p = subprocess.run(["bash", str(out / "build.sh")], capture_output=True, text=True, env=env,
                        timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]
-    from tuner import runtime
+    from tuner.kernel import runtime
     from tuner.measure import oracle
     from tuner.problem import Problem
 

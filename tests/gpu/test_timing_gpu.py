@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from tuner.kernel.runtime import AttnBuffers, Device
 from tuner.measure import oracle as O
 from tuner.measure import timing as T
-from tuner.runtime import AttnBuffers, Device
 
 pytestmark = pytest.mark.gpu
 

@@ -16,12 +16,12 @@ import dataclasses
 import pytest
 from gate_cases import case_id, gate_case
 
-from tuner import build
-from tuner.config import KernelConfig, load_preset
+from tuner.kernel import build
+from tuner.kernel.config import KernelConfig, load_preset
+from tuner.kernel.runtime import KernelError
 from tuner.measure.bench import Bench
 from tuner.measure.launch import KernelLaunch
 from tuner.problem import Problem, ProblemClass
-from tuner.runtime import KernelError
 
 pytestmark = pytest.mark.gpu
 
@@ -90,8 +90,8 @@ def test_oracle_varlen_reference_is_each_sequence_on_its_own(bench: Bench) -> No
     is the reference's, not borrowed from the kernel under test."""
     import numpy as np
 
+    from tuner.kernel.runtime import AttnBuffers
     from tuner.measure.oracle import inputs_to_host
-    from tuner.runtime import AttnBuffers
 
     for causal in (True, False):
         p = Problem.varlen([300, 0, 1, 130, 64], 8, Hkv=2, causal=causal)

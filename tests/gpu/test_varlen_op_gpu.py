@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 from dispatch_stub import build_stub_library, last_args
 
-from tuner import dispatch
-from tuner.workload import workload_from_dict
+from tuner.ship import dispatch
+from tuner.ship.workload import workload_from_dict
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch", reason="the op tests need PyTorch with CUDA")
 if not torch.cuda.is_available():  # pragma: no cover - a GPU host without CUDA torch
     pytest.skip("torch has no CUDA here (pip install torch with CUDA)", allow_module_level=True)
-ops = pytest.importorskip("tuner.fa_tune_ops")
-from tuner.fa_tune_ops import checks, status  # noqa: E402
+ops = pytest.importorskip("tuner.ship.fa_tune_ops")
+from tuner.ship.fa_tune_ops import checks, status  # noqa: E402
 
 BF16 = torch.bfloat16
 HQ, HKV, D = 32, 8, 128

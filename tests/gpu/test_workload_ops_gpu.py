@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch", reason="the op tests need PyTorch with CUDA")
 if not torch.cuda.is_available():  # pragma: no cover - a GPU host without CUDA torch
     pytest.skip("torch has no CUDA here (pip install torch with CUDA)", allow_module_level=True)
-ops = pytest.importorskip("tuner.fa_tune_ops")
+ops = pytest.importorskip("tuner.ship.fa_tune_ops")
 
 F = torch.nn.functional
 BF16 = torch.bfloat16
@@ -153,7 +153,7 @@ def test_host_overhead_per_call(lib_dir: Path) -> None:
     at most 10 us more per call; q, k, v as views of one fused QKV tensor cost at most 2 us
     more than dense ones (issue 34). The Python implementation (fa_tune::_attention_py) and a
     varlen call are measured beside it."""
-    from tuner.fa_tune_ops import abi, native
+    from tuner.ship.fa_tune_ops import abi, native
 
     assert native.status() == "active", native.status()
     q, k, v = _qkv(1, 256, seed=6)

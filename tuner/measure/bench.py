@@ -14,7 +14,7 @@ mask). ``measure(launch, shape, protocol)`` is the whole path:
 3. optionally the output of the last timed launch checked again (``gate_after``: a kernel that
    is right only when the GPU is idle has no valid timing).
 
-``launch`` is fa-tune's kernel (``KernelLaunch`` / ``tuner.runtime.KernelModule``) or a peer
+``launch`` is fa-tune's kernel (``KernelLaunch`` / ``tuner.kernel.runtime.KernelModule``) or a peer
 (``PeerLaunch``): same buffers, same inputs, same stream, same gate, same loop.
 """
 
@@ -24,12 +24,11 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tuner import store
-from tuner.measure import oracle, timing
+from tuner.kernel.runtime import AttnBuffers, Device, ShapeLike, as_problem
+from tuner.measure import gate_rule, oracle, store, timing
 from tuner.measure.launch import launch_supports
-from tuner.peers.base import Unsupported
+from tuner.measure.peers.base import Unsupported
 from tuner.problem import Problem
-from tuner.runtime import AttnBuffers, Device, ShapeLike, as_problem
 
 
 def _key(shape: ShapeLike) -> Problem:
@@ -43,9 +42,9 @@ class Measurement:
 
     status: str
     reason: str
-    gate: oracle.GateResult | None
+    gate: gate_rule.GateResult | None
     timing: timing.TimingResult | None
-    gate_after: oracle.SetMetrics | None = None
+    gate_after: gate_rule.SetMetrics | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,11 +56,11 @@ class Measurement:
         }
 
 
-def gate_dict(g: oracle.GateResult | oracle.SetMetrics) -> dict[str, Any]:
+def gate_dict(g: gate_rule.GateResult | gate_rule.SetMetrics) -> dict[str, Any]:
     """The gate's verdict as every results payload stores it: the headline numbers (worst over
     the input sets) plus the oracle's full result under ``details``."""
     details = store.to_plain(g)
-    brief = g.summary() if isinstance(g, oracle.GateResult) else g.brief()
+    brief = g.summary() if isinstance(g, gate_rule.GateResult) else g.brief()
     return {
         "passed": bool(g.passed),
         "summary": brief,
@@ -128,7 +127,7 @@ class Bench:
         return bufs
 
     # -- the three steps
-    def gate(self, launch: Any, shape: ShapeLike) -> oracle.GateResult:
+    def gate(self, launch: Any, shape: ShapeLike) -> gate_rule.GateResult:
         """Gate ``launch`` on every input set; leaves the seed inputs in the buffers."""
         bufs = self.buffers(shape)
         bind = getattr(launch, "bind", None)
@@ -148,7 +147,7 @@ class Bench:
                                   nvml=self.nvml, wait_bound_s=self._wait_bound,
                                   on_wait=self._spent)
 
-    def check_output(self, launch: Any, shape: ShapeLike) -> oracle.SetMetrics:
+    def check_output(self, launch: Any, shape: ShapeLike) -> gate_rule.SetMetrics:
         """Check what the last launch left in the buffers against the seed set's reference."""
         bufs = self.buffers(shape)
         refs = self._refs.setdefault(_key(shape), oracle.ReferenceCache())

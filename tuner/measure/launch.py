@@ -4,8 +4,8 @@ A launchable has ``name``, ``label``, ``writes_lse``, ``supports(problem) -> rea
 ``prepare(shape, stream) -> host ms`` and ``forward(bufs, stream)`` (one launch, enqueued on
 ``stream``, reading bufs.q/k/v). ``launch_supports`` asks a launchable (None = it can run the
 problem; launchables without ``supports`` are taken to run everything). fa-tune's own
-kernel is ``tuner.runtime.KernelModule`` (the one binding of the C ABI), wrapped here only to
-give it a name. A peer (FlashAttention-3, cuDNN, ...; ``tuner.peers``) is a torch callable;
+kernel is ``tuner.kernel.runtime.KernelModule`` (the one binding of the C ABI), wrapped here only to
+give it a name. A peer (FlashAttention-3, cuDNN, ...; ``tuner.measure.peers``) is a torch callable;
 ``PeerLaunch`` puts it on the same path: torch views alias the very device buffers the oracle
 filled, torch runs on the measurement stream, and ``collect`` copies the peer's output into
 bufs.o / bufs.lse (outside any timed region) so the same GPU-side gate checks it.
@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tuner.runtime import (
+from tuner.kernel.runtime import (
     AttnBuffers,
     DeviceBuffer,
     KernelModule,
@@ -72,7 +72,7 @@ class KernelLaunch:
         """The kernel writes bufs.o itself: nothing to copy."""
 
     def details(self) -> dict[str, Any]:
-        from tuner.build import sha256_file
+        from tuner.kernel.build import sha256_file
 
         return {"so_path": str(self.path), "sha256": sha256_file(self.path),
                 "config": self.module.config, "smem_bytes": self.module.smem_bytes()}
@@ -120,7 +120,8 @@ def torch_views(bufs: AttnBuffers) -> tuple[Any, Any, Any, Any, Any]:
 
 
 class PeerLaunch:
-    """A ``tuner.peers.Peer`` on the measurement path (same buffers, stream, gate, timing)."""
+    """A ``tuner.measure.peers.Peer`` on the measurement path (same buffers, stream, gate,
+    timing)."""
 
     role = "peer"
 
@@ -135,7 +136,7 @@ class PeerLaunch:
         self.writes_lse = False  # known once bound: whether the peer returns a [B, Hq, S_q] LSE
 
     def supports(self, problem: ShapeLike) -> str | None:
-        """The peer's own answer (tuner.peers.base.Peer.supports)."""
+        """The peer's own answer (tuner.measure.peers.base.Peer.supports)."""
         return self.peer.supports(as_problem(problem))
 
     def _stream_ctx(self, stream: Stream | int | None) -> Any:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from tuner.errors import FaTuneError
-from tuner.runtime import ShapeLike, problem_dims
+from tuner.kernel.runtime import ShapeLike, problem_dims
 
 DEFAULT_SEED = 42
 # input set -> (generator, direction for "rising" kinds)

@@ -21,7 +21,15 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tuner.errors import FaTuneError
-from tuner.runtime import AttnBuffers, Device, Event, ShapeLike, Stream, as_problem, same_problem
+from tuner.kernel.runtime import (
+    AttnBuffers,
+    Device,
+    Event,
+    ShapeLike,
+    Stream,
+    as_problem,
+    same_problem,
+)
 
 DEFAULT_TEMP_LIMIT_C = 65
 DEFAULT_TEMP_WAIT_S = 60.0

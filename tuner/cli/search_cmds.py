@@ -1,0 +1,338 @@
+"""`fa-tune search`, `worker` and `tune`: the search (one GPU, several, or a workload's
+buckets) with its live view."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from tuner.cli.common import (
+    DeviceOpt,
+    GpusOpt,
+    JobsOpt,
+    MixedOpt,
+    SamplerOpt,
+    SeedOpt,
+    ShapeOpt,
+    StorageOpt,
+    StudyOpt,
+    TimeoutOpt,
+    TrialsOpt,
+    WorkerEntryOpt,
+    check_search_problems,
+    console,
+    user_errors,
+)
+from tuner.errors import FaTuneError, SearchError
+from tuner.measure.timing import Nvml
+from tuner.problem import Problem, class_of, parse_problems
+from tuner.search import fleet
+from tuner.search import loop as search_mod
+from tuner.search import space as space_mod
+from tuner.search.gpu_worker import DEFAULT_ENTRY
+from tuner.search.sampler import SAMPLERS
+from tuner.search.session import parse_duration
+from tuner.search.study import redact
+from tuner.ship import workload as workload_mod
+
+
+def _live_table(p: Any) -> Any:
+
+    t = Table(title=f"fa-tune search: study {p.study}", show_header=False)
+    t.add_column("what")
+    t.add_column("value")
+    n = f" of {p.n_trials}" if p.n_trials else ""
+    left = ""
+    if p.deadline is not None:
+        left = f", {max(0.0, p.deadline - time.monotonic()):.0f} s left"
+    elapsed = time.monotonic() - p.started
+    t.add_row("trial", f"{p.done}{n} ({elapsed:.0f} s{left})")
+    t.add_row("complete / pruned / failed", f"{p.complete} / {p.pruned} / {p.failed}")
+    t.add_row("static rejects / duplicates", f"{p.rejected} / {p.duplicates}")
+    t.add_row("compile queue", f"{p.compile_queue} waiting or compiling")
+    busy = 100.0 * p.gpu_busy_s / elapsed if elapsed > 0 else 0.0
+    t.add_row("GPU busy", f"{busy:.0f} % (worker restarts {p.worker_restarts}, recycled "
+              f"{p.worker_recycles})")
+    gs = getattr(p, "gpu_state", None)
+    if gs:
+        t.add_row("GPU", gs)
+    if p.best_value is not None:
+        per = ", ".join(f"{s} {v:.1f}" for s, v in p.best_shapes.items())
+        t.add_row("best (confirmed)", f"trial {p.best_trial}: {p.best_value:.1f} TFLOPS ({per})")
+    else:
+        t.add_row("best (confirmed)", "-")
+    t.add_row("now", p.current or "-")
+    for e in p.last_events[-4:]:
+        t.add_row("", f"[dim]{e}[/]")
+    return t
+
+
+@user_errors
+def search(
+    study: StudyOpt = "default",
+    space: Annotated[str | None, typer.Option(
+        "--space", help="Search space name or YAML file (default: the one for the problems' "
+        "head dim: default (D 128), d64, d256).")] = None,
+    shape: ShapeOpt = None,
+    trials: TrialsOpt = None,
+    timeout: TimeoutOpt = None,
+    storage: StorageOpt = None,
+    sampler: SamplerOpt = "tpe",
+    seed: SeedOpt = None,
+    jobs: JobsOpt = None,
+    device: DeviceOpt = None,
+    gpus: GpusOpt = None,
+    allow_mixed_gpus: MixedOpt = False,
+    create_only: Annotated[bool, typer.Option(
+        "--create-only", help="Create the study (problems, space, known-good points) and "
+        "exit; workers join it with `fa-tune worker`. No GPU needed.")] = False,
+    worker: WorkerEntryOpt = None,
+) -> None:
+    """Search the kernel's knobs with Optuna; resumable (same --study continues)."""
+    shapes = parse_problems(shape)
+    check_search_problems(shapes)
+    sp = space_mod.load_space(space or space_mod.default_space_name(class_of(shapes).head_dim))
+    if create_only:
+        s = search_mod.Search(study=study, space=sp, shapes=shapes, storage=storage,
+                              heartbeat_s=None)
+        s.prepare()
+        console.print(f"study {s.study_name} ready ({', '.join(map(str, shapes))}; space "
+                      f"{sp.source}); storage: {redact(s.url)}", soft_wrap=True)
+        console.print(f"join it from each GPU host: fa-tune worker --study {s.study_name} "
+                      f"--storage URL --gpus all --timeout DURATION", soft_wrap=True)
+        return
+    _run_search(study=study, space=sp, shapes=shapes, storage=storage, trials=trials,
+                timeout=timeout, sampler=sampler, seed=seed, jobs=jobs, device=device,
+                gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker)
+
+
+@user_errors
+def worker_cmd(
+    study: Annotated[str, typer.Option("--study", help="The study to join (it must exist).")],
+    storage: StorageOpt = None,
+    trials: TrialsOpt = None,
+    timeout: TimeoutOpt = None,
+    sampler: SamplerOpt = "tpe",
+    seed: SeedOpt = None,
+    jobs: JobsOpt = None,
+    device: DeviceOpt = None,
+    gpus: GpusOpt = None,
+    allow_mixed_gpus: MixedOpt = False,
+    worker: WorkerEntryOpt = None,
+) -> None:
+    """Join an existing study as one more worker (this host's GPUs), from any host."""
+    space, shapes = fleet.study_spec(study, storage)
+    check_search_problems(shapes)
+    _run_search(study=study, space=space, shapes=shapes, storage=storage, trials=trials,
+                timeout=timeout, sampler=sampler, seed=seed, jobs=jobs, device=device,
+                gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker)
+
+
+def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str | None,
+                trials: int | None, timeout: str | None, sampler: str, seed: int | None,
+                jobs: int | None, device: int | None, gpus: str | None,
+                allow_mixed_gpus: bool, worker: str | None) -> None:
+    """One worker in this process (one GPU), or a fleet of them (--gpus with several)."""
+
+
+    budget = parse_duration(timeout)
+    if trials is None and budget is None:
+        raise SearchError("give --trials N and/or --timeout DURATION")
+    if sampler not in SAMPLERS:
+        raise SearchError(f"unknown sampler '{sampler}'; choose one of {', '.join(SAMPLERS)}")
+    if gpus is not None and device is not None:
+        raise SearchError("give --device or --gpus, not both")
+    devices = fleet.parse_gpus(gpus) if gpus is not None else [device or 0]
+    kwargs: dict[str, Any] = dict(
+        study=study, space=space, shapes=shapes, storage=storage, n_trials=trials,
+        timeout_s=budget, sampler=sampler, seed=seed, jobs=jobs,
+        worker_entry=worker or DEFAULT_ENTRY, allow_mixed_gpus=allow_mixed_gpus,
+    )
+    if len(devices) > 1:
+        _run_fleet(devices, kwargs)
+        return
+    nvml = None
+    try:
+
+        nvml = Nvml(index=devices[0])
+    except Exception:  # noqa: BLE001 - NVML is optional
+        nvml = None
+    live = Live(console=console, refresh_per_second=4, transient=False)
+
+    def on_progress(p: Any) -> None:
+        if nvml is not None and getattr(nvml, "available", False):
+            st = nvml.state()
+            p.gpu_state = f"{st.temperature_c} C, SM clock {st.sm_clock_mhz} MHz"
+        live.update(_live_table(p))
+
+    s = search_mod.Search(**kwargs, device_index=devices[0], progress_cb=on_progress)
+    live.start()
+    try:
+        summary = s.run()
+    except FaTuneError:
+        live.transient = True  # a refusal (no GPU, another GPU model) is its one line alone
+        raise
+    finally:
+        live.stop()
+        if not live.transient:
+            _end_live()
+    console.print(
+        f"study {summary.study}: {summary.trials_run} trials in {summary.wall_s:.0f} s "
+        f"({summary.trials_per_hour:.0f}/h; complete {summary.complete}, pruned "
+        f"{summary.pruned}, failed {summary.failed}, static rejects {summary.rejected}, "
+        f"duplicates {summary.duplicates}); GPU busy {100 * summary.gpu_busy_fraction:.0f} %"
+        + (f" (of which {summary.temp_wait_s:.0f} s waiting for the GPU to cool)"
+           if summary.temp_wait_s >= 0.5 else "")
+        + f"; stopped: {summary.stopped_by}"
+        + (f"; {summary.not_run} asked but not measured wait in the study (the next search "
+           "measures them first)" if summary.not_run else ""),
+        soft_wrap=True,
+    )
+    if summary.best:
+        c = summary.best["confirmed"] or {}
+        per = ", ".join(f"{k} {v['tflops']:.1f}" for k, v in (c.get("shapes") or {}).items())
+        console.print(f"best: trial {summary.best['trial']} ({summary.best['config_id']}): "
+                      f"{c.get('geomean_tflops', 0):.1f} TFLOPS geomean, confirmed ({per})")
+    console.print(f"storage: {summary.storage}", soft_wrap=True)
+    if summary.stopped_by.startswith("interrupted"):
+        raise typer.Exit(130)
+
+
+def _end_live() -> None:
+    """Piped (a log file), rich leaves the live view's last line open: end it."""
+    if not console.is_terminal:
+        console.print()
+
+
+def _fleet_table(fp: Any) -> Any:
+    """The live view of a fleet: one row per GPU, the study's best, recent events."""
+    elapsed = time.monotonic() - fp.started
+    left = "" if fp.deadline is None else \
+        f", {max(0.0, fp.deadline - time.monotonic()):.0f} s left"
+    t = Table(title=f"fa-tune search: study {fp.study} on {len(fp.workers)} GPUs "
+                    f"({elapsed:.0f} s{left})")
+    for col in ("GPU", "trials", "complete / pruned / failed", "dups / waiting", "compile queue",
+                "GPU busy", "now"):
+        t.add_column(col)
+    best = None
+    for dev, w in fp.workers.items():
+        p = w.progress
+        name = f"{dev}" + (f" {p.gpu_name}" if p is not None and p.gpu_name else "")
+        if p is None:
+            t.add_row(name, "-", "-", "-", "-", "-", w.error or "starting")
+            continue
+        run_s = time.monotonic() - p.started
+        busy = 100.0 * p.gpu_busy_s / run_s if run_s > 0 else 0.0
+        now = w.error or (f"stopped: {w.summary.stopped_by}" if w.summary else p.current or "-")
+        t.add_row(name, str(p.done), f"{p.complete} / {p.pruned} / {p.failed}",
+                  f"{p.duplicates} / {p.waiting}", str(p.compile_queue), f"{busy:.0f} %",
+                  now[:60])
+        if p.best_value is not None and (best is None or p.best_value > best.best_value):
+            best = p
+    if best is not None:
+        per = ", ".join(f"{s} {v:.1f}" for s, v in best.best_shapes.items())
+        t.add_row("best", "", "", "", "", "", f"trial {best.best_trial} (confirmed): "
+                  f"{best.best_value:.1f} TFLOPS ({per})")
+    for e in fp.events[-4:]:
+        t.add_row("", "", "", "", "", "", f"[dim]{e[:60]}[/]")
+    return t
+
+
+def _run_fleet(devices: list[int], kwargs: dict[str, Any]) -> None:
+
+
+    live = Live(console=console, refresh_per_second=4, transient=False)
+    f = fleet.Fleet(devices, kwargs, progress_cb=lambda fp: live.update(_fleet_table(fp)))
+    live.start()
+    try:
+        summary = f.run()
+    except FaTuneError:
+        live.transient = True  # the same refusal from every worker: its one line alone
+        raise
+    finally:
+        live.stop()
+        if not live.transient:
+            _end_live()
+    console.print(
+        f"study {summary.study}: {summary.trials_run} trials in {summary.wall_s:.0f} s "
+        f"({summary.trials_per_hour:.0f}/h) on {len(devices)} GPUs; stopped: "
+        f"{summary.stopped_by}", soft_wrap=True)
+    for w in summary.workers:
+        s = w.summary
+        if s is None:
+            console.print(f"  GPU {w.device}: {w.error or 'no summary'}", soft_wrap=True)
+            continue
+        console.print(
+            f"  GPU {w.device} ({s.gpu_name or '?'}): {s.trials_run} trials (complete "
+            f"{s.complete}, pruned {s.pruned}, failed {s.failed}, static rejects {s.rejected}, "
+            f"duplicates {s.duplicates}); GPU busy {100 * s.gpu_busy_fraction:.0f} %"
+            + (f" (of which {s.temp_wait_s:.0f} s cooling)" if s.temp_wait_s >= 0.5 else "")
+            + f"; stopped: {s.stopped_by}"
+            + (f"; {s.not_run} not measured wait in the study" if s.not_run else ""),
+            soft_wrap=True)
+    if summary.best:
+        c = summary.best["confirmed"] or {}
+        per = ", ".join(f"{k} {v['tflops']:.1f}" for k, v in (c.get("shapes") or {}).items())
+        where = (summary.best.get("gpu") or {}).get("device")
+        console.print(f"best: trial {summary.best['trial']} ({summary.best['config_id']}): "
+                      f"{c.get('geomean_tflops', 0):.1f} TFLOPS geomean, confirmed ({per})"
+                      + (f" on GPU {where}" if where is not None else ""), soft_wrap=True)
+    console.print(f"storage: {summary.storage}", soft_wrap=True)
+    if summary.stopped_by.startswith("interrupted"):
+        raise typer.Exit(130)
+    if any(w.error for w in summary.workers):
+        raise typer.Exit(1)
+
+
+@user_errors
+def tune(
+    workload: Annotated[str, typer.Option(
+        "--workload", help="A workload file, or a name from workloads/ (e.g. llama3-8b).")],
+    trials: TrialsOpt = None,
+    timeout: Annotated[str | None, typer.Option(
+        "--timeout", help="Wall-time budget PER BUCKET, e.g. 30m.")] = None,
+    bucket: Annotated[list[str] | None, typer.Option(
+        "--bucket", help="Only these buckets (default: all of the workload's).")] = None,
+    max_problems: Annotated[int | None, typer.Option(
+        "--max-problems", min=1, help="Problems per bucket (default: the file's, else 3).")] = None,
+    storage: StorageOpt = None,
+    sampler: SamplerOpt = "tpe",
+    seed: SeedOpt = None,
+    jobs: JobsOpt = None,
+    device: DeviceOpt = None,
+    gpus: GpusOpt = None,
+    allow_mixed_gpus: MixedOpt = False,
+    worker: WorkerEntryOpt = None,
+) -> None:
+    """Search every bucket of a workload, one study each (<workload>-<bucket>), in turn; the
+    same command resumes them. Then export the workload's library from those studies."""
+
+    w = workload_mod.load_workload(workload)
+    plans = w.plan(max_problems)
+    names = [p.bucket.name for p in plans]
+    for b in bucket or []:
+        if b not in names:
+            raise workload_mod.WorkloadError(
+                f"workload {w.name} has no bucket '{b}'; its buckets: {', '.join(names)}")
+    plans = [p for p in plans if not bucket or p.bucket.name in bucket]
+    # One shared storage holds every bucket's study only when given; else each study gets its
+    # own default file (studies/<workload>-<bucket>.db), as `fa-tune search` would.
+    sp = space_mod.load_space(space_mod.default_space_name(w.attention.head_dim))
+    for i, p in enumerate(plans, 1):
+        problems = [x.problem for x in p.problems]
+        check_search_problems(problems)
+        study = f"{w.name}-{p.bucket.name}"
+        console.print(f"[bold]bucket {i}/{len(plans)}: {p.bucket.name} "
+                      f"(S {p.bucket.range_text()}), study {study}: "
+                      f"{', '.join(map(str, problems))}[/]", soft_wrap=True)
+        _run_search(study=study, space=sp, shapes=problems, storage=storage, trials=trials,
+                    timeout=timeout, sampler=sampler, seed=seed, jobs=jobs, device=device,
+                    gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker)
+    console.print(f"export the library: fa-tune export --workload {workload} --study-prefix "
+                  f"{w.name}- --out {w.name}-lib"
+                  + (f" --storage {redact(storage)}" if storage else ""), markup=False,
+                  soft_wrap=True)

@@ -1,0 +1,124 @@
+"""FlashAttention-3 through flash-attn-4's CuTe DSL port (its sm90 path).
+
+``flash_attn.cute.interface.flash_attn_func(q, k, v, causal=...)`` takes BSHD tensors, so the
+shared inputs go in untouched (a packed varlen batch goes to ``flash_attn_varlen_func`` with
+cu_seqlens_q / cu_seqlens_k and max_seqlen_q / max_seqlen_k, its [total, H, D] tensors being
+the [1, total, H, D] views without the leading 1): q [B, S_q, Hq, D] and k, v [B, S_k, Hkv, D]
+natively (GQA/MQA when Hkv < Hq), head dims 64, 128 and 256, causal or not; with S_q < S_k its
+causal mask is aligned bottom-right, as fa-tune's. Strided views (a problem's ``:qkv`` or
+``:bhsd`` layout: slices of one fused QKV tensor, k and v over [B, Hkv, S_k, D] memory) go in as
+they are: the interface's ``maybe_contiguous`` copies only a tensor whose head dim is not
+contiguous (and, since flash-attention PR #2745, one whose strides or address are not 16-byte
+aligned), which fa-tune's layouts never are; ``prepare`` declines rather than time such a copy
+(``strided_views_reason``). We ask for the LSE too
+(``return_lse=True``): fa-tune's kernel writes it by default, and FA3 skips it when no input
+needs a gradient, so without the flag FA3 would do less work than the kernel it is compared
+with. The first call JIT-compiles the kernel (CuTe DSL -> cubin, seconds; once per head dim,
+GQA group and mask); ``prepare`` makes that call, outside the timed region.
+
+Installing without a network: lab/h200/fa3_stage1.sh and fa3_stage2.sh; with ``pip --target`` the
+folder ``<target>/nvidia_cutlass_dsl/dsl_packages`` must be on PYTHONPATH as well.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.measure.peers.base import (
+    Peer,
+    Unsupported,
+    dist_version,
+    module_missing,
+    problem_reason,
+    strided_views_reason,
+    torch_cuda_reason,
+)
+
+
+class FA3Peer(Peer):
+    name = "fa3"
+    label = "FlashAttention-3 (flash-attn-4, sm90)"
+
+    def __init__(self, return_lse: bool = True) -> None:
+        self.return_lse = return_lse
+        self._fn: Any = None
+        self._varlen_fn: Any = None
+        self._qkv: tuple[Any, Any, Any] | None = None
+        self._varlen: tuple[Any, Any, int, int] | None = None
+        self._causal = True
+        self._lse: Any = None
+
+    def available(self) -> tuple[bool, str]:
+        reason = torch_cuda_reason() or module_missing("flash_attn")
+        if reason:
+            return False, reason
+        try:
+            self._load()
+        except Exception as exc:  # an import failure inside the package is a reason, not a crash
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            return False, (
+                f"flash_attn.cute does not import ({type(exc).__name__}: {first}); is "
+                "<site>/nvidia_cutlass_dsl/dsl_packages on PYTHONPATH?"
+            )
+        return True, "ok"
+
+    def _load(self) -> Any:
+        if self._fn is None:
+            from flash_attn.cute.interface import flash_attn_func, flash_attn_varlen_func
+
+            self._fn = flash_attn_func
+            self._varlen_fn = flash_attn_varlen_func
+        return self._fn
+
+    def version(self) -> str:
+        return (
+            f"flash-attn-4 {dist_version('flash-attn-4', 'fa4')}, "
+            f"nvidia-cutlass-dsl {dist_version('nvidia-cutlass-dsl')}, "
+            f"quack-kernels {dist_version('quack-kernels')}"
+        )
+
+    def supports(self, problem: Any) -> str | None:
+        return problem_reason(problem, varlen=True, who=self.name)
+
+    def prepare(self, q: Any, k: Any, v: Any, causal: bool,
+                varlen: tuple[Any, Any, int, int] | None = None) -> None:
+        self._load()
+        # flash_attn_func makes a tensor contiguous unless it can read it in place: a copy in
+        # the timed call would be timed as attention (fused-QKV / KV-cache views: issue 34).
+        why = strided_views_reason(self.name, q=q, k=k, v=v)
+        if why is not None:
+            raise Unsupported(why)
+        self._varlen = varlen
+        if varlen is not None:  # [1, total, H, D] views -> the packed [total, H, D]
+            q, k, v = q[0], k[0], v[0]
+        self._qkv = (q, k, v)
+        self._causal = bool(causal)
+        self.run()  # JIT compile now, not in the first warm-up launch
+
+    def run(self) -> Any:
+        assert self._qkv is not None, "prepare() first"
+        q, k, v = self._qkv
+        if self._varlen is not None:
+            cu_q, cu_k, max_q, max_k = self._varlen
+            out, lse = self._varlen_fn(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                       max_seqlen_q=max_q, max_seqlen_k=max_k,
+                                       causal=self._causal, return_lse=self.return_lse)
+            # [Hq, total_q] -> [1, Hq, total_q]
+            self._lse = None if lse is None else lse.unsqueeze(0)
+            return out.unsqueeze(0)
+        out, lse = self._fn(q, k, v, causal=self._causal, return_lse=self.return_lse)
+        self._lse = lse
+        return out
+
+    def lse(self) -> Any | None:
+        return self._lse
+
+    def details(self) -> dict[str, Any]:
+        fn = "flash_attn_varlen_func" if self._varlen is not None else "flash_attn_func"
+        return {"return_lse": self.return_lse, "causal": self._causal,
+                "call": f"flash_attn.cute.interface.{fn}"}
+
+    def release(self) -> None:
+        self._qkv = None
+        self._lse = None
+        self._varlen = None

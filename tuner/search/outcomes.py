@@ -1,0 +1,313 @@
+"""What happens to a trial once its kernel is built (the ``Search`` loop's second half):
+measure it on the GPU worker, tell Optuna the verdict (complete, pruned, failed, duplicate),
+confirm a possible best with the full protocol and write its results folder, and summarise
+the session. A mixin of ``tuner.search.loop.Search``: every method reads the search's state."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from tuner import _paths
+from tuner.errors import FaTuneError
+from tuner.kernel.config import KernelConfig
+from tuner.measure.timing import Protocol
+from tuner.problem import Problem
+from tuner.search.session import (
+    REQUEUE_REASONS,
+    SearchSummary,
+    _Candidate,
+    _is_transient_build,
+    _is_verdict,
+    _row,
+    _temp_wait_s,
+    _TrialLost,
+    geomean,
+)
+from tuner.search.study import redact
+from tuner.search.trials import confirmed_value
+from tuner.search.worker_client import WorkerFailure
+
+
+class TrialOutcomes:
+    """Methods of ``Search`` (tuner/search/loop.py); not used on its own."""
+
+    def _tell_duplicate(self, trial: Any, prev: Any) -> None:
+        from optuna.trial import TrialState
+
+        self.progress.duplicates += 1
+        trial.set_user_attr("duplicate_of", prev.number)
+        for k in ("build", "screen", "shapes", "prune_reason", "fail_reason", "gpu"):
+            if k in prev.user_attrs:
+                trial.set_user_attr(k, prev.user_attrs[k])
+        if prev.state == TrialState.COMPLETE:
+            self._tell(trial, TrialState.COMPLETE, prev.value)
+            self.progress.complete += 1
+        elif prev.state == TrialState.PRUNED:
+            self._tell(trial, TrialState.PRUNED)
+            self.progress.pruned += 1
+        else:
+            self._tell(trial, TrialState.FAIL)
+            self.progress.failed += 1
+        self.progress.done += 1
+
+    def _tell(self, trial: Any, state: Any, value: float | None = None) -> Any:
+        from optuna.trial import TrialState
+
+        try:
+            if state == TrialState.COMPLETE:
+                ft = self.study.tell(trial, value)
+            else:
+                ft = self.study.tell(trial, state=state)
+        except ValueError as e:
+            if "Cannot tell a" in str(e):  # finished by another worker (a heartbeat sweep)
+                raise _TrialLost(trial.number) from None
+            raise
+        self.open.pop(trial.number, None)
+        cid = ft.user_attrs.get("config_id")
+        if cid and _is_verdict(ft):
+            self.known.setdefault(cid, ft)
+        if cid and self.pending.get(cid) == trial.number:
+            del self.pending[cid]
+        for dup in self.dups.pop(trial.number, []):
+            if ft.state == TrialState.FAIL and (
+                ft.user_attrs.get("transient")
+                or ft.user_attrs.get("fail_reason") in REQUEUE_REASONS
+            ):
+                dup.set_user_attr("fail_reason", "not run: duplicate of a trial that could not "
+                                  "be measured")
+                dup.set_user_attr("transient", True)
+                self.study.tell(dup, state=TrialState.FAIL)
+                self.open.pop(dup.number, None)
+            else:
+                self._tell_duplicate(dup, ft)
+        return ft
+
+    def _reject(self, trial: Any, why: Exception) -> None:
+        """A config the static check refuses: told PRUNED with a violated constraint, so a
+        sampler that reads constraints sees it as infeasible. Rare since the sampler's filter
+        (tuner/search/sampler.py) checks proposals first; alone, this made TPE stall on the H200
+        (docs/PERF.md, steps 17 and 19)."""
+        from optuna.trial import TrialState
+
+        trial.set_user_attr("prune_reason", f"static check: {' '.join(str(why).split())}"[:2000])
+        trial.set_constraint("static_check", 1.0)
+        self._tell(trial, TrialState.PRUNED)
+        self.progress.rejected += 1
+
+    def _fail(self, trial: Any, reason: str, *, counted: bool = True,
+              transient: bool = False) -> None:
+        from optuna.trial import TrialState
+
+        trial.set_user_attr("fail_reason", " ".join(str(reason).split())[:2000])
+        if transient:
+            trial.set_user_attr("transient", True)
+        self._tell(trial, TrialState.FAIL)
+        if counted:
+            self.progress.failed += 1
+            self.progress.done += 1
+            self.progress.event(f"trial {trial.number} failed: {reason}"[:160])
+
+    def _settle_open(self, stopped_by: str) -> int:
+        """Settle every trial this process asked and did not tell; returns how many went back
+        to WAITING.
+
+        The trial the GPU was measuring when an interrupt came fails as "interrupted" (its
+        measurement was cut; it is re-enqueued next time). The others never reached the GPU:
+        they go back to WAITING with their params fixed, as an enqueued trial, so the next
+        search pops them before anything new (their builds are cached) and ``fa-tune show``
+        lists them as waiting, not failed. (Telling them FAIL and re-enqueueing copies, as
+        before, left a failure behind for every trial asked ahead of a deadline.)
+        """
+        from optuna.trial import TrialState
+
+        put_back = 0
+        for trial in list(self.open.values()):
+            try:
+                if trial.number == self._in_flight:
+                    trial.set_user_attr("fail_reason", "interrupted")
+                    self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+                else:
+                    self._put_back(trial._trial_id, trial.params, stopped_by)
+                    put_back += 1
+            except Exception:  # noqa: BLE001 - keep settling the others
+                pass
+            self.open.pop(trial.number, None)
+        return put_back
+
+    def _put_back(self, trial_id: int, params: dict[str, Any], why: str) -> None:
+        """RUNNING -> WAITING, params kept: study.ask() pops WAITING trials oldest first."""
+        from optuna.trial import TrialState
+
+        self.storage.set_trial_user_attr(trial_id, "not_run", why)
+        if params:
+            # As study.enqueue_trial stores them: the sampler leaves such a trial alone.
+            self.storage.set_trial_system_attr(trial_id, "fixed_params", dict(params))
+        self.storage.set_trial_state_values(trial_id, TrialState.WAITING)
+        self.storage.forget_heartbeat(trial_id)
+
+    # -- one candidate
+    def _measure(self, so: str, shape: Problem, protocol: Protocol, gate: bool) -> dict[str, Any]:
+        reply = self.worker.measure(so, shape, protocol, gate=gate, seed=self.gate_seed)
+        self.temp_wait_s += _temp_wait_s(reply)
+        return reply
+
+    def _evaluate(self, cand: _Candidate) -> None:
+        from optuna.trial import TrialState
+
+        trial, cfg = cand.trial, cand.cfg
+        try:
+            built = cand.future.result()  # done: _next_ready hands out finished compiles only
+        except FaTuneError as e:
+            self._fail(trial, f"build: {e}", transient=_is_transient_build(e))
+            return
+        except Exception as e:  # noqa: BLE001 - a builder bug fails one trial, not all
+            self._fail(trial, f"build: {type(e).__name__}: {e}", transient=True)
+            return
+        secs = float(getattr(built, "compile_seconds", 0.0) or 0.0)
+        if not getattr(built, "cache_hit", False) and secs > 0:
+            self._avg_compile_s = 0.7 * self._avg_compile_s + 0.3 * secs
+        trial.set_user_attr("build", {
+            "key": getattr(built, "key", None), "so_path": str(built.so_path),
+            "compile_seconds": secs, "cache_hit": bool(getattr(built, "cache_hit", False)),
+        })
+        trial.set_user_attr("gpu", self._gpu_record(built))
+        why = built.unfit
+        if why:
+            self._fail(trial, f"artifact unfit to time: {why}")
+            return
+        so = str(built.so_path)
+        self.progress.current = f"trial {trial.number}: gate + screen on {self.screen_shape}"
+        self._emit()
+        rows: dict[str, dict[str, Any]] = {}
+        gates: dict[str, Any] = {}
+        pol = self.policy
+        try:
+            r = self._measure(so, self.screen_shape, pol.screen, True)
+            if r.get("status") != "ok":
+                self._fail(trial, str(r.get("reason")))
+                return
+            gates[str(self.screen_shape)] = r.get("gate")
+            scr = {"shape": str(self.screen_shape), **_row(r)}
+            trial.set_user_attr("screen", scr)
+            trial.report(scr["tflops"], 0)
+            why = pol.prune_reason(scr, self.incumbent)
+            if why:
+                trial.set_user_attr("prune_reason", why)
+                self._tell(trial, TrialState.PRUNED)
+                self.progress.pruned += 1
+                self.progress.done += 1
+                self.progress.event(f"trial {trial.number} pruned (screen slower than trial "
+                                    f"{self.incumbent.number})")
+                return
+            for shape in self.shapes:
+                self.progress.current = f"trial {trial.number}: timing {shape}"
+                self._emit()
+                gate = shape != self.screen_shape
+                r = self._measure(so, shape, pol.survey, gate)
+                if r.get("status") != "ok":
+                    self._fail(trial, str(r.get("reason")))
+                    return
+                if gate:
+                    gates[str(shape)] = r.get("gate")
+                rows[str(shape)] = _row(r, gates.get(str(shape)))
+            trial.set_user_attr("shapes", rows)
+            value = geomean([rows[str(s)]["tflops"] for s in self.shapes])
+            if pol.needs_confirming(value, self.incumbent):
+                self._confirm(trial, cfg, built, so, gates)
+        except WorkerFailure as e:
+            self._fail(trial, e.reason)
+            return
+        ft = self._tell(trial, TrialState.COMPLETE, value)
+        self.progress.complete += 1
+        self.progress.done += 1
+        self.progress.event(f"trial {trial.number}: {value:.1f} TFLOPS (geomean)")
+        if pol.is_new_best(ft, self.incumbent):
+            self.incumbent = ft
+            self._show_best(ft)
+            self.progress.event(f"new best: trial {ft.number}, "
+                                f"{confirmed_value(ft):.1f} TFLOPS confirmed")
+
+    def _confirm(self, trial: Any, cfg: KernelConfig, built: Any, so: str,
+                 gates: dict[str, Any]) -> None:
+        """Noise guard: the policy's confirm protocol (FULL, as `fa-tune run` and `compare`
+        time) on every shape; stored as ``confirmed``."""
+        proto = self.policy.confirm
+        timings: dict[str, dict[str, Any]] = {}
+        for shape in self.shapes:
+            self.progress.current = f"trial {trial.number}: confirming on {shape} (full protocol)"
+            self._emit()
+            r = self._measure(so, shape, proto, False)
+            if r.get("status") != "ok":
+                raise WorkerFailure(str(r.get("reason")))
+            timings[str(shape)] = r
+        shapes = {s: _row(r, gates.get(s)) for s, r in timings.items()}
+        conf: dict[str, Any] = {
+            "geomean_tflops": geomean([shapes[str(s)]["tflops"] for s in self.shapes]),
+            "protocol": proto.to_dict(),
+            "shapes": shapes,
+        }
+        try:
+            conf["results_dir"] = str(self._write_results(trial, cfg, built, timings, gates))
+        except (OSError, FaTuneError) as e:
+            conf["results_error"] = str(e)
+        trial.set_user_attr("confirmed", conf)
+
+    def _write_results(self, trial: Any, cfg: KernelConfig, built: Any,
+                       timings: dict[str, dict[str, Any]], gates: dict[str, Any]) -> Path:
+        from tuner.measure import store
+
+        rows = [store.shape_row(shape, status="passed", gate=gates.get(str(shape)),
+                                timing=timings[str(shape)].get("timing"))
+                for shape in self.shapes]
+        try:
+            bsum = store.build_summary(built)
+        except Exception:  # noqa: BLE001 - a test builder's stand-in lacks the fields
+            bsum = {"so_path": str(built.so_path), "key": getattr(built, "key", None)}
+        payload = store.results_payload(
+            cfg=cfg, rows=rows, protocol=self.policy.confirm.to_dict(), seed=self.gate_seed,
+            gpu=self.worker.gpu, build=bsum,
+            study={"name": self.study_name, "storage": redact(self.url), "trial": trial.number})
+        out = store.new_result_dir(self.results_root or _paths.results_root())
+        store.write_results(out, payload)
+        return out
+
+    # -- the end
+    def _summary(self, stopped_by: str, not_run: int = 0) -> SearchSummary:
+        best = None
+        if self.incumbent is not None:
+            t = self.incumbent
+            best = {"trial": t.number, "config_id": t.user_attrs.get("config_id"),
+                    "confirmed": t.user_attrs.get("confirmed")}
+        p = self.progress
+        return SearchSummary(
+            study=self.study_name, storage=redact(self.url), trials_run=p.done,
+            complete=p.complete, pruned=p.pruned, failed=p.failed, rejected=p.rejected,
+            duplicates=p.duplicates, best=best, wall_s=time.monotonic() - self.t_start,
+            gpu_busy_s=self.worker.busy_s, stopped_by=stopped_by, temp_wait_s=self.temp_wait_s,
+            not_run=not_run, device=self.worker.device_index, gpu_name=p.gpu_name,
+            owner=self.owner,
+        )
+
+    def _record_session(self, s: SearchSummary) -> None:
+        """The session's record, under a key of its own (``session <UTC> <owner>``: workers
+        that stop together cannot overwrite each other's) and appended to ``sessions``
+        (read-modify-write: with several workers a record may miss that list, never its key)."""
+        try:
+            started = self.started_utc.strftime("%Y-%m-%dT%H:%M:%SZ")
+            rec = {
+                "started_utc": started,
+                "owner": self.owner, "wall_s": round(s.wall_s, 2),
+                "gpu_busy_s": round(s.gpu_busy_s, 2), "temp_wait_s": round(s.temp_wait_s, 2),
+                "trials": s.trials_run,
+                "complete": s.complete, "pruned": s.pruned, "failed": s.failed,
+                "rejected": s.rejected, "not_run": s.not_run, "stopped_by": s.stopped_by,
+                "device": s.device, "gpu": s.gpu_name,
+            }
+            self.study.set_user_attr(f"session {started} {self.owner}", rec)
+            sessions = list(self.study.user_attrs.get("sessions", []))
+            sessions.append(rec)
+            self.study.set_user_attr("sessions", sessions[-200:])
+        except Exception:  # noqa: BLE001 - bookkeeping must not mask the search's outcome
+            pass

@@ -1,0 +1,60 @@
+"""The search's measurement policy: which protocol screens, surveys and confirms a candidate,
+and when a candidate stops early. It plays the part of an Optuna pruner, asked by the search
+at two points of every trial:
+
+* after the screen (gate + SCREEN on the cheapest shape): ``prune_reason`` says whether the
+  candidate is too slow next to the incumbent's screen to be worth timing on every shape;
+* after the survey (SURVEY on every shape; value = geometric-mean TFLOPS):
+  ``needs_confirming`` says whether the value could be a new best, which is then re-measured
+  with ``confirm`` (FULL: the protocol of ``fa-tune run`` and ``fa-tune compare``, settle phase
+  included) and stored as the trial's ``confirmed`` number, the only "best" ever shown.
+
+The protocols are tuner.measure.timing's named ones; SCREEN and SURVEY only rank candidates
+against each other, FULL is what a user measures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.measure.timing import FULL, SCREEN, SURVEY, Protocol
+from tuner.search.trials import confirmed_value
+
+# A candidate whose screening median is more than this fraction slower than the incumbent's
+# screening median (same shape, same short protocol) is pruned.
+PRUNE_SLOWER_FRACTION = 0.08
+
+
+@dataclass(frozen=True)
+class SearchPolicy:
+    prune_slower_fraction: float = PRUNE_SLOWER_FRACTION
+    screen: Protocol = field(default=SCREEN)
+    survey: Protocol = field(default=SURVEY)
+    confirm: Protocol = field(default=FULL)
+
+    def prune_reason(self, screen: dict[str, Any], incumbent: Any | None) -> str | None:
+        """Why a candidate with this screen row ({shape, median_ms, ...}) is pruned against
+        the incumbent (a FrozenTrial with a ``screen`` attr), or None to go on."""
+        if incumbent is None:
+            return None
+        inc = incumbent.user_attrs.get("screen") or {}
+        inc_ms = inc.get("median_ms")
+        if not inc_ms or screen["median_ms"] <= inc_ms * (1.0 + self.prune_slower_fraction):
+            return None
+        slower = screen["median_ms"] / inc_ms - 1.0
+        return (f"screen {screen['median_ms']:.4f} ms on {screen.get('shape', '?')} is "
+                f"{100 * slower:.1f}% slower than trial {incumbent.number}'s {inc_ms:.4f} ms "
+                f"(limit {100 * self.prune_slower_fraction:.0f}%)")
+
+    def needs_confirming(self, value: float, incumbent: Any | None) -> bool:
+        """A survey value above the best confirmed one (or the first value) is re-measured."""
+        best = confirmed_value(incumbent) if incumbent is not None else None
+        return best is None or value > best
+
+    def is_new_best(self, trial: Any, incumbent: Any | None) -> bool:
+        """Whether a told trial's confirmed number beats the incumbent's."""
+        mine = confirmed_value(trial)
+        if mine is None:
+            return False
+        return incumbent is None or mine > (confirmed_value(incumbent) or 0.0)

@@ -1,0 +1,254 @@
+"""The search session's pieces beside its loop (tuner/search/loop.py): the live progress and
+the end-of-session summary, a built candidate, the search's small helpers (durations, seed
+points, the GPU model guard's comparison, study-attribute comparisons) and the FAIL reasons that
+mean "cut, not judged"."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.errors import FaTuneError, SearchError, ShapeError
+from tuner.kernel.config import KernelConfig, load_preset
+from tuner.problem import Problem
+from tuner.search import rdb
+from tuner.search.space import SearchSpace
+
+# FAIL reasons of trials whose measurement was cut, not judged: re-enqueued on resume.
+# "not run: search stopped" is what earlier versions told trials they never started.
+REQUEUE_REASONS = ("interrupted", "not run: search stopped")
+# A RUNNING trial without an owner (versions before owners) counts as killed only when it
+# started this long before us: a trial another worker asked a moment ago has no owner yet.
+OWNERLESS_GRACE_S = 120.0
+
+
+def parse_duration(text: str | None) -> float | None:
+    """'90s', '10m', '1h', '1h30m', '45' (seconds) -> seconds; None stays None."""
+    if text is None:
+        return None
+    s = str(text).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", s):
+        v = float(s)
+    else:
+        parts = re.findall(r"(\d+(?:\.\d+)?)\s*(h|m|s)", s)
+        if not parts or re.sub(r"(\d+(?:\.\d+)?)\s*(h|m|s)", "", s).strip():
+            raise SearchError(f"bad duration '{text}': write e.g. 90s, 10m, 1h or 1h30m")
+        v = sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in parts)
+    if v <= 0:
+        raise SearchError(f"duration must be positive (got '{text}')")
+    return v
+
+
+def geomean(values: Sequence[float]) -> float:
+    if not values or any(v <= 0 for v in values):
+        raise ValueError("geometric mean needs positive values")
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def seed_params(space: SearchSpace, head_dim: int = 128
+                ) -> list[tuple[str, dict[str, Any] | None]]:
+    """(source, params) of every known-good point (the space file's ``seeds``; a file without
+    them gets those of its head dim's default space); params None when it lies outside space.
+    A study that lacks one (an older study) gets it on resume."""
+    from tuner.search.space import default_space_name, load_space
+
+    seeds = space.seeds or load_space(default_space_name(head_dim)).seeds
+    return [(s.source, params_for(load_preset(s.preset).replace(**dict(s.changes)), space))
+            for s in seeds]
+
+
+def params_for(cfg: KernelConfig, space: SearchSpace) -> dict[str, Any] | None:
+    """The free-knob params that make a trial suggest cfg; None if cfg lies outside the space."""
+    if not space.contains(cfg):
+        return None
+    return {k: getattr(cfg, k) for k in space.free_knobs}
+
+
+@dataclass
+class Progress:
+    """What the live view shows; the search updates it, the CLI renders it."""
+
+    study: str
+    shapes: list[str]
+    n_trials: int | None
+    deadline: float | None
+    started: float = field(default_factory=time.monotonic)
+    done: int = 0  # trials of this invocation that reached the compile stage and finished
+    complete: int = 0
+    pruned: int = 0
+    failed: int = 0
+    rejected: int = 0  # static check, no compile
+    duplicates: int = 0
+    compile_queue: int = 0
+    compiling: int = 0
+    current: str = ""
+    best_value: float | None = None
+    best_trial: int | None = None
+    best_shapes: dict[str, float] = field(default_factory=dict)
+    gpu_busy_s: float = 0.0
+    worker_restarts: int = 0  # after a worker died, hung or faulted
+    worker_recycles: int = 0  # planned, after worker_client.WORKER_MAX_KERNELS libraries
+    gpu_state: str = ""  # filled by the CLI from NVML (temperature, SM clock)
+    last_events: list[str] = field(default_factory=list)
+    device: int = 0  # the CUDA device this worker measures on
+    gpu_name: str = ""  # as its GPU worker reports it
+    waiting: int = 0  # trials waiting for another worker's verdict on their config
+
+    def event(self, text: str) -> None:
+        self.last_events = (self.last_events + [text])[-6:]
+
+
+@dataclass
+class SearchSummary:
+    study: str
+    storage: str
+    trials_run: int
+    complete: int
+    pruned: int
+    failed: int
+    rejected: int
+    duplicates: int
+    best: dict[str, Any] | None
+    wall_s: float
+    gpu_busy_s: float
+    stopped_by: str
+    temp_wait_s: float = 0.0  # part of gpu_busy_s spent waiting for the GPU to cool
+    not_run: int = 0  # asked, never measured: back to WAITING, measured first next time
+    device: int = 0
+    gpu_name: str = ""
+    owner: str = ""  # host:pid of this worker
+
+    @property
+    def gpu_busy_fraction(self) -> float:
+        return self.gpu_busy_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def trials_per_hour(self) -> float:
+        return self.trials_run * 3600.0 / self.wall_s if self.wall_s > 0 else 0.0
+
+
+class _Stop(Exception):
+    """SIGTERM (or another requested stop) in the main thread."""
+
+
+class _TrialLost(Exception):
+    """A trial this process holds was finished by another worker (its heartbeat sweep)."""
+
+
+@dataclass
+class _Candidate:
+    trial: Any
+    cfg: KernelConfig
+    future: Future[Any]  # the compile, submitted when the trial is asked
+    queued_at: float = field(default_factory=time.monotonic)
+
+
+def _row(reply: dict[str, Any], gate: dict[str, Any] | None = None) -> dict[str, Any]:
+    t = reply.get("timing") or {}
+    g = gate if gate is not None else reply.get("gate")
+    st = t.get("state_after") or {}
+    return {
+        "median_ms": float(t["median_ms"]), "min_ms": float(t.get("min_ms", t["median_ms"])),
+        "max_ms": float(t.get("max_ms", t["median_ms"])), "tflops": float(t["tflops"]),
+        "max_abs_err": (g or {}).get("max_abs_err"),
+        "temperature_c": st.get("temperature_c"), "sm_clock_mhz": st.get("sm_clock_mhz"),
+    }
+
+
+def _temp_wait_s(reply: dict[str, Any]) -> float:
+    """Seconds a measure reply's rounds waited for the GPU to cool (0 when not reported)."""
+    rounds = (reply.get("timing") or {}).get("rounds") or []
+    total = 0.0
+    for r in rounds:
+        waited = (r.get("temp_wait") or {}).get("waited_s") if isinstance(r, dict) else None
+        if isinstance(waited, (int, float)):
+            total += float(waited)
+    return total
+
+
+def _is_verdict(t: Any) -> bool:
+    """Whether a finished trial judged its config (so another trial of it is a duplicate):
+    COMPLETE or PRUNED, or FAIL with a reason that is the config's (not an interruption, not
+    a missing tool, not a worker that died without telling: rdb.stale_failed)."""
+    from optuna.trial import TrialState
+
+    if t.state in (TrialState.COMPLETE, TrialState.PRUNED):
+        return True
+    return (t.state == TrialState.FAIL and not rdb.stale_failed(t)
+            and t.user_attrs.get("fail_reason") not in REQUEUE_REASONS
+            and not t.user_attrs.get("transient"))
+
+
+def gpu_model(gpu: dict[str, Any]) -> dict[str, Any]:
+    """What makes two GPUs time alike (the heterogeneity guard): model name and SM count."""
+    return {"name": gpu.get("name"), "sm_count": gpu.get("sm_count")}
+
+
+def _same_model(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.get("name") == b.get("name") and a.get("sm_count") == b.get("sm_count")
+
+
+def _model_text(m: dict[str, Any]) -> str:
+    sms = f", {m['sm_count']} SMs" if m.get("sm_count") else ""
+    return f"{m.get('name') or 'an unnamed GPU'}{sms}"
+
+
+def _is_transient_build(e: FaTuneError) -> bool:
+    """nvcc missing or timed out: not a property of the config, so never deduplicated."""
+    text = str(e)
+    return "nvcc not found" in text or "timed out" in text or "CUTLASS headers" in text
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise _Stop()
+
+
+def _same_space(stored: Any, current: dict[str, Any]) -> bool:
+    """Whether a study's recorded space searches what ``current`` does. A knob added to fa-tune
+    after the study was created, and pinned to its default in ``current``, changes nothing the
+    study searched (its trials ran that default), so the study still resumes."""
+    if not isinstance(stored, dict):
+        return False
+    defaults = KernelConfig().to_dict()
+    added = set(current) - set(stored)
+    return (set(stored) <= set(current)
+            and all(stored[k] == current[k] for k in stored)
+            and all(current[k] == [defaults[k]] for k in added))
+
+
+def _canonical(texts: Any) -> list[str]:
+    """A study's stored problem names in today's canonical form (unparseable ones as they are)."""
+    out = []
+    for s in list(texts or []):
+        try:
+            out.append(str(Problem.parse(str(s))))
+        except ShapeError:
+            out.append(str(s))
+    return out
+
+
+def _jsonable(d: Any) -> Any:
+    import json
+
+    return json.loads(json.dumps(d))

@@ -1,0 +1,178 @@
+"""Picking a study's trials: the one family every reader of a study uses.
+
+"Best" means the highest ``confirmed`` number (the full protocol, tuner/search/policy.py's noise
+guard) over COMPLETE trials; a trial without one counts by its search value, after every
+confirmed one. Who uses what:
+
+* ``confirmed_value``, ``best_confirmed``: the search's incumbent (policy), fleet's summary;
+* ``best_trial`` / ``best_config`` / ``study_best``: ``compare --study`` (the config, what the
+  search confirmed and the problems it was measured on);
+* ``study_trials``, ``complete_trials``, ``best_rows``: ``show best`` (ranked, deduplicated by
+  config, optionally by one problem);
+* ``pick_trial``: export, profile, dispatch (``study:`` buckets), scripts/export_timing.py: the
+  trial ``--trial N`` names, else the first of ``best_rows``;
+* ``best_summary``: the line a ``--gpus`` search ends with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tuner.errors import ConfigError, FaTuneError, SearchError, ShapeError
+from tuner.kernel.config import KernelConfig
+from tuner.problem import Problem
+from tuner.search.study import load_existing_study, trial_problems
+
+
+def confirmed_value(t: Any) -> float | None:
+    """The trial's confirmed geometric-mean TFLOPS (full protocol), or None."""
+    c = t.user_attrs.get("confirmed")
+    if isinstance(c, dict) and isinstance(c.get("geomean_tflops"), (int, float)):
+        return float(c["geomean_tflops"])
+    return None
+
+
+def best_confirmed(trials: Sequence[Any]) -> Any | None:
+    from optuna.trial import TrialState
+
+    cands = [t for t in trials if t.state == TrialState.COMPLETE and confirmed_value(t)]
+    return max(cands, key=lambda t: confirmed_value(t) or 0.0, default=None)
+
+
+def best_trial(study: str, storage: str | None = None) -> Any | None:
+    """The study's best trial: highest confirmed number, else highest search value; None if no
+    trial completed."""
+    from optuna.trial import TrialState
+
+    st = load_existing_study(study, storage)
+    trials = st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    return best_confirmed(trials) or max(
+        (t for t in trials if t.value is not None), key=lambda t: t.value, default=None
+    )
+
+
+def best_config(study: str, storage: str | None = None) -> KernelConfig | None:
+    """The best trial's config (``fa-tune compare --study`` and export use this)."""
+    t = best_trial(study, storage)
+    if t is None or not isinstance(t.user_attrs.get("config"), dict):
+        return None
+    return KernelConfig.from_dict(t.user_attrs["config"])
+
+
+def study_trials(study: str, storage: str | None) -> tuple[Any, list[Any]]:
+    st = load_existing_study(study, storage)
+    trials = st.get_trials(deepcopy=False)
+    if not trials:
+        raise SearchError(
+            f"study '{study}' has no trials yet; run `fa-tune search --study {study}`"
+        )
+    return st, trials
+
+
+def complete_trials(trials: list[Any]) -> list[Any]:
+    from optuna.trial import TrialState
+
+    return [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+
+
+def best_rows(trials: list[Any], shape: str | None, top: int) -> list[dict[str, Any]]:
+    """Rows {trial, config_id, confirmed, value, tflops per shape, diff} best first; ``shape``
+    (a problem's canonical text, str(Problem)) ranks by that problem alone."""
+    done = complete_trials(trials)
+    seen: set[str] = set()
+    rows: list[dict[str, Any]] = []
+    for t in done:
+        if "duplicate_of" in t.user_attrs:
+            continue
+        conf = t.user_attrs.get("confirmed") or {}
+        per = conf.get("shapes") or t.user_attrs.get("shapes") or {}
+        if shape is not None:
+            name = _stored_name(per, shape)
+            if name is None:
+                continue
+            key = float(per[name]["tflops"])
+        else:
+            key = confirmed_value(t) or float(t.value)
+        cid = t.user_attrs.get("config_id", "")
+        if cid in seen:
+            continue
+        seen.add(cid)
+        rows.append({
+            "trial": t.number, "config_id": cid, "confirmed": bool(conf),
+            "value": confirmed_value(t) or float(t.value), "key": key,
+            "shapes": {s: float(v["tflops"]) for s, v in per.items()},
+            "config": t.user_attrs.get("config") or {},
+        })
+    rows.sort(key=lambda r: (not r["confirmed"], -r["key"]))
+    return rows[:top]
+
+
+def _stored_name(per: dict[str, Any], problem: str) -> str | None:
+    """The key of ``per`` (a trial's {problem text: row}) naming the same problem, or None."""
+    if problem in per:
+        return problem
+    for k in per:
+        try:
+            if str(Problem.parse(k)) == problem:
+                return k
+        except ShapeError:
+            continue
+    return None
+
+
+def why_not_complete(t: Any) -> str:
+    """Why a trial did not complete, in a few words ("" when it says nothing)."""
+    from tuner.search.rdb import stale_failed  # lazy: rdb imports optuna (slow) at the top
+
+    a = t.user_attrs
+    if stale_failed(t):  # failed by Optuna's heartbeat: no worker told it anything
+        return "its worker stopped (no heartbeat); the config is measured again as a retry"
+    return a.get("fail_reason") or a.get("prune_reason") or ""
+
+
+def pick_trial(study: str, storage: str | None, trial: int | None) -> tuple[Any, Any]:
+    """The trial to export/profile: --trial N, else the best confirmed (else best complete)."""
+    st, trials = study_trials(study, storage)
+    if trial is not None:
+        match = [t for t in trials if t.number == trial]
+        if not match:
+            raise SearchError(f"study '{study}' has no trial {trial} (trials 0..{len(trials) - 1})")
+        t = match[0]
+        if not complete_trials([t]):
+            why = why_not_complete(t)
+            raise SearchError(f"trial {trial} of study '{study}' is {t.state.name}"
+                              + (f" ({why[:150]})" if why else "") + "; pick a COMPLETE trial")
+        return st, t
+    rows = best_rows(trials, None, 1)
+    if not rows:
+        raise SearchError(f"study '{study}' has no completed trial yet")
+    return st, next(t for t in trials if t.number == rows[0]["trial"])
+
+
+def study_best(study: str, storage: str | None
+               ) -> tuple[KernelConfig, dict[str, Any] | None, list[Problem]]:
+    """The study's best config (best_trial), what the search confirmed for it (None if
+    unconfirmed) and the problems it was measured on."""
+    t = best_trial(study, storage)
+    if t is None or not isinstance(t.user_attrs.get("config"), dict):
+        raise ConfigError(f"study '{study}' has no best config (no trial passed its gate yet)")
+    cfg = KernelConfig.from_dict(t.user_attrs["config"], source=f"study '{study}'")
+    conf = t.user_attrs.get("confirmed")
+    return cfg, conf if isinstance(conf, dict) else None, trial_problems(t)
+
+
+def best_summary(study: str, storage: str | None) -> dict[str, Any] | None:
+    """The study's best confirmed trial (whichever worker found it), as a search's summary
+    names it; None when there is none or the study cannot be read."""
+    from optuna.trial import TrialState
+
+    try:
+        st = load_existing_study(study, storage)
+        best = best_confirmed(st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    except FaTuneError:
+        return None
+    if best is None:
+        return None
+    return {"trial": best.number, "config_id": best.user_attrs.get("config_id"),
+            "confirmed": best.user_attrs.get("confirmed"), "gpu": best.user_attrs.get("gpu")}

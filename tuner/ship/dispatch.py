@@ -1,0 +1,424 @@
+"""Dispatch tables: which kernel config serves which length bucket, and the C++ dispatcher.
+
+A ``DispatchTable`` maps each bucket of a workload (tuner/ship/workload.py) to one config: heads
+(Hq, Hkv), head dim and mask, a query-length range (s_min..s_max) and a key-length range
+(k_min..k_max; both None: any key length, so a chunk of a chunked prefill runs the kernel of
+its query length's bucket), the config and where it came from (a study's trial, a preset, a
+config file) with what was measured. It is JSON (``dispatch.json``, schema 2; schema 1, from
+before key ranges, still loads) and round-trips exactly (``DispatchTable.from_dict(t.to_dict())
+== t``). Entries are in dispatch order: the first that serves a call wins. Two entries of the
+same heads may overlap only when the first has a key range and the second has none (a
+key-range bucket takes its part of a query-length bucket's calls); a workload's key-range
+buckets come first (``Workload.dispatch_order``).
+
+``dispatcher_cpp.dispatcher_source`` writes the C++ of a library that links every bucket's kernel,
+each built from the same template with its C ABI renamed by ``-DFA_TUNE_API_PREFIX=fa_tune_b<i>_``
+(cuda_src/fa_tune/entry.cuh), and exports the C ABI of cuda_src/fa_tune/fa_tune.h (version 3,
+shipped as include/fa_tune.h, which it includes) itself: ``fa_tune_forward``, ``_prepare`` and
+``_workspace_bytes`` pick the first entry whose heads match and whose ranges hold the call's
+(seqlen_q, seqlen_k): S_q and S_k, or max_seqlen_q and max_seqlen_k for a call with device metadata
+(``select``/``index_for`` are the same rule in Python). A call no bucket serves gets
+cudaErrorNotSupported with a last_error naming what the library serves; args of another ABI version
+or size are refused in one line. Every bucket is built with the varlen kernel (its kernel.cu defines
+FA_TUNE_VARLEN 1) except where its config cannot serve varlen (config.check_varlen): that bucket
+answers a call with device metadata (cu_seqlens_q/k, seqused_k) with cudaErrorNotSupported (801) and
+says why, and the library's problem_class says ``"varlen": true`` when some bucket serves it."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import FaTuneError
+from tuner.kernel.config import KernelConfig, validate
+from tuner.kernel.runtime import abi
+from tuner.problem import Problem, ProblemClass
+from tuner.ship.workload import Workload
+from tuner.ship.workload import range_text as _range_text
+
+SCHEMA = 2  # 2: key ranges (k_min, k_max); 1 had none (any key length)
+ABI_VERSION = abi.ABI_VERSION
+CUDA_ERROR_NOT_SUPPORTED = 801  # cudaErrorNotSupported: no bucket serves it / no varlen kernel
+HEADER_NAME = "fa_tune.h"  # cuda_src/fa_tune/fa_tune.h; an export ships it as include/fa_tune.h
+
+
+class DispatchError(FaTuneError):
+    """A dispatch table or a bucket's config source is malformed or inconsistent."""
+
+
+def symbol_prefix(index: int) -> str:
+    """The C ABI prefix of the table's index-th kernel inside a workload library."""
+    return f"fa_tune_b{index}_"
+
+
+@dataclass(frozen=True)
+class DispatchEntry:
+    """One bucket: problems with these heads, head dim and mask, s_min <= S_q <= s_max (None: no
+    upper bound) and k_min <= S_k <= k_max (k_min None: any key length) run ``config``."""
+
+    bucket: str
+    Hq: int
+    Hkv: int
+    head_dim: int
+    causal: bool
+    s_min: int
+    s_max: int | None
+    config: KernelConfig
+    source: dict[str, Any] = field(default_factory=dict)  # {"kind": "study"|"preset"|"file", ...}
+    problems: tuple[str, ...] = ()                         # what it was (or is to be) tuned on
+    measured: dict[str, Any] | None = None                 # {problem: {median_ms, tflops}}
+    k_min: int | None = None
+    k_max: int | None = None
+
+    @property
+    def problem_class(self) -> ProblemClass:
+        return ProblemClass(self.head_dim, self.causal)
+
+    @property
+    def keyed(self) -> bool:
+        """Whether it serves a key-length range only (else every key length)."""
+        return self.k_min is not None
+
+    def serves(self, Hq: int, Hkv: int, S: int, Sk: int | None = None) -> bool:
+        """Whether it serves S queries over Sk keys (None: S) with these heads."""
+        sk = S if Sk is None else Sk
+        return (Hq == self.Hq and Hkv == self.Hkv and S >= self.s_min
+                and (self.s_max is None or S <= self.s_max)
+                and (self.k_min is None or sk >= self.k_min)
+                and (self.k_max is None or sk <= self.k_max))
+
+    def range_text(self) -> str:
+        text = _range_text(self.s_min, self.s_max)
+        return text + (f", k {_range_text(self.k_min, self.k_max)}" if self.k_min is not None
+                       else "")
+
+    def source_text(self) -> str:
+        s = self.source
+        if s.get("kind") == "study":
+            return f"study {s.get('study')}, trial {s.get('trial')}"
+        if s.get("kind") == "preset":
+            return f"preset {s.get('name')}"
+        if s.get("kind") == "file":
+            return f"file {s.get('path')}"
+        return "?"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bucket": self.bucket, "Hq": self.Hq, "Hkv": self.Hkv, "head_dim": self.head_dim,
+            "causal": self.causal, "s_min": self.s_min, "s_max": self.s_max,
+            "k_min": self.k_min, "k_max": self.k_max,
+            "config": self.config.to_dict(), "config_id": self.config.config_id(),
+            "source": dict(self.source), "problems": list(self.problems),
+            "measured": self.measured,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "entry") -> DispatchEntry:
+        if not isinstance(d, Mapping):
+            raise DispatchError(f"{where}: must be a mapping")
+        try:
+            s_max, k_min, k_max = d["s_max"], d.get("k_min"), d.get("k_max")
+            entry = cls(
+                bucket=str(d["bucket"]), Hq=_int(d["Hq"]), Hkv=_int(d["Hkv"]),
+                head_dim=_int(d["head_dim"]), causal=_bool(d["causal"]), s_min=_int(d["s_min"]),
+                s_max=None if s_max is None else _int(s_max),
+                config=KernelConfig.from_dict(d["config"], source=where),
+                source=dict(d.get("source") or {}),
+                problems=tuple(str(p) for p in d.get("problems") or ()),
+                measured=d.get("measured"),
+                k_min=None if k_min is None else _int(k_min),
+                k_max=None if k_max is None else _int(k_max),
+            )
+        except KeyError as e:
+            raise DispatchError(f"{where}: missing {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            raise DispatchError(f"{where}: {e}") from None
+        if entry.k_max is not None and entry.k_min is None:
+            raise DispatchError(f"{where}: k_max without k_min (a key range needs both ends; "
+                                "k_max null: no upper bound)")
+        cid = d.get("config_id")
+        if cid is not None and cid != entry.config.config_id():
+            raise DispatchError(f"{where}: config_id {cid} does not match its config "
+                                f"({entry.config.config_id()}); the file was edited by hand?")
+        return entry
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"expected an integer, got {v!r}")
+    return v
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"expected true or false, got {v!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class DispatchTable:
+    """The buckets of one library, in dispatch order (the first entry that serves wins)."""
+
+    name: str
+    entries: tuple[DispatchEntry, ...]
+    workload: dict[str, Any] | None = None  # the workload it was made for (Workload.to_dict())
+
+    def __post_init__(self) -> None:
+        if not self.entries:
+            raise DispatchError(f"dispatch table '{self.name}' has no entries")
+        classes = {e.problem_class for e in self.entries}
+        if len(classes) > 1:
+            raise DispatchError(
+                f"dispatch table '{self.name}' mixes problem classes "
+                f"({'; '.join(sorted(map(str, classes)))}): one library serves one head dim "
+                "and mask"
+            )
+        names = [e.bucket for e in self.entries]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise DispatchError(f"dispatch table '{self.name}': bucket {dup[0]} appears twice")
+        for i, a in enumerate(self.entries):
+            if a.s_max is not None and a.s_max < a.s_min:
+                raise DispatchError(f"bucket {a.bucket}: s_max {a.s_max} < s_min {a.s_min}")
+            if a.k_min is not None and a.k_max is not None and a.k_max < a.k_min:
+                raise DispatchError(f"bucket {a.bucket}: k_max {a.k_max} < k_min {a.k_min}")
+            for b in self.entries[i + 1:]:
+                # A key-range entry before an any-key entry is the one allowed overlap: it
+                # takes that part of the other's calls (chunked prefill of those lengths).
+                if (a.Hq, a.Hkv) == (b.Hq, b.Hkv) and _overlap(a, b) and not (
+                        a.keyed and not b.keyed):
+                    hint = (f"; put {b.bucket} first (a key-range bucket goes before the "
+                            "query-length buckets it overlaps)" if b.keyed and not a.keyed
+                            else "")
+                    raise DispatchError(
+                        f"buckets {a.bucket} (S {a.range_text()}) and {b.bucket} "
+                        f"(S {b.range_text()}) overlap for Hq={a.Hq}, Hkv={a.Hkv}{hint}"
+                    )
+
+    @property
+    def problem_class(self) -> ProblemClass:
+        return self.entries[0].problem_class
+
+    def index_for(self, Hq: int, Hkv: int, S: int, Sk: int | None = None) -> int:
+        """The index of the entry serving S queries over Sk keys (None: S; for a call with
+        device metadata max_seqlen_q and max_seqlen_k): the dispatcher's fa_tune_bucket_for;
+        -1 for none."""
+        return next((i for i, e in enumerate(self.entries) if e.serves(Hq, Hkv, S, Sk)), -1)
+
+    def select(self, problem: Problem | str) -> DispatchEntry | None:
+        """The entry serving a problem (None: no bucket does, or another head dim or mask)."""
+        p = Problem.parse(problem) if isinstance(problem, str) else problem
+        if p.problem_class.head_dim != self.problem_class.head_dim or \
+                p.problem_class.causal != self.problem_class.causal:
+            return None
+        i = self.index_for(p.Hq, p.Hkv, p.S, getattr(p, "Sk", 0) or p.S)
+        return self.entries[i] if i >= 0 else None
+
+    def serves_text(self) -> str:
+        """What the library serves, for the no-bucket error: 'Hq=32 Hkv=8: S 1..1024 (s1k), ...'."""
+        groups: dict[tuple[int, int], list[str]] = {}
+        for e in self.entries:
+            groups.setdefault((e.Hq, e.Hkv), []).append(f"S {e.range_text()} ({e.bucket})")
+        return "; ".join(f"Hq={hq} Hkv={hkv}: {', '.join(v)}" for (hq, hkv), v in groups.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "abi_version": ABI_VERSION, "name": self.name,
+                "problem_class": self.problem_class.to_dict(),
+                "entries": [e.to_dict() for e in self.entries], "workload": self.workload}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.write_text(self.dumps())
+        return p
+
+    @classmethod
+    def from_dict(cls, d: Any, source: str = "<dispatch table>") -> DispatchTable:
+        if not isinstance(d, Mapping):
+            raise DispatchError(f"{source}: a dispatch table is a JSON object")
+        if d.get("schema") not in (1, SCHEMA):
+            raise DispatchError(f"{source}: dispatch table schema {d.get('schema')!r}; this "
+                                f"fa-tune reads schemas 1 and {SCHEMA}")
+        entries = d.get("entries")
+        if not isinstance(entries, list):
+            raise DispatchError(f"{source}: 'entries' must be a list")
+        name = d.get("name")
+        if not isinstance(name, str) or not name:
+            raise DispatchError(f"{source}: 'name' must be a non-empty string")
+        try:
+            table = cls(name, tuple(DispatchEntry.from_dict(e, f"{source}: entries[{i}]")
+                                    for i, e in enumerate(entries)), d.get("workload"))
+        except DispatchError as e:
+            raise DispatchError(f"{source}: {e}" if source not in str(e) else str(e)) from None
+        return table
+
+    @classmethod
+    def load(cls, path: str | Path) -> DispatchTable:
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except OSError as e:
+            raise DispatchError(f"cannot read dispatch table {p}: {e.strerror or e}") from None
+        except ValueError as e:
+            raise DispatchError(f"{p}: not valid JSON: {e}") from None
+        return cls.from_dict(data, str(p))
+
+
+def _span_overlap(a_lo: int, a_hi: int | None, b_lo: int, b_hi: int | None) -> bool:
+    return (b_hi is None or a_lo <= b_hi) and (a_hi is None or b_lo <= a_hi)
+
+
+def _overlap(a: DispatchEntry, b: DispatchEntry) -> bool:
+    """Whether some (S_q, S_k) is served by both (an entry without a key range serves all)."""
+    return _span_overlap(a.s_min, a.s_max, b.s_min, b.s_max) and _span_overlap(
+        a.k_min or 1, a.k_max, b.k_min or 1, b.k_max)
+
+
+# ---- config sources ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Resolved:
+    """A bucket's config and where it came from (``trial``: the study trial, when one)."""
+
+    config: KernelConfig
+    source: dict[str, Any]
+    measured: dict[str, Any] | None = None
+    problems: tuple[str, ...] = ()
+    trial: Any = field(default=None, compare=False)
+
+
+SOURCE_HELP = "study:NAME[:TRIAL] (its best trial, or that one), preset:NAME, or a config file"
+
+
+def _measured(trial: Any) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+    """The trial's per-problem numbers (confirmed, else the search's) and its problems."""
+    conf = trial.user_attrs.get("confirmed") or {}
+    per = conf.get("shapes") or trial.user_attrs.get("shapes") or {}
+    out: dict[str, Any] = {}
+    for shape, v in per.items():
+        if isinstance(v, Mapping):
+            out[shape] = {k: v[k] for k in ("median_ms", "tflops", "min_ms", "max_ms") if k in v}
+    if out:
+        out = {"protocol": "confirmed (full)" if conf else "search (not confirmed)", **out}
+    return (out or None), tuple(per.keys())
+
+
+def resolve_source(text: str, pclass: ProblemClass, storage: str | None = None) -> Resolved:
+    """A bucket's config from SOURCE (``SOURCE_HELP``), checked against the library's class."""
+    text = str(text).strip()
+    if text.startswith("study:"):
+        from tuner.search.study import redact, trial_class
+        from tuner.search.trials import pick_trial
+
+        m = re.fullmatch(r"study:([^:]+)(?::(\d+))?", text)
+        if not m:
+            raise DispatchError(f"bad source '{text}': write study:NAME or study:NAME:TRIAL")
+        name, num = m.group(1), (int(m.group(2)) if m.group(2) else None)
+        _, trial = pick_trial(name, storage, num)
+        cfg_d = trial.user_attrs.get("config")
+        if not isinstance(cfg_d, dict):
+            raise DispatchError(f"study {name}, trial {trial.number} has no stored config")
+        tclass = trial_class(trial)
+        if tclass != pclass:
+            raise DispatchError(f"study {name}, trial {trial.number} was measured on {tclass} "
+                                f"problems; this library serves {pclass}")
+        measured, problems = _measured(trial)
+        src = {"kind": "study", "study": name, "trial": trial.number,
+               "storage": redact(storage) if storage else None}
+        return Resolved(KernelConfig.from_dict(cfg_d, source=f"study {name}"), src, measured,
+                        problems, trial)
+    if text.startswith("preset:"):
+        from tuner.kernel.config import load_preset
+
+        name = text[len("preset:"):]
+        return Resolved(load_preset(name), {"kind": "preset", "name": name})
+    path = Path(text[len("config:"):] if text.startswith("config:") else text)
+    if not path.is_file():
+        raise DispatchError(f"bad source '{text}': no such file; give {SOURCE_HELP}")
+    return Resolved(KernelConfig.load(path), {"kind": "file", "path": str(path)})
+
+
+def _study_exists(name: str, storage: str | None) -> bool:
+    from tuner.errors import SearchError
+    from tuner.search.study import load_existing_study
+
+    try:
+        load_existing_study(name, storage)
+    except SearchError:
+        return False
+    return True
+
+
+def bucket_sources(workload: Workload, assignments: list[str] | None = None,
+                   study_prefix: str | None = None, default: str | None = None,
+                   storage: str | None = None) -> dict[str, Resolved]:
+    """Each bucket's config: ``NAME=SOURCE`` assignments first, then the study
+    ``<study_prefix><bucket>`` when it exists, then ``default``; a bucket left without one is
+    table_for_workload's error."""
+    texts: dict[str, str] = {}
+    for a in assignments or []:
+        name, sep, src = a.partition("=")
+        if not sep or not name.strip() or not src.strip():
+            raise DispatchError(f"bad --bucket '{a}': write NAME=SOURCE, SOURCE one of "
+                                f"{SOURCE_HELP}")
+        workload.bucket(name.strip())  # an unknown bucket is an error naming the known ones
+        if name.strip() in texts:
+            raise DispatchError(f"bucket {name.strip()} is given twice")
+        texts[name.strip()] = src.strip()
+    for b in workload.buckets:
+        if b.name in texts:
+            continue
+        if study_prefix and _study_exists(f"{study_prefix}{b.name}", storage):
+            texts[b.name] = f"study:{study_prefix}{b.name}"
+        elif default:
+            texts[b.name] = default
+    pclass = workload.attention.problem_class
+    return {name: resolve_source(src, pclass, storage) for name, src in texts.items()}
+
+
+def check_entry_config(bucket: str, cfg: KernelConfig, pclass: ProblemClass) -> None:
+    """A bucket's config must fit the class and write LSE (the op returns it)."""
+    try:
+        validate(cfg, pclass.head_dim, pclass.causal)
+    except FaTuneError as e:
+        raise DispatchError(f"bucket {bucket}: {e}") from None
+    if not cfg.write_lse:
+        raise DispatchError(f"bucket {bucket}: config {cfg.config_id()} has write_lse: false; a "
+                            "workload library returns LSE for every bucket")
+
+
+def table_for_workload(workload: Workload, sources: Mapping[str, Resolved]) -> DispatchTable:
+    """One entry per bucket of the workload, in dispatch order (its key-range buckets, then its
+    query-length chain, each in file order); every bucket needs a source."""
+    names = [b.name for b in workload.buckets]
+    unknown = sorted(set(sources) - set(names))
+    if unknown:
+        raise DispatchError(f"workload '{workload.name}' has no bucket {unknown[0]}; its "
+                            f"buckets: {', '.join(names)}")
+    missing = [n for n in names if n not in sources]
+    if missing:
+        raise DispatchError(f"no config for bucket{'s' if len(missing) > 1 else ''} "
+                            f"{', '.join(missing)} of workload '{workload.name}': give "
+                            f"--bucket NAME={SOURCE_HELP.split(' (')[0]}... or --study-prefix")
+    att = workload.attention
+    plans = {p.bucket.name: p for p in workload.plan()}
+    entries = []
+    for b in workload.dispatch_order():  # key-range buckets first: the first that serves wins
+        r = sources[b.name]
+        check_entry_config(b.name, r.config, att.problem_class)
+        entries.append(DispatchEntry(
+            bucket=b.name, Hq=att.Hq, Hkv=att.Hkv, head_dim=att.head_dim, causal=att.causal,
+            s_min=b.s_min, s_max=b.s_max, config=r.config, source=dict(r.source),
+            problems=r.problems or tuple(plans[b.name].shapes), measured=r.measured,
+            k_min=b.k_min, k_max=b.k_max))
+    return DispatchTable(workload.name, tuple(entries), workload.to_dict())
+
+
+# ---- C++ ----------------------------------------------------------------------------------------
+
+
