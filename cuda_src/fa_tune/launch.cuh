@@ -17,7 +17,8 @@
 #include "fa_tune.h"
 #include "kernel.cuh"
 // The varlen kernel is a second instantiation of the same pieces: built only when asked
-// (FA_TUNE_VARLEN=1: exports and workload libraries), since it doubles a candidate's compile.
+// (FA_TUNE_VARLEN=1: exports and workload libraries), since it adds ~13 % to a
+// candidate's compile (docs/PERF.md step 48).
 #ifndef FA_TUNE_VARLEN
 #define FA_TUNE_VARLEN 0
 #endif
