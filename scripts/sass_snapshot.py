@@ -74,12 +74,12 @@ def snapshot(out: Path, cache: Path | None, names: list[str]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from tuner.errors import FaTuneError
-    from tuner.kernel import build
+    from tuner.kernel import build, toolchain
     from tuner.kernel import config as C
     from tuner.problem import ProblemClass
 
     out.mkdir(parents=True, exist_ok=True)
-    tool = build.find_tool("cuobjdump")
+    tool = toolchain.find_tool("cuobjdump")
     if tool is None:
         fail("cuobjdump not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
 

@@ -8,7 +8,8 @@ import yaml
 
 from tuner.errors import ConfigError, ShapeError
 from tuner.kernel import config as C
-from tuner.kernel.config import KNOBS, KernelConfig, camel_case, list_presets, load_preset, validate
+from tuner.kernel.config import KNOBS, KernelConfig, list_presets, load_preset, validate
+from tuner.kernel.knobs import camel_case
 from tuner.kernel.support import check_problem, check_problems
 from tuner.problem import SEED_PROBLEMS, Problem, ProblemClass, class_of
 

@@ -1,7 +1,7 @@
 // Knob vocabulary shared by the template and every kernel piece.
 //
 // A rendered template defines `struct Config` with one static constexpr member per knob
-// (names and values as in tuner/config.py); everything below derives from it at compile
+// (tuner/kernel/config.py's knob table); everything below derives from it at compile
 // time, so each config is its own kernel with no run-time branching on knobs.
 #pragma once
 

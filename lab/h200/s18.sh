@@ -16,6 +16,9 @@
 #   bash lab/h200/s18.sh ab-tests     the snapshots again (cached builds on a warm machine) and
 #                                     their SASS compared; then the GPU tests of the kernel's
 #                                     pieces (planted bugs, schedulers, varlen, the op)
+#   bash lab/h200/s18.sh final        the re-laid-out package and the gate's new accuracy
+#                                     fields on the GPU: `fa-tune run`, then the oracle and
+#                                     planted-bug GPU tests (as many as the budget allows)
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DEV=${FA_TUNE_DEVICE_DIR:-$(cd "$LAB/../.." && pwd)/.device}
@@ -88,5 +91,13 @@ ab-tests)
     tests/gpu/test_varlen_gpu.py tests/gpu/test_inference_op_gpu.py > "$OUT/tests.log" 2>&1
   echo "GPU tests exit $?"
   grep -E "passed|failed|FAILED|Error|s call" "$OUT/tests.log" | tail -16
+  ;;
+final)
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$DEV/site" .whl/*.whl
+  timeout 90 $E python3 -m tuner.cli run --preset default --shape 2x8/2x1000 --shape 1x32/8x4096 \
+    > "$OUT/run.log" 2>&1; echo "fa-tune run exit $?"; tail -12 "$OUT/run.log"
+  timeout 150 $E python3 -m pytest -q -m gpu -p no:cacheprovider -x \
+    tests/gpu/test_planted_bugs_gpu.py tests/gpu/test_oracle_gpu.py > "$OUT/tests.log" 2>&1
+  echo "GPU tests exit $?"; tail -c 1500 "$OUT/tests.log"
   ;;
 esac

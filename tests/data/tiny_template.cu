@@ -1,4 +1,4 @@
-// A stand-in for templates/fa_fwd_sm90.cu: every knob placeholder, the config JSON, and one
+// A stand-in for templates/fa_fwd_sm90.cu: the knobs' members, the config JSON, and one
 // wgmma so the SASS check has an HGMMA to find. Self-contained (own enums) on purpose.
 #include <cstdint>
 
@@ -13,27 +13,7 @@ enum class Scheduler { Grid, Static, Dynamic };
 }  // namespace fa_tune
 
 struct Config {
-  static constexpr int block_m = ${block_m};
-  static constexpr int block_n = ${block_n};
-  static constexpr int k_stages = ${k_stages};
-  static constexpr int v_stages = ${v_stages};
-  static constexpr fa_tune::KRelease k_release = ${k_release};
-  static constexpr fa_tune::VRelease v_release = ${v_release};
-  static constexpr fa_tune::QRelease q_release = ${q_release};
-  static constexpr fa_tune::CacheHint hint_q = ${hint_q};
-  static constexpr fa_tune::CacheHint hint_k = ${hint_k};
-  static constexpr fa_tune::CacheHint hint_v = ${hint_v};
-  static constexpr fa_tune::CacheHint hint_o = ${hint_o};
-  static constexpr int producer_regs = ${producer_regs};
-  static constexpr int consumer_regs = ${consumer_regs};
-  static constexpr bool intra_wg_overlap = ${intra_wg_overlap};
-  static constexpr bool pingpong = ${pingpong};
-  static constexpr fa_tune::RescaleO rescale_o = ${rescale_o};
-  static constexpr fa_tune::TileOrder tile_order = ${tile_order};
-  static constexpr fa_tune::Scheduler scheduler = ${scheduler};
-  static constexpr int fixed_cost = ${fixed_cost};
-  static constexpr int persistent_ctas = ${persistent_ctas};
-  static constexpr bool write_lse = ${write_lse};
+${config_members}
 };
 
 // A literal $$ in the template (e.g. a PTX label) is written $$$$.

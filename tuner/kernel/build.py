@@ -134,12 +134,14 @@ STANDARD_WGMMA_N = frozenset({64, 96, 128, 192})
 
 def render(cfg: KernelConfig, template: Path | None = None, *,
            pclass: ProblemClass = DEFAULT_CLASS) -> str:
-    """The compilation unit for cfg: the template with every ${knob} and ${config_json} set,
-    and ${head_dim} / ${causal} / ${varlen}, the problem class it serves (compiled in, not
+    """The compilation unit for cfg: the template with ${config_members} (struct Config's
+    member per knob, from the knob table), ${config_json} (and any ${knob}: its C++ literal)
+    set, and ${head_dim} / ${causal} / ${varlen}, the problem class it serves (compiled in, not
     knobs)."""
     text = template_text(template)
     values = {
         **cfg.cpp_constants(),
+        "config_members": cfg.cpp_members(),
         "head_dim": str(pclass.head_dim),
         "causal": "true" if pclass.causal else "false",
         "varlen": "1" if pclass.varlen else "0",

@@ -3,8 +3,9 @@
 A ``KernelConfig`` is a frozen, hashable value with one canonical JSON form (sorted keys, compact)
 and a short content id. Presets are partial YAML dicts over the defaults in
 ``search_spaces/presets/``. ``validate`` rejects configs that cannot fit or cannot work on
-sm_90a before anything is compiled, with one sentence saying why. See docs/ARCHITECTURE.md for
-the knob table and the template contract this module implements.
+sm_90a before anything is compiled, with one sentence saying why. KernelConfig's fields are the
+knob table: tuner/kernel/knobs.py derives ``KNOBS``, the template's ``struct Config`` and
+docs/ARCHITECTURE.md's table from them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import yaml
 
 from tuner import _paths
 from tuner.errors import ConfigError
+from tuner.kernel import knobs
+from tuner.kernel.knobs import Knob, knob
 from tuner.problem import DEFAULT_HEAD_DIM, HEAD_DIMS
 
 HEAD_DIM = DEFAULT_HEAD_DIM  # the head dim studies meant before the kernel family
@@ -83,134 +86,92 @@ PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
 # The varlen producer without intra_wg_overlap (both rings' cursors live beside the 32-byte
 # task) spilled one int at 24 registers (fa_tune/kernel.cuh, RegSplit).
 VARLEN_SERIAL_PRODUCER_REGS = 32
-# Knobs added after config ids were in use, and the value that compiles the kernel as before
-# (KernelConfig.canonical_json leaves them out at it).
-NEUTRAL_LATER_KNOBS: dict[str, tuple[Any]] = {
-    "head_cluster": (1,), "sum_in_pv": (False,), "wg_skip": (False,)}
 # Clusters share K/V tiles through TMA multicast (fa_tune/config.cuh): each CTA loads 1 /
 # cluster of a tile, whole 64-column boxes or, with fewer boxes than CTAs, row slices of them
 # that must hold a multiple of 8 rows (the 128-byte swizzle's period).
 SWIZZLE_ROWS = 8
 
 
-@dataclass(frozen=True)
-class Knob:
-    """One knob: its kind, allowed values, and the C++ type it renders to."""
-
-    name: str
-    kind: str  # "int" | "bool" | "enum"
-    choices: tuple[Any, ...]
-    cpp_type: str | None = None  # enums only: fa_tune::<cpp_type>::<CamelCase>
-    range_text: str | None = None  # compact wording for long int ranges
-
-    def allowed_text(self) -> str:
-        if self.range_text:
-            return self.range_text
-        return ", ".join(_fmt(c) for c in self.choices)
-
-    def check(self, value: Any) -> Any:
-        """Return the value if allowed, else raise ConfigError naming the knob."""
-        ok: bool
-        if self.kind == "bool":
-            ok = isinstance(value, bool)
-        elif self.kind == "int":
-            ok = isinstance(value, int) and not isinstance(value, bool) and value in self.choices
-        else:
-            ok = isinstance(value, str) and value in self.choices
-        if not ok:
-            raise ConfigError(
-                f"knob '{self.name}' must be {'one of ' if not self.range_text else ''}"
-                f"{self.allowed_text()} (got {_fmt(value)})"
-            )
-        return value
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return v
-    return repr(v)
-
-
 _HINTS = ("none", "evict_first", "evict_last", "evict_normal")
-
-KNOBS: dict[str, Knob] = {
-    k.name: k
-    for k in [
-        Knob("block_m", "int", (64, 128, 192)),
-        Knob("block_n", "int", tuple(range(64, 193, 16)), range_text="64..192 in steps of 16"),
-        Knob("k_stages", "int", (1, 2, 3)),
-        Knob("v_stages", "int", (1, 2, 3)),
-        Knob("k_release", "enum", ("after_qk", "after_softmax"), "KRelease"),
-        Knob("v_release", "enum", ("after_pv", "deferred"), "VRelease"),
-        Knob("q_release", "enum", ("after_last_qk", "at_end"), "QRelease"),
-        Knob("hint_q", "enum", _HINTS, "CacheHint"),
-        Knob("hint_k", "enum", _HINTS, "CacheHint"),
-        Knob("hint_v", "enum", _HINTS, "CacheHint"),
-        Knob("hint_o", "enum", _HINTS, "CacheHint"),
-        Knob("producer_regs", "int", (24, 32, 40, 56)),
-        Knob(
-            "consumer_regs", "int", tuple(range(144, 241, 8)), range_text="144..240 in steps of 8"
-        ),
-        Knob("intra_wg_overlap", "bool", (False, True)),
-        Knob("pingpong", "bool", (False, True)),
-        Knob("rescale_o", "enum", ("after_pv", "before_pv"), "RescaleO"),
-        Knob("lazy_rescale", "bool", (False, True)),
-        Knob("tree_reduce", "bool", (False, True)),
-        Knob("sum_in_pv", "bool", (False, True)),
-        Knob("q_in_regs", "bool", (False, True)),
-        Knob("early_next_qk", "bool", (False, True)),
-        Knob("kv_multicast", "bool", (False, True)),
-        Knob("wg_skip", "bool", (False, True)),
-        Knob("head_cluster", "int", (1, 2, 4)),
-        Knob("tile_order", "enum", ("longest_first", "natural"), "TileOrder"),
-        Knob("scheduler", "enum", ("grid", "static", "dynamic"), "Scheduler"),
-        Knob("fixed_cost", "int", tuple(range(17)), range_text="an integer from 0 to 16"),
-        Knob(
-            "persistent_ctas",
-            "int",
-            tuple(range(1025)),
-            range_text="an integer from 0 (= SM count) to 1024",
-        ),
-        Knob("write_lse", "bool", (False, True)),
-    ]
-}
+_HINT_DOC = "L2 eviction hint of the {} TMA {} (none: no hint)."
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Every knob of templates/fa_fwd_sm90.cu, with the defaults of docs/ARCHITECTURE.md."""
+    """Every knob of templates/fa_fwd_sm90.cu: the knob table (its machinery: kernel/knobs.py).
 
-    block_m: int = 128
-    block_n: int = 128
-    k_stages: int = 2
-    v_stages: int = 2
-    k_release: str = "after_qk"
-    v_release: str = "after_pv"
-    q_release: str = "at_end"
-    hint_q: str = "evict_first"
-    hint_k: str = "evict_last"
-    hint_v: str = "evict_last"
-    hint_o: str = "none"
-    producer_regs: int = 24
-    consumer_regs: int = 240
-    intra_wg_overlap: bool = True
-    pingpong: bool = True
-    rescale_o: str = "after_pv"
-    lazy_rescale: bool = False
-    tree_reduce: bool = False
-    sum_in_pv: bool = False
-    q_in_regs: bool = False
-    early_next_qk: bool = False
-    kv_multicast: bool = False
-    wg_skip: bool = False
-    head_cluster: int = 1
-    tile_order: str = "longest_first"
-    scheduler: str = "grid"
-    fixed_cost: int = 4
-    persistent_ctas: int = 0
-    write_lse: bool = True
+    One field per knob, in the order of the template's ``struct Config`` and of
+    docs/ARCHITECTURE.md's table; each field's ``knob()`` gives its values, C++ type and doc.
+    """
+
+    block_m: int = knob(128, (64, 128, 192), doc=(
+        "Query rows per CTA tile; consumer warpgroups = block_m / 64."))
+    block_n: int = knob(128, range(64, 193, 16), range_text="64..192 in steps of 16", doc=(
+        "Key/value rows per KV tile, the main loop's step."))
+    k_stages: int = knob(2, (1, 2, 3), doc="Shared-memory stages of the K ring.")
+    v_stages: int = knob(2, (1, 2, 3), doc="Shared-memory stages of the V ring.")
+    k_release: str = knob("after_qk", ("after_qk", "after_softmax"), cpp_type="KRelease", doc=(
+        "When a consumer hands a K stage back to the producer: after its QK or after the "
+        "softmax."))
+    v_release: str = knob("after_pv", ("after_pv", "deferred"), cpp_type="VRelease", doc=(
+        "When a consumer hands a V stage back: after its PV, or an iteration later."))
+    q_release: str = knob("at_end", ("after_last_qk", "at_end"), cpp_type="QRelease", doc=(
+        "When Q's buffer goes back: after the tile's last QK (O then gets a buffer of its own, "
+        "so the next tile's Q may land early) or at the tile's end."))
+    hint_q: str = knob("evict_first", _HINTS, cpp_type="CacheHint",
+                       doc=_HINT_DOC.format("Q", "loads"))
+    hint_k: str = knob("evict_last", _HINTS, cpp_type="CacheHint",
+                       doc=_HINT_DOC.format("K", "loads"))
+    hint_v: str = knob("evict_last", _HINTS, cpp_type="CacheHint",
+                       doc=_HINT_DOC.format("V", "loads"))
+    hint_o: str = knob("none", _HINTS, cpp_type="CacheHint", doc=_HINT_DOC.format("O", "stores"))
+    producer_regs: int = knob(24, (24, 32, 40, 56), doc=(
+        "Registers per thread of the producer warpgroup (setmaxnreg)."))
+    consumer_regs: int = knob(240, range(144, 241, 8), range_text="144..240 in steps of 8", doc=(
+        "Registers per thread of each consumer warpgroup (setmaxnreg); below 160 only for D "
+        "64's three warpgroups beside a persistent producer."))
+    intra_wg_overlap: bool = knob(True, doc=(
+        "A warpgroup issues the next KV tile's QK before this tile's softmax and PV."))
+    pingpong: bool = knob(True, doc=(
+        "Consumer warpgroups take turns at the tensor cores (named barriers); needs block_m "
+        ">= 128."))
+    rescale_o: str = knob("after_pv", ("after_pv", "before_pv"), cpp_type="RescaleO", doc=(
+        "Where the O accumulator is rescaled by the new row max: after or before the PV GEMM "
+        "(before_pv needs intra_wg_overlap)."))
+    lazy_rescale: bool = knob(False, doc=(
+        "Keep the row max until it grows by more than 8 in log2 units."))
+    tree_reduce: bool = knob(False, doc="Row max and sum as 4 independent chains per row.")
+    sum_in_pv: bool = knob(False, id_neutral=True, doc=(
+        "D 64 only: the row sums as PV's output columns 64..71, its B operand a block of ones "
+        "in shared memory, instead of one FADD per score (64 x 72 wgmmas; docs/PERF.md step "
+        "39)."))
+    q_in_regs: bool = knob(False, doc=(
+        "Q as the register A operand of QK, loaded once per tile."))
+    early_next_qk: bool = knob(False, doc=(
+        "Persistent schedulers: the next tile's first QK issued behind this tile's last PV."))
+    kv_multicast: bool = knob(False, doc=(
+        "Static scheduler, block_m 128 or 192: 2-CTA clusters share each K/V tile by TMA "
+        "multicast (192: 384 rows per tile, measured faster at D 128 non-causal, slower at D "
+        "64); at D 64 each CTA loads half the rows of the one 64-column box."))
+    wg_skip: bool = knob(False, id_neutral=True, doc=(
+        "Causal, block_m >= 128 without kv_multicast: a warpgroup whose rows end above the "
+        "tile's last row starts at its own diagonal and hands back the stages of the KV tiles "
+        "above it instead of computing them masked, as a multicast pair always does; not with "
+        "early_next_qk."))
+    head_cluster: int = knob(1, (1, 2, 4), id_neutral=True, doc=(
+        "GQA: that many query heads of one K/V group run one query tile side by side in a "
+        "cluster and share each K/V tile by TMA multicast; static or grid scheduler; Hq/Hkv "
+        "must be a multiple."))
+    tile_order: str = knob("longest_first", ("longest_first", "natural"), cpp_type="TileOrder",
+                           doc="Grid scheduler: the order of a head's query tiles in the launch.")
+    scheduler: str = knob("grid", ("grid", "static", "dynamic"), cpp_type="Scheduler", doc=(
+        "Who hands tiles to CTAs: one tile per CTA (grid), host-built task lists (static) or a "
+        "device counter (dynamic)."))
+    fixed_cost: int = knob(4, range(17), range_text="an integer from 0 to 16", doc=(
+        "Static scheduler: a task's fixed cost beside its KV tiles in the task-list balance."))
+    persistent_ctas: int = knob(0, range(1025), range_text="an integer from 0 (= SM count) to 1024",
+                                doc="Persistent schedulers: CTAs launched (0: one per SM).")
+    write_lse: bool = knob(True, doc="Write the row log-sum-exp beside O.")
 
     def __post_init__(self) -> None:
         # Direct construction gets the same per-knob checks as from_dict.
@@ -317,26 +278,23 @@ class KernelConfig:
 
     # ---- the template contract -----------------------------------------------------------
     def cpp_constants(self) -> dict[str, str]:
-        """Each knob as a C++ literal for string.Template substitution into the kernel."""
-        out: dict[str, str] = {}
-        for name, value in self.to_dict().items():
-            knob = KNOBS[name]
-            if knob.kind == "bool":
-                out[name] = "true" if value else "false"
-            elif knob.kind == "int":
-                out[name] = str(int(value))
-            else:
-                out[name] = f"fa_tune::{knob.cpp_type}::{camel_case(value)}"
-        return out
+        """Each knob as a C++ literal, for a template's ``${knob}`` placeholders."""
+        return {name: KNOBS[name].cpp_value(v) for name, v in self.to_dict().items()}
+
+    def cpp_members(self) -> str:
+        """The rendered template's ``struct Config`` members (its ``${config_members}``)."""
+        return knobs.cpp_members(KNOBS, self.to_dict())
 
     @property
     def consumer_warpgroups(self) -> int:
         return self.block_m // 64
 
 
-def camel_case(value: str) -> str:
-    """``evict_first`` -> ``EvictFirst`` (the template contract's enum spelling)."""
-    return "".join(part[:1].upper() + part[1:] for part in value.split("_"))
+KNOBS: dict[str, Knob] = knobs.table(KernelConfig)
+# Knobs added after config ids were in use, and the value that compiles the kernel as before
+# (KernelConfig.canonical_json leaves them out at it).
+NEUTRAL_LATER_KNOBS: dict[str, tuple[Any]] = {
+    k.name: (k.default,) for k in KNOBS.values() if k.id_neutral}
 
 
 # ---- static validity --------------------------------------------------------------------
