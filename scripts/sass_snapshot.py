@@ -73,9 +73,9 @@ SHAPE_HEADS = {64: "1x32/8", 128: "1x32/8", 256: "1x16/8"}
 def snapshot(out: Path, cache: Path | None, names: list[str]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
+    from tuner.errors import FaTuneError
     from tuner.kernel import build
     from tuner.kernel import config as C
-    from tuner.errors import FaTuneError
     from tuner.problem import ProblemClass
 
     out.mkdir(parents=True, exist_ok=True)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.measure import timing
 from tuner.kernel.runtime import ShapeLike
+from tuner.measure import timing
 
 
 def gate_all(bench: Any, launches: dict[str, Any], shape: ShapeLike) -> dict[str, str]:
