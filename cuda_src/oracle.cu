@@ -14,7 +14,7 @@
 // no key (causal Sq > Sk, or a sequence without keys) gets O = 0 and LSE = -inf, the kernel's
 // convention (fa-tune's problems never have one).
 //
-// C ABI (version 6). Every function returns an int that is a cudaError_t (0 = cudaSuccess).
+// C ABI (version 7). Every function returns an int that is a cudaError_t (0 = cudaSuccess).
 // Each launch is followed by cudaGetLastError(), so a bad launch is reported by the call that
 // made it; kernel faults surface at the caller's next synchronisation. All work is enqueued on
 // `stream` (a cudaStream_t == CUstream; NULL = legacy default stream). Pointers are device
@@ -83,6 +83,22 @@
 //       its own key length minus its own query length). The rows of a length-0 sequence are
 //       none.
 //
+//   int oracle_reference_bf16(const void* q, const void* k, const void* v, void* o_bf16,
+//                             int B, int Hq, int Hkv, int Sq, int Sk, int D, int causal,
+//                             cudaStream_t s);
+//   int oracle_reference_bf16_varlen(const void* q, const void* k, const void* v, void* o_bf16,
+//                                    const int* cu_seqlens_q, const int* cu_seqlens_k,
+//                                    int num_seqs, int max_seqlen_q, int total_q, int Hq,
+//                                    int Hkv, int D, int causal, cudaStream_t s);
+//       The same problem computed in BF16 the way FlashAttention's tests do it
+//       (attention_ref(upcast=False)), into o_bf16 [B, Sq, Hq, D] BF16 (a packed batch: [total_q,
+//       Hq, D]): Q * scale rounded to BF16; S = (Q * scale) K^T with FP32 accumulation rounded
+//       to BF16; softmax in FP32 of those BF16 scores (exp(s - max) / sum) rounded to BF16 (P);
+//       O = P V with FP32 accumulation rounded to BF16. The gate compares it with the FP32
+//       reference (oracle_compare) for FlashAttention's rule, max|err| <= 2 x its max|err| +
+//       1e-5 (docs/GATE.md). The reference kernel's other template: two walks over the KV tiles
+//       (max and sum, then P and P V), so ~1.5x the FP32 reference's time. No LSE, no flags.
+//
 //   int oracle_f32_to_bf16(const float* src, void* dst_bf16, long long n, cudaStream_t s);
 //       dst = bf16_rn(src): a "perfect kernel" for gate self-tests.
 //
@@ -113,9 +129,9 @@
 //       ~0ull if none. sum_sq_ref sums ref^2 over finite refs, sum_sq_bf16 sums
 //       (bf16_rn(ref) - ref)^2 over the elements that feed sum_sq_err. The gate uses
 //       o_atol = 0.05, o_rtol = 0.1 (the seeds' rule). LSE (when lse != NULL; B*Hq*S values)
-//       uses the same scheme with lse_atol/lse_rtol (the gate: 1e-2 and 1e-4: the "rising" set
-//       has |lse| up to ~550 at S=16384, where FP32 score rounding alone is ~1e-4). Counts are
-//       exact; sums are FP64.
+//       uses the same scheme with lse_atol/lse_rtol (the gate: 2^-9 and 2^-18, docs/GATE.md:
+//       the "rising" set has |lse| up to ~550 at S=16384, where FP32 score rounding alone is
+//       ~1e-4). Counts are exact; sums are FP64.
 //       The BF16 error budget's sums (docs/GATE.md), over the elements that feed sum_sq_err:
 //         block_sums (may be NULL): [B, Hq, ceil(S / ORACLE_ROW_BLOCK)] x 4 floats, one entry
 //           per (b, h, block of ORACLE_ROW_BLOCK query rows; the last one may be partial):
@@ -181,10 +197,11 @@
 
 #define ORACLE_API extern "C" __attribute__((visibility("default")))
 
+// 7: oracle_reference_bf16 / _varlen (FlashAttention's BF16-math reference, the error ratios).
 // 6: oracle_copy_bf16_4d (inputs mirrored into strided layouts).
 // 5: separate query and key lengths (Sq <= Sk, bottom-right causal), cu_seqlens_q / _k.
 // 4: oracle_reference_varlen
-#define ORACLE_ABI_VERSION 6
+#define ORACLE_ABI_VERSION 7
 #define ORACLE_ROW_BLOCK 16
 #define ORACLE_POISON_BF16 0x7FBFu
 #define ORACLE_POISON_F32 0x7FBADBADu
@@ -434,10 +451,49 @@ __device__ __forceinline__ void stage_tile(float* __restrict__ dst,
     }
 }
 
+// Scores of this thread's 4x4 block: sc[i][j] = Q row (ty*4 + i) . K row (tx + 16 j), FP32 FMAs
+// over the staged tiles.
 template <int D>
+__device__ __forceinline__ void qk_block(const float* __restrict__ Qs, const float* __restrict__ Ks,
+                                         int ty, int tx, float (&sc)[4][4]) {
+    constexpr int kLd = RefTraits<D>::kLd;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sc[i][j] = 0.f;
+#pragma unroll 4
+    for (int d = 0; d < D; d += 4) {
+        float4 a[4], bb[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            a[i] = *reinterpret_cast<const float4*>(Qs + (ty * 4 + i) * kLd + d);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            bb[j] = *reinterpret_cast<const float4*>(Ks + (tx + 16 * j) * kLd + d);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                float t = sc[i][j];
+                t = fmaf(a[i].x, bb[j].x, t);
+                t = fmaf(a[i].y, bb[j].y, t);
+                t = fmaf(a[i].z, bb[j].z, t);
+                t = fmaf(a[i].w, bb[j].w, t);
+                sc[i][j] = t;
+            }
+    }
+}
+
+// kBf16 = false: the FP32 reference (o_out float*, online softmax, one walk over the KV tiles).
+// kBf16 = true: the BF16-math reference, FlashAttention's attention_ref(upcast=False): Q * scale
+// rounded to BF16, S = (Q * scale) K^T in FP32 rounded to BF16, softmax in FP32 of those BF16
+// scores rounded to BF16 (P), O = P V in FP32 rounded to BF16 (o_out __nv_bfloat16*). Two walks:
+// the first finds each row's max and sum of exp(s - max) (online, FP32), the second writes
+// P = bf16(exp(s - max) / sum) and accumulates P V; no LSE.
+template <int D, bool kBf16>
 __global__ void __launch_bounds__(kRefThreads, RefTraits<D>::kMinBlocks)
 reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                 const __nv_bfloat16* __restrict__ v, float* __restrict__ o_ref,
+                 const __nv_bfloat16* __restrict__ v, void* __restrict__ o_out,
                  float* __restrict__ lse_ref, int Hq, int Hkv, int Sq_arg, int Sk_arg, int causal,
                  int flags, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
                  int total_q) {
@@ -477,6 +533,13 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
     const float scale = ref_scale<D>();
 
     stage_tile<D>(Qs, q, base_q, h, q0, Hq, Sq);
+    if constexpr (kBf16) {  // q * scale, rounded to BF16 (torch: bf16 tensor times a float)
+        __syncthreads();
+        for (int c = threadIdx.x; c < kRefM * D; c += kRefThreads) {
+            float* x = Qs + (c / D) * kLd + c % D;
+            *x = bf16_round(*x * scale);
+        }
+    }
 
     float m[4], l[4], acc_o[4][kOC];
 #pragma unroll
@@ -490,6 +553,9 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
     // The last key any real row of this block sees (-1: none; then no tile at all).
     const int last_key = causal ? min(min(q0 + kRefM - 1, Sq - 1) + off, Sk - 1) : Sk - 1;
     const int n_tiles = last_key < 0 ? 0 : last_key / kRefN + 1;
+    // FP32: one walk. BF16 math: walk 0 finds the row max and sum, walk 1 writes P and P V.
+    for (int walk = 0; walk < (kBf16 ? 2 : 1); ++walk) {
+    const bool final_walk = !kBf16 || walk == 1;
     for (int it = 0; it < n_tiles; ++it) {
         const int tile = (flags & kFlagReverse) ? n_tiles - 1 - it : it;
         const int kv0 = tile * kRefN;
@@ -498,47 +564,30 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
         stage_tile<D>(KVs, k, base_k, hkv, kv0, Hkv, Sk);
         __syncthreads();
 
-        // S = Q K^T for this thread's 4x4 block.
         float sc[4][4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) sc[i][j] = 0.f;
-#pragma unroll 4
-        for (int d = 0; d < D; d += 4) {
-            float4 a[4], bb[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-                a[i] = *reinterpret_cast<const float4*>(Qs + (ty * 4 + i) * kLd + d);
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                bb[j] = *reinterpret_cast<const float4*>(KVs + (tx + 16 * j) * kLd + d);
-#pragma unroll
-            for (int i = 0; i < 4; ++i)
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    float t = sc[i][j];
-                    t = fmaf(a[i].x, bb[j].x, t);
-                    t = fmaf(a[i].y, bb[j].y, t);
-                    t = fmaf(a[i].z, bb[j].z, t);
-                    t = fmaf(a[i].w, bb[j].w, t);
-                    sc[i][j] = t;
-                }
-        }
+        qk_block<D>(Qs, KVs, ty, tx, sc);
 
-        // Online softmax, FP32 with IEEE expf. A row's 64 scores live on the 16 lanes that
-        // share ty (one half-warp), so xor-shuffles with offsets < 16 reduce exactly one row.
+        // Softmax, FP32 with IEEE expf. A row's 64 scores live on the 16 lanes that share ty
+        // (one half-warp), so xor-shuffles with offsets < 16 reduce exactly one row.
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int row = q0 + ty * 4 + i;
-            float mx = -INFINITY;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int key = kv0 + tx + 16 * j;
                 const bool valid = key < Sk && (!causal || key <= row + off);
-                sc[i][j] = valid ? sc[i][j] * scale : -INFINITY;
-                mx = fmaxf(mx, sc[i][j]);
+                sc[i][j] = !valid ? -INFINITY : kBf16 ? bf16_round(sc[i][j]) : sc[i][j] * scale;
             }
+            if (kBf16 && final_walk) {  // m, l final: P normalised, rounded to BF16
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    Ps[(ty * 4 + i) * kPLd + tx + 16 * j] =
+                        sc[i][j] == -INFINITY ? 0.f : bf16_round(expf(sc[i][j] - m[i]) / l[i]);
+                continue;
+            }
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) mx = fmaxf(mx, sc[i][j]);
 #pragma unroll
             for (int off = 1; off < 16; off <<= 1)
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
@@ -552,17 +601,18 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
             for (int j = 0; j < 4; ++j) {
                 const float p = sc[i][j] == -INFINITY ? 0.f : expf(sc[i][j] - m_use);
                 rs += p;
-                Ps[(ty * 4 + i) * kPLd + tx + 16 * j] = p;
+                if (!kBf16) Ps[(ty * 4 + i) * kPLd + tx + 16 * j] = p;
             }
 #pragma unroll
             for (int off = 1; off < 16; off <<= 1) rs += __shfl_xor_sync(0xffffffffu, rs, off);
             l[i] = ((flags & kFlagBugNoRescaleL) ? l[i] : l[i] * alpha) + rs;
             m[i] = m_new;
-            if (!(flags & kFlagBugNoRescaleO)) {
+            if (!kBf16 && !(flags & kFlagBugNoRescaleO)) {
 #pragma unroll
                 for (int c = 0; c < kOC; ++c) acc_o[i][c] *= alpha;
             }
         }
+        if (!final_walk) continue;  // uniform across the CTA
 
         __syncthreads();  // everyone is done with K and has written P
         stage_tile<D>(KVs, v, base_k, hkv, kv0, Hkv, Sk);
@@ -597,42 +647,55 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
             }
         }
     }
+    }
 
     // Epilogue: O / l (l >= 1 for every row that sees a key: its max term contributes
     // exp(0) = 1). A row that sees none gets O = 0 and LSE = -inf (the kernel's convention).
+    // BF16 math: P was normalised already; O rounded to BF16.
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int s = q0 + ty * 4 + i;
         if (s >= Sq) continue;
         const bool seen = l[i] > 0.f;
-        const float inv = seen ? 1.f / l[i] : 0.f;
-        float* out = o_ref + ((base_q + s) * Hq + h) * D;
+        const long long at = ((base_q + s) * Hq + h) * D;
+        if constexpr (kBf16) {
+            __nv_bfloat16* out = static_cast<__nv_bfloat16*>(o_out) + at;
 #pragma unroll
-        for (int g = 0; g < kGroups; ++g)
-            *reinterpret_cast<float4*>(out + 64 * g + tx * 4) =
-                make_float4(acc_o[i][4 * g + 0] * inv, acc_o[i][4 * g + 1] * inv,
-                            acc_o[i][4 * g + 2] * inv, acc_o[i][4 * g + 3] * inv);
-        if (lse_ref != nullptr && tx == 0)
-            lse_ref[lse_base + s] = seen ? m[i] + logf(l[i]) : -INFINITY;
+            for (int g = 0; g < kGroups; ++g) {
+                __nv_bfloat162* o2 = reinterpret_cast<__nv_bfloat162*>(out + 64 * g + tx * 4);
+                o2[0] = __floats2bfloat162_rn(acc_o[i][4 * g + 0], acc_o[i][4 * g + 1]);
+                o2[1] = __floats2bfloat162_rn(acc_o[i][4 * g + 2], acc_o[i][4 * g + 3]);
+            }
+        } else {
+            const float inv = seen ? 1.f / l[i] : 0.f;
+            float* out = static_cast<float*>(o_out) + at;
+#pragma unroll
+            for (int g = 0; g < kGroups; ++g)
+                *reinterpret_cast<float4*>(out + 64 * g + tx * 4) =
+                    make_float4(acc_o[i][4 * g + 0] * inv, acc_o[i][4 * g + 1] * inv,
+                                acc_o[i][4 * g + 2] * inv, acc_o[i][4 * g + 3] * inv);
+            if (lse_ref != nullptr && tx == 0)
+                lse_ref[lse_base + s] = seen ? m[i] + logf(l[i]) : -INFINITY;
+        }
     }
 }
 
 // Varlen: B sequences of cu_q / cu_k (device), Sq the longest query length, total_q the query
-// rows (Sk unused).
-template <int D>
-int launch_reference(const void* q, const void* k, const void* v, float* o_ref, float* lse_ref,
+// rows (Sk unused). kBf16: o_out is BF16 (the BF16-math reference), lse_ref must be NULL.
+template <int D, bool kBf16 = false>
+int launch_reference(const void* q, const void* k, const void* v, void* o_out, float* lse_ref,
                      int B, int Hq, int Hkv, int Sq, int Sk, int causal, int flags,
                      cudaStream_t s, const int* cu_q = nullptr, const int* cu_k = nullptr,
                      int total_q = 0) {
     constexpr size_t smem = RefTraits<D>::kSmemBytes;
     // > 48 KB of dynamic shared memory needs an explicit opt-in (cheap; done every call so the
     // attribute is set in whatever context is current).
-    ORACLE_CHECK(cudaFuncSetAttribute(reference_kernel<D>,
+    ORACLE_CHECK(cudaFuncSetAttribute(reference_kernel<D, kBf16>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     const dim3 grid((Sq + kRefM - 1) / kRefM, Hq, B);
-    reference_kernel<D><<<grid, kRefThreads, smem, s>>>(
+    reference_kernel<D, kBf16><<<grid, kRefThreads, smem, s>>>(
         static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k),
-        static_cast<const __nv_bfloat16*>(v), o_ref, lse_ref, Hq, Hkv, Sq, Sk, causal, flags,
+        static_cast<const __nv_bfloat16*>(v), o_out, lse_ref, Hq, Hkv, Sq, Sk, causal, flags,
         cu_q, cu_k, total_q);
     return (int)cudaGetLastError();
 }
@@ -992,6 +1055,42 @@ ORACLE_API int oracle_reference_varlen(const void* q, const void* k, const void*
                                      c, flags, s, cu_seqlens_q, cu_seqlens_k, total_q);
     return launch_reference<256>(q, k, v, o_ref, lse_ref, num_seqs, Hq, Hkv, max_seqlen_q, 0, c,
                                  flags, s, cu_seqlens_q, cu_seqlens_k, total_q);
+}
+
+ORACLE_API int oracle_reference_bf16(const void* q, const void* k, const void* v, void* o_bf16,
+                                     int B, int Hq, int Hkv, int Sq, int Sk, int D, int causal,
+                                     cudaStream_t s) {
+    if (q == nullptr || k == nullptr || v == nullptr || o_bf16 == nullptr ||
+        bad_problem(B, Hq, Hkv, Sq, D) || Sk < 1 || Hq > 65535 || B > 65535)
+        return (int)cudaErrorInvalidValue;
+    const int c = causal != 0;
+    if (D == 64)
+        return launch_reference<64, true>(q, k, v, o_bf16, nullptr, B, Hq, Hkv, Sq, Sk, c, 0, s);
+    if (D == 128)
+        return launch_reference<128, true>(q, k, v, o_bf16, nullptr, B, Hq, Hkv, Sq, Sk, c, 0, s);
+    return launch_reference<256, true>(q, k, v, o_bf16, nullptr, B, Hq, Hkv, Sq, Sk, c, 0, s);
+}
+
+ORACLE_API int oracle_reference_bf16_varlen(const void* q, const void* k, const void* v,
+                                            void* o_bf16, const int* cu_seqlens_q,
+                                            const int* cu_seqlens_k, int num_seqs,
+                                            int max_seqlen_q, int total_q, int Hq, int Hkv, int D,
+                                            int causal, cudaStream_t s) {
+    if (q == nullptr || k == nullptr || v == nullptr || o_bf16 == nullptr ||
+        cu_seqlens_q == nullptr || cu_seqlens_k == nullptr || bad_problem(1, Hq, Hkv, total_q, D) ||
+        max_seqlen_q < 1 || num_seqs < 1 || num_seqs > 65535 || Hq > 65535)
+        return (int)cudaErrorInvalidValue;
+    const int c = causal != 0;
+    if (D == 64)
+        return launch_reference<64, true>(q, k, v, o_bf16, nullptr, num_seqs, Hq, Hkv,
+                                          max_seqlen_q, 0, c, 0, s, cu_seqlens_q, cu_seqlens_k,
+                                          total_q);
+    if (D == 128)
+        return launch_reference<128, true>(q, k, v, o_bf16, nullptr, num_seqs, Hq, Hkv,
+                                           max_seqlen_q, 0, c, 0, s, cu_seqlens_q, cu_seqlens_k,
+                                           total_q);
+    return launch_reference<256, true>(q, k, v, o_bf16, nullptr, num_seqs, Hq, Hkv, max_seqlen_q,
+                                       0, c, 0, s, cu_seqlens_q, cu_seqlens_k, total_q);
 }
 
 ORACLE_API int oracle_f32_to_bf16(const float* src, void* dst, long long n, cudaStream_t s) {

@@ -99,14 +99,19 @@ def _budget_bytes(shape: Any, bad_block: bool = False) -> tuple[bytes, bytes]:
     return blocks.tobytes(), cols.tobytes()
 
 
+IMPL_ERR = 0.004  # the BF16 implementation's max|err| the fake reports (the kernel's: 0.001)
+
+
 class FakeOracle:
     def __init__(self, shape: Any, bad_set: str | None = None,
-                 budget_bad_set: str | None = None) -> None:
+                 budget_bad_set: str | None = None, impl_err: float = IMPL_ERR) -> None:
         self.calls: list[tuple[str, Any]] = []
         self.shape = shape
         self.bad_set = bad_set
         self.budget_bad_set = budget_bad_set
+        self.impl_err = impl_err
         self.current_set = ""
+        self.impl_bufs: set[int] = set()  # the BF16 implementation's outputs
 
     def _dims(self, a: tuple[Any, ...]) -> None:
         # (q, k, v, B, Hq, Hkv, Sq, Sk, D, ...): the problem's every dimension reaches the
@@ -139,6 +144,11 @@ class FakeOracle:
         self.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref, B, hq, hkv, Sq, Sk,
                        D, causal, stream, flags=flags)
 
+    def reference_bf16_for(self, bufs: Any, o_bf16: int, stream: Any) -> None:
+        assert problem_dims(bufs.shape) == problem_dims(self.shape)
+        self.impl_bufs.add(o_bf16)
+        self.calls.append(("reference_bf16", self.current_set))
+
     def reference(self, *a: Any, **kw: Any) -> None:
         # (q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, D, causal, stream): mask, GQA, S_k too
         assert tuple(a[5:12]) == problem_dims(self.shape), a
@@ -152,6 +162,12 @@ class FakeOracle:
         assert (B, H, S, D) == (pb, ph, psq, pd)  # over O's query rows
         assert (o_atol, o_rtol, lse_atol, lse_rtol) == (GR.O_ATOL, GR.O_RTOL, GR.LSE_ATOL,
                                                         GR.LSE_RTOL)
+        if o in self.impl_bufs:  # the BF16 implementation against the FP32 reference
+            assert lse is None and block_sums is None and col_sums is None
+            self.calls.append(("compare_bf16", self.current_set))
+            STATS[stats] = _pass_stats(self.shape, o_max_abs_err=self.impl_err,
+                                       o_sum_sq_err=4e-8, l_count=0)
+            return
         assert block_sums is not None and col_sums is not None
         self.calls.append(("compare", lse is not None))
         n_lse = B * H * S if lse is not None else 0
@@ -205,10 +221,11 @@ def test_gate_call_order_and_verdict() -> None:
     assert g.prepare_host_ms == 0.5
     assert orc.calls == [
         ("prepare", None),
-        ("gen_seed", 42), ("reference", "seed"), ("poison", True), ("forward", None),
-        ("compare", True),
-        ("gen_rising", -1), ("reference", "rising"), ("poison", True), ("forward", None),
-        ("compare", True),
+        # The BF16 implementation right after the reference, on the same pristine inputs.
+        ("gen_seed", 42), ("reference", "seed"), ("reference_bf16", "seed"),
+        ("compare_bf16", "seed"), ("poison", True), ("forward", None), ("compare", True),
+        ("gen_rising", -1), ("reference", "rising"), ("reference_bf16", "rising"),
+        ("compare_bf16", "rising"), ("poison", True), ("forward", None), ("compare", True),
         ("gen_seed", 42),  # the seed set is restored for timing
     ]
     assert all(m.lse_checked for m in g.sets)
@@ -217,7 +234,18 @@ def test_gate_call_order_and_verdict() -> None:
     assert stats_bufs and all(b.freed for b in stats_bufs)
     scratch = [b for b in dev.allocs
                if b.nbytes in (O.ORACLE_STATS_BYTES, *GR.BudgetSums.device_bytes(shape))]
-    assert len(scratch) == 3 and all(b.freed for b in scratch)  # the budget sums' buffers too
+    # The budget sums' buffers too, and the BF16 implementation's stats (one per set).
+    assert len(scratch) == 5 and all(b.freed for b in scratch)
+    impl_out = [b for b in dev.allocs if b.ptr in orc.impl_bufs]
+    assert len(impl_out) == 2 and all(b.freed for b in impl_out)  # its output: scratch too
+    # FlashAttention's rule on every set: the kernel's 0.001 against the BF16 impl's 0.004.
+    for m in g.sets:
+        assert m.err_bf16_max == pytest.approx(IMPL_ERR) and m.fa_rule_ok
+        assert m.fa_ratio == pytest.approx(0.001 / IMPL_ERR, rel=1e-6)
+        assert m.err_bf16_rms == pytest.approx((4e-8 / (2 * 128 * 128)) ** 0.5)
+    assert g.fa_ratio == pytest.approx(0.25, rel=1e-6) and g.fa_rule_ok
+    assert g.to_dict()["fa_ratio"] == pytest.approx(0.25, rel=1e-6)
+    assert g.err_vs_default is None  # not compared here (Bench does that)
     # The budget was checked on every set, and its worst ratios are reported.
     for m in g.sets:
         assert m.budget_ratio is not None and m.bf16_ratio == pytest.approx(1.25)
@@ -231,8 +259,26 @@ def test_gate_call_order_and_verdict() -> None:
     orc.calls.clear()
     O.gate(dev, FakeKernel(orc), shape, _bufs(shape), 42, ("seed", "rising"),  # type: ignore[arg-type]
            oracle=orc, reference_cache=cache)  # type: ignore[arg-type]
-    assert not [c for c in orc.calls if c[0] == "reference"]
+    assert not [c for c in orc.calls if c[0] in ("reference", "reference_bf16")]
     assert len(cache) == 2
+
+
+def test_gate_fails_flash_attentions_rule_alone() -> None:
+    """A kernel more than 2x the BF16 implementation's max error (+ 1e-5) fails, with the
+    numbers, even where every other rule holds; fa_rule=False records nothing."""
+    shape = SimpleNamespace(B=1, H=2, S=128)
+    dev, orc = FakeDev(), FakeOracle(shape, impl_err=0.0004)
+    g = O.gate(dev, FakeKernel(orc), shape, _bufs(shape),  # type: ignore[arg-type]
+               oracle=orc, reference_cache=O.ReferenceCache())  # type: ignore[arg-type]
+    assert not g.passed and g.fa_rule_ok is False
+    assert all(m.violations == 0 and m.budget_ratio < 1 for m in g.sets)
+    assert g.fa_ratio == pytest.approx(2.5, rel=1e-6)
+    assert "FlashAttention's test rule" in g.summary() and "2.5x" in g.summary()
+    orc.calls.clear()
+    off = O.gate(dev, FakeKernel(orc), shape, _bufs(shape),  # type: ignore[arg-type]
+                 oracle=orc, reference_cache=O.ReferenceCache(), fa_rule=False)  # type: ignore[arg-type]
+    assert off.passed and off.fa_ratio is None and off.fa_rule_ok is None
+    assert not [c for c in orc.calls if c[0] == "reference_bf16"]
 
 
 def test_gate_failure_is_reported_per_set() -> None:
@@ -325,7 +371,9 @@ def test_check_output_checks_the_last_launch_without_launching() -> None:
     assert orc.calls == [("collect", None), ("compare", True)]  # cached reference, no launch
     scratch = [b for b in dev.allocs
                if b.nbytes in (O.ORACLE_STATS_BYTES, *GR.BudgetSums.device_bytes(shape))]
-    assert len(scratch) == 6 and all(b.freed for b in scratch)  # gate's and check_output's
+    # gate's (and the BF16 implementation's stats, once: cached) and check_output's
+    assert len(scratch) == 7 and all(b.freed for b in scratch)
+    assert m.fa_ratio == pytest.approx(0.25, rel=1e-6) and m.fa_rule_ok  # the cached impl
     assert all(s.destroyed for s in dev.streams)
 
 

@@ -70,6 +70,8 @@ def test_oracle_compiles_without_spills(oracle_so: tuple[Path, str]) -> None:
     assert not re.search(r"\berror\b", log, re.IGNORECASE), log
     entries = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", log)
     assert any("reference_kernel" in e for e in entries)
+    # FP32 and BF16-math references (ABI 7), each for D 64, 128, 256: none spills.
+    assert sum("reference_kernel" in e for e in entries) == 6
     assert any("compare_o_kernel" in e for e in entries)
     assert any("copy_4d_kernel" in e for e in entries)  # the layouts' mirror (ABI 6)
     # Every kernel: no spills, no stack (the reference must stay in registers to be fast).
@@ -602,17 +604,19 @@ def _ref_f64(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True) -
 
 
 def _fa_emulate(q: np.ndarray, k: np.ndarray, v: np.ndarray, block_n: int = 128,
-                causal: bool = True) -> np.ndarray:
+                causal: bool = True, with_lse: bool = False) -> Any:
     """The kernel's numerics in FP32 (before its final BF16 rounding): KV tiles walked from the
     diagonal (or the last tile), online softmax in base 2, P rounded to BF16 for the PV product
     while the row sum adds the FP32 probabilities, O / l at the end. q [B, S_q, Hq, D]; k, v
-    [B, S_k, Hkv, D] (query head h reads K/V head h // (Hq / Hkv)); causal bottom-right."""
+    [B, S_k, Hkv, D] (query head h reads K/V head h // (Hq / Hkv)); causal bottom-right.
+    ``with_lse``: (O, LSE [B, Hq, S] as the kernel writes it: (m c + log2 l) ln 2 in FP32)."""
     qf, kf, vf = (O.bf16_bits_to_f32(a) for a in (q, k, v))
     B, S, H, D = qf.shape
     Sk = kf.shape[1]
     group = H // kf.shape[2]
     c = np.float32(math.log2(math.e) / math.sqrt(D))
     out = np.empty((B, S, H, D), dtype=np.float32)
+    lse_out = np.empty((B, H, S), dtype=np.float32)
     mask = O.causal_mask(S, Sk) if causal else np.ones((S, Sk), dtype=bool)
     for b in range(B):
         for h in range(H):
@@ -635,7 +639,8 @@ def _fa_emulate(q: np.ndarray, k: np.ndarray, v: np.ndarray, block_n: int = 128,
                                            ).astype(np.float32)
                 m = mn
             out[b, :, h] = acc / lsum[:, None]
-    return out
+            lse_out[b, h] = ((m * c + np.log2(lsum)) * np.float32(math.log(2))).astype(np.float32)
+    return (out, lse_out) if with_lse else out
 
 
 @pytest.mark.parametrize("input_set", ["seed", "rising", "rising_fwd"])

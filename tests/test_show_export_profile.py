@@ -154,6 +154,11 @@ def test_export_package(study: str, tmp_path: Path) -> None:
     assert "fa_tune_forward" in readme and "ctypes" in readme and "```cpp" in readme
     res = json.loads((out / "results.json").read_text())
     assert res["status"] == "passed" and res["shapes"]
+    # The error ratios the search recorded (the fixture worker: 0.4x the BF16 implementation,
+    # every config as accurate as the default): the results and every problem's gate.
+    assert res["accuracy"]["fa_ratio"] == pytest.approx(0.4)
+    assert res["accuracy"]["err_vs_default"] == pytest.approx(1.0)
+    assert all(s["gate"]["err_vs_default"] == pytest.approx(1.0) for s in res["shapes"])
     # An existing folder is refused, and nothing is touched.
     r = runner.invoke(app, ["export", "--study", study, "--out", str(out)])
     assert "already exists" in one_line_exit2(r)

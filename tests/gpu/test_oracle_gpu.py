@@ -562,3 +562,105 @@ def test_mapped_status_words_are_the_devices(dev: Device) -> None:
         assert back.tolist() == [7, 3]
     finally:
         st.free()
+
+
+# ---- the error ratios (issue 35): the BF16-math reference, FA's rule, the default's error ----
+def _bf16_impl(dev: Device, orc: OracleModule, stream: Stream, problem: Problem,
+               input_set: str) -> tuple[Any, ...]:
+    """(q, k, v, the FP32 reference, oracle.cu's BF16-math reference as BF16 bits, its error
+    as the gate computes it)."""
+    with AttnBuffers(dev, problem) as bufs, dev.alloc(bufs.n * 4) as o_ref, \
+            dev.alloc(bufs.n * 2) as o_bf16:
+        O.fill_inputs(orc, bufs, input_set, 42, stream)
+        orc.reference_for(bufs, o_ref.ptr, None, stream)
+        orc.reference_bf16_for(bufs, o_bf16.ptr, stream)
+        impl = O.bf16_impl_error(dev, orc, bufs, o_ref, stream)
+        stream.synchronize()
+        q, k, v = O.inputs_to_host(bufs)
+        return (q, k, v, o_ref.copy_to_host(np.float32), o_bf16.copy_to_host(np.uint16, bufs.n),
+                impl)
+
+
+@pytest.mark.parametrize("problem", [*FAMILY, MORE_KEYS[0], MORE_KEYS[3], PACKED[0], PACKED[1]],
+                         ids=str)
+@pytest.mark.parametrize("input_set", ["seed", "rising"])
+def test_bf16_reference_matches_numpy_twin(dev: Device, orc: OracleModule, stream: Stream,
+                                           problem: Problem, input_set: str) -> None:
+    """oracle_reference_bf16(_varlen) against reference_numpy.numpy_reference_bf16: the same
+    BF16 values but for rounding flips where FP32 and float64 sums straddle a BF16 tie (a
+    flipped score moves its P by a BF16 unit), and the same error against the reference."""
+    q, k, v, ref, o, impl = _bf16_impl(dev, orc, stream, problem, input_set)
+    if problem.is_varlen:
+        want = np.zeros_like(o)
+        cq, ck = problem.cu_seqlens(), problem.cu_seqlens_k()
+        w = want.reshape(problem.tokens_q, problem.Hq, problem.D)
+        for b in range(len(cq) - 1):
+            if cq[b + 1] > cq[b]:
+                w[cq[b]:cq[b + 1]] = O.numpy_reference_bf16(
+                    q[:, cq[b]:cq[b + 1]], k[:, ck[b]:ck[b + 1]], v[:, ck[b]:ck[b + 1]],
+                    problem.causal)[0]
+    else:
+        want = O.numpy_reference_bf16(q, k, v, problem.causal).reshape(-1)
+    got, exp = O.bf16_bits_to_f32(o), O.bf16_bits_to_f32(want)
+    assert np.isfinite(got).all()
+    assert np.mean(o != want) < 0.1 and np.abs(got - exp).max() < 0.02
+    stats, _ = GR.compare_numpy(want.reshape(1, -1, 1, 1), ref.reshape(1, -1, 1, 1))
+    assert impl.max_abs_err == pytest.approx(stats.o_max_abs_err, rel=0.3)
+    assert impl.max_abs_err > 0
+
+
+def test_gate_records_flash_attentions_rule(dev: Device, orc: OracleModule, stream: Stream,
+                                            gbufs: AttnBuffers) -> None:
+    """The reference rounded to BF16 (the best a BF16 output can be) passes FA's rule far below
+    2x; 3% on 8 rows breaks it; the BF16 implementation is computed once per set (cached)."""
+    cache = O.ReferenceCache()
+    try:
+        g = O.gate(dev, O.ReferenceKernel(dev, orc), GATE_SHAPE, gbufs, 42, ("seed", "rising"),
+                   oracle=orc, stream=stream, reference_cache=cache)
+        assert g.passed and g.fa_rule_ok, g.summary()
+        for m in g.sets:
+            assert m.err_bf16_max is not None and m.err_bf16_max > m.max_abs_err
+            assert m.fa_ratio is not None and m.fa_ratio < 0.5
+        d = g.to_dict()
+        assert d["fa_ratio"] == pytest.approx(g.fa_ratio) and d["fa_rule_ok"] is True
+        assert d["sets"][0]["err_max"] == d["sets"][0]["max_abs_err"]
+        assert d["rule"]["lse_atol"] == 2.0**-9 and d["rule"]["fa_rule_factor"] == 2.0
+        bad = O.gate(dev, O.ReferenceKernel(dev, orc, after=_scale_rows_after(slice(0, 8), 1.03)),
+                     GATE_SHAPE, gbufs, 42, ("seed",), oracle=orc, stream=stream,
+                     reference_cache=cache)
+        assert not bad.passed and bad.fa_rule_ok is False, bad.summary()
+    finally:
+        cache.clear()
+
+
+def test_bench_records_err_vs_default(dev: Device, orc: OracleModule) -> None:
+    """Bench(default_launch=...): every gate records max|err| (and relative L2) against the
+    default's on the same inputs; the default is gated once per problem; the default itself
+    measures 1.0; 1% on every output measures > 1."""
+    from tuner.measure.bench import Bench
+
+    default = O.ReferenceKernel(dev, orc)
+    calls: list[Problem] = []
+
+    def default_launch(p: Problem) -> Any:
+        calls.append(p)
+        return default
+
+    bench = Bench(0, default_launch=default_launch)
+    problem = Problem(1, 4, 512, Hkv=2)
+    try:
+        g = bench.gate(default, problem)
+        assert g.err_vs_default == 1.0 and g.rms_vs_default == 1.0
+        worse = O.ReferenceKernel(dev, orc, after=_scale_rows_after(slice(None), 1.01))
+        w = bench.gate(worse, problem)
+        assert w.err_vs_default is not None and w.err_vs_default > 1.5, w.summary()
+        assert w.rms_vs_default is not None and w.rms_vs_default > 1.5
+        assert w.default_passed is True
+        assert len(bench._default_gates) == 1  # gated once (the default's own gate, reused)
+        worse.forward(bench.buffers(problem), bench.stream)  # as timing leaves it: seed inputs
+        m = bench.check_output(worse, problem)  # vs the default's seed set
+        assert m.err_vs_default is not None and m.err_vs_default > 1.5
+        worse.free()
+    finally:
+        default.free()
+        bench.close()

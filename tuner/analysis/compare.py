@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.analysis.compare_report import (
+    ACCURACY_COLUMNS,
     SUMMARY_COLUMNS,
     _layout_text,
     check_confirmed,
@@ -52,6 +53,7 @@ from tuner.kernel import build as build_mod
 from tuner.kernel import runtime
 from tuner.kernel.config import KernelConfig, load_config
 from tuner.kernel.support import check_problems, unsupported
+from tuner.measure import accuracy
 from tuner.measure.peers import DEFAULT_PEERS, PEER_NAMES, REFERENCE_PEER, make_peer
 from tuner.measure.peers import base as peers_base
 from tuner.measure.peers.base import dist_version
@@ -260,7 +262,12 @@ def run_suite(
         if torch.cuda.current_device() != device_index:
             raise GpuError(f"torch's current device is {torch.cuda.current_device()}, "
                            f"not GPU {device_index}; set CUDA_VISIBLE_DEVICES instead")
-    bench = Bench(device_index, seed=seed, temp_wait_total_s=TEMP_WAIT_TOTAL_S)
+    from tuner.measure.launch import default_launches
+
+    # Every backend's gate also records its error against fa-tune's default config's on the
+    # same inputs (err_vs_default; the default is gated once per problem).
+    bench = Bench(device_index, seed=seed, temp_wait_total_s=TEMP_WAIT_TOTAL_S,
+                  default_launch=default_launches())
     usable = [b for b in backends if b.available]
     ref = next((b for b in usable if b.name == REFERENCE_PEER), None)
     # Drift is watched on FA3, else on the first other peer, else on the first kernel.
@@ -360,7 +367,25 @@ def _run_line(r: dict[str, Any]) -> str:
     return (
         f"{name}: {t['median_ms']:.3f} ms ({t['min_ms']:.3f}-{t['max_ms']:.3f}), "
         f"{t['tflops']:.0f} TFLOPS, max|err| {r['gate']['max_abs_err']:.4f}"
+        f"{_ratio_note(r['gate'])}"
     )
+
+
+def _ratio_note(gate: dict[str, Any]) -> str:
+    """', 0.41x BF16 impl, 1.02x default' (the error ratios recorded with a gate)."""
+    acc = accuracy.accuracy_record(gate)
+    out = ""
+    if acc["fa_ratio"] is not None:
+        out += f", {accuracy.ratio_text(acc['fa_ratio'])}x BF16 impl"
+    if acc["err_vs_default"] is not None:
+        out += f", {accuracy.ratio_text(acc['err_vs_default'])}x default"
+    return out
+
+
+def _worst_ratios(runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The summary row's error ratios: the worst over its runs' gates."""
+    recs = [accuracy.accuracy_record(r.get("gate")) for r in runs if r.get("gate")]
+    return {k: accuracy.worst(a[k] for a in recs) for k in ACCURACY_COLUMNS}
 
 
 def _drift(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -401,6 +426,7 @@ def summarize(payload: dict[str, Any]) -> list[dict[str, Any]]:
                 "tflops_max": None,
                 "ratio_to_fa3": None,
                 "max_abs_err": None,
+                **dict.fromkeys(ACCURACY_COLUMNS),
             }
             if len(ok) == len(runs):
                 row["status"], row["reason"] = "ok", ""
@@ -411,11 +437,13 @@ def summarize(payload: dict[str, Any]) -> list[dict[str, Any]]:
                 row["tflops_min"] = shape.tflops(row["max_ms"])
                 row["tflops_max"] = shape.tflops(row["min_ms"])
                 row["max_abs_err"] = max(r["gate"]["max_abs_err"] for r in ok)
+                row.update(_worst_ratios(ok))
             else:
                 bad = next(r for r in runs if r["status"] != "ok")
                 row["status"], row["reason"] = bad["status"], bad["reason"]
                 if bad.get("gate"):
                     row["max_abs_err"] = bad["gate"]["max_abs_err"]
+                    row.update(_worst_ratios([bad]))
             shape_rows.append(row)
         ref_row = next((r for r in shape_rows if r["backend"] == ref_name), None)
         if ref_row and ref_row["median_ms"]:

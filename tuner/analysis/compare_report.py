@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner.measure.accuracy import ratio_text
 from tuner.problem import DEFAULT_LAYOUT, LAYOUTS, Problem, describe
 
 SUMMARY_COLUMNS = (
@@ -35,8 +36,14 @@ SUMMARY_COLUMNS = (
     "tflops_max",
     "ratio_to_fa3",
     "max_abs_err",
+    "fa_ratio",
+    "err_vs_default",
+    "rms_vs_default",
     "reason",
 )
+# The error ratios (tuner.measure.accuracy): max|err| / the BF16 implementation's (FlashAttention's
+# test rule allows 2), max|err| and relative L2 / fa-tune's default config's on the same inputs.
+ACCURACY_COLUMNS = ("fa_ratio", "err_vs_default", "rms_vs_default")
 
 
 def _atomic_write(path: Path, text: str) -> None:
@@ -176,6 +183,17 @@ def summary_markdown(payload: dict[str, Any]) -> str:
         lines.append("")
     else:
         lines += ["FlashAttention-3 was not available: no ratios to FA3.", ""]
+    lines += [
+        "Error ratios, max|err| / the BF16 implementation's (FlashAttention's test rule: <= 2) "
+        "and / fa-tune's default config's, on the same inputs (worst input set):",
+        "",
+        "| implementation | " + " | ".join(t for _, t in cols) + " |",
+        "|---|" + "---|" * len(cols),
+    ]
+    for name, label in order:
+        cells = [_cell(rows.get((key, name)), _err_ratios, _down(payload)) for key, _ in cols]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines.append("")
     drifts = [(s["shape"], s.get("drift")) for s in payload.get("shapes", []) if s.get("drift")]
     if drifts:
         lines.append(f"Drift check ({drifts[0][1]['backend']} first and last on each shape):")
@@ -321,7 +339,8 @@ def rich_table(payload: dict[str, Any]) -> Any:
 
     cols = _shape_headers(payload)
     rows = {(r["shape"], r["backend"]): r for r in payload.get("summary", [])}
-    t = Table(title="fa-tune compare: median ms / TFLOPS (x FA3)")
+    t = Table(title="fa-tune compare: median ms / TFLOPS (x FA3); max|err| / the BF16 "
+                    "implementation's and / the default config's")
     t.add_column("implementation")
     for _, title in cols:
         t.add_column(title, justify="right")
@@ -333,14 +352,20 @@ def rich_table(payload: dict[str, Any]) -> Any:
 
 def _ms_tflops_ratio(r: dict[str, Any]) -> str:
     ratio = f" ({r['ratio_to_fa3']:.2f}x)" if r.get("ratio_to_fa3") else ""
-    return f"{r['median_ms']:.3f} / {r['tflops']:.0f}{ratio}"
+    return f"{r['median_ms']:.3f} / {r['tflops']:.0f}{ratio}\nerr {_err_ratios(r)}"
+
+
+def _err_ratios(r: dict[str, Any]) -> str:
+    """'0.41x bf16, 1.03x def': max|err| over the BF16 implementation's and the default's."""
+    return (f"{ratio_text(r.get('fa_ratio'))}x bf16, "
+            f"{ratio_text(r.get('err_vs_default'))}x def")
 
 
 def format_table(payload: dict[str, Any]) -> str:
     """Plain-text table (median ms, min, max, TFLOPS, ratio to FA3), one line per row."""
     head = (
         f"{'shape':<16} {'backend':<28} {'median':>9} {'min':>9} {'max':>9} {'TFLOPS':>7} "
-        f"{'xFA3':>7}  status"
+        f"{'xFA3':>7} {'errxBF16':>8} {'errxdef':>7}  status"
     )
     lines = [head, "-" * len(head)]
     for r in payload.get("summary", []):
@@ -348,12 +373,13 @@ def format_table(payload: dict[str, Any]) -> str:
             ratio = f"{r['ratio_to_fa3']:.3f}" if r.get("ratio_to_fa3") else "-"
             lines.append(
                 f"{r['shape']:<16} {r['backend'][:28]:<28} {r['median_ms']:>9.4f} "
-                f"{r['min_ms']:>9.4f} {r['max_ms']:>9.4f} {r['tflops']:>7.1f} {ratio:>7}  ok"
+                f"{r['min_ms']:>9.4f} {r['max_ms']:>9.4f} {r['tflops']:>7.1f} {ratio:>7} "
+                f"{ratio_text(r.get('fa_ratio')):>8} {ratio_text(r.get('err_vs_default')):>7}  ok"
             )
         else:
             lines.append(
                 f"{r['shape']:<16} {r['backend'][:28]:<28} {'':>9} {'':>9} {'':>9} "
-                f"{'':>7} {'':>7}  {r['status']}: {r['reason']}"
+                f"{'':>7} {'':>7} {'':>8} {'':>7}  {r['status']}: {r['reason']}"
             )
     for s in payload.get("shapes", []):
         d = s.get("drift")

@@ -13,7 +13,12 @@ from typing import Any
 
 from tuner import _paths
 from tuner.errors import SearchError
-from tuner.search.trials import complete_trials, confirmed_value, why_not_complete
+from tuner.search.trials import (
+    complete_trials,
+    confirmed_value,
+    trial_accuracy,
+    why_not_complete,
+)
 
 MIN_TRIALS_FOR_IMPORTANCE = 4
 
@@ -57,7 +62,7 @@ def trial_rows(trials: list[Any]) -> list[dict[str, Any]]:
         out.append({
             "trial": t.number, "state": t.state.name, "value": t.value,
             "confirmed": confirmed_value(t), "config_id": a.get("config_id", ""),
-            "params": dict(t.params), "reason": why,
+            "params": dict(t.params), "reason": why, **trial_accuracy(t),
         })
     return out
 

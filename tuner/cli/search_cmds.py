@@ -91,6 +91,11 @@ def search(
         "--create-only", help="Create the study (problems, space, known-good points) and "
         "exit; workers join it with `fa-tune worker`. No GPU needed.")] = False,
     worker: WorkerEntryOpt = None,
+    max_error_ratio: Annotated[float | None, typer.Option(
+        "--max-error-ratio", metavar="X",
+        help="Reject a candidate whose max|err| is more than X times the default config's on "
+        "the same inputs (err_vs_default), like a failed gate: it never becomes the best.",
+    )] = None,
 ) -> None:
     """Search the kernel's knobs with Optuna; resumable (same --study continues)."""
     shapes = parse_problems(shape)
@@ -107,7 +112,8 @@ def search(
         return
     _run_search(study=study, space=sp, shapes=shapes, storage=storage, trials=trials,
                 timeout=timeout, sampler=sampler, seed=seed, jobs=jobs, device=device,
-                gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker)
+                gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker,
+                max_error_ratio=max_error_ratio)
 
 
 @user_errors
@@ -135,7 +141,8 @@ def worker_cmd(
 def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str | None,
                 trials: int | None, timeout: str | None, sampler: str, seed: int | None,
                 jobs: int | None, device: int | None, gpus: str | None,
-                allow_mixed_gpus: bool, worker: str | None) -> None:
+                allow_mixed_gpus: bool, worker: str | None,
+                max_error_ratio: float | None = None) -> None:
     """One worker in this process (one GPU), or a fleet of them (--gpus with several)."""
 
 
@@ -152,6 +159,8 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
         timeout_s=budget, sampler=sampler, seed=seed, jobs=jobs,
         worker_entry=worker or DEFAULT_ENTRY, allow_mixed_gpus=allow_mixed_gpus,
     )
+    if max_error_ratio is not None:
+        kwargs["max_error_ratio"] = max_error_ratio
     if len(devices) > 1:
         _run_fleet(devices, kwargs)
         return

@@ -25,12 +25,24 @@ from tuner.cli.common import (
 from tuner.errors import ConfigError, FaTuneError, SearchError
 from tuner.kernel.config import KernelConfig, load_config
 from tuner.kernel.support import check_runnable
+from tuner.measure.accuracy import ratio_text
 from tuner.problem import Problem
 from tuner.search.trials import best_rows, study_trials
 from tuner.ship import dispatch as dispatch_mod
 from tuner.ship import export as export_mod
 from tuner.ship import export_workload
 from tuner.ship import workload as workload_mod
+
+# max|err| / the BF16 implementation's and / the default config's (tuner.measure.accuracy),
+# worst over the trial's gated problems.
+ERR_COLUMNS = ("err x BF16", "err x default")
+
+
+def _err_cells(r: dict[str, Any]) -> tuple[str, str]:
+    fa = ratio_text(r.get("fa_ratio"))
+    if r.get("fa_rule_ok") is False:
+        fa = f"[red]{fa}[/]"
+    return fa, ratio_text(r.get("err_vs_default"))
 
 
 def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> None:
@@ -44,7 +56,8 @@ def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> 
                           + (f" measured on {shape}" if shape else ""))
     shapes = list(rows[0]["shapes"])
     t = Table(title=f"study {study}: best {len(rows)}" + (f" on {shape}" if shape else ""))
-    for col in ("trial", "config", "geomean TFLOPS", "confirmed", *shapes, "differs from default"):
+    for col in ("trial", "config", "geomean TFLOPS", "confirmed", *shapes, *ERR_COLUMNS,
+                "differs from default"):
         t.add_column(col, justify="right" if col not in ("config", "differs from default")
                      else "left")
     for r in rows:
@@ -52,7 +65,8 @@ def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> 
         diff = ", ".join(f"{k}={v}" for k, v in cfg.diff_from_default().items())
         t.add_row(str(r["trial"]), r["config_id"], f"{r['value']:.1f}",
                   "yes" if r["confirmed"] else "[yellow]no[/]",
-                  *[f"{r['shapes'].get(s, float('nan')):.1f}" for s in shapes], diff or "-")
+                  *[f"{r['shapes'].get(s, float('nan')):.1f}" for s in shapes], *_err_cells(r),
+                  diff or "-")
     console.print(t)
     # The winner's every knob as YAML, outside the table: rich shrinks and cuts table cells to
     # the terminal (80 columns when piped), the config must survive whole and be usable as is.
@@ -61,7 +75,9 @@ def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> 
     confirmed = "confirmed" if best["confirmed"] else "NOT confirmed (search protocol only)"
     console.print(
         f"# best: trial {best['trial']} ({best['config_id']}), {best['value']:.1f} TFLOPS "
-        f"geomean, {confirmed}\n# save as best.yaml; `fa-tune run --config best.yaml` "
+        f"geomean, {confirmed}\n# max|err|: {ratio_text(best['fa_ratio'])}x the BF16 "
+        f"implementation's (FlashAttention's rule allows 2), {ratio_text(best['err_vs_default'])}x"
+        f" the default config's\n# save as best.yaml; `fa-tune run --config best.yaml` "
         f"times it\n{cfg.to_yaml()}",
         markup=False, highlight=False, soft_wrap=True,  # ends with a blank line
     )
@@ -85,13 +101,13 @@ def show(
         _, trials = study_trials(study, storage)
         counts = ", ".join(f"{n} {state}" for state, n in show_mod.state_counts(trials).items())
         t = Table(title=f"study {study}: {len(trials)} trials ({counts})")
-        for col in ("trial", "state", "value", "confirmed", "config", "reason"):
+        for col in ("trial", "state", "value", "confirmed", *ERR_COLUMNS, "config", "reason"):
             t.add_column(col)
         for r in show_mod.trial_rows(trials):
             t.add_row(str(r["trial"]), r["state"],
                       "-" if r["value"] is None else f"{r['value']:.1f}",
                       "-" if r["confirmed"] is None else f"{r['confirmed']:.1f}",
-                      r["config_id"], r["reason"][:120])
+                      *_err_cells(r), r["config_id"], r["reason"][:120])
         console.print(t)
         _print_profiles(trials)
         return

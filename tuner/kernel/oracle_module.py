@@ -31,9 +31,10 @@ from tuner.kernel.runtime import (
 )
 from tuner.problem import dense_strides
 
-# 6: oracle_copy_bf16_4d (inputs mirrored into strided layouts); 5: S_q != S_k (bottom-right
+# 7: oracle_reference_bf16 / _varlen (FlashAttention's BF16-math reference); 6:
+# oracle_copy_bf16_4d (inputs mirrored into strided layouts); 5: S_q != S_k (bottom-right
 # causal), cu_seqlens_q / _k; 4: varlen
-ORACLE_ABI_VERSION = 6
+ORACLE_ABI_VERSION = 7
 ORACLE_STATS_BYTES = 152
 ORACLE_ROW_BLOCK = 16  # query rows per block of the BF16 error budget (oracle_row_block())
 
@@ -74,6 +75,14 @@ class OracleModule:
         self._reference_varlen = _bind(lib, p, "oracle_reference_varlen", _c_int,
                                        [_vp, _vp, _vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i,
                                         i, _vp])
+        # (q, k, v, o_bf16, B, Hq, Hkv, Sq, Sk, D, causal, stream)
+        self._reference_bf16 = _bind(lib, p, "oracle_reference_bf16", _c_int,
+                                     [_vp, _vp, _vp, _vp, i, i, i, i, i, i, i, _vp])
+        # (q, k, v, o_bf16, cu_seqlens_q, cu_seqlens_k, num_seqs, max_seqlen_q, total_q, Hq,
+        #  Hkv, D, causal, stream)
+        self._reference_bf16_varlen = _bind(lib, p, "oracle_reference_bf16_varlen", _c_int,
+                                            [_vp, _vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i,
+                                             _vp])
         self._f32_to_bf16 = _bind(lib, p, "oracle_f32_to_bf16", _c_int, [_vp, _vp, _c_ll, _vp])
         # (src, dst, dims[4], src_strides[4], dst_strides[4], stream): host arrays of int64
         ll4 = ctypes.POINTER(_c_ll)
@@ -145,6 +154,24 @@ class OracleModule:
         B, hq, hkv, Sq, Sk, D, causal = problem_dims(p)
         self.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref, B, hq, hkv, Sq, Sk,
                        D, causal, stream, flags=flags)
+
+    def reference_bf16_for(self, bufs: AttnBuffers, o_bf16: int,
+                           stream: Stream | int | None) -> None:
+        """The inputs in ``bufs`` computed in BF16 the way FlashAttention's tests do it
+        (``attention_ref(upcast=False)``; oracle.cu's header) into o_bf16 ([B, S_q, Hq, D]
+        BF16; a packed batch per sequence)."""
+        p = as_problem(bufs.shape)
+        h = stream_handle(stream) or None
+        if p.is_varlen:
+            assert bufs.cu_q is not None and bufs.cu_k is not None
+            self._ok(self._reference_bf16_varlen(
+                bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_bf16, bufs.cu_q.ptr, bufs.cu_k.ptr, p.B,
+                p.S_q, p.tokens_q, p.Hq, p.Hkv, p.D, 1 if p.causal else 0, h),
+                "reference_bf16_varlen")
+            return
+        B, hq, hkv, Sq, Sk, D, causal = problem_dims(p)
+        self._ok(self._reference_bf16(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_bf16, B, hq, hkv, Sq,
+                                      Sk, D, 1 if causal else 0, h), "reference_bf16")
 
     def copy_bf16_4d(self, src: int, dst: int, dims: Sequence[int], src_strides: Sequence[int],
                      dst_strides: Sequence[int], stream: Stream | int | None) -> None:

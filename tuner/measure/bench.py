@@ -14,6 +14,11 @@ mask). ``measure(launch, shape, protocol)`` is the whole path:
 3. optionally the output of the last timed launch checked again (``gate_after``: a kernel that
    is right only when the GPU is idle has no valid timing).
 
+With ``default_launch`` (a function of the problem giving the default config's launchable for
+its class, or None), every gate also records the candidate's error against the default
+config's on the same inputs (``err_vs_default``, tuner.measure.accuracy): the default is gated
+once per problem, seed and input sets per Bench, and cached.
+
 ``launch`` is fa-tune's kernel (``KernelLaunch`` / ``tuner.kernel.runtime.KernelModule``) or a peer
 (``PeerLaunch``): same buffers, same inputs, same stream, same gate, same loop.
 """
@@ -21,11 +26,12 @@ mask). ``measure(launch, shape, protocol)`` is the whole path:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tuner.kernel.runtime import AttnBuffers, Device, ShapeLike, as_problem
-from tuner.measure import gate_rule, oracle, store, timing
+from tuner.measure import accuracy, gate_rule, oracle, store, timing
 from tuner.measure.launch import launch_supports
 from tuner.measure.peers.base import Unsupported
 from tuner.problem import Problem
@@ -66,6 +72,11 @@ def gate_dict(g: gate_rule.GateResult | gate_rule.SetMetrics) -> dict[str, Any]:
         "summary": brief,
         "max_abs_err": float(g.max_abs_err),
         "rel_l2": None if math.isinf(g.rel_l2) else float(g.rel_l2),
+        # The error ratios (tuner.measure.accuracy), None where not computed.
+        "fa_ratio": accuracy.finite_or_none(g.fa_ratio),
+        "fa_rule_ok": g.fa_rule_ok,
+        "err_vs_default": accuracy.finite_or_none(g.err_vs_default),
+        "rms_vs_default": accuracy.finite_or_none(g.rms_vs_default),
         "details": details,
     }
 
@@ -85,7 +96,8 @@ class Bench:
 
     def __init__(self, device_index: int = 0, *, seed: int = oracle.DEFAULT_SEED,
                  input_sets: tuple[str, ...] = oracle.DEFAULT_INPUT_SETS,
-                 temp_wait_total_s: float | None = None) -> None:
+                 temp_wait_total_s: float | None = None,
+                 default_launch: Callable[[Problem], Any] | None = None) -> None:
         self.dev = Device.open(device_index)
         self.oracle = oracle.get_oracle()
         self.nvml = timing.nvml_for(self.dev)
@@ -97,6 +109,10 @@ class Bench:
         self.wait_left_s = temp_wait_total_s
         self._bufs: dict[Problem, AttnBuffers] = {}
         self._refs: dict[Problem, oracle.ReferenceCache] = {}
+        # The default config's launchable per problem (None: no comparison), and its gates.
+        self.default_launch = default_launch
+        self._default_gates: dict[tuple[Any, ...], gate_rule.GateResult] = {}
+        self._last_default: gate_rule.GateResult | None = None
 
     # -- buffers
     def buffers(self, shape: ShapeLike) -> AttnBuffers:
@@ -127,8 +143,36 @@ class Bench:
         return bufs
 
     # -- the three steps
-    def gate(self, launch: Any, shape: ShapeLike) -> gate_rule.GateResult:
-        """Gate ``launch`` on every input set; leaves the seed inputs in the buffers."""
+    def gate(self, launch: Any, shape: ShapeLike, *,
+             vs_default: bool = True) -> gate_rule.GateResult:
+        """Gate ``launch`` on every input set; leaves the seed inputs in the buffers. With a
+        ``default_launch`` (and ``vs_default``), the result records its error against the
+        default config's on the same inputs."""
+        g = self._gate(launch, shape)
+        if vs_default and self.default_launch is not None:
+            d = self.default_gate(shape, candidate=(launch, g))
+            if d is not None:
+                accuracy.relate(g, d)
+        return g
+
+    def default_gate(self, shape: ShapeLike, candidate: tuple[Any, gate_rule.GateResult] | None
+                     = None) -> gate_rule.GateResult | None:
+        """The default config's gate on this problem (same seed and input sets), once per
+        Bench: None when there is no default launchable for the problem. ``candidate``: a
+        (launch, its gate) just made; when it is the default's launchable, that gate is it."""
+        launch = None if self.default_launch is None else self.default_launch(_key(shape))
+        if launch is None:
+            return None
+        key = (_key(shape), self.seed, self.input_sets, id(launch))
+        if key not in self._default_gates:
+            if candidate is not None and candidate[0] is launch:
+                self._default_gates[key] = candidate[1]
+            else:
+                self._default_gates[key] = self._gate(launch, shape)
+        self._last_default = self._default_gates[key]
+        return self._default_gates[key]
+
+    def _gate(self, launch: Any, shape: ShapeLike) -> gate_rule.GateResult:
         bufs = self.buffers(shape)
         bind = getattr(launch, "bind", None)
         if bind is not None:
@@ -151,8 +195,12 @@ class Bench:
         """Check what the last launch left in the buffers against the seed set's reference."""
         bufs = self.buffers(shape)
         refs = self._refs.setdefault(_key(shape), oracle.ReferenceCache())
-        return oracle.check_output(self.dev, launch, shape, bufs, seed=self.seed,
-                                   oracle=self.oracle, stream=self.stream, reference_cache=refs)
+        m = oracle.check_output(self.dev, launch, shape, bufs, seed=self.seed,
+                                oracle=self.oracle, stream=self.stream, reference_cache=refs)
+        d = self._last_default  # the gate before the timing this output comes from
+        if d is not None and d.problem == _key(shape).to_dict() and "seed" in d.by_set:
+            accuracy.relate_set(m, d.by_set["seed"])
+        return m
 
     def measure(self, launch: Any, shape: ShapeLike, protocol: timing.Protocol, *,
                 gate: bool = True, gate_after: bool = False) -> Measurement:

@@ -21,13 +21,18 @@ from tuner.kernel.runtime import (
     elems_lse,
     problem_dims,
 )
+from tuner.measure import accuracy
+from tuner.measure.accuracy import ImplError
 from tuner.measure.reference_numpy import bf16_bits_to_f32, f32_to_bf16_bits
 
 O_ATOL = 0.05
 O_RTOL = 0.1
 REL_L2_MAX = 1e-2
-LSE_ATOL = 1e-2
-LSE_RTOL = 1e-4  # matters only for the "rising" set, whose |LSE| reaches ~400 at S=16384
+# LSE (natural log; docs/GATE.md): an error d scales every probability exp(s - LSE) of its row
+# by e^-d, so |d| <= 2^-9 keeps it within BF16's unit roundoff of P; 2^-18 |ref| is FP32's
+# resolution of scores of that size (the "rising" set's |LSE| reaches ~550 at S=16384).
+LSE_ATOL = 2.0**-9
+LSE_RTOL = 2.0**-18
 # The BF16 error budget (docs/GATE.md): per (b, h, ROW_BLOCK query rows) and per (b, h, column),
 # rms_err <= BUDGET_K * rms_bf16 + BUDGET_FLOOR * BF16_UNIT * rms_ref. Correct kernels (P and O
 # rounded to BF16 once each) measured 1.2-1.6x rms_bf16 on an H200 (1.9x with lazy_rescale), at
@@ -38,7 +43,8 @@ BF16_UNIT = 2.0**-9  # unit roundoff of BF16's 8-bit significand
 ROW_BLOCK = ORACLE_ROW_BLOCK  # 16: one warp's rows of a wgmma tile
 RULE_TEXT = (
     f"per element |err| <= {O_ATOL:g} + {O_RTOL:g}*|ref|; relative L2 <= {REL_L2_MAX:g}; no "
-    f"NaN/Inf/unwritten; LSE |err| <= {LSE_ATOL:g} + {LSE_RTOL:g}*|ref|; BF16 error budget per "
+    f"NaN/Inf/unwritten; LSE |err| <= 2^-9 + 2^-18*|ref|; {accuracy.FA_RULE_TEXT}; BF16 error "
+    f"budget per "
     f"(b, h, {ROW_BLOCK}-row block) and per (b, h, head-dim column): rms_err <= {BUDGET_K:g}*"
     f"rms_bf16 + {BUDGET_FLOOR:g}*2^-9*rms_ref (rms_bf16: RMS of bf16_rn(ref) - ref; a column's at "
     "least its head's)"
@@ -419,6 +425,14 @@ class SetMetrics:
     col_bf16_ratio: float | None = None
     col_failures: int = 0
     col_worst: tuple[int, int, int] | None = None  # (b, h, d)
+    # Error ratios (tuner.measure.accuracy): FlashAttention's rule against the BF16
+    # implementation (None when it was not computed), and the default config's error.
+    err_bf16_max: float | None = None
+    err_bf16_rms: float | None = None
+    fa_ratio: float | None = None  # max_abs_err / err_bf16_max
+    fa_rule_ok: bool | None = None
+    err_vs_default: float | None = None  # max_abs_err / the default config's
+    rms_vs_default: float | None = None  # rel_l2 / the default config's (same reference)
     reasons: list[str] = field(default_factory=list)
 
     @property
@@ -433,6 +447,7 @@ class SetMetrics:
         for k, v in d.items():
             if isinstance(v, float) and not math.isfinite(v):
                 d[k] = None  # JSON has no inf; reasons say why
+        d["err_max"] = d["max_abs_err"]  # the error ratios' name for it
         return d
 
     def brief(self) -> str:
@@ -442,6 +457,10 @@ class SetMetrics:
         if self.budget_ratio is not None:
             s += (f", budget {self.budget_ratio:.2f}x (rms_err/rms_bf16 max "
                   f"{self.bf16_ratio:.2f})")
+        if self.fa_ratio is not None:
+            s += f", {accuracy.ratio_text(self.fa_ratio)}x BF16 impl"
+        if self.err_vs_default is not None:
+            s += f", {accuracy.ratio_text(self.err_vs_default)}x default"
         if not self.passed:
             s += " -- " + "; ".join(self.reasons)
         return s
@@ -484,9 +503,10 @@ def evaluate(
     budget: BudgetSums | None = None,
     budget_k: float = BUDGET_K,
     budget_floor: float = BUDGET_FLOOR,
+    bf16_impl: ImplError | None = None,
 ) -> SetMetrics:
-    """Turn one stats struct (and the budget sums, when given) into metrics and a verdict
-    (pure: testable without a GPU)."""
+    """Turn one stats struct (and the budget sums and the BF16 implementation's error, when
+    given) into metrics and a verdict (pure: testable without a GPU)."""
     n = elems_bshd(shape)
     if stats.o_sum_sq_ref > 0:
         rel_l2 = math.sqrt(stats.o_sum_sq_err / stats.o_sum_sq_ref)
@@ -540,6 +560,11 @@ def evaluate(
             m.col_budget_ratio, m.col_bf16_ratio = bc.col_budget_ratio, bc.col_bf16_ratio
             m.col_failures, m.col_worst = bc.col_failures, bc.col_worst
             reasons.extend(bc.reasons(budget_k, budget_floor, budget.row_block))
+    if bf16_impl is not None:
+        m.err_bf16_max, m.err_bf16_rms = bf16_impl.max_abs_err, bf16_impl.rms_err
+        m.fa_ratio, m.fa_rule_ok = accuracy.fa_rule(stats.o_max_abs_err, bf16_impl.max_abs_err)
+        if not m.fa_rule_ok:
+            reasons.append(accuracy.fa_rule_reason(stats.o_max_abs_err, bf16_impl.max_abs_err))
     if check_lse:
         nl = elems_lse(shape)
         m.lse_max_abs_err = stats.l_max_abs_err
@@ -570,6 +595,7 @@ class GateResult:
     sets: list[SetMetrics]
     prepare_host_ms: float | None = None
     problem: dict[str, Any] | None = None  # Problem.to_dict()
+    default_passed: bool | None = None  # the default config's gate, where err_vs_default is set
 
     @property
     def by_set(self) -> dict[str, SetMetrics]:
@@ -598,6 +624,25 @@ class GateResult:
         vals = [m.bf16_ratio for m in self.sets if m.bf16_ratio is not None]
         return max(vals) if vals else None
 
+    @property
+    def fa_ratio(self) -> float | None:
+        """Worst max|err| / the BF16 implementation's over the sets (None: not computed)."""
+        return accuracy.worst(m.fa_ratio for m in self.sets)
+
+    @property
+    def fa_rule_ok(self) -> bool | None:
+        oks = [m.fa_rule_ok for m in self.sets if m.fa_rule_ok is not None]
+        return all(oks) if oks else None
+
+    @property
+    def err_vs_default(self) -> float | None:
+        """Worst max|err| / the default config's over the sets (None: not compared)."""
+        return accuracy.worst(m.err_vs_default for m in self.sets)
+
+    @property
+    def rms_vs_default(self) -> float | None:
+        return accuracy.worst(m.rms_vs_default for m in self.sets)
+
     def first_failure(self) -> SetMetrics | None:
         return next((m for m in self.sets if not m.passed), None)
 
@@ -622,13 +667,17 @@ class GateResult:
             "violations": self.violations,
             "budget_ratio": _finite_or_none(self.budget_ratio),
             "bf16_ratio": _finite_or_none(self.bf16_ratio),
+            "fa_ratio": _finite_or_none(self.fa_ratio),
+            "fa_rule_ok": self.fa_rule_ok,
+            "err_vs_default": _finite_or_none(self.err_vs_default),
+            "rms_vs_default": _finite_or_none(self.rms_vs_default),
+            "default_passed": self.default_passed,
             "sets": [m.to_dict() for m in self.sets],
             "rule": rule_dict(),
         }
 
 
-def _finite_or_none(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None
+_finite_or_none = accuracy.finite_or_none
 
 
 def rule_dict() -> dict[str, Any]:
@@ -638,6 +687,7 @@ def rule_dict() -> dict[str, Any]:
         "lse_atol": LSE_ATOL, "lse_rtol": LSE_RTOL,
         "budget_k": BUDGET_K, "budget_floor": BUDGET_FLOOR, "budget_unit": BF16_UNIT,
         "budget_row_block": ROW_BLOCK,
+        "fa_rule_factor": accuracy.FA_RULE_FACTOR, "fa_rule_atol": accuracy.FA_RULE_ATOL,
         "budget": f"per (b, h, {ROW_BLOCK}-row block) and per (b, h, column): rms_err <= "
                   f"{BUDGET_K:g}*rms_bf16 + {BUDGET_FLOOR:g}*2^-9*rms_ref",
     }

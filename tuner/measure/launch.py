@@ -37,6 +37,38 @@ def launch_supports(launch: Any, problem: ShapeLike) -> str | None:
     return None if supports is None else supports(problem)
 
 
+def default_launches(so_for: Any = None) -> Any:
+    """The default config's launchable per problem (the default preset of its head dim,
+    tuner.kernel.config.DEFAULT_PRESETS, built for its class through the cache: once per class),
+    for ``Bench(default_launch=...)``; None for a problem it cannot serve (a build error says
+    nothing about the candidate). ``so_for(pclass) -> path``: where the library comes from
+    instead of building it (the search's parent builds it and tells the worker)."""
+    from tuner.errors import FaTuneError
+    from tuner.problem import class_of
+
+    made: dict[Any, KernelLaunch | None] = {}
+
+    def build(pclass: Any) -> str | None:
+        from tuner.kernel.build import build_config
+        from tuner.kernel.config import DEFAULT_PRESETS, load_preset
+
+        art = build_config(load_preset(DEFAULT_PRESETS[pclass.head_dim]), pclass=pclass)
+        return None if getattr(art, "unfit", None) else str(art.so_path)
+
+    def get(problem: Any) -> KernelLaunch | None:
+        pclass = class_of([problem])
+        if pclass not in made:
+            try:
+                so = (so_for or build)(pclass)
+                made[pclass] = None if so is None else KernelLaunch(so, label="default")
+            except (FaTuneError, OSError, KeyError):
+                made[pclass] = None
+        launch = made[pclass]
+        return None if launch is None or launch.supports(problem) else launch
+
+    return get
+
+
 class KernelLaunch:
     """fa-tune's kernel ``.so`` through its C ABI, with a row name for reports."""
 

@@ -221,6 +221,38 @@ def numpy_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = 
     return out, lse
 
 
+def numpy_reference_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True,
+                         ) -> np.ndarray:
+    """The NumPy twin of oracle.cu's BF16-math reference (FlashAttention's
+    ``attention_ref(upcast=False)``): Q * scale rounded to BF16; S = (Q * scale) K^T summed in
+    float64, rounded to FP32 and then to BF16; softmax of those BF16 scores in float64 (max, sum
+    of exp(s - max), exp(s - max) / sum) rounded to BF16 (P); O = P V summed in float64,
+    rounded to FP32 and then to BF16. q [B, S_q, Hq, D], k and v [B, S_k, Hkv, D] (BF16 bits or
+    floats); causal bottom-right. Returns O as BF16 bits, uint16 [B, S_q, Hq, D]; a row that
+    sees no key gets O = 0. (The GPU sums in FP32: the two agree but for a rounding flip of a
+    few elements near a BF16 tie.)"""
+    qf, kf, vf = _f32(q), _f32(k), _f32(v)
+    B, Sq, H, D = qf.shape
+    Sk = kf.shape[1]
+    group = H // kf.shape[2]
+    qs = bf16_bits_to_f32(f32_to_bf16_bits(qf * np.float32(1.0 / math.sqrt(D))))
+    out = np.zeros((B, Sq, H, D), dtype=np.float32)
+    mask = causal_mask(Sq, Sk) if causal else np.ones((Sq, Sk), dtype=bool)
+    seen = mask.any(axis=1)
+    for b in range(B):
+        for h in range(H):
+            g = h // group
+            sc = qs[b, :, h].astype(np.float64) @ kf[b, :, g].T.astype(np.float64)
+            sc = bf16_bits_to_f32(f32_to_bf16_bits(sc.astype(np.float32))).astype(np.float64)
+            sc = np.where(mask, sc, -np.inf)[seen]
+            e = np.exp(sc - sc.max(axis=1, keepdims=True))
+            p = bf16_bits_to_f32(f32_to_bf16_bits((e / e.sum(axis=1, keepdims=True))
+                                                  .astype(np.float32)))
+            o = p.astype(np.float64) @ vf[b, :, g].astype(np.float64)
+            out[b, seen, h] = bf16_bits_to_f32(f32_to_bf16_bits(o.astype(np.float32)))
+    return f32_to_bf16_bits(out)
+
+
 def numpy_reference_varlen(q: np.ndarray, k: np.ndarray, v: np.ndarray,
                            cu_seqlens_q: Sequence[int], cu_seqlens_k: Sequence[int],
                            causal: bool = True) -> tuple[np.ndarray, np.ndarray]:

@@ -55,12 +55,13 @@ def run_config(
     """
     # Imported here so build-only commands work where the GPU modules cannot load.
     from tuner.measure.bench import Bench
-    from tuner.measure.launch import KernelLaunch
+    from tuner.measure.launch import KernelLaunch, default_launches
 
     say = log or (lambda _m: None)
     pclass = check_problems(cfg, shapes)  # validates cfg for the problems' class
-    # Fail on a missing GPU before spending a minute compiling.
-    bench = Bench(device_index, seed=seed)
+    # Fail on a missing GPU before spending a minute compiling. Each gate also records the
+    # error against the default config's on the same inputs (err_vs_default).
+    bench = Bench(device_index, seed=seed, default_launch=default_launches())
     say(f"GPU {bench.dev.name}; building config {cfg.config_id()}")
     built = build_mod.build_config(cfg, pclass=pclass)
     say(f"artifact {built.so_path} ({'cache hit' if built.cache_hit else 'compiled'})")

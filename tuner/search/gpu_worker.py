@@ -21,6 +21,9 @@ fixture worker. Every worker speaks the same protocol, documented here:
   ``{"status": "error", "reason": str}``; the product's worker adds ``"worker_s"`` to each
   reply, the seconds from receiving the request to replying (the search's GPU-busy time;
   without it the search counts the request's wall time);
+* an optional ``"default_so"`` in a gated request names the default config's library: the
+  gate then records the candidate's error against its error on the same inputs
+  (``err_vs_default``; the worker gates it once per problem and seed, tuner.measure.bench);
 * ``{"op": "stop"}`` (or a closed pipe) ends it.
 
 The request's ``"shape"`` is the problem as ``tuner.problem.Problem.to_dict()``:
@@ -94,6 +97,22 @@ def main(conn: Any, device_index: int) -> None:
 
     kernels: dict[str, KernelLaunch] = {}
     t_request = time.monotonic()
+    default: dict[str, str | None] = {"so": None}  # the default config's library, if named
+
+    def load(so: str) -> KernelLaunch:
+        kernel = kernels.get(so)
+        if kernel is None:
+            kernel = kernels[so] = KernelLaunch(so)
+        return kernel
+
+    def default_launch(problem: Any) -> Any:
+        so = default["so"]
+        if so is None:
+            return None
+        launch = load(so)
+        return None if launch.supports(problem) else launch
+
+    bench.default_launch = default_launch
 
     def reply(d: dict[str, Any]) -> None:
         conn.send({**d, "worker_s": time.monotonic() - t_request})
@@ -107,10 +126,8 @@ def main(conn: Any, device_index: int) -> None:
             return
         t_request = time.monotonic()
         try:
-            so = str(msg["so_path"])
-            kernel = kernels.get(so)
-            if kernel is None:
-                kernel = kernels[so] = KernelLaunch(so)
+            kernel = load(str(msg["so_path"]))
+            default["so"] = str(msg["default_so"]) if msg.get("default_so") else None
             shape = as_problem(msg["shape"])
             bench.seed = int(msg.get("seed", bench.seed))
             proto = Protocol.from_dict(msg["protocol"])

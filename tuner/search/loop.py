@@ -20,6 +20,11 @@ One invocation::
             gate + screen on the cheapest shape, then time every shape, then confirm a possible
             new best with the full protocol: tuner/search/policy.py decides protocols and pruning;
             value = geometric-mean TFLOPS of the survey; ``confirmed`` = the only "best" shown
+            every gate also records the error ratios (tuner.measure.accuracy): against the BF16
+            implementation, and against the default config's error on the same inputs (its
+            library built once, the worker gates it once per problem); with
+            ``max_error_ratio`` (--max-error-ratio) a candidate whose error is more than that
+            many times the default's fails, as a failed gate does
 
 Isolation: a worker reply that says CUDA fault, a worker that dies, or one that does not
 answer before its watchdog deadline fails that trial with the reason stored; the worker is
@@ -42,7 +47,9 @@ attr) unless ``allow_mixed_gpus``; each measured trial records its ``gpu``.
 Trial user attrs: ``config`` (every knob), ``config_id``, ``owner`` (host:pid), ``source``
 ("preset:NAME" for enqueued points), ``build`` (key, so_path, compile seconds, cache hit),
 ``screen`` ({shape, median_ms, tflops}), ``shapes`` ({shape: {median_ms, min_ms, max_ms, tflops,
-max_abs_err}}), ``confirmed`` ({geomean_tflops, protocol, shapes, results_dir}),
+max_abs_err, fa_ratio, err_vs_default, rms_vs_default}}), ``accuracy`` ({shape: {fa_ratio,
+fa_rule_ok, err_vs_default, rms_vs_default}}: each gate's error ratios), ``confirmed``
+({geomean_tflops, protocol, shapes, results_dir}),
 ``fail_reason``, ``prune_reason``, ``duplicate_of``, ``not_run``, ``gpu`` ({name, sm_count,
 driver_version, nvcc_version, host, device}), ``waits_for``, ``retry_of`` (a heartbeat retry).
 Study user attrs: ``shapes``
@@ -69,7 +76,7 @@ from typing import Any
 
 from tuner.errors import ConfigError, SearchError, ShapeError
 from tuner.kernel import toolchain
-from tuner.kernel.config import KernelConfig
+from tuner.kernel.config import DEFAULT_PRESETS, KernelConfig, load_preset
 from tuner.kernel.support import check_runnable
 from tuner.problem import Problem
 from tuner.search import rdb
@@ -138,6 +145,7 @@ class Search(SharedStudy, TrialOutcomes):
         heartbeat_s: int | None = HEARTBEAT_S,
         grace_s: int | None = GRACE_S,
         allow_mixed_gpus: bool = False,
+        max_error_ratio: float | None = None,
     ) -> None:
         import optuna
 
@@ -166,6 +174,13 @@ class Search(SharedStudy, TrialOutcomes):
 
             builder = functools.partial(build_config, pclass=self.pclass)
         self.builder = builder
+        if max_error_ratio is not None and not max_error_ratio > 0:
+            raise SearchError(f"--max-error-ratio must be positive (got {max_error_ratio:g})")
+        self.max_error_ratio = max_error_ratio
+        # The default config of the problems' class: its library is what every gate's
+        # err_vs_default compares with (built once, through the builder; outcomes.py).
+        self.default_cfg = load_preset(DEFAULT_PRESETS[self.pclass.head_dim])
+        self._default_so: str | None | bool = False  # False: not built yet
         self.policy = policy or SearchPolicy()
         self.gate_seed = gate_seed
         self.results_root = results_root

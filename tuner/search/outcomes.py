@@ -12,6 +12,7 @@ from typing import Any
 from tuner import _paths
 from tuner.errors import FaTuneError
 from tuner.kernel.config import KernelConfig
+from tuner.measure import accuracy
 from tuner.measure.timing import Protocol
 from tuner.problem import Problem
 from tuner.search.session import (
@@ -38,7 +39,7 @@ class TrialOutcomes:
 
         self.progress.duplicates += 1
         trial.set_user_attr("duplicate_of", prev.number)
-        for k in ("build", "screen", "shapes", "prune_reason", "fail_reason", "gpu"):
+        for k in ("build", "screen", "shapes", "accuracy", "prune_reason", "fail_reason", "gpu"):
             if k in prev.user_attrs:
                 trial.set_user_attr(k, prev.user_attrs[k])
         if prev.state == TrialState.COMPLETE:
@@ -149,9 +150,39 @@ class TrialOutcomes:
 
     # -- one candidate
     def _measure(self, so: str, shape: Problem, protocol: Protocol, gate: bool) -> dict[str, Any]:
-        reply = self.worker.measure(so, shape, protocol, gate=gate, seed=self.gate_seed)
+        default_so = self._default_library() if gate else None
+        reply = self.worker.measure(so, shape, protocol, gate=gate, seed=self.gate_seed,
+                                    default_so=default_so)
         self.temp_wait_s += _temp_wait_s(reply)
         return reply
+
+    def _default_library(self) -> str | None:
+        """The default config's library (what err_vs_default compares with), built once: a
+        candidate of the same config in the pipeline is waited for (no second compile), else
+        the builder builds it here. None when it cannot be built (no error ratio then)."""
+        if self._default_so is False:
+            cid = self.default_cfg.config_id()
+            fut = next((c.future for c in self.queue if c.cfg.config_id() == cid), None)
+            try:
+                built = fut.result() if fut is not None else self.builder(self.default_cfg)
+                self._default_so = None if built.unfit else str(built.so_path)
+            except Exception as e:  # noqa: BLE001 - no ratio, the search goes on
+                self._default_so = None
+                self.progress.event(f"the default config could not be built ({e}); no "
+                                    "err_vs_default"[:160])
+        return self._default_so if isinstance(self._default_so, str) else None
+
+    def _accuracy_reason(self, trial: Any, shape: Problem, gate: Any) -> str | None:
+        """Store a gate's error ratios with the trial (user attr ``accuracy``); why it fails
+        --max-error-ratio, or None."""
+        rec = accuracy.accuracy_record(gate)
+        acc = dict(trial.user_attrs.get("accuracy") or {})
+        acc[str(shape)] = rec
+        trial.set_user_attr("accuracy", acc)
+        if self.max_error_ratio is None:
+            return None
+        return accuracy.max_error_ratio_reason(rec["err_vs_default"], self.max_error_ratio,
+                                               str(shape))
 
     def _evaluate(self, cand: _Candidate) -> None:
         from optuna.trial import TrialState
@@ -178,6 +209,8 @@ class TrialOutcomes:
             self._fail(trial, f"artifact unfit to time: {why}")
             return
         so = str(built.so_path)
+        if self._default_so is False and cfg.config_id() == self.default_cfg.config_id():
+            self._default_so = so  # the default config is this candidate
         self.progress.current = f"trial {trial.number}: gate + screen on {self.screen_shape}"
         self._emit()
         rows: dict[str, dict[str, Any]] = {}
@@ -189,6 +222,10 @@ class TrialOutcomes:
                 self._fail(trial, str(r.get("reason")))
                 return
             gates[str(self.screen_shape)] = r.get("gate")
+            why = self._accuracy_reason(trial, self.screen_shape, r.get("gate"))
+            if why:
+                self._fail(trial, why)
+                return
             scr = {"shape": str(self.screen_shape), **_row(r)}
             trial.set_user_attr("screen", scr)
             trial.report(scr["tflops"], 0)
@@ -211,6 +248,10 @@ class TrialOutcomes:
                     return
                 if gate:
                     gates[str(shape)] = r.get("gate")
+                    why = self._accuracy_reason(trial, shape, r.get("gate"))
+                    if why:
+                        self._fail(trial, why)
+                        return
                 rows[str(shape)] = _row(r, gates.get(str(shape)))
             trial.set_user_attr("shapes", rows)
             value = geomean([rows[str(s)]["tflops"] for s in self.shapes])

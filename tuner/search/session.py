@@ -17,6 +17,7 @@ from typing import Any
 
 from tuner.errors import FaTuneError, SearchError, ShapeError
 from tuner.kernel.config import KernelConfig, load_preset
+from tuner.measure.accuracy import accuracy_record
 from tuner.problem import Problem
 from tuner.search import rdb
 from tuner.search.space import SearchSpace
@@ -162,6 +163,7 @@ def _row(reply: dict[str, Any], gate: dict[str, Any] | None = None) -> dict[str,
         "median_ms": float(t["median_ms"]), "min_ms": float(t.get("min_ms", t["median_ms"])),
         "max_ms": float(t.get("max_ms", t["median_ms"])), "tflops": float(t["tflops"]),
         "max_abs_err": (g or {}).get("max_abs_err"),
+        **{k: v for k, v in accuracy_record(g).items() if k != "fa_rule_ok"},
         "temperature_c": st.get("temperature_c"), "sm_clock_mhz": st.get("sm_clock_mhz"),
     }
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from tuner.errors import ConfigError, FaTuneError, SearchError, ShapeError
 from tuner.kernel.config import KernelConfig
+from tuner.measure.accuracy import worst
 from tuner.problem import Problem
 from tuner.search.study import load_existing_study, trial_problems
 
@@ -103,9 +104,26 @@ def best_rows(trials: list[Any], shape: str | None, top: int) -> list[dict[str, 
             "value": confirmed_value(t) or float(t.value), "key": key,
             "shapes": {s: float(v["tflops"]) for s, v in per.items()},
             "config": t.user_attrs.get("config") or {},
+            **trial_accuracy(t),
         })
     rows.sort(key=lambda r: (not r["confirmed"], -r["key"]))
     return rows[:top]
+
+
+def trial_accuracy(t: Any) -> dict[str, Any]:
+    """A trial's error ratios, worst over its gated problems (its user attr ``accuracy``, else
+    the ratios in its per-problem rows): {fa_ratio, fa_rule_ok, err_vs_default,
+    rms_vs_default}, None where not recorded (trials of searches before issue 35)."""
+    recs = list((t.user_attrs.get("accuracy") or {}).values())
+    if not recs:
+        conf = t.user_attrs.get("confirmed") or {}
+        recs = list((conf.get("shapes") or t.user_attrs.get("shapes") or {}).values())
+    recs = [r for r in recs if isinstance(r, dict)]
+    oks = [r.get("fa_rule_ok") for r in recs if r.get("fa_rule_ok") is not None]
+    return {"fa_ratio": worst(r.get("fa_ratio") for r in recs),
+            "fa_rule_ok": all(oks) if oks else None,
+            "err_vs_default": worst(r.get("err_vs_default") for r in recs),
+            "rms_vs_default": worst(r.get("rms_vs_default") for r in recs)}
 
 
 def _stored_name(per: dict[str, Any], problem: str) -> str | None:

@@ -98,12 +98,18 @@ class GpuWorker:
         self.gpu = dict(reply.get("gpu") or {})
 
     def measure(self, so_path: str, shape: Problem, protocol: Protocol, *, gate: bool,
-                seed: int) -> dict[str, Any]:
-        """Gate (optionally) and time one kernel on one problem; the worker's reply."""
-        msg = {"op": "measure", "so_path": so_path, "shape": shape.to_dict(),
-               "gate": gate, "seed": seed, "protocol": protocol.to_dict()}
+                seed: int, default_so: str | None = None) -> dict[str, Any]:
+        """Gate (optionally) and time one kernel on one problem; the worker's reply. With
+        ``default_so`` the gate also records the error against that library's (the default
+        config's; the worker gates it once per problem)."""
+        msg: dict[str, Any] = {"op": "measure", "so_path": so_path, "shape": shape.to_dict(),
+                               "gate": gate, "seed": seed, "protocol": protocol.to_dict()}
+        timeout = watchdog_s(shape, protocol, gate)
+        if gate and default_so:
+            msg["default_so"] = default_so
+            timeout += 4 * shape.flops / (WATCHDOG_MIN_TFLOPS * 1e12)  # its gate's launches
         what = f"{'gating and ' if gate else ''}timing {shape}"
-        return self.request(msg, watchdog_s(shape, protocol, gate), what)
+        return self.request(msg, timeout, what)
 
     def request(self, msg: dict[str, Any], timeout_s: float, what: str) -> dict[str, Any]:
         recycle = (msg.get("so_path") not in self.kernels

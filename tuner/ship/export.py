@@ -281,6 +281,16 @@ print((o.float() - ref.float()).abs().max())
 
 
 def _results_payload(trial: Any, cfg: KernelConfig, built: Any) -> dict[str, Any]:
+    """The trial's results, with its error ratios (worst over its gated problems: max|err| /
+    the BF16 implementation's and / the default config's; docs/GATE.md) under "accuracy"."""
+    payload = _measured_payload(trial, cfg, built)
+    from tuner.search.trials import trial_accuracy
+
+    payload["accuracy"] = trial_accuracy(trial)
+    return payload
+
+
+def _measured_payload(trial: Any, cfg: KernelConfig, built: Any) -> dict[str, Any]:
     conf = trial.user_attrs.get("confirmed") or {}
     from tuner.measure.store import with_problem
 
