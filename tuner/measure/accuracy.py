@@ -6,8 +6,11 @@ that a user choosing a config can read, beside the gate's pass/fail.
   attention computed in BF16 the way FlashAttention's tests do it (``attention_ref(upcast=False)``;
   oracle.cu's BF16-math reference, computed once per input set like the FP32 reference; its
   NumPy twin is tuner.measure.reference_numpy.numpy_reference_bf16). ``fa_ratio`` = err_max /
-  err_bf16_max. The rule gates: a correct kernel (P and O rounded to BF16 once each, FP32
-  scores) measures 0.2-0.8 of the BF16 implementation's error, which also rounds the scores.
+  err_bf16_max. A correct kernel (P and O rounded to BF16 once each, FP32 scores) measures
+  0.2-0.8 of the BF16 implementation's error in the NumPy emulation, which also rounds the
+  scores. Recorded in every gate result; it fails the gate only with FA_RULE_GATES, which
+  waits for the GPU BF16 reference to be checked against its NumPy twin on the H200
+  (tests/gpu/test_oracle_gpu.py): a wrong yardstick must not reject correct kernels.
 * The default config's error on the same inputs (``err_vs_default``: max|err| / the default's
   max|err|; ``rms_vs_default``: relative L2 / the default's, the same reference so the same
   RMS ratio): what a searched config costs in accuracy against the one fa-tune ships by
@@ -25,6 +28,8 @@ from typing import Any
 
 FA_RULE_FACTOR = 2.0  # flash-attention's tests: rtol = 2 (no softcap)
 FA_RULE_ATOL = 1e-5
+# Whether a kernel failing the rule fails the gate (above: recorded only until checked on a GPU).
+FA_RULE_GATES = False
 FA_RULE_TEXT = (f"max|err| <= {FA_RULE_FACTOR:g} x the BF16 implementation's max|err| + "
                 f"{FA_RULE_ATOL:g} (FlashAttention's test rule)")
 
