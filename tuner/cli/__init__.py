@@ -23,6 +23,10 @@ except ImportError:  # older typer runs on click itself
     from click import exceptions as click_errors
 
 NO_ARGS_IS_HELP = getattr(click_errors, "NoArgsIsHelpError", ())  # click >= 8.2
+try:  # Ctrl-C at a prompt: click's Abort, which typer >= 0.20 keeps in typer.exceptions
+    from typer.exceptions import Abort as ABORT
+except ImportError:
+    ABORT = click_errors.Abort
 
 for _name, _fn in (
     ("build", kernel_cmds.build),
@@ -69,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     except FaTuneError as e:  # a command without the decorator; still one line
         sys.stderr.write(f"fa-tune: error: {e}\n")
         sys.exit(e.exit_code)
-    except (KeyboardInterrupt, click_errors.Abort):
+    except (KeyboardInterrupt, ABORT):
         sys.stderr.write("fa-tune: interrupted\n")
         sys.exit(130)
     sys.exit(rv if isinstance(rv, int) else 0)
