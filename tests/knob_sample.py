@@ -163,8 +163,8 @@ def _single_changes(bases: Iterable[KernelConfig]) -> list[KernelConfig]:
 
 
 def gpu_sample(n: int = 4) -> list[KernelConfig]:
-    """The first n extra configs of knob_sample(): the widest coverage beyond the presets (which
-    tests/gpu/test_family_gpu.py gates) for a GPU gate run."""
+    """The first n extra configs of knob_sample(): the widest coverage beyond the presets (every
+    preset passes the gate in tests/gpu/test_planted_bugs_gpu.py) for a GPU gate run."""
     return knob_sample_extras()[:n]
 
 
