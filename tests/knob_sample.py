@@ -1,19 +1,22 @@
 """A small set of configs that together touch every value of every knob (issue 3's coverage).
 
 Test helper, not a test module: tests/test_knob_sample.py compiles the whole sample on the CPU,
-tests/gpu/test_knob_sample_gpu.py gates the first few configs on the seed shapes.
+tests/gpu/test_knob_sample_gpu.py gates the first few extra configs on the seed shapes.
 
-The generator is a seeded greedy set cover: draw many random configs that ``validate()`` admits,
-then repeatedly take the one that covers the most (knob, value) pairs not yet covered, until
-every pair is covered. The first configs cover the most, so a prefix is a good smaller sample.
-Everything is deterministic for a given KNOBS table and validate().
+The sample starts from the configs the suite compiles anyway: the D 128 presets
+(SEED_PRESETS, built for the default class by tests/test_kernel_build.py), so in one session
+they are cache hits. A seeded greedy set cover then adds configs for the (knob, value) pairs
+they leave uncovered: draw many random configs that ``validate()`` admits, then repeatedly take
+the one that covers the most pairs not yet covered, until every pair is covered. The first
+extras cover the most, so a prefix of them is a good smaller sample. Everything is
+deterministic for a given KNOBS table, validate() and set of presets.
 
-Host-only knobs stay at fixed values (PINNED) and their other values are listed in
-TODO_NOT_COVERED: fixed_cost and persistent_ctas change the static scheduler's task lists and
-the launch grid, not the compiled device code, so compiling one value per config says nothing
-about the others; tests/test_task_list.py covers every fixed_cost and many CTA counts on the
-host. The coverage tests assert the two together account for every value of every knob, so a
-new knob or value cannot silently go uncovered.
+Host-only knobs stay at fixed values (PINNED) in the drawn configs and their other values are
+listed in TODO_NOT_COVERED: fixed_cost and persistent_ctas change the static scheduler's task
+lists and the launch grid, not the compiled device code, so compiling one value per config says
+nothing about the others; tests/test_task_list.py covers every fixed_cost and many CTA counts on
+the host. The coverage tests assert the two together account for every value of every knob, so
+a new knob or value cannot silently go uncovered.
 """
 
 from __future__ import annotations
@@ -23,7 +26,15 @@ import random
 from collections.abc import Iterable
 
 from tuner.errors import ConfigError
-from tuner.kernel.config import KNOBS, KernelConfig, validate
+from tuner.kernel.config import (
+    HEAD_DIM,
+    KNOBS,
+    KernelConfig,
+    list_presets,
+    load_preset,
+    preset_head_dim,
+    validate,
+)
 
 # Host-only knobs (see the module docstring): one value compiled, the rest covered on the host.
 PINNED: dict[str, object] = {
@@ -63,7 +74,18 @@ def pairs_to_cover() -> set[Pair]:
 
 
 def pairs_of(cfg: KernelConfig) -> set[Pair]:
-    return set(cfg.to_dict().items())
+    return {(name, getattr(cfg, name)) for name in KNOBS}  # == set(cfg.to_dict().items())
+
+
+def seed_presets() -> list[str]:
+    """The presets made for D 128 (preset_head_dim), which tests/test_kernel_build.py compiles
+    for the default class (D 128, causal): the sample's first configs."""
+    return [p for p in list_presets() if preset_head_dim(p) == HEAD_DIM]
+
+
+def seed_configs() -> list[KernelConfig]:
+    """The seed presets' configs, each once (two presets may name the same config)."""
+    return list(dict.fromkeys(validate(load_preset(p)) for p in seed_presets()))
 
 
 def _random_config(rng: random.Random) -> KernelConfig | None:
@@ -71,7 +93,7 @@ def _random_config(rng: random.Random) -> KernelConfig | None:
         name: PINNED[name] if name in PINNED else rng.choice(knob.choices)
         for name, knob in KNOBS.items()
     }
-    cfg = KernelConfig.from_dict(values)
+    cfg = KernelConfig(**values)  # every value is one of its knob's choices
     try:
         return validate(cfg)
     except ConfigError:
@@ -90,29 +112,38 @@ def _candidates(rng: random.Random, n: int, max_draws: int) -> list[KernelConfig
 
 
 def knob_sample(seed: int = 2026, candidates: int = 6000) -> list[KernelConfig]:
-    """Valid configs covering every value of pairs_to_cover(); most-covering first."""
-    return list(_knob_sample(seed, candidates))
+    """Valid configs covering every value of pairs_to_cover(): the seed presets' configs, then
+    the extra configs (most-covering first)."""
+    return [*seed_configs(), *_knob_sample_extras(seed, candidates)]
+
+
+def knob_sample_extras(seed: int = 2026, candidates: int = 6000) -> list[KernelConfig]:
+    """The configs knob_sample() adds to the seed presets (none of them a seed)."""
+    return list(_knob_sample_extras(seed, candidates))
 
 
 @functools.lru_cache(maxsize=4)
-def _knob_sample(seed: int, candidates: int) -> tuple[KernelConfig, ...]:
+def _knob_sample_extras(seed: int, candidates: int) -> tuple[KernelConfig, ...]:
     rng = random.Random(seed)
-    todo = pairs_to_cover()
+    seeds = seed_configs()
+    todo = pairs_to_cover() - set().union(*(pairs_of(c) for c in seeds))
     pool = _candidates(rng, candidates, candidates * 50)
     # Values random draws rarely reach inside validate()'s limits (a narrow register window):
     # add one-knob changes of the defaults and of the pool's first configs as extra candidates.
     pool += _single_changes([KernelConfig(), *pool[:200]])
+    pool = [c for c in dict.fromkeys(pool) if c not in seeds]
+    pool_pairs = [frozenset(pairs_of(c)) for c in pool]
     chosen: list[KernelConfig] = []
     while todo:
-        best = max(pool, key=lambda c: len(pairs_of(c) & todo))
-        gain = pairs_of(best) & todo
+        best = max(range(len(pool)), key=lambda i: len(pool_pairs[i] & todo))
+        gain = pool_pairs[best] & todo
         if not gain:
             raise AssertionError(
                 f"no admitted config covers {sorted(todo, key=str)[:5]}: either validate() "
                 "rejects every config with these values (then they should not be choices) or "
                 "the generator needs more candidates"
             )
-        chosen.append(best)
+        chosen.append(pool[best])
         todo -= gain
     return tuple(chosen)
 
@@ -132,12 +163,16 @@ def _single_changes(bases: Iterable[KernelConfig]) -> list[KernelConfig]:
 
 
 def gpu_sample(n: int = 4) -> list[KernelConfig]:
-    """The first n configs of knob_sample(): the widest coverage for a GPU gate run."""
-    return knob_sample()[:n]
+    """The first n extra configs of knob_sample(): the widest coverage beyond the presets (every
+    preset passes the gate in tests/gpu/test_planted_bugs_gpu.py) for a GPU gate run."""
+    return knob_sample_extras()[:n]
 
 
 if __name__ == "__main__":  # print the sample: python -m tests.knob_sample (from the repo root)
-    sample = knob_sample()
-    for c in sample:
-        print(c.config_id(), c.diff_from_default())
-    print(f"{len(sample)} configs cover {len(pairs_to_cover())} (knob, value) pairs")
+    seeds, extras = seed_configs(), knob_sample_extras()
+    for c in seeds:
+        print("seed ", c.config_id(), c.diff_from_default())
+    for c in extras:
+        print("extra", c.config_id(), c.diff_from_default())
+    print(f"{len(seeds)} presets + {len(extras)} extra configs cover {len(pairs_to_cover())} "
+          "(knob, value) pairs")

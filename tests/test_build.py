@@ -253,7 +253,17 @@ def test_planted_bugs_are_documented_and_out_of_the_product_headers() -> None:
             assert word not in text, (header.name, word)
 
 
+def _planted_bug_artifacts() -> list:
+    from prebuild import Artifact
+
+    from tuner.kernel.config import load_preset
+
+    return [Artifact.of(load_preset("default"), defines={"FA_TUNE_PLANT_BUG": n})
+            for n in sorted(planted_bugs())]
+
+
 @pytest.mark.slow
+@pytest.mark.builds(lambda: _planted_bug_artifacts())
 def test_planted_bug_variants_compile() -> None:
     """Every planted bug compiles into the default preset through the product's build path,
     ptxas happy, no local memory (tests/gpu/test_planted_bugs_gpu.py runs them). All variants

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from tuner import _paths
 from tuner.cli import app
 from tuner.doctor import has_sm90_gpu
+from tuner.kernel.config import load_preset
 
 runner = CliRunner()
 
@@ -192,6 +193,7 @@ def test_console_script_one_line() -> None:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not _paths.kernel_template().is_file(), reason="kernel template not written")
+@pytest.mark.builds(lambda: [load_preset("baseline")])  # D 128, causal: the CLI's default class
 def test_build_preset_prints_resources() -> None:
     r = runner.invoke(app, ["build", "--preset", "baseline"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output

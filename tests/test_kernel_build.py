@@ -1,16 +1,27 @@
 """The real kernel template, compiled for sm_90a on the CPU: no spills, HGMMA in the SASS.
 
-Each compile takes about a minute on a 2-core machine; the session-wide cache (conftest.py)
-makes the CLI's build of the same preset a cache hit.
+Each compile takes about 20 s of CPU; every test names the kernels it builds (its ``builds``
+marker), which conftest.py compiles ahead in the background, two at a time on two cores, into
+the session-wide cache: the test's own builds are then cache hits, as are the other tests'
+builds of the same kernels (the CLI's, the knob sample's presets).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from prebuild import Artifact
 
 from tuner import _paths
 from tuner.kernel import build, toolchain
-from tuner.kernel.config import SMEM_LIMIT_BYTES, list_presets, load_preset, preset_head_dim
+from tuner.kernel.config import (
+    SMEM_LIMIT_BYTES,
+    KernelConfig,
+    list_presets,
+    load_preset,
+    preset_head_dim,
+)
 from tuner.problem import ProblemClass
 
 pytestmark = [
@@ -19,7 +30,12 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("preset", list_presets())
+def _preset_artifact(preset: str) -> Artifact:
+    return Artifact(load_preset(preset), ProblemClass(preset_head_dim(preset), True))
+
+
+@pytest.mark.parametrize("preset", [
+    pytest.param(p, marks=pytest.mark.builds(_preset_artifact(p))) for p in list_presets()])
 def test_preset_compiles_clean(preset: str) -> None:
     # Every preset, built for the head dim it is made for (causal).
     cfg = load_preset(preset)
@@ -41,31 +57,34 @@ def test_preset_compiles_clean(preset: str) -> None:
     assert again.cache_hit and again.so_sha256 == r.so_sha256
 
 
+TREE_REDUCE_112 = KernelConfig(block_n=112, tree_reduce=True, q_in_regs=True)
+
+
+@pytest.mark.builds(TREE_REDUCE_112)
 def test_tree_reduce_and_q_in_regs_compile_at_uneven_block_n() -> None:
     # Regression (search on the H200, 2026-11-29): tree_reduce with block_n 112 (14 groups of
     # 4 scores per row, not a multiple of the 4 chains) failed a static_assert in nvcc.
-    from tuner.kernel.config import KernelConfig
-
-    cfg = KernelConfig(block_n=112, tree_reduce=True, q_in_regs=True)
-    r = build.build_config(cfg)
+    r = build.build_config(TREE_REDUCE_112)
     assert r.sass_checked, r.sass_note
     assert r.sass["has_hgmma"]
     assert r.sass["ldl"] == 0 and r.sass["stl"] == 0, "local memory traffic in the SASS"
 
 
+EARLY_NEXT_QK = KernelConfig(scheduler="static", producer_regs=40, consumer_regs=232,
+                             q_release="after_last_qk", early_next_qk=True)
+
+
+@pytest.mark.builds(EARLY_NEXT_QK)
 def test_early_next_qk_keeps_wgmma_asynchronous() -> None:
     # Regression (lab run 5 on the H200, 2026-11-29): the early QK in flight on one path into
     # the tile loop and not on the other made ptxas serialize every wgmma (C7514), 60% slower.
-    from tuner.kernel.config import KernelConfig
-
-    cfg = KernelConfig(scheduler="static", producer_regs=40, consumer_regs=232,
-                       q_release="after_last_qk", early_next_qk=True)
-    r = build.build_config(cfg)
+    r = build.build_config(EARLY_NEXT_QK)
     assert r.wgmma_serialized is None, r.wgmma_serialized
     assert r.local_memory is None, r.local_memory
     assert r.sass_checked and r.sass["has_hgmma"]
 
 
+@pytest.mark.builds(lambda: [load_preset(p) for p in ("multicast", "static", "gqa-cluster")])
 def test_multicast_kernel_shares_kv_across_the_cluster() -> None:
     # kv_multicast: each CTA's K/V loads go to both CTAs of its cluster (UTMALDG...MULTICAST),
     # and consumers release stages on the peer's barrier too (a remote SYNCS arrive); the
@@ -88,24 +107,31 @@ def test_multicast_kernel_shares_kv_across_the_cluster() -> None:
     assert "UTMALDG.4D.MULTICAST" in heads and "SYNCS.ARRIVE.TRANS64.RED" in heads
 
 
+def _varlen_case(preset: str, head_dim: int, causal: bool, tweak: dict, case_id: str) -> object:
+    cfg = dataclasses.replace(load_preset(preset), **tweak)
+    return pytest.param(preset, head_dim, causal, tweak, id=case_id, marks=pytest.mark.builds(
+        Artifact(cfg, ProblemClass(head_dim, causal, varlen=True))))
+
+
 @pytest.mark.parametrize(("preset", "head_dim", "causal", "tweak"), [
-    ("default", 128, True, {}),
-    ("multicast", 128, True, {}),  # VarlenStaticScheduler: clusters take tile pairs
-    ("gqa-cluster", 128, True, {}),  # VarlenStaticScheduler: clusters take runs of heads
-    ("d64-static", 64, False, {}),
-    ("d256", 256, True, {"block_n": 64}),  # 128x80's varlen consumers spill (check_varlen)
-], ids=["default-d128", "multicast-d128", "gqa-cluster-d128", "d64-static-full", "d256-bn64"])
+    _varlen_case("default", 128, True, {}, "default-d128"),
+    # VarlenStaticScheduler: clusters take tile pairs
+    _varlen_case("multicast", 128, True, {}, "multicast-d128"),
+    # VarlenStaticScheduler: clusters take runs of heads
+    _varlen_case("gqa-cluster", 128, True, {}, "gqa-cluster-d128"),
+    _varlen_case("d64-static", 64, False, {}, "d64-static-full"),
+    # 128x80's varlen consumers spill (check_varlen)
+    _varlen_case("d256", 256, True, {"block_n": 64}, "d256-bn64"),
+])
 def test_varlen_class_compiles_both_kernels_clean(preset: str, head_dim: int, causal: bool,
                                                   tweak: dict) -> None:
     """A varlen problem class builds the fixed-length kernel, the varlen kernel (the producer
     given the persistent loop's registers: kernel.cuh RegSplit) and the schedule kernel, all
     without local memory, and the library says it runs varlen."""
     import ctypes
-    import dataclasses
     import json
 
     from tuner.kernel.config import check_varlen
-    from tuner.problem import ProblemClass
 
     cfg = dataclasses.replace(load_preset(preset), **tweak)
     check_varlen(cfg, head_dim)  # what the static check lets through must compile clean
@@ -145,7 +171,6 @@ def test_multicast_with_too_few_v_stages_does_not_compile() -> None:
     # The C side's own guard of config.validate's rule (both hung on the H200, 2026-12-02): a
     # lab build that skips validate must not produce a kernel that deadlocks.
     from tuner.errors import BuildError
-    from tuner.kernel.config import KernelConfig
 
     cfg = KernelConfig(scheduler="static", kv_multicast=True, q_release="after_last_qk",
                        block_n=64, v_stages=1)
@@ -153,14 +178,17 @@ def test_multicast_with_too_few_v_stages_does_not_compile() -> None:
         build.build_source(build.render(cfg), build.KERNEL_FLAGS, name="kernel", config=cfg)
 
 
+UNCHECKED_D64 = KernelConfig(scheduler="static", q_release="after_last_qk", block_m=192,
+                             consumer_regs=160, kv_multicast=True)
+
+
+@pytest.mark.builds(Artifact(UNCHECKED_D64, ProblemClass(64, True), check=False))
 def test_unchecked_build_makes_a_config_validate_refuses() -> None:
     # The lab's --unchecked (scripts/kernel_lab.py): the three-warpgroup multicast pair at D 64,
     # which validate refuses (measured slower, docs/PERF.md step 39), still compiles clean.
     from tuner.errors import ConfigError
-    from tuner.kernel.config import KernelConfig
 
-    cfg = KernelConfig(scheduler="static", q_release="after_last_qk", block_m=192,
-                       consumer_regs=160, kv_multicast=True)
+    cfg = UNCHECKED_D64
     pclass = ProblemClass(64, True)
     (refused,) = build.build_many([cfg], jobs=1, pclass=pclass)
     assert isinstance(refused.error, ConfigError) and "measured slower" in str(refused.error)
@@ -184,6 +212,8 @@ def _dump_sass(results: dict) -> dict[str, str]:
                               text=True, check=True, env=env).stdout for k, r in results.items()}
 
 
+@pytest.mark.builds(lambda: [Artifact(c, ProblemClass(64, True)) for c in (
+    load_preset("d64-sumpv"), load_preset("d64-sumpv").replace(sum_in_pv=False))])
 def test_sum_in_pv_moves_the_row_sums_into_a_64x72_pv() -> None:
     # sum_in_pv (D 64): PV becomes 64 x 72 wgmmas whose last 8 columns multiply P by a block of
     # ones, and the softmax's one FADD per score goes. Real SASS of the preset that uses it
@@ -226,6 +256,8 @@ def _max_before_pv_wait(sass: str) -> list[tuple[int, int]]:
     return out
 
 
+@pytest.mark.builds(lambda: [Artifact.of(load_preset("d64-sumpv"), ProblemClass(64, True), d)
+                             for d in (None, {"FA_TUNE_LAB_Q_SLICE_BY_TID": 1})])
 def test_three_warpgroup_row_max_runs_before_the_pv_wait() -> None:
     # With three consumer warpgroups at 160 registers, Q's descriptors sliced by thread took 8
     # per-thread registers; ptxas then borrowed P's registers for the row max, so the max

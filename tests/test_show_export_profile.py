@@ -13,12 +13,13 @@ from pathlib import Path
 
 import optuna
 import pytest
+from prebuild import Artifact
 from typer.testing import CliRunner
 
 from tuner.analysis import ncu_report, profile
 from tuner.cli import app
-from tuner.kernel.config import KernelConfig
-from tuner.problem import Problem
+from tuner.kernel.config import KernelConfig, load_preset
+from tuner.problem import Problem, ProblemClass
 from tuner.search import loop as search
 from tuner.search.space import space_from_dict
 from tuner.search.study import default_storage_url, open_storage
@@ -140,7 +141,10 @@ def test_importance_too_few_trials(studies: Path, tmp_path: Path) -> None:
     assert r.exit_code == 0 and "at least" in r.output
 
 
-def test_export_package(study: str, tmp_path: Path) -> None:
+# The study's best trial is the default config, which the export builds with the varlen kernel
+# (as tests/test_kernel_build.py's varlen test does): built ahead, in the session's cache.
+@pytest.mark.builds(lambda: [Artifact(load_preset("default"), ProblemClass(varlen=True))])
+def test_export_package(study: str, tmp_path: Path, session_cache: Path) -> None:
     out = tmp_path / "pkg"
     r = runner.invoke(app, ["export", "--study", study, "--out", str(out)])
     assert r.exit_code == 0, r.output
@@ -313,8 +317,11 @@ def test_best_config_for_compare(study: str) -> None:
 
 
 @pytest.mark.slow
-def test_export_builds_standalone(studies: Path, tmp_path: Path) -> None:
-    """The export's own build.sh compiles the kernel from scratch (no fa-tune involved)."""
+@pytest.mark.builds(lambda: [Artifact(load_preset("default")),  # the trial's, and the export's:
+                             Artifact(load_preset("default"), ProblemClass(varlen=True))])
+def test_export_builds_standalone(studies: Path, tmp_path: Path, session_cache: Path) -> None:
+    """The export's own build.sh compiles the kernel from scratch (no fa-tune involved); the
+    trial's library and the export's prebuilt one come from the session's cache."""
     from tuner.kernel import build
     from tuner.kernel.config import load_preset
 

@@ -1,6 +1,7 @@
 """Issue 3 on an H200: a few configs of the knob-coverage sample pass the gate on all three seed
-shapes (the CPU test compiles the whole sample; this one runs the first configs, which cover the
-most knob values). Same path as `fa-tune run`: the cached .so through its C ABI,
+shapes (the CPU test compiles the whole sample; this one runs the first configs it adds to the
+D 128 presets, which cover the most knob values; the presets pass the gate in
+test_planted_bugs_gpu.py). Same path as `fa-tune run`: the cached .so through its C ABI,
 tuner.measure.oracle's gate with every default input set."""
 
 from __future__ import annotations
