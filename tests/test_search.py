@@ -250,6 +250,26 @@ def test_duplicates_reuse_verdict_and_exhaustion_stops(tmp_path: Path, plan,
     assert dups and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in dups)
 
 
+
+def _children(pid: int) -> list[int]:
+    """The child processes of ``pid`` (Linux /proc)."""
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # a zombie has exited (its parent, killed, cannot reap it)
+
+
 def test_resume_after_sigterm_and_sigkill(tmp_path: Path, plan) -> None:
     plan({"block_n=96": "hang"})  # the run sits in a hung kernel when we stop it
     url = url_for(tmp_path, "r")
@@ -295,8 +315,15 @@ def test_resume_after_sigterm_and_sigkill(tmp_path: Path, plan) -> None:
     # that reached the GPU fails as interrupted, the others go back to WAITING) and then
     # measures what waits before anything new.
     p = start_and_wait_for_hang()
+    workers = _children(p.pid)  # the GPU worker, hung in its kernel
+    assert workers
     p.kill()
     p.wait(timeout=30)
+    # The hung worker leaves with its search (it would hold the GPU otherwise).
+    deadline = time.time() + 10
+    while [w for w in workers if _alive(w)] and time.time() < deadline:
+        time.sleep(0.2)
+    assert not [w for w in workers if _alive(w)], workers
     ts = optuna.load_study(study_name="r", storage=url).get_trials()
     killed = [t for t in ts if t.state == TrialState.RUNNING]
     assert killed

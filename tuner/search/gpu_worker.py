@@ -24,7 +24,9 @@ fixture worker. Every worker speaks the same protocol, documented here:
 * an optional ``"default_so"`` in a gated request names the default config's library: the
   gate then records the candidate's error against its error on the same inputs
   (``err_vs_default``; the worker gates it once per problem and seed, tuner.measure.bench);
-* ``{"op": "stop"}`` (or a closed pipe) ends it.
+* ``{"op": "stop"}`` (or a closed pipe) ends it; so does the parent's death, even while a
+  kernel hangs (``bootstrap`` watches the parent: a SIGKILLed search must not leave a process
+  holding the GPU).
 
 The request's ``"shape"`` is the problem as ``tuner.problem.Problem.to_dict()``:
 ``{"B", "H", "Hq", "Hkv", "S", "D", "causal"}`` (``H`` = ``Hq``; plus ``"Sk"`` for queries
@@ -41,8 +43,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -68,9 +72,26 @@ def resolve_entry(entry: str) -> Any:
     return getattr(mod, fn_name)
 
 
-def bootstrap(entry: str, conn: Any, device_index: int) -> None:
-    """Subprocess target: ignore Ctrl-C (the parent decides), then run the named worker."""
+PARENT_POLL_S = 1.0
+
+
+def exit_with_parent(parent: int, poll_s: float = PARENT_POLL_S) -> None:
+    """Leave at once when the process that started this one is gone (SIGKILL, OOM): the pipe's
+    EOF reaches the worker only between requests, and a hung kernel never returns to read it."""
+    def watch() -> None:
+        while True:
+            time.sleep(poll_s)
+            if os.getppid() != parent:
+                os._exit(3)
+
+    threading.Thread(target=watch, name="fa-tune-parent-watch", daemon=True).start()
+
+
+def bootstrap(entry: str, conn: Any, device_index: int, parent: int | None = None) -> None:
+    """Subprocess target: ignore Ctrl-C (the parent decides), leave with the parent, then run
+    the named worker. ``parent``: the starting process's pid (default: the parent now)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_parent(os.getppid() if parent is None else parent)
     try:
         fn = resolve_entry(entry)
     except Exception as e:  # noqa: BLE001 - report, do not traceback into the terminal

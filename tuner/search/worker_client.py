@@ -82,7 +82,8 @@ class GpuWorker:
 
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
-        proc = ctx.Process(target=bootstrap, args=(self.entry, child, self.device_index),
+        proc = ctx.Process(target=bootstrap,
+                           args=(self.entry, child, self.device_index, os.getpid()),
                            name="fa-tune-gpu-worker", daemon=True)
         proc.start()
         child.close()  # so a dead worker reads as EOF here
