@@ -65,6 +65,15 @@ def digest(lines: list[str]) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
+def sass_entry(sass: str) -> dict:
+    """One library's index entry from its cuobjdump --dump-sass text: per kernel function, the
+    exact and the masked digest and the instruction count."""
+    fns = functions(sass)
+    return {"functions": {f: digest(lines) for f, lines in fns.items()},
+            "masked": {f: digest(masked(lines)) for f, lines in fns.items()},
+            "instructions": {f: len(lines) for f, lines in fns.items()}}
+
+
 # The problem each head dim's presets are timed on (scripts/ab_libs.py): Llama-3-8B's heads at
 # D 128 and 64, half of them at D 256 (the same FLOPs per token as D 128's 32).
 SHAPE_HEADS = {64: "1x32/8", 128: "1x32/8", 256: "1x16/8"}
@@ -78,6 +87,9 @@ def snapshot(out: Path, cache: Path | None, names: list[str]) -> None:
     from tuner.kernel import config as C
     from tuner.problem import ProblemClass
 
+    unknown = sorted(set(names) - set(C.list_presets()))
+    if unknown:
+        fail(f"unknown preset {', '.join(unknown)}; available: {', '.join(C.list_presets())}")
     out.mkdir(parents=True, exist_ok=True)
     tool = toolchain.find_tool("cuobjdump")
     if tool is None:
@@ -97,13 +109,9 @@ def snapshot(out: Path, cache: Path | None, names: list[str]) -> None:
         sass = subprocess.run([str(tool), "--dump-sass", str(res.so_path)], check=True,
                               capture_output=True, text=True).stdout
         (out / f"{name}.sass.xz").write_bytes(lzma.compress(sass.encode()))
-        fns = functions(sass)
         suffix = ("" if d == 128 else f":d{d}") + ("" if causal else ":full")
         return name, {"class": str(pclass), "so_path": str(res.so_path),
-                      "shape": f"{SHAPE_HEADS[d]}x8192{suffix}",
-                      "functions": {f: digest(lines) for f, lines in fns.items()},
-                      "masked": {f: digest(masked(lines)) for f, lines in fns.items()},
-                      "instructions": {f: len(lines) for f, lines in fns.items()}}
+                      "shape": f"{SHAPE_HEADS[d]}x8192{suffix}", **sass_entry(sass)}
 
     with ThreadPoolExecutor(max_workers=build.usable_cpus()) as ex:
         index = dict(ex.map(one, names or C.list_presets()))
@@ -112,9 +120,20 @@ def snapshot(out: Path, cache: Path | None, names: list[str]) -> None:
     (out / "index.json").write_text(json.dumps(index, indent=1))
 
 
+def read_index(folder: Path) -> dict:
+    try:
+        return json.loads((folder / "index.json").read_text())
+    except (OSError, ValueError) as e:
+        fail(f"{folder} is not a snapshot (its index.json: {e}); make one with --out")
+        raise  # unreachable: fail exits
+
+
 def compare(a: Path, b: Path) -> int:
-    ia = json.loads((a / "index.json").read_text())
-    ib = json.loads((b / "index.json").read_text())
+    return compare_indexes(read_index(a), read_index(b))
+
+
+def compare_indexes(ia: dict, ib: dict) -> int:
+    """Print one line per preset (or per differing function); 1 when any differ."""
     differ = 0
     for name in sorted(set(ia) | set(ib)):
         if name not in ia or name not in ib:
