@@ -161,7 +161,7 @@ struct Launcher {
     const auto t0 = std::chrono::steady_clock::now();
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess) return fail(e, std::string("cudaGetDevice: ") + cudaGetErrorString(e));
+    if (e != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
     std::lock_guard<std::mutex> lock(cache_mutex());
     auto it = cache().find(Key{dev, B, H, Sq, Sk});
     if (it != cache().end()) {
@@ -209,7 +209,7 @@ struct Launcher {
     int sms = 0;
     cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess)
-      return fail(e, std::string("cudaDeviceGetAttribute: ") + cudaGetErrorString(e));
+      return fail_cuda(e, "cudaDeviceGetAttribute");
     int n = Cfg::persistent_ctas > 0 ? Cfg::persistent_ctas : sms;
     if constexpr (T::kClustered) {
       if ((e = set_attributes<kVarlen>()) != cudaSuccess) return e;
@@ -221,7 +221,7 @@ struct Launcher {
       int fit = 0;
       e = cudaOccupancyMaxActiveClusters(&fit, attention_fwd_kernel<Cfg, kVarlen>, &lc);
       if (e != cudaSuccess)
-        return fail(e, std::string("cudaOccupancyMaxActiveClusters: ") + cudaGetErrorString(e));
+        return fail_cuda(e, "cudaOccupancyMaxActiveClusters");
       if (fit < 1)
         return fail(cudaErrorInvalidConfiguration, "no " + std::to_string(T::kClusterSize) +
                                                        "-CTA cluster of this kernel fits the device");
@@ -238,7 +238,7 @@ struct Launcher {
     if (done) return cudaSuccess;
     cudaError_t e = cudaFuncSetAttribute(attention_fwd_kernel<Cfg, kVarlen>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes());
-    if (e != cudaSuccess) return fail(e, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e));
+    if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute");
     done = true;
     return cudaSuccess;
   }
@@ -380,7 +380,7 @@ struct Launcher {
     static std::mutex m;
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess) return fail(e, std::string("cudaGetDevice: ") + cudaGetErrorString(e));
+    if (e != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
     std::lock_guard<std::mutex> lock(m);
     auto& ws = spaces[dev];
     if (ws.second < bytes) {
@@ -394,7 +394,7 @@ struct Launcher {
       if (ws.first != nullptr) cudaFree(ws.first);
       ws = {nullptr, 0};
       if ((e = cudaMalloc(&ws.first, bytes)) != cudaSuccess)
-        return fail(e, std::string("allocating the varlen workspace: ") + cudaGetErrorString(e));
+        return fail_cuda(e, "allocating the varlen workspace");
       ws.second = bytes;
     }
     *out = ws.first;
@@ -440,12 +440,12 @@ struct Launcher {
         if ((e = cudaFuncSetAttribute(varlen_prepare_kernel<>,
                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       int(prep_smem))) != cudaSuccess)
-          return fail(e, std::string("cudaFuncSetAttribute: ") + cudaGetErrorString(e));
+          return fail_cuda(e, "cudaFuncSetAttribute");
       }
       varlen_prepare_kernel<><<<1, kVarlenPrepThreads, prep_smem, stream>>>(meta, plan, tasks,
                                                                             counter);
       if ((e = cudaGetLastError()) != cudaSuccess)
-        return fail(e, std::string("device-side schedule kernel: ") + cudaGetErrorString(e));
+        return fail_cuda(e, "device-side schedule kernel");
 
       KernelParams<VarlenSched> p{};
       p.shape = ShapeInfo{a.batch, a.heads_q, q_rows(a), k_rows(a), 0, a.heads_kv,
