@@ -1,5 +1,5 @@
 """Dispatch tables (round trip, selection by query and key length, consistency), bucket config
-sources (presets, files, studies), the generated dispatcher on C ABI 3 (compiled with stub
+sources (presets, files, studies), the generated dispatcher on C ABI 4 (compiled with stub
 buckets that record the argument struct: no kernel, a few seconds), and `fa-tune export
 --workload` (sources only here; tests/test_workload_export.py builds kernels)."""
 
@@ -49,7 +49,8 @@ def test_table_round_trip(tmp_path: Path) -> None:
     assert DispatchTable.from_dict(json.loads(t.dumps())) == t
     assert DispatchTable.load(t.save(tmp_path / "d.json")) == t
     d = t.to_dict()
-    assert d["problem_class"] == {"head_dim": 128, "causal": True} and d["abi_version"] == 3
+    assert d["problem_class"] == {"head_dim": 128, "causal": True}
+    assert d["abi_version"] == abi.ABI_VERSION
     assert d["schema"] == 2
     assert [e["bucket"] for e in d["entries"]] == ["s1k", "s2k", "s4k", "s8k"]
     assert all(e["k_min"] is None and e["k_max"] is None for e in d["entries"])
@@ -262,7 +263,7 @@ def _forward(lib: ctypes.CDLL, **kw) -> int:
 
 def test_dispatcher_selects_like_the_table(stub) -> None:
     lib, t = stub
-    assert lib.fa_tune_abi_version() == 3 and lib.fa_tune_bucket_count() == 4
+    assert lib.fa_tune_abi_version() == abi.ABI_VERSION and lib.fa_tune_bucket_count() == 4
     for hq, hkv in ((32, 8), (32, 4), (64, 8)):
         for s in (1, 777, 1024, 1025, 2048, 2049, 4096, 4097, 8192, 8193, 1 << 20):
             for sk in (s, 1, 8192):
@@ -323,7 +324,7 @@ def test_dispatcher_refuses_another_abi_in_one_line(stub) -> None:
         assert lib.fa_tune_forward(ctypes.byref(a), None) == 1  # cudaErrorInvalidValue
         err = lib.fa_tune_last_error().decode()
         assert err.startswith(f"args of C ABI {a.abi_version} ({a.struct_bytes} bytes); this "
-                              f"library speaks C ABI 3 ({ctypes.sizeof(abi.Args)} bytes): "
+                              f"library speaks C ABI 4 ({ctypes.sizeof(abi.Args)} bytes): "
                               "rebuild the caller") and "\n" not in err
         assert lib.fa_tune_bucket_for(ctypes.byref(a)) == -1
         assert lib.fa_tune_workspace_bytes(ctypes.byref(a)) == 0
@@ -338,7 +339,8 @@ def test_dispatcher_refuses_a_bucket_of_another_abi(tmp_path: Path) -> None:
     abi.bind(lib)
     assert _forward(lib, seqlen_q=8000, seqlen_k=8000) == 801
     assert lib.fa_tune_last_error() == (b"bucket s8k: its kernel speaks C ABI 2, this "
-                                        b"dispatcher 3 (export the library again)")
+                                        b"dispatcher %d (export the library again)"
+                                        % abi.ABI_VERSION)
     assert _forward(lib, seqlen_q=100, seqlen_k=100) == 0  # the others still serve
 
 
@@ -432,8 +434,8 @@ def test_exported_binding_refuses_another_abi(tmp_path: Path) -> None:
     subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
     with pytest.raises(lib_mod.LibraryError) as e:
         lib_mod.Library(so)
-    assert str(e.value) == (f"{so} speaks fa-tune C ABI 2, this binding speaks 3: rebuild or "
-                            "re-export the library")
+    assert str(e.value) == (f"{so} speaks fa-tune C ABI 2, this binding speaks "
+                            f"{abi.ABI_VERSION}: rebuild or re-export the library")
 
 
 # ---- fa-tune export --workload (no build) ------------------------------------------------------
@@ -465,7 +467,7 @@ def test_export_workload_sources(two_file: Path, tmp_path: Path) -> None:
     assert res["buckets"]["long"]["results"]["status"] == "not measured"
     readme = (out / "README.md").read_text()
     assert "fa_tune_workspace_bytes" in readme and "fa_tune_b1_" in readme
-    assert "## C ABI (version 3; `include/fa_tune.h`)" in readme
+    assert "## C ABI (version 4; `include/fa_tune.h`)" in readme
     assert "| long | 32/8 | >= 2049 | `fa_tune_b1_` | " in readme
     assert " | yes | preset multicast |" in readme
     # The header shipped is the one the kernels and the dispatcher are compiled against.
@@ -506,3 +508,25 @@ def test_dispatcher_comments_cannot_swallow_code() -> None:
     src = dispatcher_cpp.dispatcher_source(t)
     rows = [ln for ln in src.splitlines() if ln.lstrip().startswith('{"s')]
     assert len(rows) == 4 and all("fa_tune_b" in r for r in rows)
+
+
+def test_a_masked_workload_carries_its_class_into_the_table(tmp_path: Path) -> None:
+    """gemma-2-9b: window and softcap. The table's entries carry the class (into dispatch.json
+    and back), the problems they are tuned on have the masks, and select() takes a problem with
+    or without a window (one window library serves local and global layers) but not one
+    without the cap the library needs."""
+    from tuner.ship.workload import load_workload
+
+    w = load_workload("gemma-2-9b")
+    t = dispatch.table_for_workload(w, dispatch.bucket_sources(w, default="preset:d256"))
+    assert t.problem_class.window and t.problem_class.softcap and not t.problem_class.sinks
+    assert all(":w4096:cap50" in p for e in t.entries for p in e.problems)
+    d = t.to_dict()
+    assert d["problem_class"] == {"head_dim": 256, "causal": True, "window": True,
+                                  "softcap": True}
+    assert d["entries"][0]["masks"] == ["window", "softcap"]
+    assert DispatchTable.load(t.save(tmp_path / "d.json")) == t
+    assert t.select("1x16/8x2048:d256:w4096:cap50") is not None
+    assert t.select("1x16/8x2048:d256:cap50") is not None  # a global layer
+    assert t.select("1x16/8x2048:d256") is None  # no cap: not this library's class
+    assert "masks" not in _table().to_dict()["entries"][0]  # plain tables stay as they were

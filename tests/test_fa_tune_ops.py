@@ -91,8 +91,8 @@ def test_op_is_registered(stub_lib: Path) -> None:
     s = str(torch.ops.fa_tune.attention.default._schema)
     assert s == ("fa_tune::attention(Tensor q, Tensor k, Tensor v, bool causal=True, "
                  "float? softmax_scale=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
-                 "SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, Tensor? seqused_k=None) "
-                 "-> (Tensor out, Tensor lse)")
+                 "SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, Tensor? seqused_k=None, "
+                 "int window=0, float softcap=0., Tensor? sinks=None) -> (Tensor out, Tensor lse)")
     assert str(torch.ops.fa_tune._attention_py.default._schema).startswith(
         "fa_tune::_attention_py(Tensor q")
     assert ops.library().path == stub_lib and ops.library().head_dim == 128
@@ -794,3 +794,130 @@ def test_native_build_finds_the_header(tmp_path: Path, monkeypatch: pytest.Monke
     with pytest.raises(native.NativeBuildError, match="^false failed"):
         native.build(tmp_path)
     assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+# ---- the models' masks (issue 36; ABI 4) --------------------------------------------------------
+@pytest.mark.parametrize("kwargs, needle", [
+    ({"window": 4096}, "window=4096: libfa_tune_fwd.so is built without sliding windows"),
+    ({"softcap": 50.0}, "softcap=50.0: libfa_tune_fwd.so is built without softcapping"),
+    ({"sinks": torch.zeros(32, device="meta")}, "sinks given: libfa_tune_fwd.so is built "
+                                                "without attention sinks"),
+    ({"window": -1}, "window must be a number of keys from 1 to 2^30"),
+])
+def test_masks_the_library_lacks_are_refused(stub_lib: Path, kwargs: dict, needle: str) -> None:
+    """The fake implementation (what torch.compile traces) says it in one line, as the CUDA one."""
+    msg = _one_error(lambda: ops.attention(*qkv(), **kwargs))
+    assert needle in msg, msg
+
+
+def test_masks_a_library_carries_are_checked() -> None:
+    from types import SimpleNamespace
+
+    lib = SimpleNamespace(window=True, softcap=True, sinks=True, path=Path("lib.so"))
+    q = empty(1, 128, 32, 128)
+    sinks = torch.zeros(32, device="meta")
+    checks._check_masks(q, 4096, 50.0, sinks, lib)  # type: ignore[arg-type]
+    for args, needle in [((0, 0.0, None), "built for softcapped scores; pass the model's cap"),
+                         ((0, 50.0, torch.zeros(8, device="meta")),
+                          "sinks must be 1-D [Hq] = [32]"),
+                         ((0, 50.0, torch.zeros(32, device="meta", dtype=BF16)),
+                          "sinks is torch.bfloat16; the kernel takes torch.float32"),
+                         ((0, float("nan"), None), "softcap must be finite and >= 0")]:
+        with pytest.raises(ValueError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+            checks._check_masks(q, *args, lib)  # type: ignore[arg-type]
+
+
+# ---- transformers backend: the models' masks (issue 36) ---------------------------------------
+def _tiny(kind: str, **cfg_kw):
+    """A one-layer model of ``kind`` on meta tensors, attn_implementation fa_tune."""
+    transformers = pytest.importorskip("transformers", reason="pip install transformers")
+    ops.register_hf()
+    cls_cfg = {"mistral": "MistralConfig", "gemma2": "Gemma2Config", "gpt_oss": "GptOssConfig"}
+    cls_model = {"mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM",
+                 "gpt_oss": "GptOssForCausalLM"}
+    cfg = getattr(transformers, cls_cfg[kind])(vocab_size=64, intermediate_size=256,
+                                                num_hidden_layers=1, **cfg_kw)
+    with torch.device("meta"):
+        model = getattr(transformers, cls_model[kind])(cfg).to(BF16)
+    model.set_attn_implementation("fa_tune")
+    return model
+
+
+@pytest.fixture
+def masked_lib(stub_lib: Path, monkeypatch: pytest.MonkeyPatch):
+    """The stub library as if its class had all three masks (its calls record the args)."""
+    lib = ops.library()
+    for name in ("window", "softcap", "sinks"):
+        monkeypatch.setattr(lib, name, False)
+    return lib
+
+
+def test_hf_sliding_window_mask_is_the_kernels(stub_lib: Path) -> None:
+    """Mistral's sliding-window layers: the mask function hands the window on (SlidingWindow)
+    where the rest is the kernel's bottom-right causal mask; padding still makes a real mask."""
+    from tuner.ship.fa_tune_ops.hf import SlidingWindow
+
+    model = _tiny("mistral", hidden_size=512, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=128, sliding_window=64)
+    from transformers.masking_utils import create_sliding_window_causal_mask
+
+    emb = torch.zeros(1, 100, 8)
+    m = create_sliding_window_causal_mask(config=model.config, inputs_embeds=emb,
+                                          attention_mask=None, past_key_values=None,
+                                          position_ids=torch.arange(100)[None])
+    assert isinstance(m, SlidingWindow) and m.window == 64
+    t = m.tensor()  # the fallback's: transformers' own window (64 keys, the diagonal included)
+    assert t.shape == (1, 1, 100, 100) and bool(t[0, 0, 99, 36]) and not bool(t[0, 0, 99, 35])
+    pad = torch.ones(2, 100, dtype=torch.long)
+    pad[0, :3] = 0
+    m = create_sliding_window_causal_mask(config=model.config, inputs_embeds=torch.zeros(2, 100, 8),
+                                          attention_mask=pad, past_key_values=None,
+                                          position_ids=torch.arange(100)[None])
+    assert isinstance(m, torch.Tensor)
+
+
+@pytest.mark.parametrize("kind, has, expect", [
+    ("mistral", (), "fallback:sdpa:sliding window"),
+    ("mistral", ("window",), None),
+    ("gemma2", ("window",), "fallback:eager:softcap"),
+    ("gemma2", ("window", "softcap"), None),
+    ("gpt_oss", ("window",), "fallback:eager:attention sinks"),
+    ("gpt_oss", ("window", "sinks"), None),
+])
+def test_hf_models_masks_run_the_kernel_where_the_library_has_them(
+        masked_lib, kernel_calls: list, monkeypatch: pytest.MonkeyPatch, kind: str,
+        has: tuple, expect: str | None) -> None:
+    """A prefill of each model: with a library of the right class the op gets the window (in
+    keys), the cap and the sinks (FP32); without, the stated fallback."""
+    monkeypatch.setattr(fallback, "_fa3_checked", True)
+    monkeypatch.setattr(fallback, "_fa3", None)
+    for name in has:
+        monkeypatch.setattr(masked_lib, name, True)
+    kw = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+          "head_dim": 128}  # the stub library's buckets serve 32/8
+    if kind == "mistral":
+        kw["sliding_window"] = 64
+    elif kind == "gemma2":
+        kw.update(sliding_window=64, attn_logit_softcapping=50.0, final_logit_softcapping=None,
+                  query_pre_attn_scalar=128, layer_types=["sliding_attention"])
+    else:
+        kw.update(sliding_window=64, num_local_experts=2, num_experts_per_tok=1,
+                  layer_types=["sliding_attention"])
+    model = _tiny(kind, **kw)
+    from transformers import DynamicCache
+
+    # A cache, as generate() has: transformers then looks for packed sequences in no position
+    # ids (which meta tensors could not answer).
+    with torch.no_grad():
+        model(input_ids=torch.zeros(1, 128, dtype=torch.long, device="meta"),
+              past_key_values=DynamicCache(config=model.config), use_cache=True)
+    if expect is not None:
+        assert kernel_calls == [] and ops.stats() == {expect: 1}
+        return
+    (call,) = kernel_calls
+    window, softcap, sinks = call[10:13]
+    assert window == 64
+    assert softcap == (50.0 if kind == "gemma2" else 0.0)
+    assert (sinks is not None) == (kind == "gpt_oss")
+    if sinks is not None:
+        assert sinks.dtype == torch.float32 and sinks.shape == (32,)

@@ -390,3 +390,66 @@ def test_describe_names_a_layout() -> None:
         "k, v views of [B, Hkv, S_k, D] memory (a KV cache)")
     assert describe(["1x32/8x8192", "1x32/8x8192:qkv"]).endswith(", layouts bshd/qkv")
     assert describe(["1x32/8x8192", "1x32/8x4096"]) == "causal, D=128, GQA (Hq=32, Hkv=8)"
+
+
+# ---- the models' masks (issue 36) --------------------------------------------------------------
+def _pairs_brute(sq: int, sk: int, causal: bool, window: int) -> int:
+    off, n = sk - sq, 0
+    for i in range(sq):
+        a = i + off
+        n += sum(1 for j in range(sk)
+                 if (j <= a or not causal) and (window == 0 or j >= a - window + 1))
+    return n
+
+
+@pytest.mark.parametrize("text", ["1x32/8x16384:w4096", "1x64/8x8192:d64:w128:sinks",
+                                  "1x16/8x8192:d256:w4096:cap50", "2x8x512:k2048:full:w100",
+                                  "32/8x[2048:8192,512]:w128", "1x8x256:cap30.5:sinks:bhsd"])
+def test_mask_syntax_round_trips(text: str) -> None:
+    p = Problem.parse(text)
+    assert str(p) == text and Problem.parse(str(p)) == p
+    assert Problem.from_dict(p.to_dict()) == p
+    assert p.problem_class == ProblemClass(p.D, p.causal, p.is_varlen, window=p.window > 0,
+                                           softcap=p.softcap > 0, sinks=p.sinks)
+    assert ProblemClass.from_dict(p.problem_class.to_dict()) == p.problem_class
+
+
+def test_masks_print_after_the_mask_in_one_order() -> None:
+    assert str(Problem.parse("1x8x512:sinks:cap50:w64:full")) == "1x8x512:full:w64:cap50:sinks"
+    assert Problem.parse("1x8x512").to_dict() == Problem(1, 8, 512).to_dict()  # no new keys
+    assert "window" not in ProblemClass().to_dict()
+
+
+@pytest.mark.parametrize("sq,sk,causal,w", [(7, 7, True, 3), (5, 20, True, 8), (16, 16, False, 4),
+                                            (9, 4, False, 2), (3, 3, True, 100), (12, 12, True, 1)])
+def test_window_flops_count_the_kept_pairs(sq: int, sk: int, causal: bool, w: int) -> None:
+    p = Problem(1, 2, sq, Sk=sk, D=64, causal=causal, window=w)
+    assert p.flops == 4 * 2 * 64 * _pairs_brute(sq, sk, causal, w)
+
+
+def test_window_flops_match_fa3s_figure() -> None:
+    # Issue 36: FA3 at 0.146 ms on a 128-key window, 1x64/8x8192:d64, is ~118 TFLOPS.
+    assert Problem.parse("1x64/8x8192:d64:w128").tflops(0.146) == pytest.approx(117, abs=1)
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("1x8x512:w0", "window :w0 must be >= 1"),
+    ("1x8x512:cap0", "softcap :cap0 must be > 0"),
+    ("1x8x512:sink", "unknown option ':sink'"),
+])
+def test_bad_masks_are_one_line(text: str, needle: str) -> None:
+    with pytest.raises(ShapeError) as e:
+        Problem.parse(text)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_classes_of_masked_problems() -> None:
+    plain, win = Problem.parse("1x8x512"), Problem.parse("1x8x512:w64:sinks")
+    assert class_of([plain, win]) == ProblemClass(128, True, window=True, sinks=True)
+    with pytest.raises(ShapeError, match="mix softcapped"):
+        class_of([plain, Problem.parse("1x8x512:cap50")])
+    pc = ProblemClass(128, True, window=True)
+    assert pc.serves(plain) == "" and pc.serves(Problem.parse("1x8x512:w64")) == ""
+    assert "without sinks" in pc.serves(win)
+    assert "with softcapping" in ProblemClass(128, True, softcap=True).serves(plain)
+    assert "window" in describe([win]) and "sinks" in describe([win])

@@ -116,7 +116,7 @@ def _bufs(shape: Any) -> SimpleNamespace:
     return b
 
 
-def test_kernel_module_binds_abi_3(fake_so: Path) -> None:
+def test_kernel_module_binds_abi_4(fake_so: Path) -> None:
     km = _module(fake_so)
     writes = fake_so.stem.endswith("true")
     assert km.config["block_m"] == 128
@@ -127,7 +127,7 @@ def test_kernel_module_binds_abi_3(fake_so: Path) -> None:
     shape = SimpleNamespace(B=2, H=3, S=256)
     assert km.prepare(shape, None) == pytest.approx(3.5)
     a, _ = _last(km)
-    assert (a.abi_version, a.struct_bytes) == (3, ctypes.sizeof(R.abi.Args))
+    assert (a.abi_version, a.struct_bytes) == (4, ctypes.sizeof(R.abi.Args))
     assert (a.batch, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k) == (2, 3, 3, 256, 256)
     km.forward(_bufs(shape), 0xABC)  # type: ignore[arg-type]
     a, stream = _last(km)
@@ -139,10 +139,41 @@ def test_kernel_module_binds_abi_3(fake_so: Path) -> None:
     assert (a.seqlen_q, a.seqlen_k, a.total_q, a.total_k) == (256, 256, 0, 0)
     assert not (a.cu_seqlens_q or a.cu_seqlens_k or a.seqused_k or a.status or a.workspace)
     assert a.softmax_scale == 0.0  # 0: 1/sqrt(D)
+    assert (a.window, a.softcap, a.sinks) == (0, 0.0, None)  # ABI 4: no masks asked for
     km.forward(_bufs(shape), None, write_lse=True, softmax_scale=0.125)  # type: ignore[arg-type]
     a, stream = _last(km)
     assert a.lse == 0x5000 and stream == 0 and a.softmax_scale == 0.125
     assert km.workspace_bytes(_bufs(shape)) == 0  # type: ignore[arg-type]
+
+
+def test_kernel_module_passes_the_models_masks(tmp_path: Path) -> None:
+    """A library whose class has windows and sinks: the call carries the problem's window (in
+    keys), its cap and the sinks buffer; a problem needing a mask the library lacks is refused
+    in one sentence before any call."""
+    from tuner.problem import Problem
+
+    so = _build_fake(tmp_path / "masks.so", 'FAKE_WRITE_LSE="true"',
+                     'FAKE_MASKS=",\\"window\\":true,\\"sinks\\":true"')
+    km = _module(so)
+    pc = km.problem_class
+    assert (pc.window, pc.softcap, pc.sinks, pc.varlen) == (True, False, True, True)
+    p = Problem.parse("1x8/2x512:w128:sinks")
+    assert km.unsupported(p) is None
+    bufs = _bufs(p)
+    bufs.sinks = _ptr(0x8000)
+    km.forward(bufs, None)  # type: ignore[arg-type]
+    a, _ = _last(km)
+    assert (a.window, a.softcap, a.sinks) == (128, 0.0, 0x8000)
+    km.forward(_bufs(Problem.parse("1x8/2x512")), None)  # type: ignore[arg-type]
+    a, _ = _last(km)
+    assert (a.window, a.sinks) == (0, None)  # the window class runs a problem without one
+    why = km.unsupported(Problem.parse("1x8/2x512:cap50"))
+    assert why is not None and "without softcapping" in why and "\n" not in why
+    with pytest.raises(R.KernelError, match="without softcapping"):
+        km.forward(_bufs(Problem.parse("1x8/2x512:cap50")), None)  # type: ignore[arg-type]
+    plain = _module(_build_fake(tmp_path / "plain.so", 'FAKE_WRITE_LSE="true"'))
+    why = plain.unsupported(Problem.parse("1x8/2x512:w128:sinks"))
+    assert why is not None and "without window and sinks" in why
 
 
 def test_kernel_module_queries_over_more_keys(fake_so: Path) -> None:
@@ -264,9 +295,9 @@ def test_kernel_module_refuses_other_abis_in_one_line(tmp_path: Path) -> None:
     for name, text, needle in (
             ("empty", "int nothing(void) { return 0; }\n", "predates the fa-tune C ABI"),
             ("abi2", "int fa_tune_abi_version(void) { return 2; }\n",
-             "speaks fa-tune C ABI 2, this binding speaks 3: rebuild or re-export"),
+             "speaks fa-tune C ABI 2, this binding speaks 4: rebuild or re-export"),
             ("abi9", "int fa_tune_abi_version(void) { return 9; }\n", "update fa_tune_ops"),
-            ("abi3", "int fa_tune_abi_version(void) { return 3; }\n",
+            ("abi4", "int fa_tune_abi_version(void) { return 4; }\n",
              "does not export fa_tune_forward(): not a fa-tune build")):
         with pytest.raises(FaTuneError) as ei:
             R.KernelModule(lib(name, text))
@@ -394,7 +425,7 @@ def test_runtime_loads_the_abi_mirror_without_torch() -> None:
     """tuner.kernel.runtime binds through tuner/ship/fa_tune_ops/abi.py without running its
     package's __init__ (torch, the op): a tuner without torch still loads kernel libraries."""
     code = ("import sys; import tuner.kernel.runtime as R; "
-            "assert R.abi.ABI_VERSION == 3 and R.abi.Args.__name__ == 'Args'; "
+            "assert R.abi.ABI_VERSION == 4 and R.abi.Args.__name__ == 'Args'; "
             "assert 'torch' not in sys.modules and 'tuner.ship.fa_tune_ops.op' not in sys.modules; "
             "import importlib; m = importlib.import_module('tuner.ship.fa_tune_ops.abi'); "
             "assert m is R.abi")

@@ -30,10 +30,10 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def lists(driver: Path, B: int, H: int, num_m: int, bins: int, fixed: int = 4,
           tiles_per_task: int = 1, causal: bool = True, last: tuple[int, int] = (1, 1),
-          kv_shift: int = 0):
+          kv_shift: int = 0, window_m: int = -1):
     out = subprocess.run([str(driver), str(B), str(H), str(num_m), str(bins), str(fixed),
                           str(tiles_per_task), str(int(causal)), str(last[0]), str(last[1]),
-                          str(kv_shift)],
+                          str(kv_shift), str(window_m)],
                          check=True, capture_output=True, text=True).stdout
     if out.startswith("ERROR"):
         return out.strip()
@@ -164,3 +164,20 @@ def test_queries_over_a_longer_kv_cost_their_real_tiles(driver: Path) -> None:
     assert max(loads) - min(loads) <= 2 * (num_m + shift) + 4
     neg = lists(driver, 1, 1, 4, 1, kv_shift=-10)
     assert isinstance(neg, list) and neg[0][0] == 4 * (1 + 4)
+
+
+def test_a_sliding_window_caps_each_task_at_its_tiles(driver: Path) -> None:
+    """A window of 4 block_m tiles: a causal task visits at most 5 tiles' worth per warpgroup
+    band, so from bm 4 on every task costs the same and the early ones less (LPT then evens the
+    bins out); non-causal, a task's keys run from its window's start to the end."""
+    B, H, num_m, bins, w = 1, 8, 32, 16, 4
+    res = lists(driver, B, H, num_m, bins, window_m=w)
+    assert isinstance(res, list)
+    for load, tasks in res:
+        assert load == sum(2 * min(bm + 1, w + 1) + 4 for bm, _, _ in tasks)
+    loads = [load for load, _ in res]
+    assert max(loads) - min(loads) <= 2 * (w + 1) + 4
+    full = lists(driver, 1, 1, 8, 1, causal=False, window_m=2)
+    assert isinstance(full, list)
+    assert full[0][0] == sum(min(2 * 8, 2 * (8 - bm + 2)) + 4 for bm in range(8))
+    assert lists(driver, 1, 1, 8, 1) == lists(driver, 1, 1, 8, 1, window_m=-1)

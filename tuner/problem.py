@@ -12,8 +12,9 @@ that see no key, so it is refused; non-causal takes any S_q, S_k >= 1.
 
 Text form (the CLI's ``--shape``)::
 
-    B x Hq[/Hkv] x S [:kSK] [:dD] [:full | :causal] [:qkv | :bhsd]
-    Hq[/Hkv] x [q[:k], q[:k]*count, ...] [:dD] [:full | :causal]     (varlen: a packed batch)
+    B x Hq[/Hkv] x S [:kSK] [:dD] [:full | :causal] [:wW] [:capC] [:sinks] [:qkv | :bhsd]
+    Hq[/Hkv] x [q[:k], q[:k]*count, ...] [:dD] [:full | :causal] [:wW] [:capC] [:sinks]
+                                                                    (varlen: a packed batch)
 
 ``4x32x8192`` is today's seed problem (MHA, D 128, causal); ``1x32/8x8192`` is Llama-3-8B's GQA;
 ``1x32/8x2048:k8192`` is 2048 queries over 8192 keys; ``4x32x8192:d64``; ``4x32x8192:full`` is
@@ -22,6 +23,16 @@ projection. ``str()`` gives the canonical form: the parts that differ from MHA /
 / causal / dense BSHD only, in that order (``:k``, ``:d``, ``:full``, then the layout), so every
 problem the tool knew before keeps its name (and the study attributes and result files that use
 it).
+
+The models' masks (issue 36), each optional: ``:wW`` a sliding window of W keys (query i sees
+its diagonal key and the W-1 before it: transformers' ``sliding_window``, FlashAttention's
+``window_size=(W-1, 0)`` causal, ``(W-1, -1)`` not); ``:capC`` logit softcapping (scores s, the
+softmax scale included, become C tanh(s / C) before the softmax: Gemma-2's 50); ``:sinks``
+attention sinks (an FP32 logit per query head joins each row's softmax denominator, exp(sink),
+with no value row: gpt-oss; the LSE includes it). ``1x32/8x16384:w4096`` is Mistral's window,
+``1x16/8x8192:d256:w4096:cap50`` a Gemma-2 local layer, ``1x64/8x8192:d64:w128:sinks`` a gpt-oss
+windowed layer. They print after the mask, in that order. The window's width, the cap and the
+sinks' values are run-time; that a kernel has them at all is its ``ProblemClass``.
 
 The layout (``Problem.layout``) is where q, k and v live in memory, as inference hands them over
 (issue 34); the kernel and the peers read them there through strides, O stays dense BSHD:
@@ -47,7 +58,8 @@ sequence boundaries.
 
 FLOPs = 4*Hq*D*(the (query, key) pairs the mask keeps) per batch entry or sequence, causal pairs
 counted continuously as s_q*s_k - s_q^2/2 (the anchors' convention: S_q = S_k gives causal
-2*B*Hq*S^2*D and non-causal 4*B*Hq*S^2*D, so every stored TFLOPS stays the same).
+2*B*Hq*S^2*D and non-causal 4*B*Hq*S^2*D, so every stored TFLOPS stays the same); with a
+sliding window, the kept pairs counted exactly (as issue 36's FA3 figures are).
 """
 
 from __future__ import annotations
@@ -60,21 +72,25 @@ from tuner.errors import ShapeError
 
 HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
 DEFAULT_HEAD_DIM = 128
+NO_WINDOW = 0  # Problem.window: no sliding window (every key the mask leaves)
 # Offsets into Q/K/V/O are 32-bit in the kernel and the oracle: B*S*H*D must stay below 2^31.
 _MAX_ELEMS = 2**31 - 1
 
 _RE = re.compile(
-    r"\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+)\s*)?x\s*(\d+)\s*((?::\s*[A-Za-z0-9]+\s*)*)",
+    r"\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+)\s*)?x\s*(\d+)\s*((?::\s*[A-Za-z0-9.]+\s*)*)",
     re.IGNORECASE,  # the BxHxS parser before problems took '4X32X8192', so this one does too
 )
 _RE_VARLEN = re.compile(
-    r"\s*(\d+)\s*(?:/\s*(\d+)\s*)?x\s*\[([^\]]*)\]\s*((?::\s*[A-Za-z0-9]+\s*)*)",
+    r"\s*(\d+)\s*(?:/\s*(\d+)\s*)?x\s*\[([^\]]*)\]\s*((?::\s*[A-Za-z0-9.]+\s*)*)",
     re.IGNORECASE,
 )
 MAX_SEQS = 65535  # sequences in one varlen batch (the device-side schedule's bound)
-_SYNTAX = ("write BxHq[/Hkv]xS[:dD][:full] (:kSK for S queries over SK keys; :qkv or :bhsd "
-           "for q, k, v laid out as one fused QKV tensor or k, v as a [B, H, S, D] cache), e.g. "
-           "4x32x8192, 1x32/8x8192, 1x32/8x2048:k8192, 4x16x8192:d256, 4x32x8192:full, "
+_SYNTAX = ("write BxHq[/Hkv]xS[:dD][:full] (:kSK for S queries over SK keys; :wW for a sliding "
+           "window of W keys (a query's own and the W-1 before it), :capC for logit softcapping "
+           "at C, :sinks for attention sinks; :qkv or :bhsd for q, k, v laid out as one fused "
+           "QKV tensor or k, v as a [B, H, S, D] cache), e.g. 4x32x8192, 1x32/8x8192, "
+           "1x32/8x2048:k8192, 4x16x8192:d256, 4x32x8192:full, 1x32/8x16384:w4096, "
+           "1x16/8x8192:d256:cap50, 1x64/8x8192:d64:w128:sinks, "
            "1x32/8x8192:qkv; or a packed varlen batch Hq[/Hkv]x[q[:k],q[:k]*count,...], e.g. "
            "32/8x[8192,4096*2] or 32/8x[2048:8192,512:4096*2]")
 
@@ -131,9 +147,22 @@ def lengths_text(seqlens: tuple[int, ...], seqlens_k: tuple[int, ...] = ()) -> s
     return ",".join(parts)
 
 
-def _parse_options(opts: str, text: str) -> tuple[int, bool, int, str]:
-    """(head dim, causal, key length (0 = not given), layout) of the ':...' options."""
+@dataclass(frozen=True)
+class _Options:
+    """The ':...' options of a problem's text form."""
+
+    d: int = DEFAULT_HEAD_DIM
+    causal: bool = True
+    sk: int = 0  # 0: not given
+    layout: str = DEFAULT_LAYOUT
+    window: int = NO_WINDOW
+    softcap: float = 0.0
+    sinks: bool = False
+
+
+def _parse_options(opts: str, text: str) -> _Options:
     d, causal, sk, layout = DEFAULT_HEAD_DIM, True, 0, DEFAULT_LAYOUT
+    window, softcap, sinks = NO_WINDOW, 0.0, False
     for opt in (o.strip().lower() for o in opts.split(":") if o.strip()):
         if opt in LAYOUTS:
             if layout != DEFAULT_LAYOUT and opt != layout:
@@ -144,6 +173,8 @@ def _parse_options(opts: str, text: str) -> tuple[int, bool, int, str]:
             causal = False
         elif opt == "causal":
             causal = True
+        elif opt == "sinks":
+            sinks = True
         elif re.fullmatch(r"d\d+", opt):
             d = int(opt[1:])
         elif re.fullmatch(r"k\d+", opt):
@@ -151,19 +182,48 @@ def _parse_options(opts: str, text: str) -> tuple[int, bool, int, str]:
             if sk < 1:
                 raise ShapeError(f"malformed problem '{text}': the key length :k{sk} must be "
                                  ">= 1 (leave :k out for as many keys as queries)")
+        elif re.fullmatch(r"w\d+", opt):
+            window = int(opt[1:])
+            if window < 1:
+                raise ShapeError(f"malformed problem '{text}': the window :w{window} must be "
+                                 ">= 1 key (leave :w out for no window)")
+        elif re.fullmatch(r"cap\d+(\.\d*)?", opt):
+            softcap = float(opt[3:])
+            if not softcap > 0:
+                raise ShapeError(f"malformed problem '{text}': the softcap :{opt} must be > 0 "
+                                 "(leave :cap out for no softcapping)")
         else:
             raise ShapeError(
                 f"malformed problem '{text}': unknown option ':{opt}' (use :dD for the head "
                 "dim, e.g. :d64, :full for a non-causal mask, :kSK for the key length, e.g. "
-                ":k8192, and :qkv or :bhsd for the memory layout)"
+                ":k8192, :wW for a sliding window, e.g. :w4096, :capC for logit softcapping, "
+                "e.g. :cap50, :sinks for attention sinks, and :qkv or :bhsd for the memory "
+                "layout)"
             )
-    return d, causal, sk, layout
+    return _Options(d, causal, sk, layout, window, softcap, sinks)
 
 
-def _pairs2(sq: int, sk: int, causal: bool) -> int:
+def _sum_over(lo: int, hi: int, c: int) -> int:
+    """Sum of max(0, a - c) for a in [lo, hi] (0 for an empty range)."""
+    lo = max(lo, c + 1)
+    if hi < lo:
+        return 0
+    n = hi - lo + 1
+    return n * (lo - c + hi - c) // 2
+
+
+def _pairs2(sq: int, sk: int, causal: bool, window: int = NO_WINDOW) -> int:
     """Twice the (query, key) pairs the mask keeps, causal counted continuously (s_q s_k -
-    s_q^2 / 2, so the diagonal tile's half is not counted, as the anchors count it)."""
-    return 2 * sq * sk - sq * sq if causal else 2 * sq * sk
+    s_q^2 / 2, so the diagonal tile's half is not counted, as the anchors count it). With a
+    sliding window of W keys every pair is counted exactly: query i sees keys max(0, a - W + 1)
+    .. a causal, max(0, a - W + 1) .. s_k - 1 otherwise, a = i + s_k - s_q its diagonal key."""
+    if window <= 0:
+        return 2 * sq * sk - sq * sq if causal else 2 * sq * sk
+    lo, hi = sk - sq, sk - 1  # the diagonal keys of the first and last query row
+    left_cut = _sum_over(lo, hi, window - 1)  # keys left of each row's window
+    if causal:  # rows with a >= 0 only (causal problems have s_k >= s_q): a + 1 keys
+        return 2 * ((lo + hi + 2) * sq // 2 - left_cut)
+    return 2 * (sq * sk - left_cut)
 
 
 def _is_count(v: object) -> bool:
@@ -206,10 +266,17 @@ class Problem:
     Sk: int = 0  # key length (varlen: the longest); 0: same as S; normalised in __post_init__
     seqlens_k: tuple[int, ...] = ()  # varlen key lengths; empty: the query lengths
     layout: str = DEFAULT_LAYOUT  # where q, k, v live in memory: a key of LAYOUTS
+    # The models' masks (issue 36), run-time values of a kernel compiled for them (ProblemClass):
+    window: int = NO_WINDOW  # sliding window: a query sees at most this many keys, its own
+    #                          (diagonal) one and those before it: transformers' sliding_window,
+    #                          FA's window_size[0] + 1; NO_WINDOW: every key
+    softcap: float = 0.0     # logit softcap: scores become cap * tanh(s / cap); 0: none
+    sinks: bool = False      # a learnable logit per query head joins each row's softmax
 
     @classmethod
     def varlen(cls, seqlens: Iterable[int], Hq: int, Hkv: int = 0, D: int = DEFAULT_HEAD_DIM,
-               causal: bool = True, seqlens_k: Iterable[int] | None = None) -> Problem:
+               causal: bool = True, seqlens_k: Iterable[int] | None = None,
+               window: int = NO_WINDOW, softcap: float = 0.0, sinks: bool = False) -> Problem:
         """A packed batch of these query lengths (0 allowed; at least one query in all) over
         these key lengths (None: the same)."""
         lens = tuple(seqlens)
@@ -226,7 +293,8 @@ class Problem:
             raise ShapeError(f"a varlen batch needs one key length per sequence: got "
                              f"{len(lens_k)} key lengths for {len(lens)} sequences")
         return cls(len(lens), Hq, max(max(lens), 1), Hkv=Hkv, D=D, causal=causal, seqlens=lens,
-                   Sk=max(max(lens_k), 1), seqlens_k=lens_k)
+                   Sk=max(max(lens_k), 1), seqlens_k=lens_k, window=window, softcap=softcap,
+                   sinks=sinks)
 
     def __post_init__(self) -> None:
         for name in ("B", "Hq", "S", "D"):
@@ -255,6 +323,7 @@ class Problem:
             )
         if not isinstance(self.causal, bool):
             raise ShapeError(f"problem causal must be true or false (got {self.causal!r})")
+        self._check_masks()
         self._check_keys()
         self._check_layout()
         if self.tokens_q * self.Hq * self.D > _MAX_ELEMS:
@@ -299,6 +368,18 @@ class Problem:
             if q > 0 and k == 0:
                 raise ShapeError(f"problem {self}: {where}{q} queries over no key; give each "
                                  "sequence with queries at least one key")
+
+    def _check_masks(self) -> None:
+        if not _is_count(self.window) or self.window < 0:
+            raise ShapeError(f"problem window must be a number of keys >= 1, or {NO_WINDOW} for "
+                             f"none (got {self.window!r})")
+        if isinstance(self.softcap, bool) or not isinstance(self.softcap, (int, float)) \
+                or not (self.softcap == 0 or self.softcap > 0) or self.softcap == float("inf"):
+            raise ShapeError(f"problem softcap must be a finite number > 0, or 0 for none "
+                             f"(got {self.softcap!r})")
+        object.__setattr__(self, "softcap", float(self.softcap))
+        if not isinstance(self.sinks, bool):
+            raise ShapeError(f"problem sinks must be true or false (got {self.sinks!r})")
 
     def _check_layout(self) -> None:
         if self.layout not in LAYOUTS:
@@ -415,7 +496,8 @@ class Problem:
     def problem_class(self) -> ProblemClass:
         """The compile-time part (head dim, mask; varlen needs the packed-sequence kernel too):
         which kernel library can run it. S_q < S_k is a run-time value: no class of its own."""
-        return ProblemClass(self.D, self.causal, self.is_varlen)
+        return ProblemClass(self.D, self.causal, self.is_varlen, window=self.window > 0,
+                            softcap=self.softcap > 0, sinks=self.sinks)
 
     @property
     def kind(self) -> str:
@@ -435,7 +517,9 @@ class Problem:
             b, hq, hkv, s, opts = m.groups()  # type: ignore[union-attr]
         if hkv is not None and int(hkv) < 1:  # '/0' is not MHA (Hkv=0 only means it in code)
             raise ShapeError(f"problem '{text}': Hkv must be a positive integer (got {hkv})")
-        d, causal, sk, layout = _parse_options(opts, str(text))
+        o = _parse_options(opts, str(text))
+        d, causal, sk, layout = o.d, o.causal, o.sk, o.layout
+        masks = {"window": o.window, "softcap": o.softcap, "sinks": o.sinks}
         if v:
             if sk:
                 raise ShapeError(f"malformed problem '{text}': :k is for fixed-length problems; "
@@ -445,9 +529,9 @@ class Problem:
                                  "problems; a packed varlen batch is dense [total, H, D] tensors")
             qs, ks = parse_pairs(lens, str(text))
             return cls.varlen(qs, int(hq), Hkv=int(hkv) if hkv else 0, D=d, causal=causal,
-                              seqlens_k=ks)
+                              seqlens_k=ks, **masks)  # type: ignore[arg-type]
         return cls(int(b), int(hq), int(s), Hkv=int(hkv) if hkv else 0, D=d, causal=causal,
-                   Sk=sk, layout=layout)
+                   Sk=sk, layout=layout, **masks)  # type: ignore[arg-type]
 
     def __str__(self) -> str:
         heads = f"{self.Hq}" if self.Hkv == self.Hq else f"{self.Hq}/{self.Hkv}"
@@ -461,9 +545,15 @@ class Problem:
             text += f":d{self.D}"
         if not self.causal:
             text += ":full"
-        if self.layout != DEFAULT_LAYOUT:
-            text += f":{self.layout}"
-        return text
+        return text + self.masks_text + (f":{self.layout}" if self.layout != DEFAULT_LAYOUT else "")
+
+    @property
+    def masks_text(self) -> str:
+        """The models' masks in the text form: ':w4096:cap50:sinks' (those set, in that order)."""
+        text = f":w{self.window}" if self.window > 0 else ""
+        if self.softcap > 0:
+            text += f":cap{self.softcap:g}"
+        return text + (":sinks" if self.sinks else "")
 
     # -- cost
     @property
@@ -472,17 +562,17 @@ class Problem:
         sequences); causal pairs counted continuously as s_q*s_k - s_q^2/2. S_q = S_k: causal
         2*B*Hq*S^2*D (not halved, as the anchors count it), non-causal twice that."""
         if self.seqlens:
-            p2 = sum(_pairs2(q, k, self.causal)
+            p2 = sum(_pairs2(q, k, self.causal, self.window)
                      for q, k in zip(self.seqlens, self.seqlens_k, strict=True))
         else:
-            p2 = self.B * _pairs2(self.S, self.Sk, self.causal)
+            p2 = self.B * _pairs2(self.S, self.Sk, self.causal, self.window)
         return 2 * self.Hq * self.D * p2
 
     def tflops(self, ms: float) -> float:
         return self.flops / (ms * 1e9)
 
-    def to_dict(self) -> dict[str, int | bool | str | list[int]]:
-        out: dict[str, int | bool | str | list[int]] = {
+    def to_dict(self) -> dict[str, int | bool | str | float | list[int]]:
+        out: dict[str, int | bool | str | float | list[int]] = {
             "B": self.B, "H": self.Hq, "Hq": self.Hq, "Hkv": self.Hkv, "S": self.S, "D": self.D,
             "causal": self.causal}
         # Only where they say something: a problem's dict stays what it always was otherwise.
@@ -494,13 +584,21 @@ class Problem:
             out["Sk"] = self.Sk
         if self.layout != DEFAULT_LAYOUT:
             out["layout"] = self.layout
+        if self.window > 0:
+            out["window"] = self.window
+        if self.softcap > 0:
+            out["softcap"] = self.softcap
+        if self.sinks:
+            out["sinks"] = True
         return out
 
     @classmethod
     def from_dict(cls, d: dict) -> Problem:
         hq = d.get("Hq", d.get("H"))
         kw = {"Hkv": int(d.get("Hkv") or 0), "D": int(d.get("D", DEFAULT_HEAD_DIM)),
-              "causal": bool(d.get("causal", True))}
+              "causal": bool(d.get("causal", True)),
+              "window": int(d.get("window", NO_WINDOW)), "softcap": float(d.get("softcap", 0.0)),
+              "sinks": bool(d.get("sinks", False))}
         if d.get("seqlens"):
             ks = d.get("seqlens_k")
             return cls.varlen([int(x) for x in d["seqlens"]], int(hq), **kw,
@@ -511,30 +609,59 @@ class Problem:
 
 @dataclass(frozen=True)
 class ProblemClass:
-    """What a kernel library is compiled for: head dim and mask (Hq, Hkv, B and S are run-time
-    arguments). Part of a built kernel's identity (its cache key) beside the config."""
+    """What a kernel library is compiled for: head dim, mask, and which of the models' masks
+    its kernel carries (Hq, Hkv, B, S, the window's width, the cap and the sinks' values are
+    run-time arguments). Part of a built kernel's identity (its cache key) beside the config."""
 
     head_dim: int = DEFAULT_HEAD_DIM
     causal: bool = True
     # The library also holds the packed-sequence (varlen) kernel: a second instantiation of the
     # same pieces (~13 % more compile time); only exports and varlen problems ask for it.
     varlen: bool = False
+    # Sliding windows: the KV range starts at the window's left edge and the tiles there are
+    # masked. A window library also runs problems without one (the window then reaches key 0).
+    window: bool = False
+    # Logit softcap: a tanh per score, so only problems with a cap run on it.
+    softcap: bool = False
+    # Attention sinks: one more term in each row's denominator; a sinks library also runs
+    # problems without (no sinks tensor: the term is 0).
+    sinks: bool = False
 
     def __str__(self) -> str:
+        extras = [name for name in ("varlen", "window", "softcap", "sinks") if getattr(self, name)]
         return (f"D {self.head_dim}, {'causal' if self.causal else 'non-causal'}"
-                + (", with varlen" if self.varlen else ""))
+                + "".join(f", with {x}" for x in extras))
 
     def to_dict(self) -> dict:
         out: dict = {"head_dim": self.head_dim, "causal": self.causal}
-        if self.varlen:  # only then: stored classes of fixed-length studies stay as they were
-            out["varlen"] = True
+        # Only those set: the stored classes of studies from before them stay as they were.
+        for name in ("varlen", "window", "softcap", "sinks"):
+            if getattr(self, name):
+                out[name] = True
         return out
 
     @classmethod
     def from_dict(cls, d: dict) -> ProblemClass:
         return cls(int(d.get("head_dim", DEFAULT_HEAD_DIM)), bool(d.get("causal", True)),
-                   bool(d.get("varlen", False)))
+                   bool(d.get("varlen", False)), bool(d.get("window", False)),
+                   bool(d.get("softcap", False)), bool(d.get("sinks", False)))
 
+    def serves(self, p: Problem, varlen: bool = True) -> str:
+        """Why this class's library cannot run problem p ('' when it can); varlen=False leaves
+        the varlen kernel out of the question (a workload's buckets each decide it)."""
+        if p.D != self.head_dim:
+            return f"it is built for head dim {self.head_dim}, the problem has D {p.D}"
+        if p.causal != self.causal:
+            return f"it is built for the {'causal' if self.causal else 'non-causal'} mask"
+        missing = [name for name, need in (("varlen", varlen and p.is_varlen),
+                                           ("window", p.window > 0), ("sinks", p.sinks))
+                   if need and not getattr(self, name)]
+        if missing:
+            return f"it is built without {' and '.join(missing)} (the problem needs them)"
+        if (p.softcap > 0) != self.softcap:
+            return ("it is built with softcapping, the problem has no cap" if self.softcap
+                    else "it is built without softcapping, the problem has a cap")
+        return ""
 
 
 DEFAULT_CLASS = ProblemClass()
@@ -554,10 +681,18 @@ def class_of(problems: Iterable[object]) -> ProblemClass:
             "these problems mix causal and non-causal (:full) masks; a kernel is built for one "
             "mask: run them in two invocations"
         )
+    if len({p.softcap > 0 for p in ps}) > 1:
+        raise ShapeError(
+            "these problems mix softcapped (:cap) and plain scores; a kernel is built with or "
+            "without softcapping: run them in two invocations"
+        )
     if not ps:
         return DEFAULT_CLASS
-    # A varlen library runs fixed-length problems too: one library for a mix.
-    return ProblemClass(ps[0].D, ps[0].causal, any(p.is_varlen for p in ps))
+    # A varlen library runs fixed-length problems too, a window library problems without one,
+    # a sinks library problems without sinks: one library for a mix.
+    return ProblemClass(ps[0].D, ps[0].causal, any(p.is_varlen for p in ps),
+                        window=any(p.window > 0 for p in ps), softcap=ps[0].softcap > 0,
+                        sinks=any(p.sinks for p in ps))
 
 
 SEED_PROBLEMS: tuple[Problem, ...] = (Problem(4, 32, 4096), Problem(4, 32, 8192),
@@ -607,6 +742,10 @@ def describe(problems: Iterable[object]) -> str:
         parts.append(f"{ps[0].kind} (Hq={ps[0].Hq}, Hkv={ps[0].Hkv})")
     else:
         parts.append(ps[0].kind if len(kinds) == 1 else "/".join(sorted(kinds)))
+    for name, have in (("sliding window", lambda p: p.window > 0),
+                       ("softcap", lambda p: p.softcap > 0), ("sinks", lambda p: p.sinks)):
+        if any(have(p) for p in ps):
+            parts.append(name)
     layouts = sorted({p.layout for p in ps})
     if layouts == [DEFAULT_LAYOUT]:
         pass  # dense tensors, as every problem before layouts: the titles stay as they were

@@ -44,12 +44,30 @@ template <class Cfg>
 struct HeadDimOf<Cfg, std::void_t<decltype(Cfg::head_dim)>>
     : std::integral_constant<int, int(Cfg::head_dim)> {};
 
+// The models' masks (issue 36) are problem classes too: Config::window (sliding windows: the
+// KV range starts at the window, whose edge tiles are masked), Config::softcap (a tanh per
+// score) and Config::sinks (a term per row in the softmax's denominator). Each is false when the
+// Config does not name it, so a kernel without them is the code it always was.
+#define FA_TUNE_CLASS_FLAG(Name, member)                                                 \
+  template <class Cfg, class = void>                                                     \
+  struct Name : std::false_type {};                                                      \
+  template <class Cfg>                                                                   \
+  struct Name<Cfg, std::void_t<decltype(Cfg::member)>>                                   \
+      : std::integral_constant<bool, bool(Cfg::member)> {};
+FA_TUNE_CLASS_FLAG(WindowOf, window)
+FA_TUNE_CLASS_FLAG(SoftcapOf, softcap)
+FA_TUNE_CLASS_FLAG(SinksOf, sinks)
+#undef FA_TUNE_CLASS_FLAG
+
 // Compile-time facts derived from a Config; every piece takes `Derived<Config>`.
 template <class Cfg>
 struct Derived {
   using C = Cfg;
   static constexpr bool kCausal = CausalOf<Cfg>::value;
   static constexpr int kHeadDim = HeadDimOf<Cfg>::value;
+  static constexpr bool kWindow = WindowOf<Cfg>::value;
+  static constexpr bool kSoftcap = SoftcapOf<Cfg>::value;
+  static constexpr bool kSinks = SinksOf<Cfg>::value;
   // TMA moves 64 BF16 head-dim columns per box (128 bytes, the swizzle's span): D / 64 boxes.
   static constexpr int kDBoxes = kHeadDim / 64;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim: 64, 128 or 256");

@@ -38,14 +38,16 @@ FA_TUNE_API const char* FA_TUNE_FN(last_error)(void) { return fa_tune::g_last_er
 
 FA_TUNE_API const char* FA_TUNE_FN(config_json)(void) { return Config::json; }
 
-// The problem class compiled in (D and the mask; varlen: device metadata is served); Hq, Hkv and
-// the lengths are run-time arguments.
+// The problem class compiled in (D and the mask; varlen: device metadata is served; the models'
+// masks); Hq, Hkv, the lengths, the window, the cap and the sinks are run-time arguments.
 FA_TUNE_API const char* FA_TUNE_FN(problem_class)(void) {
   using D = fa_tune::Derived<Config>;
   static const std::string json =
       "{\"head_dim\":" + std::to_string(D::kHeadDim) + ",\"causal\":" +
       (D::kCausal ? "true" : "false") + ",\"varlen\":" +
-      (fa_tune::Launcher<Config>::kHasVarlen ? "true" : "false") + "}";
+      (fa_tune::Launcher<Config>::kHasVarlen ? "true" : "false") + ",\"window\":" +
+      (D::kWindow ? "true" : "false") + ",\"softcap\":" + (D::kSoftcap ? "true" : "false") +
+      ",\"sinks\":" + (D::kSinks ? "true" : "false") + "}";
   return json.c_str();
 }
 

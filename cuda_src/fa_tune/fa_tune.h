@@ -13,9 +13,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// 3: one argument struct (strides, S_q != S_k, cu_seqlens_q/k, seqused_k, a metadata status).
-// 2: positional arguments with Hkv and the softmax scale. 1: B, H, S only.
-#define FA_TUNE_ABI_VERSION 3
+// 4: the models' masks (window, softcap, sinks). 3: one argument struct (strides, S_q !=
+// S_k, cu_seqlens_q/k, seqused_k, a metadata status). 2: positional arguments with Hkv and the
+// softmax scale. 1: B, H, S only.
+#define FA_TUNE_ABI_VERSION 4
 
 #ifndef FA_TUNE_API
 #define FA_TUNE_API __attribute__((visibility("default")))
@@ -49,6 +50,15 @@ extern "C" {
 // Masks: causal is aligned bottom-right (FlashAttention's rule): query i of a sequence with
 // s_q queries and s_k keys sees keys 0 .. i + s_k - s_q; a row that sees no key gets O = 0 and
 // lse = -inf. Non-causal: every key.
+//
+// The models' masks (each needs a library built for it: fa_tune_problem_class() says which):
+//   window >= 1: a sliding window of that many keys: query i sees no key below
+//     i + s_k - s_q - window + 1 (transformers' sliding_window; FA's window_size[0] + 1), causal
+//     or not; 0: none (so a zeroed struct has none). A window library runs both.
+//   softcap > 0: scores s (softmax scale included) become softcap * tanh(s / softcap) before the
+//     softmax (Gemma-2); 0: none. A softcap library needs one > 0, any other library 0.
+//   sinks: float32 [heads_q] on the device, one logit per query head joining each of its rows'
+//     softmax denominators (exp(sink)) with no value (gpt-oss); lse includes it. NULL: none.
 typedef struct fa_tune_args {
   int32_t abi_version;   // FA_TUNE_ABI_VERSION
   int32_t struct_bytes;  // sizeof(fa_tune_args)
@@ -76,6 +86,9 @@ typedef struct fa_tune_args {
   void* workspace;              // device metadata: fa_tune_workspace_bytes() bytes, or NULL
   size_t workspace_bytes;       //   (NULL: the library's own, grown outside graph captures)
   int32_t* status;              // device-visible int32[2] (e.g. pinned host memory), or NULL
+  int32_t window;               // sliding window in keys; 0: none
+  float softcap;                // 0: none
+  const float* sinks;           // or NULL
 } fa_tune_args;
 
 // status[0] bits: what was wrong with a call's device metadata.
@@ -96,7 +109,8 @@ FA_TUNE_API int fa_tune_prepare(const fa_tune_args* args, double* host_ms);
 FA_TUNE_API size_t fa_tune_workspace_bytes(const fa_tune_args* args);
 FA_TUNE_API const char* fa_tune_last_error(void);   // this thread's last error
 FA_TUNE_API const char* fa_tune_config_json(void);  // the config(s) compiled in
-// {"head_dim":D,"causal":bool,"varlen":bool}: varlen = device metadata is served.
+// {"head_dim":D,"causal":bool,"varlen":bool,"window":bool,"softcap":bool,"sinks":bool}: varlen =
+// device metadata is served; window, softcap, sinks: the models' masks it is built for.
 FA_TUNE_API const char* fa_tune_problem_class(void);
 FA_TUNE_API int fa_tune_smem_bytes(void);  // dynamic shared memory per CTA (the largest)
 

@@ -95,12 +95,16 @@ struct Consumer {
       const int Sk = Sched::key_len(p, t);  // its keys; the causal diagonal is shifted by off
       const int off = Sk - S;
       const int n_task = num_kv_blocks<T>(Sk, off, t.m_block);
+      // A sliding window starts every warpgroup of the task at the task's first tile (the
+      // producer loads from there); each masks its own rows' window edge.
+      const int n_lo =
+          first_kv_block<T>(off, t.m_block * T::kRowsPerTask, p.mask.window, n_task);
       // kWgSkip: a warpgroup with no row in the sequence (the last task of one whose length
       // no task divides) skips all but its last KV tile (its epilogue stores nothing), so the
       // busy ones get the tensor cores to themselves; it releases the skipped V stages eagerly.
       const bool idle = T::kWgSkip && first_row >= S;
       const int n_blocks =
-          !T::kWgSkip ? n_task : idle ? 1 : kv_blocks_below<T>(Sk, off, first_row + 64);
+          !T::kWgSkip ? n_task : idle ? n_lo + 1 : kv_blocks_below<T>(Sk, off, first_row + 64);
       const int n_skip = n_task - n_blocks;
       const int n_skip_v = idle ? min(n_skip, 1) : n_skip;  // V stages left to skip_top_v
       if constexpr (kEarlyNext) {
@@ -133,9 +137,16 @@ struct Consumer {
       typename ML::Softmax sm;
       float inv_sum[2];
       // The causal mask compares keys with row0 + off (the row's diagonal key).
+      float sink_log2 = -INFINITY;
+      if constexpr (T::kSinks) {
+        if (p.mask.sinks != nullptr) sink_log2 = p.mask.sinks[t.head] * 1.4426950408889634f;
+      }
       const typename ML::TileArgs args{n_blocks,
                                        num_unmasked_kv_blocks<T>(first_row, n_blocks, Sk, off),
-                                       n_skip_v, row0 + off, Sk, p.scale_log2, wg, !next.valid};
+                                       n_skip_v, row0 + off, Sk, p.scale_log2, wg, !next.valid,
+                                       n_lo, first_unmasked_kv_block<T>(first_row, off,
+                                                                        p.mask.window),
+                                       p.mask.window, p.mask.softcap_pre, sink_log2};
       ML::run(st, ss, sm, args, release_q, issue_next, inv_sum);
       Epilogue<Cfg, Sched>::run(p, ss, mma_pv, tOrO, sm, inv_sum, t, first_row, row0, wg, tid);
       if constexpr (Cfg::q_release == QRelease::AtEnd) ss.q_ring.release(qst);

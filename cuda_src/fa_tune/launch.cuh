@@ -47,6 +47,12 @@ struct Launcher {
   static constexpr bool kHasVarlen = FA_TUNE_VARLEN;
   static constexpr int smem_bytes() { return int(sizeof(SharedStorage<T>)); }
 
+  // The call's window as the kernel reads it: keys a row sees left of its diagonal (kNoWindow:
+  // none, or a library without windows).
+  static int window_of(const fa_tune_args& a) {
+    return T::kWindow && a.window > 0 ? a.window - 1 : kNoWindow;
+  }
+
   // Whether the call carries device metadata (and so runs on the device-side schedule).
   static bool device_scheduled(const fa_tune_args& a) {
     return a.cu_seqlens_q != nullptr || a.cu_seqlens_k != nullptr || a.seqused_k != nullptr;
@@ -100,7 +106,50 @@ struct Launcher {
     }
     if (!(a.softmax_scale >= 0.f) || std::isinf(a.softmax_scale))
       return fail(cudaErrorInvalidValue, "softmax_scale must be finite and >= 0 (0: 1/sqrt(D))");
+    return check_masks(a);
+  }
+
+  // The models' masks against what the library is built for (fa_tune.h).
+  static cudaError_t check_masks(const fa_tune_args& a) {
+    if (a.window < 0 || a.window > kNoWindow)
+      return fail(cudaErrorInvalidValue, "window " + str(a.window) +
+                                             " must be a number of keys from 1 to 2^30, or 0 for "
+                                             "no window");
+    if (a.window > 0 && !T::kWindow)
+      return fail(cudaErrorInvalidValue, "window " + str(a.window) +
+                                             ": this library is built without sliding windows "
+                                             "(build one for a :w problem class)");
+    if (!(a.softcap >= 0.f) || std::isinf(a.softcap))
+      return fail(cudaErrorInvalidValue, "softcap must be finite and >= 0 (0: none)");
+    if ((a.softcap > 0.f) != T::kSoftcap)
+      return fail(cudaErrorInvalidValue,
+                  T::kSoftcap ? "softcap 0: this library is built for softcapped scores; pass "
+                                "the model's cap (> 0)"
+                              : "softcap " + std::to_string(a.softcap) +
+                                    ": this library is built without softcapping (build one for "
+                                    "a :cap problem class)");
+    if (a.sinks != nullptr && !T::kSinks)
+      return fail(cudaErrorInvalidValue, "sinks given: this library is built without attention "
+                                         "sinks (build one for a :sinks problem class)");
+    if (reinterpret_cast<uintptr_t>(a.sinks) % 4 != 0)
+      return fail(cudaErrorInvalidValue, "sinks must be 4-byte aligned float32");
     return cudaSuccess;
+  }
+
+  // The kernel's scale and mask parameters of a call (checked).
+  template <class KP>
+  static void set_scores(KP& p, const fa_tune_args& a) {
+    constexpr double kLog2e = 1.4426950408889634;
+    const double scale =
+        a.softmax_scale > 0.f ? double(a.softmax_scale) : 1.0 / std::sqrt(double(T::kHeadDim));
+    p.scale_log2 = float(kLog2e * scale);
+    p.mask.window = window_of(a);
+    p.mask.softcap_pre = 0.f;
+    p.mask.sinks = a.sinks;
+    if (T::kSoftcap) {  // tanh(s x scale / cap), then exp2 of cap x log2(e) x that
+      p.mask.softcap_pre = float(scale / double(a.softcap));
+      p.scale_log2 = float(kLog2e * double(a.softcap));
+    }
   }
 
   // head_cluster: a cluster runs head_cluster query heads of one K/V group side by side.
@@ -111,12 +160,6 @@ struct Launcher {
                     " query heads of one K/V head together, so Hq/Hkv must be a multiple of it; "
                     "got Hq=" + str(H) + " Hkv=" + str(Hkv) +
                     " (use a config with head_cluster 1 for this problem)");
-  }
-
-  static float scale_log2(float softmax_scale) {
-    const double scale =
-        softmax_scale > 0.f ? double(softmax_scale) : 1.0 / std::sqrt(double(T::kHeadDim));
-    return float(1.4426950408889634 * scale);
   }
 
   // The four TMA maps of a call: q, k, v as the caller laid them out, o dense.
@@ -147,7 +190,7 @@ struct Launcher {
     int num_ctas = 0;
     double host_ms = 0.0;
   };
-  using Key = std::tuple<int, int, int, int, int>;  // device, B, H, Sq, Sk
+  using Key = std::tuple<int, int, int, int, int, int>;  // device, B, H, Sq, Sk, window
   static std::map<Key, Prepared>& cache() {
     static std::map<Key, Prepared> c;
     return c;
@@ -157,13 +200,14 @@ struct Launcher {
     return m;
   }
 
-  static cudaError_t prepare(int B, int H, int Sq, int Sk, const Prepared** out, double* host_ms) {
+  static cudaError_t prepare(int B, int H, int Sq, int Sk, int window, const Prepared** out,
+                             double* host_ms) {
     const auto t0 = std::chrono::steady_clock::now();
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
     std::lock_guard<std::mutex> lock(cache_mutex());
-    auto it = cache().find(Key{dev, B, H, Sq, Sk});
+    auto it = cache().find(Key{dev, B, H, Sq, Sk, window});
     if (it != cache().end()) {
       *out = &it->second;
       if (host_ms) *host_ms = 0.0;
@@ -173,12 +217,12 @@ struct Launcher {
     const long long num_tiles = (long long)((Sq + T::kBlockM - 1) / T::kBlockM) * H * B;
     if (num_tiles > 0x7fffffffLL) return fail(cudaErrorInvalidValue, "too many query tiles for one launch");
     if ((e = persistent_ctas<false>(dev, &prep.num_ctas)) != cudaSuccess) return e;
-    if ((e = Sched::prepare(FixedShape{B, H, Sq, Sk, dev, prep.num_ctas}, prep.sched,
+    if ((e = Sched::prepare(FixedShape{B, H, Sq, Sk, dev, prep.num_ctas, window}, prep.sched,
                             prep.num_ctas)) != cudaSuccess)
       return e;
     prep.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (host_ms) *host_ms = prep.host_ms;
-    *out = &cache().emplace(Key{dev, B, H, Sq, Sk}, prep).first->second;
+    *out = &cache().emplace(Key{dev, B, H, Sq, Sk, window}, prep).first->second;
     return cudaSuccess;
   }
 
@@ -191,7 +235,8 @@ struct Launcher {
     if (device_scheduled(*a)) return cudaSuccess;
     if (cudaError_t e = check_fixed(*a); e != cudaSuccess) return e;
     const Prepared* prep = nullptr;
-    return prepare(a->batch, a->heads_q, a->seqlen_q, a->seqlen_k, &prep, host_ms);
+    return prepare(a->batch, a->heads_q, a->seqlen_q, a->seqlen_k, window_of(*a), &prep,
+                   host_ms);
   }
 
   // CTAs of a persistent launch on device `dev`: persistent_ctas (0: one per SM); in
@@ -288,13 +333,14 @@ struct Launcher {
     if (cudaError_t e = check_fixed(a); e != cudaSuccess) return e;
     const int B = a.batch, H = a.heads_q, Sq = a.seqlen_q, Sk = a.seqlen_k;
     const Prepared* prep = nullptr;
-    if (cudaError_t e = prepare(B, H, Sq, Sk, &prep, nullptr); e != cudaSuccess) return e;
+    if (cudaError_t e = prepare(B, H, Sq, Sk, window_of(a), &prep, nullptr); e != cudaSuccess)
+      return e;
     KernelParams<Sched> p{};
     p.shape = ShapeInfo{B, H, Sq, Sk, (Sq + T::kBlockM - 1) / T::kBlockM, a.heads_kv,
                         H / a.heads_kv};
     p.sched = prep->sched;
     p.store.lse = a.lse;
-    p.scale_log2 = scale_log2(a.softmax_scale);
+    set_scores(p, a);
     cudaError_t e;
     if ((e = encode_maps(p, a, B, Sq, B, Sk)) != cudaSuccess) return e;
     if ((e = Sched::before_launch(p.sched, stream)) != cudaSuccess) return e;
@@ -334,7 +380,7 @@ struct Launcher {
     return VarlenPlan::make(a.batch, (a.heads_q + c - 1) / c,
                             std::max(1, a.heads_q / a.heads_kv / c), a.cu_seqlens_q != nullptr,
                             a.total_q, a.seqlen_q, a.seqlen_k, T::kRowsPerTask, T::kBlockN,
-                            T::kCausal);
+                            T::kCausal, window_of(a));
   }
 
   // The rows of q and of k/v per batch entry of a device-scheduled call (packed: all of them).
@@ -453,7 +499,7 @@ struct Launcher {
       p.sched = typename VarlenSched::Params{tasks, counter, int(plan.bound)};
       p.store.lse = a.lse;
       p.store.o = a.o;
-      p.scale_log2 = scale_log2(a.softmax_scale);
+      set_scores(p, a);
       if ((e = encode_maps(p, a, qb, q_rows(a), kb, k_rows(a))) != cudaSuccess) return e;
       int dev = 0, ctas = 0;
       if ((e = cudaGetDevice(&dev)) != cudaSuccess) return fail_cuda(e, "cudaGetDevice");

@@ -71,15 +71,10 @@ struct Mainloop {
     }
   }
 
-  // After the last PV completed: 1 / row sum per row (sum_in_pv reads them from PV's output).
-  template <class St>
-  __device__ __forceinline__ static void finalize_sums(St& st, Softmax& sm, float (&inv_sum)[2]) {
-    if constexpr (T::kSumInPv) sm.finalize(st.osum, inv_sum);
-  }
-
   // What one warpgroup's run over one query tile is told (the consumer computes it per tile).
   struct TileArgs {
-    int n_blocks;      // KV tiles this warpgroup visits (diagonal first)
+    int n_blocks;      // KV tiles [0, this) this warpgroup visits, the last first (a window
+                       // starts at n_lo)
     int n_unmasked;    // how many of them (from key 0) need no mask
     int n_skip;        // kWgSkip: the V stages of the task's skipped KV tiles that skip_top left
                        // to skip_top_v (overlap: here, once the first softmax is done)
@@ -89,7 +84,66 @@ struct Mainloop {
     float scale_log2;  // log2(e) x softmax scale
     int wg;            // the warpgroup (its pingpong turns)
     bool last_tile;    // the CTA's last tile: the pingpong's last turn
+    // The models' masks (issue 36), read only by a class that has them:
+    int n_lo;          // window: the first KV tile visited (tiles [n_lo, n_blocks))
+    int n_unmasked_lo; // window: tiles below this need the window's mask
+    int window;        // window: keys a row sees left of its diagonal
+    float softcap_pre; // softcap: softmax scale / cap
+    float sink_log2;   // sinks: the row's sink logit x log2(e) (-inf: none)
   };
+
+  // The mask of a masked tile n: the class's, and with a window its left edge too.
+  template <class Frag>
+  __device__ __forceinline__ static void mask_tile(Frag& s, const TileArgs& a, int n) {
+    if constexpr (T::kWindow) {
+      apply_window_mask<T::kCausal>(s, a.diag0, n * T::kBlockN, a.key_end, a.window);
+    } else {
+      apply_mask<T::kCausal>(s, a.diag0, n * T::kBlockN, a.key_end);
+    }
+  }
+
+  // A finished QK's scores, before any mask: softcapped where the class says so.
+  template <class Frag>
+  __device__ __forceinline__ static void cap_scores(Frag& s, const TileArgs& a) {
+    if constexpr (T::kSoftcap) apply_softcap(s, a.softcap_pre);
+  }
+
+  // The row sums' last step (sinks: the sink's term joins them).
+  __device__ __forceinline__ static void finalize(Softmax& sm, const TileArgs& a,
+                                                  float (&inv_sum)[2]) {
+    if constexpr (T::kSinks) {
+      sm.finalize(inv_sum, a.sink_log2, a.scale_log2);
+    } else {
+      sm.finalize(inv_sum);
+    }
+  }
+
+  // After the last PV completed: 1 / row sum per row (sum_in_pv reads them from PV's output).
+  template <class St>
+  __device__ __forceinline__ static void finalize_sums(St& st, Softmax& sm, const TileArgs& a,
+                                                       float (&inv_sum)[2]) {
+    if constexpr (T::kSumInPv && T::kSinks) {
+      sm.finalize(st.osum, inv_sum, a.sink_log2, a.scale_log2);
+    } else if constexpr (T::kSumInPv) {
+      sm.finalize(st.osum, inv_sum);
+    }
+  }
+
+  // A window's tiles from `top` down to n_lo: masked at the diagonal (from n_unmasked up) and
+  // at the window's edge (below n_unmasked_lo), unmasked between. One call site per kind of
+  // step: with a third, NVVM left the step a function of its own, and ptxas then serializes
+  // every wgmma around the call (C7519) and spills.
+  template <class Step>
+  __device__ __forceinline__ static void walk_window(Step& step, int top, int n_unmasked,
+                                                     int n_unmasked_lo, int n_lo) {
+    for (int n = top; n >= n_lo; --n) {
+      if (n >= n_unmasked || n < n_unmasked_lo) {
+        step(cute::true_type{}, n);
+      } else {
+        step(cute::false_type{}, n);
+      }
+    }
+  }
 
   // Runs every KV tile of one query tile; returns with the last PV complete, O unnormalized
   // in tOrO, every K/V stage released and inv_sum = 1 / row sum. `release_q` is called once
@@ -187,8 +241,7 @@ struct Mainloop {
                                                     const TileArgs& a, ReleaseQ& release_q,
                                                     IssueNext& issue_next, float (&inv_sum)[2]) {
     using namespace cute;
-    const int n_blocks = a.n_blocks, n_unmasked = a.n_unmasked, diag0 = a.diag0,
-              key_end = a.key_end, wg = a.wg;
+    const int n_blocks = a.n_blocks, n_unmasked = a.n_unmasked, wg = a.wg;
     const float scale_log2 = a.scale_log2;
     float rescale[2];
     float pending_rescale[2] = {1.f, 1.f};  // rescale_o = before_pv: applied before the next PV
@@ -196,11 +249,13 @@ struct Mainloop {
     PipeState v_prev;                        // v_release = deferred: the stage PV[n+1] read
 
     // Prologue: the diagonal tile's QK is in flight (issue_first_qk or the last drain).
+    const int n_lo = T::kWindow ? a.n_lo : 0;
     int n = n_blocks - 1;
     warpgroup_wait_for<0>(st.tSrS);
-    if (n_blocks == 1) release_q();
+    if (n_blocks - n_lo == 1) release_q();
     if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
-    apply_mask<T::kCausal>(st.tSrS, diag0, n * T::kBlockN, key_end);
+    cap_scores(st.tSrS, a);
+    mask_tile(st.tSrS, a, n);
     sm.template update<true>(st.tSrS, scale_log2, rescale);
     if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
     st.kst.template advance<T::kKStages>();
@@ -220,9 +275,10 @@ struct Mainloop {
       issue_pv(st, ss, first_pv);
       PP::pass_turn(wg, false);
       warpgroup_wait_for<1>(st.tSrS);  // QK[n] done, PV[n+1] may still run
-      if (n == 0) release_q();
+      if (n == n_lo) release_q();
       if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
-      if constexpr (kMask) apply_mask<T::kCausal>(st.tSrS, diag0, n * T::kBlockN, key_end);
+      cap_scores(st.tSrS, a);
+      if constexpr (kMask) mask_tile(st.tSrS, a, n);
       const bool needed = sm.template update<false>(st.tSrS, scale_log2, rescale);
       if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
       st.kst.template advance<T::kKStages>();
@@ -238,8 +294,12 @@ struct Mainloop {
       pack_p(st.tSrS, st.tOrP);
       first_pv = false;
     };
-    for (n = n_blocks - 2; n >= n_unmasked; --n) step(cute::true_type{}, n);
-    for (; n >= 0; --n) step(cute::false_type{}, n);
+    if constexpr (T::kWindow) {
+      walk_window(step, n_blocks - 2, n_unmasked, a.n_unmasked_lo, n_lo);
+    } else {
+      for (n = n_blocks - 2; n >= n_unmasked; --n) step(cute::true_type{}, n);
+      for (; n >= 0; --n) step(cute::false_type{}, n);
+    }
 
     // Drain: the last PV.
     ss.v_ring.wait_full(st.vst);
@@ -250,10 +310,10 @@ struct Mainloop {
     issue_pv(st, ss, first_pv);
     issue_next();  // early_next_qk: the next tile's first QK, behind this PV
     PP::pass_turn(wg, a.last_tile);
-    if constexpr (!T::kSumInPv) sm.finalize(inv_sum);  // the row-sum reduction hides under the last PV
+    if constexpr (!T::kSumInPv) finalize(sm, a, inv_sum);  // hides under the last PV
     // The PV (the older group) is done; an early next QK may still run.
     wait_pv<T::kEarlyNextQk ? 1 : 0>(st);
-    finalize_sums(st, sm, inv_sum);
+    finalize_sums(st, sm, a, inv_sum);
     finish_v(st, ss, v_prev, !first_pv);
   }
 
@@ -262,10 +322,10 @@ struct Mainloop {
                                                 const TileArgs& a, ReleaseQ& release_q,
                                                 float (&inv_sum)[2]) {
     using namespace cute;
-    const int n_blocks = a.n_blocks, n_unmasked = a.n_unmasked, diag0 = a.diag0,
-              key_end = a.key_end, wg = a.wg;
+    const int n_blocks = a.n_blocks, n_unmasked = a.n_unmasked, wg = a.wg;
     const float scale_log2 = a.scale_log2;
     const bool last_tile = a.last_tile;
+    const int n_lo = T::kWindow ? a.n_lo : 0;
     PipeState v_prev;
     bool first = true;
     auto step = [&](auto mask_tag, int n) {
@@ -276,9 +336,10 @@ struct Mainloop {
       warpgroup_gemm<-1>(st.mma_qk, st.tSrQ, st.tSrK(_, _, _, st.kst.index), st.tSrS, true);
       PP::pass_turn(wg, false);
       warpgroup_wait_for<0>(st.tSrS);
-      if (n == 0) release_q();
+      if (n == n_lo) release_q();
       if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
-      if constexpr (kMask) apply_mask<T::kCausal>(st.tSrS, diag0, n * T::kBlockN, key_end);
+      cap_scores(st.tSrS, a);
+      if constexpr (kMask) mask_tile(st.tSrS, a, n);
       if (first) {
         sm.template update<true>(st.tSrS, scale_log2, rescale);
       } else if (sm.template update<false>(st.tSrS, scale_log2, rescale)) {
@@ -290,20 +351,24 @@ struct Mainloop {
       ss.v_ring.wait_full(st.vst);
       PP::wait_turn(wg);
       issue_pv(st, ss, first);
-      PP::pass_turn(wg, last_tile && n == 0);
-      if (n != 0) {  // the last PV is drained by the epilogue, overlapped with finalize()
+      PP::pass_turn(wg, last_tile && n == n_lo);
+      if (n != n_lo) {  // the last PV is drained by the epilogue, overlapped with finalize()
         wait_pv<0>(st);
         release_v(st, ss, v_prev, first);
       }
       first = false;
     };
-    int n = n_blocks - 1;
-    for (; n >= n_unmasked; --n) step(cute::true_type{}, n);
-    for (; n >= 0; --n) step(cute::false_type{}, n);
-    if constexpr (!T::kSumInPv) sm.finalize(inv_sum);  // the row-sum reduction hides under the last PV
+    if constexpr (T::kWindow) {
+      walk_window(step, n_blocks - 1, n_unmasked, a.n_unmasked_lo, n_lo);
+    } else {
+      int n = n_blocks - 1;
+      for (; n >= n_unmasked; --n) step(cute::true_type{}, n);
+      for (; n >= 0; --n) step(cute::false_type{}, n);
+    }
+    if constexpr (!T::kSumInPv) finalize(sm, a, inv_sum);  // hides under the last PV
     wait_pv<0>(st);
-    finalize_sums(st, sm, inv_sum);
-    finish_v(st, ss, v_prev, n_blocks > 1);
+    finalize_sums(st, sm, a, inv_sum);
+    finish_v(st, ss, v_prev, n_blocks - n_lo > 1);
   }
 
   // Release the V stage the just-finished PV read (after_pv), or the one before it

@@ -67,17 +67,31 @@ struct StoreParams {
   void* o;            // varlen: a tile that ends past its sequence is stored without TMA
 };
 
+// The models' masks (issue 36), read only by a kernel whose problem class has them.
+struct MaskParams {
+  int window;          // Derived::kWindow: keys a row sees left of its diagonal (kNoWindow: all)
+  float softcap_pre;   // kSoftcap: softmax scale / cap; scores become tanh(s x this), and
+                       // scale_log2 is cap x log2(e)
+  const float* sinks;  // kSinks: [H] one logit per query head (natural log), or null: none
+};
+// A window library called without a window: wide enough that no key falls left of it, small
+// enough that row + off - kNoWindow cannot overflow.
+constexpr int kNoWindow = 1 << 30;
+
 struct Params {
   LoadParams load;
   StoreParams store;
   ShapeInfo shape;
-  float scale_log2;   // log2(e) x softmax scale
+  float scale_log2;   // log2(e) x softmax scale (softcap: log2(e) x cap)
 };
 
-// The kernel's parameters: the above and its scheduler's own (scheduler.cuh: Sched::Params).
+// The kernel's parameters: the above, its scheduler's own (scheduler.cuh: Sched::Params), and
+// the models' masks last, so a kernel without them reads every other parameter where it did
+// before them (and compiles to the same SASS).
 template <class Sched>
 struct KernelParams : Params {
   typename Sched::Params sched;
+  MaskParams mask;
 };
 
 // The key tiles of a query tile. Causal masks are aligned bottom-right (FlashAttention's rule):
@@ -93,10 +107,31 @@ __host__ __device__ __forceinline__ int kv_blocks_below(int Sk, int off, int row
   return keys > 0 ? (keys + T::kBlockN - 1) / T::kBlockN : 1;
 }
 
-// KV tiles the producer loads for a task (a query tile, or with kv_multicast a pair of them).
+// KV tiles the producer loads for a task (a query tile, or with kv_multicast a pair of them):
+// [0, this), or with a sliding window [first_kv_block, this).
 template <class T>
 __host__ __device__ __forceinline__ int num_kv_blocks(int Sk, int off, int m_block) {
   return kv_blocks_below<T>(Sk, off, (m_block + 1) * T::kRowsPerTask);
+}
+
+// Sliding window: the first KV tile that query rows from row_begin on can see (row r sees keys
+// from r + off - window); 0 without a window class. Never past the task's last tile `end`.
+template <class T>
+__host__ __device__ __forceinline__ int first_kv_block(int off, int row_begin, int window,
+                                                       int end) {
+  if constexpr (!T::kWindow) return 0;
+  const int key = row_begin + off - window;
+  return key > 0 ? min(key / T::kBlockN, end - 1) : 0;
+}
+
+// KV tiles [this, n) of those a warpgroup visits have keys no row of it (rows first_row ..
+// first_row + 63) finds left of its window: below it they need the window's mask.
+template <class T>
+__host__ __device__ __forceinline__ int first_unmasked_kv_block(int first_row, int off,
+                                                                int window) {
+  if constexpr (!T::kWindow) return 0;
+  const int key = first_row + 63 + off - window;
+  return key > 0 ? (key + T::kBlockN - 1) / T::kBlockN : 0;
 }
 
 // A cluster's CTAs are ranked row rank fastest (kv_multicast: which rows of the pair, below),

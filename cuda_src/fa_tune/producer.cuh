@@ -84,10 +84,16 @@ struct Producer {
     // causal mask hides them from the sequence's rows (the non-causal mask ends at its keys).
     int n_blocks;
     if constexpr (Sched::kPacked) {
-      n_blocks = t.kv_tiles;  // the device-side schedule's count (varlen.cuh, tile_cost)
+      n_blocks = t.kv_tiles;  // the device-side schedule's count (varlen.cuh, tile_end)
     } else {
       const int Sk = Sched::key_len(p, t);
       n_blocks = num_kv_blocks<T>(Sk, Sk - Sched::seq_len(p, t), t.m_block);
+    }
+    // A sliding window's first tile (its class only: without one the loops below run to 0).
+    int n_lo = 0;
+    if constexpr (T::kWindow) {
+      const int S = Sched::seq_len(p, t), Sk = Sched::key_len(p, t);
+      n_lo = first_kv_block<T>(Sk - S, t.m_block * T::kRowsPerTask, p.mask.window, n_blocks);
     }
     const int start = Sched::key_start(t);
     auto load_k = [&](int n) {
@@ -100,15 +106,15 @@ struct Producer {
     };
     // Issue in the order the consumers need the tiles (diagonal first, toward key 0), so
     // a small ring never holds a tile the consumers cannot reach yet.
-    if constexpr (T::kOverlap) {  // consumers: K[n], then (K[n-1], V[n]) pairs, then V[0]
+    if constexpr (T::kOverlap) {  // consumers: K[n], then (K[n-1], V[n]) pairs, then V[lo]
       load_k(n_blocks - 1);
-      for (int n = n_blocks - 2; n >= 0; --n) {
+      for (int n = n_blocks - 2; n >= n_lo; --n) {
         load_k(n);
         load_v(n + 1);
       }
-      load_v(0);
+      load_v(n_lo);
     } else {
-      for (int n = n_blocks - 1; n >= 0; --n) {
+      for (int n = n_blocks - 1; n >= n_lo; --n) {
         load_k(n);
         load_v(n);
       }

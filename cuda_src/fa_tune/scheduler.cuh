@@ -32,6 +32,7 @@ struct FixedShape {
   int B, H, Sq, Sk;
   int device;
   int persistent_ctas;
+  int window = kNoWindow;  // a window class's call: its window (the cost model counts it)
 };
 
 // Fixed length: every tile's sequence is its batch entry's Sq query rows over Sk keys, from
@@ -87,6 +88,12 @@ int kv_shift(int Sq, int Sk) {
   return off >= 0 ? (off + half) / T::kBlockM : -((-off + half) / T::kBlockM);
 }
 
+// A sliding window in block_m units (rounded up), -1 without one: the cost model's cap.
+template <class T>
+int window_tiles(int window) {
+  return window >= kNoWindow ? -1 : (window + T::kBlockM - 1) / T::kBlockM;
+}
+
 // Persistent, static: CTA i walks the host-built list tasks[offsets[i] .. offsets[i+1]).
 // In clusters the lists are per cluster (its CTAs are consecutive in x): with kv_multicast a
 // task is a pair of query tiles, with head_cluster a run of head_cluster query heads.
@@ -115,7 +122,8 @@ struct StaticScheduler : FixedTiles {
     const std::string why = build_task_lists(s.B, s.H / T::kHeadCtas, num_tasks_m,
                                              ctas / T::kClusterSize, Cfg::fixed_cost, lists,
                                              T::kRowCtas, T::kCausal, last_busy,
-                                             T::kConsumerWGs, kv_shift<T>(s.Sq, s.Sk));
+                                             T::kConsumerWGs, kv_shift<T>(s.Sq, s.Sk),
+                                             window_tiles<T>(s.window));
     if (!why.empty()) return fail(cudaErrorInvalidValue, why);
     uint32_t* d_tasks = nullptr;
     int* d_offsets = nullptr;

@@ -61,6 +61,37 @@ __device__ __forceinline__ void apply_mask(Frag& s, int diag0, int col0, int key
   }
 }
 
+// Sliding window: also set scores of keys left of the row's window (key < its diagonal minus
+// `window`) to -inf, on top of the class's mask. The window's edge tiles and the diagonal ones
+// take this; the others none.
+template <bool kCausal, class Frag>
+__device__ __forceinline__ void apply_window_mask(Frag& s, int diag0, int col0, int key_end,
+                                                  int window) {
+  apply_mask<kCausal>(s, diag0, col0, key_end);
+  constexpr int N = decltype(cute::size(s))::value;
+  const int lane_col = col0 + 2 * (threadIdx.x % 4);
+  const int left0 = diag0 - window;  // the first key the thread's i1 = 0 row sees
+  CUTE_UNROLL
+  for (int e = 0; e < N; ++e) {
+    const int i0 = e % 2, i1 = (e / 2) % 2, i2 = e / 4;
+    if (lane_col + 8 * i2 + i0 < left0 + 8 * i1) s(e) = -INFINITY;
+  }
+}
+
+// Logit softcap (Gemma-2): s <- tanh(s x pre), pre = softmax scale / cap; the softmax's
+// scale_log2 then carries cap x log2(e), so the exp2 sees cap x tanh(s x scale / cap). One
+// MUFU.TANH per score beside the exp2's MUFU.EX2.
+template <class Frag>
+__device__ __forceinline__ void apply_softcap(Frag& s, float pre) {
+  constexpr int N = decltype(cute::size(s))::value;
+  CUTE_UNROLL
+  for (int e = 0; e < N; ++e) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(s(e) * pre));
+    s(e) = y;
+  }
+}
+
 // kLazy: a row keeps its reference max until a tile raises it by more than kLazyThreshold
 // (log2 units). Exact, because O and the row sum always share the reference: probabilities
 // then reach at most 2^8, far inside FP32 and BF16 range, and most tiles skip the O rescale.
@@ -172,10 +203,47 @@ struct OnlineSoftmax {
     inverse(inv_sum);
   }
 
+  // Attention sinks: finalize, with the row's sink (its logit x log2(e); -inf: none) joining
+  // the sums. Separate overloads, so a kernel without sinks compiles the code it always did.
+  __device__ __forceinline__ void finalize(float (&inv_sum)[2], float sink_log2,
+                                           float scale_log2) {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) row_sum[r] = quad_sum(row_sum[r]);
+    inverse_with_sink(inv_sum, sink_log2, scale_log2);
+  }
+  __device__ __forceinline__ void finalize(const float (&sums)[4], float (&inv_sum)[2],
+                                           float sink_log2, float scale_log2) {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) row_sum[r] = sums[2 * r];
+    inverse_with_sink(inv_sum, sink_log2, scale_log2);
+  }
+
   __device__ __forceinline__ void inverse(float (&inv_sum)[2]) const {
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r)
       inv_sum[r] = (row_sum[r] == 0.f || row_sum[r] != row_sum[r]) ? 0.f : 1.f / row_sum[r];
+  }
+
+  // The sink is one more term of the denominator, exp(sink), with no value row. The sums are
+  // taken against the row's reference max; a sink above it becomes the new reference, so
+  // nothing overflows: O's factor is exp2(old ref - new ref) / sum. A row that saw no key
+  // (max -inf) gets O = 0 and lse = the sink.
+  __device__ __forceinline__ void inverse_with_sink(float (&inv_sum)[2], float sink_log2,
+                                                    float scale_log2) {
+    float f[2] = {1.f, 1.f};
+    if (sink_log2 != -INFINITY) {
+      CUTE_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const float ref = row_max[r] == -INFINITY ? -INFINITY : row_max[r] * scale_log2;
+        const float top = fmaxf(ref, sink_log2);
+        f[r] = exp2f(ref - top);
+        row_sum[r] = row_sum[r] * f[r] + exp2f(sink_log2 - top);
+        row_max[r] = top / scale_log2;
+      }
+    }
+    inverse(inv_sum);
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) inv_sum[r] *= f[r];
   }
 
   // Natural-log LSE of row r (valid after finalize()).

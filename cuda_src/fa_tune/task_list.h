@@ -5,7 +5,9 @@
 // QK + PV, so the cost model (the seeds') is cost(bm) = 2 * (bm + 1) + fixed_cost, fixed_cost
 // standing for the per-task prologue/epilogue. Queries over more keys than queries (S_k > S_q,
 // causal aligned bottom-right) visit kv_shift = (S_k - S_q) / block_m more tiles' worth per
-// warpgroup row band: 2 * kv_shift more per task, whatever its bm. Tasks are dealt to `num_bins` CTAs:
+// warpgroup row band: 2 * kv_shift more per task, whatever its bm. A sliding window of
+// window_m block_m units caps a row band's KV tiles at window_m + 1 (causal), or at the keys
+// from its window's start to the end (non-causal). Tasks are dealt to `num_bins` CTAs:
 //   1. batch/head entries are taken in pairs; within a pair, tasks in descending bm order, each
 //      to the currently lightest bin (longest-processing-time first);
 //   2. a rebalance moves tasks from the heaviest to the lightest bin while that narrows the gap,
@@ -76,15 +78,22 @@ inline long long task_cost(int bm, int fixed_cost, int tiles_per_task = 1) {
 // costs last_num / last_den of that: where S leaves it short of rows, the kernel's warpgroups
 // without a row in it skip it (wg_skip), and the busiest CTA's share of busy warpgroups bounds
 // its time. kv_shift: (S_k - S_q) in block_m units (above; negative when causal rows see
-// fewer keys than a prefill's, a task then costs at least one KV tile).
+// fewer keys than a prefill's, a task then costs at least one KV tile). window_m: the sliding
+// window in block_m units (-1: none).
 inline std::string build_task_lists(int B, int H, int num_m, int num_bins, int fixed_cost,
                                     TaskLists& out, int tiles_per_task = 1, bool causal = true,
-                                    int last_num = 1, int last_den = 1, int kv_shift = 0) {
+                                    int last_num = 1, int last_den = 1, int kv_shift = 0,
+                                    int window_m = -1) {
   if (B < 1 || H < 1 || num_m < 1 || num_bins < 1) return "B, H, query tiles and CTAs must be >= 1";
   if (last_num < 1 || last_den < last_num) return "the last task's share must be in (0, 1]";
   if (std::string why = out.packing.fit(num_m, H, B); !why.empty()) return why;
   auto cost = [&](int bm) {
-    const long long work = task_cost(causal ? bm : num_m - 1, 0, tiles_per_task) + 2LL * kv_shift;
+    long long work = task_cost(causal ? bm : num_m - 1, 0, tiles_per_task) + 2LL * kv_shift;
+    if (window_m >= 0) {  // two warpgroups, each over its window (row tiles of the task: bm x tpt)
+      const long long band = causal ? window_m + 1LL
+                                    : (long long)num_m * tiles_per_task - bm * tiles_per_task + window_m;
+      work = std::min(work, 2 * band * tiles_per_task);
+    }
     const long long c = std::max(1LL, work) + fixed_cost;
     return bm == num_m - 1 ? (c * last_num + last_den - 1) / last_den : c;
   };

@@ -12,7 +12,7 @@
 // Order: the most KV tiles first across all sequences (longest-processing-time first over one
 // shared counter). A query tile m of a sequence with s_q queries over s_k keys visits
 // ceil(min((m + 1) * rows + s_k - s_q, s_k) / block_n) KV tiles causal, ceil(s_k / block_n)
-// otherwise. Tiles are counted per cost (a histogram over 1 .. ceil(max_seqlen_k / block_n)),
+// otherwise, less those left of a sliding window's start. Tiles are counted per cost (a histogram over 1 .. ceil(max_seqlen_k / block_n)),
 // the counts turned into each cost's first position, and each tile placed there with all its
 // heads adjacent (query heads sharing a K/V head read the same tiles, at the same time, from
 // L2). Tiles of equal cost take their places in arrival order, which changes no result.
@@ -50,14 +50,17 @@ struct VarlenPlan {
   int num_seqs = 0, heads = 0, group = 1, rows_per_tile = 0;  // group: Hq / Hkv
   int block_n = 0;
   bool causal = true;
+  int window = kNoWindow;  // a window class's call: keys a row sees left of its diagonal
   int max_tiles = 0;   // query tiles of the longest sequence allowed by max_seqlen_q
   int max_cost = 1;    // KV tiles of the costliest tile: ceil(max_seqlen_k / block_n), >= 1
   long long bound = 0; // task slots: heads * the batch's query tiles at most
 
   // packed_q: q is packed by cu_seqlens_q over total_q rows (else max_q rows per sequence).
   static VarlenPlan make(int num_seqs, int heads, int group, bool packed_q, int total_q,
-                         int max_q, int max_k, int rows, int block_n, bool causal) {
+                         int max_q, int max_k, int rows, int block_n, bool causal,
+                         int window = kNoWindow) {
     VarlenPlan v;
+    v.window = window;
     v.num_seqs = num_seqs;
     v.heads = heads;
     v.group = group;
@@ -115,13 +118,21 @@ __device__ __forceinline__ SeqSpan seq_span(const VarlenMeta& m, int b, int B) {
   return s;
 }
 
-// KV tiles query tile m of a sequence visits (params.cuh's num_kv_blocks, on the plan): the
-// order's cost, and the count the producer loads.
-__device__ __forceinline__ int tile_cost(const VarlenPlan& plan, const SeqSpan& s, int m) {
+// One past the last KV tile query tile m of a sequence visits (params.cuh's num_kv_blocks, on
+// the plan): what the producer loads from (VarlenTask::kv_tiles).
+__device__ __forceinline__ int tile_end(const VarlenPlan& plan, const SeqSpan& s, int m) {
   const int keys = plan.causal ? min((m + 1) * plan.rows_per_tile + s.k_len - s.q_len, s.k_len)
                                : s.k_len;
   const int c = keys > 0 ? (keys + plan.block_n - 1) / plan.block_n : 1;
   return min(c, plan.max_cost);
+}
+
+// The KV tiles it visits, the order's cost: tile_end less those left of a window's start
+// (params.cuh's first_kv_block; the plan's window is kNoWindow without one).
+__device__ __forceinline__ int tile_cost(const VarlenPlan& plan, const SeqSpan& s, int m) {
+  const int end = tile_end(plan, s, m);
+  const int key = m * plan.rows_per_tile + s.k_len - s.q_len - plan.window;
+  return key > 0 ? end - min(key / plan.block_n, end - 1) : end;
 }
 
 namespace varlen_detail {
@@ -259,11 +270,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     int m;
     const int b = tile_at(i, m);
     const SeqSpan s = seq_span(meta, b, B);
-    const int cost = tile_cost(plan, s, m);  // = params.cuh's num_kv_blocks for the task
-    const long long pos = atomicAdd(&at_cost[cost], 1);
+    const long long pos = atomicAdd(&at_cost[tile_cost(plan, s, m)], 1);
+    const int end = tile_end(plan, s, m);  // = params.cuh's num_kv_blocks for the task
     for (int h = 0; h < H; ++h)
       tasks[pos * H + h] = VarlenTask{m, h | (h / plan.group) << 16, s.q_start, s.q_len,
-                                      s.k_start, s.k_len, s.q_batch | s.kv_batch << 16, cost};
+                                      s.k_start, s.k_len, s.q_batch | s.kv_batch << 16, end};
   }
   for (long long t = (long long)num_tiles * H + tid; t < plan.bound; t += nt)
     tasks[t] = VarlenTask{-1, 0, 0, 0, 0, 0, 0, 0};

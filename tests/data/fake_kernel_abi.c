@@ -1,10 +1,11 @@
-/* A host-only stand-in for a built kernel .so: the fa-tune C ABI (version 3, fa_tune.h, compiled
+/* A host-only stand-in for a built kernel .so: the fa-tune C ABI (version 4, fa_tune.h, compiled
  * with a stub cuda_runtime.h that only declares cudaStream_t) without CUDA, so the ctypes
  * binding in tuner/kernel/runtime.py can be tested on machines without a GPU. Every call records its
  * argument struct and stream (fake_last_args / fake_last_stream). Built with
  * -DFAKE_WRITE_LSE="true"|"false", optionally -DFAKE_CAUSAL="false" (default "true") and
  * -DFAKE_VARLEN=0|1 (default 1: the varlen kernel compiled in; 0: calls with device metadata
- * fail with 801, as a library built without it).
+ * fail with 801, as a library built without it), -DFAKE_MASKS='",\"window\":true"' (the models'
+ * masks its problem class names; default none).
  *   forward: batch == 0 -> cudaErrorInvalidValue (1) "batch must be positive"; a call with
  *     device metadata whose total_q is 13 "finds bad metadata": status[0] = 1 | 8 (bad
  *     cu_seqlens_q, a query length above max_seqlen_q), status[1] = 2 (the first bad sequence).
@@ -20,6 +21,9 @@
 #endif
 #ifndef FAKE_VARLEN
 #define FAKE_VARLEN 1
+#endif
+#ifndef FAKE_MASKS
+#define FAKE_MASKS ""
 #endif
 #if FAKE_VARLEN
 #define FAKE_VARLEN_JSON "true"
@@ -68,7 +72,7 @@ size_t fa_tune_workspace_bytes(const fa_tune_args* args) {
 const char* fa_tune_last_error(void) { return g_err; }
 const char* fa_tune_config_json(void) { return "{\"block_m\":128,\"write_lse\":" FAKE_WRITE_LSE "}"; }
 const char* fa_tune_problem_class(void) {
-    return "{\"head_dim\":128,\"causal\":" FAKE_CAUSAL ",\"varlen\":" FAKE_VARLEN_JSON "}";
+    return "{\"head_dim\":128,\"causal\":" FAKE_CAUSAL ",\"varlen\":" FAKE_VARLEN_JSON FAKE_MASKS "}";
 }
 int fa_tune_smem_bytes(void) { return 123456; }
 

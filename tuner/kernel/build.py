@@ -136,8 +136,8 @@ def render(cfg: KernelConfig, template: Path | None = None, *,
            pclass: ProblemClass = DEFAULT_CLASS) -> str:
     """The compilation unit for cfg: the template with ${config_members} (struct Config's
     member per knob, from the knob table), ${config_json} (and any ${knob}: its C++ literal)
-    set, and ${head_dim} / ${causal} / ${varlen}, the problem class it serves (compiled in, not
-    knobs)."""
+    set, and ${head_dim} / ${causal} / ${varlen} / ${mask_members}, the problem class it serves
+    (compiled in, not knobs)."""
     text = template_text(template)
     values = {
         **cfg.cpp_constants(),
@@ -145,6 +145,11 @@ def render(cfg: KernelConfig, template: Path | None = None, *,
         "head_dim": str(pclass.head_dim),
         "causal": "true" if pclass.causal else "false",
         "varlen": "1" if pclass.varlen else "0",
+        # The models' masks the class has, as Config members (fa_tune/config.cuh reads an absent
+        # one as false, so a class without them renders the same unit as before them).
+        "mask_members": "".join(f"\n  static constexpr bool {name} = true;"
+                                for name in ("window", "softcap", "sinks")
+                                if getattr(pclass, name)),
         "config_json": c_string_literal(cfg.canonical_json()),
         # Not a knob: does block_n need CuTe's extended wgmma atoms (fa_tune/config.cuh)?
         # sum_in_pv's 64 x 72 PV atom is an extended one too.

@@ -1,6 +1,6 @@
 """The kernel library's binding: ``KernelModule``, the one ctypes binding of the C ABI of
-cuda_src/fa_tune/fa_tune.h (version 3; tuner.ship.fa_tune_ops.abi is its one Python mirror), and the
-``status`` words of calls with device metadata.
+cuda_src/fa_tune/fa_tune.h (its version: FA_TUNE_ABI_VERSION; tuner.ship.fa_tune_ops.abi is its
+one Python mirror), and the ``status`` words of calls with device metadata.
 
 Split out of tuner/kernel/runtime.py (which re-exports every name here, so ``from
 tuner.kernel.runtime import KernelModule`` keeps working); it uses the runtime's device, buffers and
@@ -117,11 +117,13 @@ class KernelModule:
         self.causal = bool(pc.get("causal", True))
         self.head_dim = int(pc.get("head_dim", HEAD_DIM))
         self.varlen = bool(pc.get("varlen", False))  # the varlen kernel is compiled in
+        self._class = ProblemClass.from_dict(pc)
 
     @property
     def problem_class(self) -> ProblemClass:
-        """The head dim and mask compiled into this library, and whether it runs varlen."""
-        return ProblemClass(self.head_dim, self.causal, self.has_varlen)
+        """The head dim and mask compiled into this library, whether it runs varlen, and the
+        models' masks it carries."""
+        return self._class
 
     @property
     def has_varlen(self) -> bool:
@@ -178,7 +180,13 @@ class KernelModule:
         for name in ("q", "k", "v"):
             fields[name], fields[f"{name}_stride"] = tensor_view(bufs, name)
         fields.update(o=bufs.o.ptr, lse=bufs.lse.ptr if use_lse else None,
-                      softmax_scale=float(softmax_scale))
+                      softmax_scale=float(softmax_scale), window=p.window,
+                      softcap=float(p.softcap))
+        if p.sinks:
+            sinks = getattr(bufs, "sinks", None)
+            if sinks is None:
+                raise KernelError(f"buffers of {p} hold no sinks")
+            fields["sinks"] = sinks.ptr
         if p.is_varlen:
             cu_q, cu_k = getattr(bufs, "cu_q", None), getattr(bufs, "cu_k", None)
             if cu_q is None or cu_k is None:

@@ -546,7 +546,8 @@ class AttnBuffers(BufferGroup):
     one problem. ``shape`` is the Problem; ``n`` the elements of Q/O, ``n_kv`` of K/V, ``n_lse``
     of LSE. A packed varlen batch: Q/O [total_q, Hq, D], K/V [total_k, Hkv, D], LSE [Hq, total_q]
     (problem_dims), and ``cu_q`` / ``cu_k``, its cu_seqlens_q / cu_seqlens_k (int32, num_seqs +
-    1 each) on the device; both are None otherwise (``cu`` is ``cu_q``).
+    1 each) on the device; both are None otherwise (``cu`` is ``cu_q``). A problem with
+    attention sinks also has ``sinks`` (FP32 [Hq]); None otherwise.
 
     A problem with another layout than dense BSHD (``Problem.layout``) also gets that layout's
     buffers (``layout_bufs``: "qkv", or "k_cache" and "v_cache"). The generators, the FP32
@@ -573,6 +574,9 @@ class AttnBuffers(BufferGroup):
                 self.cu_q.copy_from_host(np.asarray(self.shape.cu_seqlens(), dtype=np.int32))
                 self.cu_k = self._alloc(4 * (self.shape.B + 1))
                 self.cu_k.copy_from_host(np.asarray(self.shape.cu_seqlens_k(), dtype=np.int32))
+            # Attention sinks: one FP32 logit per query head (the inputs' generator fills it).
+            self.sinks: DeviceBuffer | None = (self._alloc(F32_BYTES * self.shape.Hq)
+                                               if self.shape.sinks else None)
             self.layout_bufs: dict[str, DeviceBuffer] = {
                 name: self._alloc(n * BF16_BYTES)
                 for name, n in self.shape.layout_buffers().items()}

@@ -80,6 +80,9 @@ def unsupported(problem: Any, cfg: KernelConfig | None = None, *,
         if why is None and getattr(problem, "seqlens", ()) and not library.has_varlen:
             why = ("this kernel library has no varlen kernel (built for fixed-length problems, "
                    "for example); build it for a varlen problem class")
+        if why is None and isinstance(problem, Problem):  # the models' masks
+            masks = library.problem_class.serves(problem)
+            why = f"this kernel library cannot run {problem}: {masks}" if masks else None
         return why
     cfg = cfg or KernelConfig()
     why = head_cluster_reason(cfg.head_cluster, problem.group)

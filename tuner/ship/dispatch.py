@@ -13,11 +13,12 @@ buckets come first (``Workload.dispatch_order``).
 
 ``dispatcher_cpp.dispatcher_source`` writes the C++ of a library that links every bucket's kernel,
 each built from the same template with its C ABI renamed by ``-DFA_TUNE_API_PREFIX=fa_tune_b<i>_``
-(cuda_src/fa_tune/entry.cuh), and exports the C ABI of cuda_src/fa_tune/fa_tune.h (version 3,
-shipped as include/fa_tune.h, which it includes) itself: ``fa_tune_forward``, ``_prepare`` and
-``_workspace_bytes`` pick the first entry whose heads match and whose ranges hold the call's
-(seqlen_q, seqlen_k): S_q and S_k, or max_seqlen_q and max_seqlen_k for a call with device metadata
-(``select``/``index_for`` are the same rule in Python). A call no bucket serves gets
+(cuda_src/fa_tune/entry.cuh), and exports the C ABI of cuda_src/fa_tune/fa_tune.h (its
+FA_TUNE_ABI_VERSION; shipped as include/fa_tune.h, which it includes) itself:
+``fa_tune_forward``, ``_prepare`` and ``_workspace_bytes`` pick the first entry whose heads
+match and whose ranges hold the call's (seqlen_q, seqlen_k): S_q and S_k, or max_seqlen_q and
+max_seqlen_k for a call with device metadata (``select``/``index_for`` are the same rule in
+Python). A call no bucket serves gets
 cudaErrorNotSupported with a last_error naming what the library serves; args of another ABI version
 or size are refused in one line. Every bucket is built with the varlen kernel (its kernel.cu defines
 FA_TUNE_VARLEN 1) except where its config cannot serve varlen (config.check_varlen): that bucket
@@ -40,6 +41,7 @@ from tuner.problem import Problem, ProblemClass
 from tuner.ship.workload import Workload
 from tuner.ship.workload import range_text as _range_text
 
+MASKS = ("window", "softcap", "sinks")  # ProblemClass's flags for the models' masks
 SCHEMA = 2  # 2: key ranges (k_min, k_max); 1 had none (any key length)
 ABI_VERSION = abi.ABI_VERSION
 CUDA_ERROR_NOT_SUPPORTED = 801  # cudaErrorNotSupported: no bucket serves it / no varlen kernel
@@ -73,10 +75,11 @@ class DispatchEntry:
     measured: dict[str, Any] | None = None                 # {problem: {median_ms, tflops}}
     k_min: int | None = None
     k_max: int | None = None
+    masks: tuple[str, ...] = ()  # the models' masks its kernel carries: window, softcap, sinks
 
     @property
     def problem_class(self) -> ProblemClass:
-        return ProblemClass(self.head_dim, self.causal)
+        return ProblemClass(self.head_dim, self.causal, **{m: True for m in self.masks})
 
     @property
     def keyed(self) -> bool:
@@ -114,6 +117,7 @@ class DispatchEntry:
             "config": self.config.to_dict(), "config_id": self.config.config_id(),
             "source": dict(self.source), "problems": list(self.problems),
             "measured": self.measured,
+            **({"masks": list(self.masks)} if self.masks else {}),
         }
 
     @classmethod
@@ -132,6 +136,7 @@ class DispatchEntry:
                 measured=d.get("measured"),
                 k_min=None if k_min is None else _int(k_min),
                 k_max=None if k_max is None else _int(k_max),
+                masks=_masks(d.get("masks") or ()),
             )
         except KeyError as e:
             raise DispatchError(f"{where}: missing {e.args[0]!r}") from None
@@ -212,8 +217,7 @@ class DispatchTable:
     def select(self, problem: Problem | str) -> DispatchEntry | None:
         """The entry serving a problem (None: no bucket does, or another head dim or mask)."""
         p = Problem.parse(problem) if isinstance(problem, str) else problem
-        if p.problem_class.head_dim != self.problem_class.head_dim or \
-                p.problem_class.causal != self.problem_class.causal:
+        if self.problem_class.serves(p, varlen=False):  # varlen is each bucket's own
             return None
         i = self.index_for(p.Hq, p.Hkv, p.S, getattr(p, "Sk", 0) or p.S)
         return self.entries[i] if i >= 0 else None
@@ -381,6 +385,16 @@ def bucket_sources(workload: Workload, assignments: list[str] | None = None,
     return {name: resolve_source(src, pclass, storage) for name, src in texts.items()}
 
 
+def _class_masks(pc: ProblemClass) -> tuple[str, ...]:
+    return tuple(m for m in MASKS if getattr(pc, m))
+
+
+def _masks(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, (list, tuple)) or any(m not in MASKS for m in v):
+        raise ValueError(f"masks must be a list of {', '.join(MASKS)} (got {v!r})")
+    return tuple(m for m in MASKS if m in v)
+
+
 def check_entry_config(bucket: str, cfg: KernelConfig, pclass: ProblemClass) -> None:
     """A bucket's config must fit the class and write LSE (the op returns it)."""
     try:
@@ -415,7 +429,7 @@ def table_for_workload(workload: Workload, sources: Mapping[str, Resolved]) -> D
             bucket=b.name, Hq=att.Hq, Hkv=att.Hkv, head_dim=att.head_dim, causal=att.causal,
             s_min=b.s_min, s_max=b.s_max, config=r.config, source=dict(r.source),
             problems=r.problems or tuple(plans[b.name].shapes), measured=r.measured,
-            k_min=b.k_min, k_max=b.k_max))
+            k_min=b.k_min, k_max=b.k_max, masks=_class_masks(att.problem_class)))
     return DispatchTable(workload.name, tuple(entries), workload.to_dict())
 
 

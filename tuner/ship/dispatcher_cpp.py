@@ -1,6 +1,6 @@
 """The generated dispatcher's C++ (``dispatch.cu`` of a workload export): every bucket's entry
-points behind one C ABI 3 that forwards each call to the bucket serving it (tuner.ship.dispatch
-holds the table it is generated from)."""
+points behind one C ABI (fa_tune.h) that forwards each call to the bucket serving it
+(tuner.ship.dispatch holds the table it is generated from)."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def _none(v: int | None) -> int:
 
 
 def dispatcher_source(table: DispatchTable) -> str:
-    """The C++ of the dispatcher (dispatch.cu): exports the C ABI of fa_tune.h (version 3) and
-    calls the bucket kernels' prefixed entry points."""
+    """The C++ of the dispatcher (dispatch.cu): exports the C ABI of fa_tune.h (its
+    FA_TUNE_ABI_VERSION) and calls the bucket kernels' prefixed entry points."""
     decls, rows = [], []
     for i, e in enumerate(table.entries):
         p = symbol_prefix(i)
@@ -57,8 +57,9 @@ def dispatcher_source(table: DispatchTable) -> str:
     pc = table.problem_class
     compact = json.dumps(table.to_dict(), sort_keys=True, separators=(",", ":"))
     # The varlen flag is the buckets' (asked at run time), the rest is the table's.
-    pclass_head = json.dumps({"head_dim": pc.head_dim, "causal": pc.causal},
-                             separators=(",", ":"))[:-1] + ',"varlen":'
+    head = {"head_dim": pc.head_dim, "causal": pc.causal,
+            **{m: True for m in ("window", "softcap", "sinks") if getattr(pc, m)}}
+    pclass_head = json.dumps(head, separators=(",", ":"))[:-1] + ',"varlen":'
     decl_text = "\n".join(decls)
     row_text = "\n".join(rows)
     return f"""\

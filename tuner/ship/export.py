@@ -99,7 +99,8 @@ ABI_FILE = "fa_tune_abi.py"  # a single-kernel export's copy of tuner/ship/fa_tu
 
 
 def abi_section(d: int, causal: bool, header: str, pclass_json: str, workload: bool) -> str:
-    """The README's C ABI section (version 3), for a single kernel or a workload library."""
+    """The README's C ABI section (its version, fa_tune.h's), for a single kernel or a workload
+    library."""
     from tuner.ship import dispatch as dispatch_mod
 
     extras = """

@@ -5,6 +5,8 @@ A workload (``workloads/<name>.yaml``) is what one exported library is tuned for
     name: llama3-8b
     description: free text
     attention: {Hq: 32, Hkv: 8, head_dim: 128, causal: true}
+    # the models' masks, each optional (tuner.problem): a sliding window of W keys, a logit
+    # softcap, attention sinks; e.g. {Hq: 16, Hkv: 8, head_dim: 256, window: 4096, softcap: 50}
     buckets:                     # by the query length S (a varlen batch's max_seqlen_q);
       - {name: s1k, max_s: 1024} # each bucket serves (previous max_s, max_s], any key length;
       - {name: s8k, max_s: 8192} # the last may say max_s: null (no upper bound)
@@ -71,21 +73,32 @@ class Attention:
     Hkv: int
     head_dim: int = 128
     causal: bool = True
+    window: int = 0       # sliding window in keys (0: none)
+    softcap: float = 0.0  # logit softcap (0: none)
+    sinks: bool = False   # attention sinks
 
     @property
     def problem_class(self) -> ProblemClass:
-        return ProblemClass(self.head_dim, self.causal)
+        return ProblemClass(self.head_dim, self.causal, window=self.window > 0,
+                            softcap=self.softcap > 0, sinks=self.sinks)
+
+    def _masks(self) -> dict[str, Any]:
+        return {"window": self.window, "softcap": self.softcap, "sinks": self.sinks}
 
     def problem(self, B: int, S: int, Sk: int = 0) -> Problem:
-        """B x Hq/Hkv x S, over Sk keys (0: S)."""
-        return Problem(B, self.Hq, S, Hkv=self.Hkv, D=self.head_dim, causal=self.causal, Sk=Sk)
+        """B x Hq/Hkv x S, over Sk keys (0: S), with the model's masks."""
+        return Problem(B, self.Hq, S, Hkv=self.Hkv, D=self.head_dim, causal=self.causal, Sk=Sk,
+                       **self._masks())
 
     def packed(self, lengths: tuple[int, ...], lengths_k: tuple[int, ...] = ()) -> Problem:
         return Problem.varlen(lengths, self.Hq, Hkv=self.Hkv, D=self.head_dim, causal=self.causal,
-                              seqlens_k=lengths_k or None)
+                              seqlens_k=lengths_k or None, **self._masks())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"Hq": self.Hq, "Hkv": self.Hkv, "head_dim": self.head_dim, "causal": self.causal}
+        d: dict[str, Any] = {"Hq": self.Hq, "Hkv": self.Hkv, "head_dim": self.head_dim,
+                             "causal": self.causal}
+        d.update({k: v for k, v in self._masks().items() if v})  # only those the model has
+        return d
 
 
 def range_text(lo: int, hi: int | None) -> str:
@@ -266,7 +279,8 @@ def _mapping(value: Any, what: str, src: str, keys: set[str] | None = None) -> M
 
 
 def _attention(d: Any, src: str) -> Attention:
-    d = _mapping(d, "attention", src, {"Hq", "Hkv", "head_dim", "causal"})
+    d = _mapping(d, "attention", src, {"Hq", "Hkv", "head_dim", "causal", "window", "softcap",
+                                       "sinks"})
     for k in ("Hq", "Hkv"):
         if k not in d:
             raise WorkloadError(f"{src}: attention needs {k}")
@@ -276,7 +290,17 @@ def _attention(d: Any, src: str) -> Attention:
     causal = d.get("causal", True)
     if not isinstance(causal, bool):
         raise WorkloadError(f"{src}: attention.causal must be true or false (got {causal!r})")
-    att = Attention(hq, hkv, dim, causal)
+    window = d.get("window", 0)
+    if window != 0:
+        window = _pos_int(window, "attention.window", src)
+    softcap = d.get("softcap", 0)
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or softcap < 0:
+        raise WorkloadError(f"{src}: attention.softcap must be a number > 0, or 0 for none "
+                            f"(got {softcap!r})")
+    sinks = d.get("sinks", False)
+    if not isinstance(sinks, bool):
+        raise WorkloadError(f"{src}: attention.sinks must be true or false (got {sinks!r})")
+    att = Attention(hq, hkv, dim, causal, window, float(softcap), sinks)
     try:
         att.problem(1, 1)  # Problem's own checks: Hq a multiple of Hkv, a supported head dim
     except FaTuneError as e:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 _i32, _i64, _vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
 
 # status[0] bits (FA_TUNE_BAD_*): what was wrong with a call's device metadata.
@@ -54,6 +54,9 @@ class Args(ctypes.Structure):
         ("workspace", _vp),
         ("workspace_bytes", ctypes.c_size_t),
         ("status", _vp),
+        ("window", _i32),
+        ("softcap", ctypes.c_float),
+        ("sinks", _vp),
     ]
 
 

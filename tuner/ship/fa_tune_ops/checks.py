@@ -76,15 +76,51 @@ def _ints(*xs: Any) -> bool:
 def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
           softmax_scale: float | None, cu_seqlens_q: torch.Tensor | None,
           cu_seqlens_k: torch.Tensor | None, max_seqlen_q: Any, max_seqlen_k: Any,
-          seqused_k: torch.Tensor | None, lib: Library) -> Call:
+          seqused_k: torch.Tensor | None, lib: Library, window: int = 0, softcap: float = 0.0,
+          sinks: torch.Tensor | None = None) -> Call:
     """Raise ValueError (one sentence) for input the library cannot run; else the call's form."""
     if cu_seqlens_q is None and cu_seqlens_k is None and seqused_k is None:
         if max_seqlen_q is not None or max_seqlen_k is not None:
             fail("max_seqlen_q and max_seqlen_k go with cu_seqlens_q / cu_seqlens_k (varlen) or "
                  "seqused_k; a fixed-length call takes its lengths from q and k")
-        return _check_fixed(q, k, v, causal, softmax_scale, lib)
-    return _check_scheduled(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
-                            max_seqlen_q, max_seqlen_k, seqused_k, lib)
+        call = _check_fixed(q, k, v, causal, softmax_scale, lib)
+    else:
+        call = _check_scheduled(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                                max_seqlen_q, max_seqlen_k, seqused_k, lib)
+    _check_masks(q, window, softcap, sinks, lib)
+    return call
+
+
+def _check_masks(q: torch.Tensor, window: int, softcap: float, sinks: torch.Tensor | None,
+                 lib: Library) -> None:
+    """The models' masks (fa_tune.h, ABI 4) against what the library's kernel carries."""
+    if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= 2**30:
+        fail(f"window must be a number of keys from 1 to 2^30 (transformers' sliding_window), "
+             f"or 0 for none; got {window!r}")
+    if window and not lib.window:
+        fail(f"window={window}: {lib.path.name} is built without sliding windows (export one "
+             "for a problem class with :w)")
+    if not (softcap >= 0 and math.isfinite(softcap)):
+        fail(f"softcap must be finite and >= 0 (0: none); got {softcap}")
+    if (softcap > 0) != lib.softcap:
+        fail(f"softcap={softcap}: {lib.path.name} is built "
+             + ("for softcapped scores; pass the model's cap (> 0)" if lib.softcap
+                else "without softcapping (export one for a problem class with :cap)"))
+    if sinks is None:
+        return
+    if not lib.sinks:
+        fail(f"sinks given: {lib.path.name} is built without attention sinks (export one for a "
+             "problem class with :sinks)")
+    Hq = q.shape[-2]
+    if sinks.dim() != 1 or (_ints(sinks.shape[0], Hq) and sinks.shape[0] != Hq):
+        fail(f"sinks must be 1-D [Hq] = [{Hq}], one logit per query head; got "
+             f"{shape_text(sinks)}")
+    if sinks.dtype != torch.float32:
+        fail(f"sinks is {sinks.dtype}; the kernel takes torch.float32 (sinks.float())")
+    if sinks.device != q.device:
+        fail(f"sinks must be on q's device {q.device}; got {sinks.device}")
+    if sinks.shape[0] > 1 and sinks.stride(0) != 1:
+        fail(f"sinks with stride {tuple(sinks.stride())} is not contiguous")
 
 
 def _check_fixed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,

@@ -1,4 +1,4 @@
-"""ctypes binding of a fa-tune kernel library's C ABI 3 (no torch, no fa-tune needed).
+"""ctypes binding of a fa-tune kernel library's C ABI (no torch, no fa-tune needed).
 
 The exported package must work where fa-tune is not installed, so it carries this small binding
 instead of tuner.kernel.runtime.KernelModule (which needs cuda-python); both take the argument
@@ -71,6 +71,11 @@ class Library:
         # A workload library says varlen when some bucket serves calls with device metadata;
         # varlen_missing(i) says which do not, and why.
         self.varlen = bool(pc.get("varlen", False))
+        # The models' masks its kernel carries (ABI 4): a window library also runs calls
+        # without a window and a sinks library calls without sinks; a softcap one needs a cap.
+        self.window = bool(pc.get("window", False))
+        self.softcap = bool(pc.get("softcap", False))
+        self.sinks = bool(pc.get("sinks", False))
         self._bucket_for = self.fn["bucket_for"]
         self._bucket_varlen = self._read_bucket_varlen() if self._bucket_for is not None else []
         self._table: dict[str, Any] | None = None

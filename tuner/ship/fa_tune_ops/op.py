@@ -5,7 +5,8 @@ Schema (FlashAttention-3's ``flash_attn_varlen_func`` names)::
     fa_tune::attention(Tensor q, Tensor k, Tensor v, bool causal=True, float? softmax_scale=None,
                        Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None,
                        SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None,
-                       Tensor? seqused_k=None) -> (Tensor out, Tensor lse)
+                       Tensor? seqused_k=None, int window=0, float softcap=0.0,
+                       Tensor? sinks=None) -> (Tensor out, Tensor lse)
 
 BF16 CUDA tensors, head dim the library's, its mask; causal is aligned bottom-right (query i of
 a sequence with s_q queries and s_k keys sees keys 0 .. i + s_k - s_q).
@@ -21,6 +22,12 @@ a sequence with s_q queries and s_k keys sees keys 0 .. i + s_k - s_q).
   contiguous): fused-QKV views, transformers' cache [B, H, S, D] transposed to BSHD. Where TMA
   cannot read one as it is (a stride not a multiple of 8 elements, a pointer off 16 bytes) the
   op copies it and warns once (checks.CopyWarning). out is always dense.
+
+The models' masks (each needs a library whose problem class has it: ``Library.window`` etc.):
+``window`` a sliding window of that many keys (transformers' ``sliding_window``; query i sees its
+diagonal key and the window - 1 before it; 0: none); ``softcap`` scores s become softcap *
+tanh(s / softcap) (Gemma-2; 0: none); ``sinks`` FP32 [Hq], one logit per query head joining each
+row's softmax denominator (gpt-oss; lse includes it).
 
 Metadata tensors are int32, 1-D, contiguous, on q's device; their values are checked by the
 kernel, never read on the host (status.py: a bad batch raises at the next call, at
@@ -52,12 +59,14 @@ from .library import Library, LibraryError, default_path
 NAMESPACE = "fa_tune"
 SCHEMA = ("attention(Tensor q, Tensor k, Tensor v, bool causal=True, float? softmax_scale=None, "
           "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, SymInt? max_seqlen_q=None, "
-          "SymInt? max_seqlen_k=None, Tensor? seqused_k=None) -> (Tensor out, Tensor lse)")
+          "SymInt? max_seqlen_k=None, Tensor? seqused_k=None, int window=0, float softcap=0.0, "
+          "Tensor? sinks=None) -> (Tensor out, Tensor lse)")
 MAX_ELEMS = checks.MAX_ELEMS
 
 _lib: Library | None = None
-# Fixed-length shapes whose one-time setup (fa_tune_prepare) ran: (device, B, Hq, Hkv, Sq, Sk).
-_prepared: set[tuple[int, int, int, int, int, int]] = set()
+# Fixed-length shapes whose one-time setup (fa_tune_prepare) ran: (device, B, Hq, Hkv, Sq, Sk,
+# window; the static scheduler's task lists count a window's tiles).
+_prepared: set[tuple[int, int, int, int, int, int, int]] = set()
 
 
 def load(path: str | None = None) -> Library:
@@ -86,11 +95,13 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
                  softmax_scale: float | None = None, cu_seqlens_q: torch.Tensor | None = None,
                  cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: Any = None,
                  max_seqlen_k: Any = None, seqused_k: torch.Tensor | None = None,
+                 window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
                  lib: Library | None = None) -> Call:
     """Raise ValueError (one sentence) for input the library cannot run (metadata only: no data
     access, no sync); else the call's form (checks.Call)."""
     return checks.check(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
-                        max_seqlen_q, max_seqlen_k, seqused_k, lib or library())
+                        max_seqlen_q, max_seqlen_k, seqused_k, lib or library(), window, softcap,
+                        sinks)
 
 
 def _raw_stream(device: int) -> int:
@@ -134,17 +145,18 @@ def _cuda_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
                softmax_scale: float | None = None, cu_seqlens_q: torch.Tensor | None = None,
                cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: Any = None,
                max_seqlen_k: Any = None, seqused_k: torch.Tensor | None = None,
+               window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
                ) -> tuple[torch.Tensor, torch.Tensor]:
     lib = _lib or library()
     dev = q.get_device()
     if dev >= 0 and _current_device() != dev:  # the library launches on the current device
         with torch.cuda.device(dev):
             return _cuda_impl(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
-                              max_seqlen_q, max_seqlen_k, seqused_k)
+                              max_seqlen_q, max_seqlen_k, seqused_k, window, softcap, sinks)
     if dev >= 0:
         status.raise_pending(dev)
     call = checks.check(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
-                        max_seqlen_q, max_seqlen_k, seqused_k, lib)
+                        max_seqlen_q, max_seqlen_k, seqused_k, lib, window, softcap, sinks)
     if dev < 0:
         checks.fail(f"q, k and v must be CUDA tensors; got {q.device}")
     # Made on the device's first call of any kind (usually before a graph capture), so the C++
@@ -162,7 +174,8 @@ def _cuda_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         head_dim=lib.head_dim, seqlen_q=int(call.seqlen_q), seqlen_k=int(call.seqlen_k),
         total_q=int(call.total_q), total_k=int(call.total_k), cu_seqlens_q=_ptr(cu_seqlens_q),
         cu_seqlens_k=_ptr(cu_seqlens_k), seqused_k=_ptr(seqused_k),
-        softmax_scale=softmax_scale or 0.0, causal=int(lib.causal))
+        softmax_scale=softmax_scale or 0.0, causal=int(lib.causal), window=int(window),
+        softcap=float(softcap), sinks=_ptr(sinks))
     workspace = None
     if call.device_metadata:
         args.status = status_words
@@ -175,7 +188,8 @@ def _cuda_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool =
         workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
         args.workspace, args.workspace_bytes = workspace.data_ptr(), nbytes
     else:
-        key = (dev, int(call.batch), Hq, Hkv, int(call.seqlen_q), int(call.seqlen_k))
+        key = (dev, int(call.batch), Hq, Hkv, int(call.seqlen_q), int(call.seqlen_k),
+               int(window))
         if key not in _prepared:
             _prepare(lib, args, key)
     rc = lib.forward(ctypes.byref(args), _raw_stream(dev))
@@ -191,9 +205,10 @@ def _cpu_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
               softmax_scale: float | None = None, cu_seqlens_q: torch.Tensor | None = None,
               cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: Any = None,
               max_seqlen_k: Any = None, seqused_k: torch.Tensor | None = None,
+              window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
               ) -> tuple[torch.Tensor, torch.Tensor]:
     check_inputs(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                 max_seqlen_k, seqused_k)
+                 max_seqlen_k, seqused_k, window, softcap, sinks)
     checks.fail(f"q, k and v must be CUDA tensors; got {q.device}")
     raise AssertionError  # unreachable: fail raised
 
@@ -202,9 +217,10 @@ def _fake(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True
           softmax_scale: float | None = None, cu_seqlens_q: torch.Tensor | None = None,
           cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: Any = None,
           max_seqlen_k: Any = None, seqused_k: torch.Tensor | None = None,
+          window: int = 0, softcap: float = 0.0, sinks: torch.Tensor | None = None,
           ) -> tuple[torch.Tensor, torch.Tensor]:
     call = check_inputs(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
-                        max_seqlen_q, max_seqlen_k, seqused_k)
+                        max_seqlen_q, max_seqlen_k, seqused_k, window, softcap, sinks)
     out = q.new_empty(q.shape)  # dense, whatever q's strides
     return out, q.new_empty(call.lse_shape(q), dtype=torch.float32)
 
@@ -261,7 +277,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
               softmax_scale: float | None = None, cu_seqlens_q: torch.Tensor | None = None,
               cu_seqlens_k: torch.Tensor | None = None, max_seqlen_q: int | None = None,
               max_seqlen_k: int | None = None, seqused_k: torch.Tensor | None = None, *,
-              cache_seqlens: torch.Tensor | int | None = None,
+              cache_seqlens: torch.Tensor | int | None = None, window: int = 0,
+              softcap: float = 0.0, sinks: torch.Tensor | None = None,
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """torch.ops.fa_tune.attention (the module docstring has every form): (out, lse).
 
@@ -277,4 +294,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = 
                                        device=q.device)
         seqused_k = cache_seqlens
     return torch.ops.fa_tune.attention(q, k, v, causal, softmax_scale, cu_seqlens_q,
-                                       cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k)
+                                       cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                                       window, softcap, sinks)

@@ -53,8 +53,10 @@ struct Bound {
 };
 
 // Keys of calls the Python path ran: (device, B, Hq, Hkv, S_q, S_k) fixed length; (device, -1,
-// Hq, Hkv, bucket, 0) with device metadata.
-using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>;
+// Hq, Hkv, bucket, 0) with device metadata; then the models' masks: the window (a fixed
+// shape's task lists count its tiles) and which of softcap and sinks are given (the library's
+// class decides whether it takes them: the Python path says so in its words).
+using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>;
 
 std::mutex g_mu;
 Bound g_lib;
@@ -71,17 +73,19 @@ using Out = std::tuple<at::Tensor, at::Tensor>;
 using OptTensor = std::optional<at::Tensor>;
 using Sig = Out(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,
                 std::optional<double>, const OptTensor&, const OptTensor&,
-                std::optional<c10::SymInt>, std::optional<c10::SymInt>, const OptTensor&);
+                std::optional<c10::SymInt>, std::optional<c10::SymInt>, const OptTensor&,
+                int64_t, double, const OptTensor&);
 
 Out python_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                 std::optional<double> scale, const OptTensor& cu_q, const OptTensor& cu_k,
                 std::optional<c10::SymInt> max_q, std::optional<c10::SymInt> max_k,
-                const OptTensor& seqused_k) {
+                const OptTensor& seqused_k, int64_t window, double softcap,
+                const OptTensor& sinks) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("fa_tune::_attention_py", "")
                              .typed<Sig>();
   return op.call(q, k, v, causal, scale, cu_q, cu_k, std::move(max_q), std::move(max_k),
-                 seqused_k);
+                 seqused_k, window, softcap, sinks);
 }
 
 bool ready(const Key& key) {
@@ -175,9 +179,11 @@ Out launch(fa_tune_args& a, at::Tensor out, at::Tensor lse, const Bound& lib, in
 Out attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                    std::optional<double> scale, const OptTensor& cu_q, const OptTensor& cu_k,
                    std::optional<c10::SymInt> max_q, std::optional<c10::SymInt> max_k,
-                   const OptTensor& seqused_k) {
+                   const OptTensor& seqused_k, int64_t window, double softcap,
+                   const OptTensor& sinks) {
   auto slow = [&]() {
-    return python_path(q, k, v, causal, scale, cu_q, cu_k, max_q, max_k, seqused_k);
+    return python_path(q, k, v, causal, scale, cu_q, cu_k, max_q, max_k, seqused_k, window,
+                       softcap, sinks);
   };
   Bound lib;
   {
@@ -197,13 +203,26 @@ Out attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   int64_t st[3][3];  // q, k, v: (batch, sequence, head) element strides
   if (!kernel_strides(q, st[0]) || !kernel_strides(k, st[1]) || !kernel_strides(v, st[2]))
     return slow();
+  // The models' masks: values the Python path would refuse go there for its words.
+  if (window < 0 || window > (int64_t(1) << 30) || !(softcap >= 0 && std::isfinite(softcap)))
+    return slow();
+  if (sinks.has_value() &&
+      (sinks->dim() != 1 || sinks->size(0) != q.size(-2) || sinks->scalar_type() != at::kFloat ||
+       (sinks->size(0) > 1 && sinks->stride(0) != 1) || sinks->get_device() != q.get_device()))
+    return slow();
+  const int mask_kinds = (softcap > 0 ? 1 : 0) | (sinks.has_value() ? 2 : 0);
+  auto set_masks = [&](fa_tune_args& a) {
+    a.window = int32_t(window);
+    a.softcap = float(softcap);
+    a.sinks = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
+  };
 
   if (!cu_q.has_value() && !cu_k.has_value() && !seqused_k.has_value()) {  // fixed length
     if (max_q.has_value() || max_k.has_value() || q.dim() != 4 || k.dim() != 4) return slow();
     const int64_t B = q.size(0), Sq = q.size(1), Hq = q.size(2), Hkv = k.size(2),
                   Sk = k.size(1);
     if (B < 1 || Sq < 1 || Sk < 1 || k.size(0) != B || (causal && Sq > Sk)) return slow();
-    const Key key{dev, B, Hq, Hkv, Sq, Sk};
+    const Key key{dev, B, Hq, Hkv, Sq, Sk, window, mask_kinds};
     if (!ready(key)) {  // the shape's first call: the Python path does its one-time setup
       Out r = slow();
       mark_ready(key);
@@ -212,6 +231,7 @@ Out attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
     at::Tensor out = at::empty(q.sizes(), q.options());
     at::Tensor lse = at::empty({B, Hq, Sq}, q.options().dtype(at::kFloat));
     fa_tune_args a = base_args(q, k, v, out, lse, scale_arg, lib, st, B, Sq, Sk);
+    set_masks(a);
     return launch(a, std::move(out), std::move(lse), lib, dev);
   }
 
@@ -259,8 +279,9 @@ Out attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   a.cu_seqlens_k = packed_k ? cu_k->data_ptr<int32_t>() : nullptr;
   a.seqused_k = seqused_k.has_value() ? seqused_k->data_ptr<int32_t>() : nullptr;
   a.status = status;
+  set_masks(a);
   const int bucket = lib.bucket_for ? lib.bucket_for(&a) : 0;
-  const Key key{dev, -1, Hq, Hkv, bucket, 0};
+  const Key key{dev, -1, Hq, Hkv, bucket, 0, window, mask_kinds};
   const size_t nbytes = bucket < 0 ? 0 : lib.workspace_bytes(&a);
   if (nbytes == 0 || !ready(key)) {  // the bucket's first such call, or a refusal: Python
     Out r = slow();
