@@ -271,3 +271,24 @@ def test_three_warpgroup_row_max_runs_before_the_pv_wait() -> None:
     assert loops["uniform"] and loops["by_tid"], loops
     assert all(before >= total - 4 for before, total in loops["uniform"]), loops
     assert any(before < total // 2 for before, total in loops["by_tid"]), loops
+
+
+# The models' masks (issue 36): every mask at once, with the varlen kernel (the window's tile
+# range in the producer and the consumers, the softcap's tanh, the sinks in finalize), on the
+# default preset and on D 64's sum_in_pv, whose row sums the sinks join.
+ALL_MASKS = Artifact(load_preset("default"),
+                     ProblemClass(128, True, True, window=True, softcap=True, sinks=True))
+SUMPV_MASKS = Artifact(load_preset("d64-sumpv"), ProblemClass(64, True, True, window=True,
+                                                              sinks=True))
+
+
+@pytest.mark.builds(ALL_MASKS, SUMPV_MASKS)
+@pytest.mark.parametrize("art", [ALL_MASKS, SUMPV_MASKS], ids=["default-all", "d64-sumpv"])
+def test_the_models_masks_compile_clean(art: Artifact) -> None:
+    r = build.build_config(art.config, pclass=art.pclass)
+    assert r.unfit is None, r.unfit  # no local memory, wgmma not serialized
+    assert r.sass["has_hgmma"]
+    src = build.render(art.config, pclass=art.pclass)
+    assert "static constexpr bool window = true;" in src
+    plain = build.render(art.config, pclass=ProblemClass(art.pclass.head_dim, True, True))
+    assert "constexpr bool window" not in plain and "constexpr bool sinks" not in plain

@@ -414,6 +414,7 @@ struct Launcher {
   }
 
   static size_t workspace_bytes(const fa_tune_args* ap) {
+    g_last_error.clear();  // a 0 then says why only when this call refused the arguments
     if (check_args(ap) != cudaSuccess || !device_scheduled(*ap)) return 0;
     VarlenPlan plan;
     if (check_scheduled(*ap, &plan) != cudaSuccess) return 0;

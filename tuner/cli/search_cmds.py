@@ -144,8 +144,6 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
                 allow_mixed_gpus: bool, worker: str | None,
                 max_error_ratio: float | None = None) -> None:
     """One worker in this process (one GPU), or a fleet of them (--gpus with several)."""
-
-
     budget = parse_duration(timeout)
     if trials is None and budget is None:
         raise SearchError("give --trials N and/or --timeout DURATION")
@@ -166,7 +164,6 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
         return
     nvml = None
     try:
-
         nvml = Nvml(index=devices[0])
     except Exception:  # noqa: BLE001 - NVML is optional
         nvml = None

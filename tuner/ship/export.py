@@ -56,7 +56,7 @@ def nvcc_flags() -> list[str]:
 
 
 # Finds the CUTLASS headers for an export's build.sh (both kinds of export).
-_CUTLASS_PROBE = """\
+CUTLASS_PROBE = """\
 if [ -z "${CUTLASS_DIR:-}" ]; then
   CUTLASS_DIR="$(python3 - <<'PY'
 import importlib.util, pathlib
@@ -87,7 +87,7 @@ def build_script() -> str:
 set -euo pipefail
 HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 NVCC="${{NVCC:-$(command -v nvcc || echo "${{CUDA_HOME:-/usr/local/cuda}}/bin/nvcc")}}"
-{_CUTLASS_PROBE}mkdir -p "$HERE/build"
+{CUTLASS_PROBE}mkdir -p "$HERE/build"
 "$NVCC" \\
     {flags} \\
     -o "$HERE/build/{LIB_NAME}" "$HERE/kernel.cu"
@@ -281,7 +281,7 @@ print((o.float() - ref.float()).abs().max())
 """
 
 
-def _results_payload(trial: Any, cfg: KernelConfig, built: Any) -> dict[str, Any]:
+def exported_results(trial: Any, cfg: KernelConfig, built: Any) -> dict[str, Any]:
     """The trial's results, with its error ratios (worst over its gated problems: max|err| /
     the BF16 implementation's and / the default config's; docs/GATE.md) under "accuracy"."""
     payload = _measured_payload(trial, cfg, built)
@@ -381,7 +381,7 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
     so = Path(built.so_path)
     if not so.is_file():
         raise ExportError(f"the artifact {so} is missing; rebuild with `fa-tune build`")
-    payload = _results_payload(trial, cfg, built)
+    payload = exported_results(trial, cfg, built)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:

@@ -18,11 +18,11 @@ from tuner.kernel.config import KernelConfig, varlen_reason
 from tuner.problem import ProblemClass
 from tuner.ship import dispatcher_cpp
 from tuner.ship.export import (
-    _CUTLASS_PROBE,
+    CUTLASS_PROBE,
     LIB_NAME,
     ExportError,
-    _results_payload,
     abi_section,
+    exported_results,
     nvcc_flags,
 )
 
@@ -68,7 +68,7 @@ def workload_build_script(table: Any) -> str:
 set -euo pipefail
 HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 NVCC="${{NVCC:-$(command -v nvcc || echo "${{CUDA_HOME:-/usr/local/cuda}}/bin/nvcc")}}"
-{_CUTLASS_PROBE}JOBS="${{JOBS:-$(nproc 2>/dev/null || echo 1)}}"
+{CUTLASS_PROBE}JOBS="${{JOBS:-$(nproc 2>/dev/null || echo 1)}}"
 OBJ="$HERE/build/obj"
 mkdir -p "$OBJ"
 KERNEL_FLAGS=(
@@ -275,7 +275,7 @@ def _workload_results(table: Any, resolved: Any) -> dict[str, Any]:
         r = (resolved or {}).get(e.bucket)
         trial = getattr(r, "trial", None)
         if trial is not None:
-            payload = _results_payload(trial, e.config, SimpleNamespace(so_path=None, key=None))
+            payload = exported_results(trial, e.config, SimpleNamespace(so_path=None, key=None))
         else:
             payload = {"status": "measured" if e.measured else "not measured",
                        "measured": e.measured}
