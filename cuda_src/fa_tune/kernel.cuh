@@ -139,7 +139,7 @@ struct Consumer {
       // The causal mask compares keys with row0 + off (the row's diagonal key).
       float sink_log2 = -INFINITY;
       if constexpr (T::kSinks) {
-        if (p.mask.sinks != nullptr) sink_log2 = p.mask.sinks[t.head] * 1.4426950408889634f;
+        if (p.mask.sinks != nullptr) sink_log2 = p.mask.sinks[t.head] * Hooks::sink_log2e;
       }
       const typename ML::TileArgs args{n_blocks,
                                        num_unmasked_kv_blocks<T>(first_row, n_blocks, Sk, off),

@@ -70,7 +70,7 @@ __device__ __forceinline__ void apply_window_mask(Frag& s, int diag0, int col0, 
   apply_mask<kCausal>(s, diag0, col0, key_end);
   constexpr int N = decltype(cute::size(s))::value;
   const int lane_col = col0 + 2 * (threadIdx.x % 4);
-  const int left0 = diag0 - window;  // the first key the thread's i1 = 0 row sees
+  const int left0 = diag0 - window - Hooks::window_slack;  // the i1 = 0 row's first key
   CUTE_UNROLL
   for (int e = 0; e < N; ++e) {
     const int i0 = e % 2, i1 = (e / 2) % 2, i2 = e / 4;
@@ -80,14 +80,20 @@ __device__ __forceinline__ void apply_window_mask(Frag& s, int diag0, int col0, 
 
 // Logit softcap (Gemma-2): s <- tanh(s x pre), pre = softmax scale / cap; the softmax's
 // scale_log2 then carries cap x log2(e), so the exp2 sees cap x tanh(s x scale / cap). One
-// MUFU.TANH per score beside the exp2's MUFU.EX2.
+// MUFU.TANH per score beside the exp2's MUFU.EX2 (a lab build can take the FP32-exact form
+// from EX2 and RCP instead: cuda_src/lab/hooks.cuh).
 template <class Frag>
 __device__ __forceinline__ void apply_softcap(Frag& s, float pre) {
   constexpr int N = decltype(cute::size(s))::value;
   CUTE_UNROLL
   for (int e = 0; e < N; ++e) {
+    const float x = s(e) * pre;
     float y;
-    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(s(e) * pre));
+    if constexpr (Hooks::softcap_exp2) {
+      y = 1.f - 2.f / (exp2f(x * 2.8853900817779268f) + 1.f);  // exp2 of 2x log2(e)
+    } else {
+      asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    }
     s(e) = y;
   }
 }

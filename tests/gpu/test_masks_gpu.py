@@ -75,3 +75,18 @@ def test_a_library_without_the_mask_refuses_in_one_line(kernels: dict) -> None:
     kernel = kernels[(cfg, Problem.parse("2x8/2x1000:w128").problem_class)]
     why = kernel.module.unsupported(Problem.parse("1x8/2x1000:cap50"))
     assert why is not None and "without softcapping" in why and "\n" not in why
+
+
+@pytest.mark.parametrize(("bug", "text"), [(9, "2x8/2x1000:w128"), (9, "1x8/2x300:k1500:w200"),
+                                           (10, "1x8/2x1000:sinks")])
+def test_the_gate_catches_planted_mask_bugs(bench: Bench, bug: int, text: str) -> None:
+    """cuda_src/lab/hooks.cuh: 9 keeps the key just left of each row's window, 10 takes the
+    sink to base 2. Both must fail the gate on the problems they change."""
+    p = Problem.parse(text)
+    res = build.build_config(load_preset("default"), defines={"FA_TUNE_PLANT_BUG": bug},
+                             pclass=p.problem_class)
+    res.require_timeable()
+    g = bench.gate(KernelLaunch(res.so_path), p)
+    bench.release(p)
+    print(f"bug {bug} {p}: {g.summary()}")
+    assert not g.passed, f"planted bug {bug} passed the gate on {p}"
