@@ -14,7 +14,18 @@
 // no key (causal Sq > Sk, or a sequence without keys) gets O = 0 and LSE = -inf, the kernel's
 // convention (fa-tune's problems never have one).
 //
-// C ABI (version 7). Every function returns an int that is a cudaError_t (0 = cudaSuccess).
+// The models' masks (issue 36; tuner/problem.py), each optional, in every reference:
+//   window W >= 1: a sliding window: query row i, diagonal key a = i + Sk - Sq, sees keys
+//     max(0, a - W + 1) .. a causal, max(0, a - W + 1) .. Sk - 1 not (transformers'
+//     sliding_window; FlashAttention's window_size = (W - 1, 0) / (W - 1, -1)); 0: none.
+//   softcap C > 0: scores s (softmax scale included) become C tanhf(s / C) before the softmax
+//     (Gemma-2); 0: none.
+//   sinks: float32 [Hq] on the device (or NULL): query head h's logit joins each of its rows'
+//     softmax denominators as exp(sinks[h]), with no value row (gpt-oss): O = sum_j exp(s_j -
+//     m) v_j / (sum_j exp(s_j - m) + exp(sink - m)), LSE = log(sum_j exp(s_j) + exp(sink)). A
+//     row that sees no key then gets O = 0 and LSE = sink.
+//
+// C ABI (version 8). Every function returns an int that is a cudaError_t (0 = cudaSuccess).
 // Each launch is followed by cudaGetLastError(), so a bad launch is reported by the call that
 // made it; kernel faults surface at the caller's next synchronisation. All work is enqueued on
 // `stream` (a cudaStream_t == CUstream; NULL = legacy default stream). Pointers are device
@@ -44,6 +55,12 @@
 //       a FORWARD walk rises). Sk <= 32768 (see construction; the trend is over keys, so Sq
 //       does not matter). Construction below; bit-identical to ABI 2 for MHA, D 128, Sq = Sk.
 //
+//   int oracle_fill_uniform_f32(float* dst, long long n, unsigned long long seed,
+//                               unsigned long long stream_id, float lo, float hi, cudaStream_t s);
+//       dst[i] = lo + (hi - lo) * u(seed, stream_id, i) in FP32 (no BF16 rounding): the
+//       attention sinks of an input set (tuner/measure/reference_numpy.py picks lo, hi and the
+//       stream per set).
+//
 //   int oracle_poison(void* o_bf16, long long n_o, float* lse, long long n_lse, cudaStream_t s);
 //       o[i] bits = 0x7FBF (ORACLE_POISON_BF16), lse[i] bits = 0x7FBADBAD (ORACLE_POISON_F32).
 //       Both are NaNs no arithmetic produces (hardware NaNs are 0x7FFF/0x7FC0 and 0x7FFFFFFF),
@@ -52,14 +69,20 @@
 //
 //   int oracle_reference(const void* q, const void* k, const void* v, float* o_ref,
 //                        float* lse_ref, int B, int Hq, int Hkv, int Sq, int Sk, int D,
-//                        int causal, int flags, cudaStream_t s);
+//                        int causal, int window, float softcap, const float* sinks, int flags,
+//                        cudaStream_t s);
 //       Independent FP32 attention, scale 1/sqrt(D), exact softmax with IEEE expf/logf (online
 //       form: per-tile max and rescale, all FP32); causal != 0: key j <= query row i + Sk - Sq,
-//       else every key. Query head h reads K/V head h / (Hq / Hkv). lse_ref may be NULL.
+//       else every key; window, softcap, sinks as above (0, 0, NULL: none; softcap through
+//       tanhf, accurate to 2 ulp; the sink folded into the row's max and sum at the end). Query
+//       head h reads K/V head h / (Hq / Hkv). lse_ref may be NULL.
 //       flags = 0 for the reference. Test-only bits (to prove the gate catches real kernel bugs):
 //         1 = walk KV tiles in reverse (diagonal / last tile first), like the FA3 mainloop;
 //         2 = BUG: do not rescale O when the running max rises;
-//         4 = BUG: do not rescale the running sum l when the running max rises.
+//         4 = BUG: do not rescale the running sum l when the running max rises;
+//         8 = BUG: leave the sink out (as if sinks were NULL);
+//         16 = BUG: the sink times ln 2 (a base-2 softmax given the natural-log sink as is);
+//         32 = BUG: the window one key wider (its left edge at a - W).
 //       One CTA (256 threads) per (64 query rows, h, b), a template on D; Q, K/V and P tiles
 //       staged in shared memory as FP32; each thread owns a 4x4 score block and a 4 x D/16
 //       output block (register blocking, float4 shared loads). Shared memory (rows padded by 4
@@ -74,8 +97,8 @@
 //   int oracle_reference_varlen(const void* q, const void* k, const void* v, float* o_ref,
 //                               float* lse_ref, const int* cu_seqlens_q,
 //                               const int* cu_seqlens_k, int num_seqs, int max_seqlen_q,
-//                               int total_q, int Hq, int Hkv, int D, int causal, int flags,
-//                               cudaStream_t s);
+//                               int total_q, int Hq, int Hkv, int D, int causal, int window,
+//                               float softcap, const float* sinks, int flags, cudaStream_t s);
 //       The same reference for a packed batch (Q, O [total_q, Hq, D]; K, V [total_k, Hkv, D];
 //       lse [Hq, total_q]): sequence b's queries are rows cu_seqlens_q[b] .. [b + 1] and its
 //       keys rows cu_seqlens_k[b] .. [b + 1] (int32 on the device, num_seqs + 1 entries each,
@@ -85,19 +108,24 @@
 //
 //   int oracle_reference_bf16(const void* q, const void* k, const void* v, void* o_bf16,
 //                             int B, int Hq, int Hkv, int Sq, int Sk, int D, int causal,
-//                             cudaStream_t s);
+//                             int window, float softcap, const float* sinks, cudaStream_t s);
 //   int oracle_reference_bf16_varlen(const void* q, const void* k, const void* v, void* o_bf16,
 //                                    const int* cu_seqlens_q, const int* cu_seqlens_k,
 //                                    int num_seqs, int max_seqlen_q, int total_q, int Hq,
-//                                    int Hkv, int D, int causal, cudaStream_t s);
+//                                    int Hkv, int D, int causal, int window, float softcap,
+//                                    const float* sinks, cudaStream_t s);
 //       The same problem computed in BF16 the way FlashAttention's tests do it
 //       (attention_ref(upcast=False)), into o_bf16 [B, Sq, Hq, D] BF16 (a packed batch: [total_q,
 //       Hq, D]): Q * scale rounded to BF16; S = (Q * scale) K^T with FP32 accumulation rounded
 //       to BF16; softmax in FP32 of those BF16 scores (exp(s - max) / sum) rounded to BF16 (P);
-//       O = P V with FP32 accumulation rounded to BF16. The gate compares it with the FP32
-//       reference (oracle_compare) for FlashAttention's rule, max|err| <= 2 x its max|err| +
-//       1e-5 (docs/GATE.md). The reference kernel's other template: two walks over the KV tiles
-//       (max and sum, then P and P V), so ~1.5x the FP32 reference's time. No LSE, no flags.
+//       O = P V with FP32 accumulation rounded to BF16. The masks as attention_ref applies them
+//       to BF16 tensors: softcap rounds s / C, tanhf of that and C times it to BF16 each; the
+//       window is a -inf score; the sink (FP32) joins the max and the sum (P = exp(s - M) /
+//       (sum_j exp(s_j - M) + exp(sink - M)), M = max(max_j s_j, sink)). The gate compares it
+//       with the FP32 reference (oracle_compare) for FlashAttention's rule, max|err| <= 2 x its
+//       max|err| + 1e-5, 3 x with a softcap (docs/GATE.md). The reference kernel's other
+//       template: two walks over the KV tiles (max and sum, then P and P V), so ~1.5x the FP32
+//       reference's time. No LSE, no flags.
 //
 //   int oracle_f32_to_bf16(const float* src, void* dst_bf16, long long n, cudaStream_t s);
 //       dst = bf16_rn(src): a "perfect kernel" for gate self-tests.
@@ -197,11 +225,12 @@
 
 #define ORACLE_API extern "C" __attribute__((visibility("default")))
 
+// 8: the models' masks (window, softcap, sinks) in every reference; oracle_fill_uniform_f32.
 // 7: oracle_reference_bf16 / _varlen (FlashAttention's BF16-math reference, the error ratios).
 // 6: oracle_copy_bf16_4d (inputs mirrored into strided layouts).
 // 5: separate query and key lengths (Sq <= Sk, bottom-right causal), cu_seqlens_q / _k.
 // 4: oracle_reference_varlen
-#define ORACLE_ABI_VERSION 7
+#define ORACLE_ABI_VERSION 8
 #define ORACLE_ROW_BLOCK 16
 #define ORACLE_POISON_BF16 0x7FBFu
 #define ORACLE_POISON_F32 0x7FBADBADu
@@ -286,6 +315,14 @@ __global__ void fill_uniform_kernel(__nv_bfloat16* __restrict__ dst, long long n
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         dst[i] = to_bf16(uniform_in(seed, stream, (uint64_t)i, lo, hi));
+    }
+}
+
+__global__ void fill_uniform_f32_kernel(float* __restrict__ dst, long long n, uint64_t seed,
+                                        uint64_t stream, float lo, float hi) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        dst[i] = uniform_in(seed, stream, (uint64_t)i, lo, hi);
     }
 }
 
@@ -397,6 +434,8 @@ constexpr int kRefThreads = 256;      // 16 x 16 threads; each owns 4 rows
 constexpr int kPLd = kRefN + 4;
 
 constexpr int kFlagReverse = 1, kFlagBugNoRescaleO = 2, kFlagBugNoRescaleL = 4;
+constexpr int kFlagBugNoSink = 8, kFlagBugSinkLn2 = 16, kFlagBugWideWindow = 32;
+constexpr int kFlagsAll = 63;
 
 // Per head dim: padded row stride of the Q and K/V tiles (row stride = 4 banks mod 32, so
 // float4 reads of 16 different rows hit distinct banks), shared memory, CTAs per SM.
@@ -484,6 +523,34 @@ __device__ __forceinline__ void qk_block(const float* __restrict__ Qs, const flo
     }
 }
 
+// Fold a sink logit into a row's running max m and sum l: m becomes max(m, sink), l gains
+// exp(sink - m); returns the factor what the row has accumulated must be scaled by (0 for a row
+// that saw no key: it has nothing to scale, and its max is the sink's).
+__device__ __forceinline__ float fold_sink(float& m, float& l, float sink) {
+    if (sink == -INFINITY) return 1.f;  // no sink (a test bug's): nothing joins
+    const float m_new = fmaxf(m, sink);
+    const float alpha = m == -INFINITY ? 0.f : expf(m - m_new);
+    l = l * alpha + expf(sink - m_new);
+    m = m_new;
+    return alpha;
+}
+
+// Logit softcapping: C tanhf(s / C), on scores before the mask. BF16 math rounds each of
+// attention_ref's torch ops on a BF16 tensor: s / C, tanh of it, and C times that.
+template <bool kBf16>
+__device__ __forceinline__ float cap_score(float s, float c) {
+    if (kBf16) return bf16_round(c * bf16_round(tanhf(bf16_round(s / c))));
+    return c * tanhf(s / c);
+}
+
+// The sink of query head h in natural-log units, -inf for none (its term exp(-inf) is 0), with
+// the test-only bugs applied. Read where it is used, not held across the KV walk: a register
+// fewer there keeps the D 128 instantiation within 128 registers without spills.
+__device__ __forceinline__ float sink_of(const float* __restrict__ sinks, int h, int flags) {
+    if (sinks == nullptr || (flags & kFlagBugNoSink)) return -INFINITY;
+    return (flags & kFlagBugSinkLn2) ? __ldg(sinks + h) * 0.693147180559945f : __ldg(sinks + h);
+}
+
 // kBf16 = false: the FP32 reference (o_out float*, online softmax, one walk over the KV tiles).
 // kBf16 = true: the BF16-math reference, FlashAttention's attention_ref(upcast=False): Q * scale
 // rounded to BF16, S = (Q * scale) K^T in FP32 rounded to BF16, softmax in FP32 of those BF16
@@ -495,8 +562,8 @@ __global__ void __launch_bounds__(kRefThreads, RefTraits<D>::kMinBlocks)
 reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                  const __nv_bfloat16* __restrict__ v, void* __restrict__ o_out,
                  float* __restrict__ lse_ref, int Hq, int Hkv, int Sq_arg, int Sk_arg, int causal,
-                 int flags, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
-                 int total_q) {
+                 int window, float softcap, const float* __restrict__ sinks, int flags,
+                 const int* __restrict__ cu_q, const int* __restrict__ cu_k, int total_q) {
     constexpr int kLd = RefTraits<D>::kLd;
     constexpr int kOC = RefTraits<D>::kOutCols;  // 4, 8 or 16
     constexpr int kGroups = kOC / 4;             // groups of 4 output dims, 64 apart
@@ -546,18 +613,35 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
     for (int i = 0; i < 4; ++i) {
         m[i] = -INFINITY;
         l[i] = 0.f;
-#pragma unroll
-        for (int c = 0; c < kOC; ++c) acc_o[i][c] = 0.f;
     }
 
-    // The last key any real row of this block sees (-1: none; then no tile at all).
+    // Sliding window: row i sees no key below i + off - win + 1 (0: no window).
+    const int win = window > 0 && (flags & kFlagBugWideWindow) ? window + 1 : window;
+    // The keys any real row of this block sees: from the window's left edge for its first row
+    // to the last key of its last row (last < first: none; then no tile at all).
+    const int first_key = win > 0 ? max(0, q0 + off - win + 1) : 0;
     const int last_key = causal ? min(min(q0 + kRefM - 1, Sq - 1) + off, Sk - 1) : Sk - 1;
-    const int n_tiles = last_key < 0 ? 0 : last_key / kRefN + 1;
+    const int tile0 = first_key / kRefN;
+    const int n_tiles = last_key < first_key ? 0 : last_key / kRefN + 1 - tile0;
     // FP32: one walk. BF16 math: walk 0 finds the row max and sum, walk 1 writes P and P V.
+    // Unrolled, with O zeroed at its walk: BF16 math's first walk then holds no O registers
+    // (the D 128 instantiation stays within 128 registers without spills).
+#pragma unroll
     for (int walk = 0; walk < (kBf16 ? 2 : 1); ++walk) {
     const bool final_walk = !kBf16 || walk == 1;
+    if (final_walk) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int c = 0; c < kOC; ++c) acc_o[i][c] = 0.f;
+    }
+    if (kBf16 && final_walk && sinks != nullptr) {  // the sink joins the max and the sum
+        const float sink = sink_of(sinks, h, flags);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) fold_sink(m[i], l[i], sink);
+    }
     for (int it = 0; it < n_tiles; ++it) {
-        const int tile = (flags & kFlagReverse) ? n_tiles - 1 - it : it;
+        const int tile = tile0 + ((flags & kFlagReverse) ? n_tiles - 1 - it : it);
         const int kv0 = tile * kRefN;
 
         __syncthreads();  // previous tile's readers of KVs/Ps are done (and Qs is staged)
@@ -573,10 +657,19 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
         for (int i = 0; i < 4; ++i) {
             const int row = q0 + ty * 4 + i;
 #pragma unroll
+            for (int j = 0; j < 4; ++j) sc[i][j] = kBf16 ? bf16_round(sc[i][j]) : sc[i][j] * scale;
+            // Capped before the mask (C tanh(-inf / C) would be -C, a key). Uniform: a pass of
+            // its own keeps the plain path's registers.
+            if (softcap > 0.f) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) sc[i][j] = cap_score<kBf16>(sc[i][j], softcap);
+            }
+#pragma unroll
             for (int j = 0; j < 4; ++j) {
                 const int key = kv0 + tx + 16 * j;
-                const bool valid = key < Sk && (!causal || key <= row + off);
-                sc[i][j] = !valid ? -INFINITY : kBf16 ? bf16_round(sc[i][j]) : sc[i][j] * scale;
+                const bool valid = key < Sk && (!causal || key <= row + off) &&
+                                   (win <= 0 || key > row + off - win);
+                if (!valid) sc[i][j] = -INFINITY;
             }
             if (kBf16 && final_walk) {  // m, l final: P normalised, rounded to BF16
 #pragma unroll
@@ -650,12 +743,14 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
     }
 
     // Epilogue: O / l (l >= 1 for every row that sees a key: its max term contributes
-    // exp(0) = 1). A row that sees none gets O = 0 and LSE = -inf (the kernel's convention).
-    // BF16 math: P was normalised already; O rounded to BF16.
+    // exp(0) = 1). A row that sees none gets O = 0 and LSE = -inf (the kernel's convention),
+    // or LSE = sink with a sink. BF16 math: P was normalised already; O rounded to BF16.
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int s = q0 + ty * 4 + i;
         if (s >= Sq) continue;
+        const float o_scale =
+            kBf16 || sinks == nullptr ? 1.f : fold_sink(m[i], l[i], sink_of(sinks, h, flags));
         const bool seen = l[i] > 0.f;
         const long long at = ((base_q + s) * Hq + h) * D;
         if constexpr (kBf16) {
@@ -667,7 +762,7 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
                 o2[1] = __floats2bfloat162_rn(acc_o[i][4 * g + 2], acc_o[i][4 * g + 3]);
             }
         } else {
-            const float inv = seen ? 1.f / l[i] : 0.f;
+            const float inv = seen ? o_scale / l[i] : 0.f;
             float* out = static_cast<float*>(o_out) + at;
 #pragma unroll
             for (int g = 0; g < kGroups; ++g)
@@ -680,11 +775,19 @@ reference_kernel(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __res
     }
 }
 
+// The models' masks of one call (0, 0, NULL: none).
+struct Masks {
+    int window;
+    float softcap;
+    const float* sinks;
+};
+
 // Varlen: B sequences of cu_q / cu_k (device), Sq the longest query length, total_q the query
 // rows (Sk unused). kBf16: o_out is BF16 (the BF16-math reference), lse_ref must be NULL.
+
 template <int D, bool kBf16 = false>
 int launch_reference(const void* q, const void* k, const void* v, void* o_out, float* lse_ref,
-                     int B, int Hq, int Hkv, int Sq, int Sk, int causal, int flags,
+                     int B, int Hq, int Hkv, int Sq, int Sk, int causal, Masks mk, int flags,
                      cudaStream_t s, const int* cu_q = nullptr, const int* cu_k = nullptr,
                      int total_q = 0) {
     constexpr size_t smem = RefTraits<D>::kSmemBytes;
@@ -695,8 +798,8 @@ int launch_reference(const void* q, const void* k, const void* v, void* o_out, f
     const dim3 grid((Sq + kRefM - 1) / kRefM, Hq, B);
     reference_kernel<D, kBf16><<<grid, kRefThreads, smem, s>>>(
         static_cast<const __nv_bfloat16*>(q), static_cast<const __nv_bfloat16*>(k),
-        static_cast<const __nv_bfloat16*>(v), o_out, lse_ref, Hq, Hkv, Sq, Sk, causal, flags,
-        cu_q, cu_k, total_q);
+        static_cast<const __nv_bfloat16*>(v), o_out, lse_ref, Hq, Hkv, Sq, Sk, causal, mk.window,
+        mk.softcap, mk.sinks, flags, cu_q, cu_k, total_q);
     return (int)cudaGetLastError();
 }
 
@@ -983,10 +1086,41 @@ ORACLE_API int oracle_fill_uniform(void* dst, long long n, unsigned long long se
     return (int)cudaGetLastError();
 }
 
+ORACLE_API int oracle_fill_uniform_f32(float* dst, long long n, unsigned long long seed,
+                                       unsigned long long stream_id, float lo, float hi,
+                                       cudaStream_t s) {
+    if (dst == nullptr || n < 0) return (int)cudaErrorInvalidValue;
+    if (n == 0) return 0;
+    fill_uniform_f32_kernel<<<grid_for(n, 256), 256, 0, s>>>(dst, n, seed, stream_id, lo, hi);
+    return (int)cudaGetLastError();
+}
+
 namespace {
 bool bad_problem(int B, int Hq, int Hkv, int S, int D) {
     return B < 1 || Hq < 1 || Hkv < 1 || S < 1 || Hq % Hkv != 0 ||
            (D != 64 && D != 128 && D != 256);
+}
+
+// A window of >= 0 keys, a finite softcap >= 0 (NaN fails too); sinks may be NULL.
+bool bad_masks(int window, float softcap) {
+    return window < 0 || !(softcap >= 0.f) || isinf(softcap);
+}
+
+// One of the reference kernel's instantiations per head dim (D is checked by bad_problem).
+template <bool kBf16>
+int launch_any_d(int D, const void* q, const void* k, const void* v, void* o_out, float* lse_ref,
+                 int B, int Hq, int Hkv, int Sq, int Sk, int causal, Masks mk, int flags,
+                 cudaStream_t s, const int* cu_q = nullptr, const int* cu_k = nullptr,
+                 int total_q = 0) {
+    const int c = causal != 0;
+    if (D == 64)
+        return launch_reference<64, kBf16>(q, k, v, o_out, lse_ref, B, Hq, Hkv, Sq, Sk, c, mk,
+                                           flags, s, cu_q, cu_k, total_q);
+    if (D == 128)
+        return launch_reference<128, kBf16>(q, k, v, o_out, lse_ref, B, Hq, Hkv, Sq, Sk, c, mk,
+                                            flags, s, cu_q, cu_k, total_q);
+    return launch_reference<256, kBf16>(q, k, v, o_out, lse_ref, B, Hq, Hkv, Sq, Sk, c, mk,
+                                        flags, s, cu_q, cu_k, total_q);
 }
 }  // namespace
 
@@ -1025,72 +1159,58 @@ ORACLE_API int oracle_poison(void* o, long long n_o, float* lse, long long n_lse
 
 ORACLE_API int oracle_reference(const void* q, const void* k, const void* v, float* o_ref,
                                 float* lse_ref, int B, int Hq, int Hkv, int Sq, int Sk, int D,
-                                int causal, int flags, cudaStream_t s) {
+                                int causal, int window, float softcap, const float* sinks,
+                                int flags, cudaStream_t s) {
     if (q == nullptr || k == nullptr || v == nullptr || o_ref == nullptr ||
-        bad_problem(B, Hq, Hkv, Sq, D) || Sk < 1 || Hq > 65535 || B > 65535 || (flags & ~7) != 0)
+        bad_problem(B, Hq, Hkv, Sq, D) || Sk < 1 || Hq > 65535 || B > 65535 ||
+        bad_masks(window, softcap) || (flags & ~kFlagsAll) != 0)
         return (int)cudaErrorInvalidValue;
-    const int c = causal != 0;
-    if (D == 64)
-        return launch_reference<64>(q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, c, flags, s);
-    if (D == 128)
-        return launch_reference<128>(q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, c, flags, s);
-    return launch_reference<256>(q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, c, flags, s);
+    return launch_any_d<false>(D, q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, causal,
+                               Masks{window, softcap, sinks}, flags, s);
 }
 
 ORACLE_API int oracle_reference_varlen(const void* q, const void* k, const void* v,
                                        float* o_ref, float* lse_ref, const int* cu_seqlens_q,
                                        const int* cu_seqlens_k, int num_seqs, int max_seqlen_q,
-                                       int total_q, int Hq, int Hkv, int D, int causal, int flags,
+                                       int total_q, int Hq, int Hkv, int D, int causal,
+                                       int window, float softcap, const float* sinks, int flags,
                                        cudaStream_t s) {
     if (q == nullptr || k == nullptr || v == nullptr || o_ref == nullptr ||
         cu_seqlens_q == nullptr || cu_seqlens_k == nullptr || bad_problem(1, Hq, Hkv, total_q, D) ||
-        max_seqlen_q < 1 || num_seqs < 1 || num_seqs > 65535 || Hq > 65535 || (flags & ~7) != 0)
+        max_seqlen_q < 1 || num_seqs < 1 || num_seqs > 65535 || Hq > 65535 ||
+        bad_masks(window, softcap) || (flags & ~kFlagsAll) != 0)
         return (int)cudaErrorInvalidValue;
-    const int c = causal != 0;
-    if (D == 64)
-        return launch_reference<64>(q, k, v, o_ref, lse_ref, num_seqs, Hq, Hkv, max_seqlen_q, 0,
-                                    c, flags, s, cu_seqlens_q, cu_seqlens_k, total_q);
-    if (D == 128)
-        return launch_reference<128>(q, k, v, o_ref, lse_ref, num_seqs, Hq, Hkv, max_seqlen_q, 0,
-                                     c, flags, s, cu_seqlens_q, cu_seqlens_k, total_q);
-    return launch_reference<256>(q, k, v, o_ref, lse_ref, num_seqs, Hq, Hkv, max_seqlen_q, 0, c,
-                                 flags, s, cu_seqlens_q, cu_seqlens_k, total_q);
+    return launch_any_d<false>(D, q, k, v, o_ref, lse_ref, num_seqs, Hq, Hkv, max_seqlen_q, 0,
+                               causal, Masks{window, softcap, sinks}, flags, s, cu_seqlens_q,
+                               cu_seqlens_k, total_q);
 }
 
 ORACLE_API int oracle_reference_bf16(const void* q, const void* k, const void* v, void* o_bf16,
                                      int B, int Hq, int Hkv, int Sq, int Sk, int D, int causal,
+                                     int window, float softcap, const float* sinks,
                                      cudaStream_t s) {
     if (q == nullptr || k == nullptr || v == nullptr || o_bf16 == nullptr ||
-        bad_problem(B, Hq, Hkv, Sq, D) || Sk < 1 || Hq > 65535 || B > 65535)
+        bad_problem(B, Hq, Hkv, Sq, D) || Sk < 1 || Hq > 65535 || B > 65535 ||
+        bad_masks(window, softcap))
         return (int)cudaErrorInvalidValue;
-    const int c = causal != 0;
-    if (D == 64)
-        return launch_reference<64, true>(q, k, v, o_bf16, nullptr, B, Hq, Hkv, Sq, Sk, c, 0, s);
-    if (D == 128)
-        return launch_reference<128, true>(q, k, v, o_bf16, nullptr, B, Hq, Hkv, Sq, Sk, c, 0, s);
-    return launch_reference<256, true>(q, k, v, o_bf16, nullptr, B, Hq, Hkv, Sq, Sk, c, 0, s);
+    return launch_any_d<true>(D, q, k, v, o_bf16, nullptr, B, Hq, Hkv, Sq, Sk, causal,
+                              Masks{window, softcap, sinks}, 0, s);
 }
 
 ORACLE_API int oracle_reference_bf16_varlen(const void* q, const void* k, const void* v,
                                             void* o_bf16, const int* cu_seqlens_q,
                                             const int* cu_seqlens_k, int num_seqs,
                                             int max_seqlen_q, int total_q, int Hq, int Hkv, int D,
-                                            int causal, cudaStream_t s) {
+                                            int causal, int window, float softcap,
+                                            const float* sinks, cudaStream_t s) {
     if (q == nullptr || k == nullptr || v == nullptr || o_bf16 == nullptr ||
         cu_seqlens_q == nullptr || cu_seqlens_k == nullptr || bad_problem(1, Hq, Hkv, total_q, D) ||
-        max_seqlen_q < 1 || num_seqs < 1 || num_seqs > 65535 || Hq > 65535)
+        max_seqlen_q < 1 || num_seqs < 1 || num_seqs > 65535 || Hq > 65535 ||
+        bad_masks(window, softcap))
         return (int)cudaErrorInvalidValue;
-    const int c = causal != 0;
-    if (D == 64)
-        return launch_reference<64, true>(q, k, v, o_bf16, nullptr, num_seqs, Hq, Hkv,
-                                          max_seqlen_q, 0, c, 0, s, cu_seqlens_q, cu_seqlens_k,
-                                          total_q);
-    if (D == 128)
-        return launch_reference<128, true>(q, k, v, o_bf16, nullptr, num_seqs, Hq, Hkv,
-                                           max_seqlen_q, 0, c, 0, s, cu_seqlens_q, cu_seqlens_k,
-                                           total_q);
-    return launch_reference<256, true>(q, k, v, o_bf16, nullptr, num_seqs, Hq, Hkv, max_seqlen_q,
-                                       0, c, 0, s, cu_seqlens_q, cu_seqlens_k, total_q);
+    return launch_any_d<true>(D, q, k, v, o_bf16, nullptr, num_seqs, Hq, Hkv, max_seqlen_q, 0,
+                              causal, Masks{window, softcap, sinks}, 0, s, cu_seqlens_q,
+                              cu_seqlens_k, total_q);
 }
 
 ORACLE_API int oracle_f32_to_bf16(const float* src, void* dst, long long n, cudaStream_t s) {

@@ -208,7 +208,7 @@ def test_help_shows_the_problem_syntax(command: str) -> None:
     """The --shape help names the syntax (rich must not read '[/Hkv]' as a closing tag)."""
     r = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
-    assert "BxHq[/Hkv]xS[:kSK][:dD][:full][:qkv|:bhsd]" in r.output
+    assert "BxHq[/Hkv]xS[:kSK][:dD][:full][:wW][:capC][:sinks][:qkv|:bhsd]" in r.output
 
 
 @pytest.mark.parametrize("args", [["run", "--bogus"], ["show", "--top"], ["frob"],

@@ -391,7 +391,7 @@ def test_every_peer_answers_supports_and_takes_the_mask() -> None:
     for name in PEER_NAMES:
         peer = make_peer(name)
         params = list(inspect.signature(peer.prepare).parameters)
-        assert params == ["q", "k", "v", "causal", "varlen"], (name, params)
+        assert params == ["q", "k", "v", "causal", "varlen", "masks"], (name, params)
         for p in FAMILY_PROBLEMS:
             why = peer.supports(p)
             assert why is None or (isinstance(why, str) and "\n" not in why and str(p) in why)

@@ -530,3 +530,35 @@ def test_a_masked_workload_carries_its_class_into_the_table(tmp_path: Path) -> N
     assert t.select("1x16/8x2048:d256:cap50") is not None  # a global layer
     assert t.select("1x16/8x2048:d256") is None  # no cap: not this library's class
     assert "masks" not in _table().to_dict()["entries"][0]  # plain tables stay as they were
+
+
+def test_kinds_of_layers_get_buckets_of_their_own(tmp_path: Path) -> None:
+    """gpt-oss-20b's windowed and full layers: each bucket is made per kind and tuned on its
+    kind's problems; the compiled dispatcher picks by the call's window as the table does, and a
+    window no kind has is no bucket's."""
+    from tuner.ship.workload import load_workload, workload_from_dict
+
+    shipped = load_workload("gpt-oss-20b")
+    assert [b.name for b in shipped.buckets][:4] == ["window-s2k", "window-s8k", "window-s32k",
+                                                      "full-s2k"]
+    d = shipped.to_dict()  # two buckets of each kind: the stub library holds four
+    w = workload_from_dict({
+        "name": "oss2", "attention": {"Hq": 64, "Hkv": 8, "head_dim": 64, "sinks": True},
+        "layers": [{"name": "window", "window": 128, "count": 12}, {"name": "full", "count": 12}],
+        "buckets": [{"name": "s2k", "max_s": 2048}, {"name": "s32k", "max_s": 32768}],
+        "traffic": {"lengths": {1024: 1, 8192: 1}}})
+    assert d["layers"][0] == {"name": "window", "window": 128, "count": 12}
+    t = dispatch.table_for_workload(w, dispatch.bucket_sources(w, default="preset:d64"))
+    assert [e.window for e in t.entries] == [128, 128, 0, 0]
+    assert all(":w128:sinks" in p for p in t.entries[0].problems)
+    assert all(":w" not in p and ":sinks" in p for p in t.entries[2].problems)
+    assert DispatchTable.load(t.save(tmp_path / "d.json")) == t
+    lib = ctypes.CDLL(str(build_stub_library(t, tmp_path / "lib")))
+    abi.bind(lib)
+    for s in (100, 2048, 5000, 32768):
+        for window in (0, 128, 64):
+            a = _args(heads_q=64, heads_kv=8, head_dim=64, seqlen_q=s, seqlen_k=s, window=window)
+            assert lib.fa_tune_bucket_for(ctypes.byref(a)) == t.index_for(64, 8, s, s, window)
+    assert t.index_for(64, 8, 100, 100, 64) == -1
+    assert t.select("1x64/8x5000:d64:w128:sinks").bucket == "window-s32k"
+    assert t.select("1x64/8x5000:d64:sinks").bucket == "full-s32k"

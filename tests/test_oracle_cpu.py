@@ -70,7 +70,8 @@ def test_oracle_compiles_without_spills(oracle_so: tuple[Path, str]) -> None:
     assert not re.search(r"\berror\b", log, re.IGNORECASE), log
     entries = re.findall(r"Compiling entry function '(\w+)' for 'sm_90a'", log)
     assert any("reference_kernel" in e for e in entries)
-    # FP32 and BF16-math references (ABI 7), each for D 64, 128, 256: none spills.
+    # FP32 and BF16-math references (ABI 7; the masks, ABI 8), each for D 64, 128, 256: none
+    # spills.
     assert sum("reference_kernel" in e for e in entries) == 6
     assert any("compare_o_kernel" in e for e in entries)
     assert any("copy_4d_kernel" in e for e in entries)  # the layouts' mirror (ABI 6)
@@ -117,20 +118,33 @@ def test_oracle_rejects_bad_arguments(oracle_so: tuple[Path, str]) -> None:
     assert mod._gen_seed(1, 1, 1, 1, 4, 0, 64, 64, 128, 42, None) == 1  # Hkv = 0
     assert mod._gen_seed(1, 1, 1, 1, 4, 4, 64, 64, 96, 42, None) == 1  # D not 64/128/256
     assert mod._gen_seed(1, 1, 1, 1, 4, 4, 0, 64, 128, 42, None) == 1  # Sq = 0
-    # reference(q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, D, causal, flags, stream)
-    assert mod._reference(None, 1, 1, 1, None, 1, 1, 1, 64, 64, 128, 1, 0, None) == 1
-    assert mod._reference(1, 1, 1, 1, None, 1, 1, 1, 64, 64, 128, 1, 8, None) == 1  # bad flag
-    assert mod._reference(1, 1, 1, 1, None, 1, 8, 3, 64, 64, 128, 1, 0, None) == 1  # 8 % 3
-    assert mod._reference(1, 1, 1, 1, None, 1, 8, 2, 64, 64, 32, 0, 0, None) == 1  # D = 32
-    assert mod._reference(1, 1, 1, 1, None, 1, 8, 2, 64, 0, 128, 0, 0, None) == 1  # Sk = 0
+    # reference(q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, D, causal, window, softcap,
+    #           sinks, flags, stream)
+    nm = (0, 0.0, None)  # no window, softcap, sinks
+    assert mod._reference(None, 1, 1, 1, None, 1, 1, 1, 64, 64, 128, 1, *nm, 0, None) == 1
+    assert mod._reference(1, 1, 1, 1, None, 1, 1, 1, 64, 64, 128, 1, *nm, 64, None) == 1  # flag
+    assert mod._reference(1, 1, 1, 1, None, 1, 8, 3, 64, 64, 128, 1, *nm, 0, None) == 1  # 8 % 3
+    assert mod._reference(1, 1, 1, 1, None, 1, 8, 2, 64, 64, 32, 0, *nm, 0, None) == 1  # D = 32
+    assert mod._reference(1, 1, 1, 1, None, 1, 8, 2, 64, 0, 128, 0, *nm, 0, None) == 1  # Sk = 0
+    for bad in ((-1, 0.0, None), (0, -1.0, None), (0, math.inf, None), (0, math.nan, None)):
+        assert mod._reference(1, 1, 1, 1, None, 1, 8, 2, 64, 64, 128, 1, *bad, 0, None) == 1
+        assert mod._reference_bf16(1, 1, 1, 1, 1, 8, 2, 64, 64, 128, 1, *bad, None) == 1
     # reference_varlen(q, k, v, o_ref, lse_ref, cu_q, cu_k, num_seqs, max_q, total_q, Hq, Hkv,
-    #                  D, causal, flags, stream): both cu_seqlens are needed
-    assert mod._reference_varlen(1, 1, 1, 1, None, 1, None, 1, 64, 64, 8, 2, 128, 1, 0,
+    #                  D, causal, window, softcap, sinks, flags, stream): both cu_seqlens
+    assert mod._reference_varlen(1, 1, 1, 1, None, 1, None, 1, 64, 64, 8, 2, 128, 1, *nm, 0,
                                  None) == 1
-    assert mod._reference_varlen(1, 1, 1, 1, None, None, 1, 1, 64, 64, 8, 2, 128, 1, 0,
+    assert mod._reference_varlen(1, 1, 1, 1, None, None, 1, 1, 64, 64, 8, 2, 128, 1, *nm, 0,
                                  None) == 1
-    assert mod._reference_varlen(1, 1, 1, 1, None, 1, 1, 0, 64, 64, 8, 2, 128, 1, 0,
+    assert mod._reference_varlen(1, 1, 1, 1, None, 1, 1, 0, 64, 64, 8, 2, 128, 1, *nm, 0,
                                  None) == 1  # no sequence
+    assert mod._reference_varlen(1, 1, 1, 1, None, 1, 1, 1, 64, 64, 8, 2, 128, 1, -3, 0.0,
+                                 None, 0, None) == 1  # a negative window
+    assert mod._reference_bf16_varlen(1, 1, 1, 1, 1, 1, 1, 64, 64, 8, 2, 128, 1, 0, -2.0, None,
+                                      None) == 1  # a negative softcap
+    # fill_uniform_f32(dst, n, seed, stream_id, lo, hi, stream): the sinks' generator
+    assert mod._fill_uniform_f32(None, 4, 42, 21, 0.0, 1.0, None) == 1
+    assert mod._fill_uniform_f32(1, -1, 42, 21, 0.0, 1.0, None) == 1
+    assert mod._fill_uniform_f32(1, 0, 42, 21, 0.0, 1.0, None) == 0  # nothing to do
     # copy_bf16_4d(src, dst, dims[4], src_strides[4], dst_strides[4], stream): host arrays
     good = ((1, 2, 3, 64), (384, 192, 64, 1), (1152, 64, 384, 1))
     for bad in (((1, 0, 3, 64), good[1], good[2]),  # a zero dim
@@ -604,12 +618,16 @@ def _ref_f64(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True) -
 
 
 def _fa_emulate(q: np.ndarray, k: np.ndarray, v: np.ndarray, block_n: int = 128,
-                causal: bool = True, with_lse: bool = False) -> Any:
+                causal: bool = True, with_lse: bool = False, *, window: int = 0,
+                softcap: float = 0.0, sinks: np.ndarray | None = None) -> Any:
     """The kernel's numerics in FP32 (before its final BF16 rounding): KV tiles walked from the
     diagonal (or the last tile), online softmax in base 2, P rounded to BF16 for the PV product
     while the row sum adds the FP32 probabilities, O / l at the end. q [B, S_q, Hq, D]; k, v
     [B, S_k, Hkv, D] (query head h reads K/V head h // (Hq / Hkv)); causal bottom-right.
-    ``with_lse``: (O, LSE [B, Hq, S] as the kernel writes it: (m c + log2 l) ln 2 in FP32)."""
+    ``with_lse``: (O, LSE [B, Hq, S] as the kernel writes it: (m c + log2 l) ln 2 in FP32).
+    The models' masks: a ``window`` of keys, ``softcap`` (C tanh(s / C) of the scaled FP32
+    score, then base 2), ``sinks`` ([Hq] natural-log logits: sink log2(e) joins the base-2 max
+    and sum at the end)."""
     qf, kf, vf = (O.bf16_bits_to_f32(a) for a in (q, k, v))
     B, S, H, D = qf.shape
     Sk = kf.shape[1]
@@ -617,11 +635,16 @@ def _fa_emulate(q: np.ndarray, k: np.ndarray, v: np.ndarray, block_n: int = 128,
     c = np.float32(math.log2(math.e) / math.sqrt(D))
     out = np.empty((B, S, H, D), dtype=np.float32)
     lse_out = np.empty((B, H, S), dtype=np.float32)
-    mask = O.causal_mask(S, Sk) if causal else np.ones((S, Sk), dtype=bool)
+    mask = RN.key_mask(S, Sk, causal, window)
     for b in range(B):
         for h in range(H):
             g = h // group
             sc = (qf[b, :, h].astype(np.float64) @ kf[b, :, g].T.astype(np.float64))
+            sc = sc.astype(np.float32)
+            if softcap > 0:  # the capped score, already scaled: base 2 is all c is left to do
+                cap = np.float32(softcap)
+                sc = (cap * np.tanh(sc * np.float32(1 / math.sqrt(D)) / cap)).astype(np.float32)
+                c = np.float32(math.log2(math.e))
             sc = np.where(mask, sc, -np.inf).astype(np.float32)
             m = np.full(S, -np.inf, np.float32)
             lsum = np.zeros(S, np.float32)
@@ -638,8 +661,16 @@ def _fa_emulate(q: np.ndarray, k: np.ndarray, v: np.ndarray, block_n: int = 128,
                                            @ vf[b, t * block_n:(t + 1) * block_n, g]
                                            ).astype(np.float32)
                 m = mn
+            mc = np.where(m == -np.inf, -np.inf, m * c).astype(np.float32)
+            if sinks is not None:  # the sink joins the base-2 max and sum
+                s2 = np.float32(sinks[h]) * np.float32(math.log2(math.e))
+                mf = np.maximum(mc, s2)
+                al = np.exp2(mc - mf).astype(np.float32)
+                lsum = (lsum * al + np.exp2(s2 - mf)).astype(np.float32)
+                acc = acc * al[:, None]
+                mc = mf
             out[b, :, h] = acc / lsum[:, None]
-            lse_out[b, h] = ((m * c + np.log2(lsum)) * np.float32(math.log(2))).astype(np.float32)
+            lse_out[b, h] = ((mc + np.log2(lsum)) * np.float32(math.log(2))).astype(np.float32)
     return (out, lse_out) if with_lse else out
 
 

@@ -12,7 +12,7 @@ struct Hooks {
   static constexpr bool q_slice_by_tid = false;     // consumer: Q descriptors sliced by thread
   static constexpr bool skip_softmax = false;       // softmax: P = S (a bound, wrong results)
   static constexpr bool truncate_p = false;         // softmax: P to BF16 by truncation
-  static constexpr bool softcap_exp2 = false;       // softcap: tanh from EX2 + RCP
+  static constexpr bool softcap_tanh_approx = false;  // softcap: tanh.approx, not EX2 + RCP
   static constexpr int mask_slack = 0;              // causal mask: keys kept past the diagonal
   static constexpr int window_slack = 0;            // window mask: keys kept left of the window
   static constexpr float sink_log2e = 1.4426950408889634f;  // a sink logit to base 2

@@ -29,9 +29,9 @@
 //   FA_TUNE_LAB_P_TRUNC = 1        pack P to BF16 by truncation (one PRMT per pair on the ALU
 //                                  pipe) instead of cvt.rn (F2FP), to see whether F2FP competes
 //                                  with MUFU.EX2 for its pipe
-//   FA_TUNE_LAB_SOFTCAP_EXP2 = 1   softcap's tanh as 1 - 2 / (exp2(2x log2 e) + 1): two MUFU ops
-//                                  (EX2, RCP), FP32-exact, against tanh.approx's one (relative
-//                                  error up to 2^-11, i.e. up to cap x 2^-11 on a logit)
+//   FA_TUNE_LAB_SOFTCAP_TANH_APPROX = 1  softcap's tanh by tanh.approx.f32: one MUFU op against
+//                                  the product's two (EX2, RCP), but a relative error up to
+//                                  2^-11, i.e. up to cap x 2^-11 on a logit
 #pragma once
 
 #define FA_TUNE_HOOKS 1
@@ -50,8 +50,8 @@
 #ifndef FA_TUNE_LAB_P_TRUNC
 #define FA_TUNE_LAB_P_TRUNC 0
 #endif
-#ifndef FA_TUNE_LAB_SOFTCAP_EXP2
-#define FA_TUNE_LAB_SOFTCAP_EXP2 0
+#ifndef FA_TUNE_LAB_SOFTCAP_TANH_APPROX
+#define FA_TUNE_LAB_SOFTCAP_TANH_APPROX 0
 #endif
 
 namespace fa_tune {
@@ -63,7 +63,7 @@ struct Hooks {
   static constexpr bool q_slice_by_tid = FA_TUNE_LAB_Q_SLICE_BY_TID != 0;
   static constexpr bool skip_softmax = FA_TUNE_LAB_NO_SOFTMAX != 0;
   static constexpr bool truncate_p = FA_TUNE_LAB_P_TRUNC != 0;
-  static constexpr bool softcap_exp2 = FA_TUNE_LAB_SOFTCAP_EXP2 != 0;
+  static constexpr bool softcap_tanh_approx = FA_TUNE_LAB_SOFTCAP_TANH_APPROX != 0;
   static constexpr int mask_slack = kPlantBug == 2 ? 1 : 0;
   static constexpr int window_slack = kPlantBug == 9 ? 1 : 0;
   static constexpr float sink_log2e = kPlantBug == 10 ? 1.f : 1.4426950408889634f;

@@ -1,4 +1,5 @@
-"""What the GPU tests share: one Bench per module, and kernel libraries built per class."""
+"""What the GPU tests share: one Bench per module, kernel libraries built per class, and the
+oracle's device, library and stream per module."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pytest
 
 from tuner.kernel import build
 from tuner.kernel.config import KernelConfig
+from tuner.kernel.runtime import Device, OracleModule, Stream
+from tuner.measure import oracle as O
 from tuner.measure.bench import Bench
 from tuner.measure.launch import KernelLaunch
 from tuner.problem import ProblemClass
@@ -39,3 +42,20 @@ def build_launches(configs: dict[int, list[KernelConfig]], *, varlen: bool = Fal
 def launches_for() -> Callable[..., dict[tuple[KernelConfig, ProblemClass], KernelLaunch]]:
     """build_launches, as a fixture (test modules cannot import a conftest)."""
     return build_launches
+
+
+@pytest.fixture(scope="module")
+def dev() -> Device:
+    return Device.open(0)
+
+
+@pytest.fixture(scope="module")
+def orc(dev: Device) -> OracleModule:
+    return O.get_oracle()
+
+
+@pytest.fixture(scope="module")
+def stream(dev: Device) -> Iterator[Stream]:
+    s = dev.stream()
+    yield s
+    s.destroy()

@@ -3,6 +3,7 @@ the parametrize ids and one gated case."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from tuner.kernel.config import KernelConfig
@@ -62,6 +63,38 @@ def gate_peer(bench: Bench, launch: Any, name: str, problem: Problem, declined: 
     if not g.passed:
         failed.append(g.summary())
     return g
+
+
+def gate_peer_on(peer_name: str, problems: list[Problem],
+                 may_refuse: Callable[[Problem], bool]) -> tuple[list[GateResult], list[str]]:
+    """Gate a peer (gate only, no timing) on each problem it supports, in a Bench of its own: a
+    problem its supports() refuses must be one ``may_refuse`` allows; no gate may fail; FA3's
+    must check its LSE. Returns the gates and the lines of the problems it declined at prepare
+    (Unsupported). Skips when the peer is not installed."""
+    from tuner.measure.bench import Bench
+
+    launch = peer_launch(peer_name)
+    bench = Bench(0)
+    gates: list[GateResult] = []
+    declined: list[str] = []
+    failed: list[str] = []
+    try:
+        for problem in problems:
+            why = launch.supports(problem)
+            if why is not None:
+                assert may_refuse(problem), why
+                continue
+            g = gate_peer(bench, launch, peer_name, problem, declined, failed)
+            if g is not None:
+                gates.append(g)
+                if peer_name == "fa3":  # [B, Hq, S_q] LSE
+                    assert all(m.lse_checked for m in g.sets), g.summary()
+            bench.release(problem)
+    finally:
+        bench.close()
+    print(f"{peer_name} declined: {declined}")
+    assert not failed, failed
+    return gates, declined
 
 
 def peer_launch(peer_name: str) -> Any:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gate_cases import gate_peer, peer_launch
+from gate_cases import gate_peer_on
 
 from tuner.analysis import compare
 from tuner.kernel import build
@@ -90,25 +90,9 @@ def test_peers_pass_the_gate_on_the_family(peer_name: str) -> None:
     """Gate only (no timing): every input set against the FP32 reference. A peer that is not
     installed skips; a problem the peer declines at prepare (Unsupported) is listed, not
     failed, except that FA3 must run every problem of the family."""
-    from tuner.measure.bench import Bench
-
-    launch = peer_launch(peer_name)
-    bench = Bench(0)
-    declined, failed = [], []
-    try:
-        for problem in FAMILY:
-            assert launch.supports(problem) is None, problem
-            g = gate_peer(bench, launch, peer_name, problem, declined, failed)
-            if g is None:
-                continue
-            assert [m.input_set for m in g.sets] == ["seed", "rising"]
-            if peer_name == "fa3":
-                assert all(m.lse_checked for m in g.sets), g.summary()  # [B, Hq, S] LSE
-            bench.release(problem)
-    finally:
-        bench.close()
-    print(f"{peer_name} declined: {declined}")
-    assert not failed, failed
+    gates, declined = gate_peer_on(peer_name, FAMILY, lambda p: False)
+    for g in gates:
+        assert [m.input_set for m in g.sets] == ["seed", "rising"]
     if peer_name == "fa3":
         assert not declined, declined
     assert len(declined) < len(FAMILY) - 1  # cuDNN runs at least MHA and some of the rest
@@ -158,24 +142,8 @@ PACKED_MORE_KEYS = [Problem.parse("8/2x[300:1000,0:64,128,1:513]"),
 def test_peers_pass_the_gate_with_more_keys(peer_name: str) -> None:
     """Gate only: FA3 must run and pass every problem (fixed and packed, its own cu_seqlens_q /
     cu_seqlens_k); cuDNN may decline one (Unsupported: the mask or GQA), never fail one."""
-    from tuner.measure.bench import Bench
-
-    launch = peer_launch(peer_name)
-    bench = Bench(0)
-    declined, failed = [], []
-    try:
-        for problem in MORE_KEYS + PACKED_MORE_KEYS:
-            if launch.supports(problem) is not None:
-                assert peer_name != "fa3" and problem.is_varlen, problem
-                continue
-            g = gate_peer(bench, launch, peer_name, problem, declined, failed)
-            if g is not None and peer_name == "fa3":
-                assert all(m.lse_checked for m in g.sets), g.summary()  # [B, Hq, S_q] LSE
-            bench.release(problem)
-    finally:
-        bench.close()
-    print(f"{peer_name} declined: {declined}")
-    assert not failed, failed
+    _, declined = gate_peer_on(peer_name, MORE_KEYS + PACKED_MORE_KEYS,
+                               lambda p: peer_name != "fa3" and p.is_varlen)
     if peer_name == "fa3":
         assert not declined, declined
 

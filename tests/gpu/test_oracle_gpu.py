@@ -36,23 +36,6 @@ FAMILY = [
 ]
 
 
-@pytest.fixture(scope="module")
-def dev() -> Device:
-    return Device.open(0)
-
-
-@pytest.fixture(scope="module")
-def orc(dev: Device) -> OracleModule:
-    return O.get_oracle()
-
-
-@pytest.fixture(scope="module")
-def stream(dev: Device) -> Iterator[Stream]:
-    s = dev.stream()
-    yield s
-    s.destroy()
-
-
 def test_device_is_sm90(dev: Device) -> None:
     assert dev.cc == (9, 0)
     assert dev.sm_count >= 100 and dev.l2_bytes > 0

@@ -88,10 +88,12 @@ def user_errors(fn: F) -> F:
 
 
 # The problem syntax as typer's rich help shows it: "[/Hkv]" unescaped would be a closing tag.
-PROBLEM_SYNTAX = r"BxHq\[/Hkv]xS\[:kSK]\[:dD]\[:full]\[:qkv|:bhsd]"
+PROBLEM_SYNTAX = r"BxHq\[/Hkv]xS\[:kSK]\[:dD]\[:full]\[:wW]\[:capC]\[:sinks]\[:qkv|:bhsd]"
 PROBLEM_HELP = (f"Problem {PROBLEM_SYNTAX}, e.g. 4x32x8192, 1x32/8x8192 (GQA), "
                 "4x32x8192:d64, 4x32x8192:full (non-causal); :kSK: S queries over SK keys, e.g. "
-                "1x32/8x2048:k8192; :qkv: q, k, v as views of one fused QKV tensor, e.g. "
+                "1x32/8x2048:k8192; :wW a sliding window of W keys, :capC logit softcapping, "
+                ":sinks attention sinks, e.g. 1x64/8x8192:d64:w128:sinks; "
+                ":qkv: q, k, v as views of one fused QKV tensor, e.g. "
                 "1x32/8x8192:qkv; :bhsd: k, v as views of \\[B, Hkv, SK, D] memory (a KV cache), "
                 "e.g. 1x32/8x2048:k8192:bhsd; repeatable (default: the 3 seed problems).")
 ShapeOpt = Annotated[list[str] | None, typer.Option("--shape", "-s", help=PROBLEM_HELP)]

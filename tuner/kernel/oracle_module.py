@@ -10,12 +10,14 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from tuner.errors import FaTuneError
 from tuner.kernel.runtime import (
     BF16_BYTES,
     AttnBuffers,
     CudaError,
+    KernelError,
     Stream,
     _bind,
     _c_float,
@@ -31,12 +33,43 @@ from tuner.kernel.runtime import (
 )
 from tuner.problem import dense_strides
 
+# 8: the models' masks (window, softcap, sinks) in every reference, oracle_fill_uniform_f32;
 # 7: oracle_reference_bf16 / _varlen (FlashAttention's BF16-math reference); 6:
 # oracle_copy_bf16_4d (inputs mirrored into strided layouts); 5: S_q != S_k (bottom-right
 # causal), cu_seqlens_q / _k; 4: varlen
-ORACLE_ABI_VERSION = 7
+ORACLE_ABI_VERSION = 8
 ORACLE_STATS_BYTES = 152
 ORACLE_ROW_BLOCK = 16  # query rows per block of the BF16 error budget (oracle_row_block())
+
+
+class Masks(NamedTuple):
+    """The models' masks as the oracle's references take them: the window in keys (0: none),
+    the softcap (0: none), the sinks' device pointer (None: none)."""
+
+    window: int = 0
+    softcap: float = 0.0
+    sinks: int | None = None
+
+
+NO_MASKS = Masks()
+
+
+def masks_of(bufs: AttnBuffers) -> Masks:
+    """The masks of the problem in ``bufs``: its window and softcap, and bufs.sinks when it has
+    sinks (a problem with sinks whose buffers hold none is a KernelError: the reference would
+    silently compute another problem)."""
+    p = bufs.shape
+    sinks = None
+    if getattr(p, "sinks", False):
+        buf = getattr(bufs, "sinks", None)
+        if buf is None:
+            raise KernelError(f"buffers of {p} hold no sinks")
+        sinks = buf.ptr
+    return Masks(int(getattr(p, "window", 0)), float(getattr(p, "softcap", 0.0)), sinks)
+
+
+def _mask_args(m: Masks) -> tuple[int, float, int | None]:
+    return int(m.window), float(m.softcap), m.sinks or None
 
 
 class OracleModule:
@@ -60,6 +93,8 @@ class OracleModule:
         i = _c_int
         self._fill_uniform = _bind(lib, p, "oracle_fill_uniform", _c_int,
                                    [_vp, _c_ll, _c_ull, _c_ull, _c_float, _c_float, _vp])
+        self._fill_uniform_f32 = _bind(lib, p, "oracle_fill_uniform_f32", _c_int,
+                                       [_vp, _c_ll, _c_ull, _c_ull, _c_float, _c_float, _vp])
         # (q, k, v, B, Hq, Hkv, Sq, Sk, D, seed, stream)
         self._gen_seed = _bind(lib, p, "oracle_gen_seed", _c_int,
                                [_vp, _vp, _vp, i, i, i, i, i, i, _c_ull, _vp])
@@ -67,22 +102,23 @@ class OracleModule:
         self._gen_rising = _bind(lib, p, "oracle_gen_rising", _c_int,
                                  [_vp, _vp, _vp, i, i, i, i, i, i, _c_ull, i, _vp])
         self._poison = _bind(lib, p, "oracle_poison", _c_int, [_vp, _c_ll, _vp, _c_ll, _vp])
-        # (q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, D, causal, flags, stream)
+        masks = [i, _c_float, _vp]  # window, softcap, sinks (0, 0, NULL: none)
+        # (q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, D, causal, *masks, flags, stream)
         self._reference = _bind(lib, p, "oracle_reference", _c_int,
-                                [_vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i, i, _vp])
+                                [_vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i, *masks, i, _vp])
         # (q, k, v, o_ref, lse_ref, cu_seqlens_q, cu_seqlens_k, num_seqs, max_seqlen_q,
-        #  total_q, Hq, Hkv, D, causal, flags, stream)
+        #  total_q, Hq, Hkv, D, causal, *masks, flags, stream)
         self._reference_varlen = _bind(lib, p, "oracle_reference_varlen", _c_int,
                                        [_vp, _vp, _vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i,
-                                        i, _vp])
-        # (q, k, v, o_bf16, B, Hq, Hkv, Sq, Sk, D, causal, stream)
+                                        *masks, i, _vp])
+        # (q, k, v, o_bf16, B, Hq, Hkv, Sq, Sk, D, causal, *masks, stream)
         self._reference_bf16 = _bind(lib, p, "oracle_reference_bf16", _c_int,
-                                     [_vp, _vp, _vp, _vp, i, i, i, i, i, i, i, _vp])
+                                     [_vp, _vp, _vp, _vp, i, i, i, i, i, i, i, *masks, _vp])
         # (q, k, v, o_bf16, cu_seqlens_q, cu_seqlens_k, num_seqs, max_seqlen_q, total_q, Hq,
-        #  Hkv, D, causal, stream)
+        #  Hkv, D, causal, *masks, stream)
         self._reference_bf16_varlen = _bind(lib, p, "oracle_reference_bf16_varlen", _c_int,
                                             [_vp, _vp, _vp, _vp, _vp, _vp, i, i, i, i, i, i, i,
-                                             _vp])
+                                             *masks, _vp])
         self._f32_to_bf16 = _bind(lib, p, "oracle_f32_to_bf16", _c_int, [_vp, _vp, _c_ll, _vp])
         # (src, dst, dims[4], src_strides[4], dst_strides[4], stream): host arrays of int64
         ll4 = ctypes.POINTER(_c_ll)
@@ -103,6 +139,12 @@ class OracleModule:
         self._ok(self._fill_uniform(dst, n, seed, stream_id, lo, hi,
                                     stream_handle(stream) or None), "fill_uniform")
 
+    def fill_uniform_f32(self, dst: int, n: int, seed: int, stream_id: int, lo: float,
+                         hi: float, stream: Stream | int | None) -> None:
+        """dst[i] = lo + (hi - lo) * u(seed, stream_id, i) as FP32 (the attention sinks)."""
+        self._ok(self._fill_uniform_f32(dst, n, seed, stream_id, lo, hi,
+                                        stream_handle(stream) or None), "fill_uniform_f32")
+
     def gen_seed(self, q: int, k: int, v: int, B: int, Hq: int, Hkv: int, Sq: int, Sk: int,
                  D: int, seed: int, stream: Stream | int | None) -> None:
         self._ok(self._gen_seed(q, k, v, B, Hq, Hkv, Sq, Sk, D, seed,
@@ -120,58 +162,64 @@ class OracleModule:
 
     def reference(self, q: int, k: int, v: int, o_ref: int, lse_ref: int | None, B: int,
                   Hq: int, Hkv: int, Sq: int, Sk: int, D: int, causal: bool,
-                  stream: Stream | int | None, flags: int = 0) -> None:
+                  stream: Stream | int | None, flags: int = 0,
+                  masks: Masks = NO_MASKS) -> None:
         """FP32 attention of the problem (B, Hq, Hkv, Sq queries over Sk keys, D, causal:
-        bottom-right) into o_ref ([B, Sq, Hq, D]) and lse_ref ([B, Hq, Sq], or None)."""
+        bottom-right; ``masks``: (window, softcap, sinks device pointer or None)) into o_ref
+        ([B, Sq, Hq, D]) and lse_ref ([B, Hq, Sq], or None)."""
         self._ok(self._reference(q, k, v, o_ref, lse_ref or None, B, Hq, Hkv, Sq, Sk, D,
-                                 1 if causal else 0, flags, stream_handle(stream) or None),
+                                 1 if causal else 0, *_mask_args(masks), flags,
+                                 stream_handle(stream) or None),
                  "reference")
 
     def reference_varlen(self, q: int, k: int, v: int, o_ref: int, lse_ref: int | None,
                          cu_seqlens_q: int, cu_seqlens_k: int, num_seqs: int,
                          max_seqlen_q: int, total_q: int, Hq: int, Hkv: int, D: int,
-                         causal: bool, stream: Stream | int | None, flags: int = 0) -> None:
+                         causal: bool, stream: Stream | int | None, flags: int = 0,
+                         masks: Masks = NO_MASKS) -> None:
         """The reference of a packed batch: sequence b's queries are rows cu_seqlens_q[b] ..
         [b + 1] and its keys rows cu_seqlens_k[b] .. [b + 1] (int32 on the device), its own
         problem; o_ref [total_q, Hq, D], lse_ref [Hq, total_q] (or None)."""
         self._ok(self._reference_varlen(q, k, v, o_ref, lse_ref or None, cu_seqlens_q,
                                         cu_seqlens_k, num_seqs, max_seqlen_q, total_q, Hq, Hkv,
-                                        D, 1 if causal else 0, flags,
+                                        D, 1 if causal else 0, *_mask_args(masks), flags,
                                         stream_handle(stream) or None),
                  "reference_varlen")
 
     def reference_for(self, bufs: AttnBuffers, o_ref: int, lse_ref: int | None,
                       stream: Stream | int | None, flags: int = 0) -> None:
-        """The reference of the inputs in ``bufs`` (its problem; a packed batch per sequence,
-        with bufs.cu_q and bufs.cu_k)."""
+        """The reference of the inputs in ``bufs`` (its problem, with its masks and
+        bufs.sinks; a packed batch per sequence, with bufs.cu_q and bufs.cu_k)."""
         p = as_problem(bufs.shape)
+        masks = masks_of(bufs)
         if p.is_varlen:
             assert bufs.cu_q is not None and bufs.cu_k is not None
             self.reference_varlen(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref,
                                   bufs.cu_q.ptr, bufs.cu_k.ptr, p.B, p.S_q, p.tokens_q, p.Hq,
-                                  p.Hkv, p.D, p.causal, stream, flags=flags)
+                                  p.Hkv, p.D, p.causal, stream, flags=flags, masks=masks)
             return
         B, hq, hkv, Sq, Sk, D, causal = problem_dims(p)
         self.reference(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_ref, lse_ref, B, hq, hkv, Sq, Sk,
-                       D, causal, stream, flags=flags)
+                       D, causal, stream, flags=flags, masks=masks)
 
     def reference_bf16_for(self, bufs: AttnBuffers, o_bf16: int,
                            stream: Stream | int | None) -> None:
         """The inputs in ``bufs`` computed in BF16 the way FlashAttention's tests do it
         (``attention_ref(upcast=False)``; oracle.cu's header) into o_bf16 ([B, S_q, Hq, D]
-        BF16; a packed batch per sequence)."""
+        BF16; a packed batch per sequence), with the problem's masks."""
         p = as_problem(bufs.shape)
         h = stream_handle(stream) or None
+        masks = _mask_args(masks_of(bufs))
         if p.is_varlen:
             assert bufs.cu_q is not None and bufs.cu_k is not None
             self._ok(self._reference_bf16_varlen(
                 bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_bf16, bufs.cu_q.ptr, bufs.cu_k.ptr, p.B,
-                p.S_q, p.tokens_q, p.Hq, p.Hkv, p.D, 1 if p.causal else 0, h),
+                p.S_q, p.tokens_q, p.Hq, p.Hkv, p.D, 1 if p.causal else 0, *masks, h),
                 "reference_bf16_varlen")
             return
         B, hq, hkv, Sq, Sk, D, causal = problem_dims(p)
         self._ok(self._reference_bf16(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, o_bf16, B, hq, hkv, Sq,
-                                      Sk, D, 1 if causal else 0, h), "reference_bf16")
+                                      Sk, D, 1 if causal else 0, *masks, h), "reference_bf16")
 
     def copy_bf16_4d(self, src: int, dst: int, dims: Sequence[int], src_strides: Sequence[int],
                      dst_strides: Sequence[int], stream: Stream | int | None) -> None:

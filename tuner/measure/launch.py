@@ -29,6 +29,7 @@ from tuner.kernel.runtime import (
     stream_handle,
     tensor_view,
 )
+from tuner.measure.peers.base import PeerMasks
 
 
 def launch_supports(launch: Any, problem: ShapeLike) -> str | None:
@@ -151,6 +152,21 @@ def torch_views(bufs: AttnBuffers) -> tuple[Any, Any, Any, Any, Any]:
     return bf16("q"), bf16("k"), bf16("v"), bf16("o"), lse
 
 
+def peer_masks(bufs: AttnBuffers) -> PeerMasks:
+    """The models' masks of the problem in bufs as a peer takes them: the window, the softcap,
+    and the sinks as an FP32 [Hq] torch tensor aliasing bufs.sinks."""
+    problem = as_problem(bufs.shape)
+    sinks = None
+    if problem.sinks:
+        import torch
+
+        buf = getattr(bufs, "sinks", None)
+        if buf is None:
+            raise ValueError(f"buffers of {problem} hold no sinks")
+        sinks = torch.as_tensor(_Cai(buf, (problem.Hq,), "<f4"), device="cuda")
+    return PeerMasks(problem.window, problem.softcap, sinks)
+
+
 class PeerLaunch:
     """A ``tuner.measure.peers.Peer`` on the measurement path (same buffers, stream, gate,
     timing)."""
@@ -183,8 +199,10 @@ class PeerLaunch:
     def bind(self, bufs: AttnBuffers, stream: Stream | int | None) -> None:
         """Alias bufs as torch tensors and let the peer do its one-time work (JIT, autotune)
         now, outside any timed region; learns whether it returns an LSE we can check. The peer
-        is told the problem's mask (``causal``); Hkv and D are in the views' shapes. A problem
-        the peer does not support raises ValueError with its reason."""
+        is told the problem's mask (``causal``) and the models' masks, if any (``masks``: the
+        sinks as a view of bufs.sinks, so each input set's draw reaches it); Hkv and D are in
+        the views' shapes. A problem the peer does not support raises ValueError with its
+        reason."""
         problem = as_problem(bufs.shape)
         key = (*(tensor_view(bufs, n)[0] for n in ("q", "k", "v")), bufs.o.ptr, bufs.lse.ptr,
                problem, stream_handle(stream))
@@ -195,6 +213,8 @@ class PeerLaunch:
             raise ValueError(f"{self.name} cannot run {as_problem(bufs.shape)}: {why}")
         self._views = torch_views(bufs)
         q, k, v, _, lse = self._views
+        masks = peer_masks(bufs)
+        kw = {"masks": masks} if masks.any else {}  # a plain problem's call stays as it was
         with self._stream_ctx(stream):
             if problem.is_varlen:  # packed: the views are [1, total, H, D]; cu_seqlens beside
                 import torch
@@ -203,9 +223,9 @@ class PeerLaunch:
                 cu_q, cu_k = (torch.as_tensor(_Cai(c, (problem.B + 1,), "<i4"), device="cuda")
                               for c in (bufs.cu_q, bufs.cu_k))
                 self.peer.prepare(q, k, v, problem.causal,
-                                  (cu_q, cu_k, problem.S_q, problem.S_k))
+                                  (cu_q, cu_k, problem.S_q, problem.S_k), **kw)
             else:
-                self.peer.prepare(q, k, v, problem.causal)
+                self.peer.prepare(q, k, v, problem.causal, **kw)
             peer_lse = self.peer.lse()
         self.writes_lse = peer_lse is not None and tuple(peer_lse.shape) == tuple(lse.shape)
         self._bound = key

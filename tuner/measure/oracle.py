@@ -23,6 +23,9 @@ are per query head ([B, S_q, Hq, D]; blocks of 16 rows x D columns; columns d < 
 
 Queries over a longer KV (S_q < S_k, bottom-right causal) change the inputs and the reference
 (oracle.cu), not the rule: O, LSE and the budget's blocks and columns are over the query rows.
+So do the models' masks (a sliding window, a softcap, attention sinks: issue 36): the references
+compute them, each input set draws the problem's sinks beside Q, K and V (``fill_inputs``), and
+the LSE the gate checks includes the sink.
 
 The rule itself (tolerances, the budget, the stats struct, ``evaluate``, ``GateResult``) and the
 NumPy twin of the budget sums and of the comparison live in tuner.measure.gate_rule. The NumPy
@@ -75,6 +78,7 @@ from tuner.measure.reference_numpy import (  # noqa: F401 - re-exported: the twi
     DEFAULT_SEED,
     INPUT_SETS,
     RISING_MAX_S,
+    SINK_STREAMS,
     STREAM_K,
     STREAM_Q,
     STREAM_RC2,
@@ -89,7 +93,10 @@ from tuner.measure.reference_numpy import (  # noqa: F401 - re-exported: the twi
     f32_to_bf16_bits,
     hash3,
     host_inputs,
+    host_sinks,
     numpy_reference,
+    numpy_reference_bf16,
+    numpy_reference_for,
     numpy_reference_rows,
     numpy_reference_varlen,
     rising_c2_scale,
@@ -97,6 +104,7 @@ from tuner.measure.reference_numpy import (  # noqa: F401 - re-exported: the twi
     rising_min_rise,
     rising_noise_bound,
     scores_f64,
+    sink_range,
     uniform01,
     uniform_in,
 )
@@ -107,6 +115,9 @@ DEFAULT_INPUT_SETS = ("seed", "rising")
 REF_REVERSE = 1
 REF_BUG_NO_RESCALE_O = 2
 REF_BUG_NO_RESCALE_L = 4
+REF_BUG_NO_SINK = 8  # the sink left out
+REF_BUG_SINK_LN2 = 16  # the sink times ln 2 (natural-log sink given to a base-2 softmax)
+REF_BUG_WIDE_WINDOW = 32  # the window one key wider
 
 
 class KernelLike(Protocol):
@@ -155,7 +166,8 @@ def get_oracle(so_path: str | Path | None = None) -> OracleModule:
 
 def fill_inputs(oracle: OracleModule, bufs: AttnBuffers, input_set: str, seed: int,
                 stream: Stream | int | None) -> None:
-    """Generate one input set into bufs.q/k/v on the GPU (asynchronous on ``stream``), then
+    """Generate one input set into bufs.q/k/v on the GPU (asynchronous on ``stream``), and into
+    bufs.sinks for a problem with attention sinks (the set's own draw, ``sink_range``), then
     mirror it into the problem's layout buffers (a fused QKV tensor, a [B, H, S, D] cache) where
     it has any: every fill goes through here (Bench.load_inputs, the gate's input sets, the
     check after timing), so what launchables read through the layout's views is always what the
@@ -169,6 +181,12 @@ def fill_inputs(oracle: OracleModule, bufs: AttnBuffers, input_set: str, seed: i
     else:
         oracle.gen_rising(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, B, hq, hkv, Sq, Sk, D, seed,
                           direction, stream)
+    if getattr(shape, "sinks", False):
+        sinks = getattr(bufs, "sinks", None)
+        if sinks is None:
+            raise KernelError(f"buffers of {_shape_str(shape)} hold no sinks")
+        lo, hi = sink_range(shape, input_set)
+        oracle.fill_uniform_f32(sinks.ptr, hq, seed, SINK_STREAMS[input_set], lo, hi, stream)
     if getattr(bufs, "layout_bufs", None):  # (stand-in buffers in tests have none)
         oracle.mirror_inputs(bufs, stream)
 
@@ -179,8 +197,9 @@ def poison(oracle: OracleModule, bufs: AttnBuffers, stream: Stream | int | None)
 
 class ReferenceCache:
     """FP32 reference outputs per (device, problem, input set, seed); the problem's key is all
-    of it (B, Hq, Hkv, S_q, S_k, D, causal; a packed batch's lengths): a causal and a
-    non-causal reference of the same inputs differ.
+    of it (B, Hq, Hkv, S_q, S_k, D, causal, the window, softcap and sinks; a packed batch's
+    lengths): a causal and a non-causal reference of the same inputs differ. (The sinks' values
+    are the input set's, drawn from the seed like Q, K and V.)
 
     They are expensive (seconds at S=16384) and large (2x the BF16 output), so only ONE problem
     is kept: asking for another problem frees everything first.
@@ -504,6 +523,18 @@ class ReferenceKernel:
         if self._scratch is not None:
             self._scratch.free()
             self._scratch = None
+
+    def __enter__(self) -> ReferenceKernel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+
+def sinks_to_host(bufs: AttnBuffers) -> np.ndarray | None:
+    """The sinks in bufs (float32 [Hq], synchronous copy), None for a problem without them."""
+    sinks = getattr(bufs, "sinks", None)
+    return None if sinks is None else sinks.copy_to_host(np.float32, problem_dims(bufs.shape)[1])
 
 
 def inputs_to_host(bufs: AttnBuffers) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -8,6 +8,13 @@ packed (varlen) batch is the tensors of its ``Problem.as_fixed`` (B = 1, S_q = t
 total_k), each sequence its own problem (``numpy_reference_varlen``). Query head h reads K/V
 head h // (Hq / Hkv); the scale is 1/sqrt(D).
 
+The models' masks (tuner/problem.py; oracle.cu's header) are keyword arguments of every
+reference: ``window`` (a query sees its diagonal key a = i + S_k - S_q and the window - 1 before
+it; causal: none after it), ``softcap`` (scores s become C tanh(s / C)), ``sinks`` (one logit per
+query head joins each row's softmax denominator; the LSE includes it, and a row that sees no key
+gets LSE = sink). ``host_sinks`` is the twin of the sinks an input set gets (``sink_range``: at
+magnitudes that matter against the rows' sums).
+
 No GPU, no cuda-python: this module imports NumPy and the problem type only.
 """
 
@@ -19,7 +26,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from tuner.errors import FaTuneError
-from tuner.kernel.runtime import ShapeLike, problem_dims
+from tuner.kernel.runtime import ShapeLike, as_problem, problem_dims
 
 DEFAULT_SEED = 42
 # input set -> (generator, direction for "rising" kinds)
@@ -48,6 +55,8 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _STREAM_MUL = 0xD1B54A32D192ED03
 STREAM_Q, STREAM_K, STREAM_V = 1, 2, 3
 STREAM_RQ, STREAM_RK, STREAM_RV, STREAM_RC2, STREAM_RJIT = 11, 12, 13, 14, 15
+# The attention sinks' stream per input set: each set draws its own (oracle_fill_uniform_f32).
+SINK_STREAMS: dict[str, int] = {"seed": 21, "rising": 22, "rising_fwd": 23}
 
 
 def _splitmix64_int(x: int) -> int:
@@ -87,6 +96,11 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 
 def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def _bf16_round(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to BF16 (returned as float32)."""
+    return bf16_bits_to_f32(f32_to_bf16_bits(x))
 
 
 def host_inputs(shape: ShapeLike, input_set: str, seed: int = DEFAULT_SEED,
@@ -138,6 +152,10 @@ def host_inputs(shape: ShapeLike, input_set: str, seed: int = DEFAULT_SEED,
     return f32_to_bf16_bits(qf), f32_to_bf16_bits(kf), f32_to_bf16_bits(vf)
 
 
+# c2 = bf16(0.09 + 0.045 u), u in [0, 1): the rising set's per-row trend coefficient (before m_D)
+RISING_C2 = (0.08984375, 0.134765625)
+
+
 def rising_c2_scale(D: int) -> float:
     """m_D of the rising construction: Q's trend coefficient c2 is doubled at D = 256 so every
     tile still beats the running max by a margin (oracle.cu's header: >= 1.53 logits)."""
@@ -154,6 +172,74 @@ def rising_min_rise(D: int) -> float:
     return 0.08984375 * rising_c2_scale(D) * 253 / math.sqrt(D) - 2 * rising_noise_bound(D)
 
 
+# ---- attention sinks: the values each input set gets ------------------------------------------
+SEED_SCORE_VAR = 16.0 / 9.0  # Var(q.k / sqrt(D)) of the seed set: D (4/3)^2 / D, any D
+SINK_SPREAD = (-4.0, 4.0)  # seed: logits either side of the typical row's LSE
+RISING_SINK_SPREAD = (-2.0, 6.0)  # rising: around the lowest row max (at most ~7 above it)
+
+
+def _sequences(p: object) -> tuple[int, list[tuple[int, int, int]]]:
+    """(the generator's key rows, [(first key row, s_q, s_k)] per sequence with queries) of a
+    problem's tensors: a fixed batch is one sequence of its own key rows (every batch entry
+    alike), a packed batch its sequences in the as_fixed key rows."""
+    prob = as_problem(p)
+    if not prob.is_varlen:
+        return prob.S_k, [(0, prob.S_q, prob.S_k)]
+    cu_k = prob.cu_seqlens_k()
+    return prob.tokens_k, [(cu_k[b], q, k) for b, (q, k) in
+                           enumerate(zip(prob.seqlens, prob.seqlens_k, strict=True)) if q > 0]
+
+
+def _cap(sc: np.ndarray, softcap: float) -> np.ndarray:
+    """Logit softcapping: C tanh(s / C) (softcap 0: the scores as they are)."""
+    return softcap * np.tanh(sc / softcap) if softcap > 0 else sc
+
+
+def sink_range(shape: ShapeLike, input_set: str) -> tuple[float, float]:
+    """[lo, hi) of the sinks an input set draws (uniform per query head), where a sink matters
+    against the rows' sums: a kernel that leaves it out, or scales it (a base-2 softmax given
+    the natural-log sink as is: x ln 2), fails the gate.
+
+    seed: the typical row's LSE, log(the mean keys a row sees) + Var(s) / 2 (scores ~ N(0, 16/9)),
+    +-4: above some rows' LSE, below others' (the first rows of a causal problem see few keys,
+    the last ones many). rising: the scores follow the keys' trend (hundreds of logits at long
+    S_k), so a sink near the typical LSE would sit far above the rows with the lowest maxima; it
+    is drawn from the lowest row max (a bound from the construction: c2 t / sqrt(D) - E_D at each
+    row's largest key, with windows and sequences) - 2 to + 6, so it matters for the rows near
+    there and exceeds no row's max by more than ~7 logits (a kernel's sum exp(sink - max) then
+    stays finite in FP32, as it does for real models' sinks, O(1)-O(10))."""
+    p = as_problem(shape)
+    check_input_set(input_set, p)
+    kind, direction = INPUT_SETS[input_set]
+    if kind == "seed":
+        rows = p.tokens_q
+        mean_keys = max(1.0, p.flops / (4 * p.Hq * p.D) / rows)
+        var = SEED_SCORE_VAR if p.softcap <= 0 else min(SEED_SCORE_VAR, p.softcap ** 2)
+        centre = math.log(mean_keys) + var / 2
+        return centre + SINK_SPREAD[0], centre + SINK_SPREAD[1]
+    total_k, seqs = _sequences(p)
+    w = p.window if p.window > 0 else 1 << 40
+    if direction < 0:  # t falls with the key: a row's max at its first key
+        j = max(start + max(0, sk - w) for start, _, sk in seqs)  # the last row's window edge
+        t = 4 * (total_k // 2 - j)
+    else:  # t rises with the key: a row's max at its last key (causal: the first row's least)
+        j = min(start + (sk - sq if p.causal else sk - 1) for start, sq, sk in seqs)
+        t = 4 * (j - total_k // 2)
+    scale = rising_c2_scale(p.D) / math.sqrt(p.D)
+    c2 = RISING_C2[0] if t >= 0 else RISING_C2[1]
+    low = float(_cap(np.float64(c2 * t * scale - rising_noise_bound(p.D)), p.softcap))
+    return low + RISING_SINK_SPREAD[0], low + RISING_SINK_SPREAD[1]
+
+
+def host_sinks(shape: ShapeLike, input_set: str, seed: int = DEFAULT_SEED) -> np.ndarray:
+    """The sinks (float32 [Hq], natural-log units) the GPU draws for an input set, bit for bit
+    (oracle_fill_uniform_f32 over ``sink_range`` with the set's SINK_STREAMS entry)."""
+    lo, hi = sink_range(shape, input_set)
+    hq = problem_dims(shape)[1]
+    return uniform_in(seed, SINK_STREAMS[input_set], np.arange(hq, dtype=np.uint64),
+                      float(np.float32(lo)), float(np.float32(hi)))
+
+
 # ---- float64 NumPy reference and the rising check -------------------------------------------
 def _f32(x: np.ndarray) -> np.ndarray:
     return bf16_bits_to_f32(x) if x.dtype == np.uint16 else x
@@ -164,90 +250,122 @@ def causal_mask(Sq: int, Sk: int) -> np.ndarray:
     return np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + (Sk - Sq)
 
 
+def key_mask(Sq: int, Sk: int, causal: bool = True, window: int = 0) -> np.ndarray:
+    """[Sq, Sk] bool: the keys each query row sees: j <= a causal (a = i + Sk - Sq, its
+    diagonal key) and, with a window of W keys, j > a - W (causal or not)."""
+    mask = causal_mask(Sq, Sk) if causal else np.ones((Sq, Sk), dtype=bool)
+    if window > 0:
+        mask &= np.arange(Sk)[None, :] > np.arange(Sq)[:, None] + (Sk - Sq - window)
+    return mask
+
+
+def _sink_of(sinks: np.ndarray | None, h: int) -> float | None:
+    return None if sinks is None else float(np.asarray(sinks, dtype=np.float32)[h])
+
+
+def _softmax_rows(sc: np.ndarray, sink: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """(exp(s - M) / den, LSE) of score rows (-inf: masked; every row has a finite score) in
+    float64, with the sink's exp(sink - M) in den (M = max(max_j s_j, sink))."""
+    m = sc.max(axis=-1, keepdims=True)
+    if sink is not None:
+        m = np.maximum(m, sink)
+    p = np.exp(sc - m)
+    den = p.sum(axis=-1, keepdims=True) + (0.0 if sink is None else np.exp(sink - m))
+    return p / den, (m + np.log(den))[..., 0]
+
+
 def numpy_reference_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                         rows: Iterable[tuple[int, int, int]], causal: bool = True,
-                         ) -> tuple[np.ndarray, np.ndarray]:
+                         rows: Iterable[tuple[int, int, int]], causal: bool = True, *,
+                         window: int = 0, softcap: float = 0.0,
+                         sinks: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Attention in float64 for sampled rows (b, h, s), h a query head; q [B, S_q, Hq, D], k
-    and v [B, S_k, Hkv, D] (BF16 bits or floats); causal: keys <= s + S_k - S_q, else all.
-    Returns (o [n, D], lse [n]); a row that sees no key gets O = 0, LSE = -inf."""
+    and v [B, S_k, Hkv, D] (BF16 bits or floats); causal: keys <= s + S_k - S_q, else all; the
+    masks as numpy_reference's. Returns (o [n, D], lse [n]); a row that sees no key gets O = 0,
+    LSE = -inf (its sink with sinks)."""
     qf, kf, vf = _f32(q), _f32(k), _f32(v)
     group = qf.shape[2] // kf.shape[2]
-    off = kf.shape[1] - qf.shape[1]
+    Sq, Sk = qf.shape[1], kf.shape[1]
     outs, lses = [], []
     scale = 1.0 / math.sqrt(qf.shape[-1])
     for b, h, s in rows:
         g = h // group
-        end = max(0, min(s + 1 + off, kf.shape[1])) if causal else kf.shape[1]
-        if end == 0:
+        a = s + Sk - Sq  # the row's diagonal key
+        keys = np.arange(max(0, a - window + 1) if window > 0 else 0,
+                         min(a, Sk - 1) + 1 if causal else Sk)
+        sink = _sink_of(sinks, h)
+        if keys.size == 0:
             outs.append(np.zeros(qf.shape[-1]))
-            lses.append(-math.inf)
+            lses.append(-math.inf if sink is None else sink)
             continue
         qr = qf[b, s, h, :].astype(np.float64)
-        kr = kf[b, :end, g, :].astype(np.float64)
-        vr = vf[b, :end, g, :].astype(np.float64)
-        sc = kr @ qr * scale
-        m = sc.max()
-        p = np.exp(sc - m)
-        lsum = p.sum()
-        outs.append(p @ vr / lsum)
-        lses.append(m + math.log(lsum))
+        sc = _cap(kf[b, keys, g, :].astype(np.float64) @ qr * scale, softcap)
+        p, lse = _softmax_rows(sc, sink)
+        outs.append(p @ vf[b, keys, g, :].astype(np.float64))
+        lses.append(float(lse))
     return np.array(outs), np.array(lses)
 
 
-def numpy_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True,
+def numpy_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True, *,
+                    window: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None,
                     ) -> tuple[np.ndarray, np.ndarray]:
     """The whole float64 reference (small problems): q [B, S_q, Hq, D], k and v [B, S_k, Hkv,
-    D] -> (o [B, S_q, Hq, D], lse [B, Hq, S_q]). Causal is aligned bottom-right; a row that
-    sees no key gets O = 0, LSE = -inf."""
+    D] -> (o [B, S_q, Hq, D], lse [B, Hq, S_q]). Causal is aligned bottom-right; ``window``
+    keys (0: none), ``softcap`` (0: none), ``sinks`` ([Hq] logits or None): the models' masks.
+    A row that sees no key gets O = 0, LSE = -inf (its sink with sinks)."""
     qf, kf, vf = (_f32(a).astype(np.float64) for a in (q, k, v))
     B, Sq, H, D = qf.shape
     Sk = kf.shape[1]
     group = H // kf.shape[2]
     out = np.zeros((B, Sq, H, D))
     lse = np.full((B, H, Sq), -np.inf)
-    mask = causal_mask(Sq, Sk) if causal else np.ones((Sq, Sk), dtype=bool)
+    if sinks is not None:
+        lse[:] = np.asarray(sinks, dtype=np.float32).astype(np.float64)[None, :, None]
+    mask = key_mask(Sq, Sk, causal, window)
     seen = mask.any(axis=1)
     if not seen.any():
         return out, lse
     for b in range(B):
         for h in range(H):
             g = h // group
-            sc = np.where(mask, qf[b, :, h] @ kf[b, :, g].T / math.sqrt(D), -np.inf)[seen]
-            m = sc.max(axis=1, keepdims=True)
-            p = np.exp(sc - m)
-            lsum = p.sum(axis=1, keepdims=True)
-            out[b, seen, h] = p @ vf[b, :, g] / lsum
-            lse[b, h, seen] = (m + np.log(lsum))[:, 0]
+            sc = _cap(qf[b, :, h] @ kf[b, :, g].T / math.sqrt(D), softcap)
+            p, lse[b, h, seen] = _softmax_rows(np.where(mask, sc, -np.inf)[seen],
+                                               _sink_of(sinks, h))
+            out[b, seen, h] = p @ vf[b, :, g]
     return out, lse
 
 
-def numpy_reference_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True,
+def numpy_reference_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = True, *,
+                         window: int = 0, softcap: float = 0.0, sinks: np.ndarray | None = None,
                          ) -> np.ndarray:
     """The NumPy twin of oracle.cu's BF16-math reference (FlashAttention's
     ``attention_ref(upcast=False)``): Q * scale rounded to BF16; S = (Q * scale) K^T summed in
     float64, rounded to FP32 and then to BF16; softmax of those BF16 scores in float64 (max, sum
     of exp(s - max), exp(s - max) / sum) rounded to BF16 (P); O = P V summed in float64,
     rounded to FP32 and then to BF16. q [B, S_q, Hq, D], k and v [B, S_k, Hkv, D] (BF16 bits or
-    floats); causal bottom-right. Returns O as BF16 bits, uint16 [B, S_q, Hq, D]; a row that
-    sees no key gets O = 0. (The GPU sums in FP32: the two agree but for a rounding flip of a
-    few elements near a BF16 tie.)"""
+    floats); causal bottom-right. The masks as attention_ref applies them to BF16 tensors:
+    softcap rounds s / C, tanh of it and C times that to BF16 each (float32 ops); the window is
+    a -inf score; the sink (FP32) joins the max and the sum. Returns O as BF16 bits, uint16 [B,
+    S_q, Hq, D]; a row that sees no key gets O = 0. (The GPU sums in FP32: the two agree but for
+    a rounding flip of a few elements near a BF16 tie.)"""
     qf, kf, vf = _f32(q), _f32(k), _f32(v)
     B, Sq, H, D = qf.shape
     Sk = kf.shape[1]
     group = H // kf.shape[2]
-    qs = bf16_bits_to_f32(f32_to_bf16_bits(qf * np.float32(1.0 / math.sqrt(D))))
+    qs = _bf16_round(qf * np.float32(1.0 / math.sqrt(D)))
     out = np.zeros((B, Sq, H, D), dtype=np.float32)
-    mask = causal_mask(Sq, Sk) if causal else np.ones((Sq, Sk), dtype=bool)
+    mask = key_mask(Sq, Sk, causal, window)
     seen = mask.any(axis=1)
     for b in range(B):
         for h in range(H):
             g = h // group
             sc = qs[b, :, h].astype(np.float64) @ kf[b, :, g].T.astype(np.float64)
-            sc = bf16_bits_to_f32(f32_to_bf16_bits(sc.astype(np.float32))).astype(np.float64)
-            sc = np.where(mask, sc, -np.inf)[seen]
-            e = np.exp(sc - sc.max(axis=1, keepdims=True))
-            p = bf16_bits_to_f32(f32_to_bf16_bits((e / e.sum(axis=1, keepdims=True))
-                                                  .astype(np.float32)))
+            sc = _bf16_round(sc.astype(np.float32))
+            if softcap > 0:
+                c = np.float32(softcap)
+                sc = _bf16_round(c * _bf16_round(np.tanh(_bf16_round(sc / c))))
+            p, _ = _softmax_rows(np.where(mask, sc.astype(np.float64), -np.inf)[seen],
+                                 _sink_of(sinks, h))
+            p = _bf16_round(p.astype(np.float32))
             o = p.astype(np.float64) @ vf[b, :, g].astype(np.float64)
             out[b, seen, h] = bf16_bits_to_f32(f32_to_bf16_bits(o.astype(np.float32)))
     return f32_to_bf16_bits(out)
@@ -255,11 +373,12 @@ def numpy_reference_bf16(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bo
 
 def numpy_reference_varlen(q: np.ndarray, k: np.ndarray, v: np.ndarray,
                            cu_seqlens_q: Sequence[int], cu_seqlens_k: Sequence[int],
-                           causal: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                           causal: bool = True, **masks: object) -> tuple[np.ndarray, np.ndarray]:
     """The float64 reference of a packed batch: q [total_q, Hq, D], k and v [total_k, Hkv, D]
     (or the as_fixed [1, total, H, D]); sequence b is query rows cu_seqlens_q[b] .. [b + 1]
-    over key rows cu_seqlens_k[b] .. [b + 1], its own problem (its own causal offset).
-    Returns (o [total_q, Hq, D], lse [Hq, total_q])."""
+    over key rows cu_seqlens_k[b] .. [b + 1], its own problem (its own causal offset and
+    window); ``masks``: numpy_reference's window, softcap, sinks. Returns (o [total_q, Hq, D],
+    lse [Hq, total_q])."""
     q, k, v = (a[0] if a.ndim == 4 else a for a in (q, k, v))
     total_q, H, D = q.shape
     out = np.zeros((total_q, H, D))
@@ -269,10 +388,31 @@ def numpy_reference_varlen(q: np.ndarray, k: np.ndarray, v: np.ndarray,
         k0, k1 = int(cu_seqlens_k[b]), int(cu_seqlens_k[b + 1])
         if q1 == q0:
             continue
-        o_b, l_b = numpy_reference(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal)
+        o_b, l_b = numpy_reference(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], causal,
+                                   **masks)  # type: ignore[arg-type]
         out[q0:q1] = o_b[0]
         lse[:, q0:q1] = l_b[0]
     return out, lse
+
+
+def problem_masks(shape: ShapeLike, sinks: np.ndarray | None = None) -> dict[str, object]:
+    """A problem's masks as the references' keyword arguments (``sinks``: its values, e.g.
+    host_sinks, used only when the problem has sinks)."""
+    return {"window": int(getattr(shape, "window", 0)),
+            "softcap": float(getattr(shape, "softcap", 0.0)),
+            "sinks": sinks if getattr(shape, "sinks", False) else None}
+
+
+def numpy_reference_for(shape: ShapeLike, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                        sinks: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The float64 reference of a problem on its tensors (q, k, v as host_inputs gives them),
+    with its mask, masks and ``sinks``: (o, lse) as the oracle lays them out, [B, S_q, Hq, D]
+    and [B, Hq, S_q], a packed batch's [total_q, Hq, D] and [Hq, total_q]."""
+    p = as_problem(shape)
+    kw = problem_masks(p, sinks)
+    if p.is_varlen:
+        return numpy_reference_varlen(q, k, v, p.cu_seqlens(), p.cu_seqlens_k(), p.causal, **kw)
+    return numpy_reference(q, k, v, p.causal, **kw)  # type: ignore[arg-type]
 
 
 def scores_f64(q: np.ndarray, k: np.ndarray, b: int, h: int) -> np.ndarray:

@@ -76,6 +76,7 @@ class DispatchEntry:
     k_min: int | None = None
     k_max: int | None = None
     masks: tuple[str, ...] = ()  # the models' masks its kernel carries: window, softcap, sinks
+    window: int | None = None    # a layer kind's bucket: calls with this window only (0: none)
 
     @property
     def problem_class(self) -> ProblemClass:
@@ -86,18 +87,22 @@ class DispatchEntry:
         """Whether it serves a key-length range only (else every key length)."""
         return self.k_min is not None
 
-    def serves(self, Hq: int, Hkv: int, S: int, Sk: int | None = None) -> bool:
-        """Whether it serves S queries over Sk keys (None: S) with these heads."""
+    def serves(self, Hq: int, Hkv: int, S: int, Sk: int | None = None, window: int = 0) -> bool:
+        """Whether it serves S queries over Sk keys (None: S) with these heads and window."""
         sk = S if Sk is None else Sk
         return (Hq == self.Hq and Hkv == self.Hkv and S >= self.s_min
                 and (self.s_max is None or S <= self.s_max)
                 and (self.k_min is None or sk >= self.k_min)
-                and (self.k_max is None or sk <= self.k_max))
+                and (self.k_max is None or sk <= self.k_max)
+                and (self.window is None or window == self.window))
 
     def range_text(self) -> str:
         text = _range_text(self.s_min, self.s_max)
-        return text + (f", k {_range_text(self.k_min, self.k_max)}" if self.k_min is not None
-                       else "")
+        if self.k_min is not None:
+            text += f", k {_range_text(self.k_min, self.k_max)}"
+        if self.window is not None:
+            text += f", window {self.window}" if self.window else ", no window"
+        return text
 
     def source_text(self) -> str:
         s = self.source
@@ -118,6 +123,7 @@ class DispatchEntry:
             "source": dict(self.source), "problems": list(self.problems),
             "measured": self.measured,
             **({"masks": list(self.masks)} if self.masks else {}),
+            **({"window": self.window} if self.window is not None else {}),
         }
 
     @classmethod
@@ -137,6 +143,7 @@ class DispatchEntry:
                 k_min=None if k_min is None else _int(k_min),
                 k_max=None if k_max is None else _int(k_max),
                 masks=_masks(d.get("masks") or ()),
+                window=None if d.get("window") is None else _int(d["window"]),
             )
         except KeyError as e:
             raise DispatchError(f"{where}: missing {e.args[0]!r}") from None
@@ -195,7 +202,8 @@ class DispatchTable:
                 # A key-range entry before an any-key entry is the one allowed overlap: it
                 # takes that part of the other's calls (chunked prefill of those lengths).
                 if (a.Hq, a.Hkv) == (b.Hq, b.Hkv) and _overlap(a, b) and not (
-                        a.keyed and not b.keyed):
+                        a.keyed and not b.keyed) and (a.window is None or b.window is None
+                                                      or a.window == b.window):
                     hint = (f"; put {b.bucket} first (a key-range bucket goes before the "
                             "query-length buckets it overlaps)" if b.keyed and not a.keyed
                             else "")
@@ -208,18 +216,20 @@ class DispatchTable:
     def problem_class(self) -> ProblemClass:
         return self.entries[0].problem_class
 
-    def index_for(self, Hq: int, Hkv: int, S: int, Sk: int | None = None) -> int:
+    def index_for(self, Hq: int, Hkv: int, S: int, Sk: int | None = None,
+                  window: int = 0) -> int:
         """The index of the entry serving S queries over Sk keys (None: S; for a call with
-        device metadata max_seqlen_q and max_seqlen_k): the dispatcher's fa_tune_bucket_for;
-        -1 for none."""
-        return next((i for i, e in enumerate(self.entries) if e.serves(Hq, Hkv, S, Sk)), -1)
+        device metadata max_seqlen_q and max_seqlen_k) with this window (0: none): the
+        dispatcher's fa_tune_bucket_for; -1 for none."""
+        return next((i for i, e in enumerate(self.entries)
+                     if e.serves(Hq, Hkv, S, Sk, window)), -1)
 
     def select(self, problem: Problem | str) -> DispatchEntry | None:
         """The entry serving a problem (None: no bucket does, or another head dim or mask)."""
         p = Problem.parse(problem) if isinstance(problem, str) else problem
         if self.problem_class.serves(p, varlen=False):  # varlen is each bucket's own
             return None
-        i = self.index_for(p.Hq, p.Hkv, p.S, getattr(p, "Sk", 0) or p.S)
+        i = self.index_for(p.Hq, p.Hkv, p.S, getattr(p, "Sk", 0) or p.S, p.window)
         return self.entries[i] if i >= 0 else None
 
     def serves_text(self) -> str:
@@ -381,7 +391,7 @@ def bucket_sources(workload: Workload, assignments: list[str] | None = None,
             texts[b.name] = f"study:{study_prefix}{b.name}"
         elif default:
             texts[b.name] = default
-    pclass = workload.attention.problem_class
+    pclass = workload.problem_class
     return {name: resolve_source(src, pclass, storage) for name, src in texts.items()}
 
 
@@ -419,17 +429,17 @@ def table_for_workload(workload: Workload, sources: Mapping[str, Resolved]) -> D
         raise DispatchError(f"no config for bucket{'s' if len(missing) > 1 else ''} "
                             f"{', '.join(missing)} of workload '{workload.name}': give "
                             f"--bucket NAME={SOURCE_HELP.split(' (')[0]}... or --study-prefix")
-    att = workload.attention
+    att, pclass = workload.attention, workload.problem_class
     plans = {p.bucket.name: p for p in workload.plan()}
     entries = []
     for b in workload.dispatch_order():  # key-range buckets first: the first that serves wins
         r = sources[b.name]
-        check_entry_config(b.name, r.config, att.problem_class)
+        check_entry_config(b.name, r.config, pclass)
         entries.append(DispatchEntry(
             bucket=b.name, Hq=att.Hq, Hkv=att.Hkv, head_dim=att.head_dim, causal=att.causal,
             s_min=b.s_min, s_max=b.s_max, config=r.config, source=dict(r.source),
             problems=r.problems or tuple(plans[b.name].shapes), measured=r.measured,
-            k_min=b.k_min, k_max=b.k_max, masks=_class_masks(att.problem_class)))
+            k_min=b.k_min, k_max=b.k_max, masks=_class_masks(pclass), window=b.window))
     return DispatchTable(workload.name, tuple(entries), workload.to_dict())
 
 

@@ -50,7 +50,8 @@ def dispatcher_source(table: DispatchTable) -> str:
         p = symbol_prefix(i)
         decls.append(_BUCKET_DECLS.format(p=p))
         rows.append(f"    {{{c_string_literal(e.bucket)}, {e.Hq}, {e.Hkv}, {e.s_min}, "
-                    f"{_none(e.s_max)}, {_none(e.k_min)}, {_none(e.k_max)}, {p}abi_version, "
+                    f"{_none(e.s_max)}, {_none(e.k_min)}, {_none(e.k_max)}, {_none(e.window)}, "
+                    f"{p}abi_version, "
                     f"{p}forward, {p}prepare, {p}workspace_bytes, {p}last_error, "
                     f"{p}problem_class, {p}smem_bytes}},"
                     f"  // {e.config.config_id()}: {_comment(e.source_text())}")
@@ -89,6 +90,7 @@ struct Bucket {{
   int hq, hkv;
   int s_min, s_max;  // query lengths; s_max -1: no upper bound
   int k_min, k_max;  // key lengths; k_min -1: any (k_max -1: no upper bound)
+  int window;        // a layer kind's bucket: calls with this window (0: none); -1: any
   int (*abi_version)(void);
   int (*forward)(const fa_tune_args*, cudaStream_t);
   int (*prepare)(const fa_tune_args*, double*);
@@ -115,11 +117,13 @@ bool holds(const Bucket& b, int sq, int sk) {{
          (b.k_max < 0 || sk <= b.k_max);
 }}
 
-// Buckets are few (one per length range): a scan beats anything cleverer.
-int find(int hq, int hkv, int sq, int sk) {{
+// Buckets are few (one per length range and kind of layer): a scan beats anything cleverer.
+int find(const fa_tune_args& a) {{
   for (int i = 0; i < kNumBuckets; ++i) {{
     const Bucket& b = kBuckets[i];
-    if (b.hq == hq && b.hkv == hkv && holds(b, sq, sk)) return i;
+    if (b.hq == a.heads_q && b.hkv == a.heads_kv && holds(b, a.seqlen_q, a.seqlen_k) &&
+        (b.window < 0 || b.window == a.window))
+      return i;
   }}
   return -1;
 }}
@@ -152,7 +156,8 @@ int check_args(const fa_tune_args* a) {{
 
 std::string describe(const fa_tune_args& a) {{
   const std::string heads =
-      "Hq=" + std::to_string(a.heads_q) + " Hkv=" + std::to_string(a.heads_kv);
+      "Hq=" + std::to_string(a.heads_q) + " Hkv=" + std::to_string(a.heads_kv) +
+      (a.window > 0 ? " window=" + std::to_string(a.window) : std::string());
   if (device_metadata(a))
     return "a call with device metadata, " + heads + " max_seqlen_q=" +
            std::to_string(a.seqlen_q) + " max_seqlen_k=" + std::to_string(a.seqlen_k);
@@ -222,7 +227,7 @@ int result(const Bucket& b, int rc) {{
 // The bucket serving a call, or -1 with g_error and *rc set.
 int route(const fa_tune_args* a, int* rc) {{
   if ((*rc = check_args(a)) != 0) return -1;
-  const int i = find(a->heads_q, a->heads_kv, a->seqlen_q, a->seqlen_k);
+  const int i = find(*a);
   if (i < 0) {{
     *rc = no_bucket(*a);
     return -1;
@@ -293,7 +298,7 @@ FA_TUNE_API int fa_tune_bucket_count(void) {{ return kNumBuckets; }}
 FA_TUNE_API int fa_tune_bucket_for(const fa_tune_args* args) {{
   g_error.clear();
   if (check_args(args) != 0) return -1;
-  return find(args->heads_q, args->heads_kv, args->seqlen_q, args->seqlen_k);
+  return find(*args);
 }}
 
 FA_TUNE_API const char* fa_tune_dispatch_json(void) {{ return kDispatchJson; }}

@@ -23,12 +23,20 @@ A workload (``workloads/<name>.yaml``) is what one exported library is tuned for
         - {lengths: "4096,2048*2,512*8", weight: 1}   # as in a problem's [...] (q:k pairs
         - {lengths: "2048:8192,512:4096*2"}           # too), or a list of query lengths
     tuning: {max_problems: 3}    # problems per bucket to tune on (default 3)
+    layers:                      # optional: layers of kinds that differ in their window
+      - {name: local, window: 4096, count: 21}   # (Gemma-2's local and global layers); each
+      - {name: global, count: 21}                # kind gets every bucket, named kind-bucket
 
 Buckets without ``k`` chain by query length, in file order, and serve every key length; a
 bucket with ``k`` stands alone (its own query range, not part of the chain) and is dispatched
 before the chain, so in their overlap it takes the calls: a chunk of 2048 queries over 8192
 cached keys runs chunk2k's kernel, a fresh 2048-token prompt s2k's. Key-range buckets must not
 overlap each other.
+
+With ``layers``, every bucket is made once per kind (``local-s2k``, ``global-s2k``, ...), each
+serving only calls with its kind's window (0: none) and tuned on its kind's problems, and one
+library serves all of them: the window is a run-time argument of one problem class (it has a
+window where some kind has one). The traffic is every layer's, weighted by the kind's ``count``.
 
 ``plan()`` turns it into the problems to tune per bucket: the traffic points in the bucket,
 ranked by their share of attention time there (weight x FLOPs, the time at a constant TFLOPS
@@ -41,6 +49,7 @@ the file and the entry.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -57,7 +66,7 @@ DEFAULT_MAX_PROBLEMS = 3
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # Bucket names become file names, study-name suffixes and C identifiers' comments.
 _BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
-_TOP_KEYS = {"name", "description", "attention", "buckets", "traffic", "tuning"}
+_TOP_KEYS = {"name", "description", "attention", "buckets", "traffic", "tuning", "layers"}
 
 
 class WorkloadError(FaTuneError):
@@ -115,28 +124,48 @@ class Bucket:
     s_max: int | None
     k_min: int | None = None  # None: any key length (a bucket of the query-length chain)
     k_max: int | None = None
+    window: int | None = None  # a layer kind's bucket: calls with this window only (0: none)
 
     @property
     def keyed(self) -> bool:
         return self.k_min is not None
 
-    def contains(self, S: int, Sk: int | None = None) -> bool:
-        """Whether it serves S queries over Sk keys (None: S)."""
+    def contains(self, S: int, Sk: int | None = None, window: int | None = None) -> bool:
+        """Whether it serves S queries over Sk keys (None: S) with this window (None: any)."""
         sk = S if Sk is None else Sk
         return (S >= self.s_min and (self.s_max is None or S <= self.s_max)
                 and (self.k_min is None or sk >= self.k_min)
-                and (self.k_max is None or sk <= self.k_max))
+                and (self.k_max is None or sk <= self.k_max)
+                and (self.window is None or window is None or window == self.window))
 
     def range_text(self) -> str:
         text = range_text(self.s_min, self.s_max)
-        return text + (f", k {range_text(self.k_min, self.k_max)}" if self.k_min is not None
-                       else "")
+        if self.k_min is not None:
+            text += f", k {range_text(self.k_min, self.k_max)}"
+        if self.window is not None:
+            text += f", window {self.window}" if self.window else ", no window"
+        return text
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "s_min": self.s_min, "s_max": self.s_max}
         if self.keyed:
             d.update(k_min=self.k_min, k_max=self.k_max)
+        if self.window is not None:
+            d["window"] = self.window
         return d
+
+
+@dataclass(frozen=True)
+class LayerKind:
+    """Layers of one kind in a model whose layers differ in their sliding window: its name,
+    window (keys; 0: none) and how many layers of it the model has (weights its traffic)."""
+
+    name: str
+    window: int = 0
+    count: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "window": self.window, "count": self.count}
 
 
 @dataclass(frozen=True)
@@ -198,16 +227,31 @@ class Workload:
     description: str = ""
     max_problems: int = DEFAULT_MAX_PROBLEMS
     source: str = "<workload>"
+    kinds: tuple[LayerKind, ...] = ()  # layers of kinds by window; buckets are then per kind
+
+    @property
+    def problem_class(self) -> ProblemClass:
+        """The one class the library is built for: the attention's, with a window where some
+        kind of layer has one."""
+        pc = self.attention.problem_class
+        return dataclasses.replace(pc, window=pc.window or any(k.window for k in self.kinds))
+
+    def attention_of(self, b: Bucket) -> Attention:
+        """The attention a bucket is tuned on: its kind's window, if it is a kind's."""
+        if b.window is None:
+            return self.attention
+        return dataclasses.replace(self.attention, window=b.window)
 
     def dispatch_order(self) -> tuple[Bucket, ...]:
         """The buckets as the dispatcher tries them: key-range buckets first, then the chain."""
         return tuple(b for b in self.buckets if b.keyed) + tuple(
             b for b in self.buckets if not b.keyed)
 
-    def bucket_for(self, S: int, Sk: int | None = None) -> Bucket | None:
+    def bucket_for(self, S: int, Sk: int | None = None,
+                   window: int | None = None) -> Bucket | None:
         """The bucket serving S queries over Sk keys (None: S; a varlen batch: max_seqlen_q and
-        max_seqlen_k), or None."""
-        return next((b for b in self.dispatch_order() if b.contains(S, Sk)), None)
+        max_seqlen_k) with this window (None: any kind's), or None."""
+        return next((b for b in self.dispatch_order() if b.contains(S, Sk, window)), None)
 
     def bucket(self, name: str) -> Bucket:
         for b in self.buckets:
@@ -221,23 +265,33 @@ class Workload:
         keep = self.max_problems if max_problems is None else max_problems
         if keep < 1:
             raise WorkloadError(f"max problems per bucket must be at least 1 (got {keep})")
-        total_time = sum(t.weight * t.problem(self.attention).flops for t in self.traffic)
-        home = {id(t): self.bucket_for(t.S, t.S_k) for t in self.traffic}
+        # Every layer sees every call: a kind's share is its layer count's.
+        kinds = self.kinds or (LayerKind("", self.attention.window),)
+        layers = sum(k.count for k in kinds)
+        share = {k.window: k.count / layers for k in kinds}
+        plain = not self.kinds
+        total_time = sum(
+            share[k.window] * t.weight * t.problem(dataclasses.replace(
+                self.attention, window=k.window)).flops
+            for k in kinds for t in self.traffic)
         plans = []
         for b in self.buckets:
-            pts = [t for t in self.traffic if home[id(t)] is b]
-            calls = sum(t.weight for t in pts)
+            att, kind_share = self.attention_of(b), share[b.window if not plain else
+                                                          self.attention.window]
+            pts = [t for t in self.traffic if self.bucket_for(t.S, t.S_k, b.window) is b]
+            calls = sum(t.weight for t in pts) * kind_share
             if not pts:  # no traffic here: tune on the bucket's upper edge, B=1
                 S = b.s_max if b.s_max is not None else b.s_min
                 Sk = 0 if b.k_min is None else max(b.k_max or b.k_min, S)
-                p = self.attention.problem(1, S, Sk)
+                p = att.problem(1, S, Sk)
                 plans.append(BucketPlan(b, (PlannedProblem(p, 0.0, 0.0),), 0.0, 0.0))
                 continue
-            cost = [(t, t.problem(self.attention)) for t in pts]
-            time = sum(t.weight * p.flops for t, p in cost)
+            cost = [(t, t.problem(att)) for t in pts]
+            time = sum(t.weight * p.flops for t, p in cost) * kind_share
             ranked = sorted(cost, key=lambda tp: (-tp[0].weight * tp[1].flops, tp[1].S,
                                                   tp[1].Sk, tp[1].B))
-            problems = tuple(PlannedProblem(p, t.weight / calls, t.weight * p.flops / time)
+            problems = tuple(PlannedProblem(p, t.weight * kind_share / calls,
+                                            t.weight * kind_share * p.flops / time)
                              for t, p in ranked[:keep])
             plans.append(BucketPlan(b, problems, calls, time / total_time if total_time else 0.0))
         return plans
@@ -250,6 +304,7 @@ class Workload:
             "buckets": [b.to_dict() for b in self.buckets],
             "traffic": [t.to_dict() for t in self.traffic],
             "max_problems": self.max_problems,
+            **({"layers": [k.to_dict() for k in self.kinds]} if self.kinds else {}),
         }
 
 
@@ -306,6 +361,44 @@ def _attention(d: Any, src: str) -> Attention:
     except FaTuneError as e:
         raise WorkloadError(f"{src}: attention: {e}") from None
     return att
+
+
+def _kinds(items: Any, att: Attention, src: str) -> tuple[LayerKind, ...]:
+    """The ``layers`` list: kinds of layers by window (none: one kind, the attention's)."""
+    if items is None:
+        return ()
+    if not isinstance(items, list) or len(items) < 2:
+        raise WorkloadError(f"{src}: layers must list two or more kinds of layers "
+                            "({name, window, count}); leave it out for one kind")
+    if att.window:
+        raise WorkloadError(f"{src}: with layers, give each kind its window "
+                            "(layers[i].window), not attention.window")
+    out: list[LayerKind] = []
+    for i, item in enumerate(items):
+        what = f"layers[{i}]"
+        item = _mapping(item, what, src, {"name", "window", "count"})
+        name = item.get("name")
+        if not isinstance(name, str) or not _BUCKET_RE.fullmatch(name):
+            raise WorkloadError(f"{src}: {what}.name must be letters, digits, '_' or '-' "
+                                f"(got {name!r})")
+        window = item.get("window", 0)
+        window = 0 if window == 0 else _pos_int(window, f"{what}.window", src)
+        if any(k.name == name for k in out):
+            raise WorkloadError(f"{src}: layer kind '{name}' is named twice")
+        if any(k.window == window for k in out):
+            raise WorkloadError(f"{src}: layer kinds {out[-1].name} and {name} have the same "
+                                "window; a library tells kinds apart by it")
+        out.append(LayerKind(name, window, _pos_int(item.get("count", 1), f"{what}.count",
+                                                    src)))
+    return tuple(out)
+
+
+def _per_kind(buckets: tuple[Bucket, ...], kinds: tuple[LayerKind, ...]) -> tuple[Bucket, ...]:
+    """Each bucket once per kind of layer (kind-bucket, serving that kind's window only)."""
+    if not kinds:
+        return buckets
+    return tuple(dataclasses.replace(b, name=f"{k.name}-{b.name}", window=k.window)
+                 for k in kinds for b in buckets)
 
 
 def _bucket_name(item: Mapping, what: str, src: str, seen: list[Bucket]) -> str:
@@ -487,8 +580,9 @@ def workload_from_dict(data: Any, source: str = "<workload>") -> Workload:
     if not isinstance(desc, str):
         raise WorkloadError(f"{src}: description must be text")
     att = _attention(d["attention"], src)
-    buckets = _buckets(d["buckets"], src)
-    probe = Workload(name, att, buckets, (), desc, DEFAULT_MAX_PROBLEMS, src)
+    kinds = _kinds(d.get("layers"), att, src)
+    buckets = _per_kind(_buckets(d["buckets"], src), kinds)
+    probe = Workload(name, att, buckets, (), desc, DEFAULT_MAX_PROBLEMS, src, kinds)
     merged: dict[tuple[Any, ...], tuple[_Raw, float]] = {}
     for r in _traffic(d["traffic"], src):
         try:
@@ -512,7 +606,7 @@ def workload_from_dict(data: Any, source: str = "<workload>") -> Workload:
                     for _, (r, w) in sorted(merged.items(), key=lambda x: x[0]))
     tuning = _mapping(d.get("tuning", {}), "tuning", src, {"max_problems"})
     keep = _pos_int(tuning.get("max_problems", DEFAULT_MAX_PROBLEMS), "tuning.max_problems", src)
-    return Workload(name, att, buckets, traffic, desc, keep, src)
+    return Workload(name, att, buckets, traffic, desc, keep, src, kinds)
 
 
 def workload_path(name_or_path: str | Path) -> Path:

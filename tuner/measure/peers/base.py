@@ -14,7 +14,11 @@ QKV tensor, or k and v over [B, Hkv, S_k, D] memory; a backend reads them throug
 or declines (``Unsupported``), never copies them inside the timed call unannounced.
 The causal mask is FlashAttention's, aligned bottom-right (query i sees keys 0 .. i + S_k -
 S_q): a backend that aligns it otherwise must build that mask or decline the problem, never be
-timed on another mask. A peer that finds at
+timed on another mask. The models' masks (a sliding window, a logit softcap, attention sinks:
+``Problem.window`` / ``softcap`` / ``sinks``) reach ``prepare`` as ``masks`` (``PeerMasks``, the
+sinks an FP32 [Hq] tensor on the device); a peer that cannot express one exactly declines the
+problem in ``supports`` (``problem_reason(masks=...)`` names those it can), never computes
+another. A peer that finds at
 ``prepare`` that it cannot run the inputs raises ``Unsupported`` (a ValueError) with the reason:
 the measurement path reports it as "unavailable" for that problem, not as an error.
 
@@ -24,6 +28,7 @@ Nothing here imports torch: ``tuner`` and its CLI must import on machines withou
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -67,13 +72,40 @@ class Unsupported(ValueError):
     """The peer cannot run this problem (the message says why): a row status, not a failure."""
 
 
+@dataclass(frozen=True)
+class PeerMasks:
+    """The models' masks of a problem as a peer gets them (issue 36; tuner/problem.py):
+    ``window`` keys (a query sees its diagonal key and the window - 1 before it; 0: none),
+    ``softcap`` (scores s become C tanh(s / C); 0: none), ``sinks`` (an FP32 [Hq] torch tensor
+    of logits joining each row's softmax denominator; None: none)."""
+
+    window: int = 0
+    softcap: float = 0.0
+    sinks: Any = None
+
+    @property
+    def any(self) -> bool:
+        return self.window > 0 or self.softcap > 0 or self.sinks is not None
+
+
+# The models' masks: Problem attribute -> what a reason calls it.
+MASK_NAMES: dict[str, str] = {"window": "a sliding window", "softcap": "logit softcapping",
+                              "sinks": "attention sinks"}
+
+
+def _masks_of(problem: Any) -> list[str]:
+    """The models' masks a problem has (MASK_NAMES' keys)."""
+    return [name for name in MASK_NAMES if getattr(problem, name, 0)]
+
+
 def problem_reason(problem: Any, *, gqa: bool = True, head_dims: tuple[int, ...] = (64, 128, 256),
                    causal_only: bool = False, varlen: bool = False, kv_len: str = "any",
-                   who: str = "this peer") -> str | None:
+                   masks: tuple[str, ...] = (), who: str = "this peer") -> str | None:
     """A supports() answer from a peer's scope: GQA/MQA or not, head dims, causal only, packed
-    varlen batches or not, and which key lengths (``kv_len``): "any" S_q, S_k; "noncausal"
+    varlen batches or not, which key lengths (``kv_len``): "any" S_q, S_k; "noncausal"
     S_q != S_k only without a causal mask (the backend cannot align it bottom-right); "equal"
-    S_q = S_k only."""
+    S_q = S_k only; and which of the models' masks it expresses exactly (``masks``: "window",
+    "softcap", "sinks"; none by default)."""
     hq = getattr(problem, "Hq", None) or problem.H
     hkv = getattr(problem, "Hkv", None) or hq
     d = getattr(problem, "D", 128)
@@ -95,6 +127,10 @@ def problem_reason(problem: Any, *, gqa: bool = True, head_dims: tuple[int, ...]
         why.append(f"head dim {d} (supports {', '.join(map(str, head_dims))})")
     if causal_only and not causal:
         why.append("non-causal (causal only)")
+    missing = [MASK_NAMES[m] for m in _masks_of(problem) if m not in masks]
+    if missing:
+        why.append(f"{' and '.join(missing)} (it cannot express "
+                   f"{'them' if len(missing) > 1 else 'it'} exactly)")
     return f"{who} cannot run {problem}: {'; '.join(why)}" if why else None
 
 
@@ -134,11 +170,13 @@ class Peer:
         return None
 
     def prepare(self, q: Any, k: Any, v: Any, causal: bool,
-                varlen: tuple[Any, Any, int, int] | None = None) -> None:
+                varlen: tuple[Any, Any, int, int] | None = None,
+                masks: PeerMasks | None = None) -> None:
         """Bind the inputs (BSHD views) and do the one-time work. ``varlen``: (cu_seqlens_q,
         cu_seqlens_k (int32 CUDA tensors), max_seqlen_q, max_seqlen_k) of a packed batch, whose
         views are then [1, total_q, Hq, D] and [1, total_k, Hkv, D]; only peers whose
-        supports() accepts varlen problems are given one."""
+        supports() accepts varlen problems are given one. ``masks``: the models' masks (None:
+        none); only those supports() accepts are given."""
         raise NotImplementedError
 
     def run(self) -> Any:

@@ -16,16 +16,27 @@ needs a gradient, so without the flag FA3 would do less work than the kernel it 
 with. The first call JIT-compiles the kernel (CuTe DSL -> cubin, seconds; once per head dim,
 GQA group and mask); ``prepare`` makes that call, outside the timed region.
 
+The models' masks go in as the interface's own arguments (flash_attn/cute/interface.py,
+``flash_attn_func`` / ``flash_attn_varlen_func``): a sliding window of W keys as ``window_size=
+(W - 1, 0)`` causal and ``(W - 1, None)`` not (this interface's None is "no limit"; hopper's
+``flash_attn_interface`` spells it -1, which here would be a limit of -1), ``softcap=C``, the
+sinks as ``learnable_sink`` (FP32 [Hq]: natural-log logits joining each row's denominator, the
+LSE including them). Each only when the problem has it, so a plain problem's call is what it was;
+an installed version whose function lacks one of those arguments declines the problem at
+``prepare``.
+
 Installing without a network: lab/h200/fa3_stage1.sh and fa3_stage2.sh; with ``pip --target`` the
 folder ``<target>/nvidia_cutlass_dsl/dsl_packages`` must be on PYTHONPATH as well.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from tuner.measure.peers.base import (
     Peer,
+    PeerMasks,
     Unsupported,
     dist_version,
     module_missing,
@@ -46,6 +57,7 @@ class FA3Peer(Peer):
         self._qkv: tuple[Any, Any, Any] | None = None
         self._varlen: tuple[Any, Any, int, int] | None = None
         self._causal = True
+        self._masks: dict[str, Any] = {}  # the models' masks as the interface's arguments
         self._lse: Any = None
 
     def available(self) -> tuple[bool, str]:
@@ -78,11 +90,37 @@ class FA3Peer(Peer):
         )
 
     def supports(self, problem: Any) -> str | None:
-        return problem_reason(problem, varlen=True, who=self.name)
+        return problem_reason(problem, varlen=True, masks=("window", "softcap", "sinks"),
+                              who=self.name)
+
+    @staticmethod
+    def mask_args(causal: bool, masks: PeerMasks | None) -> dict[str, Any]:
+        """The interface's arguments for the models' masks (none for a plain problem)."""
+        kw: dict[str, Any] = {}
+        if masks is None:
+            return kw
+        if masks.window > 0:  # causal: no key after the diagonal; else none on the right
+            kw["window_size"] = (masks.window - 1, 0 if causal else None)
+        if masks.softcap > 0:
+            kw["softcap"] = float(masks.softcap)
+        if masks.sinks is not None:
+            kw["learnable_sink"] = masks.sinks
+        return kw
 
     def prepare(self, q: Any, k: Any, v: Any, causal: bool,
-                varlen: tuple[Any, Any, int, int] | None = None) -> None:
+                varlen: tuple[Any, Any, int, int] | None = None,
+                masks: PeerMasks | None = None) -> None:
         self._load()
+        kw = self.mask_args(causal, masks)
+        fn = self._varlen_fn if varlen is not None else self._fn
+        params = inspect.signature(fn).parameters
+        lacking = [name for name in kw if name not in params]
+        if lacking:
+            raise Unsupported(f"{self.name}: this flash_attn.cute.interface."
+                              f"{getattr(fn, '__name__', 'function')} takes no "
+                              f"{', '.join(lacking)} (flash-attn-4 "
+                              f"{dist_version('flash-attn-4', 'fa4')})")
+        self._masks = kw
         # flash_attn_func makes a tensor contiguous unless it can read it in place: a copy in
         # the timed call would be timed as attention (fused-QKV / KV-cache views: issue 34).
         why = strided_views_reason(self.name, q=q, k=k, v=v)
@@ -102,11 +140,13 @@ class FA3Peer(Peer):
             cu_q, cu_k, max_q, max_k = self._varlen
             out, lse = self._varlen_fn(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                                        max_seqlen_q=max_q, max_seqlen_k=max_k,
-                                       causal=self._causal, return_lse=self.return_lse)
+                                       causal=self._causal, return_lse=self.return_lse,
+                                       **self._masks)
             # [Hq, total_q] -> [1, Hq, total_q]
             self._lse = None if lse is None else lse.unsqueeze(0)
             return out.unsqueeze(0)
-        out, lse = self._fn(q, k, v, causal=self._causal, return_lse=self.return_lse)
+        out, lse = self._fn(q, k, v, causal=self._causal, return_lse=self.return_lse,
+                            **self._masks)
         self._lse = lse
         return out
 
@@ -115,10 +155,18 @@ class FA3Peer(Peer):
 
     def details(self) -> dict[str, Any]:
         fn = "flash_attn_varlen_func" if self._varlen is not None else "flash_attn_func"
-        return {"return_lse": self.return_lse, "causal": self._causal,
-                "call": f"flash_attn.cute.interface.{fn}"}
+        out = {"return_lse": self.return_lse, "causal": self._causal,
+               "call": f"flash_attn.cute.interface.{fn}"}
+        if "window_size" in self._masks:
+            out["window_size"] = list(self._masks["window_size"])
+        if "softcap" in self._masks:
+            out["softcap"] = self._masks["softcap"]
+        if "learnable_sink" in self._masks:
+            out["learnable_sink"] = "FP32 [Hq]"
+        return out
 
     def release(self) -> None:
         self._qkv = None
         self._lse = None
         self._varlen = None
+        self._masks = {}

@@ -24,13 +24,26 @@ Unsupported); the FA2 backend takes no mask and refuses ``is_causal`` on non-squ
 it declines them up front. GQA/MQA (k, v with Hkv < Hq heads) passes ``enable_gqa=True``
 (torch >= 2.5), which the FA2 and cuDNN backends take without copying K/V; the memory-efficient
 backend rejects unequal head counts, so it reports GQA as unsupported up front.
+
+The models' masks: a sliding window is a boolean mask too (the keys max(0, a - W + 1) .. a, or
+.. S_k - 1 non-causal, a = i + S_k - S_q), built once in ``prepare`` for the backends that take
+one (cuDNN, memory-efficient; FA2's backend declines it up front). A softcap is not expressible
+through SDPA (no score modifier), and neither are attention sinks exactly: an extra key column
+with the sink as an additive mask would hold the sink in the inputs' BF16 (an error of up to
+2^-9 |sink| in its exponent) and LSE comes back without it; both are declined up front.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tuner.measure.peers.base import Peer, Unsupported, problem_reason, torch_cuda_reason
+from tuner.measure.peers.base import (
+    Peer,
+    PeerMasks,
+    Unsupported,
+    problem_reason,
+    torch_cuda_reason,
+)
 
 # name -> (SDPBackend member, label)
 SDPA_BACKENDS: dict[str, tuple[str, str]] = {
@@ -49,7 +62,8 @@ class SdpaPeer(Peer):
         self._views: tuple[Any, Any, Any] | None = None
         self._causal = True
         self._gqa = False
-        self._mask: Any = None  # causal S_q != S_k: the bottom-right boolean mask [S_q, S_k]
+        self._mask: Any = None  # the boolean mask [S_q, S_k] (bottom-right causal, window)
+        self._window = 0
 
     def available(self) -> tuple[bool, str]:
         reason = torch_cuda_reason()
@@ -76,22 +90,36 @@ class SdpaPeer(Peer):
 
     def supports(self, problem: Any) -> str | None:
         # The memory-efficient backend needs equal head counts; FA2 takes no mask (and refuses
-        # a non-square is_causal); the others are asked at prepare.
+        # a non-square is_causal); the others are asked at prepare. A window is a mask.
+        fa2 = self.name == "fa2"
         return problem_reason(problem, gqa=self.name != "mem_efficient",
-                              kv_len="noncausal" if self.name == "fa2" else "any",
-                              who=self.name)
+                              kv_len="noncausal" if fa2 else "any",
+                              masks=() if fa2 else ("window",), who=self.name)
 
     def prepare(self, q: Any, k: Any, v: Any, causal: bool,
-                varlen: tuple[Any, Any, int, int] | None = None) -> None:
+                varlen: tuple[Any, Any, int, int] | None = None,
+                masks: PeerMasks | None = None) -> None:
         import torch
 
+        m = masks or PeerMasks()
+        if m.softcap > 0 or m.sinks is not None:  # supports() declines them: never approximate
+            raise Unsupported(f"{self.name} cannot express a softcap or attention sinks exactly")
         self._views = (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
         self._causal = bool(causal)
         self._gqa = k.shape[2] != q.shape[2]
+        self._window = int(m.window)
         sq, sk = q.shape[1], k.shape[1]
         self._mask = None
-        if self._causal and sq != sk:  # is_causal would be top-left: give the mask itself
-            self._mask = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril(sk - sq)
+        # is_causal would be top-left where S_q != S_k; a window is no is_causal at all: give
+        # the mask itself (key j of row i, diagonal key a = i + S_k - S_q: j <= a causal,
+        # j > a - W with a window).
+        if self._window > 0 or (self._causal and sq != sk):
+            keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+            if self._causal:
+                keep = keep.tril(sk - sq)
+            if self._window > 0:
+                keep = keep.triu(sk - sq - self._window + 1)
+            self._mask = keep
         try:
             self.run()  # surfaces "backend cannot run these inputs" before timing
         except RuntimeError as exc:
@@ -128,7 +156,9 @@ class SdpaPeer(Peer):
             "inputs": "BSHD tensors passed as q.transpose(1, 2) views (no copy)",
             "is_causal": self._causal and self._mask is None,
             "attn_mask": None if self._mask is None else (
-                f"bottom-right causal, bool {list(self._mask.shape)}"),
+                ("bottom-right causal" if self._causal else "no causal")
+                + (f", window {self._window}" if self._window else "")
+                + f", bool {list(self._mask.shape)}"),
             "enable_gqa": self._gqa,
         }
 

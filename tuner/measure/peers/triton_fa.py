@@ -2,9 +2,10 @@
 
 It stands for "what a good hand-written Triton kernel gets": FA2-style, causal, BF16, D=128,
 autotuned over BLOCK_M, BLOCK_N, num_warps and num_stages (20 configs). It runs MHA, D 128,
-causal, S_q = S_k only (its diagonal loop assumes as many keys as queries): ``supports`` says so
-for every other problem, and ``prepare`` refuses them (``Unsupported``). Autotuning runs inside
-``prepare`` (Triton times every config once per (S, H) key), never in the timed region.
+causal, S_q = S_k only (its diagonal loop assumes as many keys as queries), none of the models'
+masks (window, softcap, sinks): ``supports`` says so for every other problem, and ``prepare``
+refuses them (``Unsupported``). Autotuning runs inside ``prepare`` (Triton times every config
+once per (S, H) key), never in the timed region.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from tuner.measure.peers.base import (
     Peer,
+    PeerMasks,
     Unsupported,
     dist_version,
     module_missing,
@@ -63,8 +65,11 @@ class TritonPeer(Peer):
                               kv_len="equal", who=self.name)
 
     def prepare(self, q: Any, k: Any, v: Any, causal: bool,
-                varlen: tuple[Any, Any, int, int] | None = None) -> None:
+                varlen: tuple[Any, Any, int, int] | None = None,
+                masks: PeerMasks | None = None) -> None:
         B, S, H, D = q.shape
+        if masks is not None and masks.any:  # supports() declines them: never compute another
+            raise Unsupported(f"{self.name} runs no sliding window, softcap or sinks")
         if D != HEAD_DIM or tuple(k.shape) != tuple(q.shape) or not causal:
             raise Unsupported(
                 f"{self.name} runs MHA, D {HEAD_DIM}, causal, S_q = S_k only: got q "

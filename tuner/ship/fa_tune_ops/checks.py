@@ -83,10 +83,10 @@ def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
         if max_seqlen_q is not None or max_seqlen_k is not None:
             fail("max_seqlen_q and max_seqlen_k go with cu_seqlens_q / cu_seqlens_k (varlen) or "
                  "seqused_k; a fixed-length call takes its lengths from q and k")
-        call = _check_fixed(q, k, v, causal, softmax_scale, lib)
+        call = _check_fixed(q, k, v, causal, softmax_scale, lib, window)
     else:
         call = _check_scheduled(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
-                                max_seqlen_q, max_seqlen_k, seqused_k, lib)
+                                max_seqlen_q, max_seqlen_k, seqused_k, lib, window)
     _check_masks(q, window, softcap, sinks, lib)
     return call
 
@@ -124,7 +124,7 @@ def _check_masks(q: torch.Tensor, window: int, softcap: float, sinks: torch.Tens
 
 
 def _check_fixed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                 softmax_scale: float | None, lib: Library) -> Call:
+                 softmax_scale: float | None, lib: Library, window: int = 0) -> Call:
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         fail(f"q, k and v must be 4-D BSHD [batch, seq, heads, head_dim]; got q {shape_text(q)}, "
              f"k {shape_text(k)}, v {shape_text(v)} (packed rows need cu_seqlens_q / "
@@ -143,9 +143,10 @@ def _check_fixed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
         fail(f"causal with S_q={Sq} queries over S_k={Sk} keys: the mask is aligned bottom-right "
              f"(query i sees keys 0 .. i + S_k - S_q), so {Sq - Sk} query rows would see no key; "
              "pass at least as many keys as queries, or causal=False")
-    if _ints(Hq, Hkv, Sq, Sk) and lib.bucket_for(Hq, Hkv, Sq, Sk) == -1:
-        fail(f"no bucket of {lib.path.name} serves B={B} Hq={Hq} Hkv={Hkv} S_q={Sq} S_k={Sk}; "
-             f"it serves {lib.serves_text()}")
+    if _ints(Hq, Hkv, Sq, Sk, window) and lib.bucket_for(Hq, Hkv, Sq, Sk, window) == -1:
+        win = f" window={window}" if window else ""
+        fail(f"no bucket of {lib.path.name} serves B={B} Hq={Hq} Hkv={Hkv} S_q={Sq} S_k={Sk}"
+             f"{win}; it serves {lib.serves_text()}")
     return Call(B, Sq, Sk, 0, 0)
 
 
@@ -199,7 +200,7 @@ def _max_len(value: Any, name: str) -> None:
 def _check_scheduled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                      softmax_scale: float | None, cu_q: torch.Tensor | None,
                      cu_k: torch.Tensor | None, max_q: Any, max_k: Any,
-                     seqused_k: torch.Tensor | None, lib: Library) -> Call:
+                     seqused_k: torch.Tensor | None, lib: Library, window: int = 0) -> Call:
     """check() for a call with device metadata (their values are the kernel's to check)."""
     if cu_q is not None:
         if q.dim() != 3:
@@ -262,8 +263,8 @@ def _check_scheduled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     if why is not None:
         fail(why)
     Hq, Hkv = q.shape[-2], k.shape[-2]
-    if _ints(Hq, Hkv, seqlen_q, seqlen_k):
-        i = lib.bucket_for(Hq, Hkv, seqlen_q, seqlen_k)
+    if _ints(Hq, Hkv, seqlen_q, seqlen_k, window):
+        i = lib.bucket_for(Hq, Hkv, seqlen_q, seqlen_k, window)
         lens = f"max_seqlen_q={seqlen_q} max_seqlen_k={seqlen_k}"
         if i == -1:
             fail(f"no bucket of {lib.path.name} serves varlen Hq={Hq} Hkv={Hkv} {lens}; it "

@@ -238,11 +238,11 @@ def _fallback_reason(query: torch.Tensor, key: torch.Tensor, attention_mask: Any
         s_q, s_k = query.shape[2], key.shape[2]
         if s_q < DECODE_THRESHOLD:
             return f"decode (S_q={s_q} < {DECODE_THRESHOLD})"
-        if lib.bucket_for(Hq, Hkv, s_q, s_k) == -1:
+        if lib.bucket_for(Hq, Hkv, s_q, s_k, masks.window) == -1:
             return f"no bucket (Hq={Hq} Hkv={Hkv} S_q={s_q} S_k={s_k})"
         return None
     _, _, max_q, max_k = varlen
-    i = lib.bucket_for(Hq, Hkv, max_q, max_k)
+    i = lib.bucket_for(Hq, Hkv, max_q, max_k, masks.window)
     if i == -1:
         return f"no bucket (varlen Hq={Hq} Hkv={Hkv} max_seqlen_q={max_q} max_seqlen_k={max_k})"
     if lib.varlen_missing(i) is not None:

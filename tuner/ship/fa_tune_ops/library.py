@@ -79,8 +79,8 @@ class Library:
         self._bucket_for = self.fn["bucket_for"]
         self._bucket_varlen = self._read_bucket_varlen() if self._bucket_for is not None else []
         self._table: dict[str, Any] | None = None
-        # (Hq, Hkv, S_q, S_k) -> bucket index: the dispatcher's answer never changes.
-        self._buckets: dict[tuple[int, int, int, int], int] = {}
+        # (Hq, Hkv, S_q, S_k, window) -> bucket index: the dispatcher's answer never changes.
+        self._buckets: dict[tuple[int, int, int, int, int], int] = {}
 
     def _read_bucket_varlen(self) -> list[bool]:
         """Each bucket's own problem_class (fa_tune_b<i>_problem_class, exported beside the
@@ -114,17 +114,20 @@ class Library:
         raw = self.fn["last_error"]()
         return raw.decode(errors="replace") if raw else ""
 
-    def bucket_for(self, Hq: int, Hkv: int, S_q: int, S_k: int | None = None) -> int | None:
+    def bucket_for(self, Hq: int, Hkv: int, S_q: int, S_k: int | None = None,
+                   window: int = 0) -> int | None:
         """The index of the bucket serving S_q queries over S_k keys (None: S_q; device
-        metadata: max_seqlen_q and max_seqlen_k), -1 for none; None for a library without a
+        metadata: max_seqlen_q and max_seqlen_k) with this window (a workload with kinds of
+        layers has buckets per window), -1 for none; None for a library without a
         dispatcher."""
         if self._bucket_for is None:
             return None
-        key = (Hq, Hkv, S_q, S_q if S_k is None else S_k)
+        key = (Hq, Hkv, S_q, S_q if S_k is None else S_k, window)
         i = self._buckets.get(key)
         if i is None:
             a = abi.make_args(heads_q=Hq, heads_kv=Hkv, seqlen_q=key[2], seqlen_k=key[3],
-                              batch=1, head_dim=self.head_dim, causal=int(self.causal))
+                              batch=1, head_dim=self.head_dim, causal=int(self.causal),
+                              window=window)
             i = self._buckets[key] = int(self._bucket_for(ctypes.byref(a)))
         return i
 
@@ -147,6 +150,8 @@ class Library:
             text = f"Hq={e['Hq']} Hkv={e['Hkv']} S {_range(e['s_min'], e['s_max'])}"
             if e.get("k_min") is not None:
                 text += f" k {_range(e['k_min'], e.get('k_max'))}"
+            if e.get("window") is not None:
+                text += f" window {e['window']}" if e["window"] else " no window"
             out.append(f"{text} ({e['bucket']})")
         return "; ".join(out)
 

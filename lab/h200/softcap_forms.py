@@ -1,0 +1,51 @@
+"""Softcap's two tanh forms on the H200 (docs/PERF.md step 49): the product's exact one (EX2 +
+RCP) and tanh.approx (a lab build, FA_TUNE_LAB_SOFTCAP_TANH_APPROX), each gated on every input
+set and timed, beside the same preset without a cap.
+
+    python3 lab/h200/softcap_forms.py [--preset default] [--shape 1x16/8x8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tuner.kernel import build
+from tuner.kernel.config import load_preset
+from tuner.measure.bench import Bench
+from tuner.measure.launch import KernelLaunch
+from tuner.measure.timing import Protocol
+from tuner.problem import Problem
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="default")
+    ap.add_argument("--shape", default="1x16/8x8192")
+    ap.add_argument("--cap", type=float, default=50.0)
+    a = ap.parse_args()
+    plain = Problem.parse(a.shape)
+    capped = Problem.parse(f"{a.shape}:cap{a.cap:g}")
+    cfg = load_preset(a.preset)
+    proto = Protocol(warmup=20, repeat=100, rounds=3, settle_s=1.0)
+    rows = []
+    bench = Bench(0)
+    try:
+        for name, p, defines in (("no cap", plain, None), ("exact (EX2+RCP)", capped, None),
+                                 ("tanh.approx", capped,
+                                  {"FA_TUNE_LAB_SOFTCAP_TANH_APPROX": 1})):
+            res = build.build_config(cfg, defines=defines, pclass=p.problem_class)
+            res.require_timeable()
+            launch = KernelLaunch(res.so_path)
+            g = bench.gate(launch, p)
+            t = bench.time(launch, p, proto)
+            rows.append((name, g.passed, g.summary(), t.median_ms, p.tflops(t.median_ms)))
+            bench.release(p)
+    finally:
+        bench.close()
+    for name, passed, summary, ms, tf in rows:
+        print(f"{name:16s} gate {'pass' if passed else 'FAIL'} {ms:8.4f} ms {tf:6.1f} TFLOPS"
+              f"  {summary}")
+
+
+if __name__ == "__main__":
+    main()
