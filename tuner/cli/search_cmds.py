@@ -203,6 +203,8 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
         per = ", ".join(f"{k} {v['tflops']:.1f}" for k, v in (c.get("shapes") or {}).items())
         console.print(f"best: trial {summary.best['trial']} ({summary.best['config_id']}): "
                       f"{c.get('geomean_tflops', 0):.1f} TFLOPS geomean, confirmed ({per})")
+    if summary.final:
+        console.print(f"final: {summary.final}", soft_wrap=True)
     console.print(f"storage: {summary.storage}", soft_wrap=True)
     if summary.stopped_by.startswith("interrupted"):
         raise typer.Exit(130)

@@ -27,7 +27,7 @@ from tuner.kernel.config import KernelConfig, load_config
 from tuner.kernel.support import check_runnable
 from tuner.measure.accuracy import ratio_text
 from tuner.problem import Problem
-from tuner.search.trials import best_rows, study_trials
+from tuner.search.trials import best_rows, study_trials, with_final
 from tuner.ship import dispatch as dispatch_mod
 from tuner.ship import export as export_mod
 from tuner.ship import export_workload
@@ -49,8 +49,11 @@ def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> 
 
     if shape is not None:
         shape = str(Problem.parse(shape))
-    _, trials = study_trials(study, storage)
-    rows = best_rows(trials, shape, top)
+    st, trials = study_trials(study, storage)
+    rows, verdict = best_rows(trials, shape, top), None
+    if shape is None:  # the final ranks on every problem: not on one
+        ranked, verdict = with_final(st, trials, best_rows(trials, None, len(trials)))
+        rows = ranked[:top] if verdict is not None else rows
     if not rows:
         raise SearchError(f"study '{study}' has no completed trial"
                           + (f" measured on {shape}" if shape else ""))
@@ -68,6 +71,8 @@ def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> 
                   *[f"{r['shapes'].get(s, float('nan')):.1f}" for s in shapes], *_err_cells(r),
                   diff or "-")
     console.print(t)
+    if verdict is not None:
+        console.print(f"final: {verdict.text()}", soft_wrap=True, markup=False)
     # The winner's every knob as YAML, outside the table: rich shrinks and cuts table cells to
     # the terminal (80 columns when piped), the config must survive whole and be usable as is.
     best = rows[0]

@@ -234,6 +234,7 @@ class Search(SharedStudy, TrialOutcomes):
         self._asked = 0  # candidates sent to compile by this invocation
         self._idle = 0  # asks in a row that gave no candidate
         self.temp_wait_s = 0.0  # of the GPU-busy time, spent waiting for the GPU to cool
+        self._final_text: str | None = None  # the final's verdict line (outcomes._final)
 
     def _acceptable(self, params: dict[str, Any]) -> bool:
         """The sampler's filter: a config the static check takes and no trial has measured or
@@ -361,6 +362,7 @@ class Search(SharedStudy, TrialOutcomes):
                     self._avg_eval_s = gpu_s if not self._avg_eval_s else \
                         0.7 * self._avg_eval_s + 0.3 * gpu_s
                 self._emit()
+            self._final_text = self._final()  # after the budget: the top configs' final
         except KeyboardInterrupt:
             stopped_by = "interrupted (Ctrl-C)"
         except _Stop:

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from tuner import _paths
-from tuner.errors import FaTuneError
+from tuner.errors import FaTuneError, SearchError
 from tuner.kernel.config import KernelConfig
 from tuner.measure import accuracy
 from tuner.measure.timing import Protocol
 from tuner.problem import Problem
+from tuner.search import final
 from tuner.search.session import (
     REQUEUE_REASONS,
     SearchSummary,
@@ -27,7 +28,7 @@ from tuner.search.session import (
     geomean,
 )
 from tuner.search.study import redact
-from tuner.search.trials import confirmed_value
+from tuner.search.trials import confirmed_value, trial_accuracy
 from tuner.search.worker_client import WorkerFailure
 
 
@@ -315,6 +316,47 @@ class TrialOutcomes:
         return out
 
     # -- the end
+    def _final(self) -> str | None:
+        """The search's last step (tuner.search.final): its top configs timed against each
+        other, the verdict stored as the study's ``final``; its line, or why none was played.
+        A failure here costs the verdict only, never a trial."""
+        if self.policy.final_top < 2:
+            return None
+        if self._foreign_seen:  # each worker would play its own on its own GPU
+            return ("not played: other workers searched this study at the same time (their "
+                    "finalists run on other GPUs); `fa-tune show best` ranks by the confirmed "
+                    "numbers")
+        top = final.finalists(self.study.get_trials(deepcopy=False), confirmed_value,
+                              self.policy.final_top)
+        if len(top) < 2:
+            return None
+        nums = ", ".join(str(t.number) for t in top)
+        self.progress.current = f"final: trials {nums} timed against each other"
+        self._emit()
+        try:
+            so = {t.number: self.builder(KernelConfig.from_dict(t.user_attrs["config"])).so_path
+                  for t in top}
+
+            def measure(path: str, p: Problem) -> float:
+                reply = self.worker.measure(path, p, self.policy.final_protocol, gate=False,
+                                            seed=self.gate_seed)
+                if reply.get("status") != "ok":
+                    raise SearchError(str(reply.get("reason") or reply.get("status")))
+                return float(reply["timing"]["tflops"])
+
+            turns = final.play(measure, so, self.shapes, self.policy.final_turns)
+            verdict = final.decide(
+                turns, {t.number: final.knobs_changed(t.user_attrs["config"], self.default_cfg)
+                        for t in top},
+                {t.number: trial_accuracy(t)["err_vs_default"] for t in top})
+            self.study.set_user_attr(final.ATTR, verdict.to_dict())
+        except (FaTuneError, WorkerFailure, OSError) as e:
+            text = f"final not played: {str(e)[:200]}"
+            self.progress.event(text)
+            return text
+        self.progress.event(verdict.text())
+        return verdict.text()
+
     def _summary(self, stopped_by: str, not_run: int = 0) -> SearchSummary:
         best = None
         if self.incumbent is not None:
@@ -328,7 +370,7 @@ class TrialOutcomes:
             duplicates=p.duplicates, best=best, wall_s=time.monotonic() - self.t_start,
             gpu_busy_s=self.worker.busy_s, stopped_by=stopped_by, temp_wait_s=self.temp_wait_s,
             not_run=not_run, device=self.worker.device_index, gpu_name=p.gpu_name,
-            owner=self.owner,
+            owner=self.owner, final=self._final_text,
         )
 
     def _record_session(self, s: SearchSummary) -> None:

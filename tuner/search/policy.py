@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.measure.timing import FULL, SCREEN, SURVEY, Protocol
+from tuner.search import final
 from tuner.search.trials import confirmed_value
 
 # A candidate whose screening median is more than this fraction slower than the incumbent's
@@ -32,6 +33,11 @@ class SearchPolicy:
     screen: Protocol = field(default=SCREEN)
     survey: Protocol = field(default=SURVEY)
     confirm: Protocol = field(default=FULL)
+    # The final (tuner.search.final): this many top configs timed against each other when the
+    # search ends, interleaved; 0 or 1: none.
+    final_top: int = final.TOP
+    final_turns: int = final.TURNS
+    final_protocol: Protocol = field(default=final.PROTOCOL)
 
     def prune_reason(self, screen: dict[str, Any], incumbent: Any | None) -> str | None:
         """Why a candidate with this screen row ({shape, median_ms, ...}) is pruned against

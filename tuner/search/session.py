@@ -129,6 +129,7 @@ class SearchSummary:
     device: int = 0
     gpu_name: str = ""
     owner: str = ""  # host:pid of this worker
+    final: str | None = None  # the final's verdict (tuner.search.final), if one was played
 
     @property
     def gpu_busy_fraction(self) -> float:

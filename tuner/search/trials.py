@@ -11,7 +11,9 @@ confirmed one. Who uses what:
   config, optionally by one problem);
 * ``pick_trial``: export, profile, dispatch (``study:`` buckets), scripts/export_timing.py: the
   trial ``--trial N`` names, else the first of ``best_rows``;
-* ``best_summary``: the line a ``--gpus`` search ends with.
+* ``best_summary``: the line a ``--gpus`` search ends with;
+* ``final_verdict``: the search's final (tuner.search.final), while it still speaks for the
+  study's best: ``show best`` and ``pick_trial`` then put its pick first.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from tuner.errors import ConfigError, FaTuneError, SearchError, ShapeError
 from tuner.kernel.config import KernelConfig
 from tuner.measure.accuracy import worst
 from tuner.problem import Problem
+from tuner.search.final import ATTR as FINAL_ATTR
+from tuner.search.final import Verdict
 from tuner.search.study import load_existing_study, trial_problems
 
 
@@ -149,8 +153,31 @@ def why_not_complete(t: Any) -> str:
     return a.get("fail_reason") or a.get("prune_reason") or ""
 
 
+def final_verdict(st: Any, rows: list[dict[str, Any]]) -> Verdict | None:
+    """The study's final, when it still speaks for the best rows (``best_rows``, all problems):
+    the best confirmed trial is one it declared the winner or found tied. A later search that
+    confirmed a faster config leaves it stale (None)."""
+    v = Verdict.from_dict(st.user_attrs.get(FINAL_ATTR))
+    if v is None or not rows or not rows[0]["confirmed"]:
+        return None
+    if rows[0]["trial"] not in (v.tied if v.winner is None else (v.winner,)):
+        return None
+    return v if any(r["trial"] == v.pick for r in rows) else None
+
+
+def with_final(st: Any, trials: list[Any], rows: list[dict[str, Any]]
+               ) -> tuple[list[dict[str, Any]], Verdict | None]:
+    """``rows`` with the final's pick first (where it still speaks for them), and the verdict."""
+    v = final_verdict(st, rows)
+    if v is None:
+        return rows, None
+    pick = next(r for r in rows if r["trial"] == v.pick)
+    return [pick, *(r for r in rows if r is not pick)], v
+
+
 def pick_trial(study: str, storage: str | None, trial: int | None) -> tuple[Any, Any]:
-    """The trial to export/profile: --trial N, else the best confirmed (else best complete)."""
+    """The trial to export/profile: --trial N, else the final's pick (tuner.search.final),
+    else the best confirmed (else best complete)."""
     st, trials = study_trials(study, storage)
     if trial is not None:
         match = [t for t in trials if t.number == trial]
@@ -162,7 +189,7 @@ def pick_trial(study: str, storage: str | None, trial: int | None) -> tuple[Any,
             raise SearchError(f"trial {trial} of study '{study}' is {t.state.name}"
                               + (f" ({why[:150]})" if why else "") + "; pick a COMPLETE trial")
         return st, t
-    rows = best_rows(trials, None, 1)
+    rows, _ = with_final(st, trials, best_rows(trials, None, len(trials)))
     if not rows:
         raise SearchError(f"study '{study}' has no completed trial yet")
     return st, next(t for t in trials if t.number == rows[0]["trial"])

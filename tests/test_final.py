@@ -1,0 +1,120 @@
+"""The search's final (tuner/search/final.py): its top configs timed against each other, a
+winner declared only beyond the noise band, else a tie decided by closeness to the default and
+accuracy; the verdict stored in the study and honoured by `show best` and the picks.
+
+The search runs on the CPU with the test fixture GPU worker (tests/fixtures/fake_gpu_worker.py:
+canned timings, a deterministic function of the config) and the fixture builder."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from tuner.kernel.config import load_preset
+from tuner.search import final
+from tuner.search.policy import SearchPolicy
+from tuner.search.trials import pick_trial
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_search import (  # noqa: E402
+    make,
+    plan,  # noqa: E402, F401 - the fixture
+    url_for,
+)
+
+
+def test_a_winner_only_beyond_the_noise_band() -> None:
+    turns = {3: [500.0, 505.0, 502.0, 503.0], 7: [480.0, 482.0, 479.0, 481.0]}
+    v = final.decide(turns, {3: 4, 7: 0}, {3: 1.0, 7: 1.0})
+    assert v.winner == 3 and v.pick == 3 and v.tied == (3,)
+    assert v.band == pytest.approx(5.0 / 502.5)  # trial 3's spread is the widest
+    assert "beats trial 7 by 4.6 % in the final (noise band 1.0 %)" in v.text()
+
+
+def test_a_tie_goes_to_the_config_closest_to_the_default() -> None:
+    turns = {3: [500.0, 490.0, 498.0, 494.0], 7: [497.0, 493.0, 495.0, 499.0],
+             9: [300.0, 301.0, 300.0, 301.0]}
+    v = final.decide(turns, {3: 4, 7: 1, 9: 0}, {3: None, 7: None, 9: None})
+    assert v.winner is None and set(v.tied) == {3, 7} and v.pick == 7
+    assert "closest to the default: 1 knob changed" in v.text()
+    # As close as each other: the more accurate one.
+    v = final.decide(turns, {3: 2, 7: 2, 9: 0}, {3: 1.1, 7: 1.3, 9: 1.0})
+    assert v.pick == 3 and "more accurate" in v.why
+    assert final.Verdict.from_dict(v.to_dict()) == v
+    assert final.Verdict.from_dict({"turns": 1}) is None
+
+
+def test_play_interleaves_and_reverses_the_order() -> None:
+    calls: list[tuple[str, str]] = []
+
+    def measure(path: str, p: Any) -> float:
+        calls.append((path, str(p)))
+        return {"a": 400.0, "b": 100.0}[path]
+
+    from tuner.problem import Problem
+
+    ps = [Problem(1, 2, 256), Problem(1, 2, 512)]
+    turns = final.play(measure, {1: "a", 2: "b"}, ps, turns=2)
+    assert turns == {1: pytest.approx([400.0, 400.0]), 2: pytest.approx([100.0, 100.0])}
+    assert [c[0] for c in calls] == ["a", "b", "a", "b", "b", "a", "b", "a"]
+
+
+def test_knobs_changed_counts_against_the_class_default() -> None:
+    d = load_preset("default")
+    assert final.knobs_changed(d.to_dict(), d) == 0
+    assert final.knobs_changed({**d.to_dict(), "k_stages": 3, "v_stages": 3}, d) == 2
+
+
+class ConfirmAll(SearchPolicy):
+    """Every completed trial confirmed, so the final has finalists on the fake timings."""
+
+    def needs_confirming(self, value: float, incumbent: Any | None) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("space, tie", [
+    ({"block_n": [64, 96, 128]}, False),            # 128 the fake sweet spot: a clear winner
+    ({"block_n": [128], "k_stages": [1, 3]}, True),  # 1 and 3 stages: the same fake time
+])
+def test_the_search_ends_with_a_final(tmp_path: Path, plan, space: dict,  # noqa: F811
+                                      tie: bool) -> None:
+    log = plan({})
+    s = make(tmp_path, space, trials=3,
+             policy=ConfirmAll(final_turns=2, prune_slower_fraction=10.0))
+    summ = s.run()
+    st = optuna.load_study(study_name="t", storage=url_for(tmp_path))
+    v = final.Verdict.from_dict(st.user_attrs[final.ATTR])
+    assert v is not None and summ.final == v.text()
+    assert len(v.turns) >= 2 and all(len(x) == 2 for x in v.turns.values())
+    finals = [ln for ln in log.read_text().splitlines()
+              if f"repeat=100 rounds=1 settle_s={final.PROTOCOL.settle_s:g}" in ln]
+    assert len(finals) == len(v.turns) * 2 * 2  # configs x turns x problems
+    if tie:
+        # k_stages 1 and 3: one knob each from the default's 2, as accurate, as fast.
+        assert v.winner is None and len(v.tied) == 2 and v.pick in v.tied
+    else:
+        best = next(t for t in st.trials if t.params.get("block_n") == 128)
+        assert v.winner == best.number
+    _, picked = pick_trial("t", url_for(tmp_path), None)
+    assert picked.number == v.pick
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    r = CliRunner().invoke(app, ["show", "best", "--study", "t", "--storage", url_for(tmp_path)],
+                           env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert f"final: {v.text()}" in " ".join(r.output.split())
+    assert f"# best: trial {v.pick} " in r.output
+
+
+def test_no_final_for_one_finalist_or_when_turned_off(tmp_path: Path, plan) -> None:  # noqa: F811
+    plan({})
+    s = make(tmp_path, {"block_n": [64, 96, 128]}, trials=3, policy=SearchPolicy(final_top=0))
+    assert s.run().final is None
+    st = optuna.load_study(study_name="t", storage=url_for(tmp_path))
+    assert final.ATTR not in st.user_attrs

@@ -1,0 +1,161 @@
+"""A search's last step: its winner chosen with confidence (issue 38).
+
+Confirmed numbers of different trials were measured minutes apart, at other clocks and
+temperatures, and near-tied configs flip between runs (FlashInfer's autotuner RFC: 86 of 191
+choices differed between two identical tunes). So before a search reports its best, its top
+configs (by confirmed TFLOPS, one trial per config) are timed again against each other in one
+process, interleaved (A B C, then C B A, ...) on every problem of the study. A turn gives each
+config the geometric mean of its TFLOPS over the problems; the noise band is the widest relative
+spread of any one config's turns ((max - min) / median). The best is declared only when it beats
+the runner-up by more than that band. Otherwise the configs within the band of the fastest tie,
+and the pick among them is the one closest to the default config (fewest knobs changed), then
+the most accurate (least err_vs_default), then the fastest.
+
+The verdict is the study's user attribute ``final`` (``Verdict.to_dict``); ``show best`` prints
+it and tuner.search.trials' picks (export, profile, ``study:`` buckets) take its pick.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.kernel.config import KernelConfig
+from tuner.measure.timing import Protocol
+from tuner.problem import Problem
+
+TOP = 3    # configs in the final
+TURNS = 4  # interleaved turns per config and problem (A B C, C B A, A B C, C B A)
+# Shorter than the confirmation's protocol (FULL): the interleaving, not the length of one
+# measurement, is what evens out the clock; a settle phase before each still starts it at the
+# card's power-capped steady state.
+PROTOCOL = Protocol(warmup=20, repeat=100, rounds=1, settle_s=1.0)
+ATTR = "final"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The final's outcome: each trial's turns (geomean TFLOPS over the problems) and median,
+    the noise band, whether a winner was declared, who tied, and the pick."""
+
+    turns: dict[int, list[float]]
+    tflops: dict[int, float]
+    band: float
+    winner: int | None
+    tied: tuple[int, ...]
+    pick: int
+    why: str
+
+    @property
+    def ranked(self) -> list[int]:
+        return sorted(self.tflops, key=lambda n: -self.tflops[n])
+
+    def text(self) -> str:
+        """One line: who won by how much beyond the band, or who tied and which was picked."""
+        r = self.ranked
+        if self.winner is not None:
+            lead = self.tflops[r[0]] / self.tflops[r[1]] - 1.0
+            return (f"trial {self.winner} beats trial {r[1]} by {100 * lead:.1f} % in the final "
+                    f"(noise band {100 * self.band:.1f} %)")
+        others = ", ".join(str(n) for n in self.tied if n != self.pick)
+        return (f"trials {', '.join(map(str, self.tied))} tie in the final (within the noise "
+                f"band of {100 * self.band:.1f} %); picked trial {self.pick} ({self.why}; "
+                f"tied: {others})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"turns": {str(n): v for n, v in self.turns.items()},
+                "tflops": {str(n): v for n, v in self.tflops.items()}, "band": self.band,
+                "winner": self.winner, "tied": list(self.tied), "pick": self.pick,
+                "why": self.why, "text": self.text()}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Verdict | None:
+        """The stored verdict, or None when there is none or it cannot be read."""
+        try:
+            return cls({int(k): [float(x) for x in v] for k, v in d["turns"].items()},
+                       {int(k): float(v) for k, v in d["tflops"].items()}, float(d["band"]),
+                       None if d["winner"] is None else int(d["winner"]),
+                       tuple(int(n) for n in d["tied"]), int(d["pick"]), str(d["why"]))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def decide(turns: dict[int, list[float]], distance: dict[int, int],
+           error: dict[int, float | None]) -> Verdict:
+    """The verdict on each trial's turns (TFLOPS, higher is better); ``distance``: knobs changed
+    from the default config; ``error``: its err_vs_default (None: not recorded)."""
+    if len(turns) < 2 or any(not v for v in turns.values()):
+        raise ValueError("a final needs two or more trials, each with turns")
+    med = {n: _median(v) for n, v in turns.items()}
+    band = max((max(v) - min(v)) / med[n] for n, v in turns.items())
+    ranked = sorted(med, key=lambda n: -med[n])
+    best, second = ranked[0], ranked[1]
+    if med[best] > med[second] * (1.0 + band):
+        return Verdict(turns, med, band, best, (best,), best, "beyond the noise band")
+    tied = tuple(n for n in ranked if med[n] * (1.0 + band) >= med[best])
+
+    def key(n: int) -> tuple[int, float, float]:
+        err = error.get(n)
+        return (distance.get(n, 0), err if err is not None else math.inf, -med[n])
+
+    pick = min(tied, key=key)
+    d_min = distance.get(pick, 0)
+    if sum(1 for n in tied if distance.get(n, 0) == d_min) == 1:
+        why = f"closest to the default: {d_min} knob{'s' if d_min != 1 else ''} changed"
+    elif error.get(pick) is not None:
+        why = f"as close to the default as another, and more accurate (err_vs_default " \
+              f"{error[pick]:.2f})"
+    else:
+        why = "as close to the default and as accurate as another, and faster"
+    return Verdict(turns, med, band, None, tied, pick, why)
+
+
+def knobs_changed(config: dict[str, Any], default: KernelConfig) -> int:
+    """How many knobs of ``config`` (a trial's config dict) differ from the default's."""
+    base = default.to_dict()
+    full = KernelConfig.from_dict(config).to_dict()
+    return sum(1 for k, v in full.items() if base.get(k) != v)
+
+
+def finalists(trials: Sequence[Any], confirmed: Callable[[Any], float | None],
+              top: int = TOP) -> list[Any]:
+    """The top trials by confirmed TFLOPS, one per config."""
+    out: list[Any] = []
+    seen: set[str] = set()
+    for t in sorted((t for t in trials if confirmed(t)), key=lambda t: -(confirmed(t) or 0.0)):
+        cid = t.user_attrs.get("config_id", "")
+        if cid in seen or "duplicate_of" in t.user_attrs:
+            continue
+        seen.add(cid)
+        out.append(t)
+        if len(out) == top:
+            break
+    return out
+
+
+def geomean(xs: Sequence[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def play(measure: Callable[[str, Problem], float], so_paths: dict[int, str],
+         problems: Sequence[Problem], turns: int = TURNS) -> dict[int, list[float]]:
+    """Each trial's turns: ``measure(so_path, problem)`` (TFLOPS) interleaved, the order
+    reversed every other turn, the geometric mean over the problems per turn."""
+    order = list(so_paths)
+    out: dict[int, list[float]] = {n: [] for n in order}
+    for i in range(turns):
+        per: dict[int, list[float]] = {n: [] for n in order}
+        for p in problems:
+            for n in order if i % 2 == 0 else order[::-1]:
+                per[n].append(measure(so_paths[n], p))
+        for n in order:
+            out[n].append(geomean(per[n]))
+    return out
