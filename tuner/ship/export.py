@@ -173,8 +173,9 @@ def readme(cfg: KernelConfig, info: dict[str, Any]) -> str:
     mask = "Causal" if causal else "Non-causal"
     d = int(info.get("head_dim", 128))
     why_not = varlen_reason(cfg, d)
-    pclass_json = json.dumps({"head_dim": d, "causal": causal, "varlen": why_not is None},
-                             separators=(",", ":"))
+    masks = {m: True for m in info.get("masks") or ()}  # the models' masks the class has
+    pclass_json = json.dumps({"head_dim": d, "causal": causal, "varlen": why_not is None,
+                              **masks}, separators=(",", ":"))
     varlen = ("`fa_tune_problem_class()` says `\"varlen\":true`: calls with device metadata run."
               if why_not is None else
               "`fa_tune_problem_class()` says `\"varlen\":false` and a call with device metadata "
@@ -401,6 +402,7 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
         info = {
             "study": study_name, "trial": trial.number, "shapes": shapes, "causal": pclass.causal,
             "head_dim": pclass.head_dim,
+            "masks": [m for m in ("window", "softcap", "sinks") if getattr(pclass, m)],
             "gpu": (payload.get("gpu") or {}).get("name", "the tuning GPU"),
             "protocol_text": protocol_text(conf.get("protocol")) if conf
             else "search protocol (not confirmed)",
