@@ -565,3 +565,19 @@ def test_policy_prunes_and_confirms() -> None:
     assert pol.needs_confirming(501.0, inc) and not pol.needs_confirming(499.0, inc)
     done = SimpleNamespace(number=4, user_attrs={"confirmed": {"geomean_tflops": 510.0}})
     assert pol.is_new_best(done, inc) and not pol.is_new_best(inc, done)
+
+
+def test_a_workloads_class_builds_its_candidates(tmp_path: Path) -> None:
+    """`tune --workload` hands each bucket's search the library's class: a full-attention kind's
+    problems are then built with the window class they are served by; a class that cannot run
+    the problems is one ShapeError line."""
+    from tuner.problem import ProblemClass
+
+    pc = ProblemClass(128, True, window=True, sinks=True)
+    s = make(tmp_path, {"block_n": [128]}, trials=1, shapes=[Problem(1, 2, 256, sinks=True)],
+             problem_class=pc)
+    assert s.pclass == pc
+    with pytest.raises(ShapeError, match="without sinks"):
+        make(tmp_path, {"block_n": [128]}, trials=1, study="u",
+             shapes=[Problem(1, 2, 256, sinks=True)],
+             problem_class=ProblemClass(128, True, window=True))

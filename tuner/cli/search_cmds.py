@@ -29,7 +29,7 @@ from tuner.cli.common import (
 )
 from tuner.errors import FaTuneError, SearchError
 from tuner.measure.timing import Nvml
-from tuner.problem import Problem, class_of, parse_problems
+from tuner.problem import Problem, ProblemClass, class_of, parse_problems
 from tuner.search import fleet
 from tuner.search import loop as search_mod
 from tuner.search import space as space_mod
@@ -142,7 +142,8 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
                 trials: int | None, timeout: str | None, sampler: str, seed: int | None,
                 jobs: int | None, device: int | None, gpus: str | None,
                 allow_mixed_gpus: bool, worker: str | None,
-                max_error_ratio: float | None = None) -> None:
+                max_error_ratio: float | None = None,
+                problem_class: ProblemClass | None = None) -> None:
     """One worker in this process (one GPU), or a fleet of them (--gpus with several)."""
     budget = parse_duration(timeout)
     if trials is None and budget is None:
@@ -159,6 +160,8 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
     )
     if max_error_ratio is not None:
         kwargs["max_error_ratio"] = max_error_ratio
+    if problem_class is not None:
+        kwargs["problem_class"] = problem_class
     if len(devices) > 1:
         _run_fleet(devices, kwargs)
         return
@@ -337,9 +340,12 @@ def tune(
         console.print(f"[bold]bucket {i}/{len(plans)}: {p.bucket.name} "
                       f"(S {p.bucket.range_text()}), study {study}: "
                       f"{', '.join(map(str, problems))}[/]", soft_wrap=True)
+        # The library's class (a window where some kind of layer has one): each bucket's
+        # candidates are built as the export builds them.
         _run_search(study=study, space=sp, shapes=problems, storage=storage, trials=trials,
                     timeout=timeout, sampler=sampler, seed=seed, jobs=jobs, device=device,
-                    gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker)
+                    gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker,
+                    problem_class=w.problem_class)
     console.print(f"export the library: fa-tune export --workload {workload} --study-prefix "
                   f"{w.name}- --out {w.name}-lib"
                   + (f" --storage {redact(storage)}" if storage else ""), markup=False,

@@ -219,8 +219,13 @@ def workload_cmd(
 
     w = workload_mod.load_workload(workload)
     a = w.attention
+    masks = (f", window {a.window}" if a.window else "") + (
+        f", softcap {a.softcap:g}" if a.softcap else "") + (", sinks" if a.sinks else "")
+    kinds = "; layers: " + ", ".join(
+        f"{k.count} {k.name} ({f'window {k.window}' if k.window else 'no window'})"
+        for k in w.kinds) if w.kinds else ""
     t = Table(title=f"workload {w.name}: Hq {a.Hq}, Hkv {a.Hkv}, D {a.head_dim}, "
-              f"{'causal' if a.causal else 'non-causal'}")
+              f"{'causal' if a.causal else 'non-causal'}{masks}{kinds}")
     for col in ("bucket", "S", "calls", "attention time", "problems (share of bucket time)"):
         t.add_column(col)
     plans = w.plan(max_problems)

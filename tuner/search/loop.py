@@ -62,6 +62,7 @@ its own key ``session <UTC> <owner>``, which concurrent workers cannot overwrite
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import signal
 import threading
@@ -78,7 +79,7 @@ from tuner.errors import ConfigError, SearchError, ShapeError
 from tuner.kernel import toolchain
 from tuner.kernel.config import DEFAULT_PRESETS, KernelConfig, load_preset
 from tuner.kernel.support import check_runnable
-from tuner.problem import Problem
+from tuner.problem import Problem, ProblemClass
 from tuner.search import rdb
 from tuner.search.gpu_worker import DEFAULT_ENTRY
 from tuner.search.outcomes import TrialOutcomes
@@ -146,6 +147,7 @@ class Search(SharedStudy, TrialOutcomes):
         grace_s: int | None = GRACE_S,
         allow_mixed_gpus: bool = False,
         max_error_ratio: float | None = None,
+        problem_class: ProblemClass | None = None,
     ) -> None:
         import optuna
 
@@ -158,6 +160,12 @@ class Search(SharedStudy, TrialOutcomes):
         # a mix of head dims or masks: one library serves one class) is refused here, once, not
         # as a static reject of every trial. A caller's own builder must build for the class.
         self.pclass = check_runnable(shapes)  # the head dim and mask every candidate is built for
+        if problem_class is not None:  # a workload's library class (kinds of layers share one)
+            why = next((f"{p}: {w}" for p in shapes
+                        if (w := problem_class.serves(p, varlen=False))), None)
+            if why:
+                raise ShapeError(f"the problems do not fit problem class {problem_class}: {why}")
+            self.pclass = dataclasses.replace(problem_class, varlen=self.pclass.varlen)
         if n_trials is not None and n_trials < 1:
             raise SearchError(f"--trials must be at least 1 (got {n_trials})")
         self.study_name = check_study_name(study)
