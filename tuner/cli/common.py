@@ -156,6 +156,11 @@ MixedOpt = Annotated[bool, typer.Option(
     "timings will not compare).")]
 WorkerEntryOpt = Annotated[str | None, typer.Option(
     "--worker", hidden=True, help="GPU worker entry point (module:function).")]
+ArtifactsOpt = Annotated[str | None, typer.Option(
+    "--artifacts", metavar="URL",
+    help="Share compiled kernels with the study's other hosts through Optuna's artifact store: "
+    "a folder every host mounts (a path or file:///path) or s3://bucket; each config is then "
+    "compiled once over all of them, and a download is used only if its sha256 checks.")]
 StorageOpt = Annotated[
     str | None,
     typer.Option("--storage", help="Optuna RDB URL (default sqlite:///studies/<study>.db)."),

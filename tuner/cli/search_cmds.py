@@ -11,6 +11,7 @@ from rich.live import Live
 from rich.table import Table
 
 from tuner.cli.common import (
+    ArtifactsOpt,
     DeviceOpt,
     GpusOpt,
     JobsOpt,
@@ -87,6 +88,7 @@ def search(
     device: DeviceOpt = None,
     gpus: GpusOpt = None,
     allow_mixed_gpus: MixedOpt = False,
+    artifacts: ArtifactsOpt = None,
     create_only: Annotated[bool, typer.Option(
         "--create-only", help="Create the study (problems, space, known-good points) and "
         "exit; workers join it with `fa-tune worker`. No GPU needed.")] = False,
@@ -113,7 +115,7 @@ def search(
     _run_search(study=study, space=sp, shapes=shapes, storage=storage, trials=trials,
                 timeout=timeout, sampler=sampler, seed=seed, jobs=jobs, device=device,
                 gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker,
-                max_error_ratio=max_error_ratio)
+                max_error_ratio=max_error_ratio, artifacts=artifacts)
 
 
 @user_errors
@@ -129,13 +131,15 @@ def worker_cmd(
     gpus: GpusOpt = None,
     allow_mixed_gpus: MixedOpt = False,
     worker: WorkerEntryOpt = None,
+    artifacts: ArtifactsOpt = None,
 ) -> None:
     """Join an existing study as one more worker (this host's GPUs), from any host."""
     space, shapes = fleet.study_spec(study, storage)
     check_search_problems(shapes)
     _run_search(study=study, space=space, shapes=shapes, storage=storage, trials=trials,
                 timeout=timeout, sampler=sampler, seed=seed, jobs=jobs, device=device,
-                gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker)
+                gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker,
+                artifacts=artifacts)
 
 
 def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str | None,
@@ -143,7 +147,8 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
                 jobs: int | None, device: int | None, gpus: str | None,
                 allow_mixed_gpus: bool, worker: str | None,
                 max_error_ratio: float | None = None,
-                problem_class: ProblemClass | None = None) -> None:
+                problem_class: ProblemClass | None = None,
+                artifacts: str | None = None) -> None:
     """One worker in this process (one GPU), or a fleet of them (--gpus with several)."""
     budget = parse_duration(timeout)
     if trials is None and budget is None:
@@ -162,6 +167,8 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
         kwargs["max_error_ratio"] = max_error_ratio
     if problem_class is not None:
         kwargs["problem_class"] = problem_class
+    if artifacts is not None:
+        kwargs["artifacts"] = artifacts
     if len(devices) > 1:
         _run_fleet(devices, kwargs)
         return

@@ -36,6 +36,7 @@ from typing import Any
 
 from tuner import _paths
 from tuner.errors import BuildError, ConfigError, FaTuneError
+from tuner.kernel import shared_cache
 from tuner.kernel.config import KernelConfig, check_varlen, validate
 from tuner.kernel.sass import parse_ptxas, sass_report
 from tuner.kernel.toolchain import (
@@ -380,8 +381,16 @@ def build_source(
             return hit
         if waited_since is not None:
             _raise_failure_since(root, key, waited_since)
-        return _compile(text, flags, extra_inc, nvcc, ver, logical_flags, key, root, name,
-                        config, template_sha256)
+        share = shared_cache.active()  # another host may have compiled it (issue 38)
+        if share is not None and share.fetch(key, entry):
+            hit = _cached(entry, name, nvcc)
+            if hit is not None:
+                return hit
+        result = _compile(text, flags, extra_inc, nvcc, ver, logical_flags, key, root, name,
+                          config, template_sha256)
+        if share is not None:
+            share.publish(key, entry)
+        return result
 
 
 def _cached(entry: Path, name: str, nvcc: Path) -> BuildResult | None:

@@ -76,11 +76,12 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import ConfigError, SearchError, ShapeError
-from tuner.kernel import toolchain
+from tuner.kernel import shared_cache, toolchain
 from tuner.kernel.config import DEFAULT_PRESETS, KernelConfig, load_preset
 from tuner.kernel.support import check_runnable
 from tuner.problem import Problem, ProblemClass
 from tuner.search import rdb
+from tuner.search.artifacts import StudyArtifacts, open_store
 from tuner.search.gpu_worker import DEFAULT_ENTRY
 from tuner.search.outcomes import TrialOutcomes
 from tuner.search.policy import SearchPolicy
@@ -148,6 +149,7 @@ class Search(SharedStudy, TrialOutcomes):
         allow_mixed_gpus: bool = False,
         max_error_ratio: float | None = None,
         problem_class: ProblemClass | None = None,
+        artifacts: str | None = None,
     ) -> None:
         import optuna
 
@@ -210,6 +212,9 @@ class Search(SharedStudy, TrialOutcomes):
         except Exception as e:  # noqa: BLE001
             raise SearchError(f"cannot create study '{study}': {e}") from None
         self._check_study_attrs()
+        # Kernels shared with the study's other hosts (tuner.search.artifacts), if named.
+        self.artifacts = None if not artifacts else StudyArtifacts(
+            self.study, open_store(artifacts), lambda text: self.progress.event(text))
         self.worker = GpuWorker(worker_entry, device_index, tick=self._tick,
                                 background=self._ask_while_gpu_works)
         self.progress = Progress(study, [str(s) for s in self.shapes], n_trials,
@@ -326,6 +331,7 @@ class Search(SharedStudy, TrialOutcomes):
         except BaseException:
             self.worker.stop()
             raise
+        shared_cache.set_share(self.artifacts)
         self._enqueue_start_points()
         self._load_known()
         stopped_by = "finished"
@@ -381,6 +387,7 @@ class Search(SharedStudy, TrialOutcomes):
         finally:
             self._asking = False
             self.pool.shutdown(wait=False, cancel_futures=True)
+            shared_cache.set_share(None)
             not_run = self._settle_open(stopped_by)
             if self.heartbeat is not None:
                 self.heartbeat.stop()

@@ -1,0 +1,116 @@
+"""Compiled kernels shared between the hosts of one study through Optuna's artifact store
+(issue 38): ``fa-tune search`` / ``fa-tune worker --artifacts URL`` (a folder every host mounts,
+``file:///path`` or a plain path; or ``s3://bucket`` for S3-compatible object storage, with
+boto3 installed and its usual credentials).
+
+A build cache miss (tuner.kernel.build) asks ``StudyArtifacts.fetch`` for the entry before
+compiling; a compile is offered to ``publish``. Each artifact is one tar of a cache entry
+(tuner.kernel.shared_cache.pack), uploaded as ``fa-tune-kernel-<key>-<sha256>.tar``: the study
+(its Optuna storage) is the index, the store holds the bytes, and a download is unpacked only
+when its sha256 is the one in the name the publisher recorded, so a host never loads a kernel
+it cannot verify. Anything that goes wrong with the store costs a compile, never a trial.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import SearchError
+from tuner.kernel.shared_cache import ShareError, pack, sha256_bytes, unpack
+
+PREFIX = "fa-tune-kernel-"
+
+
+def open_store(url: str) -> Any:
+    """The artifact store a URL names: ``s3://bucket`` (Boto3ArtifactStore), else a folder
+    (``file:///path`` or a path; made if missing)."""
+    import optuna.artifacts as oa
+
+    if url.startswith("s3://"):
+        bucket = url[len("s3://"):].strip("/")
+        if not bucket:
+            raise SearchError("--artifacts s3:// needs a bucket, e.g. s3://my-kernels")
+        try:
+            return oa.Boto3ArtifactStore(bucket)
+        except Exception as e:  # noqa: BLE001 - boto3 missing or unconfigured
+            raise SearchError(f"cannot open the artifact store {url}: {e}") from None
+    path = Path(url[len("file://"):] if url.startswith("file://") else url).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SearchError(f"cannot use {path} as the artifact store: {e.strerror or e}") from None
+    return oa.FileSystemArtifactStore(str(path))
+
+
+class StudyArtifacts:
+    """The shared build cache of one study (tuner.kernel.shared_cache.Share)."""
+
+    def __init__(self, study: Any, store: Any, note: Callable[[str], None] = lambda s: None
+                 ) -> None:
+        self.study = study
+        self.store = store
+        self.note = note
+        self._lock = threading.Lock()  # the search's compile threads share it
+        self.fetched = 0
+        self.published = 0
+
+    def _index(self) -> dict[str, tuple[str, str]]:
+        """key -> (artifact id, sha256) of every kernel the study's hosts published."""
+        import optuna.artifacts as oa
+
+        out: dict[str, tuple[str, str]] = {}
+        for meta in oa.get_all_artifact_meta(self.study):
+            name = meta.filename
+            if not (name.startswith(PREFIX) and name.endswith(".tar")):
+                continue
+            key, _, sha = name[len(PREFIX):-len(".tar")].rpartition("-")
+            if key and len(sha) == 64:
+                out[key] = (meta.artifact_id, sha)
+        return out
+
+    def fetch(self, key: str, entry: Path) -> bool:
+        import optuna.artifacts as oa
+
+        try:
+            found = self._index().get(key)
+            if found is None:
+                return False
+            artifact_id, sha = found
+            with tempfile.TemporaryDirectory(prefix="fa-tune-fetch-") as d:
+                path = os.path.join(d, "a.tar")
+                oa.download_artifact(artifact_store=self.store, file_path=path,
+                                     artifact_id=artifact_id)
+                unpack(Path(path).read_bytes(), sha, entry)
+        except ShareError as e:
+            self.note(f"shared kernel {key[:12]} refused ({e}): compiling it here")
+            return False
+        except Exception as e:  # noqa: BLE001 - the store's trouble costs a compile only
+            self.note(f"shared kernel {key[:12]} not fetched ({type(e).__name__}: "
+                      f"{str(e)[:120]}): compiling it here")
+            return False
+        with self._lock:
+            self.fetched += 1
+        return True
+
+    def publish(self, key: str, entry: Path) -> None:
+        import optuna.artifacts as oa
+
+        try:
+            if key in self._index():
+                return
+            data = pack(entry)
+            with tempfile.TemporaryDirectory(prefix="fa-tune-publish-") as d:
+                path = os.path.join(d, f"{PREFIX}{key}-{sha256_bytes(data)}.tar")
+                Path(path).write_bytes(data)
+                oa.upload_artifact(artifact_store=self.store, file_path=path,
+                                   study_or_trial=self.study)
+        except Exception as e:  # noqa: BLE001 - a failed upload costs the other hosts a compile
+            self.note(f"kernel {key[:12]} not shared ({type(e).__name__}: {str(e)[:120]})")
+            return
+        with self._lock:
+            self.published += 1
