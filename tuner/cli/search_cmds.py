@@ -132,14 +132,49 @@ def worker_cmd(
     allow_mixed_gpus: MixedOpt = False,
     worker: WorkerEntryOpt = None,
     artifacts: ArtifactsOpt = None,
+    compile_only: Annotated[bool, typer.Option(
+        "--compile-only", help="No GPU here: compile the candidates the sampler asks for and "
+        "hand them to the GPU workers (they pop them first and fetch the kernels from "
+        "--artifacts, which this needs).")] = False,
 ) -> None:
     """Join an existing study as one more worker (this host's GPUs), from any host."""
+    if compile_only and not artifacts:
+        raise SearchError("--compile-only needs --artifacts URL: the store the GPU hosts fetch "
+                          "its kernels from")
+    if compile_only and (device is not None or gpus is not None):
+        raise SearchError("--compile-only uses no GPU: leave out --device and --gpus")
     space, shapes = fleet.study_spec(study, storage)
     check_search_problems(shapes)
+    if compile_only:
+        _run_compile_only(study=study, space=space, shapes=shapes, storage=storage,
+                          trials=trials, timeout=timeout, sampler=sampler, seed=seed, jobs=jobs,
+                          artifacts=artifacts)
+        return
     _run_search(study=study, space=space, shapes=shapes, storage=storage, trials=trials,
                 timeout=timeout, sampler=sampler, seed=seed, jobs=jobs, device=device,
                 gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker,
                 artifacts=artifacts)
+
+
+def _run_compile_only(*, study: str, space: Any, shapes: list[Problem], storage: str | None,
+                      trials: int | None, timeout: str | None, sampler: str,
+                      seed: int | None, jobs: int | None, artifacts: str) -> None:
+    budget = parse_duration(timeout)
+    if trials is None and budget is None:
+        raise SearchError("give --trials N and/or --timeout DURATION")
+    s = search_mod.Search(study=study, space=space, shapes=shapes, storage=storage,
+                          n_trials=trials, timeout_s=budget, sampler=sampler, seed=seed,
+                          jobs=jobs, artifacts=artifacts,
+                          progress_cb=lambda p: None)
+    with console.status("compile-only worker: compiling for the GPU workers"):
+        summary = s.run_compile_only()
+    shared = s.artifacts.published if s.artifacts is not None else 0
+    console.print(f"study {summary.study}: {summary.trials_run} candidates compiled and handed "
+                  f"to the GPU workers in {summary.wall_s:.0f} s ({shared} kernels published; "
+                  f"failed {summary.failed}, static rejects {summary.rejected}, duplicates "
+                  f"{summary.duplicates}); stopped: {summary.stopped_by}", soft_wrap=True)
+    if summary.stopped_by.startswith("interrupted"):
+        raise typer.Exit(130)
 
 
 def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str | None,

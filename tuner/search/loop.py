@@ -82,6 +82,7 @@ from tuner.kernel.support import check_runnable
 from tuner.problem import Problem, ProblemClass
 from tuner.search import rdb
 from tuner.search.artifacts import StudyArtifacts, open_store
+from tuner.search.compile_only import CompileOnly
 from tuner.search.gpu_worker import DEFAULT_ENTRY
 from tuner.search.outcomes import TrialOutcomes
 from tuner.search.policy import SearchPolicy
@@ -124,7 +125,7 @@ Builder = Callable[[KernelConfig], Any]  # -> an object with so_path, local_memo
 
 
 # ---- the search ---------------------------------------------------------------------------
-class Search(SharedStudy, TrialOutcomes):
+class Search(SharedStudy, TrialOutcomes, CompileOnly):
     def __init__(
         self,
         *,
