@@ -16,7 +16,8 @@ trap 'rm -rf "$WORK"' EXIT
 cd "$WORK" || exit 1
 read -ra TREES <<< "$ROOTS"
 for i in "${!TREES[@]}"; do
-  echo "tree $i: ${TREES[$i]} ($(git -C "${TREES[$i]}" rev-parse --short HEAD 2>/dev/null || echo no git))"
+  rev=$(git -C "${TREES[$i]}" rev-parse --short HEAD 2>/dev/null || echo "no git")
+  echo "tree $i: ${TREES[$i]} ($rev)"
 done
 echo "$RUNS runs each; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 
