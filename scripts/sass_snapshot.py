@@ -2,12 +2,13 @@
 """Build every preset (or the named ones) and keep each kernel's SASS, to show that a
 refactor left the machine code as it was.
 
-    python scripts/sass_snapshot.py --out DIR [--cache DIR] [PRESET...]
+    python scripts/sass_snapshot.py --out DIR [--cache DIR] [--fixed] [PRESET...]
     python scripts/sass_snapshot.py --compare BEFORE_DIR AFTER_DIR
 
 Each preset is built for its own problem class (head dim from its name, non-causal for the
 ``full-*`` presets) with the varlen kernel where the config can serve varlen, so both kernels of
-an exported library are covered; all at once, one nvcc per usable CPU. DIR gets
+an exported library are covered (``--fixed``: without it, as the search builds candidates); all
+at once, one nvcc per usable CPU. DIR gets
 ``<preset>.sass.xz`` (cuobjdump --dump-sass) and ``index.json`` (per preset: its class, the
 library's path, a problem of its class to time it on (scripts/ab_libs.py), and the sha256 and
 instruction count of each kernel function's SASS).
@@ -79,7 +80,7 @@ def sass_entry(sass: str) -> dict:
 SHAPE_HEADS = {64: "1x32/8", 128: "1x32/8", 256: "1x16/8"}
 
 
-def snapshot(out: Path, cache: Path | None, names: list[str]) -> None:
+def snapshot(out: Path, cache: Path | None, names: list[str], fixed: bool = False) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from tuner.errors import FaTuneError
@@ -101,7 +102,7 @@ def snapshot(out: Path, cache: Path | None, names: list[str]) -> None:
         causal = not name.startswith("full")
         try:
             C.check_varlen(cfg, d)
-            varlen = True
+            varlen = not fixed
         except FaTuneError:
             varlen = False
         pclass = ProblemClass(d, causal, varlen)
@@ -162,12 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--cache", type=Path, default=None, help="Build cache root.")
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
+    ap.add_argument("--fixed", action="store_true",
+                    help="Build the fixed-length kernel only (a search candidate's library).")
     a = ap.parse_args(argv)
     if a.compare:
         return compare(*a.compare)
     if a.out is None:
         fail("--out DIR or --compare BEFORE AFTER")
-    snapshot(a.out, a.cache, a.presets)
+    snapshot(a.out, a.cache, a.presets, a.fixed)
     return 0
 
 

@@ -139,6 +139,10 @@ struct Derived {
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;
+  // With Q released after the last QK, the next tile's Q may land while O is being staged,
+  // so O needs its own buffer; otherwise O reuses Q's.
+  static constexpr bool kSeparateO = Cfg::q_release == QRelease::AfterLastQk;
+  static constexpr int kOElems = kSeparateO ? kBlockM * kHeadDim : 1;
 
   static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 192, "block_m must be 64, 128 or 192");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 64 && kBlockN <= 192, "block_n: 64..192, step 16");

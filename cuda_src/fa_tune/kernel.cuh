@@ -2,17 +2,24 @@
 // softmax), specialized by setmaxnreg, connected by the Q, K and V mbarrier rings.
 #pragma once
 
+#include "device_pass.cuh"
+#include "params.cuh"
+#include "scheduler.cuh"
+#include "smem.cuh"
+// The kernel's body and its pieces: the device pass only (device_pass.cuh). The host pass sees
+// the kernel's declaration and parameter types above, which is all the launcher needs.
+#if FA_TUNE_DEVICE_PASS
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "epilogue.cuh"
 #include "mainloop.cuh"
-#include "params.cuh"
 #include "producer.cuh"
-#include "scheduler.cuh"
 #include "traits.cuh"
+#endif
 
 namespace fa_tune {
 
+#if FA_TUNE_DEVICE_PASS
 template <class Cfg, class Sched>
 struct Consumer {
   using T = Traits<Cfg>;
@@ -173,13 +180,18 @@ struct RegSplit {
   static constexpr int kSpare = (D::kLaunchRegs / kWarpgroupThreads - kProducer) / D::kConsumerWGs / 8 * 8;
   static constexpr int kConsumer = Cfg::consumer_regs < kSpare ? Cfg::consumer_regs : kSpare;
 };
+#endif  // FA_TUNE_DEVICE_PASS
 
 // kVarlen: packed sequences (cu_seqlens) on the varlen scheduler; the same pieces otherwise.
 template <class Cfg, bool kVarlen = false>
 __global__ void __launch_bounds__(Derived<Cfg>::kThreads, 1)
     attention_fwd_kernel(const __grid_constant__ KernelParams<SchedulerFor<Cfg, kVarlen>> p) {
+#if FA_TUNE_DEVICE_PASS
   using T = Traits<Cfg>;
   using Sched = SchedulerFor<Cfg, kVarlen>;
+  static_assert(sizeof(SharedStorage<T>) == smem_bytes<Cfg>(),
+                "smem.cuh's SmemLayout must mirror SharedStorage: the launcher sizes shared "
+                "memory by it");
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   auto& ss = *reinterpret_cast<SharedStorage<T>*>(smem_raw);
   const int warp = __shfl_sync(0xffffffffu, int(threadIdx.x) / 32, 0);
@@ -220,6 +232,7 @@ __global__ void __launch_bounds__(Derived<Cfg>::kThreads, 1)
     cutlass::arch::warpgroup_reg_alloc<RegSplit<Cfg, kVarlen>::kConsumer>();
     Consumer<Cfg, Sched>::run(p, ss, warp / 4 - 1);
   }
+#endif  // FA_TUNE_DEVICE_PASS
 }
 
 }  // namespace fa_tune

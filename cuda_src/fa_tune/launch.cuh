@@ -16,6 +16,8 @@
 #include "errors.cuh"
 #include "fa_tune.h"
 #include "kernel.cuh"
+#include "smem.cuh"
+#include "tma_map.cuh"
 // The varlen kernel is a second instantiation of the same pieces: built only when asked
 // (FA_TUNE_VARLEN=1: exports and workload libraries), since it adds ~13 % to a
 // candidate's compile (docs/PERF.md step 48).
@@ -41,11 +43,11 @@ inline cudaError_t encode_view(CUtensorMap* map, const TensorView& t, int D, int
 
 template <class Cfg>
 struct Launcher {
-  using T = Traits<Cfg>;
+  using T = Derived<Cfg>;  // not Traits: the host pass reads no CuTe (device_pass.cuh)
   using Sched = SchedulerFor<Cfg, false>;          // fixed length: the config's scheduler
   using VarlenSched = SchedulerFor<Cfg, true>;     // device-scheduled calls
   static constexpr bool kHasVarlen = FA_TUNE_VARLEN;
-  static constexpr int smem_bytes() { return int(sizeof(SharedStorage<T>)); }
+  static constexpr int smem_bytes() { return fa_tune::smem_bytes<Cfg>(); }
 
   // The call's window as the kernel reads it: keys a row sees left of its diagonal (kNoWindow:
   // none, or a library without windows).

@@ -6,7 +6,7 @@
 #include <cuda.h>
 #include <cstdint>
 
-#include <cute/arch/cluster_sm90.hpp>
+#include "device_pass.cuh"
 
 namespace fa_tune {
 
@@ -138,12 +138,12 @@ __host__ __device__ __forceinline__ int first_unmasked_kv_block(int first_row, i
 // then head rank (head_cluster: which query head of the cluster's run it takes).
 template <class T>
 __device__ __forceinline__ int row_rank() {
-  if constexpr (T::kMulticast) return int(cute::block_rank_in_cluster()) % T::kRowCtas;
+  if constexpr (T::kMulticast) return int(cta_rank_in_cluster()) % T::kRowCtas;
   return 0;
 }
 template <class T>
 __device__ __forceinline__ int head_rank() {
-  if constexpr (T::kHeadCtas > 1) return int(cute::block_rank_in_cluster()) / T::kRowCtas;
+  if constexpr (T::kHeadCtas > 1) return int(cta_rank_in_cluster()) / T::kRowCtas;
   return 0;
 }
 

@@ -15,9 +15,8 @@
 #include <cmath>
 #include <type_traits>
 
-#include <cutlass/arch/barrier.h>
-
 #include "config.cuh"
+#include "device_pass.cuh"
 #include "errors.cuh"
 #include "params.cuh"
 #include "task_list.h"
@@ -200,7 +199,7 @@ struct DynamicScheduler : FixedTiles {
     int l2_bytes = 0;
     if ((e = cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, s.device)) != cudaSuccess)
       return fail_cuda(e, "cudaDeviceGetAttribute");
-    const double kv_bytes = 2.0 * s.Sk * T::kHeadDim * sizeof(typename Traits<Cfg>::Element);
+    const double kv_bytes = 2.0 * s.Sk * T::kHeadDim * 2;  // K and V rows, BF16
     out.num_tiles = int(num_tiles);
     out.section_heads =
         int(std::clamp<double>(std::floor(0.6 * l2_bytes / kv_bytes), 1.0, double(s.B) * s.H));
@@ -229,7 +228,7 @@ struct DynamicScheduler : FixedTiles {
   }
   // Consumers (every consumer thread): read the number the producer published.
   __device__ static TileCoord next(const KP& p, const TileCoord& cur, int* slot) {
-    cutlass::arch::NamedBarrier::sync(kBarThreads, kSchedulerBar);
+    named_barrier_sync(kBarThreads, kSchedulerBar);
     return decode(p, slot[cur.turn & 1], cur.turn + 1);
   }
   // Producer warp (all 32 lanes): take the next number and publish it to the consumers.
@@ -240,7 +239,7 @@ struct DynamicScheduler : FixedTiles {
       slot[cur.turn & 1] = t;
     }
     __syncwarp();
-    cutlass::arch::NamedBarrier::arrive(kBarThreads, kSchedulerBar);
+    named_barrier_arrive(kBarThreads, kSchedulerBar);
     return __shfl_sync(0xffffffffu, t, 0);
   }
   __device__ static TileCoord resolve(const KP& p, int t, const TileCoord& cur, const int*) {
@@ -296,7 +295,7 @@ struct VarlenScheduler : VarlenTiles {
   }
   // Consumers (every consumer thread): read the task the producer published.
   __device__ static TileCoord next(const KP&, const TileCoord& cur, int* slot) {
-    cutlass::arch::NamedBarrier::sync(kBarThreads, kSchedulerBar);
+    named_barrier_sync(kBarThreads, kSchedulerBar);
     const VarlenTask w = reinterpret_cast<const VarlenTask*>(slot)[cur.turn & 1];
     return from_task(w, 0, cur.turn + 1);
   }
@@ -308,7 +307,7 @@ struct VarlenScheduler : VarlenTiles {
       reinterpret_cast<VarlenTask*>(slot)[cur.turn & 1] = task(p, t);
     }
     __syncwarp();
-    cutlass::arch::NamedBarrier::arrive(kBarThreads, kSchedulerBar);
+    named_barrier_arrive(kBarThreads, kSchedulerBar);
     return __shfl_sync(0xffffffffu, t, 0);
   }
   // The producer reads back what its lane 0 published (the consumers never write the slot).

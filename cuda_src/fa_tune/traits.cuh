@@ -86,11 +86,6 @@ struct Traits : Derived<Cfg> {
   // Register fragment of P as the A operand of the PV MMA: the S accumulator's values in
   // the same order, regrouped 8 per 16-key k-block (see softmax.cuh for the layout).
   using LayoutP = Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockN / 16>>>;
-
-  // With Q released after the last QK, the next tile's Q may land while O is being staged,
-  // so O needs its own buffer; otherwise O reuses Q's.
-  static constexpr bool kSeparateO = Cfg::q_release == QRelease::AfterLastQk;
-  static constexpr int kOElems = kSeparateO ? kBlockM * kHeadDim : 1;
 };
 
 // sum_in_pv's B operand columns 64..71: block_n key rows of ones, one 64-column swizzle atom
@@ -101,6 +96,7 @@ struct alignas(1024) OnesTile {
 };
 struct NoOnes {};
 
+// The launcher sizes shared memory by smem.cuh's mirror of this (without CuTe); keep both alike.
 template <class T>
 struct SharedStorage {
   alignas(1024) typename T::Element q[T::kBlockM * T::kHeadDim];

@@ -463,11 +463,16 @@ def _compile(text: str, flags: Sequence[str], extra_inc: Sequence[Path], nvcc: P
     entry = root / key
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key[:16]}-", dir=root))
+    # nvcc's intermediates (in a temp folder either way) are kept there, so the SASS check reads
+    # the cubin: cuobjdump takes half as long on it as on the .so (docs/PERF.md step 49). Not
+    # in the key: the library is the same.
+    keep = Path(tempfile.mkdtemp(prefix="fa-tune-nvcc-"))
     try:
         src = tmp / f"{name}.cu"
         src.write_text(text)
         so = tmp / f"{name}.so"
-        cmd = [str(nvcc), *_resolve_flags(flags, extra_inc), "-o", str(so), str(src)]
+        cmd = [str(nvcc), *_resolve_flags(flags, extra_inc), "--keep", "--keep-dir", str(keep),
+               "-o", str(so), str(src)]
         t0 = time.monotonic()
         try:
             proc = subprocess.run(
@@ -492,7 +497,8 @@ def _compile(text: str, flags: Sequence[str], extra_inc: Sequence[Path], nvcc: P
             message = f"nvcc failed for {what}: {first} (log: {failed / 'build.log'})"
             _record_failure(root, key, message, str(failed / "build.log"))
             raise BuildError(message, log_path=str(failed / "build.log"))
-        sass, note = sass_report(so, nvcc)
+        cubin = keep / f"{name}.cubin"
+        sass, note = sass_report(cubin if cubin.is_file() else so, nvcc)
         smem_dyn = _exported_smem_bytes(so)
         result = BuildResult(
             key=key,
@@ -532,6 +538,7 @@ def _compile(text: str, flags: Sequence[str], extra_inc: Sequence[Path], nvcc: P
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(keep, ignore_errors=True)
 
 
 def build_config(

@@ -1,0 +1,68 @@
+// What each of nvcc's two passes over a kernel library reads.
+//
+// nvcc compiles a .cu twice: the device pass (cicc, __CUDA_ARCH__ defined) makes the kernel's
+// machine code; the host pass (cudafe++, then the host compiler; __CUDA_ARCH__ undefined) makes
+// the launcher (launch.cuh, entry.cuh). The launcher needs the kernel's declaration and
+// parameter types, the schedulers' host side and the shared-memory size, nothing of CuTe; yet
+// parsing CuTe for it was a third of a candidate's compile (docs/PERF.md steps 48-49). So the
+// kernel's body and what only it uses (traits, mainloop, softmax, epilogue, producer: CuTe) are
+// read in the device pass alone, FA_TUNE_DEVICE_PASS (kernel.cuh). CUDA allows that as long as
+// a __global__ template's signature and template arguments are the same in both passes: its
+// parameter types (params.cuh, scheduler.cuh) are read by both. The few CUTLASS calls in the
+// device functions of those shared headers go through the wrappers below.
+#pragma once
+
+#include <cstdint>
+
+// -DFA_TUNE_DEVICE_PASS=1 makes the host pass read everything again, as before (a toolchain
+// whose registration code names a constant not declared below can still build).
+#ifndef FA_TUNE_DEVICE_PASS
+#if defined(__CUDA_ARCH__)
+#define FA_TUNE_DEVICE_PASS 1
+#else
+#define FA_TUNE_DEVICE_PASS 0
+#endif
+#endif
+
+#if FA_TUNE_DEVICE_PASS
+#include <cute/arch/cluster_sm90.hpp>
+#include <cutlass/arch/barrier.h>
+#else
+// The registration code the device pass writes for the host compiler takes, by name, the host
+// address of every namespace-scope __device__ variable the device pass saw: CCCL's (the
+// constants and customization points of <cuda/std/utility>, which CuTe includes) and CuTe's
+// two (CUTE_INLINE_CONSTANT in cute/underscore.hpp and cute/int_tuple.hpp, empty structs on
+// the host). Those two headers would bring back most of CuTe, so stand-ins carry their names;
+// the host never reads them. A CUTLASS with more such constants fails the host compile naming
+// the one to add here.
+#include <cuda/std/utility>
+namespace cute {
+static constexpr struct HostStandIn {} _{}, product{};
+}  // namespace cute
+#endif
+
+namespace fa_tune {
+
+// This CTA's rank in its cluster.
+__device__ __forceinline__ uint32_t cta_rank_in_cluster() {
+#if FA_TUNE_DEVICE_PASS
+  return cute::block_rank_in_cluster();
+#else
+  return 0;
+#endif
+}
+
+// Named barrier `id` (CUTLASS's numbering, past the barriers it reserves) of `threads` threads:
+// wait for all of them, or arrive without waiting.
+__device__ __forceinline__ void named_barrier_sync(uint32_t threads, uint32_t id) {
+#if FA_TUNE_DEVICE_PASS
+  cutlass::arch::NamedBarrier::sync(threads, id);
+#endif
+}
+__device__ __forceinline__ void named_barrier_arrive(uint32_t threads, uint32_t id) {
+#if FA_TUNE_DEVICE_PASS
+  cutlass::arch::NamedBarrier::arrive(threads, id);
+#endif
+}
+
+}  // namespace fa_tune
