@@ -2,7 +2,7 @@
 # The models' masks (issue 36), compiled on the CPU: each preset rendered for a mask class with the
 # product's flags (tuner.kernel.build.KERNEL_FLAGS), then HGMMA, LDL/STL and CALL counts in the
 # attention kernels' SASS, ptxas's C75xx warnings (serialized wgmma) and its spill report
-# (docs/PERF.md step 49). Run from anywhere with nvcc and cuobjdump on PATH:
+# (docs/PERF.md step 50). Run from anywhere with nvcc and cuobjdump on PATH:
 #   bash lab/mask_builds.sh [OUT_DIR]
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=${1:-/tmp/mask_builds}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU work session 19 (CPU only) left ready (docs/PERF.md step 49 and "Next GPU sessions").
+# The GPU work session 19 (CPU only) left ready (docs/PERF.md step 50 and "Next GPU sessions").
 # Each mode is one device call; carry [".whl"] (and the FA3 wheels for the fa3 modes: .fa3/part1
 # through lab/h200/fa3_stage1.sh in the call before, .fa3/part2 with this one).
 #   bash lab/h200/s19.sh accuracy   issue 35: `fa-tune run` with the gate's accuracy fields, the

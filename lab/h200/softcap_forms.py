@@ -1,4 +1,4 @@
-"""Softcap's two tanh forms on the H200 (docs/PERF.md step 49): the product's exact one (EX2 +
+"""Softcap's two tanh forms on the H200 (docs/PERF.md step 50): the product's exact one (EX2 +
 RCP) and tanh.approx (a lab build, FA_TUNE_LAB_SOFTCAP_TANH_APPROX), each gated on every input
 set and timed, beside the same preset without a cap.
 
