@@ -149,7 +149,8 @@ def test_varlen_class_compiles_both_kernels_clean(preset: str, head_dim: int, ca
     lib = ctypes.CDLL(r.so_path)
     lib.fa_tune_problem_class.restype = ctypes.c_char_p
     assert json.loads(lib.fa_tune_problem_class()) == {"head_dim": head_dim, "causal": causal,
-                                                       "varlen": True}
+                                                       "varlen": True, "window": False,
+                                                       "softcap": False, "sinks": False}
     from tuner.kernel.runtime import abi  # the one mirror of fa_tune.h (no torch needed)
 
     fns = abi.bind(lib)

@@ -15,9 +15,11 @@
 //   7 softmax.cuh   the row sum is not rescaled when a row's running max rises (O is)
 //   8 scheduler.cuh GQA head mapping: query head h reads K/V head h % Hkv, not h / group
 //                   (fixed-length schedulers; varlen tasks carry their K/V head)
-//   9 softmax.cuh   sliding window off by one: the key just left of a row's window is kept
-//                   (window classes only)
-//  10 kernel.cuh    the sink taken as a log2 logit (exp2(sink), not exp(sink)) (sinks classes)
+//   9 softmax.cuh   [window] sliding window off by one: the key just left of a row's window
+//                   is kept
+//  10 kernel.cuh    [sinks] the sink taken as a log2 logit (exp2(sink), not exp(sink))
+//   A [mask] bug changes only kernels of a class with that mask (tests/gpu/test_masks_gpu.py);
+//   the others, every class.
 //
 // FA_TUNE_LAB_* are lab experiments for scripts/kernel_lab.py (variants' "_lab" macros), never
 // knobs:

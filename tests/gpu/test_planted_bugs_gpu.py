@@ -47,7 +47,9 @@ def planted_bugs() -> dict[int, str]:
             for m in re.finditer(r"^//\s+(\d+) (\w+\.cuh .*)$", block, re.MULTILINE)}
 
 
-BUGS = planted_bugs()
+# A bug of one of the models' masks ("[window]") changes only that class's kernels: its gate is
+# tests/gpu/test_masks_gpu.py's.
+BUGS = {n: what for n, what in planted_bugs().items() if "[" not in what.split(".cuh", 1)[1]}
 # Bugs too small for the per-element rule and the relative L2 bound: only the BF16 error budget
 # may catch them (and it must say so).
 BUDGET_ONLY = {4: "16-row blocks exceed the BF16 error budget",
