@@ -50,10 +50,11 @@ def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> 
     if shape is not None:
         shape = str(Problem.parse(shape))
     st, trials = study_trials(study, storage)
-    rows, verdict = best_rows(trials, shape, top), None
     if shape is None:  # the final ranks on every problem: not on one
         ranked, verdict = with_final(st, trials, best_rows(trials, None, len(trials)))
-        rows = ranked[:top] if verdict is not None else rows
+        rows = ranked[:top]
+    else:
+        rows, verdict = best_rows(trials, shape, top), None
     if not rows:
         raise SearchError(f"study '{study}' has no completed trial"
                           + (f" measured on {shape}" if shape else ""))

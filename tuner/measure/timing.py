@@ -14,9 +14,10 @@ are None, and the result says why.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -503,3 +504,10 @@ def time_kernel(
     res = summarize_rounds(proto, shape, rounds, proto.temp_limit_c, nv.note, prep_ms)
     res.extra["settle_launches"] = settled
     return res
+
+
+def geomean(values: Sequence[float]) -> float:
+    """The geometric mean of positive TFLOPS (a trial's value over its problems)."""
+    if not values or any(v <= 0 for v in values):
+        raise ValueError("geometric mean needs positive values")
+    return math.exp(sum(math.log(v) for v in values) / len(values))

@@ -29,22 +29,6 @@ PRECOMPILED = "precompiled"
 class CompileOnly:
     """Methods of ``Search`` (tuner/search/loop.py) for a compile-only worker."""
 
-    def _ask_new(self, pool: ThreadPoolExecutor) -> _Candidate | None:
-        """Ask a new trial of the sampler, never a WAITING one (study.ask would pop those)."""
-        import optuna
-
-        self._sync()
-        # Through the study's own (cached) storage, as study.ask does after its pop: Optuna has
-        # no public call for "a new trial, whatever waits".
-        trial_id = self.study._storage.create_new_trial(self.study._study_id)
-        trial = optuna.trial.Trial(self.study, trial_id)
-        self.open[trial.number] = trial
-        try:
-            return self._take(trial, pool)
-        except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError):
-            self._lost(trial)
-            return None
-
     def _backlog(self) -> int:
         """Trials this study's compile-only workers handed over that no GPU worker took yet."""
         from optuna.trial import TrialState
@@ -94,7 +78,7 @@ class CompileOnly:
                     break
                 if (len(self.queue) < self.jobs and self._may_ask(self._asked)
                         and self._backlog() + len(self.queue) < limit):
-                    cand = self._ask_new(pool)
+                    cand = self._ask(pool, fresh=True)
                     self._asked += 1
                     if cand is not None:
                         self.queue.append(cand)

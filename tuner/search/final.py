@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.kernel.config import KernelConfig
-from tuner.measure.timing import Protocol
+from tuner.measure.timing import Protocol, geomean
 from tuner.problem import Problem
 
 TOP = 3    # configs in the final
@@ -139,10 +139,6 @@ def finalists(trials: Sequence[Any], confirmed: Callable[[Any], float | None],
         if len(out) == top:
             break
     return out
-
-
-def geomean(xs: Sequence[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def play(measure: Callable[[str, Problem], float], so_paths: dict[int, str],

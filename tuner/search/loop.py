@@ -514,12 +514,20 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         self.progress.compile_queue = sum(1 for c in self.queue if not c.future.done())
         self.progress.compiling = sum(1 for c in self.queue if c.future.running())
 
-    def _ask(self, pool: ThreadPoolExecutor) -> _Candidate | None:
-        """Ask one trial; a static reject or a duplicate is told at once (returns None)."""
+    def _ask(self, pool: ThreadPoolExecutor, fresh: bool = False) -> _Candidate | None:
+        """Ask one trial; a static reject or a duplicate is told at once (returns None).
+        ``fresh``: a new trial of the sampler, never a WAITING one (a compile-only worker's:
+        the WAITING ones are the GPU workers' next)."""
         import optuna
 
         self._sync()  # the sampler's filter and the dedupe see what other workers did
-        trial = self.study.ask()
+        if fresh:
+            # Through the study's own (cached) storage, as study.ask does after its pop:
+            # Optuna has no public call for "a new trial, whatever waits".
+            trial = optuna.trial.Trial(
+                self.study, self.study._storage.create_new_trial(self.study._study_id))
+        else:
+            trial = self.study.ask()
         self.open[trial.number] = trial
         try:
             return self._take(trial, pool)
