@@ -164,6 +164,9 @@ def test_kernel_module_passes_the_models_masks(tmp_path: Path) -> None:
     km.forward(bufs, None)  # type: ignore[arg-type]
     a, _ = _last(km)
     assert (a.window, a.softcap, a.sinks) == (128, 0.0, 0x8000)
+    km.prepare(Problem.parse("1x8/2x512:w64"), None)  # prepare sees the window too (the
+    a, _ = _last(km)  # static scheduler's task lists count it)
+    assert a.window == 64
     km.forward(_bufs(Problem.parse("1x8/2x512")), None)  # type: ignore[arg-type]
     a, _ = _last(km)
     assert (a.window, a.sinks) == (0, None)  # the window class runs a problem without one

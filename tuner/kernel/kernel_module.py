@@ -180,8 +180,7 @@ class KernelModule:
         for name in ("q", "k", "v"):
             fields[name], fields[f"{name}_stride"] = tensor_view(bufs, name)
         fields.update(o=bufs.o.ptr, lse=bufs.lse.ptr if use_lse else None,
-                      softmax_scale=float(softmax_scale), window=p.window,
-                      softcap=float(p.softcap))
+                      softmax_scale=float(softmax_scale))
         if p.sinks:
             sinks = getattr(bufs, "sinks", None)
             if sinks is None:
@@ -200,13 +199,15 @@ class KernelModule:
     def _shape_fields(self, p: Problem) -> dict[str, Any]:
         """The struct's shape fields of a problem (dense strides, which args_for replaces by
         the layout's; a packed batch: its as_fixed rows per tensor, the lengths' maxima and
-        totals)."""
+        totals) and its run-time mask values (prepare checks them against the class, and the
+        static scheduler's task lists count the window)."""
         _, hq, hkv, Sq, Sk, D, causal = problem_dims(p)  # a packed batch: the as_fixed rows
         return dict(q_stride=dense_strides(Sq, hq, D), k_stride=dense_strides(Sk, hkv, D),
                     v_stride=dense_strides(Sk, hkv, D), batch=p.B, heads_q=hq, heads_kv=hkv,
                     head_dim=D, seqlen_q=p.S_q, seqlen_k=p.S_k,
                     total_q=p.tokens_q if p.is_varlen else 0,
-                    total_k=p.tokens_k if p.is_varlen else 0, causal=1 if causal else 0)
+                    total_k=p.tokens_k if p.is_varlen else 0, causal=1 if causal else 0,
+                    window=p.window, softcap=float(p.softcap))
 
     def _status_ptr(self) -> int:
         if self.status is None:

@@ -8,9 +8,9 @@ that a user choosing a config can read, beside the gate's pass/fail.
   NumPy twin is tuner.measure.reference_numpy.numpy_reference_bf16). ``fa_ratio`` = err_max /
   err_bf16_max. A correct kernel (P and O rounded to BF16 once each, FP32 scores) measures
   0.2-0.8 of the BF16 implementation's error in the NumPy emulation, which also rounds the
-  scores. Recorded in every gate result; it fails the gate only with FA_RULE_GATES, which
-  waits for the GPU BF16 reference to be checked against its NumPy twin on the H200
-  (tests/gpu/test_oracle_gpu.py): a wrong yardstick must not reject correct kernels.
+  scores. Recorded in every gate result, and it fails the gate (FA_RULE_GATES): the GPU BF16
+  reference equals its NumPy twin on the H200 (tests/gpu/test_oracle_gpu.py, 2026-12-05), so
+  the yardstick is checked and rejects no correct kernel.
 * The default config's error on the same inputs (``err_vs_default``: max|err| / the default's
   max|err|; ``rms_vs_default``: relative L2 / the default's, the same reference so the same
   RMS ratio): what a searched config costs in accuracy against the one fa-tune ships by
@@ -29,8 +29,9 @@ from typing import Any
 FA_RULE_FACTOR = 2.0  # flash-attention's tests: rtol = 2 (no softcap)
 FA_RULE_FACTOR_SOFTCAP = 3.0  # ... and 3 with a softcap (tests/cute/test_flash_attn.py)
 FA_RULE_ATOL = 1e-5
-# Whether a kernel failing the rule fails the gate (above: recorded only until checked on a GPU).
-FA_RULE_GATES = False
+# Whether a kernel failing the rule fails the gate (False: recorded only, as before the GPU
+# BF16 reference was checked).
+FA_RULE_GATES = True
 FA_RULE_TEXT = (f"max|err| <= {FA_RULE_FACTOR:g} x the BF16 implementation's max|err| + "
                 f"{FA_RULE_ATOL:g} (FlashAttention's test rule)")
 
