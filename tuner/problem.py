@@ -12,8 +12,8 @@ that see no key, so it is refused; non-causal takes any S_q, S_k >= 1.
 
 Text form (the CLI's ``--shape``)::
 
-    B x Hq[/Hkv] x S [:kSK] [:dD] [:full | :causal] [:wW] [:capC] [:sinks] [:qkv | :bhsd]
-    Hq[/Hkv] x [q[:k], q[:k]*count, ...] [:dD] [:full | :causal] [:wW] [:capC] [:sinks]
+    B x Hq[/Hkv] x S [:kSK] [:dD] [:full | :causal] [:wW] [:capC] [:sinks] [:pP] [:qkv | :bhsd]
+    Hq[/Hkv] x [q[:k], q[:k]*count, ...] [:dD] [:full | :causal] [:wW] [:capC] [:sinks] [:pP]
                                                                     (varlen: a packed batch)
 
 ``4x32x8192`` is today's seed problem (MHA, D 128, causal); ``1x32/8x8192`` is Llama-3-8B's GQA;
@@ -33,6 +33,11 @@ with no value row: gpt-oss; the LSE includes it). ``1x32/8x16384:w4096`` is Mist
 ``1x16/8x8192:d256:w4096:cap50`` a Gemma-2 local layer, ``1x64/8x8192:d64:w128:sinks`` a gpt-oss
 windowed layer. They print after the mask, in that order. The window's width, the cap and the
 sinks' values are run-time; that a kernel has them at all is its ``ProblemClass``.
+
+``:pP`` puts K and V in a paged cache of P-row pages read through a block table (issue 37,
+tuner.paging): ``4x32/8x2048:k8192:p64`` is four sequences of 2048 new queries over 8192 cached
+keys each, in pages of 64 rows; ``32/8x[2048:8192,512:4096]:p16`` a packed batch over pages.
+Queries stay dense (fixed) or packed (varlen).
 
 The layout (``Problem.layout``) is where q, k and v live in memory, as inference hands them over
 (issue 34); the kernel and the peers read them there through strides, O stays dense BSHD:
@@ -66,8 +71,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from tuner.errors import ShapeError
+from tuner.paging import PageLayout, page_layout, page_size_problem
 from tuner.problem_text import (  # noqa: F401 - the grammar's names, as importers know them
     DEFAULT_HEAD_DIM,
     DEFAULT_LAYOUT,
@@ -109,6 +116,12 @@ def _pairs2(sq: int, sk: int, causal: bool, window: int = NO_WINDOW) -> int:
     if causal:  # rows with a >= 0 only (causal problems have s_k >= s_q): a + 1 keys
         return 2 * ((lo + hi + 2) * sq // 2 - left_cut)
     return 2 * (sq * sk - left_cut)
+
+
+@lru_cache(maxsize=64)  # every view and buffer of a paged problem asks for its layout
+def _page_layout(lens: tuple[int, ...], starts: tuple[int, ...], page_size: int,
+                 name: str) -> PageLayout:
+    return page_layout(lens, starts, page_size, name)
 
 
 def _is_count(v: object) -> bool:
@@ -157,11 +170,15 @@ class Problem:
     #                          FA's window_size[0] + 1; NO_WINDOW: every key
     softcap: float = 0.0     # logit softcap: scores become cap * tanh(s / cap); 0: none
     sinks: bool = False      # a learnable logit per query head joins each row's softmax
+    # A paged KV cache (issue 37, tuner.paging): K and V in pages of this many rows, read
+    # through a block table; 0: K and V are tensors of their own (the layout's).
+    page_size: int = 0
 
     @classmethod
     def varlen(cls, seqlens: Iterable[int], Hq: int, Hkv: int = 0, D: int = DEFAULT_HEAD_DIM,
                causal: bool = True, seqlens_k: Iterable[int] | None = None,
-               window: int = NO_WINDOW, softcap: float = 0.0, sinks: bool = False) -> Problem:
+               window: int = NO_WINDOW, softcap: float = 0.0, sinks: bool = False,
+               page_size: int = 0) -> Problem:
         """A packed batch of these query lengths (0 allowed; at least one query in all) over
         these key lengths (None: the same)."""
         lens = tuple(seqlens)
@@ -179,7 +196,7 @@ class Problem:
                              f"{len(lens_k)} key lengths for {len(lens)} sequences")
         return cls(len(lens), Hq, max(max(lens), 1), Hkv=Hkv, D=D, causal=causal, seqlens=lens,
                    Sk=max(max(lens_k), 1), seqlens_k=lens_k, window=window, softcap=softcap,
-                   sinks=sinks)
+                   sinks=sinks, page_size=page_size)
 
     def __post_init__(self) -> None:
         for name in ("B", "Hq", "S", "D"):
@@ -270,6 +287,14 @@ class Problem:
         if self.layout not in LAYOUTS:
             raise ShapeError(f"problem layout {self.layout!r} is not one of "
                              f"{', '.join(LAYOUTS)} (the default, bshd, is dense tensors)")
+        if not _is_count(self.page_size) or self.page_size < 0:
+            raise ShapeError(f"problem page_size must be a number of rows, or 0 for no pages "
+                             f"(got {self.page_size!r})")
+        if self.page_size and (why := page_size_problem(self.page_size)):
+            raise ShapeError(f"problem {self}: {why}")
+        if self.page_size and self.layout != DEFAULT_LAYOUT:
+            raise ShapeError(f"problem {self}: a paged KV cache has its own layout; drop "
+                             f":{self.layout}")
         if self.layout == DEFAULT_LAYOUT:
             return
         if self.seqlens:
@@ -294,6 +319,27 @@ class Problem:
     @property
     def is_varlen(self) -> bool:
         return bool(self.seqlens)
+
+    @property
+    def is_paged(self) -> bool:
+        return self.page_size > 0
+
+    @property
+    def device_scheduled(self) -> bool:
+        """Whether the kernel builds its schedule on the device (a packed batch, or pages: the
+        per-sequence key lengths and the block table are device metadata)."""
+        return self.is_varlen or self.is_paged
+
+    @property
+    def pages(self) -> PageLayout:
+        """A paged problem's pages and block table (tuner.paging), over the dense keys of
+        ``as_fixed``."""
+        if not self.page_size:
+            raise ValueError(f"problem {self} has no paged KV cache")
+        lens = self.seqlens_k if self.seqlens else (self.Sk,) * self.B
+        starts = (tuple(self.cu_seqlens_k()[:-1]) if self.seqlens
+                  else tuple(b * self.Sk for b in range(self.B)))
+        return _page_layout(lens, starts, self.page_size, str(self))
 
     @property
     def S_q(self) -> int:  # noqa: N802 - the ABI's and FlashAttention's name
@@ -362,6 +408,11 @@ class Problem:
             width = (m.Hq + 2 * m.Hkv) * m.D
             offset = {"q": 0, "k": m.Hq * m.D, "v": (m.Hq + m.Hkv) * m.D}[name]
             return TensorView("qkv", offset, dims, (rows * width, width, m.D))
+        if self.page_size and name in ("k", "v"):
+            # [num_pages, page_size, Hkv, D]: batch stride = one page, read through the table.
+            n = self.pages.num_pages
+            return TensorView(f"{name}_pages", 0, (n, self.page_size, heads, m.D),
+                              (self.page_size * heads * m.D, heads * m.D, m.D))
         if self.layout == "bhsd" and name in ("k", "v"):
             # [B, Hkv, S_k, D] memory read as [B, S_k, Hkv, D]: sequence stride D, head S_k*D.
             return TensorView(f"{name}_cache", 0, dims, (heads * rows * m.D, m.D, rows * m.D))
@@ -369,7 +420,11 @@ class Problem:
 
     def layout_buffers(self) -> dict[str, int]:
         """The buffers this layout needs beside the dense q, k, v, o (name -> BF16 elements):
-        none for bshd; {"qkv"} for qkv; {"k_cache", "v_cache"} for bhsd."""
+        none for bshd; {"qkv"} for qkv; {"k_cache", "v_cache"} for bhsd; {"k_pages",
+        "v_pages"} for a paged KV cache."""
+        if self.page_size:
+            n = self.pages.num_pages * self.page_size * self.Hkv * self.D
+            return {"k_pages": n, "v_pages": n}
         if self.layout == "qkv":
             return {"qkv": self.B * self.S * (self.Hq + 2 * self.Hkv) * self.D}
         if self.layout == "bhsd":
@@ -381,8 +436,8 @@ class Problem:
     def problem_class(self) -> ProblemClass:
         """The compile-time part (head dim, mask; varlen needs the packed-sequence kernel too):
         which kernel library can run it. S_q < S_k is a run-time value: no class of its own."""
-        return ProblemClass(self.D, self.causal, self.is_varlen, window=self.window > 0,
-                            softcap=self.softcap > 0, sinks=self.sinks)
+        return ProblemClass(self.D, self.causal, self.device_scheduled, window=self.window > 0,
+                            softcap=self.softcap > 0, sinks=self.sinks, paged=self.is_paged)
 
     @property
     def kind(self) -> str:
@@ -404,7 +459,8 @@ class Problem:
             raise ShapeError(f"problem '{text}': Hkv must be a positive integer (got {hkv})")
         o = parse_options(opts, str(text))
         d, causal, sk, layout = o.d, o.causal, o.sk, o.layout
-        masks = {"window": o.window, "softcap": o.softcap, "sinks": o.sinks}
+        masks = {"window": o.window, "softcap": o.softcap, "sinks": o.sinks,
+                 "page_size": o.page_size}
         if v:
             if sk:
                 raise ShapeError(f"malformed problem '{text}': :k is for fixed-length problems; "
@@ -430,7 +486,8 @@ class Problem:
             text += f":d{self.D}"
         if not self.causal:
             text += ":full"
-        return text + self.masks_text + (f":{self.layout}" if self.layout != DEFAULT_LAYOUT else "")
+        return (text + self.masks_text + (f":p{self.page_size}" if self.page_size else "")
+                + (f":{self.layout}" if self.layout != DEFAULT_LAYOUT else ""))
 
     @property
     def masks_text(self) -> str:
@@ -475,6 +532,8 @@ class Problem:
             out["softcap"] = self.softcap
         if self.sinks:
             out["sinks"] = True
+        if self.page_size:
+            out["page_size"] = self.page_size
         return out
 
     @classmethod
@@ -483,7 +542,7 @@ class Problem:
         kw = {"Hkv": int(d.get("Hkv") or 0), "D": int(d.get("D", DEFAULT_HEAD_DIM)),
               "causal": bool(d.get("causal", True)),
               "window": int(d.get("window", NO_WINDOW)), "softcap": float(d.get("softcap", 0.0)),
-              "sinks": bool(d.get("sinks", False))}
+              "sinks": bool(d.get("sinks", False)), "page_size": int(d.get("page_size", 0))}
         if d.get("seqlens"):
             ks = d.get("seqlens_k")
             return cls.varlen([int(x) for x in d["seqlens"]], int(hq), **kw,
@@ -511,16 +570,20 @@ class ProblemClass:
     # Attention sinks: one more term in each row's denominator; a sinks library also runs
     # problems without (no sinks tensor: the term is 0).
     sinks: bool = False
+    # A paged KV cache: the device-scheduled kernel reads K and V through a block table (its
+    # producer looks each tile's page up), so a paged library's varlen kernel is paged only.
+    paged: bool = False
 
     def __str__(self) -> str:
-        extras = [name for name in ("varlen", "window", "softcap", "sinks") if getattr(self, name)]
+        extras = [name for name in ("varlen", "window", "softcap", "sinks", "paged")
+                  if getattr(self, name)]
         return (f"D {self.head_dim}, {'causal' if self.causal else 'non-causal'}"
                 + "".join(f", with {x}" for x in extras))
 
     def to_dict(self) -> dict:
         out: dict = {"head_dim": self.head_dim, "causal": self.causal}
         # Only those set: the stored classes of studies from before them stay as they were.
-        for name in ("varlen", "window", "softcap", "sinks"):
+        for name in ("varlen", "window", "softcap", "sinks", "paged"):
             if getattr(self, name):
                 out[name] = True
         return out
@@ -529,7 +592,8 @@ class ProblemClass:
     def from_dict(cls, d: dict) -> ProblemClass:
         return cls(int(d.get("head_dim", DEFAULT_HEAD_DIM)), bool(d.get("causal", True)),
                    bool(d.get("varlen", False)), bool(d.get("window", False)),
-                   bool(d.get("softcap", False)), bool(d.get("sinks", False)))
+                   bool(d.get("softcap", False)), bool(d.get("sinks", False)),
+                   bool(d.get("paged", False)))
 
     def serves(self, p: Problem, varlen: bool = True) -> str:
         """Why this class's library cannot run problem p ('' when it can); varlen=False leaves
@@ -538,11 +602,15 @@ class ProblemClass:
             return f"it is built for head dim {self.head_dim}, the problem has D {p.D}"
         if p.causal != self.causal:
             return f"it is built for the {'causal' if self.causal else 'non-causal'} mask"
-        missing = [name for name, need in (("varlen", varlen and p.is_varlen),
-                                           ("window", p.window > 0), ("sinks", p.sinks))
+        missing = [name for name, need in (("varlen", varlen and p.device_scheduled),
+                                           ("window", p.window > 0), ("sinks", p.sinks),
+                                           ("paged", p.is_paged))
                    if need and not getattr(self, name)]
         if missing:
             return f"it is built without {' and '.join(missing)} (the problem needs them)"
+        if self.paged and p.is_varlen and not p.is_paged:
+            return ("its device-scheduled kernel reads a paged KV cache, the problem's K and V "
+                    "are packed tensors")
         if (p.softcap > 0) != self.softcap:
             return ("it is built with softcapping, the problem has no cap" if self.softcap
                     else "it is built without softcapping, the problem has a cap")

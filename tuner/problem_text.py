@@ -26,7 +26,8 @@ MAX_SEQS = 65535  # sequences in one varlen batch (the device-side schedule's bo
 SYNTAX = ("write BxHq[/Hkv]xS[:dD][:full] (:kSK for S queries over SK keys; :wW for a sliding "
            "window of W keys (a query's own and the W-1 before it), :capC for logit softcapping "
            "at C, :sinks for attention sinks; :qkv or :bhsd for q, k, v laid out as one fused "
-           "QKV tensor or k, v as a [B, H, S, D] cache), e.g. 4x32x8192, 1x32/8x8192, "
+           "QKV tensor or k, v as a [B, H, S, D] cache; :pP for k, v in a paged cache of P-row "
+           "pages), e.g. 4x32x8192, 1x32/8x8192, "
            "1x32/8x2048:k8192, 4x16x8192:d256, 4x32x8192:full, 1x32/8x16384:w4096, "
            "1x16/8x8192:d256:cap50, 1x64/8x8192:d64:w128:sinks, "
            "1x32/8x8192:qkv; or a packed varlen batch Hq[/Hkv]x[q[:k],q[:k]*count,...], e.g. "
@@ -96,11 +97,12 @@ class Options:
     window: int = NO_WINDOW
     softcap: float = 0.0
     sinks: bool = False
+    page_size: int = 0
 
 
 def parse_options(opts: str, text: str) -> Options:
     d, causal, sk, layout = DEFAULT_HEAD_DIM, True, 0, DEFAULT_LAYOUT
-    window, softcap, sinks = NO_WINDOW, 0.0, False
+    window, softcap, sinks, page_size = NO_WINDOW, 0.0, False, 0
     for opt in (o.strip().lower() for o in opts.split(":") if o.strip()):
         if opt in LAYOUTS:
             if layout != DEFAULT_LAYOUT and opt != layout:
@@ -125,6 +127,11 @@ def parse_options(opts: str, text: str) -> Options:
             if window < 1:
                 raise ShapeError(f"malformed problem '{text}': the window :w{window} must be "
                                  ">= 1 key (leave :w out for no window)")
+        elif re.fullmatch(r"p\d+", opt):
+            page_size = int(opt[1:])
+            if page_size < 1:
+                raise ShapeError(f"malformed problem '{text}': the page size :p{page_size} must "
+                                 "be >= 1 row (leave :p out for K and V without pages)")
         elif re.fullmatch(r"cap\d+(\.\d*)?", opt):
             softcap = float(opt[3:])
             if not softcap > 0:
@@ -135,7 +142,7 @@ def parse_options(opts: str, text: str) -> Options:
                 f"malformed problem '{text}': unknown option ':{opt}' (use :dD for the head "
                 "dim, e.g. :d64, :full for a non-causal mask, :kSK for the key length, e.g. "
                 ":k8192, :wW for a sliding window, e.g. :w4096, :capC for logit softcapping, "
-                "e.g. :cap50, :sinks for attention sinks, and :qkv or :bhsd for the memory "
-                "layout)"
+                "e.g. :cap50, :sinks for attention sinks, :pP for a paged KV cache of P-row "
+                "pages, e.g. :p64, and :qkv or :bhsd for the memory layout)"
             )
-    return Options(d, causal, sk, layout, window, softcap, sinks)
+    return Options(d, causal, sk, layout, window, softcap, sinks, page_size)

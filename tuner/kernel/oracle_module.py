@@ -236,11 +236,34 @@ class OracleModule:
     def mirror_inputs(self, bufs: AttnBuffers, stream: Stream | int | None) -> None:
         """Copy the dense Q, K, V of ``bufs`` into its layout buffers (``bufs.mirrored()``: none
         for dense BSHD), so launchables reading the layout's views see the generated inputs."""
+        p = bufs.shape
+        if getattr(p, "page_size", 0):
+            self._mirror_pages(bufs, stream)
+            return
         for name, tv in bufs.mirrored():
             src_strides = dense_strides(*tv.dims[1:])  # the generated tensor: dense BSHD
             dst = bufs.layout_bufs[tv.buffer].ptr + tv.offset * BF16_BYTES
             self.copy_bf16_4d(getattr(bufs, name).ptr, dst, tv.dims, (*src_strides, 1),
                               (*tv.strides, 1), stream)
+
+    def _mirror_pages(self, bufs: AttnBuffers, stream: Stream | int | None) -> None:
+        """A paged problem (tuner.paging): the shared pages' rows over the sharing sequences'
+        dense rows first (so the references read the keys the pages hold), then each page from
+        its dense rows. One 4-D copy per page: the pages are in random order."""
+        p = bufs.shape
+        pages = p.pages
+        row = p.Hkv * p.D  # elements per key row of the dense K / V and of a page
+        strides = (row * pages.page_size, row, p.D, 1)
+        for name in ("k", "v"):
+            src = getattr(bufs, name).ptr
+            for a, b, rows in pages.shared:
+                self.copy_bf16_4d(src + a * row * BF16_BYTES, src + b * row * BF16_BYTES,
+                                  (1, rows, p.Hkv, p.D), strides, strides, stream)
+            dst = bufs.layout_bufs[f"{name}_pages"].ptr
+            for c in pages.copies:
+                self.copy_bf16_4d(src + c.src_row * row * BF16_BYTES,
+                                  dst + c.page * pages.page_size * row * BF16_BYTES,
+                                  (1, c.rows, p.Hkv, p.D), strides, strides, stream)
 
     def f32_to_bf16(self, src: int, dst: int, n: int, stream: Stream | int | None) -> None:
         self._ok(self._f32_to_bf16(src, dst, n, stream_handle(stream) or None), "f32_to_bf16")

@@ -547,7 +547,9 @@ class AttnBuffers(BufferGroup):
     of LSE. A packed varlen batch: Q/O [total_q, Hq, D], K/V [total_k, Hkv, D], LSE [Hq, total_q]
     (problem_dims), and ``cu_q`` / ``cu_k``, its cu_seqlens_q / cu_seqlens_k (int32, num_seqs +
     1 each) on the device; both are None otherwise (``cu`` is ``cu_q``). A problem with
-    attention sinks also has ``sinks`` (FP32 [Hq]); None otherwise.
+    attention sinks also has ``sinks`` (FP32 [Hq]); None otherwise. A paged problem has its
+    ``block_table`` ([B, max_pages] int32) and ``seqused_k`` ([B] int32) on the device, and its
+    pages as the layout buffers "k_pages" and "v_pages"; None otherwise.
 
     A problem with another layout than dense BSHD (``Problem.layout``) also gets that layout's
     buffers (``layout_bufs``: "qkv", or "k_cache" and "v_cache"). The generators, the FP32
@@ -574,6 +576,17 @@ class AttnBuffers(BufferGroup):
                 self.cu_q.copy_from_host(np.asarray(self.shape.cu_seqlens(), dtype=np.int32))
                 self.cu_k = self._alloc(4 * (self.shape.B + 1))
                 self.cu_k.copy_from_host(np.asarray(self.shape.cu_seqlens_k(), dtype=np.int32))
+            # A paged KV cache: the block table and every sequence's key count (the pages
+            # themselves are layout buffers; tuner.paging).
+            self.block_table: DeviceBuffer | None = None
+            self.seqused_k: DeviceBuffer | None = None
+            if self.shape.is_paged:
+                table = self.shape.pages.block_table
+                self.block_table = self._alloc(4 * table.size)
+                self.block_table.copy_from_host(table)
+                lens = self.shape.seqlens_k or (self.shape.Sk,) * self.shape.B
+                self.seqused_k = self._alloc(4 * self.shape.B)
+                self.seqused_k.copy_from_host(np.asarray(lens, dtype=np.int32))
             # Attention sinks: one FP32 logit per query head (the inputs' generator fills it).
             self.sinks: DeviceBuffer | None = (self._alloc(F32_BYTES * self.shape.Hq)
                                                if self.shape.sinks else None)
