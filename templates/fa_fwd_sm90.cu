@@ -1,7 +1,7 @@
 // fa-tune kernel template: FlashAttention forward, BF16, BSHD, sm_90a; MHA, GQA and MQA at run
 // time (Hkv); head dim 64/128/256, causal or not, whether the varlen (packed) kernel is built
-// too, and the models' masks ($${mask_members}: window, softcap, sinks, only those the class
-// has) at compile time (the problem class, not knobs).
+// too, and the models' masks and a paged KV cache ($${mask_members}: window, softcap, sinks,
+// paged, only those the class has) at compile time (the problem class, not knobs).
 // Rendered by tuner/kernel/build.py: $${config_members} becomes one static constexpr member per
 // knob, from KernelConfig's knob table (tuner/kernel/knobs.py, docs/ARCHITECTURE.md).
 // The kernel itself lives in cuda_src/fa_tune/; this unit only fixes its knobs.

@@ -1,6 +1,6 @@
 """A workload library without kernels, for fast CPU tests: the real generated dispatcher
 (tuner.ship.dispatcher_cpp.dispatcher_source, including cuda_src/fa_tune/fa_tune.h as an export
-includes include/fa_tune.h) linked with stub buckets that take the C ABI 4 argument struct and
+includes include/fa_tune.h) linked with stub buckets that take the C ABI argument struct and
 record it instead of launching. Builds in seconds (no kernel template); needs nvcc.
 
 The stubs: buckets 0 and 1 serve device metadata (cu_seqlens_q/k, seqused_k), buckets 2 and 3

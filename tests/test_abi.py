@@ -45,7 +45,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict:
                      for b, name in zip(abi.BAD_METADATA, (
                          "FA_TUNE_BAD_CU_SEQLENS_Q", "FA_TUNE_BAD_CU_SEQLENS_K",
                          "FA_TUNE_BAD_SEQUSED_K", "FA_TUNE_BAD_MAX_SEQLEN_Q",
-                         "FA_TUNE_BAD_MAX_SEQLEN_K"), strict=True))
+                         "FA_TUNE_BAD_MAX_SEQLEN_K", "FA_TUNE_BAD_BLOCK_TABLE"), strict=True))
     src = tmp / "abi.c"
     src.write_text(f"""\
 #include <stddef.h>

@@ -1,5 +1,5 @@
 """Dispatch tables (round trip, selection by query and key length, consistency), bucket config
-sources (presets, files, studies), the generated dispatcher on C ABI 4 (compiled with stub
+sources (presets, files, studies), the generated dispatcher on the C ABI (compiled with stub
 buckets that record the argument struct: no kernel, a few seconds), and `fa-tune export
 --workload` (sources only here; tests/test_workload_export.py builds kernels)."""
 
@@ -324,7 +324,8 @@ def test_dispatcher_refuses_another_abi_in_one_line(stub) -> None:
         assert lib.fa_tune_forward(ctypes.byref(a), None) == 1  # cudaErrorInvalidValue
         err = lib.fa_tune_last_error().decode()
         assert err.startswith(f"args of C ABI {a.abi_version} ({a.struct_bytes} bytes); this "
-                              f"library speaks C ABI 4 ({ctypes.sizeof(abi.Args)} bytes): "
+                              f"library speaks C ABI {abi.ABI_VERSION} "
+                              f"({ctypes.sizeof(abi.Args)} bytes): "
                               "rebuild the caller") and "\n" not in err
         assert lib.fa_tune_bucket_for(ctypes.byref(a)) == -1
         assert lib.fa_tune_workspace_bytes(ctypes.byref(a)) == 0

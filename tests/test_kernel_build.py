@@ -150,7 +150,8 @@ def test_varlen_class_compiles_both_kernels_clean(preset: str, head_dim: int, ca
     lib.fa_tune_problem_class.restype = ctypes.c_char_p
     assert json.loads(lib.fa_tune_problem_class()) == {"head_dim": head_dim, "causal": causal,
                                                        "varlen": True, "window": False,
-                                                       "softcap": False, "sinks": False}
+                                                       "softcap": False, "sinks": False,
+                                                       "paged": False}
     from tuner.kernel.runtime import abi  # the one mirror of fa_tune.h (no torch needed)
 
     fns = abi.bind(lib)
@@ -293,3 +294,26 @@ def test_the_models_masks_compile_clean(art: Artifact) -> None:
     assert "static constexpr bool window = true;" in src
     plain = build.render(art.config, pclass=ProblemClass(art.pclass.head_dim, True, True))
     assert "constexpr bool window" not in plain and "constexpr bool sinks" not in plain
+
+
+# A paged KV cache (issue 37): the device-scheduled kernel's producer reads each tile's pages
+# through the block table (the fixed-length kernel stays as it was); with the masks too, at D 64.
+PAGED = Artifact(load_preset("default"), ProblemClass(128, True, True, paged=True))
+PAGED_MASKS = Artifact(load_preset("d64-sumpv"), ProblemClass(64, True, True, window=True,
+                                                              sinks=True, paged=True))
+
+
+@pytest.mark.builds(PAGED, PAGED_MASKS)
+@pytest.mark.parametrize("art", [PAGED, PAGED_MASKS], ids=["default", "d64-sumpv-masks"])
+def test_a_paged_class_compiles_clean(art: Artifact) -> None:
+    import ctypes
+    import json
+
+    r = build.build_config(art.config, pclass=art.pclass)
+    assert r.unfit is None, r.unfit  # no local memory, wgmma not serialized
+    assert r.sass["has_hgmma"]
+    assert "static constexpr bool paged = true;" in build.render(art.config, pclass=art.pclass)
+    lib = ctypes.CDLL(r.so_path)
+    lib.fa_tune_problem_class.restype = ctypes.c_char_p
+    got = json.loads(lib.fa_tune_problem_class())
+    assert got["paged"] is True and got["varlen"] is True

@@ -116,7 +116,7 @@ def _bufs(shape: Any) -> SimpleNamespace:
     return b
 
 
-def test_kernel_module_binds_abi_4(fake_so: Path) -> None:
+def test_kernel_module_binds_abi_5(fake_so: Path) -> None:
     km = _module(fake_so)
     writes = fake_so.stem.endswith("true")
     assert km.config["block_m"] == 128
@@ -127,7 +127,7 @@ def test_kernel_module_binds_abi_4(fake_so: Path) -> None:
     shape = SimpleNamespace(B=2, H=3, S=256)
     assert km.prepare(shape, None) == pytest.approx(3.5)
     a, _ = _last(km)
-    assert (a.abi_version, a.struct_bytes) == (4, ctypes.sizeof(R.abi.Args))
+    assert (a.abi_version, a.struct_bytes) == (5, ctypes.sizeof(R.abi.Args))
     assert (a.batch, a.heads_q, a.heads_kv, a.seqlen_q, a.seqlen_k) == (2, 3, 3, 256, 256)
     km.forward(_bufs(shape), 0xABC)  # type: ignore[arg-type]
     a, stream = _last(km)
@@ -139,7 +139,7 @@ def test_kernel_module_binds_abi_4(fake_so: Path) -> None:
     assert (a.seqlen_q, a.seqlen_k, a.total_q, a.total_k) == (256, 256, 0, 0)
     assert not (a.cu_seqlens_q or a.cu_seqlens_k or a.seqused_k or a.status or a.workspace)
     assert a.softmax_scale == 0.0  # 0: 1/sqrt(D)
-    assert (a.window, a.softcap, a.sinks) == (0, 0.0, None)  # ABI 4: no masks asked for
+    assert (a.window, a.softcap, a.sinks) == (0, 0.0, None)  # no masks asked for
     km.forward(_bufs(shape), None, write_lse=True, softmax_scale=0.125)  # type: ignore[arg-type]
     a, stream = _last(km)
     assert a.lse == 0x5000 and stream == 0 and a.softmax_scale == 0.125
@@ -250,6 +250,37 @@ def test_kernel_module_varlen_call(fake_so: Path) -> None:
     km.check_status()  # nothing rejected
 
 
+@pytest.mark.parametrize("text", ["4x32/8x2048:k8192:p64", "32/8x[2048:8192,0:100,1:17]:p16"])
+def test_kernel_module_paged_call(tmp_path: Path, text: str) -> None:
+    """A paged problem (issue 37): k and v are the pages ([num_pages, page_size, Hkv, D], the
+    page stride as batch stride), the block table and its shape, each sequence's key count as
+    seqused_k, no cu_seqlens_k (a packed batch keeps its cu_seqlens_q); device-scheduled."""
+    from tuner.problem import Problem
+
+    so = _build_fake(tmp_path / "paged.so", 'FAKE_WRITE_LSE="true"',
+                     'FAKE_MASKS=",\\"paged\\":true"')
+    km = _module(so)
+    assert km.problem_class.paged and km.problem_class.varlen
+    p = Problem.parse(text)
+    assert km.unsupported(p) is None
+    bufs = _bufs(p)
+    bufs.layout_bufs = {"k_pages": _ptr(0xA000), "v_pages": _ptr(0xB000)}
+    bufs.block_table, bufs.seqused_k = _ptr(0xC000), _ptr(0xD000)
+    km.forward(bufs, None)  # type: ignore[arg-type]
+    a, _ = _last(km)
+    pages = p.pages
+    assert (a.k, a.v, a.block_table, a.seqused_k) == (0xA000, 0xB000, 0xC000, 0xD000)
+    assert list(a.k_stride) == [p.page_size * 8 * 128, 8 * 128, 128]
+    assert (a.page_size, a.num_pages, a.max_pages, a.block_table_stride) == (
+        p.page_size, pages.num_pages, pages.max_pages, pages.max_pages)
+    assert a.cu_seqlens_k is None and (a.cu_seqlens_q is not None) == p.is_varlen
+    assert a.seqlen_k == 8192 and km.status is not None and a.status == km.status.ptr
+    assert km.prepare(p, None) == 0.0  # the schedule is built on the device
+    plain = _module(_build_fake(tmp_path / "plain.so", 'FAKE_WRITE_LSE="true"'))
+    why = plain.unsupported(p)
+    assert why is not None and "without paged" in why and "\n" not in why
+
+
 def test_kernel_module_check_status_reports_rejected_metadata(fake_so: Path) -> None:
     from tuner.problem import Problem
 
@@ -298,9 +329,10 @@ def test_kernel_module_refuses_other_abis_in_one_line(tmp_path: Path) -> None:
     for name, text, needle in (
             ("empty", "int nothing(void) { return 0; }\n", "predates the fa-tune C ABI"),
             ("abi2", "int fa_tune_abi_version(void) { return 2; }\n",
-             "speaks fa-tune C ABI 2, this binding speaks 4: rebuild or re-export"),
+             f"speaks fa-tune C ABI 2, this binding speaks {R.abi.ABI_VERSION}: rebuild or "
+             "re-export"),
             ("abi9", "int fa_tune_abi_version(void) { return 9; }\n", "update fa_tune_ops"),
-            ("abi4", "int fa_tune_abi_version(void) { return 4; }\n",
+            ("current", f"int fa_tune_abi_version(void) {{ return {R.abi.ABI_VERSION}; }}\n",
              "does not export fa_tune_forward(): not a fa-tune build")):
         with pytest.raises(FaTuneError) as ei:
             R.KernelModule(lib(name, text))
@@ -428,7 +460,7 @@ def test_runtime_loads_the_abi_mirror_without_torch() -> None:
     """tuner.kernel.runtime binds through tuner/ship/fa_tune_ops/abi.py without running its
     package's __init__ (torch, the op): a tuner without torch still loads kernel libraries."""
     code = ("import sys; import tuner.kernel.runtime as R; "
-            "assert R.abi.ABI_VERSION == 4 and R.abi.Args.__name__ == 'Args'; "
+            "assert R.abi.ABI_VERSION == 5 and R.abi.Args.__name__ == 'Args'; "
             "assert 'torch' not in sys.modules and 'tuner.ship.fa_tune_ops.op' not in sys.modules; "
             "import importlib; m = importlib.import_module('tuner.ship.fa_tune_ops.abi'); "
             "assert m is R.abi")

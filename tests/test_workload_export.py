@@ -1,6 +1,6 @@
 """`fa-tune export --workload` for real: its build.sh compiles two bucket kernels for sm_90a and
 links them behind the dispatcher (about a minute on 2 cores); the library exports the fa_tune_
-C ABI 4 plus each bucket's prefixed one and answers host-only calls without a GPU; the shipped
+C ABI plus each bucket's prefixed one and answers host-only calls without a GPU; the shipped
 Python package imports from the folder and finds the library."""
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ struct HeadDimOf<Cfg, std::void_t<decltype(Cfg::head_dim)>>
 FA_TUNE_CLASS_FLAG(WindowOf, window)
 FA_TUNE_CLASS_FLAG(SoftcapOf, softcap)
 FA_TUNE_CLASS_FLAG(SinksOf, sinks)
+FA_TUNE_CLASS_FLAG(PagedOf, paged)
 #undef FA_TUNE_CLASS_FLAG
 
 // Compile-time facts derived from a Config; every piece takes `Derived<Config>`.
@@ -68,6 +69,9 @@ struct Derived {
   static constexpr bool kWindow = WindowOf<Cfg>::value;
   static constexpr bool kSoftcap = SoftcapOf<Cfg>::value;
   static constexpr bool kSinks = SinksOf<Cfg>::value;
+  // A paged KV cache: the device-scheduled kernel reads K and V through a block table (the
+  // fixed-length kernel of the same library stays unpaged).
+  static constexpr bool kPaged = PagedOf<Cfg>::value;
   // TMA moves 64 BF16 head-dim columns per box (128 bytes, the swizzle's span): D / 64 boxes.
   static constexpr int kDBoxes = kHeadDim / 64;
   static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head_dim: 64, 128 or 256");
@@ -136,6 +140,9 @@ struct Derived {
   static constexpr int kKVBoxRows = kBlockN / kKVRowSlices;
   static_assert(kKVBoxRows * kKVRowSlices == kBlockN && kKVBoxRows % 8 == 0,
                 "block_n must split into row slices of a multiple of 8 rows per cluster CTA");
+  // A paged cache's TMA boxes: a page's rows, at most the largest power of two dividing a slice
+  // (block_n 80: 16), so no box straddles two pages (pages are powers of two; producer.cuh).
+  static constexpr int kPageBoxRowsMax = kKVBoxRows & -kKVBoxRows;
 
   static constexpr int kQBytes = kBlockM * kHeadDim * 2;
   static constexpr int kKVTileBytes = kBlockN * kHeadDim * 2;

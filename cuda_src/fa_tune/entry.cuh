@@ -47,7 +47,8 @@ FA_TUNE_API const char* FA_TUNE_FN(problem_class)(void) {
       (D::kCausal ? "true" : "false") + ",\"varlen\":" +
       (fa_tune::Launcher<Config>::kHasVarlen ? "true" : "false") + ",\"window\":" +
       (D::kWindow ? "true" : "false") + ",\"softcap\":" + (D::kSoftcap ? "true" : "false") +
-      ",\"sinks\":" + (D::kSinks ? "true" : "false") + "}";
+      ",\"sinks\":" + (D::kSinks ? "true" : "false") + ",\"paged\":" +
+      (D::kPaged ? "true" : "false") + "}";
   return json.c_str();
 }
 

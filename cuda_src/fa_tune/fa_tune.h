@@ -13,10 +13,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// 4: the models' masks (window, softcap, sinks). 3: one argument struct (strides, S_q !=
+// 5: a paged KV cache (block_table, page_size, num_pages). 4: the models' masks (window,
+// softcap, sinks). 3: one argument struct (strides, S_q !=
 // S_k, cu_seqlens_q/k, seqused_k, a metadata status). 2: positional arguments with Hkv and the
 // softmax scale. 1: B, H, S only.
-#define FA_TUNE_ABI_VERSION 4
+#define FA_TUNE_ABI_VERSION 5
 
 #ifndef FA_TUNE_API
 #define FA_TUNE_API __attribute__((visibility("default")))
@@ -59,6 +60,18 @@ extern "C" {
 //     softmax (Gemma-2); 0: none. A softcap library needs one > 0, any other library 0.
 //   sinks: float32 [heads_q] on the device, one logit per query head joining each of its rows'
 //     softmax denominators (exp(sink)) with no value (gpt-oss); lse includes it. NULL: none.
+//
+// A paged KV cache (block_table not NULL; a library built for it: "paged" in
+// fa_tune_problem_class()): k and v are [num_pages, page_size, heads_kv, D] (k_stride[0] /
+// v_stride[0] the page stride) and sequence b's key j is row j % page_size of page
+// block_table[b * block_table_stride + j / page_size] (vLLM's and FA3's page_table). A call
+// with a block table is device-scheduled: seqused_k gives each sequence's key count (NULL:
+// seqlen_k each), q is fixed length or packed by cu_seqlens_q, and cu_seqlens_k must be NULL.
+// page_size is a power of two from 8 to 4096. Table entries a sequence's keys need (the first
+// ceil(keys / page_size) of its row, at most max_pages) must lie in 0 .. num_pages - 1; others
+// are never read. Rows of a sequence's last page past its keys must hold finite values (they
+// are read, and masked). A table that breaks these rules is caught on the device as bad
+// metadata is (FA_TUNE_BAD_BLOCK_TABLE).
 typedef struct fa_tune_args {
   int32_t abi_version;   // FA_TUNE_ABI_VERSION
   int32_t struct_bytes;  // sizeof(fa_tune_args)
@@ -89,6 +102,11 @@ typedef struct fa_tune_args {
   int32_t window;               // sliding window in keys; 0: none
   float softcap;                // 0: none
   const float* sinks;           // or NULL
+  const int32_t* block_table;   // [batch, block_table_stride] int32 on the device, or NULL
+  int32_t block_table_stride;   // elements between two sequences' rows of the table
+  int32_t max_pages;            // entries per row a sequence may use (its row's length)
+  int32_t page_size;            // rows per page
+  int32_t num_pages;            // pages in k and v
 } fa_tune_args;
 
 // status[0] bits: what was wrong with a call's device metadata.
@@ -97,6 +115,8 @@ typedef struct fa_tune_args {
 #define FA_TUNE_BAD_SEQUSED_K 4     // negative, or more keys than the sequence holds
 #define FA_TUNE_BAD_MAX_SEQLEN_Q 8  // a query length above seqlen_q
 #define FA_TUNE_BAD_MAX_SEQLEN_K 16 // a key length above seqlen_k
+#define FA_TUNE_BAD_BLOCK_TABLE 32  // an entry outside 0 .. num_pages - 1, or more pages than
+                                    // max_pages for a sequence's keys
 
 FA_TUNE_API int fa_tune_abi_version(void);  // FA_TUNE_ABI_VERSION
 FA_TUNE_API int fa_tune_forward(const fa_tune_args* args, cudaStream_t stream);
@@ -109,8 +129,9 @@ FA_TUNE_API int fa_tune_prepare(const fa_tune_args* args, double* host_ms);
 FA_TUNE_API size_t fa_tune_workspace_bytes(const fa_tune_args* args);
 FA_TUNE_API const char* fa_tune_last_error(void);   // this thread's last error
 FA_TUNE_API const char* fa_tune_config_json(void);  // the config(s) compiled in
-// {"head_dim":D,"causal":bool,"varlen":bool,"window":bool,"softcap":bool,"sinks":bool}: varlen =
-// device metadata is served; window, softcap, sinks: the models' masks it is built for.
+// {"head_dim":D,"causal":bool,"varlen":bool,"window":bool,"softcap":bool,"sinks":bool,
+// "paged":bool}: varlen = device metadata is served; window, softcap, sinks: the models' masks
+// it is built for; paged: its device-scheduled calls read a paged KV cache (and only those).
 FA_TUNE_API const char* fa_tune_problem_class(void);
 FA_TUNE_API int fa_tune_smem_bytes(void);  // dynamic shared memory per CTA (the largest)
 

@@ -57,7 +57,8 @@ struct Launcher {
 
   // Whether the call carries device metadata (and so runs on the device-side schedule).
   static bool device_scheduled(const fa_tune_args& a) {
-    return a.cu_seqlens_q != nullptr || a.cu_seqlens_k != nullptr || a.seqused_k != nullptr;
+    return a.cu_seqlens_q != nullptr || a.cu_seqlens_k != nullptr || a.seqused_k != nullptr ||
+           a.block_table != nullptr;
   }
 
   // Everything a call must satisfy before any CUDA work, in one line each.
@@ -96,8 +97,12 @@ struct Launcher {
     const char* dims[3] = {"batch", "sequence", "head"};
     for (int t = 0; t < 3; ++t) {
       for (int d = 0; d < 3; ++d) {
-        // A batch stride is unused by a packed tensor and a single batch entry: any value.
-        if (d == 0 && (B == 1 || (t == 0 ? a.cu_seqlens_q : a.cu_seqlens_k) != nullptr)) continue;
+        // A batch stride is unused by a packed tensor and a single batch entry: any value (a
+        // paged cache's k and v: it is the page stride, used with more than one page).
+        const bool paged = t > 0 && a.block_table != nullptr;
+        if (d == 0 && (paged ? a.num_pages == 1
+                             : B == 1 || (t == 0 ? a.cu_seqlens_q : a.cu_seqlens_k) != nullptr))
+          continue;
         const long long s = strides[t][d];
         if (s < 1 || s % 8 != 0 || s >= (1LL << 39))
           return fail(cudaErrorInvalidValue,
@@ -108,7 +113,47 @@ struct Launcher {
     }
     if (!(a.softmax_scale >= 0.f) || std::isinf(a.softmax_scale))
       return fail(cudaErrorInvalidValue, "softmax_scale must be finite and >= 0 (0: 1/sqrt(D))");
-    return check_masks(a);
+    if (cudaError_t e = check_masks(a); e != cudaSuccess) return e;
+    return check_pages(a);
+  }
+
+  // A paged KV cache's arguments (fa_tune.h); the table's entries are checked on the device.
+  static cudaError_t check_pages(const fa_tune_args& a) {
+    if (a.block_table == nullptr) {
+      if (T::kPaged && device_scheduled(a))
+        return fail(cudaErrorInvalidValue,
+                    "this library's device-scheduled kernel reads a paged KV cache: pass "
+                    "block_table (or use a library built without pages for cu_seqlens_k / "
+                    "seqused_k calls)");
+      return cudaSuccess;
+    }
+    if (!T::kPaged)
+      return fail(cudaErrorInvalidValue, "block_table given: this library is built without a "
+                                         "paged KV cache (build one for a :p problem class)");
+    if (a.cu_seqlens_k != nullptr)
+      return fail(cudaErrorInvalidValue, "cu_seqlens_k and block_table together: a paged "
+                                         "cache's key counts are seqused_k");
+    const int ps = a.page_size;
+    if (ps < 8 || ps > 4096 || (ps & (ps - 1)) != 0)
+      return fail(cudaErrorInvalidValue, "page_size " + str(ps) +
+                                             " must be a power of two from 8 to 4096 rows");
+    if (a.num_pages < 1 || a.max_pages < 1 || a.block_table_stride < a.max_pages)
+      return fail(cudaErrorInvalidValue,
+                  "num_pages (" + str(a.num_pages) + ") and max_pages (" + str(a.max_pages) +
+                      ") must be positive, and block_table_stride (" +
+                      str(a.block_table_stride) + ") at least max_pages");
+    if ((long long)a.max_pages * ps < a.seqlen_k)
+      return fail(cudaErrorInvalidValue,
+                  "seqlen_k " + str(a.seqlen_k) + " is more keys than max_pages x page_size = " +
+                      str((long long)a.max_pages * ps) + " (the table's row holds)");
+    if (reinterpret_cast<uintptr_t>(a.block_table) % 4 != 0)
+      return fail(cudaErrorInvalidValue, "block_table must be 4-byte aligned int32");
+    return cudaSuccess;
+  }
+
+  // Rows per TMA box of a paged cache (PageParams::box_rows).
+  static int page_box_rows(const fa_tune_args& a) {
+    return std::min(a.page_size, T::kPageBoxRowsMax);
   }
 
   // The models' masks against what the library is built for (fa_tune.h).
@@ -172,13 +217,20 @@ struct Launcher {
     const int H = a.heads_q, Hkv = a.heads_kv;
     const long long o_row = (long long)H * D;
     const TensorView q{a.q, qb, q_rows, H, {a.q_stride[0], a.q_stride[1], a.q_stride[2]}};
+    // A paged cache: one "batch entry" per page, of page_size rows, in boxes within a page.
+    const bool paged = a.block_table != nullptr;
+    if (paged) {
+      kb = a.num_pages;
+      k_rows = a.page_size;
+    }
+    const int kv_box = paged ? page_box_rows(a) : T::kKVBoxRows;
     const TensorView k{a.k, kb, k_rows, Hkv, {a.k_stride[0], a.k_stride[1], a.k_stride[2]}};
     const TensorView v{a.v, kb, k_rows, Hkv, {a.v_stride[0], a.v_stride[1], a.v_stride[2]}};
     const TensorView o{a.o, qb, q_rows, H, {q_rows * o_row, o_row, D}};
     cudaError_t e;
     if ((e = encode_view(&l.tma_q, q, D, T::kQBoxRows)) != cudaSuccess ||
-        (e = encode_view(&l.tma_k, k, D, T::kKVBoxRows)) != cudaSuccess ||
-        (e = encode_view(&l.tma_v, v, D, T::kKVBoxRows)) != cudaSuccess ||
+        (e = encode_view(&l.tma_k, k, D, kv_box)) != cudaSuccess ||
+        (e = encode_view(&l.tma_v, v, D, kv_box)) != cudaSuccess ||
         (e = encode_view(&p.store.tma_o, o, D, 64)) != cudaSuccess)
       return fail(e, "cuTensorMapEncodeTiled refused these tensors (q rows " + str(q_rows) +
                          ", k rows " + str(k_rows) + ")");
@@ -479,6 +531,11 @@ struct Launcher {
       meta.total_k = a.total_k;
       meta.max_q = a.seqlen_q;
       meta.max_k = a.seqlen_k;
+      meta.block_table = a.block_table;
+      meta.block_table_stride = a.block_table_stride;
+      meta.max_pages = a.max_pages;
+      meta.page_size = a.page_size;
+      meta.num_pages = a.num_pages;
       meta.status = a.status;
       meta.o = a.o;
       meta.lse = a.lse;
@@ -503,6 +560,12 @@ struct Launcher {
       p.store.lse = a.lse;
       p.store.o = a.o;
       set_scores(p, a);
+      if (a.block_table != nullptr) {
+        int shift = 0;
+        while ((1 << shift) < a.page_size) ++shift;
+        p.page = PageParams{a.block_table, a.block_table_stride, shift, page_box_rows(a),
+                            a.num_pages};
+      }
       if ((e = encode_maps(p, a, qb, q_rows(a), kb, k_rows(a))) != cudaSuccess) return e;
       int dev = 0, ctas = 0;
       if ((e = cudaGetDevice(&dev)) != cudaSuccess) return fail_cuda(e, "cudaGetDevice");

@@ -74,6 +74,30 @@ struct MaskParams {
                        // scale_log2 is cap x log2(e)
   const float* sinks;  // kSinks: [H] one logit per query head (natural log), or null: none
 };
+// A paged KV cache (issue 37), read only by a paged class's device-scheduled kernel: sequence
+// b's key j is row j & (page_size - 1) of page table[b * stride + (j >> shift)].
+struct PageParams {
+  const int* table;  // the block table
+  int stride;        // entries between two sequences' rows
+  int shift;         // log2(page_size)
+  int box_rows;      // rows per TMA box: min(page_size, Derived::kPageBoxRowsMax)
+  int num_pages;     // a page index past the pool: TMA reads its rows as zeros
+};
+
+// One task's row of the block table, as the producer's leader lane reads it.
+struct PageRow {
+  const int* pages;  // the sequence's table row
+  int count;         // pages its keys fill: entries past them are never read (a tile past the
+                     // last one reads zeros)
+  int shift;
+  int oob;
+
+  __device__ __forceinline__ int page_of(int key) const {
+    const int j = key >> shift;
+    return j < count ? __ldg(pages + j) : oob;
+  }
+};
+
 // A window library called without a window: wide enough that no key falls left of it, small
 // enough that row + off - kNoWindow cannot overflow.
 constexpr int kNoWindow = 1 << 30;
@@ -86,12 +110,13 @@ struct Params {
 };
 
 // The kernel's parameters: the above, its scheduler's own (scheduler.cuh: Sched::Params), and
-// the models' masks last, so a kernel without them reads every other parameter where it did
-// before them (and compiles to the same SASS).
+// the models' masks and the pages last, so a kernel without them reads every other parameter
+// where it did before them (and compiles to the same SASS).
 template <class Sched>
 struct KernelParams : Params {
   typename Sched::Params sched;
   MaskParams mask;
+  PageParams page;
 };
 
 // The key tiles of a query tile. Causal masks are aligned bottom-right (FlashAttention's rule):

@@ -10,6 +10,8 @@ namespace fa_tune {
 template <class Cfg, class Sched>
 struct Producer {
   using T = Traits<Cfg>;
+  // A paged class's device-scheduled kernel reads K and V through the block table.
+  static constexpr bool kPaged = T::kPaged && Sched::kPacked;
 
   // Runs on the whole producer warp: the loop, the ring waits and the scheduler run on every
   // lane, so its state is warp-uniform (uniform registers: the persistent loop fits in few
@@ -56,7 +58,8 @@ struct Producer {
   template <CacheHint kHint, class Ring>
   __device__ static void load_tile(const CUtensorMap* map, Ring& ring, PipeState& st,
                                    typename T::Element* base, int n, int row, int h, int b,
-                                   int rank, bool leader) {
+                                   int rank, bool leader, const PageRow& pages,
+                                   int page_box_rows) {
     const bool load = Hooks::kv_load_every == 1 || n % Hooks::kv_load_every == 0;
     uint64_t* bar = ring.acquire(st, load ? T::kKVTileBytes : 0, leader);
     auto* dst = base + st.index * T::kBlockN * T::kHeadDim;
@@ -65,7 +68,21 @@ struct Producer {
       for (int i = rank * kMine; i < (rank + 1) * kMine; ++i) {
         const int c = i / kSlices, r = (i % kSlices) * T::kKVBoxRows;
         auto* to = dst + (c * T::kBlockN + r) * kBoxCols;
-        if constexpr (T::kClustered) {
+        if constexpr (kPaged) {
+          // Boxes of page_box_rows rows (a power of two dividing the slice and the page), each
+          // from its page: the key's page in the table, its row within the page.
+          for (int s = 0; s < T::kKVBoxRows; s += page_box_rows) {
+            const int key = row + r + s;
+            const int page = pages.page_of(key), in_page = key & ((1 << pages.shift) - 1);
+            if constexpr (T::kClustered) {
+              tma_load_4d_multicast<kHint>(map, bar, to + s * kBoxCols,
+                                           uint16_t((1u << T::kClusterSize) - 1u), c * kBoxCols,
+                                           in_page, h, page);
+            } else {
+              tma_load_4d<kHint>(map, bar, to + s * kBoxCols, c * kBoxCols, in_page, h, page);
+            }
+          }
+        } else if constexpr (T::kClustered) {
           tma_load_4d_multicast<kHint>(map, bar, to, uint16_t((1u << T::kClusterSize) - 1u),
                                        c * kBoxCols, row + r, h, b);
         } else {
@@ -96,13 +113,24 @@ struct Producer {
       n_lo = first_kv_block<T>(Sk - S, t.m_block * T::kRowsPerTask, p.mask.window, n_blocks);
     }
     const int start = Sched::key_start(t);
+    // A paged cache: the task's sequence's table row (the batch coordinate is its index);
+    // unused otherwise, and compiled out.
+    PageRow pages{};
+    int page_box_rows = 0;
+    if constexpr (kPaged) {
+      const int keys = Sched::key_len(p, t);
+      pages = PageRow{p.page.table + (long long)b * p.page.stride,
+                      (keys + (1 << p.page.shift) - 1) >> p.page.shift, p.page.shift,
+                      p.page.num_pages};
+      page_box_rows = p.page.box_rows;
+    }
     auto load_k = [&](int n) {
       load_tile<Cfg::hint_k>(&p.load.tma_k, ss.k_ring, kst, ss.k, n, start + n * T::kBlockN, h, b,
-                             rank, leader);
+                             rank, leader, pages, page_box_rows);
     };
     auto load_v = [&](int n) {
       load_tile<Cfg::hint_v>(&p.load.tma_v, ss.v_ring, vst, ss.v, n, start + n * T::kBlockN, h, b,
-                             rank, leader);
+                             rank, leader, pages, page_box_rows);
     };
     // Issue in the order the consumers need the tiles (diagonal first, toward key 0), so
     // a small ring never holds a tile the consumers cannot reach yet.

@@ -4,7 +4,8 @@
 //
 // The metadata is checked here, where it is read anyway: offsets from 0 to the tensor's rows,
 // non-decreasing; lengths within max_seqlen_q / max_seqlen_k; seqused_k within the keys its
-// sequence holds. A batch that breaks a rule gets no task (the attention kernel reads and
+// sequence holds; a paged cache's table entries within its pages, and enough of them. A batch
+// that breaks a rule gets no task (the attention kernel reads and
 // writes nothing), its o and lse are filled with NaN, and the caller's status word says what
 // was wrong (fa_tune.h: FA_TUNE_BAD_*). So no cu_seqlens can make the kernel touch memory
 // outside its tensors, and the process's CUDA context survives.
@@ -38,6 +39,8 @@ struct VarlenMeta {
   const int* seqused_k = nullptr; // [num_seqs] or null
   int total_q = 0, total_k = 0;   // rows of the packed q, k/v (with cu_q, cu_k)
   int max_q = 0, max_k = 0;       // seqlen_q, seqlen_k
+  const int* block_table = nullptr;  // a paged cache's table, or null (fa_tune.h)
+  int block_table_stride = 0, max_pages = 0, page_size = 0, num_pages = 0;
   int* status = nullptr;          // the caller's int32[2], or null
   void* o = nullptr;              // BF16, o_elems
   long long o_elems = 0;
@@ -115,7 +118,18 @@ __device__ __forceinline__ SeqSpan seq_span(const VarlenMeta& m, int b, int B) {
       s.k_len = u;
   }
   if (!bad_k && s.k_len > m.max_k) s.bad |= FA_TUNE_BAD_MAX_SEQLEN_K;
+  if (m.block_table != nullptr && s.bad == 0 &&
+      (long long)m.max_pages * m.page_size < s.k_len)  // its keys need more pages than a row
+    s.bad |= FA_TUNE_BAD_BLOCK_TABLE;
   return s;
+}
+
+// A paged cache: whether entry j of sequence b's table row, which its keys need, lies outside
+// the pool (entries past its pages are never read, so they may hold anything).
+__device__ __forceinline__ bool bad_page(const VarlenMeta& m, int b, int j, int k_len) {
+  if (j * (long long)m.page_size >= k_len) return false;
+  const int page = m.block_table[(long long)b * m.block_table_stride + j];
+  return page < 0 || page >= m.num_pages;
 }
 
 // One past the last KV tile query tile m of a sequence visits (params.cuh's num_kv_blocks, on
@@ -229,6 +243,17 @@ __global__ void __launch_bounds__(kThreads, 1)
       atomicMin(&flags[1], b);
     }
     tstart[b] = s.bad != 0 ? 0 : (s.q_len + plan.rows_per_tile - 1) / plan.rows_per_tile;
+  }
+  // A paged cache's table entries, all threads over all rows (a sequence may have hundreds).
+  if (meta.block_table != nullptr) {
+    for (long long i = tid; i < (long long)B * meta.max_pages; i += nt) {
+      const int b = int(i / meta.max_pages), j = int(i % meta.max_pages);
+      const SeqSpan s = seq_span(meta, b, B);
+      if (s.bad == 0 && bad_page(meta, b, j, s.k_len)) {
+        atomicOr(&flags[0], FA_TUNE_BAD_BLOCK_TABLE);
+        atomicMin(&flags[1], b);
+      }
+    }
   }
   if (tid == 0) tstart[B] = 0;
   __syncthreads();

@@ -149,7 +149,7 @@ def render(cfg: KernelConfig, template: Path | None = None, *,
         # The models' masks the class has, as Config members (fa_tune/config.cuh reads an absent
         # one as false, so a class without them renders the same unit as before them).
         "mask_members": "".join(f"\n  static constexpr bool {name} = true;"
-                                for name in ("window", "softcap", "sinks")
+                                for name in ("window", "softcap", "sinks", "paged")
                                 if getattr(pclass, name)),
         "config_json": c_string_literal(cfg.canonical_json()),
         # Not a knob: does block_n need CuTe's extended wgmma atoms (fa_tune/config.cuh)?

@@ -190,8 +190,18 @@ class KernelModule:
             cu_q, cu_k = getattr(bufs, "cu_q", None), getattr(bufs, "cu_k", None)
             if cu_q is None or cu_k is None:
                 raise KernelError(f"buffers of {p} hold no cu_seqlens_q / cu_seqlens_k")
-            fields.update(cu_seqlens_q=cu_q.ptr, cu_seqlens_k=cu_k.ptr,
-                          workspace=workspace or None,
+            # A paged cache's keys are counted by seqused_k, not packed by cu_seqlens_k.
+            fields.update(cu_seqlens_q=cu_q.ptr, cu_seqlens_k=None if p.is_paged else cu_k.ptr)
+        if p.is_paged:
+            table, used = getattr(bufs, "block_table", None), getattr(bufs, "seqused_k", None)
+            if table is None or used is None:
+                raise KernelError(f"buffers of {p} hold no block table / seqused_k")
+            pages = p.pages
+            fields.update(block_table=table.ptr, block_table_stride=pages.max_pages,
+                          max_pages=pages.max_pages, page_size=pages.page_size,
+                          num_pages=pages.num_pages, seqused_k=used.ptr)
+        if p.device_scheduled:
+            fields.update(workspace=workspace or None,
                           workspace_bytes=workspace_bytes if workspace else 0,
                           status=self._status_ptr())
         return abi.make_args(**fields)
@@ -221,8 +231,8 @@ class KernelModule:
         stream is unused (the setup is synchronous), kept for the launchable protocol."""
         self._refuse(shape, "fa_tune_prepare")
         p = as_problem(shape)
-        if p.is_varlen:
-            return 0.0  # the varlen schedule is built on the device, in every launch
+        if p.device_scheduled:
+            return 0.0  # the schedule is built on the device, in every launch
         f = self._shape_fields(p)
         f.update(q=_NO_TENSOR, k=_NO_TENSOR, v=_NO_TENSOR, o=_NO_TENSOR)
         a = abi.make_args(**f)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 _i32, _i64, _vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
 
 # status[0] bits (FA_TUNE_BAD_*): what was wrong with a call's device metadata.
@@ -21,6 +21,8 @@ BAD_METADATA = {
     4: "seqused_k is negative or exceeds the keys its sequence holds",
     8: "a query length exceeds max_seqlen_q",
     16: "a key length exceeds max_seqlen_k",
+    32: "a block table entry lies outside the KV cache's pages, or a sequence needs more pages "
+        "than its table row holds",
 }
 
 
@@ -57,6 +59,11 @@ class Args(ctypes.Structure):
         ("window", _i32),
         ("softcap", ctypes.c_float),
         ("sinks", _vp),
+        ("block_table", _vp),
+        ("block_table_stride", _i32),
+        ("max_pages", _i32),
+        ("page_size", _i32),
+        ("num_pages", _i32),
     ]
 
 
@@ -67,7 +74,7 @@ def make_args(**fields: Any) -> Args:
     a.abi_version = ABI_VERSION
     a.struct_bytes = ctypes.sizeof(Args)
     for name, value in fields.items():
-        if name.endswith("_stride"):
+        if name in ("q_stride", "k_stride", "v_stride"):
             getattr(a, name)[:] = [int(x) for x in value]
         else:
             setattr(a, name, value)
