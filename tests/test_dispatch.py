@@ -370,7 +370,7 @@ def test_dispatcher_routes_device_metadata(stub) -> None:
         assert _meta(lib, seqlen_q=max_q, seqlen_k=8192) == 801
         assert lib.fa_tune_last_error().decode().startswith(
             f"bucket {name}: its kernel was built without the varlen kernel, which serves calls "
-            "with device metadata (cu_seqlens_q, cu_seqlens_k, seqused_k)")
+            "with device metadata (cu_seqlens_q, cu_seqlens_k, seqused_k, block_table)")
     for fields in ({"cu_seqlens_q": None, "cu_seqlens_k": None, "seqused_k": 0x6200},
                    {"cu_seqlens_k": None}):  # a cache's seqused_k alone; packed q over a cache
         assert _meta(lib, seqlen_q=3000, seqlen_k=8192, **fields) == 801
@@ -468,7 +468,7 @@ def test_export_workload_sources(two_file: Path, tmp_path: Path) -> None:
     assert res["buckets"]["long"]["results"]["status"] == "not measured"
     readme = (out / "README.md").read_text()
     assert "fa_tune_workspace_bytes" in readme and "fa_tune_b1_" in readme
-    assert "## C ABI (version 4; `include/fa_tune.h`)" in readme
+    assert f"## C ABI (version {abi.ABI_VERSION}; `include/fa_tune.h`)" in readme
     assert "| long | 32/8 | >= 2049 | `fa_tune_b1_` | " in readme
     assert " | yes | preset multicast |" in readme
     # The header shipped is the one the kernels and the dispatcher are compiled against.

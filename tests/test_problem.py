@@ -453,3 +453,69 @@ def test_classes_of_masked_problems() -> None:
     assert "without sinks" in pc.serves(win)
     assert "with softcapping" in ProblemClass(128, True, softcap=True).serves(plain)
     assert "window" in describe([win]) and "sinks" in describe([win])
+
+
+# ---- a paged KV cache (issue 37) ----------------------------------------------------------------
+@pytest.mark.parametrize("text", ["4x32/8x2048:k8192:p64", "32/8x[2048:8192,512:4096*2,0:100]:p16",
+                                  "3x4x100:k300:d64:full:p8", "2x4x77:k4096:w128:sinks:p256"])
+def test_a_paged_problems_pages(text: str) -> None:
+    """Every key of every sequence is in exactly one page copy or a shared page; pages are used
+    once (shared ones by two sequences); the table points into the pool; the text round-trips."""
+    import numpy as np
+
+    p = Problem.parse(text)
+    assert str(p) == text and Problem.parse(str(p)) == p and Problem.from_dict(p.to_dict()) == p
+    assert p.is_paged and p.device_scheduled and p.problem_class.paged and p.problem_class.varlen
+    pg = p.pages
+    lens = p.seqlens_k or (p.Sk,) * p.B
+    starts = p.cu_seqlens_k()[:-1] if p.seqlens else [b * p.Sk for b in range(p.B)]
+    assert pg.block_table.dtype == np.int32 and pg.block_table.shape[0] == p.B
+    assert pg.max_pages == max(1, max(-(-k // p.page_size) for k in lens))
+    used = [c.page for c in pg.copies]
+    assert len(set(used)) == len(used) == pg.num_pages or not used  # each page written once
+    covered = sum(c.rows for c in pg.copies) + sum(r for _, _, r in pg.shared)
+    assert covered == sum(lens)
+    for b, (k, s0) in enumerate(zip(lens, starts, strict=True)):
+        for j in range(-(-k // p.page_size)):
+            page = int(pg.block_table[b, j])
+            assert 0 <= page < pg.num_pages
+            src = next((c.src_row for c in pg.copies if c.page == page), None)
+            if (starts[0], s0 + j * p.page_size, p.page_size) in pg.shared:
+                assert page == pg.block_table[0, 0]  # the shared prefix page
+            else:
+                assert src == s0 + j * p.page_size
+    assert p.view("k").buffer == "k_pages" and p.view("k").dims[:2] == (pg.num_pages, p.page_size)
+    assert p.layout_buffers()["v_pages"] == pg.num_pages * p.page_size * p.Hkv * p.D
+
+
+def test_odd_sequences_share_the_first_page() -> None:
+    p = Problem.parse("4x8x64:k1000:p128")
+    t = p.pages.block_table
+    assert t[1, 0] == t[0, 0] == t[3, 0] and t[2, 0] != t[0, 0]
+    assert len(p.pages.shared) == 2
+    # The page order is a property of the problem: the same every time, another for another.
+    assert (Problem.parse("4x8x64:k1000:p128").pages.block_table == t).all()
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("1x4x100:p12", "power of two from 8 to 4096"),
+    ("1x4x100:p4", "power of two from 8 to 4096"),
+    ("1x4x100:p0", "must be >= 1 row"),
+    ("1x4x100:p64:qkv", "has its own layout"),
+])
+def test_bad_page_sizes_are_one_line(text: str, needle: str) -> None:
+    with pytest.raises(ShapeError, match=needle) as ei:
+        Problem.parse(text)
+    assert "\n" not in str(ei.value)
+
+
+def test_paged_classes() -> None:
+    paged, plain = Problem.parse("1x8x64:k512:p16"), Problem.parse("1x8x64")
+    pc = class_of([paged, plain])  # a paged library's fixed-length kernel runs plain problems
+    assert pc.paged and pc.varlen and pc.serves(plain) == "" and pc.serves(paged) == ""
+    assert "without varlen and paged" in plain.problem_class.serves(paged)
+    packed = Problem.parse("8x[100,200]")
+    assert "paged KV cache" in pc.serves(packed)
+    with pytest.raises(ShapeError, match="mix packed K/V"):
+        class_of([paged, packed])
+    assert ProblemClass.from_dict(pc.to_dict()) == pc and pc.to_dict()["paged"] is True

@@ -1,7 +1,8 @@
 """Warm the build cache on the GPU host with all cores, so the GPU tests that follow only load:
 
-    python3 lab/h200/prebuild.py [plain] [masks] [JOBS]
+    python3 lab/h200/prebuild.py [plain] [masks] [paged] [JOBS]
 
+``paged``: the kernels of tests/gpu/test_paged_gpu.py and issue 37's table.
 ``plain``: every preset for its head dim (config.preset_head_dim) and both masks, and the
 planted-bug variants (tests/gpu/test_planted_bugs_gpu.py). ``masks``: the kernels of
 tests/gpu/test_masks_gpu.py (and its planted bugs 9 and 10), lab/h200/softcap_forms.py and
@@ -58,6 +59,16 @@ def mask_jobs() -> list[Job]:
     return jobs
 
 
+def paged_jobs() -> list[Job]:
+    import test_paged_gpu as T  # the GPU test's own list of cases
+
+    jobs: list[Job] = [(n, load_preset(n), p.problem_class, None) for n, p in T.ALL]
+    for preset in ("default", "llama3", "static"):  # issue 37's table (fa-tune compare)
+        for text in ("4x32/8x2048:k8192:p64", "4x32/8x2048:k8192"):
+            jobs.append((preset, load_preset(preset), Problem.parse(text).problem_class, None))
+    return jobs
+
+
 def main() -> None:
     args = sys.argv[1:] or ["plain"]
     jobs_n = next((int(a) for a in args if a.isdigit()), usable_cpus())
@@ -66,6 +77,8 @@ def main() -> None:
         jobs += plain_jobs()
     if "masks" in args:
         jobs += mask_jobs()
+    if "paged" in args:
+        jobs += paged_jobs()
     seen: set = set()
     todo = []
     for name, cfg, pc, defs in jobs:

@@ -41,7 +41,8 @@ from tuner.problem import Problem, ProblemClass
 from tuner.ship.workload import Workload
 from tuner.ship.workload import range_text as _range_text
 
-MASKS = ("window", "softcap", "sinks")  # ProblemClass's flags for the models' masks
+# ProblemClass's flags beyond D and the mask: the models' masks, a paged KV cache.
+MASKS = ("window", "softcap", "sinks", "paged")
 SCHEMA = 2  # 2: key ranges (k_min, k_max); 1 had none (any key length)
 ABI_VERSION = abi.ABI_VERSION
 CUDA_ERROR_NOT_SUPPORTED = 801  # cudaErrorNotSupported: no bucket serves it / no varlen kernel
@@ -75,7 +76,7 @@ class DispatchEntry:
     measured: dict[str, Any] | None = None                 # {problem: {median_ms, tflops}}
     k_min: int | None = None
     k_max: int | None = None
-    masks: tuple[str, ...] = ()  # the models' masks its kernel carries: window, softcap, sinks
+    masks: tuple[str, ...] = ()  # the class flags its kernel carries (MASKS): window, ..., paged
     window: int | None = None    # a layer kind's bucket: calls with this window only (0: none)
 
     @property

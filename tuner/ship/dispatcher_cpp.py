@@ -59,7 +59,7 @@ def dispatcher_source(table: DispatchTable) -> str:
     compact = json.dumps(table.to_dict(), sort_keys=True, separators=(",", ":"))
     # The varlen flag is the buckets' (asked at run time), the rest is the table's.
     head = {"head_dim": pc.head_dim, "causal": pc.causal,
-            **{m: True for m in ("window", "softcap", "sinks") if getattr(pc, m)}}
+            **{m: True for m in ("window", "softcap", "sinks", "paged") if getattr(pc, m)}}
     pclass_head = json.dumps(head, separators=(",", ":"))[:-1] + ',"varlen":'
     decl_text = "\n".join(decls)
     row_text = "\n".join(rows)
@@ -129,7 +129,8 @@ int find(const fa_tune_args& a) {{
 }}
 
 bool device_metadata(const fa_tune_args& a) {{
-  return a.cu_seqlens_q != nullptr || a.cu_seqlens_k != nullptr || a.seqused_k != nullptr;
+  return a.cu_seqlens_q != nullptr || a.cu_seqlens_k != nullptr || a.seqused_k != nullptr ||
+         a.block_table != nullptr;
 }}
 
 // The caller's struct must be this header's: another version or size is refused in one line.
@@ -208,8 +209,8 @@ int usable(int i, const fa_tune_args& a) {{
   if (device_metadata(a) && !info(i).varlen) {{
     g_error = std::string("bucket ") + b.name +
               ": its kernel was built without the varlen kernel, which serves calls with "
-              "device metadata (cu_seqlens_q, cu_seqlens_k, seqused_k); fa-tune export leaves "
-              "it out where the config cannot serve varlen (README.md says why)";
+              "device metadata (cu_seqlens_q, cu_seqlens_k, seqused_k, block_table); fa-tune "
+              "export leaves it out where the config cannot serve varlen (README.md says why)";
     return int(cudaErrorNotSupported);
   }}
   return 0;

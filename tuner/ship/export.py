@@ -402,7 +402,8 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
         info = {
             "study": study_name, "trial": trial.number, "shapes": shapes, "causal": pclass.causal,
             "head_dim": pclass.head_dim,
-            "masks": [m for m in ("window", "softcap", "sinks") if getattr(pclass, m)],
+            # The class's flags beyond D and the mask: the models' masks, a paged KV cache.
+            "masks": [m for m in ("window", "softcap", "sinks", "paged") if getattr(pclass, m)],
             "gpu": (payload.get("gpu") or {}).get("name", "the tuning GPU"),
             "protocol_text": protocol_text(conf.get("protocol")) if conf
             else "search protocol (not confirmed)",

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Issue 37's GPU work (the paged KV cache, docs/PERF.md step 52), in back-to-back calls on one
+# warm machine (30 s idle limit), each under the 600 s call limit:
+#   1  carry [".whl"]        bash lab/h200/s21.sh paged
+#        installs fa-tune's wheels; builds the paged kernels with all cores
+#        (lab/h200/prebuild.py paged); the kernel over pages through the gate
+#        (tests/gpu/test_paged_gpu.py: page sizes 8-256, fixed and packed, masks, multicast and
+#        head clusters, a bad block table); paged against unpaged in one process (fa-tune run)
+#   2  carry [".fa3/part1"]  bash lab/h200/fa3_stage1.sh
+#   3  carry [".fa3/part2"]  bash lab/h200/s21.sh peers
+#        installs FA3; issue 37's table: fa-tune compare --backends fa3 at pages of 64, 128, 256
+#        and the mixed varlen batch over pages; the peers' GPU tests
+# Logs land in $OUT.
+set -uo pipefail
+LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DEV=${FA_TUNE_DEVICE_DIR:-$(cd "$LAB/../.." && pwd)/.device}
+mkdir -p "$DEV"
+export FA_TUNE_DEVICE_DIR=$DEV
+OUT=${OUT:-$DEV/out}
+mkdir -p "$OUT"
+E="bash $LAB/gpu_session.sh env --"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$DEV/site" .whl/*.whl
+elif [ ! -d "$DEV/site/optuna" ]; then
+  echo "fa-tune's wheels are not installed on this machine: run 'paged' with carry [\".whl\"] first"; exit 2
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv,noheader
+t0=$SECONDS
+step() { echo "[$((SECONDS - t0)) s] $*"; }
+# The tests build into the prebuilt cache (tests/conftest.py makes a fresh one otherwise).
+export FA_TUNE_STUDIES=$PWD/studies
+gpu_tests() {  # LOG TIMEOUT FILES...
+  local log=$1 limit=$2; shift 2
+  timeout "$limit" $E python3 -m pytest -q -s -m gpu -p no:cacheprovider --durations=6 "$@" \
+    > "$OUT/$log" 2>&1
+  step "$log: exit $?"; grep -E "passed|failed|FAILED|Error|s call" "$OUT/$log" | tail -12
+}
+# Issue 37's problems: 4 sequences of 2048 new queries over 8192 keys; a mixed batch of 8
+# prompts (512 to 8192 new tokens over cached prefixes of 0 to 8192).
+FIXED=4x32/8x2048:k8192
+MIXED="32/8x[512,1024:5120,2048:10240,4096:6144,8192,768:6912,3072:4096,6144:14336]"
+case "${1:?paged|peers}" in
+paged)
+  timeout 200 $E python3 lab/h200/prebuild.py paged > "$OUT/prebuild.log" 2>&1
+  step "prebuild exit $?"; grep -E "FAILED|local memory|built in|builds on" "$OUT/prebuild.log"
+  gpu_tests paged.log 200 tests/gpu/test_paged_gpu.py
+  # Paged against unpaged, one process each preset (the fixed-length kernel for the unpaged
+  # problem; the device-scheduled one over pages).
+  for preset in llama3 default; do
+    timeout 90 $E python3 -m tuner.cli run --preset $preset --shape $FIXED --shape $FIXED:p16 \
+      --shape $FIXED:p32 --shape $FIXED:p64 --shape $FIXED:p128 --shape $FIXED:p256 \
+      > "$OUT/run_$preset.log" 2>&1; step "run $preset exit $?"; tail -10 "$OUT/run_$preset.log"
+  done
+  timeout 60 $E python3 -m tuner.cli run --preset default --shape "$MIXED" \
+    > "$OUT/run_mixed.log" 2>&1; step "run mixed exit $?"; tail -5 "$OUT/run_mixed.log"
+  timeout 60 $E python3 -m tuner.cli run --preset default --shape "$MIXED:p64" \
+    > "$OUT/run_mixed_paged.log" 2>&1; step "run mixed paged exit $?"; tail -5 "$OUT/run_mixed_paged.log"
+  ;;
+peers)
+  FA3_SMOKE=0 bash lab/h200/fa3_stage2.sh > "$OUT/fa3_install.log" 2>&1 \
+    || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed"; exit 3; }
+  for shape in $FIXED:p64 $FIXED:p128 $FIXED:p256 $FIXED "$MIXED:p64"; do
+    log="cmp_${shape//[:\/\[\],*]/_}.log"
+    timeout 80 $E python3 -m tuner.cli compare --preset llama3 --shape "$shape" --backends fa3 \
+      --results-dir "$DEV/cmp" > "$OUT/$log" 2>&1
+    step "compare $shape exit $?"; tail -5 "$OUT/$log"
+  done
+  ;;
+esac
+step done
