@@ -44,7 +44,7 @@ static fa_tune_args g_args;
 static cudaStream_t g_stream = nullptr;
 static const char* g_err = "";
 static bool scheduled(const fa_tune_args* a) {
-  return a->cu_seqlens_q || a->cu_seqlens_k || a->seqused_k;
+  return a->cu_seqlens_q || a->cu_seqlens_k || a->seqused_k || a->block_table;
 }
 #define STUB(i, VARLEN, ABI)                                                                    \
   API int fa_tune_b##i##_abi_version(void) { return ABI; }                                      \

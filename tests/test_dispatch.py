@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import subprocess
 from pathlib import Path
 
 import optuna
@@ -566,3 +567,40 @@ def test_kinds_of_layers_get_buckets_of_their_own(tmp_path: Path) -> None:
     assert t.index_for(64, 8, 100, 100, 64) == -1
     assert t.select("1x64/8x5000:d64:w128:sinks").bucket == "window-s32k"
     assert t.select("1x64/8x5000:d64:sinks").bucket == "full-s32k"
+
+
+@pytest.mark.parametrize("masks", [{}, {"softcap": 50, "window": 512}, {"sinks": True}])
+def test_the_export_checks_the_built_librarys_class(tmp_path: Path, masks: dict) -> None:
+    """The export's last check reads the built library's dispatch table and class back (host
+    only): a mask class's library says window / softcap / sinks true, and it must pass (it
+    failed every mask workload before); a library whose class lacks a flag is refused."""
+    import shutil
+
+    from tuner.ship.export_workload import ExportError, _check_built_library
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    wl = {**TWO, "attention": {**TWO["attention"], **masks}}
+    (tmp_path / "w.yaml").write_text(yaml.safe_dump(wl))
+    workload = load_workload(tmp_path / "w.yaml")
+    sources = {b.name: dispatch.resolve_source("preset:default", workload.problem_class)
+               for b in workload.buckets}
+    table = dispatch.table_for_workload(workload, sources)
+    flags = {m: True for m in dispatch.MASKS if getattr(workload.problem_class, m)}
+
+    def lib(name: str, pclass: dict) -> Path:
+        pc = json.dumps({**pclass, "varlen": True})
+        js = json.dumps(json.dumps(table.to_dict(), separators=(",", ":")))
+        src, so = tmp_path / f"{name}.c", tmp_path / f"{name}.so"
+        src.write_text(f"int fa_tune_abi_version(void) {{ return {abi.ABI_VERSION}; }}\n"
+                       f"int fa_tune_bucket_count(void) {{ return {len(table.entries)}; }}\n"
+                       f"const char* fa_tune_dispatch_json(void) {{ return {js}; }}\n"
+                       f"const char* fa_tune_problem_class(void) {{ return {json.dumps(pc)}; }}\n")
+        subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+        return so
+
+    _check_built_library(lib("ok", {"head_dim": 128, "causal": True, **flags}), table)
+    if flags:
+        with pytest.raises(ExportError, match="does not answer as dispatch.json says"):
+            _check_built_library(lib("plain", {"head_dim": 128, "causal": True}), table)

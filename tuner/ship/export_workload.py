@@ -296,11 +296,14 @@ def _check_built_library(so: Path, table: Any) -> None:
         lib.fa_tune_problem_class.restype = ctypes.c_char_p
         got = json.loads(lib.fa_tune_dispatch_json().decode())
         pclass = json.loads(lib.fa_tune_problem_class().decode())
+        # The class: D, the mask and every flag (a mask class's library says window: true...).
+        want = table.problem_class.to_dict()
+        keys = ("head_dim", "causal", *dispatch_mod.MASKS)
         ok = (lib.fa_tune_abi_version() == dispatch_mod.ABI_VERSION
               and lib.fa_tune_bucket_count() == len(table.entries)
               and got == json.loads(json.dumps(table.to_dict()))
-              and {k: pclass.get(k) for k in ("head_dim", "causal")}
-              == table.problem_class.to_dict() and isinstance(pclass.get("varlen"), bool))
+              and all(pclass.get(k, False) == want.get(k, False) for k in keys)
+              and isinstance(pclass.get("varlen"), bool))
     except (OSError, AttributeError, ValueError) as e:
         raise ExportError(f"the built library {so} cannot be checked: {e}") from None
     if not ok:
