@@ -6,7 +6,9 @@
 #        (lab/h200/prebuild.py paged); the kernel over pages through the gate
 #        (tests/gpu/test_paged_gpu.py: page sizes 8-256, fixed and packed, masks, multicast and
 #        head clusters, a bad block table); paged against unpaged in one process (fa-tune run)
-#   2  carry [".fa3/part1"]  bash lab/h200/fa3_stage1.sh
+#   2  carry [".fa3/part1"]  bash lab/h200/s21.sh hf-masks
+#        parks FA3's first half; issue 36's transformers models (Mistral, Gemma-2, gpt-oss) through
+#        generate() against the FP32 model (tests/gpu/test_hf_masks_gpu.py)
 #   3  carry [".fa3/part2"]  bash lab/h200/s21.sh peers
 #        installs FA3; issue 37's table: fa-tune compare --backends fa3 at pages of 64, 128, 256
 #        and the mixed varlen batch over pages; the peers' GPU tests
@@ -39,7 +41,7 @@ gpu_tests() {  # LOG TIMEOUT FILES...
 # prompts (512 to 8192 new tokens over cached prefixes of 0 to 8192).
 FIXED=4x32/8x2048:k8192
 MIXED="32/8x[512,1024:5120,2048:10240,4096:6144,8192,768:6912,3072:4096,6144:14336]"
-case "${1:?paged|peers}" in
+case "${1:?paged|hf-masks|peers}" in
 paged)
   timeout 200 $E python3 lab/h200/prebuild.py paged > "$OUT/prebuild.log" 2>&1
   step "prebuild exit $?"; grep -E "FAILED|local memory|built in|builds on" "$OUT/prebuild.log"
@@ -55,6 +57,11 @@ paged)
     > "$OUT/run_mixed.log" 2>&1; step "run mixed exit $?"; tail -5 "$OUT/run_mixed.log"
   timeout 60 $E python3 -m tuner.cli run --preset default --shape "$MIXED:p64" \
     > "$OUT/run_mixed_paged.log" 2>&1; step "run mixed paged exit $?"; tail -5 "$OUT/run_mixed_paged.log"
+  ;;
+hf-masks)
+  [ -d .fa3/part1 ] && bash lab/h200/fa3_stage1.sh > "$OUT/fa3_stage1.log" 2>&1
+  gpu_tests hf_masks.log 540 tests/gpu/test_hf_masks_gpu.py
+  grep -E "stats|per-step" "$OUT/hf_masks.log" | cut -c1-400
   ;;
 peers)
   FA3_SMOKE=0 bash lab/h200/fa3_stage2.sh > "$OUT/fa3_install.log" 2>&1 \
