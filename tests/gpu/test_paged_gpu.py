@@ -92,3 +92,17 @@ def test_a_bad_block_table_never_faults(bench: Bench, kernels: dict, what: str,
     g = bench.gate(launch, p)  # the context survived: the good table passes
     bench.release(p)
     assert g.passed, g.summary()
+
+
+def test_a_table_too_short_for_the_keys_is_one_line(bench: Bench, kernels: dict) -> None:
+    """Fewer pages per row than seqlen_k needs is refused on the host before any launch."""
+    from tuner.kernel.runtime import AttnBuffers
+
+    p = Problem.parse("4x8/2x256:k2000:p64")
+    km = kernels[(load_preset("default"), p.problem_class)].module
+    with AttnBuffers(bench.dev, p) as bufs:
+        a = km.args_for(bufs)
+        a.max_pages = 8  # 512 keys' worth for 2000 keys
+        with pytest.raises(KernelError, match="more keys than max_pages x page_size") as ei:
+            km.forward_args(a, None)
+        assert "\n" not in str(ei.value)
