@@ -131,6 +131,8 @@ def _bad(**changes):
     (_bad(traffic={"shapes": [{"S": 2048, "Sk": 1024}]}), "query rows would see no key"),
     (_bad(traffic={"shapes": [{"S": 2048, "Sk": 0}]}), "traffic.shapes[0].Sk must be a positive"),
     ("just text", "must be a mapping"),
+    (_bad(attention={"Hq": 32, "Hkv": 8, "page_size": 12}), "power of two from 8 to 4096"),
+    (_bad(attention={"Hq": 32, "Hkv": 8, "page_size": -16}), "attention.page_size"),
 ])
 def test_bad_workloads_are_one_line(data, needle: str) -> None:
     with pytest.raises(WorkloadError) as e:
@@ -279,3 +281,17 @@ def test_key_range_buckets_and_chunked_prefill_traffic() -> None:
     assert {"B": 3, "S": 2048, "weight": 1 / 7, "Sk": 8192,
             "lengths": "2048:8192,512:4096*2"} in d["traffic"]
     assert abs(sum(p.time_share for p in plans.values()) - 1) < 1e-12
+
+
+def test_a_paged_workload_tunes_paged_problems() -> None:
+    """attention.page_size: every call's K and V in a paged cache; the library's class is paged
+    (and device-scheduled), and every planned problem, fixed or packed, has the pages."""
+    w = workload_from_dict({**GOOD, "attention": {**GOOD["attention"], "page_size": 64},
+                            "traffic": {**GOOD["traffic"],
+                                        "packed": [{"lengths": "2048:8192,512:4096*2"}]}},
+                           "p.yaml")
+    assert w.problem_class.paged and w.problem_class.varlen
+    problems = [pp.problem for plan in w.plan() for pp in plan.problems]
+    assert problems and all(p.page_size == 64 for p in problems)
+    assert any(p.is_varlen for p in problems)
+    assert w.attention.to_dict()["page_size"] == 64

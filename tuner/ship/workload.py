@@ -6,7 +6,8 @@ A workload (``workloads/<name>.yaml``) is what one exported library is tuned for
     description: free text
     attention: {Hq: 32, Hkv: 8, head_dim: 128, causal: true}
     # the models' masks, each optional (tuner.problem): a sliding window of W keys, a logit
-    # softcap, attention sinks; e.g. {Hq: 16, Hkv: 8, head_dim: 256, window: 4096, softcap: 50}
+    # softcap, attention sinks; e.g. {Hq: 16, Hkv: 8, head_dim: 256, window: 4096, softcap: 50};
+    # and page_size: K and V in a paged cache of that many rows per page (every call's)
     buckets:                     # by the query length S (a varlen batch's max_seqlen_q);
       - {name: s1k, max_s: 1024} # each bucket serves (previous max_s, max_s], any key length;
       - {name: s8k, max_s: 8192} # the last may say max_s: null (no upper bound)
@@ -85,14 +86,17 @@ class Attention:
     window: int = 0       # sliding window in keys (0: none)
     softcap: float = 0.0  # logit softcap (0: none)
     sinks: bool = False   # attention sinks
+    page_size: int = 0    # a paged KV cache's rows per page (0: K and V as tensors)
 
     @property
     def problem_class(self) -> ProblemClass:
-        return ProblemClass(self.head_dim, self.causal, window=self.window > 0,
-                            softcap=self.softcap > 0, sinks=self.sinks)
+        return ProblemClass(self.head_dim, self.causal, varlen=self.page_size > 0,
+                            window=self.window > 0, softcap=self.softcap > 0, sinks=self.sinks,
+                            paged=self.page_size > 0)
 
     def _masks(self) -> dict[str, Any]:
-        return {"window": self.window, "softcap": self.softcap, "sinks": self.sinks}
+        return {"window": self.window, "softcap": self.softcap, "sinks": self.sinks,
+                "page_size": self.page_size}
 
     def problem(self, B: int, S: int, Sk: int = 0) -> Problem:
         """B x Hq/Hkv x S, over Sk keys (0: S), with the model's masks."""
@@ -335,7 +339,7 @@ def _mapping(value: Any, what: str, src: str, keys: set[str] | None = None) -> M
 
 def _attention(d: Any, src: str) -> Attention:
     d = _mapping(d, "attention", src, {"Hq", "Hkv", "head_dim", "causal", "window", "softcap",
-                                       "sinks"})
+                                       "sinks", "page_size"})
     for k in ("Hq", "Hkv"):
         if k not in d:
             raise WorkloadError(f"{src}: attention needs {k}")
@@ -355,7 +359,10 @@ def _attention(d: Any, src: str) -> Attention:
     sinks = d.get("sinks", False)
     if not isinstance(sinks, bool):
         raise WorkloadError(f"{src}: attention.sinks must be true or false (got {sinks!r})")
-    att = Attention(hq, hkv, dim, causal, window, float(softcap), sinks)
+    page_size = d.get("page_size", 0)
+    if page_size != 0:
+        page_size = _pos_int(page_size, "attention.page_size", src)
+    att = Attention(hq, hkv, dim, causal, window, float(softcap), sinks, page_size)
     try:
         att.problem(1, 1)  # Problem's own checks: Hq a multiple of Hkv, a supported head dim
     except FaTuneError as e:
