@@ -59,7 +59,7 @@ def dispatcher_source(table: DispatchTable) -> str:
     compact = json.dumps(table.to_dict(), sort_keys=True, separators=(",", ":"))
     # The varlen flag is the buckets' (asked at run time), the rest is the table's.
     head = {"head_dim": pc.head_dim, "causal": pc.causal,
-            **{m: True for m in ("window", "softcap", "sinks") if getattr(pc, m)}}
+            **{m: True for m in ("window", "softcap", "sinks", "paged") if getattr(pc, m)}}
     pclass_head = json.dumps(head, separators=(",", ":"))[:-1] + ',"varlen":'
     decl_text = "\n".join(decls)
     row_text = "\n".join(rows)
@@ -128,8 +128,10 @@ int find(const fa_tune_args& a) {{
   return -1;
 }}
 
+// A block table makes a call device-scheduled too (fa_tune.h, ABI 5), with or without seqused_k.
 bool device_metadata(const fa_tune_args& a) {{
-  return a.cu_seqlens_q != nullptr || a.cu_seqlens_k != nullptr || a.seqused_k != nullptr;
+  return a.cu_seqlens_q != nullptr || a.cu_seqlens_k != nullptr || a.seqused_k != nullptr ||
+         a.block_table != nullptr;
 }}
 
 // The caller's struct must be this header's: another version or size is refused in one line.
