@@ -468,7 +468,7 @@ def test_export_workload_sources(two_file: Path, tmp_path: Path) -> None:
     assert res["buckets"]["long"]["results"]["status"] == "not measured"
     readme = (out / "README.md").read_text()
     assert "fa_tune_workspace_bytes" in readme and "fa_tune_b1_" in readme
-    assert "## C ABI (version 4; `include/fa_tune.h`)" in readme
+    assert "## C ABI (version 5; `include/fa_tune.h`)" in readme
     assert "| long | 32/8 | >= 2049 | `fa_tune_b1_` | " in readme
     assert " | yes | preset multicast |" in readme
     # The header shipped is the one the kernels and the dispatcher are compiled against.
