@@ -8,7 +8,10 @@ were "built without the varlen kernel" (their problem_class says so, and they re
 with 801 as the real kernel does). A call with seqlen_q == 777 fails with the bucket's own
 message; one with seqlen_q == 666 and a status pointer writes FA_TUNE_BAD_CU_SEQLENS_K (2) and
 sequence 5 there, as the kernel does for bad metadata (the stub writes from the host: give it
-host memory, e.g. pinned). ``STUB_B3_ABI`` (a -D define) makes bucket 3 speak another ABI.
+host memory, e.g. pinned); one with seqlen_q == 555 and a status pointer writes
+FA_TUNE_BAD_BLOCK_TABLE (32) and sequence 1. ``STUB_B3_ABI`` (a -D define) makes bucket 3 speak
+another ABI; ``STUB_PAGED=1`` makes every bucket's class paged (a block table makes a call
+device-scheduled, as in the kernel; the stubs do not refuse unpaged ones: the op's checks do).
 """
 
 from __future__ import annotations
@@ -39,6 +42,11 @@ STUB_BUCKETS = r"""
 #ifndef STUB_B3_ABI
 #define STUB_B3_ABI FA_TUNE_ABI_VERSION
 #endif
+#if STUB_PAGED
+#define STUB_PAGED_JSON ",\"paged\":true"
+#else
+#define STUB_PAGED_JSON ""
+#endif
 static int g_bucket = -1, g_calls = 0, g_prepares = 0;
 static fa_tune_args g_args;
 static cudaStream_t g_stream = nullptr;
@@ -53,6 +61,7 @@ static bool scheduled(const fa_tune_args* a) {
     if (scheduled(a) && !VARLEN) { g_err = "built without the varlen kernel (stub)"; return 801; } \
     if (a->seqlen_q == 777) { g_err = "stub says no"; return 1; }                               \
     if (a->seqlen_q == 666 && a->status) { a->status[0] = 2; a->status[1] = 5; }                \
+    if (a->seqlen_q == 555 && a->status) { a->status[0] = 32; a->status[1] = 1; }               \
     return 0;                                                                                   \
   }                                                                                             \
   API int fa_tune_b##i##_prepare(const fa_tune_args* a, double* ms) {                           \
@@ -65,8 +74,8 @@ static bool scheduled(const fa_tune_args* a) {
   API const char* fa_tune_b##i##_last_error(void) { return g_err; }                             \
   API const char* fa_tune_b##i##_config_json(void) { return "{}"; }                             \
   API const char* fa_tune_b##i##_problem_class(void) {                                          \
-    return VARLEN ? "{\"head_dim\":128,\"causal\":true,\"varlen\": true}"                       \
-                  : "{\"head_dim\":128,\"causal\":true,\"varlen\":false}";                      \
+    return VARLEN ? "{\"head_dim\":128,\"causal\":true,\"varlen\": true" STUB_PAGED_JSON "}"    \
+                  : "{\"head_dim\":128,\"causal\":true,\"varlen\":false" STUB_PAGED_JSON "}";   \
   }                                                                                             \
   API int fa_tune_b##i##_smem_bytes(void) { return 1000 * (i + 1); }
 STUB(0, 1, FA_TUNE_ABI_VERSION)

@@ -92,7 +92,8 @@ def test_op_is_registered(stub_lib: Path) -> None:
     assert s == ("fa_tune::attention(Tensor q, Tensor k, Tensor v, bool causal=True, "
                  "float? softmax_scale=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
                  "SymInt? max_seqlen_q=None, SymInt? max_seqlen_k=None, Tensor? seqused_k=None, "
-                 "int window=0, float softcap=0., Tensor? sinks=None) -> (Tensor out, Tensor lse)")
+                 "int window=0, float softcap=0., Tensor? sinks=None, Tensor? block_table=None) "
+                 "-> (Tensor out, Tensor lse)")
     assert str(torch.ops.fa_tune._attention_py.default._schema).startswith(
         "fa_tune::_attention_py(Tensor q")
     assert ops.library().path == stub_lib and ops.library().head_dim == 128
@@ -762,7 +763,8 @@ def test_native_launch_path_builds_loads_and_binds(stub_lib: Path, tmp_path: Pat
     lib.parent.mkdir()
     shutil.copy2(stub_lib, lib)
     ext = native.build(lib.parent)
-    assert ext.name == native.ext_name() == f"libfa_tune_torch.{torch.__version__}.abi3.so"
+    assert ext.name == native.ext_name() == (f"libfa_tune_torch.{torch.__version__}."
+                                             f"abi{ops.abi.ABI_VERSION}.so")
     env = {**os.environ, "FA_TUNE_OPS_NATIVE": "0" if when == "off" else "1",
            "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     env.pop("FA_TUNE_LIB", None)

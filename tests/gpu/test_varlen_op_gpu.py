@@ -1,5 +1,5 @@
 """On the GPU, whatever the kernel: the op on real CUDA tensors through the real generated
-dispatcher over stub buckets (tests/dispatch_stub.py: they record the C ABI 3 argument struct
+dispatcher over stub buckets (tests/dispatch_stub.py: they record the C ABI argument struct
 and launch nothing). Every pointer, stride, length, the status words and the stream reach the
 library; strided views go as they are, a layout TMA cannot read is copied (said once); out,
 lse and the workspace come from torch's allocator, and a call with device metadata is legal
@@ -73,7 +73,7 @@ def test_packed_q_and_k_reach_the_library(lib) -> None:
     assert list(a.q_stride)[1:] == [HQ * D, D] and list(a.k_stride)[1:] == [HKV * D, D]
     assert (a.batch, a.total_q, a.total_k, a.seqlen_q, a.seqlen_k) == (3, 5000, 9000, 2000, 3000)
     assert (a.heads_q, a.heads_kv, a.head_dim, a.causal) == (HQ, HKV, D, 1)
-    assert abs(a.softmax_scale - 0.1) < 1e-7 and a.abi_version == 4
+    assert abs(a.softmax_scale - 0.1) < 1e-7 and a.abi_version == ops.abi.ABI_VERSION
     assert a.status == status._status[torch.cuda.current_device()][0].data_ptr()
     assert a.workspace and a.workspace_bytes == 1003  # bucket 0's, from torch's allocator
     assert lib._lib.stub_last_stream() == side.cuda_stream

@@ -128,6 +128,7 @@ int find(const fa_tune_args& a) {{
   return -1;
 }}
 
+// A block table makes a call device-scheduled too (fa_tune.h, ABI 5), with or without seqused_k.
 bool device_metadata(const fa_tune_args& a) {{
   return a.cu_seqlens_q != nullptr || a.cu_seqlens_k != nullptr || a.seqused_k != nullptr ||
          a.block_table != nullptr;

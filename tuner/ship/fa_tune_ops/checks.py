@@ -3,7 +3,8 @@
 Every refusal is one ValueError sentence ("fa_tune::attention: ..."), decided from shapes,
 dtypes, devices and the library's dispatch table alone: no data access, no host sync, so the
 fake implementation (torch.compile's tracing) runs the same checks. The values inside device
-metadata (cu_seqlens_q/k, seqused_k) are the kernel's to check (op.py's status words).
+metadata (cu_seqlens_q/k, seqused_k, a block table's entries) are the kernel's to check (op.py's
+status words).
 
 Call forms (``Call``):
 
@@ -12,7 +13,11 @@ Call forms (``Call``):
 * with device metadata (any of cu_seqlens_q, cu_seqlens_k, seqused_k): q packed [total_q, Hq,
   D] with cu_seqlens_q (and max_seqlen_q), else [B, S_q, Hq, D]; k/v packed [total_k, Hkv, D]
   with cu_seqlens_k (and max_seqlen_k), else a cache [B, S_cache, Hkv, D] (max_seqlen_k at
-  most S_cache, default S_cache); seqused_k [B]: each sequence's filled keys.
+  most S_cache, default S_cache); seqused_k [B]: each sequence's filled keys;
+* a paged KV cache (block_table [B, max_pages] int32, a library built for pages): k/v
+  [num_pages, page_size, Hkv, D], seqused_k the keys per sequence, q fixed or packed with
+  cu_seqlens_q, no cu_seqlens_k; max_seqlen_k at most (default) max_pages * page_size. A paged
+  library's device-scheduled kernel takes only such calls (its fixed-length one stays plain).
 
 Strides: q, k and v may be any strided views whose head dim is contiguous; the kernel reads
 their batch, sequence and head strides through TMA, which wants 16-byte aligned rows: a stride
@@ -48,6 +53,18 @@ def shape_text(t: torch.Tensor) -> str:
 
 
 @dataclass(frozen=True)
+class Pages:
+    """A paged call's cache and table as the C ABI takes them (fa_tune.h, ABI 5): rows per page,
+    pages in k and v, table entries per sequence, and elements between two sequences' rows of
+    the table (max_pages for one sequence, whose row stride nothing reads)."""
+
+    page_size: Any
+    num_pages: Any
+    max_pages: Any
+    table_stride: Any
+
+
+@dataclass(frozen=True)
 class Call:
     """A checked call: how many sequences, the lengths the dispatcher picks the bucket by
     (seqlen_q / seqlen_k: S_q / S_k, or max_seqlen_q / max_seqlen_k with device metadata; a
@@ -61,6 +78,7 @@ class Call:
     packed_q: bool = False
     packed_k: bool = False
     device_metadata: bool = False
+    pages: Pages | None = None  # a paged KV cache's geometry (block_table given)
 
     def lse_shape(self, q: torch.Tensor) -> tuple[Any, ...]:
         """lse: [B, Hq, S_q], or [Hq, total_q] with packed q (FlashAttention's layouts)."""
@@ -77,9 +95,12 @@ def check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
           softmax_scale: float | None, cu_seqlens_q: torch.Tensor | None,
           cu_seqlens_k: torch.Tensor | None, max_seqlen_q: Any, max_seqlen_k: Any,
           seqused_k: torch.Tensor | None, lib: Library, window: int = 0, softcap: float = 0.0,
-          sinks: torch.Tensor | None = None) -> Call:
+          sinks: torch.Tensor | None = None, block_table: torch.Tensor | None = None) -> Call:
     """Raise ValueError (one sentence) for input the library cannot run; else the call's form."""
-    if cu_seqlens_q is None and cu_seqlens_k is None and seqused_k is None:
+    if block_table is not None:
+        call = _check_paged(q, k, v, causal, softmax_scale, cu_seqlens_q, cu_seqlens_k,
+                            max_seqlen_q, max_seqlen_k, seqused_k, block_table, lib, window)
+    elif cu_seqlens_q is None and cu_seqlens_k is None and seqused_k is None:
         if max_seqlen_q is not None or max_seqlen_k is not None:
             fail("max_seqlen_q and max_seqlen_k go with cu_seqlens_q / cu_seqlens_k (varlen) or "
                  "seqused_k; a fixed-length call takes its lengths from q and k")
@@ -197,11 +218,8 @@ def _max_len(value: Any, name: str) -> None:
             fail(f"{name} {value} exceeds the kernel's 32-bit lengths")
 
 
-def _check_scheduled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                     softmax_scale: float | None, cu_q: torch.Tensor | None,
-                     cu_k: torch.Tensor | None, max_q: Any, max_k: Any,
-                     seqused_k: torch.Tensor | None, lib: Library, window: int = 0) -> Call:
-    """check() for a call with device metadata (their values are the kernel's to check)."""
+def _q_form(q: torch.Tensor, cu_q: torch.Tensor | None, max_q: Any) -> tuple[Any, Any, Any]:
+    """(sequences, rows of packed q or 0, max_seqlen_q) of a device-scheduled call's q."""
     if cu_q is not None:
         if q.dim() != 3:
             fail(f"with cu_seqlens_q, q is packed [total_q, Hq, head_dim]; got q {shape_text(q)}")
@@ -211,17 +229,24 @@ def _check_scheduled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         if max_q is None:
             fail("cu_seqlens_q needs max_seqlen_q (the longest query sequence, as "
                  "flash_attn_varlen_func's)")
-        batch, total_q, seqlen_q = cu_q.shape[0] - 1, q.shape[0], max_q
-    else:
-        if q.dim() != 4:
-            fail(f"q {shape_text(q)} is packed [total_q, Hq, head_dim]: pass cu_seqlens_q and "
-                 "max_seqlen_q too" if q.dim() == 3 else
-                 f"q must be 4-D [batch, seq, heads, head_dim] or packed with cu_seqlens_q; got "
-                 f"{shape_text(q)}")
-        if max_q is not None and not (_ints(max_q, q.shape[1]) and max_q == q.shape[1]):
-            fail(f"max_seqlen_q goes with cu_seqlens_q; q {shape_text(q)} is fixed length "
-                 f"(S_q = {q.shape[1]})")
-        batch, total_q, seqlen_q = q.shape[0], 0, q.shape[1]
+        return cu_q.shape[0] - 1, q.shape[0], max_q
+    if q.dim() != 4:
+        fail(f"q {shape_text(q)} is packed [total_q, Hq, head_dim]: pass cu_seqlens_q and "
+             "max_seqlen_q too" if q.dim() == 3 else
+             f"q must be 4-D [batch, seq, heads, head_dim] or packed with cu_seqlens_q; got "
+             f"{shape_text(q)}")
+    if max_q is not None and not (_ints(max_q, q.shape[1]) and max_q == q.shape[1]):
+        fail(f"max_seqlen_q goes with cu_seqlens_q; q {shape_text(q)} is fixed length "
+             f"(S_q = {q.shape[1]})")
+    return q.shape[0], 0, q.shape[1]
+
+
+def _check_scheduled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                     softmax_scale: float | None, cu_q: torch.Tensor | None,
+                     cu_k: torch.Tensor | None, max_q: Any, max_k: Any,
+                     seqused_k: torch.Tensor | None, lib: Library, window: int = 0) -> Call:
+    """check() for a call with device metadata (their values are the kernel's to check)."""
+    batch, total_q, seqlen_q = _q_form(q, cu_q, max_q)
     if k.dim() != (3 if cu_k is not None else 4) or tuple(k.shape) != tuple(v.shape):
         if cu_k is None and k.dim() == 3:
             fail(f"k and v {shape_text(k)} are packed [total_k, Hkv, head_dim]: pass "
@@ -243,6 +268,19 @@ def _check_scheduled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
         if max_k is not None and _ints(max_k) and max_k > k.shape[1]:
             fail(f"max_seqlen_k {max_k} exceeds the cache's {k.shape[1]} rows")
         total_k, seqlen_k = 0, k.shape[1] if max_k is None else max_k
+    _scheduled_tail(q, k, v, causal, softmax_scale, cu_q, cu_k, seqused_k, lib, window, batch,
+                    total_q, seqlen_q, seqlen_k, max_q, max_k, paged=False)
+    return Call(batch, seqlen_q, seqlen_k, total_q, total_k, cu_q is not None,
+                cu_k is not None, True)
+
+
+def _scheduled_tail(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                    softmax_scale: float | None, cu_q: torch.Tensor | None,
+                    cu_k: torch.Tensor | None, seqused_k: torch.Tensor | None, lib: Library,
+                    window: int, batch: Any, total_q: Any, seqlen_q: Any, seqlen_k: Any,
+                    max_q: Any, max_k: Any, paged: bool) -> None:
+    """What every device-scheduled call shares, once q, k and v have their forms: the metadata
+    vectors, the common checks, the lengths and the bucket (and its kind: paged or not)."""
     if cu_q is not None:
         _check_meta(cu_q, "cu_seqlens_q", batch + 1, "num_seqs + 1", q)
     if cu_k is not None:
@@ -263,18 +301,96 @@ def _check_scheduled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: 
     if why is not None:
         fail(why)
     Hq, Hkv = q.shape[-2], k.shape[-2]
+    i = None
     if _ints(Hq, Hkv, seqlen_q, seqlen_k, window):
         i = lib.bucket_for(Hq, Hkv, seqlen_q, seqlen_k, window)
         lens = f"max_seqlen_q={seqlen_q} max_seqlen_k={seqlen_k}"
         if i == -1:
-            fail(f"no bucket of {lib.path.name} serves varlen Hq={Hq} Hkv={Hkv} {lens}; it "
-                 f"serves {lib.serves_text()}")
+            fail(f"no bucket of {lib.path.name} serves {'paged' if paged else 'varlen'} "
+                 f"Hq={Hq} Hkv={Hkv} {lens}; it serves {lib.serves_text()}")
         if i is not None:
             why = lib.varlen_missing(i)
             if why is not None:
                 fail(f"{why} ({lens} picks it)")
-    return Call(batch, seqlen_q, seqlen_k, total_q, total_k, cu_q is not None,
-                cu_k is not None, True)
+    _check_paged_kind(lib, i, paged)
+
+
+def _check_paged_kind(lib: Library, index: int | None, paged: bool) -> None:
+    """A paged kernel's device-scheduled calls read a paged cache only, an unpaged one's never
+    (fa_tune.h): the call's kind against its bucket's (or the library's)."""
+    has = lib.paged_at(index)
+    if has is None or has == paged:  # None: buckets differ and symbolic lengths pick one later
+        return
+    where = lib.where(index)
+    if paged:
+        fail(f"block_table given: {where} is built without a paged KV cache (export one for a "
+             "problem class with :pP)")
+    fail(f"{where} is built for a paged KV cache: its device-scheduled kernel (cu_seqlens_q, "
+         "cu_seqlens_k, seqused_k) reads k and v through block_table only; pass the block "
+         "table, or use a library built without pages")
+
+
+def _check_paged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                 softmax_scale: float | None, cu_q: torch.Tensor | None,
+                 cu_k: torch.Tensor | None, max_q: Any, max_k: Any,
+                 seqused_k: torch.Tensor | None, table: torch.Tensor, lib: Library,
+                 window: int = 0) -> Call:
+    """check() for a call with a block table (FA3's page_table): k and v [num_pages,
+    page_size, Hkv, D], seqused_k the keys per sequence; the entries are the kernel's to check."""
+    if not lib.paged:
+        _check_paged_kind(lib, None, True)
+    if cu_k is not None:
+        fail("cu_seqlens_k and block_table together: a paged cache's keys per sequence are "
+             "seqused_k (cache_seqlens), as with FlashAttention's page_table")
+    batch, total_q, seqlen_q = _q_form(q, cu_q, max_q)
+    if k.dim() != 4 or tuple(k.shape) != tuple(v.shape):
+        fail(f"with block_table, k and v are a paged cache [num_pages, page_size, Hkv, "
+             f"head_dim], alike; got k {shape_text(k)}, v {shape_text(v)}")
+    if k.shape[-1] != q.shape[-1]:
+        fail(f"k and v must have q's head dim {q.shape[-1]}; got k {shape_text(k)}")
+    if table.dim() != 2:
+        fail(f"block_table must be 2-D [batch, max_pages]; got {shape_text(table)}")
+    if table.dtype != torch.int32:
+        fail(f"block_table is {table.dtype}; the kernel takes torch.int32 "
+             "(block_table.to(torch.int32))")
+    if table.device != q.device:
+        fail(f"block_table must be on q's device {q.device} (the kernel reads it there); got "
+             f"{table.device}")
+    n_seq, max_pages = table.shape
+    if _ints(n_seq, batch) and n_seq != batch:
+        fail(f"block_table must have one row per sequence: [{batch}, max_pages]; got "
+             f"{shape_text(table)}")
+    if _ints(max_pages) and max_pages < 1:
+        fail(f"block_table {shape_text(table)} has no entries per sequence")
+    if max_pages > 1 and table.stride(1) != 1:
+        fail(f"block_table with strides {tuple(table.stride())} is not contiguous along its "
+             "pages (a row's entries must be adjacent; rows may be strided)")
+    # One sequence: its row stride is never read (and a size-1 dim's stride is arbitrary).
+    row_stride = table.stride(0) if n_seq > 1 else max_pages
+    if _ints(row_stride, max_pages) and row_stride < max_pages:
+        fail(f"block_table's rows overlap (row stride {row_stride} < {max_pages} entries); "
+             "pass block_table.contiguous()")
+    if _ints(row_stride) and row_stride > MAX_ELEMS:
+        fail(f"block_table's row stride {row_stride} exceeds the kernel's 32-bit strides")
+    num_pages, page_size = k.shape[0], k.shape[1]
+    if _ints(page_size) and not (8 <= page_size <= 4096 and page_size & (page_size - 1) == 0):
+        fail(f"page size {page_size} (k.shape[1]) must be a power of two from 8 to 4096 rows")
+    if _ints(num_pages) and num_pages < 1:
+        fail(f"k {shape_text(k)} has no pages")
+    if _ints(num_pages) and num_pages > MAX_ELEMS:
+        fail(f"k {shape_text(k)} has 2^31 pages or more; the table's entries are int32")
+    cap = max_pages * page_size
+    if max_k is not None and _ints(max_k, cap) and max_k > cap:
+        fail(f"max_seqlen_k {max_k} exceeds the {cap} keys a block_table row holds "
+             f"(max_pages {max_pages} x page_size {page_size})")
+    if max_k is None and _ints(cap) and cap > MAX_ELEMS:
+        fail(f"block_table rows of {max_pages} pages of {page_size} keys exceed the kernel's "
+             "32-bit lengths; pass max_seqlen_k (the longest sequence's keys)")
+    seqlen_k = cap if max_k is None else max_k
+    _scheduled_tail(q, k, v, causal, softmax_scale, cu_q, None, seqused_k, lib, window, batch,
+                    total_q, seqlen_q, seqlen_k, max_q, max_k, paged=True)
+    return Call(batch, seqlen_q, seqlen_k, total_q, 0, cu_q is not None, False, True,
+                Pages(page_size, num_pages, max_pages, row_stride))
 
 
 # ---- strides ------------------------------------------------------------------------------------

@@ -247,6 +247,8 @@ def _fallback_reason(query: torch.Tensor, key: torch.Tensor, attention_mask: Any
         return f"no bucket (varlen Hq={Hq} Hkv={Hkv} max_seqlen_q={max_q} max_seqlen_k={max_k})"
     if lib.varlen_missing(i) is not None:
         return "no varlen kernel"
+    if lib.paged_at(i):  # a paged library's varlen kernel reads block tables only
+        return "a paged library"
     return None
 
 

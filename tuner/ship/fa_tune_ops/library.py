@@ -77,23 +77,47 @@ class Library:
         self.softcap = bool(pc.get("softcap", False))
         self.sinks = bool(pc.get("sinks", False))
         self._bucket_for = self.fn["bucket_for"]
-        self._bucket_varlen = self._read_bucket_varlen() if self._bucket_for is not None else []
+        classes = self._read_bucket_classes() if self._bucket_for is not None else []
+        self._bucket_varlen = [bool(c.get("varlen", False)) for c in classes]
+        # A paged KV cache (ABI 5): the device-scheduled calls of a paged kernel take a block
+        # table, and only those; its fixed-length calls are plain. A workload library is paged
+        # where its buckets are (the dispatcher's own class predates the flag).
+        self._bucket_paged = [bool(c.get("paged", False)) for c in classes]
+        self.paged = bool(pc.get("paged", False)) or any(self._bucket_paged)
         self._table: dict[str, Any] | None = None
         # (Hq, Hkv, S_q, S_k, window) -> bucket index: the dispatcher's answer never changes.
         self._buckets: dict[tuple[int, int, int, int, int], int] = {}
 
-    def _read_bucket_varlen(self) -> list[bool]:
+    def _read_bucket_classes(self) -> list[dict[str, Any]]:
         """Each bucket's own problem_class (fa_tune_b<i>_problem_class, exported beside the
-        dispatcher's): whether its kernel serves calls with device metadata."""
-        out = []
+        dispatcher's): whether its kernel serves calls with device metadata, and with pages."""
+        out: list[dict[str, Any]] = []
         for i in range(int(self.fn["bucket_count"]())):
             fn = getattr(self._lib, f"fa_tune_b{i}_problem_class", None)
             if fn is None:
-                out.append(False)
+                out.append({})
                 continue
             fn.restype = ctypes.c_char_p
-            out.append(bool(json.loads(fn().decode()).get("varlen", False)))
+            out.append(json.loads(fn().decode()))
         return out
+
+    def paged_at(self, index: int | None = None) -> bool | None:
+        """Whether the device-scheduled kernel of bucket ``index`` (None: the library's own)
+        reads a paged KV cache, and so needs a block table; None where index is None and the
+        buckets differ (the lengths pick one)."""
+        if not self._bucket_paged:
+            return self.paged
+        if index is not None:
+            return self._bucket_paged[index]
+        return self._bucket_paged[0] if len(set(self._bucket_paged)) == 1 else None
+
+    def where(self, index: int | None = None) -> str:
+        """'bucket NAME of lib.so' for a dispatcher's bucket, else the library's file name."""
+        if index is None or self._bucket_for is None:
+            return self.path.name
+        entries = (self.dispatch() or {}).get("entries") or []
+        name = entries[index].get("bucket", index) if index < len(entries) else index
+        return f"bucket {name} of {self.path.name}"
 
     def varlen_missing(self, index: int | None = None) -> str | None:
         """Why the library (or its bucket ``index``) cannot run calls with device metadata
@@ -106,9 +130,7 @@ class Library:
                 "varlen kernel)")
         if self._bucket_varlen[index]:
             return None
-        entries = (self.dispatch() or {}).get("entries") or []
-        name = entries[index].get("bucket", index) if index < len(entries) else index
-        return f"bucket {name} of {self.path.name} cannot run varlen: {_NO_VARLEN}"
+        return f"{self.where(index)} cannot run varlen: {_NO_VARLEN}"
 
     def last_error(self) -> str:
         raw = self.fn["last_error"]()

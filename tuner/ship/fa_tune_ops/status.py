@@ -1,10 +1,11 @@
 """Bad device metadata, caught without a host sync; and where the calls went (``stats``).
 
-A call with device metadata (cu_seqlens_q, cu_seqlens_k, seqused_k) hands the kernel a status
-pointer: int32[2] of pinned host memory, one per device (under unified addressing its host
-pointer is device-accessible). The kernel's schedule checks the metadata where it reads it
-anyway; a bad batch computes nothing, fills out and lse with NaN and writes FA_TUNE_BAD_* bits
-and the first bad sequence there. The op never reads device metadata on the host; it reads the
+A call with device metadata (cu_seqlens_q, cu_seqlens_k, seqused_k, a block table) hands the
+kernel a status pointer: int32[2] of pinned host memory, one per device (under unified
+addressing its host pointer is device-accessible). The kernel's schedule checks the metadata
+where it reads it anyway (a block table's entries too: FA_TUNE_BAD_BLOCK_TABLE, abi.py's text);
+a bad batch computes nothing, fills out and lse with NaN and writes FA_TUNE_BAD_* bits and the
+first bad sequence there. The op never reads device metadata on the host; it reads the
 status words:
 
 * by default at the start of the next call on that device (no sync: the bad call may still be

@@ -3,8 +3,9 @@
 // dispatcher -> Python -> ctypes; varlen 6.1 against 22.8 us).
 //
 // It covers the steady state only: fixed length (S_q != S_k too), calls with device metadata
-// (cu_seqlens_q / cu_seqlens_k / seqused_k), strided q, k and v whose strides TMA reads as they
-// are. Anything else, a call it cannot vouch for, goes to the Python implementation (the op
+// (cu_seqlens_q / cu_seqlens_k / seqused_k), a paged KV cache (block_table: its address and
+// geometry only, never its values, so CUDA graph replays read the table as it is then),
+// strided q, k and v whose strides TMA reads as they are. Anything else, a call it cannot vouch for, goes to the Python implementation (the op
 // fa_tune::_attention_py, same schema, op.py's _cuda_impl), which has the checks, the error
 // messages, the copies of layouts TMA cannot read and the one-time setup: the first call of
 // each fixed-length shape (its task-list upload must not happen inside a CUDA graph capture),
@@ -53,7 +54,9 @@ struct Bound {
 };
 
 // Keys of calls the Python path ran: (device, B, Hq, Hkv, S_q, S_k) fixed length; (device, -1,
-// Hq, Hkv, bucket, 0) with device metadata; then the models' masks: the window (a fixed
+// Hq, Hkv, bucket, paged) with device metadata (paged 1 with a block table: a bucket's kernel
+// takes paged calls or unpaged ones, never both, and Python says which in its words); then the
+// models' masks: the window (a fixed
 // shape's task lists count its tiles) and which of softcap and sinks are given (the library's
 // class decides whether it takes them: the Python path says so in its words).
 using Key = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int>;
@@ -74,18 +77,18 @@ using OptTensor = std::optional<at::Tensor>;
 using Sig = Out(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool,
                 std::optional<double>, const OptTensor&, const OptTensor&,
                 std::optional<c10::SymInt>, std::optional<c10::SymInt>, const OptTensor&,
-                int64_t, double, const OptTensor&);
+                int64_t, double, const OptTensor&, const OptTensor&);
 
 Out python_path(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
                 std::optional<double> scale, const OptTensor& cu_q, const OptTensor& cu_k,
                 std::optional<c10::SymInt> max_q, std::optional<c10::SymInt> max_k,
                 const OptTensor& seqused_k, int64_t window, double softcap,
-                const OptTensor& sinks) {
+                const OptTensor& sinks, const OptTensor& block_table) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("fa_tune::_attention_py", "")
                              .typed<Sig>();
   return op.call(q, k, v, causal, scale, cu_q, cu_k, std::move(max_q), std::move(max_k),
-                 seqused_k, window, softcap, sinks);
+                 seqused_k, window, softcap, sinks, block_table);
 }
 
 bool ready(const Key& key) {
@@ -137,6 +140,31 @@ bool meta_ok(const at::Tensor& t, int64_t n, const at::Tensor& q) {
          (n <= 1 || t.stride(0) == 1) && t.get_device() == q.get_device();
 }
 
+// A paged call's cache and table as the C ABI takes them (checks.py's Pages).
+struct Pages {
+  int64_t page_size = 0, num_pages = 0, max_pages = 0, table_stride = 0;
+};
+
+// checks.py's _check_paged for the table and the pages: a block table [batch, max_pages] int32
+// on q's device, unit stride along its pages, rows not overlapping (one row: its stride is
+// never read, so max_pages is passed, as Python does); k [num_pages, page_size, Hkv, D] with
+// page_size a power of two from 8 to 4096. False: Python decides (and says why).
+bool pages_ok(const at::Tensor& table, const at::Tensor& k, int64_t batch, const at::Tensor& q,
+              Pages* out) {
+  if (table.dim() != 2 || table.scalar_type() != at::kInt ||
+      table.get_device() != q.get_device() || table.size(0) != batch || table.size(1) < 1 ||
+      (table.size(1) > 1 && table.stride(1) != 1) ||
+      reinterpret_cast<uintptr_t>(table.data_ptr()) % 4 != 0 || k.dim() != 4)
+    return false;
+  const int64_t max_pages = table.size(1), ps = k.size(1), pages = k.size(0);
+  const int64_t stride = batch > 1 ? table.stride(0) : max_pages;
+  if (stride < max_pages || stride > kMaxElems || max_pages > kMaxElems || pages < 1 ||
+      pages > kMaxElems || ps < 8 || ps > 4096 || (ps & (ps - 1)) != 0)
+    return false;
+  *out = Pages{ps, pages, max_pages, stride};
+  return true;
+}
+
 // The args every call fills alike: pointers, strides (batch, sequence, head), heads, lengths.
 fa_tune_args base_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                        const at::Tensor& out, const at::Tensor& lse, float scale,
@@ -180,10 +208,10 @@ Out attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
                    std::optional<double> scale, const OptTensor& cu_q, const OptTensor& cu_k,
                    std::optional<c10::SymInt> max_q, std::optional<c10::SymInt> max_k,
                    const OptTensor& seqused_k, int64_t window, double softcap,
-                   const OptTensor& sinks) {
+                   const OptTensor& sinks, const OptTensor& block_table) {
   auto slow = [&]() {
     return python_path(q, k, v, causal, scale, cu_q, cu_k, max_q, max_k, seqused_k, window,
-                       softcap, sinks);
+                       softcap, sinks, block_table);
   };
   Bound lib;
   {
@@ -217,7 +245,8 @@ Out attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
     a.sinks = sinks.has_value() ? sinks->data_ptr<float>() : nullptr;
   };
 
-  if (!cu_q.has_value() && !cu_k.has_value() && !seqused_k.has_value()) {  // fixed length
+  const bool paged = block_table.has_value();
+  if (!cu_q.has_value() && !cu_k.has_value() && !seqused_k.has_value() && !paged) {  // fixed
     if (max_q.has_value() || max_k.has_value() || q.dim() != 4 || k.dim() != 4) return slow();
     const int64_t B = q.size(0), Sq = q.size(1), Hq = q.size(2), Hkv = k.size(2),
                   Sk = k.size(1);
@@ -235,9 +264,9 @@ Out attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
     return launch(a, std::move(out), std::move(lse), lib, dev);
   }
 
-  // Device metadata: checks.py's _check_scheduled.
+  // Device metadata: checks.py's _check_scheduled (and _check_paged with a block table).
   if (status == nullptr || g_sync_check.load(std::memory_order_relaxed) ||
-      lib.workspace_bytes == nullptr)
+      lib.workspace_bytes == nullptr || (paged && cu_k.has_value()))
     return slow();
   const bool packed_q = cu_q.has_value(), packed_k = cu_k.has_value();
   if (q.dim() != (packed_q ? 3 : 4) || k.dim() != (packed_k ? 3 : 4)) return slow();
@@ -256,7 +285,13 @@ Out attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
     seqlen_q = q.size(1);
     if ((mq && *mq != seqlen_q) || batch < 1 || seqlen_q < 1) return slow();
   }
-  if (packed_k) {
+  Pages pg;
+  if (paged) {  // k and v [num_pages, page_size, Hkv, D]; keys: seqused_k, max_pages x ps
+    if (!pages_ok(*block_table, k, batch, q, &pg)) return slow();
+    const int64_t cap = pg.max_pages * pg.page_size;
+    if ((mk && *mk > cap) || (!mk && cap > kMaxElems)) return slow();
+    seqlen_k = mk ? *mk : cap;
+  } else if (packed_k) {
     if (!mk || !meta_ok(*cu_k, batch + 1, q)) return slow();
     total_k = k.size(0);
     seqlen_k = *mk;
@@ -280,8 +315,15 @@ Out attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   a.seqused_k = seqused_k.has_value() ? seqused_k->data_ptr<int32_t>() : nullptr;
   a.status = status;
   set_masks(a);
+  if (paged) {  // the table's address: the kernel reads its entries at run time
+    a.block_table = block_table->data_ptr<int32_t>();
+    a.block_table_stride = int32_t(pg.table_stride);
+    a.max_pages = int32_t(pg.max_pages);
+    a.page_size = int32_t(pg.page_size);
+    a.num_pages = int32_t(pg.num_pages);
+  }
   const int bucket = lib.bucket_for ? lib.bucket_for(&a) : 0;
-  const Key key{dev, -1, Hq, Hkv, bucket, 0, window, mask_kinds};
+  const Key key{dev, -1, Hq, Hkv, bucket, paged ? 1 : 0, window, mask_kinds};
   const size_t nbytes = bucket < 0 ? 0 : lib.workspace_bytes(&a);
   if (nbytes == 0 || !ready(key)) {  // the bucket's first such call, or a refusal: Python
     Out r = slow();
