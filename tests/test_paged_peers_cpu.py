@@ -457,3 +457,19 @@ def test_zero_page_tails_touches_only_the_unused_rows() -> None:
     assert not np.isnan(k.numpy()).any() and not np.isnan(v.numpy()).any()
     np.testing.assert_array_equal(k.numpy()[written], kp[written])
     assert (k.numpy()[~written] == 0).all() and (~written).any()
+
+
+def test_flashinfer_names_a_missing_toolchain(monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Any) -> None:
+    """Its JIT runs ninja and nvcc on every plan: a missing one is the reason it is
+    unavailable, found where flashinfer looks ($CUDA_HOME, PATH, /usr/local/cuda)."""
+    from tuner.measure.peers import flashinfer as F
+
+    monkeypatch.setattr(F.shutil, "which", lambda name: None)
+    assert "ninja executable, not on PATH" in (F.toolchain_reason() or "")
+    monkeypatch.setattr(F.shutil, "which", lambda name: f"/bin/{name}")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert f"nvcc, not found ({tmp_path}/bin/nvcc)" in (F.toolchain_reason() or "")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvcc").write_text("")
+    assert F.toolchain_reason() is None

@@ -40,6 +40,8 @@ in the wheel.
 from __future__ import annotations
 
 import math
+import os
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,6 +77,22 @@ def paged_kv_args(table: Sequence[Sequence[int]], used: Sequence[int],
     return indptr, indices, last
 
 
+def toolchain_reason() -> str | None:
+    """Why FlashInfer's JIT cannot build here (None: it can). Every wrapper's first plan runs
+    ninja, which runs nvcc (even when the module is cached: ninja decides), found as
+    flashinfer/jit/cpp_ext.py looks for it: $CUDA_HOME (or $CUDA_PATH), nvcc on PATH, else
+    /usr/local/cuda."""
+    if shutil.which("ninja") is None:
+        return ("flashinfer builds its kernels with the ninja executable, not on PATH (pip "
+                "install ninja; lab/h200/flashinfer_stage.sh puts it in .device/fisite/bin)")
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    nvcc = (os.path.join(home, "bin", "nvcc") if home else shutil.which("nvcc")
+            or "/usr/local/cuda/bin/nvcc")
+    if not os.path.exists(nvcc):
+        return f"flashinfer builds its kernels with nvcc, not found ({nvcc})"
+    return None
+
+
 def _rows(t: Any, what: str) -> Any:
     """A [B, S, H, D] view as the [B * S, H, D] rows FlashInfer reads, without a copy (a copy
     in prepare would hand FlashInfer other memory than the other backends read)."""
@@ -101,7 +119,7 @@ class FlashInferPeer(Peer):
         self._plan: dict[str, Any] = {}
 
     def available(self) -> tuple[bool, str]:
-        reason = torch_cuda_reason() or module_missing("flashinfer")
+        reason = torch_cuda_reason() or module_missing("flashinfer") or toolchain_reason()
         if reason:
             return False, reason
         try:
