@@ -53,7 +53,7 @@ def no_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--config", "CFG", "--shape", "4x32x4096", "--shape", "4x32x8192:full"],
          "these problems mix causal and non-causal (:full) masks; a kernel is built for one "
          "mask: run them in two invocations"),
-        (["--preset", "default", "--backends", "fa3,flashinfer"], "unknown backend 'flashinfer'"),
+        (["--preset", "default", "--backends", "fa3,xformers"], "unknown backend 'xformers'"),
         (["--preset", "default", "--warmup", "-1"], "warmup"),
         (["--config", "/nonexistent/c.yaml"], "cannot read config file"),
     ],

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 BLOCKER = textwrap.dedent(
     """
     import importlib.abc, sys
-    BLOCKED = {"torch", "triton", "flash_attn", "cutlass", "quack"}
+    BLOCKED = {"torch", "triton", "flash_attn", "cutlass", "quack", "flashinfer"}
     class _Block(importlib.abc.MetaPathFinder):
         def find_spec(self, name, path=None, target=None):
             if name.split(".")[0] in BLOCKED:
@@ -49,6 +49,7 @@ def test_compare_and_peers_import_without_torch() -> None:
         """
         import tuner.analysis.compare, tuner.measure.peers, tuner.measure.peers.fa3
         import tuner.measure.peers.sdpa, tuner.measure.peers.triton_fa, tuner.measure.peers.base
+        import tuner.measure.peers.flashinfer
         import tuner.measure.launch, tuner.measure.bench
         heavy = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
         assert not heavy, heavy
@@ -74,7 +75,7 @@ def test_peers_report_unavailable_without_torch(tmp_path: Path) -> None:
     )
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
-    for name in ("fa3", "cudnn", "fa2", "triton", "mem_efficient"):
+    for name in ("fa3", "cudnn", "fa2", "triton", "mem_efficient", "flashinfer"):
         ok, reason = res[name]
         assert ok is False
         assert "torch" in reason and "not installed" in reason, (name, reason)
@@ -391,7 +392,7 @@ def test_every_peer_answers_supports_and_takes_the_mask() -> None:
     for name in PEER_NAMES:
         peer = make_peer(name)
         params = list(inspect.signature(peer.prepare).parameters)
-        assert params == ["q", "k", "v", "causal", "varlen", "masks"], (name, params)
+        assert params == ["q", "k", "v", "causal", "varlen", "masks", "pages"], (name, params)
         for p in FAMILY_PROBLEMS:
             why = peer.supports(p)
             assert why is None or (isinstance(why, str) and "\n" not in why and str(p) in why)

@@ -13,8 +13,12 @@
 #   search instead of the lab: search-start STUDY TIMEOUT [fa-tune search args] as call 1,
 #   then search-wait STUDY as call 3; lab/h200/after_search.sh STUDY on the warm machine
 #   next (compare, the multicast GPU tests, the export timed against the tuner)
+#   FlashInfer (a peer of compare, issue 37), one more call, carry [".fi"]:
+#                                          bash lab/h200/flashinfer_stage.sh
+#       (~18 MB: with the repo it fits one call, beside .whl or an FA3 half it does not)
 #   later calls on the same warm machine:  bash lab/h200/gpu_session.sh env -- COMMAND...
-#       runs COMMAND with PYTHONPATH set for fa-tune, its wheels and FA3 (e.g. pytest -m gpu)
+#       runs COMMAND with PYTHONPATH set for fa-tune, its wheels, FA3 and FlashInfer when
+#       installed (PATH with its ninja, its JIT cache in .device/.cache/flashinfer)
 #
 # Keep the timing protocol of the lab at LAB_PROTOCOL (default "20 100 2": warm-up, repeat,
 # rounds) while exploring; use "50 200 3" (the seeds') for numbers that go into docs/PERF.md.
@@ -33,6 +37,12 @@ export FA_TUNE_DEVICE_DIR=$DEV  # the FA3 scripts install where this one looks
 SITE=$DEV/site
 FA3=$DEV/fa3site
 export PYTHONPATH="$FA3:$FA3/nvidia_cutlass_dsl/dsl_packages:$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+FI=$DEV/fisite  # lab/h200/flashinfer_stage.sh: FlashInfer, and the `ninja` its JIT runs
+if [ -d "$FI" ]; then
+  export PYTHONPATH="$PYTHONPATH:$FI" PATH="$FI/bin:$PATH"
+fi
+# FlashInfer's JIT cache (nvcc builds, minutes each) in .device/: kept between calls.
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-$DEV}
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-$DEV/out}
 mkdir -p "$OUT"

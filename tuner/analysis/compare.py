@@ -1,7 +1,7 @@
 """``fa-tune compare``: fa-tune's kernel beside its peers, in one process, on the same inputs.
 
 Every backend (fa-tune's kernel through its C ABI, FlashAttention-3, cuDNN SDPA,
-FlashAttention-2, our Triton kernel) goes through the one measurement path
+FlashAttention-2, our Triton kernel, FlashInfer) goes through the one measurement path
 (``tuner.measure.bench.Bench``), so per problem (``tuner.problem.Problem``: MHA/GQA/MQA, head
 dim 64/128/256, causal or not, S_q queries over S_k keys, q/k/v layout; the ``--shape`` text
 ``BxHq[/Hkv]xS[:kSK][:dD][:full][:qkv|:bhsd]``) each gets:
@@ -9,7 +9,9 @@ dim 64/128/256, causal or not, S_q queries over S_k keys, q/k/v layout; the ``--
 1. the same device buffers holding the same inputs (the oracle's generators, seed 42: Q, K
    uniform in [-2, 2], V uniform in [-1, 1]; BSHD, BF16; with ``:qkv`` / ``:bhsd`` mirrored
    into one fused QKV tensor / a [B, Hkv, S_k, D] cache, which every backend reads through the
-   same strided views); a peer sees them as torch views;
+   same strided views; with ``:pP`` into pages read through a block table, which the peers that
+   read paged caches get, FA3 and FlashInfer, and the others decline); a peer sees them as
+   torch views;
 2. the same gate as ``fa-tune run`` and the search, before any timing: every input set against
    the full FP32 reference (tuner.measure.oracle). A backend that fails is reported as failed
    and gets no numbers; nothing is substituted;
@@ -232,6 +234,7 @@ def versions() -> dict[str, Any]:
         "flash_attn_4": dist_version("flash-attn-4", "fa4"),
         "nvidia_cutlass_dsl": dist_version("nvidia-cutlass-dsl"),
         "quack_kernels": dist_version("quack-kernels"),
+        "flashinfer_python": dist_version("flashinfer-python"),
     }
     try:
         import torch

@@ -138,7 +138,9 @@ def summary_markdown(payload: dict[str, Any]) -> str:
         f"{gpu.get('driver_version', '?')}, power limit {gpu.get('power_limit_w', '?')} W",
         f"- torch {ver.get('torch', '?')} (CUDA {ver.get('torch_cuda', '?')}, cuDNN "
         f"{ver.get('cudnn', '?')}), triton {ver.get('triton', '?')}, flash-attn-4 "
-        f"{ver.get('flash_attn_4', '?')}",
+        f"{ver.get('flash_attn_4', '?')}"
+        + (f", flashinfer-python {ver['flashinfer_python']}"
+           if ver.get("flashinfer_python", "unknown") != "unknown" else ""),
         f"- protocol: {proto.get('warmup', '?')} warm-up, {proto.get('repeat', '?')} timed "
         f"launches, {proto.get('rounds', '?')} rounds, CUDA events, median of round medians; "
         f"before each round an NVML wait (bounded) to <= {proto.get('temp_limit_c', '?')} C and "

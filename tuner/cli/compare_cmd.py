@@ -39,7 +39,7 @@ def compare(
     backends: Annotated[
         str | None,
         typer.Option("--backends", "-b", help="Peers, comma-separated: fa3,cudnn,fa2,triton,"
-                     "mem_efficient, all or none (default: fa3,cudnn,fa2,triton)."),
+                     "mem_efficient,flashinfer, all or none (default: fa3,cudnn,fa2,triton)."),
     ] = None,
     warmup: WarmupOpt = 50,
     repeat: RepeatOpt = 200,

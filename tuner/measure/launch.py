@@ -29,7 +29,7 @@ from tuner.kernel.runtime import (
     stream_handle,
     tensor_view,
 )
-from tuner.measure.peers.base import PeerMasks
+from tuner.measure.peers.base import PeerMasks, PeerPages
 
 
 def launch_supports(launch: Any, problem: ShapeLike) -> str | None:
@@ -167,6 +167,40 @@ def peer_masks(bufs: AttnBuffers) -> PeerMasks:
     return PeerMasks(problem.window, problem.softcap, sinks)
 
 
+def _i32(buf: DeviceBuffer, shape: tuple[int, ...]) -> Any:
+    """An int32 torch tensor aliasing one of our device buffers (cu_seqlens, the block table,
+    the key counts)."""
+    import torch
+
+    return torch.as_tensor(_Cai(buf, shape, "<i4"), device="cuda")
+
+
+def zero_page_tails(layout: Any, k: Any, v: Any) -> None:
+    """Zero the rows of each sequence's last page past its keys in the page pools ``k`` and
+    ``v`` ([num_pages, page_size, Hkv, D] torch tensors; ``layout`` a tuner.paging.PageLayout).
+    The oracle's mirror never writes them, so they hold whatever the allocation held (a freed
+    O buffer's NaN poison, say), and a kernel that loads whole pages (FA3's TMA path, a page of
+    one key tile) multiplies them by P = 0: finite rows give 0, NaN rows NaN. The references
+    never read them and nothing writes them again, so once per bound problem is enough."""
+    for c in layout.copies:
+        if c.rows < layout.page_size:
+            k[c.page, c.rows:].zero_()
+            v[c.page, c.rows:].zero_()
+
+
+def peer_pages(bufs: AttnBuffers, k: Any, v: Any) -> PeerPages:
+    """A paged problem's block table and key counts as a peer takes them (torch int32 views of
+    bufs.block_table [B, max_pages] and bufs.seqused_k [B]); zeroes the page pools' unused
+    rows first (``zero_page_tails``: ``k`` and ``v`` are the views of bufs' k_pages / v_pages)."""
+    problem = as_problem(bufs.shape)
+    layout = problem.pages
+    if getattr(bufs, "block_table", None) is None or getattr(bufs, "seqused_k", None) is None:
+        raise ValueError(f"buffers of {problem} hold no block table")
+    zero_page_tails(layout, k, v)
+    return PeerPages(layout.page_size, _i32(bufs.block_table, tuple(layout.block_table.shape)),
+                     _i32(bufs.seqused_k, (problem.B,)), problem.S_k)
+
+
 class PeerLaunch:
     """A ``tuner.measure.peers.Peer`` on the measurement path (same buffers, stream, gate,
     timing)."""
@@ -200,9 +234,10 @@ class PeerLaunch:
         """Alias bufs as torch tensors and let the peer do its one-time work (JIT, autotune)
         now, outside any timed region; learns whether it returns an LSE we can check. The peer
         is told the problem's mask (``causal``) and the models' masks, if any (``masks``: the
-        sinks as a view of bufs.sinks, so each input set's draw reaches it); Hkv and D are in
-        the views' shapes. A problem the peer does not support raises ValueError with its
-        reason."""
+        sinks as a view of bufs.sinks, so each input set's draw reaches it) and, for a paged
+        problem, its block table and key counts (``pages``: ``peer_pages``; k and v are then
+        the page pools); Hkv and D are in the views' shapes. A problem the peer does not
+        support raises ValueError with its reason."""
         problem = as_problem(bufs.shape)
         key = (*(tensor_view(bufs, n)[0] for n in ("q", "k", "v")), bufs.o.ptr, bufs.lse.ptr,
                problem, stream_handle(stream))
@@ -214,14 +249,13 @@ class PeerLaunch:
         self._views = torch_views(bufs)
         q, k, v, _, lse = self._views
         masks = peer_masks(bufs)
-        kw = {"masks": masks} if masks.any else {}  # a plain problem's call stays as it was
+        kw: dict[str, Any] = {"masks": masks} if masks.any else {}  # plain: the call it was
         with self._stream_ctx(stream):
+            if problem.is_paged:  # k, v are the page pools; the block table beside them
+                kw["pages"] = peer_pages(bufs, k, v)
             if problem.is_varlen:  # packed: the views are [1, total, H, D]; cu_seqlens beside
-                import torch
-
                 assert bufs.cu_q is not None and bufs.cu_k is not None
-                cu_q, cu_k = (torch.as_tensor(_Cai(c, (problem.B + 1,), "<i4"), device="cuda")
-                              for c in (bufs.cu_q, bufs.cu_k))
+                cu_q, cu_k = (_i32(c, (problem.B + 1,)) for c in (bufs.cu_q, bufs.cu_k))
                 self.peer.prepare(q, k, v, problem.causal,
                                   (cu_q, cu_k, problem.S_q, problem.S_k), **kw)
             else:

@@ -5,7 +5,8 @@ torch, triton or flash_attn at module level, so this package (and the CLI) impor
 a peer whose packages are missing reports ``available() == (False, reason)``.
 
 Install the optional ones with ``pip install 'fa-tune[peers]'`` (FA3 on an offline host:
-lab/h200/fa3_stage1.sh and lab/h200/fa3_stage2.sh).
+lab/h200/fa3_stage1.sh and lab/h200/fa3_stage2.sh); FlashInfer with ``pip install
+flashinfer-python`` (offline: lab/h200/flashinfer_stage.sh).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 from tuner.measure.peers.base import Peer
 
 # Order is the order of the table rows; "fa3" is the reference the ratios are taken against.
-PEER_NAMES: tuple[str, ...] = ("fa3", "cudnn", "fa2", "triton", "mem_efficient")
+# FlashInfer is not a default: its first run on a host builds its kernel (nvcc, minutes).
+PEER_NAMES: tuple[str, ...] = ("fa3", "cudnn", "fa2", "triton", "mem_efficient", "flashinfer")
 DEFAULT_PEERS: tuple[str, ...] = ("fa3", "cudnn", "fa2", "triton")
 REFERENCE_PEER = "fa3"
 
@@ -32,6 +34,10 @@ def make_peer(name: str) -> Peer:
         from tuner.measure.peers.triton_fa import TritonPeer
 
         return TritonPeer()
+    if name == "flashinfer":
+        from tuner.measure.peers.flashinfer import FlashInferPeer
+
+        return FlashInferPeer()
     raise ValueError(f"unknown peer {name!r}; choose from {', '.join(PEER_NAMES)}")
 
 

@@ -18,7 +18,11 @@ timed on another mask. The models' masks (a sliding window, a logit softcap, att
 ``Problem.window`` / ``softcap`` / ``sinks``) reach ``prepare`` as ``masks`` (``PeerMasks``, the
 sinks an FP32 [Hq] tensor on the device); a peer that cannot express one exactly declines the
 problem in ``supports`` (``problem_reason(masks=...)`` names those it can), never computes
-another. A peer that finds at
+another. A paged problem (issue 37, ``Problem.page_size``: K and V in pages read through a
+block table) reaches ``prepare`` with k and v the page pools [num_pages, page_size, Hkv, D] and
+``pages`` (``PeerPages``: the block table and every sequence's key count on the device); a peer
+that reads no paged cache declines it in ``supports`` (``problem_reason(paged=...)``). A peer that
+finds at
 ``prepare`` that it cannot run the inputs raises ``Unsupported`` (a ValueError) with the reason:
 the measurement path reports it as "unavailable" for that problem, not as an error.
 
@@ -88,6 +92,21 @@ class PeerMasks:
         return self.window > 0 or self.softcap > 0 or self.sinks is not None
 
 
+@dataclass(frozen=True)
+class PeerPages:
+    """A paged KV cache as a peer gets it (issue 37; tuner/paging.py): ``page_size`` rows per
+    page; ``page_table`` the block table, an int32 [B, max_pages] torch tensor on the device
+    (sequence b's key j is row j % page_size of page page_table[b, j // page_size]; entries past
+    a sequence's pages are 0); ``seqused_k`` the int32 [B] key counts on the device;
+    ``max_seqlen_k`` the longest of them (a host int, as serving engines pass it). The k and v
+    handed to ``prepare`` beside it are the page pools [num_pages, page_size, Hkv, D]."""
+
+    page_size: int
+    page_table: Any
+    seqused_k: Any
+    max_seqlen_k: int
+
+
 # The models' masks: Problem attribute -> what a reason calls it.
 MASK_NAMES: dict[str, str] = {"window": "a sliding window", "softcap": "logit softcapping",
                               "sinks": "attention sinks"}
@@ -100,12 +119,13 @@ def _masks_of(problem: Any) -> list[str]:
 
 def problem_reason(problem: Any, *, gqa: bool = True, head_dims: tuple[int, ...] = (64, 128, 256),
                    causal_only: bool = False, varlen: bool = False, kv_len: str = "any",
-                   masks: tuple[str, ...] = (), who: str = "this peer") -> str | None:
+                   masks: tuple[str, ...] = (), paged: bool = False,
+                   who: str = "this peer") -> str | None:
     """A supports() answer from a peer's scope: GQA/MQA or not, head dims, causal only, packed
     varlen batches or not, which key lengths (``kv_len``): "any" S_q, S_k; "noncausal"
     S_q != S_k only without a causal mask (the backend cannot align it bottom-right); "equal"
-    S_q = S_k only; and which of the models' masks it expresses exactly (``masks``: "window",
-    "softcap", "sinks"; none by default)."""
+    S_q = S_k only; which of the models' masks it expresses exactly (``masks``: "window",
+    "softcap", "sinks"; none by default); and whether it reads a paged KV cache (``paged``)."""
     hq = getattr(problem, "Hq", None) or problem.H
     hkv = getattr(problem, "Hkv", None) or hq
     d = getattr(problem, "D", 128)
@@ -117,6 +137,9 @@ def problem_reason(problem: Any, *, gqa: bool = True, head_dims: tuple[int, ...]
     why = []
     if not varlen and getattr(problem, "seqlens", ()):
         why.append("a packed varlen batch (fixed-length batches only)")
+    if not paged and getattr(problem, "page_size", 0):
+        why.append("a paged KV cache (it reads K and V as tensors, not pages through a block "
+                   "table)")
     if lens_differ and (kv_len == "equal" or (kv_len == "noncausal" and causal)):
         why.append(f"{sq} queries over {sk} keys"
                    + (" with a bottom-right causal mask" if kv_len == "noncausal" else "")
@@ -171,12 +194,15 @@ class Peer:
 
     def prepare(self, q: Any, k: Any, v: Any, causal: bool,
                 varlen: tuple[Any, Any, int, int] | None = None,
-                masks: PeerMasks | None = None) -> None:
+                masks: PeerMasks | None = None, pages: PeerPages | None = None) -> None:
         """Bind the inputs (BSHD views) and do the one-time work. ``varlen``: (cu_seqlens_q,
         cu_seqlens_k (int32 CUDA tensors), max_seqlen_q, max_seqlen_k) of a packed batch, whose
         views are then [1, total_q, Hq, D] and [1, total_k, Hkv, D]; only peers whose
         supports() accepts varlen problems are given one. ``masks``: the models' masks (None:
-        none); only those supports() accepts are given."""
+        none); only those supports() accepts are given. ``pages``: a paged problem's block table
+        and key counts (None: K and V are tensors); k and v are then the page pools [num_pages,
+        page_size, Hkv, D] (q stays [B, S_q, Hq, D], or [1, total_q, Hq, D] with ``varlen``);
+        only peers whose supports() accepts paged problems are given one."""
         raise NotImplementedError
 
     def run(self) -> Any:

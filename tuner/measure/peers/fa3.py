@@ -25,6 +25,19 @@ LSE including them). Each only when the problem has it, so a plain problem's cal
 an installed version whose function lacks one of those arguments declines the problem at
 ``prepare``.
 
+A paged KV cache (issue 37) goes to ``flash_attn_varlen_func`` whichever the queries: its
+``flash_attn_func`` takes no ``page_table`` (flash-attn-4 4.0.0b36, flash_attn/cute/interface.py).
+k and v are the page pools [num_pages, page_size, Hkv, D], ``page_table`` the int32 [B,
+max_pages] block table (contiguous rows, as ``_flash_attn_fwd`` asserts), ``seqused_k`` the key
+counts and ``max_seqlen_k`` the longest; q is [B, S_q, Hq, D] without cu_seqlens_q (the LSE then
+[B, Hq, S_q]) or, packed, [total_q, Hq, D] with cu_seqlens_q / max_seqlen_q. cu_seqlens_k is
+never passed with a page table (the interface asserts that too: the keys' offsets are pages).
+Every page size fa-tune makes (8 .. 4096 rows) is taken: on sm90 a page of exactly the kernel's
+key tile (128 rows at D 64 and 128, never at D 256's 80) loads by TMA, any other size through
+cp.async row by row (``paged_kv_non_tma``). The TMA path reads a sequence's whole last page, and
+the interface's docstring asks the rows past the sequence's keys to be finite (P = 0 times NaN
+is NaN): ``PeerLaunch`` zeroes them once when it binds a paged problem.
+
 Installing without a network: lab/h200/fa3_stage1.sh and fa3_stage2.sh; with ``pip --target`` the
 folder ``<target>/nvidia_cutlass_dsl/dsl_packages`` must be on PYTHONPATH as well.
 """
@@ -37,6 +50,7 @@ from typing import Any
 from tuner.measure.peers.base import (
     Peer,
     PeerMasks,
+    PeerPages,
     Unsupported,
     dist_version,
     module_missing,
@@ -56,6 +70,7 @@ class FA3Peer(Peer):
         self._varlen_fn: Any = None
         self._qkv: tuple[Any, Any, Any] | None = None
         self._varlen: tuple[Any, Any, int, int] | None = None
+        self._pages: PeerPages | None = None
         self._causal = True
         self._masks: dict[str, Any] = {}  # the models' masks as the interface's arguments
         self._lse: Any = None
@@ -91,7 +106,7 @@ class FA3Peer(Peer):
 
     def supports(self, problem: Any) -> str | None:
         return problem_reason(problem, varlen=True, masks=("window", "softcap", "sinks"),
-                              who=self.name)
+                              paged=True, who=self.name)
 
     @staticmethod
     def mask_args(causal: bool, masks: PeerMasks | None) -> dict[str, Any]:
@@ -109,12 +124,16 @@ class FA3Peer(Peer):
 
     def prepare(self, q: Any, k: Any, v: Any, causal: bool,
                 varlen: tuple[Any, Any, int, int] | None = None,
-                masks: PeerMasks | None = None) -> None:
+                masks: PeerMasks | None = None, pages: PeerPages | None = None) -> None:
         self._load()
         kw = self.mask_args(causal, masks)
-        fn = self._varlen_fn if varlen is not None else self._fn
+        # Pages: the varlen function, the only one with a page_table (fixed queries too).
+        paged = pages is not None
+        fn = self._varlen_fn if varlen is not None or paged else self._fn
         params = inspect.signature(fn).parameters
         lacking = [name for name in kw if name not in params]
+        if paged:
+            lacking += [name for name in ("page_table", "seqused_k") if name not in params]
         if lacking:
             raise Unsupported(f"{self.name}: this flash_attn.cute.interface."
                               f"{getattr(fn, '__name__', 'function')} takes no "
@@ -127,8 +146,11 @@ class FA3Peer(Peer):
         if why is not None:
             raise Unsupported(why)
         self._varlen = varlen
+        self._pages = pages
         if varlen is not None:  # [1, total, H, D] views -> the packed [total, H, D]
-            q, k, v = q[0], k[0], v[0]
+            q = q[0]
+            if not paged:  # pages stay [num_pages, page_size, Hkv, D]
+                k, v = k[0], v[0]
         self._qkv = (q, k, v)
         self._causal = bool(causal)
         self.run()  # JIT compile now, not in the first warm-up launch
@@ -136,6 +158,8 @@ class FA3Peer(Peer):
     def run(self) -> Any:
         assert self._qkv is not None, "prepare() first"
         q, k, v = self._qkv
+        if self._pages is not None:
+            return self._run_paged(q, k, v, self._pages)
         if self._varlen is not None:
             cu_q, cu_k, max_q, max_k = self._varlen
             out, lse = self._varlen_fn(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
@@ -150,13 +174,33 @@ class FA3Peer(Peer):
         self._lse = lse
         return out
 
+    def _run_paged(self, q: Any, k: Any, v: Any, pages: PeerPages) -> Any:
+        """One launch over the page pools: the block table and key counts, no cu_seqlens_k."""
+        kw: dict[str, Any] = {}
+        if self._varlen is not None:
+            cu_q, _, max_q, _ = self._varlen
+            kw = {"cu_seqlens_q": cu_q, "max_seqlen_q": max_q}
+        out, lse = self._varlen_fn(q, k, v, page_table=pages.page_table,
+                                   seqused_k=pages.seqused_k, max_seqlen_k=pages.max_seqlen_k,
+                                   causal=self._causal, return_lse=self.return_lse, **kw,
+                                   **self._masks)
+        if self._varlen is not None:  # packed: [total_q, Hq, D] and [Hq, total_q]
+            self._lse = None if lse is None else lse.unsqueeze(0)
+            return out.unsqueeze(0)
+        self._lse = lse  # [B, Hq, S_q]
+        return out
+
     def lse(self) -> Any | None:
         return self._lse
 
     def details(self) -> dict[str, Any]:
-        fn = "flash_attn_varlen_func" if self._varlen is not None else "flash_attn_func"
+        fn = ("flash_attn_varlen_func" if self._varlen is not None or self._pages is not None
+              else "flash_attn_func")
         out = {"return_lse": self.return_lse, "causal": self._causal,
                "call": f"flash_attn.cute.interface.{fn}"}
+        if self._pages is not None:
+            out["page_table"] = f"int32 {list(self._pages.page_table.shape)}"
+            out["page_size"] = self._pages.page_size
         if "window_size" in self._masks:
             out["window_size"] = list(self._masks["window_size"])
         if "softcap" in self._masks:
@@ -169,4 +213,5 @@ class FA3Peer(Peer):
         self._qkv = None
         self._lse = None
         self._varlen = None
+        self._pages = None
         self._masks = {}

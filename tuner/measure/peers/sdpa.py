@@ -40,6 +40,7 @@ from typing import Any
 from tuner.measure.peers.base import (
     Peer,
     PeerMasks,
+    PeerPages,
     Unsupported,
     problem_reason,
     torch_cuda_reason,
@@ -98,9 +99,11 @@ class SdpaPeer(Peer):
 
     def prepare(self, q: Any, k: Any, v: Any, causal: bool,
                 varlen: tuple[Any, Any, int, int] | None = None,
-                masks: PeerMasks | None = None) -> None:
+                masks: PeerMasks | None = None, pages: PeerPages | None = None) -> None:
         import torch
 
+        if pages is not None:  # supports() declines a paged cache: never read pages as tensors
+            raise Unsupported(f"{self.name} reads no paged KV cache")
         m = masks or PeerMasks()
         if m.softcap > 0 or m.sinks is not None:  # supports() declines them: never approximate
             raise Unsupported(f"{self.name} cannot express a softcap or attention sinks exactly")

@@ -16,6 +16,7 @@ from typing import Any
 from tuner.measure.peers.base import (
     Peer,
     PeerMasks,
+    PeerPages,
     Unsupported,
     dist_version,
     module_missing,
@@ -66,8 +67,10 @@ class TritonPeer(Peer):
 
     def prepare(self, q: Any, k: Any, v: Any, causal: bool,
                 varlen: tuple[Any, Any, int, int] | None = None,
-                masks: PeerMasks | None = None) -> None:
+                masks: PeerMasks | None = None, pages: PeerPages | None = None) -> None:
         B, S, H, D = q.shape
+        if pages is not None:  # supports() declines a paged cache: never read pages as tensors
+            raise Unsupported(f"{self.name} reads no paged KV cache")
         if masks is not None and masks.any:  # supports() declines them: never compute another
             raise Unsupported(f"{self.name} runs no sliding window, softcap or sinks")
         if D != HEAD_DIM or tuple(k.shape) != tuple(q.shape) or not causal:
