@@ -5,7 +5,7 @@ _last_page_len from the block table, shared pages under every sequence that read
 the whole bind -> run -> collect path of ``PeerLaunch`` with stand-ins of both libraries that
 compute attention through the pages they are handed (float64, torch on the CPU): the output and
 the LSE equal the NumPy reference on the dense K and V, at page sizes 16 and 64, with shared
-pages, partial last pages whose unused rows start as NaN (``zero_page_tails``), packed batches
+pages, partial last pages (their unused rows zero, as AttnBuffers allocates them), packed batches
 with empty sequences, and the window and softcap. No GPU, flash_attn or flashinfer needed."""
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ PAGED = [Problem.parse(t) for t in (
 def _paged_inputs(p: Problem, seed: int = 0) -> tuple[np.ndarray, ...]:
     """(q, k, v, k_pool, v_pool): dense float64 inputs of p.as_fixed (q [B, S_q, Hq, D], k and
     v [B, S_k, Hkv, D]) with the shared rows copied as the oracle does, and the page pools
-    [num_pages, page_size, Hkv, D] filled from them, every row no copy writes left NaN."""
+    [num_pages, page_size, Hkv, D] filled from them, every row no copy writes zero (as
+    AttnBuffers allocates them)."""
     m, layout = p.as_fixed, p.pages
     rng = np.random.default_rng(seed)
     q = rng.uniform(-2, 2, (m.B, m.S, m.Hq, m.D))
@@ -52,7 +53,7 @@ def _paged_inputs(p: Problem, seed: int = 0) -> tuple[np.ndarray, ...]:
         rows = t.reshape(-1, m.Hkv, m.D)  # dense rows: b * S_k + key, or cu_seqlens_k[b] + key
         for a, b, n in layout.shared:
             rows[b:b + n] = rows[a:a + n]
-        pool = np.full((layout.num_pages, layout.page_size, m.Hkv, m.D), np.nan)
+        pool = np.zeros((layout.num_pages, layout.page_size, m.Hkv, m.D))
         for c in layout.copies:
             pool[c.page, :c.rows] = rows[c.src_row:c.src_row + c.rows]
         pools.append(pool)
@@ -312,8 +313,7 @@ def test_fa3_reads_the_pages_through_page_table(monkeypatch: pytest.MonkeyPatch,
     """flash_attn_varlen_func for fixed and packed queries alike: k, v the pools, page_table
     the int32 [B, max_pages] table, seqused_k the key counts, max_seqlen_k the longest,
     cu_seqlens_q / max_seqlen_q only packed, never cu_seqlens_k; O and the LSE those of the
-    dense reference (through whole pages: the unused rows were NaN until PeerLaunch zeroed
-    them)."""
+    dense reference (through whole pages, the unused rows zero)."""
     from tuner.measure.peers.fa3 import FA3Peer
 
     fa3, peer = _FA3(), FA3Peer()
@@ -338,7 +338,6 @@ def test_fa3_reads_the_pages_through_page_table(monkeypatch: pytest.MonkeyPatch,
     np.testing.assert_allclose(views["lse"].numpy(), lse_ref, atol=1e-9)
     d = launch.details()
     assert d["call"].endswith("flash_attn_varlen_func") and d["page_size"] == layout.page_size
-    assert not np.isnan(views["k"].numpy()).any()  # every unused row of a last page zeroed
 
 
 def test_fa3_paged_with_sinks_and_an_old_interface(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -442,21 +441,6 @@ def test_flashinfer_without_pages_goes_ragged(text: str) -> None:
                          p.causal, varlen, masks=PeerMasks(sinks=torch.zeros(p.Hq)))
     finally:
         del sys.modules["flashinfer"]
-
-
-def test_zero_page_tails_touches_only_the_unused_rows() -> None:
-    """Rows past each sequence's keys in its last page become 0; every row a copy wrote (the
-    shared page included) keeps its value."""
-    from tuner.measure.launch import zero_page_tails
-
-    p = Problem.parse("4/2x[30:100,20:64,5:16,17:40]:d64:p64")
-    _, _, _, kp, vp = _paged_inputs(p)
-    written = ~np.isnan(kp)
-    k, v = torch.from_numpy(kp.copy()), torch.from_numpy(vp.copy())
-    zero_page_tails(p.pages, k, v)
-    assert not np.isnan(k.numpy()).any() and not np.isnan(v.numpy()).any()
-    np.testing.assert_array_equal(k.numpy()[written], kp[written])
-    assert (k.numpy()[~written] == 0).all() and (~written).any()
 
 
 def test_flashinfer_names_a_missing_toolchain(monkeypatch: pytest.MonkeyPatch,

@@ -10,7 +10,9 @@ is built (gate, timing, peers): the pages of all sequences in one pool, in a ran
 from the problem's text, and, as prefix caching makes them, shared pages: every odd sequence's
 first page is sequence 0's first page (where both hold a whole page), so its first page_size
 keys and values are sequence 0's. Table entries past a sequence's pages are 0 (a valid page:
-a kernel that read them would read wrong keys, not fault).
+a kernel that read them would read wrong keys, not fault). Rows of a sequence's last page past
+its keys are zero (the buffers zero the pools once; kernels that load whole pages read them,
+masked, and 0 x NaN would be NaN).
 
 The inputs are generated dense (the logical [B, S_k, Hkv, D] or packed [total_k, Hkv, D] K and
 V, which the references read) and mirrored into the pages (``PageLayout.copies``): first the

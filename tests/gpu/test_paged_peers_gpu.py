@@ -4,9 +4,9 @@ FlashInfer (BatchPrefillWithPagedKVCacheWrapper), through the same gate as every
 and the LSE): page sizes 16 .. 256 (128 = FA3's key tile at D 64 and 128: its TMA path), the
 pages in the problem's random order, odd sequences sharing sequence 0's first page, partial last
 pages, packed batches with empty sequences, GQA and MQA, S_q < S_k and S_q > S_k, D 64, 128 and
-256, and the models' masks (FlashInfer declines sinks, nothing else); then a gate whose page
-pools start as NaN (the mirror never writes a last page's unused rows: PeerLaunch zeroes them)
-and a short timing of each on one serving-sized problem.
+256, and the models' masks (FlashInfer declines sinks, nothing else); the pools' unused rows zero
+(AttnBuffers zeroes them at allocation: the mirror never writes them); and a short timing of
+each on one serving-sized problem.
 
     pytest -s -m gpu tests/gpu/test_paged_peers_gpu.py
 
@@ -77,20 +77,26 @@ def test_flashinfer_without_pages_passes_the_gate() -> None:
 
 @pytest.mark.parametrize("peer_name", ["fa3", "flashinfer"])
 @pytest.mark.parametrize("text", ["3x8/2x130:k700:p128", "8/2x[300:1000,1:513]:d64:p128"])
-def test_nan_in_unused_page_rows_is_zeroed(peer_name: str, text: str) -> None:
-    """The page pools filled with NaN before the inputs: the mirror writes only the keys' rows,
-    so every last page's unused rows stay NaN until PeerLaunch zeroes them at bind; a kernel
-    that loads whole pages (FA3 at one key tile per page) must still pass."""
+def test_unused_page_rows_are_zero(peer_name: str, text: str) -> None:
+    """The mirror writes only the keys' rows; the rest of every last page is zero from the
+    buffers' allocation (a kernel that loads whole pages, FA3 at one key tile per page,
+    multiplies them by P = 0, and NaN there would poison O), and the gate passes."""
+    import numpy as np
+
     problem = Problem.parse(text)
     launch = peer_launch(peer_name)
     bench = Bench(0)
     try:
-        bufs = bench.buffers(problem)
-        for name in ("k_pages", "v_pages"):
-            bufs.layout_bufs[name].memset_u8(0xFF)  # BF16 0xFFFF: NaN
         g = bench.gate(launch, problem)
         print(f"{peer_name} {g.summary()}")
         assert g.passed, g.summary()
+        bufs = bench.buffers(problem)
+        pages, row = problem.pages, problem.Hkv * problem.D
+        for name in ("k_pages", "v_pages"):
+            pool = bufs.layout_bufs[name].copy_to_host(np.uint16).reshape(
+                pages.num_pages, pages.page_size, row)
+            for c in pages.copies:
+                assert (pool[c.page, c.rows:] == 0).all(), (name, c)
     finally:
         launch.release()
         bench.close()

@@ -593,6 +593,12 @@ class AttnBuffers(BufferGroup):
             self.layout_bufs: dict[str, DeviceBuffer] = {
                 name: self._alloc(n * BF16_BYTES)
                 for name, n in self.shape.layout_buffers().items()}
+            if self.shape.is_paged:
+                # Rows of a last page past its sequence's keys are never mirrored into, but
+                # kernels that load whole pages multiply them by P = 0: zero, not whatever the
+                # allocation held (a freed buffer's NaN poison gives NaN).
+                for name in ("k_pages", "v_pages"):
+                    self.layout_bufs[name].memset_u8(0)
             # Worked out once: every launch of the timing loop asks for them.
             self._views = {name: tensor_view(self, name) for name in ("q", "k", "v", "o")}
         except BaseException:

@@ -175,28 +175,14 @@ def _i32(buf: DeviceBuffer, shape: tuple[int, ...]) -> Any:
     return torch.as_tensor(_Cai(buf, shape, "<i4"), device="cuda")
 
 
-def zero_page_tails(layout: Any, k: Any, v: Any) -> None:
-    """Zero the rows of each sequence's last page past its keys in the page pools ``k`` and
-    ``v`` ([num_pages, page_size, Hkv, D] torch tensors; ``layout`` a tuner.paging.PageLayout).
-    The oracle's mirror never writes them, so they hold whatever the allocation held (a freed
-    O buffer's NaN poison, say), and a kernel that loads whole pages (FA3's TMA path, a page of
-    one key tile) multiplies them by P = 0: finite rows give 0, NaN rows NaN. The references
-    never read them and nothing writes them again, so once per bound problem is enough."""
-    for c in layout.copies:
-        if c.rows < layout.page_size:
-            k[c.page, c.rows:].zero_()
-            v[c.page, c.rows:].zero_()
-
-
-def peer_pages(bufs: AttnBuffers, k: Any, v: Any) -> PeerPages:
+def peer_pages(bufs: AttnBuffers) -> PeerPages:
     """A paged problem's block table and key counts as a peer takes them (torch int32 views of
-    bufs.block_table [B, max_pages] and bufs.seqused_k [B]); zeroes the page pools' unused
-    rows first (``zero_page_tails``: ``k`` and ``v`` are the views of bufs' k_pages / v_pages)."""
+    bufs.block_table [B, max_pages] and bufs.seqused_k [B]; the pools' unused rows are zero:
+    AttnBuffers zeroes them at allocation)."""
     problem = as_problem(bufs.shape)
     layout = problem.pages
     if getattr(bufs, "block_table", None) is None or getattr(bufs, "seqused_k", None) is None:
         raise ValueError(f"buffers of {problem} hold no block table")
-    zero_page_tails(layout, k, v)
     return PeerPages(layout.page_size, _i32(bufs.block_table, tuple(layout.block_table.shape)),
                      _i32(bufs.seqused_k, (problem.B,)), problem.S_k)
 
@@ -252,7 +238,7 @@ class PeerLaunch:
         kw: dict[str, Any] = {"masks": masks} if masks.any else {}  # plain: the call it was
         with self._stream_ctx(stream):
             if problem.is_paged:  # k, v are the page pools; the block table beside them
-                kw["pages"] = peer_pages(bufs, k, v)
+                kw["pages"] = peer_pages(bufs)
             if problem.is_varlen:  # packed: the views are [1, total, H, D]; cu_seqlens beside
                 assert bufs.cu_q is not None and bufs.cu_k is not None
                 cu_q, cu_k = (_i32(c, (problem.B + 1,)) for c in (bufs.cu_q, bufs.cu_k))
