@@ -340,8 +340,8 @@ def test_a_bad_block_table_raises_once_in_one_sentence(libs,
         status.raise_pending(7)
     assert str(e.value) == (
         "fa_tune::attention: an earlier call on cuda:7 had bad device metadata: a block table "
-        "entry lies outside the KV cache's pages, or a sequence needs more pages than its "
-        "table row holds (first at sequence 1); its out and lse are NaN (the kernel read "
+        "entry lies outside the KV cache's pages (first at sequence 1); its out and lse are "
+        "NaN (the kernel read "
         "nothing out of bounds)")
     status.raise_pending(7)  # once
 

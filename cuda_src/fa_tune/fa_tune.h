@@ -115,8 +115,8 @@ typedef struct fa_tune_args {
 #define FA_TUNE_BAD_SEQUSED_K 4     // negative, or more keys than the sequence holds
 #define FA_TUNE_BAD_MAX_SEQLEN_Q 8  // a query length above seqlen_q
 #define FA_TUNE_BAD_MAX_SEQLEN_K 16 // a key length above seqlen_k
-#define FA_TUNE_BAD_BLOCK_TABLE 32  // an entry outside 0 .. num_pages - 1, or more pages than
-                                    // max_pages for a sequence's keys
+#define FA_TUNE_BAD_BLOCK_TABLE 32  // an entry a sequence's keys need outside 0 .. num_pages - 1
+                                    // (a row too short for seqlen_k is refused on the host)
 
 FA_TUNE_API int fa_tune_abi_version(void);  // FA_TUNE_ABI_VERSION
 FA_TUNE_API int fa_tune_forward(const fa_tune_args* args, cudaStream_t stream);

@@ -9,9 +9,11 @@
 #   2  carry [".fa3/part1"]  bash lab/h200/s21.sh hf-masks
 #        parks FA3's first half; issue 36's transformers models (Mistral, Gemma-2, gpt-oss) through
 #        generate() against the FP32 model (tests/gpu/test_hf_masks_gpu.py)
-#   3  carry [".fa3/part2"]  bash lab/h200/s21.sh peers
-#        installs FA3; issue 37's table: fa-tune compare --backends fa3 at pages of 64, 128, 256
-#        and the mixed varlen batch over pages; the peers' GPU tests
+#   3  carry [".fi"]         bash lab/h200/s21.sh fi
+#        installs FlashInfer (lab/h200/flashinfer_stage.sh) and builds its D 128 prefill module
+#   4  carry [".fa3/part2"]  bash lab/h200/s21.sh peers
+#        installs FA3; issue 37's table: fa-tune compare --backends fa3,flashinfer at pages of
+#        64, 128, 256 and the mixed varlen batch over pages; the paged peers' and op's GPU tests
 # Logs land in $OUT.
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -41,7 +43,7 @@ gpu_tests() {  # LOG TIMEOUT FILES...
 # prompts (512 to 8192 new tokens over cached prefixes of 0 to 8192).
 FIXED=4x32/8x2048:k8192
 MIXED="32/8x[512,1024:5120,2048:10240,4096:6144,8192,768:6912,3072:4096,6144:14336]"
-case "${1:?paged|hf-masks|peers}" in
+case "${1:?paged|hf-masks|fi|peers}" in
 paged)
   timeout 200 $E python3 lab/h200/prebuild.py paged > "$OUT/prebuild.log" 2>&1
   step "prebuild exit $?"; grep -E "FAILED|local memory|built in|builds on" "$OUT/prebuild.log"
@@ -63,15 +65,22 @@ hf-masks)
   gpu_tests hf_masks.log 540 tests/gpu/test_hf_masks_gpu.py
   grep -E "stats|per-step" "$OUT/hf_masks.log" | cut -c1-400
   ;;
+fi)
+  FI_SMOKE=1 timeout 560 bash lab/h200/flashinfer_stage.sh > "$OUT/fi_stage.log" 2>&1
+  step "flashinfer stage exit $?"; tail -5 "$OUT/fi_stage.log"
+  ;;
 peers)
   FA3_SMOKE=0 bash lab/h200/fa3_stage2.sh > "$OUT/fa3_install.log" 2>&1 \
     || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed"; exit 3; }
   for shape in $FIXED:p64 $FIXED:p128 $FIXED:p256 $FIXED "$MIXED:p64"; do
     log="cmp_${shape//[:\/\[\],*]/_}.log"
-    timeout 80 $E python3 -m tuner.cli compare --preset llama3 --shape "$shape" --backends fa3 \
+    timeout 80 $E python3 -m tuner.cli compare --preset llama3 --shape "$shape" \
+      --backends fa3,flashinfer \
       --results-dir "$DEV/cmp" > "$OUT/$log" 2>&1
     step "compare $shape exit $?"; tail -5 "$OUT/$log"
   done
+  gpu_tests paged_peers.log $((570 - (SECONDS - t0))) tests/gpu/test_paged_peers_gpu.py \
+    tests/gpu/test_paged_op_gpu.py
   ;;
 esac
 step done

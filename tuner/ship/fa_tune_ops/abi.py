@@ -21,8 +21,7 @@ BAD_METADATA = {
     4: "seqused_k is negative or exceeds the keys its sequence holds",
     8: "a query length exceeds max_seqlen_q",
     16: "a key length exceeds max_seqlen_k",
-    32: "a block table entry lies outside the KV cache's pages, or a sequence needs more pages "
-        "than its table row holds",
+    32: "a block table entry lies outside the KV cache's pages",
 }
 
 
