@@ -16,27 +16,8 @@
 #        compare's GPU tests; issue 34's chunked-prefill rows
 # Logs land in $OUT; a call on a fresh machine (the last one was taken back) says what is missing.
 set -uo pipefail
-LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-DEV=${FA_TUNE_DEVICE_DIR:-$(cd "$LAB/../.." && pwd)/.device}
-mkdir -p "$DEV"
-export FA_TUNE_DEVICE_DIR=$DEV
-OUT=${OUT:-$DEV/out}
-mkdir -p "$OUT"
-E="bash $LAB/gpu_session.sh env --"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$DEV/site" .whl/*.whl
-elif [ ! -d "$DEV/site/optuna" ]; then
-  echo "fa-tune's wheels are not installed on this machine: run 'build-accuracy' with carry [\".whl\"] first"; exit 2
-fi
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv,noheader
-t0=$SECONDS
-step() { echo "[$((SECONDS - t0)) s] $*"; }
-gpu_tests() {  # LOG TIMEOUT FILES...
-  local log=$1 limit=$2; shift 2
-  timeout "$limit" $E python3 -m pytest -q -s -m gpu -p no:cacheprovider --durations=6 "$@" \
-    > "$OUT/$log" 2>&1
-  step "$log: exit $?"; grep -E "passed|failed|FAILED|Error|s call" "$OUT/$log" | tail -12
-}
+FIRST_CALL=build-accuracy
+source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
 case "${1:?build-accuracy|masks|fa3}" in
 build-accuracy)
   timeout 240 $E python3 lab/h200/prebuild.py plain masks > "$OUT/prebuild.log" 2>&1
@@ -56,11 +37,11 @@ masks)
 masks-again)  # a fresh machine after the fixes, carry [".whl"]: the kernel's masks only
   timeout 100 $E python3 lab/h200/prebuild.py masks > "$OUT/prebuild.log" 2>&1
   step "prebuild exit $?"; grep -E "FAILED|local memory|built in|builds on" "$OUT/prebuild.log"
-  FA_TUNE_STUDIES=$PWD/studies gpu_tests masks.log 140 tests/gpu/test_masks_gpu.py
+  gpu_tests masks.log 140 tests/gpu/test_masks_gpu.py
   grep -E "^bug |FAIL" "$OUT/masks.log" | head -20
   for a in "default 1x16/8x8192" "d256 1x16/8x8192:d256"; do
     set -- $a
-    FA_TUNE_STUDIES=$PWD/studies timeout 40 $E python3 lab/h200/softcap_forms.py --preset "$1" \
+    timeout 40 $E python3 lab/h200/softcap_forms.py --preset "$1" \
       --shape "$2" > "$OUT/softcap_$1.log" 2>&1; step "softcap forms $1 exit $?"; tail -3 "$OUT/softcap_$1.log"
   done
   ;;

@@ -16,29 +16,8 @@
 #        64, 128, 256 and the mixed varlen batch over pages; the paged peers' and op's GPU tests
 # Logs land in $OUT.
 set -uo pipefail
-LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-DEV=${FA_TUNE_DEVICE_DIR:-$(cd "$LAB/../.." && pwd)/.device}
-mkdir -p "$DEV"
-export FA_TUNE_DEVICE_DIR=$DEV
-OUT=${OUT:-$DEV/out}
-mkdir -p "$OUT"
-E="bash $LAB/gpu_session.sh env --"
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$DEV/site" .whl/*.whl
-elif [ ! -d "$DEV/site/optuna" ]; then
-  echo "fa-tune's wheels are not installed on this machine: run 'paged' with carry [\".whl\"] first"; exit 2
-fi
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv,noheader
-t0=$SECONDS
-step() { echo "[$((SECONDS - t0)) s] $*"; }
-# The tests build into the prebuilt cache (tests/conftest.py makes a fresh one otherwise).
-export FA_TUNE_STUDIES=$PWD/studies
-gpu_tests() {  # LOG TIMEOUT FILES...
-  local log=$1 limit=$2; shift 2
-  timeout "$limit" $E python3 -m pytest -q -s -m gpu -p no:cacheprovider --durations=6 "$@" \
-    > "$OUT/$log" 2>&1
-  step "$log: exit $?"; grep -E "passed|failed|FAILED|Error|s call" "$OUT/$log" | tail -12
-}
+FIRST_CALL=paged
+source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
 # Issue 37's problems: 4 sequences of 2048 new queries over 8192 keys; a mixed batch of 8
 # prompts (512 to 8192 new tokens over cached prefixes of 0 to 8192).
 FIXED=4x32/8x2048:k8192

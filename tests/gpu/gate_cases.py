@@ -21,6 +21,23 @@ def case_id(x: object) -> str:
     return str(x)
 
 
+def case_kernels(cases: list[tuple[str, Problem]]) -> dict:
+    """Each (preset, problem) case's kernel, built for the problem's class, once per (config,
+    class): the ``kernels`` that gate_case reads."""
+    from tuner.kernel import build
+    from tuner.kernel.config import load_preset
+    from tuner.measure.launch import KernelLaunch
+
+    out: dict = {}
+    for name, p in cases:
+        key = (load_preset(name), p.problem_class)
+        if key not in out:
+            res = build.build_config(key[0], pclass=key[1])
+            res.require_timeable()
+            out[key] = KernelLaunch(res.so_path)
+    return out
+
+
 def gate_case(bench: Bench, kernels: dict, cfg: KernelConfig, problem: Problem) -> GateResult:
     """Gate cfg's kernel (built for the problem's class) on the problem; print the summary."""
     kernel = kernels[(cfg, problem.problem_class)]

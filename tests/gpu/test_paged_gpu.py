@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gate_cases import case_id, gate_case
+from gate_cases import case_id, case_kernels, gate_case
 
-from tuner.kernel import build
 from tuner.kernel.config import KernelConfig, load_preset
 from tuner.kernel.runtime import KernelError
 from tuner.measure.bench import Bench
@@ -40,15 +39,7 @@ ALL = [(name, Problem.parse(t)) for name, texts in CASES for t in texts]
 
 @pytest.fixture(scope="module")
 def kernels() -> dict[tuple[KernelConfig, ProblemClass], KernelLaunch]:
-    out = {}
-    for name, p in ALL:
-        cfg = load_preset(name)
-        key = (cfg, p.problem_class)
-        if key not in out:
-            res = build.build_config(cfg, pclass=p.problem_class)
-            res.require_timeable()
-            out[key] = KernelLaunch(res.so_path)
-    return out
+    return case_kernels(ALL)
 
 
 @pytest.mark.parametrize(("name", "p"), ALL, ids=lambda x: case_id(x))

@@ -1,0 +1,28 @@
+# What the session scripts' calls share (sourced by s20.sh and s21.sh, which set FIRST_CALL to
+# the call that carries .whl): the .device folder, $OUT, fa-tune's wheels, step timestamps and
+# gpu_tests. Each call runs on the same warm machine as the one before it, or says what is missing.
+LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+DEV=${FA_TUNE_DEVICE_DIR:-$(cd "$LAB/../.." && pwd)/.device}
+mkdir -p "$DEV"
+export FA_TUNE_DEVICE_DIR=$DEV
+OUT=${OUT:-$DEV/out}
+mkdir -p "$OUT"
+E="bash $LAB/gpu_session.sh env --"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$DEV/site" .whl/*.whl
+elif [ ! -d "$DEV/site/optuna" ]; then
+  echo "fa-tune's wheels are not installed on this machine: run '$FIRST_CALL' with carry [\".whl\"] first"
+  exit 2
+fi
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv,noheader
+t0=$SECONDS
+step() { echo "[$((SECONDS - t0)) s] $*"; }
+# The tests build into the prebuilt cache (lab/h200/prebuild.py; tests/conftest.py makes a
+# fresh one otherwise, and the tests' fixtures build one kernel at a time).
+export FA_TUNE_STUDIES=$PWD/studies
+gpu_tests() {  # LOG TIMEOUT FILES...
+  local log=$1 limit=$2; shift 2
+  timeout "$limit" $E python3 -m pytest -q -s -m gpu -p no:cacheprovider --durations=6 "$@" \
+    > "$OUT/$log" 2>&1
+  step "$log: exit $?"; grep -E "passed|failed|FAILED|Error|s call" "$OUT/$log" | tail -12
+}
