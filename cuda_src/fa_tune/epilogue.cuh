@@ -2,6 +2,7 @@
 // with stmatrix, and store them with TMA; write the LSE of its rows.
 #pragma once
 
+#include "o_stage.cuh"
 #include "params.cuh"
 #include "softmax.cuh"
 #include "tma.cuh"
@@ -36,12 +37,40 @@ struct Epilogue {
     }
   }
 
+  // O's accumulator (FP32) as BF16 into the swizzled O tile, one stmatrix.x4 per 16 columns
+  // of each warp's 16 rows (o_stage.cuh says where). Written out rather than as CuTe's STSM
+  // tiled copy: the same stores, and that copy's layout algebra was a quarter of a
+  // candidate's front-end time (docs/PERF.md step 53).
+  template <class Frag>
+  __device__ __forceinline__ static void stage_o(const Frag& acc, Element* o_smem) {
+    constexpr int N = decltype(cute::size(acc))::value;  // D / 2 values per thread
+    static_assert(N == T::kHeadDim / 2, "the 64 x D accumulator of one warpgroup");
+    uint32_t packed[N / 2];
+    CUTE_UNROLL
+    for (int e = 0; e < N; e += 2) {
+      __nv_bfloat162 v = __floats2bfloat162_rn(acc(e), acc(e + 1));
+      packed[e / 2] = reinterpret_cast<uint32_t&>(v);
+    }
+    // The thread index read here, not hoisted: else NVVM computes the addresses once before
+    // the mainloop and keeps them live through it (a D 256 varlen kernel spilled).
+    int tid_x;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_x));
+    const OStage at(tid_x - kWarpgroupThreads);
+    const uint32_t base = uint32_t(__cvta_generic_to_shared(o_smem));
+    CUTE_UNROLL
+    for (int k = 0; k < T::kHeadDim / 16; ++k) {
+      const uint32_t addr = base + at.offset(k, T::kBlockM);
+      asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+                   "r"(packed[4 * k]), "r"(packed[4 * k + 1]), "r"(packed[4 * k + 2]),
+                   "r"(packed[4 * k + 3]));
+    }
+  }
+
   // Returns once the TMA store has finished reading shared memory, so the caller may hand
   // the O/Q buffer back to the producer. first_row: the warpgroup's first query row
   // (params.cuh, wg_first_row); row0: this thread's first row.
   template <class TOrO, class Softmax>
-  __device__ static void run(const Params& p, SharedStorage<T>& ss, typename T::MmaPV& mma_pv,
-                             TOrO& tOrO, const Softmax& sm,
+  __device__ static void run(const Params& p, SharedStorage<T>& ss, TOrO& tOrO, const Softmax& sm,
                              const float (&inv_sum)[2],
                              const TileCoord& t, int first_row, int row0, int wg, int tid) {
     using namespace cute;
@@ -53,18 +82,11 @@ struct Epilogue {
     } else {
       scale_rows(tOrO, inv_sum);
     }
-    Tensor tOrO_bf16 = make_fragment_like<Element>(tOrO);
-    convert_to_bf16(tOrO, tOrO_bf16);
-
     // Each warpgroup writes only its own 64 rows, which only its own QKs read as Q, so no
     // other warpgroup needs to be waited for before overwriting them.
     Element* o_smem = T::kSeparateO ? ss.o : ss.q;
     Tensor sO = make_tensor(make_smem_ptr(o_smem), typename T::SmemLayoutO{});
-    auto copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
-    auto thr_copy_o = copy_o.get_thread_slice(tid);
-    Tensor src = thr_copy_o.retile_S(tOrO_bf16);
-    Tensor dst = thr_copy_o.partition_D(sO);
-    cute::copy(copy_o, src, dst);
+    stage_o(tOrO, o_smem);
     fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(kWarpgroupThreads, kEpilogueBar + wg);
 

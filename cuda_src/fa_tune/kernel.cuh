@@ -155,7 +155,7 @@ struct Consumer {
                                                                         p.mask.window),
                                        p.mask.window, p.mask.softcap_pre, sink_log2};
       ML::run(st, ss, sm, args, release_q, issue_next, inv_sum);
-      Epilogue<Cfg, Sched>::run(p, ss, mma_pv, tOrO, sm, inv_sum, t, first_row, row0, wg, tid);
+      Epilogue<Cfg, Sched>::run(p, ss, tOrO, sm, inv_sum, t, first_row, row0, wg, tid);
       if constexpr (Cfg::q_release == QRelease::AtEnd) ss.q_ring.release(qst);
       qst.advance<1>();
       t = next;
