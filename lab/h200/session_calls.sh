@@ -1,6 +1,6 @@
-# What the session scripts' calls share (sourced by s20.sh and s21.sh, which set FIRST_CALL to
-# the call that carries .whl): the .device folder, $OUT, fa-tune's wheels, step timestamps and
-# gpu_tests. Each call runs on the same warm machine as the one before it, or says what is missing.
+# What the session scripts' calls share (sourced by s20.sh, s21.sh and s22.sh, which set
+# FIRST_CALL to the call that carries .whl): the .device folder, $OUT, fa-tune's wheels, step
+# timestamps and gpu_tests. Each call runs on the same warm machine as the one before it, or says what is missing.
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DEV=${FA_TUNE_DEVICE_DIR:-$(cd "$LAB/../.." && pwd)/.device}
 mkdir -p "$DEV"
