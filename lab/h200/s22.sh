@@ -6,10 +6,13 @@
 #   wip/operands  also the operands and fragments by hand (operands.cuh); .base = main
 # (`git archive REV tuner cuda_src templates search_spaces pyproject.toml
 #  scripts/sass_snapshot.py | tar -x -C .base`, with the other one checked out):
-#   1  carry [".whl", ".base"]   bash lab/h200/s22.sh ab
-#        installs our wheels; builds every preset from both trees with all cores
-#        (scripts/sass_snapshot.py), compares their SASS, gates both kernels of each preset and
-#        times them A B B A in one process (scripts/ab_libs.py)
+#   1  carry [".whl", ".base"]   bash lab/h200/s22.sh ab [BEFORE [AFTER]]
+#        BEFORE, AFTER: source trees (default .base and this checkout; .base/NAME folders let
+#        one call compare two pairs, e.g. `ab .base/ae90c71 .base/main` then `ab .base/main .`
+#        with wip/operands checked out). Installs our wheels; builds every preset from both
+#        trees with all cores (scripts/sass_snapshot.py; a tree built before is a cache hit),
+#        compares their SASS, gates both kernels of each preset and times them A B B A in one
+#        process (scripts/ab_libs.py)
 #   2  (no carry)                bash lab/h200/s22.sh tests
 #        the GPU tests of the kernel's pieces: the oracle and planted bugs, every scheduler and
 #        cluster kind, q_in_regs and sum_in_pv among them, varlen, the models' masks, the op
@@ -17,23 +20,24 @@
 set -uo pipefail
 FIRST_CALL=ab
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
-case "${1:?ab|tests}" in
+case "${1:?ab [BEFORE [AFTER]]|tests}" in
 ab)
-  [ -d .base/cuda_src ] || { echo ".base is missing: carry [\".whl\", \".base\"]"; exit 2; }
-  (cd .base && PYTHONPATH="$DEV/site:$PWD" timeout 200 python3 scripts/sass_snapshot.py \
-     --out "$DEV/sass-before" --cache "$DEV/cache-before" > "$OUT/ab_before.log" 2>&1)
-  step "before built: exit $?"; tail -2 "$OUT/ab_before.log"
-  PYTHONPATH="$DEV/site:$PWD" timeout 120 python3 scripts/sass_snapshot.py --out "$DEV/sass-after" \
-    --cache "$DEV/cache-after" > "$OUT/ab_after.log" 2>&1
-  step "after built: exit $?"; tail -2 "$OUT/ab_after.log"
-  $E python3 scripts/sass_snapshot.py --compare "$DEV/sass-before" "$DEV/sass-after" \
-    > "$OUT/sass_compare.txt" 2>&1
-  cp "$DEV/sass-before/index.json" "$OUT/sass_before_index.json"
-  cp "$DEV/sass-after/index.json" "$OUT/sass_after_index.json"
-  timeout $((580 - (SECONDS - t0))) $E python3 scripts/ab_libs.py "$DEV/sass-before" \
-    "$DEV/sass-after" --pairs 3 --settle-s 0.5 --json "$OUT/ab.json" > "$OUT/ab.log" 2>&1
+  BEFORE=${2:-.base} AFTER=${3:-.}
+  [ -d "$BEFORE/cuda_src" ] || { echo "$BEFORE is not a source tree: carry [\".whl\", \".base\"]"; exit 2; }
+  snap() {  # TREE -> builds its snapshot into $DEV/sass-NAME (NAME: the tree's folder name)
+    local tree name; tree=$(cd "$1" && pwd); name=$(basename "$tree")
+    (cd "$tree" && PYTHONPATH="$DEV/site:$tree" timeout 200 python3 scripts/sass_snapshot.py \
+       --out "$DEV/sass-$name" --cache "$DEV/cache-$name" > "$OUT/build_$name.log" 2>&1)
+    step "$name built: exit $?"; tail -1 "$OUT/build_$name.log"
+  }
+  snap "$BEFORE"; snap "$AFTER"
+  B=$DEV/sass-$(basename "$(cd "$BEFORE" && pwd)") A=$DEV/sass-$(basename "$(cd "$AFTER" && pwd)")
+  tag=$(basename "$B")_vs_$(basename "$A")
+  $E python3 scripts/sass_snapshot.py --compare "$B" "$A" > "$OUT/${tag}_sass.txt" 2>&1
+  timeout $((580 - (SECONDS - t0))) $E python3 scripts/ab_libs.py "$B" "$A" --pairs 3 \
+    --settle-s 0.5 --json "$OUT/${tag}_ab.json" > "$OUT/${tag}_ab.log" 2>&1
   step "ab_libs exit $?"
-  tail -22 "$OUT/ab.log"
+  tail -22 "$OUT/${tag}_ab.log"
   ;;
 tests)
   timeout 150 $E python3 lab/h200/prebuild.py plain masks > "$OUT/prebuild.log" 2>&1
