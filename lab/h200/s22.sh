@@ -24,14 +24,17 @@ case "${1:?ab [BEFORE [AFTER]]|tests}" in
 ab)
   BEFORE=${2:-.base} AFTER=${3:-.}
   [ -d "$BEFORE/cuda_src" ] || { echo "$BEFORE is not a source tree: carry [\".whl\", \".base\"]"; exit 2; }
-  snap() {  # TREE -> builds its snapshot into $DEV/sass-NAME (NAME: the tree's folder name)
-    local tree name; tree=$(cd "$1" && pwd); name=$(basename "$tree")
+  name_of() {  # a tree's snapshot name: its folder's, "checkout" for this one
+    if [ "$(cd "$1" && pwd)" = "$PWD" ]; then echo checkout; else basename "$(cd "$1" && pwd)"; fi
+  }
+  snap() {  # TREE -> builds its snapshot into $DEV/sass-NAME
+    local tree name; tree=$(cd "$1" && pwd); name=$(name_of "$1")
     (cd "$tree" && PYTHONPATH="$DEV/site:$tree" timeout 200 python3 scripts/sass_snapshot.py \
        --out "$DEV/sass-$name" --cache "$DEV/cache-$name" > "$OUT/build_$name.log" 2>&1)
     step "$name built: exit $?"; tail -1 "$OUT/build_$name.log"
   }
   snap "$BEFORE"; snap "$AFTER"
-  B=$DEV/sass-$(basename "$(cd "$BEFORE" && pwd)") A=$DEV/sass-$(basename "$(cd "$AFTER" && pwd)")
+  B=$DEV/sass-$(name_of "$BEFORE") A=$DEV/sass-$(name_of "$AFTER")
   tag=$(basename "$B")_vs_$(basename "$A")
   $E python3 scripts/sass_snapshot.py --compare "$B" "$A" > "$OUT/${tag}_sass.txt" 2>&1
   timeout $((580 - (SECONDS - t0))) $E python3 scripts/ab_libs.py "$B" "$A" --pairs 3 \
