@@ -95,7 +95,9 @@ PROBLEM_HELP = (f"Problem {PROBLEM_SYNTAX}, e.g. 4x32x8192, 1x32/8x8192 (GQA), "
                 ":sinks attention sinks, e.g. 1x64/8x8192:d64:w128:sinks; "
                 ":qkv: q, k, v as views of one fused QKV tensor, e.g. "
                 "1x32/8x8192:qkv; :bhsd: k, v as views of \\[B, Hkv, SK, D] memory (a KV cache), "
-                "e.g. 1x32/8x2048:k8192:bhsd; repeatable (default: the 3 seed problems).")
+                "e.g. 1x32/8x2048:k8192:bhsd; :pP: K/V in a paged cache of P-row pages, e.g. "
+                "4x32/8x2048:k8192:p64; packed batches: 32/8x[2048:8192,512*2]; repeatable "
+                "(default: the 3 seed problems).")
 ShapeOpt = Annotated[list[str] | None, typer.Option("--shape", "-s", help=PROBLEM_HELP)]
 PresetOpt = Annotated[
     str | None, typer.Option("--preset", "-p", help="Preset name (see `fa-tune presets`).")
