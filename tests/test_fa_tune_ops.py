@@ -22,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="fa_tune_ops needs PyTorch (pip install torch)")
 
 from dispatch_stub import build_stub_library  # noqa: E402
+from op_errors import one_error  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: E402
 
 from tuner.ship import dispatch  # noqa: E402
@@ -159,9 +160,9 @@ def test_cache_seqlens_is_seqused_k(stub_lib: Path) -> None:
     out, lse = ops.attention(q, k, v, cache_seqlens=ints(3))
     assert out.shape == q.shape and lse.shape == (3, 32, 128)
     assert ops.attention(q, k, v, cache_seqlens=1000)[0].shape == q.shape
-    assert "seqused_k must have batch = 3 entries" in _one_error(
+    assert "seqused_k must have batch = 3 entries" in one_error(
         lambda: ops.attention(q, k, v, cache_seqlens=ints(4)))
-    assert "give seqused_k or cache_seqlens" in _one_error(
+    assert "give seqused_k or cache_seqlens" in one_error(
         lambda: ops.attention(q, k, v, seqused_k=ints(3), cache_seqlens=ints(3)))
 
 
@@ -191,14 +192,6 @@ def test_compile_fullgraph_traces_the_op(stub_lib: Path, form: str) -> None:
     # AOT autograd's tracing runs the fake implementation too.
     out, _ = torch.compile(f, fullgraph=True, backend="aot_eager")(*make(), tensors)
     assert out.shape == out_shape
-
-
-def _one_error(call) -> str:
-    with pytest.raises(ValueError) as e:
-        call()
-    msg = str(e.value)
-    assert msg.startswith("fa_tune::attention: ") and "\n" not in msg, msg
-    return msg
 
 
 @pytest.mark.parametrize("make, kwargs, needle", [
@@ -270,7 +263,7 @@ def _one_error(call) -> str:
 ])
 def test_unsupported_input_is_one_clear_error(stub_lib: Path, make, kwargs, needle) -> None:
     q, k, v = make()
-    assert needle in _one_error(lambda: ops.attention(q, k, v, **kwargs))
+    assert needle in one_error(lambda: ops.attention(q, k, v, **kwargs))
 
 
 def test_varlen_refused_by_a_bucket_without_it(four_buckets) -> None:
@@ -284,7 +277,7 @@ def test_varlen_refused_by_a_bucket_without_it(four_buckets) -> None:
                    "serve varlen: its README says why) (max_seqlen_q=4096 max_seqlen_k=4096 "
                    "picks it)"),
             (8192, "bucket s8k of libfa_tune_fwd.so cannot run varlen")):
-        assert needle in _one_error(lambda m=max_q: ops.attention(
+        assert needle in one_error(lambda m=max_q: ops.attention(
             q, k, v, max_seqlen_q=m, max_seqlen_k=m, **meta))
     # Fixed length is untouched by a bucket's varlen; a chunk runs its query length's bucket.
     assert ops.attention(*qkv(1, 8192))[0].shape == (1, 8192, 32, 128)
@@ -808,7 +801,7 @@ def test_native_build_finds_the_header(tmp_path: Path, monkeypatch: pytest.Monke
 ])
 def test_masks_the_library_lacks_are_refused(stub_lib: Path, kwargs: dict, needle: str) -> None:
     """The fake implementation (what torch.compile traces) says it in one line, as the CUDA one."""
-    msg = _one_error(lambda: ops.attention(*qkv(), **kwargs))
+    msg = one_error(lambda: ops.attention(*qkv(), **kwargs))
     assert needle in msg, msg
 
 

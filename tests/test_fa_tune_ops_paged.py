@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="fa_tune_ops needs PyTorch (pip install torch)")
 
 from dispatch_stub import build_stub_library, last_args  # noqa: E402
+from op_errors import one_error  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: E402
 
 from tuner.ship import dispatch  # noqa: E402
@@ -78,14 +79,6 @@ def cache(pages: int = 64, page_size: int = 256, hkv: int = HKV, device: str = "
     """k and v as a paged cache [num_pages, page_size, Hkv, D]."""
     return (empty(pages, page_size, hkv, D, device=device),
             empty(pages, page_size, hkv, D, device=device))
-
-
-def _one_error(call) -> str:
-    with pytest.raises(ValueError) as e:
-        call()
-    msg = str(e.value)
-    assert msg.startswith("fa_tune::attention: ") and "\n" not in msg, msg
-    return msg
 
 
 def test_schema_takes_a_block_table(libs: dict[str, Path]) -> None:
@@ -155,7 +148,7 @@ def test_fa3_names(libs) -> None:
     out, _ = ops.attention(qp, k, v, cu_seqlens_q=ints(4), max_seqlen_q=300,
                            cache_seqlens=2000, page_table=table)
     assert out.shape == qp.shape
-    assert "give block_table or page_table" in _one_error(
+    assert "give block_table or page_table" in one_error(
         lambda: ops.attention(q, k, v, block_table=table, page_table=table))
 
 
@@ -245,7 +238,7 @@ def _q() -> torch.Tensor:
 def test_paged_input_the_library_cannot_run_is_one_clear_error(libs, make, kwargs,
                                                                needle) -> None:
     q, k, v = make()
-    msg = _one_error(lambda: ops.attention(q, k, v, **kwargs))
+    msg = one_error(lambda: ops.attention(q, k, v, **kwargs))
     assert needle in msg, msg
 
 
@@ -257,7 +250,7 @@ def test_a_paged_librarys_fixed_length_calls_stay_plain(libs) -> None:
 
 def test_a_library_without_pages_refuses_a_block_table(plain) -> None:
     assert not plain.paged and plain.paged_at(0) is False
-    msg = _one_error(lambda: ops.attention(_q(), *cache(), block_table=ints(3, 16)))
+    msg = one_error(lambda: ops.attention(_q(), *cache(), block_table=ints(3, 16)))
     assert ("block_table given: libfa_tune_fwd.so is built without a paged KV cache (export one "
             "for a problem class with :pP)") in msg
     # and its unpaged device-scheduled calls go on as before

@@ -23,9 +23,9 @@ from tuner.problem import ProblemClass
 
 PAGED = Artifact(load_preset("default"), ProblemClass(128, True, True, paged=True))
 pytestmark = [pytest.mark.gpu, pytest.mark.builds(PAGED)]
-torch = pytest.importorskip("torch", reason="the op tests need PyTorch with CUDA")
-if not torch.cuda.is_available():  # pragma: no cover - a GPU host without CUDA torch
-    pytest.skip("torch has no CUDA here (pip install torch with CUDA)", allow_module_level=True)
+from op_exports import cuda_torch  # noqa: E402
+
+torch = cuda_torch()
 ops = pytest.importorskip("tuner.ship.fa_tune_ops")
 
 BF16 = torch.bfloat16

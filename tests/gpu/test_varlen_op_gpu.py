@@ -21,9 +21,9 @@ from tuner.ship import dispatch
 from tuner.ship.workload import workload_from_dict
 
 pytestmark = pytest.mark.gpu
-torch = pytest.importorskip("torch", reason="the op tests need PyTorch with CUDA")
-if not torch.cuda.is_available():  # pragma: no cover - a GPU host without CUDA torch
-    pytest.skip("torch has no CUDA here (pip install torch with CUDA)", allow_module_level=True)
+from op_exports import cuda_torch  # noqa: E402
+
+torch = cuda_torch()
 ops = pytest.importorskip("tuner.ship.fa_tune_ops")
 from tuner.ship.fa_tune_ops import checks, status  # noqa: E402
 

@@ -16,9 +16,9 @@ import pytest
 from op_exports import export_and_load
 
 pytestmark = pytest.mark.gpu
-torch = pytest.importorskip("torch", reason="the op tests need PyTorch with CUDA")
-if not torch.cuda.is_available():  # pragma: no cover - a GPU host without CUDA torch
-    pytest.skip("torch has no CUDA here (pip install torch with CUDA)", allow_module_level=True)
+from op_exports import cuda_torch  # noqa: E402
+
+torch = cuda_torch()
 ops = pytest.importorskip("tuner.ship.fa_tune_ops")
 
 F = torch.nn.functional
