@@ -47,10 +47,7 @@ struct Epilogue {
     static_assert(N == T::kHeadDim / 2, "the 64 x D accumulator of one warpgroup");
     uint32_t packed[N / 2];
     CUTE_UNROLL
-    for (int e = 0; e < N; e += 2) {
-      __nv_bfloat162 v = __floats2bfloat162_rn(acc(e), acc(e + 1));
-      packed[e / 2] = reinterpret_cast<uint32_t&>(v);
-    }
+    for (int e = 0; e < N; e += 2) packed[e / 2] = bf16x2(acc(e), acc(e + 1));
     // The thread index read here, not hoisted: else NVVM computes the addresses once before
     // the mainloop and keeps them live through it (a D 256 varlen kernel spilled).
     int tid_x;

@@ -269,18 +269,20 @@ __device__ __forceinline__ void scale_rows(Frag& acc, const float (&f)[2]) {
   for (int e = 0; e < N; ++e) acc(e) *= f[(e / 2) % 2];
 }
 
-// FP32 fragment -> BF16 fragment with the same flat order: one cvt.rn.bf16x2 per pair,
-// stored as one 32-bit register.
+// Two FP32 values as one 32-bit register of BF16 (lo in the low half): one cvt.rn.bf16x2.
+__device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
+  __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+  return reinterpret_cast<uint32_t&>(p);
+}
+
+// FP32 fragment -> BF16 fragment with the same flat order, a pair per 32-bit register.
 template <class Src, class Dst>
 __device__ __forceinline__ void convert_to_bf16(const Src& src, Dst& dst) {
   constexpr int N = decltype(cute::size(src))::value;
   static_assert(N % 2 == 0);
   auto dst32 = cute::recast<uint32_t>(dst);
   CUTE_UNROLL
-  for (int e = 0; e < N; e += 2) {
-    __nv_bfloat162 p = __floats2bfloat162_rn(src(e), src(e + 1));
-    dst32(e / 2) = reinterpret_cast<uint32_t&>(p);
-  }
+  for (int e = 0; e < N; e += 2) dst32(e / 2) = bf16x2(src(e), src(e + 1));
 }
 
 // P (probabilities) -> BF16 for the PV GEMM: convert_to_bf16, or a lab build's truncation.
