@@ -98,6 +98,6 @@ def test_make_args_and_texts() -> None:
     assert list(a.q_stride) == [1, 2, 3] and a.heads_q == 32 and a.seqlen_k == 8192
     assert list(a.k_stride) == [0, 0, 0] and not a.cu_seqlens_q
     assert abi.bad_metadata_text(2 | 4, 7) == (
-        "cu_seqlens_k does not run from 0 to the key rows, non-decreasing; seqused_k is "
+        "cu_seqlens_k does not run from 0, non-decreasing, within the key rows; seqused_k is "
         "negative or exceeds the keys its sequence holds (first at sequence 7)")
     assert abi.bad_metadata_text(64, 0) == "code 64 (first at sequence 0)"

@@ -360,7 +360,7 @@ def test_status_words_raise_once_and_clear(monkeypatch: pytest.MonkeyPatch) -> N
         status.raise_pending(7)
     assert str(e.value) == (
         "fa_tune::attention: an earlier call on cuda:7 had bad device metadata: cu_seqlens_k "
-        "does not run from 0 to the key rows, non-decreasing; a key length exceeds "
+        "does not run from 0, non-decreasing, within the key rows; a key length exceeds "
         "max_seqlen_k (first at sequence 5); its out and lse are NaN (the kernel read nothing "
         "out of bounds)")
     assert list(words) == [0, 0]

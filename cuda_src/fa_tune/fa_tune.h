@@ -110,8 +110,8 @@ typedef struct fa_tune_args {
 } fa_tune_args;
 
 // status[0] bits: what was wrong with a call's device metadata.
-#define FA_TUNE_BAD_CU_SEQLENS_Q 1  // not 0 .. total_q, non-decreasing
-#define FA_TUNE_BAD_CU_SEQLENS_K 2  // not 0 .. total_k, non-decreasing
+#define FA_TUNE_BAD_CU_SEQLENS_Q 1  // not from 0, non-decreasing, within total_q
+#define FA_TUNE_BAD_CU_SEQLENS_K 2  // not from 0, non-decreasing, within total_k
 #define FA_TUNE_BAD_SEQUSED_K 4     // negative, or more keys than the sequence holds
 #define FA_TUNE_BAD_MAX_SEQLEN_Q 8  // a query length above seqlen_q
 #define FA_TUNE_BAD_MAX_SEQLEN_K 16 // a key length above seqlen_k

@@ -41,6 +41,27 @@ inline cudaError_t encode_view(CUtensorMap* map, const TensorView& t, int D, int
   return encode_bshd_map(map, t.ptr, t.batch, t.rows, t.heads, D, box_rows, t.stride);
 }
 
+// One int per device, computed on first use (thread-safe): what a launch reads from the
+// device's attributes, which never change in a process.
+class PerDevice {
+ public:
+  template <class Compute>
+  cudaError_t get(int dev, int* out, Compute&& compute) {
+    std::lock_guard<std::mutex> lock(m_);
+    if (auto it = values_.find(dev); it != values_.end()) {
+      *out = it->second;
+      return cudaSuccess;
+    }
+    const cudaError_t e = compute(dev, out);
+    if (e == cudaSuccess) values_.emplace(dev, *out);
+    return e;
+  }
+
+ private:
+  std::mutex m_;
+  std::map<int, int> values_;
+};
+
 template <class Cfg>
 struct Launcher {
   using T = Derived<Cfg>;  // not Traits: the host pass reads no CuTe (device_pass.cuh)
@@ -298,13 +319,12 @@ struct Launcher {
   // waiting for an SM pair would run its tasks after everyone else). Cached per device.
   template <bool kVarlen>
   static cudaError_t persistent_ctas(int dev, int* out) {
-    static std::mutex m;
-    static std::map<int, int> cache;
-    std::lock_guard<std::mutex> lock(m);
-    if (auto it = cache.find(dev); it != cache.end()) {
-      *out = it->second;
-      return cudaSuccess;
-    }
+    static PerDevice cache;
+    return cache.get(dev, out,
+                     [](int d, int* n) { return count_persistent_ctas<kVarlen>(d, n); });
+  }
+  template <bool kVarlen>
+  static cudaError_t count_persistent_ctas(int dev, int* out) {
     int sms = 0;
     cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess)
@@ -326,7 +346,7 @@ struct Launcher {
                                                        "-CTA cluster of this kernel fits the device");
       n = T::kClusterSize * std::max(1, std::min(n / T::kClusterSize, fit));
     }
-    *out = cache[dev] = n;
+    *out = n;
     return cudaSuccess;
   }
 
@@ -428,6 +448,21 @@ struct Launcher {
 
   // -- device-scheduled calls (varlen.cuh builds the schedule on the device)
 
+  // The schedule's L2 section budget on device `dev` (VarlenPlan::section_keys): key rows x
+  // K/V heads whose K and V fill ~60% of L2, the rest left to Q, O and other traffic, as the
+  // fixed-length dynamic scheduler's sections. Cached per device.
+  static cudaError_t section_keys(int dev, int* out) {
+    static PerDevice cache;
+    return cache.get(dev, out, [](int dev, int* out) {
+      int l2 = 0;
+      if (cudaError_t e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev); e != cudaSuccess)
+        return fail_cuda(e, "cudaDeviceGetAttribute");
+      const long long keys = (long long)(0.6 * l2) / (2LL * T::kHeadDim * 2);  // K, V rows, BF16
+      *out = int(std::max(1LL, std::min<long long>(keys, INT_MAX)));
+      return cudaSuccess;
+    });
+  }
+
   // head_cluster: the tasks name runs of kHeadCtas heads (the cluster takes one run).
   static VarlenPlan plan_of(const fa_tune_args& a) {
     constexpr int c = T::kHeadCtas;
@@ -521,6 +556,9 @@ struct Launcher {
       }
       int* counter = static_cast<int*>(workspace);
       auto* tasks = reinterpret_cast<VarlenTask*>(static_cast<char*>(workspace) + 16);
+      int dev = 0;
+      if ((e = cudaGetDevice(&dev)) != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
+      if ((e = section_keys(dev, &plan.section_keys)) != cudaSuccess) return e;
 
       const int qb = a.cu_seqlens_q ? 1 : a.batch, kb = a.cu_seqlens_k ? 1 : a.batch;
       VarlenMeta meta;
@@ -567,8 +605,7 @@ struct Launcher {
                             a.num_pages};
       }
       if ((e = encode_maps(p, a, qb, q_rows(a), kb, k_rows(a))) != cudaSuccess) return e;
-      int dev = 0, ctas = 0;
-      if ((e = cudaGetDevice(&dev)) != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
+      int ctas = 0;
       if ((e = persistent_ctas<true>(dev, &ctas)) != cudaSuccess) return e;
       return launch<true>(p, VarlenSched::grid(ctas, T::kClusterSize, plan.bound), stream);
     }

@@ -2,21 +2,25 @@
 // schedule of a batch of sequences, built from the metadata by one small CTA before the
 // attention kernel, on the same stream (no host sync, so CUDA graphs can hold it).
 //
-// The metadata is checked here, where it is read anyway: offsets from 0 to the tensor's rows,
-// non-decreasing; lengths within max_seqlen_q / max_seqlen_k; seqused_k within the keys its
-// sequence holds; a paged cache's table entries within its pages, and enough of them. A batch
-// that breaks a rule gets no task (the attention kernel reads and
-// writes nothing), its o and lse are filled with NaN, and the caller's status word says what
-// was wrong (fa_tune.h: FA_TUNE_BAD_*). So no cu_seqlens can make the kernel touch memory
-// outside its tensors, and the process's CUDA context survives.
+// The metadata is checked here, where it is read anyway: offsets from 0, non-decreasing, within
+// the tensor's rows (rows past the last are padding); lengths within max_seqlen_q /
+// max_seqlen_k; seqused_k within the keys its sequence holds; a paged cache's table entries
+// within its pages, and enough of them. A batch that breaks a rule gets no task (the attention
+// kernel reads and writes nothing), its o and lse are filled with NaN, and the caller's status
+// word says what was wrong (fa_tune.h: FA_TUNE_BAD_*). So no cu_seqlens can make the kernel
+// touch memory outside its tensors, and the process's CUDA context survives.
 //
-// Order: the most KV tiles first across all sequences (longest-processing-time first over one
-// shared counter). A query tile m of a sequence with s_q queries over s_k keys visits
-// ceil(min((m + 1) * rows + s_k - s_q, s_k) / block_n) KV tiles causal, ceil(s_k / block_n)
-// otherwise, less those left of a sliding window's start. Tiles are counted per cost (a histogram over 1 .. ceil(max_seqlen_k / block_n)),
-// the counts turned into each cost's first position, and each tile placed there with all its
-// heads adjacent (query heads sharing a K/V head read the same tiles, at the same time, from
-// L2). Tiles of equal cost take their places in arrival order, which changes no result.
+// Order: sequences by their costliest query tile, most first (longest-processing-time first
+// over one shared counter, at the grain of sequences). A query tile m of a sequence with s_q
+// queries over s_k keys visits ceil(min((m + 1) * rows + s_k - s_q, s_k) / block_n) KV tiles
+// causal, ceil(s_k / block_n) otherwise, less those left of a sliding window's start. Within a
+// sequence its K/V heads are cut into L2 sections (as many as keep their keys in ~60% of L2
+// together); a section's tiles go last query tile first, its heads adjacent. So the CTAs
+// running at once share a few K/V heads in L2 (query heads of one K/V head read the same
+// tiles), and each sequence ends on its cheapest tiles. Ordered by cost alone, 132 CTAs would
+// run one query tile of every head of every sequence at once and stream all their K/V from
+// HBM (docs/PERF.md step 55). Sequences of equal cost take their places in arrival order,
+// which changes no result.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -57,6 +61,9 @@ struct VarlenPlan {
   int max_tiles = 0;   // query tiles of the longest sequence allowed by max_seqlen_q
   int max_cost = 1;    // KV tiles of the costliest tile: ceil(max_seqlen_k / block_n), >= 1
   long long bound = 0; // task slots: heads * the batch's query tiles at most
+  // An L2 section's budget: key rows x K/V heads whose K and V fit in ~60% of L2 (set by the
+  // launcher per device; the maximum: one section per sequence).
+  int section_keys = INT_MAX;
 
   // packed_q: q is packed by cu_seqlens_q over total_q rows (else max_q rows per sequence).
   static VarlenPlan make(int num_seqs, int heads, int group, bool packed_q, int total_q,
@@ -80,9 +87,16 @@ struct VarlenPlan {
   }
   size_t workspace_bytes() const { return 16 + size_t(bound) * sizeof(VarlenTask); }
   // Shared memory of the schedule kernel: the tile starts (num_seqs + 1), the cost histogram
-  // (max_cost + 1), the scan's warp sums (32) and the error flags (2).
+  // (max_cost + 1), the scan's warp sums (32), the error flags (2) and each sequence's first
+  // task (num_seqs).
   size_t prep_smem_bytes() const {
-    return (size_t(num_seqs) + 1 + size_t(max_cost) + 1 + 32 + 2) * sizeof(int);
+    return (size_t(num_seqs) * 2 + 1 + size_t(max_cost) + 1 + 32 + 2) * sizeof(int);
+  }
+  // K/V heads (task heads: plan.group of them per K/V head) per L2 section of a sequence with
+  // k_len keys, out of kv_heads.
+  __host__ __device__ int section_kv_heads(int k_len, int kv_heads) const {
+    const int per = section_keys / (k_len > 0 ? k_len : 1);
+    return per < 1 ? 1 : per > kv_heads ? kv_heads : per;
   }
 };
 
@@ -96,7 +110,9 @@ __device__ __forceinline__ SeqSpan seq_span(const VarlenMeta& m, int b, int B) {
   if (m.cu_q != nullptr) {
     const int a = m.cu_q[b], c = m.cu_q[b + 1];
     s = {a, c - a, 0, 0, m.max_k, b, 0};
-    if (a < 0 || c < a || c > m.total_q || (b == 0 && a != 0) || (b == B - 1 && c != m.total_q))
+    // Rows past the last entry are padding (a CUDA graph's fixed batch, as FlashAttention
+    // allows): never read or written.
+    if (a < 0 || c < a || c > m.total_q || (b == 0 && a != 0))
       s.bad |= FA_TUNE_BAD_CU_SEQLENS_Q;
     else if (c - a > m.max_q)
       s.bad |= FA_TUNE_BAD_MAX_SEQLEN_Q;
@@ -107,7 +123,7 @@ __device__ __forceinline__ SeqSpan seq_span(const VarlenMeta& m, int b, int B) {
     s.k_start = a;
     s.k_len = c - a;
     s.kv_batch = 0;
-    bad_k = a < 0 || c < a || c > m.total_k || (b == 0 && a != 0) || (b == B - 1 && c != m.total_k);
+    bad_k = a < 0 || c < a || c > m.total_k || (b == 0 && a != 0);
     if (bad_k) s.bad |= FA_TUNE_BAD_CU_SEQLENS_K;
   }
   if (m.seqused_k != nullptr && !bad_k) {
@@ -226,6 +242,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   int* at_cost = tstart + B + 1;  // [C + 1]: tiles per cost, then each cost's next position
   int* warp_sums = at_cost + C + 1;  // [32]
   int* flags = warp_sums + 32;    // [2]: FA_TUNE_BAD_* bits, the first bad sequence
+  int* seq_base = flags + 2;      // [B]: each sequence's first task
   const int tid = threadIdx.x, nt = blockDim.x;
 
   if (tid == 0) {
@@ -282,24 +299,38 @@ __global__ void __launch_bounds__(kThreads, 1)
     m = i - tstart[lo];
     return lo;
   };
-  // 2. Histogram of tile costs.
-  for (int i = tid; i < num_tiles; i += nt) {
-    int m;
-    const int b = tile_at(i, m);
-    atomicAdd(&at_cost[tile_cost(plan, seq_span(meta, b, B), m)], 1);
+  // 2. Sequences by their costliest tile (the last: causal tiles cost more as m grows; the
+  // others' all about the same): a histogram of their tasks, then each sequence's first task.
+  for (int b = tid; b < B; b += nt) {
+    const int tiles = tstart[b + 1] - tstart[b];
+    if (tiles > 0) atomicAdd(&at_cost[tile_cost(plan, seq_span(meta, b, B), tiles - 1)], tiles * H);
   }
   __syncthreads();
-  suffix_sum(at_cost, C + 1, warp_sums);  // at_cost[c] = tiles costing more than c
-  // 3. Each tile at its cost's next position, its heads adjacent.
+  suffix_sum(at_cost, C + 1, warp_sums);  // at_cost[c] = tasks of sequences costing more than c
+  for (int b = tid; b < B; b += nt) {
+    const int tiles = tstart[b + 1] - tstart[b];
+    if (tiles > 0) {
+      const int cost = tile_cost(plan, seq_span(meta, b, B), tiles - 1);
+      seq_base[b] = atomicAdd(&at_cost[cost], tiles * H);
+    }
+  }
+  __syncthreads();
+  // 3. Each tile's tasks in its sequence's range: its L2 section's heads [h0, h0 + hn), in
+  // which the tile's rank (last tile first) picks a run of hn adjacent heads.
+  const int kv_heads = (H + plan.group - 1) / plan.group;
   for (int i = tid; i < num_tiles; i += nt) {
     int m;
     const int b = tile_at(i, m);
     const SeqSpan s = seq_span(meta, b, B);
-    const long long pos = atomicAdd(&at_cost[tile_cost(plan, s, m)], 1);
+    const int tiles = tstart[b + 1] - tstart[b], rank = tiles - 1 - m;
+    const int per = plan.section_kv_heads(s.k_len, kv_heads) * plan.group;  // heads per section
     const int end = tile_end(plan, s, m);  // = params.cuh's num_kv_blocks for the task
-    for (int h = 0; h < H; ++h)
-      tasks[pos * H + h] = VarlenTask{m, h | (h / plan.group) << 16, s.q_start, s.q_len,
-                                      s.k_start, s.k_len, s.q_batch | s.kv_batch << 16, end};
+    for (int h = 0; h < H; ++h) {
+      const int h0 = h / per * per, hn = min(H - h0, per);
+      const long long pos = seq_base[b] + (long long)h0 * tiles + (long long)rank * hn + (h - h0);
+      tasks[pos] = VarlenTask{m, h | (h / plan.group) << 16, s.q_start, s.q_len,
+                              s.k_start, s.k_len, s.q_batch | s.kv_batch << 16, end};
+    }
   }
   for (long long t = (long long)num_tiles * H + tid; t < plan.bound; t += nt)
     tasks[t] = VarlenTask{-1, 0, 0, 0, 0, 0, 0, 0};

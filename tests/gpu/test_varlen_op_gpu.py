@@ -25,7 +25,7 @@ from op_exports import cuda_torch  # noqa: E402
 
 torch = cuda_torch()
 ops = pytest.importorskip("tuner.ship.fa_tune_ops")
-from tuner.ship.fa_tune_ops import checks, status  # noqa: E402
+from tuner.ship.fa_tune_ops import abi, checks, status  # noqa: E402
 
 BF16 = torch.bfloat16
 HQ, HKV, D = 32, 8, 128
@@ -73,7 +73,7 @@ def test_packed_q_and_k_reach_the_library(lib) -> None:
     assert list(a.q_stride)[1:] == [HQ * D, D] and list(a.k_stride)[1:] == [HKV * D, D]
     assert (a.batch, a.total_q, a.total_k, a.seqlen_q, a.seqlen_k) == (3, 5000, 9000, 2000, 3000)
     assert (a.heads_q, a.heads_kv, a.head_dim, a.causal) == (HQ, HKV, D, 1)
-    assert abs(a.softmax_scale - 0.1) < 1e-7 and a.abi_version == ops.abi.ABI_VERSION
+    assert abs(a.softmax_scale - 0.1) < 1e-7 and a.abi_version == abi.ABI_VERSION
     assert a.status == status._status[torch.cuda.current_device()][0].data_ptr()
     assert a.workspace and a.workspace_bytes == 1003  # bucket 0's, from torch's allocator
     assert lib._lib.stub_last_stream() == side.cuda_stream
@@ -145,8 +145,8 @@ def test_bad_metadata_raises_at_the_next_call(lib) -> None:
         ops.attention(q, k, v, True, None, cu, cu, 600, 600)
     assert str(e.value).startswith(
         "fa_tune::attention: an earlier call on cuda:0 had bad device metadata: cu_seqlens_k "
-        "does not run from 0 to the key rows, non-decreasing (first at sequence 5); its out "
-        "and lse are NaN")
+        "does not run from 0, non-decreasing, within the key rows (first at sequence 5); "
+        "its out and lse are NaN")
     ops.attention(q, k, v, True, None, cu, cu, 600, 600)  # cleared: the next one runs
     ops.attention(q, k, v, True, None, cu, cu, 666, 666)
     with pytest.raises(ValueError, match="a call on cuda:0 had bad device metadata"):

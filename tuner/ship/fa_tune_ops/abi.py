@@ -16,8 +16,8 @@ _i32, _i64, _vp = ctypes.c_int32, ctypes.c_int64, ctypes.c_void_p
 
 # status[0] bits (FA_TUNE_BAD_*): what was wrong with a call's device metadata.
 BAD_METADATA = {
-    1: "cu_seqlens_q does not run from 0 to the query rows, non-decreasing",
-    2: "cu_seqlens_k does not run from 0 to the key rows, non-decreasing",
+    1: "cu_seqlens_q does not run from 0, non-decreasing, within the query rows",
+    2: "cu_seqlens_k does not run from 0, non-decreasing, within the key rows",
     4: "seqused_k is negative or exceeds the keys its sequence holds",
     8: "a query length exceeds max_seqlen_q",
     16: "a key length exceeds max_seqlen_k",

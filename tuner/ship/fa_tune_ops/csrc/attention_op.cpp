@@ -265,8 +265,8 @@ Out attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   }
 
   // Device metadata: checks.py's _check_scheduled (and _check_paged with a block table).
-  if (status == nullptr || g_sync_check.load(std::memory_order_relaxed) ||
-      lib.workspace_bytes == nullptr || (paged && cu_k.has_value()))
+  if (g_sync_check.load(std::memory_order_relaxed) || lib.workspace_bytes == nullptr ||
+      (paged && cu_k.has_value()))
     return slow();
   const bool packed_q = cu_q.has_value(), packed_k = cu_k.has_value();
   if (q.dim() != (packed_q ? 3 : 4) || k.dim() != (packed_k ? 3 : 4)) return slow();
@@ -325,7 +325,9 @@ Out attention_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
   const int bucket = lib.bucket_for ? lib.bucket_for(&a) : 0;
   const Key key{dev, -1, Hq, Hkv, bucket, paged ? 1 : 0, window, mask_kinds};
   const size_t nbytes = bucket < 0 ? 0 : lib.workspace_bytes(&a);
-  if (nbytes == 0 || !ready(key)) {  // the bucket's first such call, or a refusal: Python
+  // The bucket's first such call, or a refusal: Python (which also allocates the device's
+  // status words on its first call with metadata, so the key is marked then too).
+  if (status == nullptr || nbytes == 0 || !ready(key)) {
     Out r = slow();
     mark_ready(key);
     return r;
