@@ -114,6 +114,10 @@ struct Consumer {
           !T::kWgSkip ? n_task : idle ? n_lo + 1 : kv_blocks_below<T>(Sk, off, first_row + 64);
       const int n_skip = n_task - n_blocks;
       const int n_skip_v = idle ? min(n_skip, 1) : n_skip;  // V stages left to skip_top_v
+      // kSkipBottom: this warpgroup's own first tile (its rows' window start), at most its last.
+      const int n_lo_wg = ML::kSkipBottom && !idle
+                              ? max(n_lo, first_kv_block<T>(off, first_row, p.mask.window, n_blocks))
+                              : n_lo;
       if constexpr (kEarlyNext) {
         // Q copied to registers is handed back only now, after next(): the dynamic scheduler
         // relies on the producer's next Q load (and so its next ticket) waiting for this.
@@ -151,8 +155,8 @@ struct Consumer {
       const typename ML::TileArgs args{n_blocks,
                                        num_unmasked_kv_blocks<T>(first_row, n_blocks, Sk, off),
                                        n_skip_v, row0 + off, Sk, p.scale_log2, wg, !next.valid,
-                                       n_lo, first_unmasked_kv_block<T>(first_row, off,
-                                                                        p.mask.window),
+                                       n_lo_wg, n_lo_wg - n_lo,
+                                       first_unmasked_kv_block<T>(first_row, off, p.mask.window),
                                        p.mask.window, p.mask.softcap_pre, sink_log2};
       ML::run(st, ss, sm, args, release_q, issue_next, inv_sum);
       Epilogue<Cfg, Sched>::run(p, ss, tOrO, sm, inv_sum, t, first_row, row0, wg, tid);

@@ -23,6 +23,13 @@ struct Mainloop {
   using PP = Pingpong<T>;
   using Element = typename T::Element;
   using Softmax = OnlineSoftmax<Cfg::lazy_rescale, Cfg::tree_reduce, T::kSumInPv>;
+  // A sliding window: each warpgroup computes from its own rows' first KV tile and skips the
+  // task's tiles below it (skip_bottom), which the task's first rows need and its last rows
+  // do not: a 64-row band sees 64 + window keys, the task's 128 or 192 rows more. With
+  // intra_wg_overlap (the serial loop's last PV turn ends the task) and without early_next_qk
+  // (its next QK reads the K cursor the skipped tiles still hold).
+  static constexpr bool kSkipBottom =
+      T::kWindow && T::kOverlap && !T::kEarlyNextQk && !Hooks::window_task_start;
 
   // Per-warpgroup state that lives across tiles: MMA fragments and ring cursors.
   template <class TSrQ, class TSrK, class TOrV, class TSrS, class TOrO, class TOrP>
@@ -86,6 +93,7 @@ struct Mainloop {
     bool last_tile;    // the CTA's last tile: the pingpong's last turn
     // The models' masks (issue 36), read only by a class that has them:
     int n_lo;          // window: the first KV tile visited (tiles [n_lo, n_blocks))
+    int n_skip_lo;     // kSkipBottom: the task's tiles below n_lo, loaded for other warpgroups
     int n_unmasked_lo; // window: tiles below this need the window's mask
     int window;        // window: keys a row sees left of its diagonal
     float softcap_pre; // softcap: softmax scale / cap
@@ -183,6 +191,21 @@ struct Mainloop {
         PP::wait_turn(wg);
         PP::pass_turn(wg, false);
       }
+    }
+  }
+
+  // kSkipBottom: hand back the task's n_skip tiles below this warpgroup's first, once the last
+  // PV is done, each tile's K and V stage in turn as the producer sends them (K[n - 1] before
+  // V[n]), then the tile's pingpong turn: no wait here depends on a turn the partner has yet
+  // to take, and the turns per task stay equal. The task's last turn signals no one.
+  template <class St>
+  __device__ __forceinline__ static void skip_bottom(St& st, SharedStorage<T>& ss, int wg,
+                                                     int n_skip, bool last_tile) {
+    for (int i = 0; i < n_skip; ++i) {
+      release_unread(ss.k_ring, st.kst);
+      release_unread(ss.v_ring, st.vst);
+      PP::wait_turn(wg);
+      PP::pass_turn(wg, last_tile && i == n_skip - 1);
     }
   }
 
@@ -309,12 +332,13 @@ struct Mainloop {
     }
     issue_pv(st, ss, first_pv);
     issue_next();  // early_next_qk: the next tile's first QK, behind this PV
-    PP::pass_turn(wg, a.last_tile);
+    PP::pass_turn(wg, a.last_tile && (!kSkipBottom || a.n_skip_lo == 0));
     if constexpr (!T::kSumInPv) finalize(sm, a, inv_sum);  // hides under the last PV
     // The PV (the older group) is done; an early next QK may still run.
     wait_pv<T::kEarlyNextQk ? 1 : 0>(st);
     finalize_sums(st, sm, a, inv_sum);
     finish_v(st, ss, v_prev, !first_pv);
+    if constexpr (kSkipBottom) skip_bottom(st, ss, wg, a.n_skip_lo, a.last_tile);
   }
 
   template <class St, class ReleaseQ>

@@ -34,6 +34,8 @@
 //   FA_TUNE_LAB_SOFTCAP_TANH_APPROX = 1  softcap's tanh by tanh.approx.f32: one MUFU op against
 //                                  the product's two (EX2, RCP), but a relative error up to
 //                                  2^-11, i.e. up to cap x 2^-11 on a logit
+//   FA_TUNE_LAB_WINDOW_TASK_START = 1  a window's warpgroups all start at the task's first KV
+//                                  tile (as before 2026-12-05), not each at its own rows' first
 #pragma once
 
 #define FA_TUNE_HOOKS 1
@@ -55,6 +57,9 @@
 #ifndef FA_TUNE_LAB_SOFTCAP_TANH_APPROX
 #define FA_TUNE_LAB_SOFTCAP_TANH_APPROX 0
 #endif
+#ifndef FA_TUNE_LAB_WINDOW_TASK_START
+#define FA_TUNE_LAB_WINDOW_TASK_START 0
+#endif
 
 namespace fa_tune {
 
@@ -66,6 +71,7 @@ struct Hooks {
   static constexpr bool skip_softmax = FA_TUNE_LAB_NO_SOFTMAX != 0;
   static constexpr bool truncate_p = FA_TUNE_LAB_P_TRUNC != 0;
   static constexpr bool softcap_tanh_approx = FA_TUNE_LAB_SOFTCAP_TANH_APPROX != 0;
+  static constexpr bool window_task_start = FA_TUNE_LAB_WINDOW_TASK_START != 0;
   static constexpr int mask_slack = kPlantBug == 2 ? 1 : 0;
   static constexpr int window_slack = kPlantBug == 9 ? 1 : 0;
   static constexpr float sink_log2e = kPlantBug == 10 ? 1.f : 1.4426950408889634f;
