@@ -2,13 +2,14 @@
 """Build every preset (or the named ones) and keep each kernel's SASS, to show that a
 refactor left the machine code as it was.
 
-    python scripts/sass_snapshot.py --out DIR [--cache DIR] [--fixed] [PRESET...]
+    python scripts/sass_snapshot.py --out DIR [--cache DIR] [--fixed | --shape PROBLEM] [PRESET...]
     python scripts/sass_snapshot.py --compare BEFORE_DIR AFTER_DIR
 
 Each preset is built for its own problem class (head dim from its name, non-causal for the
 ``full-*`` presets) with the varlen kernel where the config can serve varlen, so both kernels of
 an exported library are covered (``--fixed``: without it, as the search builds candidates); all
-at once, one nvcc per usable CPU. DIR gets
+at once, one nvcc per usable CPU (``--shape``: every named preset for that problem's class, and
+timed on it, e.g. a packed or paged batch). DIR gets
 ``<preset>.sass.xz`` (cuobjdump --dump-sass) and ``index.json`` (per preset: its class, the
 library's path, a problem of its class to time it on (scripts/ab_libs.py), and the sha256 and
 instruction count of each kernel function's SASS).
@@ -80,13 +81,14 @@ def sass_entry(sass: str) -> dict:
 SHAPE_HEADS = {64: "1x32/8", 128: "1x32/8", 256: "1x16/8"}
 
 
-def snapshot(out: Path, cache: Path | None, names: list[str], fixed: bool = False) -> None:
+def snapshot(out: Path, cache: Path | None, names: list[str], fixed: bool = False,
+             shape: str | None = None) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     from tuner.errors import FaTuneError
     from tuner.kernel import build, toolchain
     from tuner.kernel import config as C
-    from tuner.problem import ProblemClass
+    from tuner.problem import Problem, ProblemClass
 
     unknown = sorted(set(names) - set(C.list_presets()))
     if unknown:
@@ -106,13 +108,15 @@ def snapshot(out: Path, cache: Path | None, names: list[str], fixed: bool = Fals
         except FaTuneError:
             varlen = False
         pclass = ProblemClass(d, causal, varlen)
+        if shape is not None:
+            pclass = Problem.parse(shape).problem_class
         res = build.build_config(cfg, cache_root=cache, pclass=pclass)
         sass = subprocess.run([str(tool), "--dump-sass", str(res.so_path)], check=True,
                               capture_output=True, text=True).stdout
         (out / f"{name}.sass.xz").write_bytes(lzma.compress(sass.encode()))
         suffix = ("" if d == 128 else f":d{d}") + ("" if causal else ":full")
         return name, {"class": str(pclass), "so_path": str(res.so_path),
-                      "shape": f"{SHAPE_HEADS[d]}x8192{suffix}", **sass_entry(sass)}
+                      "shape": shape or f"{SHAPE_HEADS[d]}x8192{suffix}", **sass_entry(sass)}
 
     with ThreadPoolExecutor(max_workers=build.usable_cpus()) as ex:
         index = dict(ex.map(one, names or C.list_presets()))
@@ -165,12 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
     ap.add_argument("--fixed", action="store_true",
                     help="Build the fixed-length kernel only (a search candidate's library).")
+    ap.add_argument("--shape", help="Build for this problem's class and time on it (PRESETs "
+                    "of its head dim).")
     a = ap.parse_args(argv)
     if a.compare:
         return compare(*a.compare)
     if a.out is None:
         fail("--out DIR or --compare BEFORE AFTER")
-    snapshot(a.out, a.cache, a.presets, a.fixed)
+    snapshot(a.out, a.cache, a.presets, a.fixed, a.shape)
     return 0
 
 
