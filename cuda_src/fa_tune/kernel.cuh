@@ -102,8 +102,8 @@ struct Consumer {
       const int Sk = Sched::key_len(p, t);  // its keys; the causal diagonal is shifted by off
       const int off = Sk - S;
       const int n_task = num_kv_blocks<T>(Sk, off, t.m_block);
-      // A sliding window starts every warpgroup of the task at the task's first tile (the
-      // producer loads from there); each masks its own rows' window edge.
+      // A sliding window: the task's first tile, where the producer loads from (each warpgroup
+      // computes from its own, n_lo_wg below, and masks its own rows' window edge).
       const int n_lo =
           first_kv_block<T>(off, t.m_block * T::kRowsPerTask, p.mask.window, n_task);
       // kWgSkip: a warpgroup with no row in the sequence (the last task of one whose length
