@@ -16,6 +16,10 @@
 #     installs FA3; issue 37's table (fa-tune compare --backends fa3 at pages of 64, 128, 256,
 #     unpaged, and the mixed batch over pages), issue 34's chunked-prefill rows, and the given
 #     w128 variants (JSON or preset names) beside FA3 (kernel_lab).
+#   carry [".whl"]            bash lab/h200/s23.sh verify
+#     the fixes after step 55's GPU run: the rising set per sequence (the oracle's GPU tests,
+#     varlen), the op's C++ paged path and abi import (the op GPU files), then the mixed
+#     8-prompt batch gated and timed, unpaged and over pages of 64 (fa-tune run).
 set -uo pipefail
 FIRST_CALL=gap
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
@@ -23,7 +27,7 @@ FIXED=4x32/8x2048:k8192
 PACKED="32/8x[2048:8192*4]"
 PAGED=$FIXED:p128
 MIXED="32/8x[512,1024:5120,2048:10240,4096:6144,8192,768:6912,3072:4096,6144:14336]"
-case "${1:?gap|w128|peers}" in
+case "${1:?gap|w128|peers|verify}" in
 gap)
   BEFORE=$(cd "${2:-.base/main}" && pwd) AFTER=$PWD
   snap() {  # TREE NAME SHAPE
@@ -54,6 +58,18 @@ w128)
     --shape 1x64/8x8192:d64:w128 --shape 1x64/8x8192:d64:w128:sinks --no-fa3 --rounds 2 \
     --settle-s 1 > "$OUT/w128.log" 2>&1
   step "lab exit $?"; tail -24 "$OUT/w128.log" | cut -c1-200
+  ;;
+verify)
+  timeout 120 $E python3 lab/h200/prebuild.py paged > "$OUT/prebuild.log" 2>&1
+  step "prebuild exit $?"; grep -E "FAILED|local memory|built in" "$OUT/prebuild.log"
+  gpu_tests verify.log 200 tests/gpu/test_oracle_gpu.py tests/gpu/test_varlen_gpu.py \
+    tests/gpu/test_varlen_op_gpu.py tests/gpu/test_paged_op_gpu.py
+  for shape in "$MIXED" "$MIXED:p64"; do
+    log="run_${shape//[:\/\[\],*]/_}.log"
+    timeout 90 $E python3 -m tuner.cli run --preset llama3 --shape "$shape" --rounds 2 \
+      --settle-s 1 > "$OUT/$log" 2>&1
+    step "run $shape exit $?"; grep -E "TFLOPS|pass|FAIL|rror" "$OUT/$log" | tail -3
+  done
   ;;
 peers)
   shift
