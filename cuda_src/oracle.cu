@@ -25,7 +25,7 @@
 //     m) v_j / (sum_j exp(s_j - m) + exp(sink - m)), LSE = log(sum_j exp(s_j) + exp(sink)). A
 //     row that sees no key then gets O = 0 and LSE = sink.
 //
-// C ABI (version 8). Every function returns an int that is a cudaError_t (0 = cudaSuccess).
+// C ABI (version 9). Every function returns an int that is a cudaError_t (0 = cudaSuccess).
 // Each launch is followed by cudaGetLastError(), so a bad launch is reported by the call that
 // made it; kernel faults surface at the caller's next synchronisation. All work is enqueued on
 // `stream` (a cudaStream_t == CUstream; NULL = legacy default stream). Pointers are device
@@ -48,12 +48,17 @@
 //       exactly ABI 2's set (same streams, same indices): results and NumPy twins stay valid.
 //
 //   int oracle_gen_rising(void* q, void* k, void* v, int B, int Hq, int Hkv, int Sq, int Sk,
-//                         int D, unsigned long long seed, int direction, cudaStream_t s);
+//                         int D, unsigned long long seed, int direction,
+//                         const int* cu_seqlens_k, int num_seqs, cudaStream_t s);
 //       Input set "rising" (direction = -1: scores grow as the key index DEcreases, so the
 //       running row max rises at every KV tile of a REVERSE walk: diagonal (or last) tile
 //       first, then toward key 0) or "rising_fwd" (direction = +1: grows with the key index, so
-//       a FORWARD walk rises). Sk <= 32768 (see construction; the trend is over keys, so Sq
-//       does not matter). Construction below; bit-identical to ABI 2 for MHA, D 128, Sq = Sk.
+//       a FORWARD walk rises). Fixed problem: cu_seqlens_k = NULL, num_seqs = 0, Sk <= 32768
+//       (see construction; the trend is over keys, so Sq does not matter). Packed batch: the
+//       as_fixed tensors (B = 1, Sq = total_q, Sk = total_k, any size) and cu_seqlens_k (int32
+//       on the device, num_seqs + 1 entries, num_seqs >= 1): K's trend restarts in every
+//       sequence, whose key count must be <= 32768 (the caller checks: the lengths are on the
+//       device). Construction below; bit-identical to ABI 2 for MHA, D 128, Sq = Sk.
 //
 //   int oracle_fill_uniform_f32(float* dst, long long n, unsigned long long seed,
 //                               unsigned long long stream_id, float lo, float hi, cudaStream_t s);
@@ -185,8 +190,14 @@
 //          Sk/2 an integer division and jit(j) in {0,1,2,3} (stream 15, index
 //          (b*Hkv + g)*Sk + j). Consecutive keys differ by >= 1, so t is strictly monotone;
 //          |t| <= 2Sk + 3.
+//   Packed batch (B = 1, Sk = total_k): key row r of sequence b (cu_seqlens_k[b] <= r <
+//          cu_seqlens_k[b + 1], found by binary search) takes j = r - cu_seqlens_k[b] and Sk =
+//          that sequence's key count in t(j), so every sequence is a fixed problem's trend of
+//          its own and only its length is bounded below. The jitter's index, like every other
+//          random index here (K's and V's noise, Q's c2 and noise), stays the packed row's
+//          (g*total_k + r for jit), so sequences of equal length still get different noise.
 //   K[j, 0] = hi(j) = floor(t / 256), K[j, 1] = lo(j) = t - 256*hi in [0, 255]: small integers,
-//          exact in BF16 while |hi| <= 256 (hence Sk <= 32768).
+//          exact in BF16 while |hi| <= 256 (hence Sk <= 32768, per sequence when packed).
 //   Q[i, 0] = 256*c2(i), Q[i, 1] = c2(i) (per (b, query head h, row i)), with
 //          c2(i) = m_D * bf16(0.09 + 0.045*u) (stream 14, index (b*Hq + h)*Sq + i), m_D = 2 for
 //          D = 256 and 1 otherwise: c2 in [0.0898, 0.1348] * m_D, exact (BF16 times a power of
@@ -208,8 +219,10 @@
 //          so every tile's max beats the running max, for every row and every tile size and
 //          alignment (a partial diagonal tile included), causal or not (a non-causal reverse
 //          walk starts at the last tile), whatever Sq: the argument is about keys only, and a
-//          bottom-right causal row's keys are a prefix 0 .. i + Sk - Sq like any other. The trend rises by 2-3 logits per 64 keys; logits
-//          span about +-0.034*Sk (+-553 at Sk=16384; +-391 for D 128): finite, and the rescale
+//          bottom-right causal row's keys are a prefix 0 .. i + Sk - Sq like any other (a packed
+//          sequence's rows: a prefix of its own keys, its own trend). The trend rises by 2-3
+//          logits per 64 keys; logits span about +-0.034*Sk (+-553 at Sk=16384; +-391 for
+//          D 128; Sk a packed sequence's own key count): finite, and the rescale
 //          factor exp(m_old - m_new) is well below 1 at every tile, so a kernel that skips (or
 //          misapplies) the rescale of O or of the running sum fails the gate.
 //   "rising_fwd" (d = +1) gives the same guarantee to a FORWARD walk for every step into a full
@@ -225,12 +238,13 @@
 
 #define ORACLE_API extern "C" __attribute__((visibility("default")))
 
+// 9: oracle_gen_rising takes cu_seqlens_k, num_seqs: a packed batch's trend per sequence.
 // 8: the models' masks (window, softcap, sinks) in every reference; oracle_fill_uniform_f32.
 // 7: oracle_reference_bf16 / _varlen (FlashAttention's BF16-math reference, the error ratios).
 // 6: oracle_copy_bf16_4d (inputs mirrored into strided layouts).
 // 5: separate query and key lengths (Sq <= Sk, bottom-right causal), cu_seqlens_q / _k.
 // 4: oracle_reference_varlen
-#define ORACLE_ABI_VERSION 8
+#define ORACLE_ABI_VERSION 9
 #define ORACLE_ROW_BLOCK 16
 #define ORACLE_POISON_BF16 0x7FBFu
 #define ORACLE_POISON_F32 0x7FBADBADu
@@ -326,19 +340,35 @@ __global__ void fill_uniform_f32_kernel(float* __restrict__ dst, long long n, ui
     }
 }
 
+// t of key j of a trend over S keys; jit_idx is the jitter's hash index, apart from j so a
+// packed batch can key it by the packed row while j counts within the sequence.
 __device__ __forceinline__ int rising_t(int j, int S, int direction, uint64_t seed,
-                                        uint64_t row_key) {
-    const uint64_t h = hash3(seed, kStreamRisingJit, row_key + (uint64_t)j);
+                                        uint64_t jit_idx) {
+    const uint64_t h = hash3(seed, kStreamRisingJit, jit_idx);
     const int jit = (int)(h >> 62);  // 0..3
     const int half = S / 2;
     return (direction < 0 ? 4 * (half - j) : 4 * (j - half)) + jit;
 }
 
+// The sequence holding packed key row r: the last b < num_seqs with cu_k[b] <= r (an empty
+// sequence starts where the next one does, so the search passes over it).
+__device__ __forceinline__ int seq_of_row(const int* __restrict__ cu_k, int num_seqs, int r) {
+    int lo = 0, hi = num_seqs;  // cu_k[lo] <= r (cu_k[0] = 0); the answer is below hi
+    while (hi - lo > 1) {
+        const int mid = (lo + hi) >> 1;
+        if (cu_k[mid] <= r) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
 // One kernel writes Q, then K and V, of the rising set; i is a flat BSHD index into Q (Sq rows,
-// Hq heads) in the first loop, into K and V (Sk rows, Hkv heads) in the second.
+// Hq heads) in the first loop, into K and V (Sk rows, Hkv heads) in the second. cu_k (NULL for
+// a fixed problem): a packed batch's cu_seqlens_k, each sequence its own trend.
 __global__ void gen_rising_kernel(__nv_bfloat16* __restrict__ q, __nv_bfloat16* __restrict__ k,
                                   __nv_bfloat16* __restrict__ v, int B, int Hq, int Hkv, int Sq,
-                                  int Sk, int D, uint64_t seed, int direction) {
+                                  int Sk, int D, uint64_t seed, int direction,
+                                  const int* __restrict__ cu_k, int num_seqs) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     const float c2_scale = D == 256 ? 2.0f : 1.0f;  // m_D (header): the D 256 margin
     const long long n_q = (long long)B * Sq * Hq * D;
@@ -370,7 +400,13 @@ __global__ void gen_rising_kernel(__nv_bfloat16* __restrict__ q, __nv_bfloat16* 
         float kv;
         if (d < 2) {
             const uint64_t row_key = ((uint64_t)b * Hkv + g) * (uint64_t)Sk;  // per (b, g)
-            const int t = rising_t(s, Sk, direction, seed, row_key);
+            int j = s, n = Sk;  // the trend's key index and key count
+            if (cu_k != nullptr) {  // packed: the row's own sequence's (B = 1, s the packed row)
+                const int sb = seq_of_row(cu_k, num_seqs, s);
+                j = s - cu_k[sb];
+                n = cu_k[sb + 1] - cu_k[sb];
+            }
+            const int t = rising_t(j, n, direction, seed, row_key + (uint64_t)s);
             const int hi = t >= 0 ? t / 256 : -((-t + 255) / 256);  // floor(t / 256)
             kv = d == 0 ? (float)hi : (float)(t - 256 * hi);
         } else if (d < 10) {
@@ -1137,14 +1173,19 @@ ORACLE_API int oracle_gen_seed(void* q, void* k, void* v, int B, int Hq, int Hkv
 
 ORACLE_API int oracle_gen_rising(void* q, void* k, void* v, int B, int Hq, int Hkv, int Sq,
                                  int Sk, int D, unsigned long long seed, int direction,
-                                 cudaStream_t s) {
+                                 const int* cu_seqlens_k, int num_seqs, cudaStream_t s) {
+    // Fixed: the whole key axis is one trend, so it is bounded here. Packed: one batch of
+    // every sequence's rows; the per-sequence bound is the caller's (lengths on the device).
+    const bool packed = cu_seqlens_k != nullptr;
     if (q == nullptr || k == nullptr || v == nullptr || bad_problem(B, Hq, Hkv, Sq, D) ||
-        Sk < 1 || Sk > 32768 || (direction != 1 && direction != -1))
+        Sk < 1 || (direction != 1 && direction != -1) ||
+        (packed ? B != 1 || num_seqs < 1 : num_seqs != 0 || Sk > 32768))
         return (int)cudaErrorInvalidValue;
     const long long n_q = (long long)B * Sq * Hq * D, n_kv = (long long)B * Sk * Hkv * D;
     gen_rising_kernel<<<grid_for(n_q > n_kv ? n_q : n_kv, 256), 256, 0, s>>>(
         static_cast<__nv_bfloat16*>(q), static_cast<__nv_bfloat16*>(k),
-        static_cast<__nv_bfloat16*>(v), B, Hq, Hkv, Sq, Sk, D, seed, direction);
+        static_cast<__nv_bfloat16*>(v), B, Hq, Hkv, Sq, Sk, D, seed, direction, cu_seqlens_k,
+        num_seqs);
     return (int)cudaGetLastError();
 }
 

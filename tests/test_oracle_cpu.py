@@ -22,6 +22,7 @@ from tuner.kernel.runtime import (
     ORACLE_ROW_BLOCK,
     ORACLE_STATS_BYTES,
     CudaError,
+    KernelError,
     OracleModule,
 )
 from tuner.measure import gate_rule as GR
@@ -105,16 +106,28 @@ def test_oracle_call_without_gpu_is_a_clear_error(oracle_so: tuple[Path, str]) -
     mod = OracleModule(oracle_so[0])
     with pytest.raises(CudaError, match=r"oracle gen_seed failed with cudaError"):
         mod.gen_seed(1 << 20, 1 << 20, 1 << 20, 1, 1, 1, 64, 256, 128, 42, None)
+    # A packed batch of more than 32768 keys in all passes the argument checks (the bound is
+    # per sequence, ABI 9): it fails at the launch, not with cudaErrorInvalidValue.
+    with pytest.raises(CudaError, match=r"oracle gen_rising failed with cudaError") as e:
+        mod.gen_rising(1 << 20, 1 << 20, 1 << 20, 1, 1, 1, 64, 55552, 128, 42, -1, None,
+                       cu_seqlens_k=1 << 20, num_seqs=8)
+    assert e.value.code != 1
 
 
 def test_oracle_rejects_bad_arguments(oracle_so: tuple[Path, str]) -> None:
     mod = OracleModule(oracle_so[0])
     # Argument checks run before any CUDA call: cudaErrorInvalidValue (1) everywhere.
-    # gen_*(q, k, v, B, Hq, Hkv, Sq, Sk, D, seed, [direction,] stream)
-    assert mod._gen_rising(1, 1, 1, 1, 1, 1, 64, 40000, 128, 42, -1, None) == 1  # Sk > 32768
-    assert mod._gen_rising(1, 1, 1, 1, 1, 1, 64, 64, 128, 42, 0, None) == 1  # bad direction
-    assert mod._gen_rising(1, 1, 1, 1, 4, 3, 64, 64, 128, 42, -1, None) == 1  # Hq % Hkv != 0
-    assert mod._gen_rising(1, 1, 1, 1, 1, 1, 64, 0, 128, 42, -1, None) == 1  # Sk = 0
+    # gen_seed(q, k, v, B, Hq, Hkv, Sq, Sk, D, seed, stream); gen_rising(..., seed,
+    # direction, cu_seqlens_k, num_seqs, stream)
+    fixed, packed = (None, 0), (1, 3)
+    assert mod._gen_rising(1, 1, 1, 1, 1, 1, 64, 40000, 128, 42, -1, *fixed, None) == 1  # Sk
+    assert mod._gen_rising(1, 1, 1, 1, 1, 1, 64, 64, 128, 42, 0, *fixed, None) == 1  # direction
+    assert mod._gen_rising(1, 1, 1, 1, 4, 3, 64, 64, 128, 42, -1, *fixed, None) == 1  # 4 % 3
+    assert mod._gen_rising(1, 1, 1, 1, 1, 1, 64, 0, 128, 42, -1, *fixed, None) == 1  # Sk = 0
+    assert mod._gen_rising(1, 1, 1, 1, 1, 1, 64, 64, 128, 42, -1, None, 2, None) == 1  # no cu
+    assert mod._gen_rising(1, 1, 1, 1, 1, 1, 64, 64, 128, 42, -1, 1, 0, None) == 1  # 0 seqs
+    assert mod._gen_rising(1, 1, 1, 2, 1, 1, 64, 64, 128, 42, -1, *packed, None) == 1  # B = 2
+    assert mod._gen_rising(1, 1, 1, 1, 1, 1, 64, 0, 128, 42, -1, *packed, None) == 1  # Sk = 0
     assert mod._gen_seed(1, 1, 1, 1, 4, 0, 64, 64, 128, 42, None) == 1  # Hkv = 0
     assert mod._gen_seed(1, 1, 1, 1, 4, 4, 64, 64, 96, 42, None) == 1  # D not 64/128/256
     assert mod._gen_seed(1, 1, 1, 1, 4, 4, 0, 64, 128, 42, None) == 1  # Sq = 0
@@ -323,6 +336,35 @@ def test_gate_result_summary_and_dict() -> None:
     assert g2.summary().startswith("gate PASS")
     assert GR.GateResult(passed=True, shape=(2, 3, 64), seed=42,  # type: ignore[arg-type]
                         sets=[ok]).summary().startswith("gate PASS 2x3x64")  # old tuple form
+
+
+def test_fill_inputs_hands_a_packed_batch_its_key_offsets() -> None:
+    """The rising sets of a packed batch get bufs.cu_k and the sequence count (each sequence
+    its own trend); a fixed problem gets neither, the seed set never."""
+    calls: list[tuple[str, tuple[Any, ...]]] = []
+    orc = SimpleNamespace(gen_seed=lambda *a: calls.append(("gen_seed", a)),
+                          gen_rising=lambda *a: calls.append(("gen_rising", a)))
+
+    def bufs(p: Problem, cu_k: int | None) -> SimpleNamespace:
+        ptr = SimpleNamespace
+        return SimpleNamespace(shape=p, q=ptr(ptr=1), k=ptr(ptr=2), v=ptr(ptr=3),
+                               cu_k=None if cu_k is None else ptr(ptr=cu_k), layout_bufs={})
+
+    packed = Problem.parse("8/2x[512,1024:5120,2048:10240,4096:6144,8192,768:6912,"
+                           "3072:4096,6144:14336]")
+    for name, direction in (("rising", -1), ("rising_fwd", 1)):
+        calls.clear()
+        O.fill_inputs(orc, bufs(packed, 0x600), name, 7, "st")  # type: ignore[arg-type]
+        assert calls == [("gen_rising", (1, 2, 3, 1, 8, 2, packed.tokens_q, 55552, 128, 7,
+                                         direction, "st", 0x600, 8))]
+    calls.clear()
+    O.fill_inputs(orc, bufs(Problem.parse("2x8/2x64:k300"), None), "rising", 7, None)  # type: ignore[arg-type]
+    assert calls == [("gen_rising", (1, 2, 3, 2, 8, 2, 64, 300, 128, 7, -1, None, None, 0))]
+    calls.clear()
+    O.fill_inputs(orc, bufs(packed, 0x600), "seed", 7, None)  # type: ignore[arg-type]
+    assert [c[0] for c in calls] == ["gen_seed"]
+    with pytest.raises(KernelError, match=r"hold no cu_seqlens_k$"):
+        O.fill_inputs(orc, bufs(packed, None), "rising", 7, None)  # type: ignore[arg-type]
 
 
 def test_unknown_input_set_is_a_user_error() -> None:

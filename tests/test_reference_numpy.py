@@ -128,8 +128,8 @@ def test_rising_set_rises_with_more_keys_than_queries(problem: Problem) -> None:
 
 
 def test_rising_set_of_a_packed_batch_rises_per_sequence() -> None:
-    """A packed batch's keys are one layout of S_k = total_k rows; each sequence's keys are a
-    contiguous run of its trend, so every sequence rises on its own."""
+    """A packed batch's keys are one layout of S_k = total_k rows, but each sequence's keys are a
+    trend of their own, so every sequence rises on its own."""
     p = Problem.varlen([60, 0, 130, 20], 4, Hkv=2, seqlens_k=[200, 30, 130, 333])
     q, k, _ = RN.host_inputs(p, "rising", 42)
     assert q.shape == (1, p.tokens_q, 4, 128) and k.shape == (1, p.tokens_k, 2, 128)
@@ -144,11 +144,151 @@ def test_rising_set_of_a_packed_batch_rises_per_sequence() -> None:
                                       min_rise=margin - 1e-9) == 0, (b, block_n)
 
 
+def _trend(k: np.ndarray) -> np.ndarray:
+    """[B, S_k, Hkv] int64: t = 256 hi + lo from K's dims 0 and 1 (exact small integers)."""
+    kf = RN.bf16_bits_to_f32(k).astype(np.int64)
+    return 256 * kf[..., 0] + kf[..., 1]
+
+
+# 8 prompts, 55552 packed keys: over RISING_MAX_S in all, each sequence under it.
+MIXED = ("32/8x[512,1024:5120,2048:10240,4096:6144,8192,768:6912,3072:4096,"
+         "6144:14336]")
+# Small enough for float64 tile walks, over 32768 keys in all; an empty sequence of each kind.
+OVER_32K = Problem.varlen([64, 0, 48, 1, 0], 2, Hkv=1, D=64,
+                          seqlens_k=[20000, 7, 16000, 300, 0])
+
+
+@pytest.mark.parametrize("input_set", ["rising", "rising_fwd"])
+def test_packed_trend_is_per_sequence_beyond_the_total_bound(input_set: str) -> None:
+    """K's trend restarts in every sequence (its own index s and key count Sk_b: t = 4 (Sk_b // 2
+    - s) + jit reversed, 4 (s - Sk_b // 2) + jit forward), so a batch of 36307 keys stays exact in
+    BF16 and every sequence rises by the construction's margin on the walk its set is for."""
+    p = OVER_32K
+    assert p.tokens_k > RN.RISING_MAX_S
+    q, k, _ = RN.host_inputs(p, input_set, 42)
+    t = _trend(k)[0, :, 0]
+    kf = RN.bf16_bits_to_f32(k)[0, :, 0, :2]
+    assert np.abs(kf[:, 0]).max() <= 256 and kf[:, 1].min() >= 0 and kf[:, 1].max() <= 255
+    reverse = RN.INPUT_SETS[input_set][1] < 0
+    cq, ck = p.cu_seqlens(), p.cu_seqlens_k()
+    margin = RN.rising_min_rise(p.D)
+    for b, n in enumerate(p.seqlens_k):
+        s = np.arange(n)
+        base = 4 * (n // 2 - s) if reverse else 4 * (s - n // 2)
+        jit = t[ck[b]:ck[b + 1]] - base
+        assert jit.min(initial=0) >= 0 and jit.max(initial=0) <= 3, b
+        if cq[b + 1] == cq[b]:
+            continue
+        qs, ks = q[:, cq[b]:cq[b + 1]], k[:, ck[b]:ck[b + 1]]
+        if reverse:
+            for block_n in (64, 176):
+                assert RN.rising_failures(qs, ks, block_n, reverse=True,
+                                          min_rise=margin - 1e-9) == 0, (b, block_n)
+        else:  # forward: every full tile rises; only the short diagonal tile may not
+            assert RN.rising_failures(qs, ks, 128, reverse=False,
+                                      min_rise=margin - 1e-9) <= qs.shape[1], b
+
+
+@pytest.mark.parametrize("input_set", sorted(RN.INPUT_SETS))
+@pytest.mark.parametrize(("packed", "fixed"), [
+    (Problem.varlen([100], 4, Hkv=2, seqlens_k=[300]), Problem.parse("1x4/2x100:k300")),
+    (Problem.varlen([77], 2, D=64, causal=False), Problem.parse("1x2x77:d64:full")),
+    (Problem.varlen([30], 4, Hkv=1, D=256, seqlens_k=[513]),
+     Problem.parse("1x4/1x30:k513:d256")),
+], ids=str)
+def test_a_packed_batch_of_one_sequence_is_the_fixed_problem(input_set: str, packed: Problem,
+                                                             fixed: Problem) -> None:
+    """One sequence from key row 0: its trend index, key count and every random index are the
+    fixed problem's, so Q, K and V are the same bits."""
+    for a, b in zip(RN.host_inputs(packed, input_set, 42), RN.host_inputs(fixed, input_set, 42),
+                    strict=True):
+        assert a.shape == b.shape and np.array_equal(a, b)
+
+
+def test_packed_sequences_share_the_trend_not_the_noise() -> None:
+    """Two sequences of equal lengths: the same trend up to the jitter, but their noise (the
+    jitter, K's and V's other dims, Q's c2) is keyed by the packed rows, so it differs."""
+    p = Problem.varlen([16, 16], 2, Hkv=1, seqlens_k=[256, 256])
+    q, k, v = RN.host_inputs(p, "rising", 42)
+    t = _trend(k)[0, :, 0]
+    assert np.abs(t[:256] - t[256:]).max() <= 3 and not np.array_equal(t[:256], t[256:])
+    assert not np.array_equal(k[0, :256, :, 2:], k[0, 256:, :, 2:])
+    assert not np.array_equal(v[0, :256], v[0, 256:])
+    assert not np.array_equal(q[0, :16, :, :2], q[0, 16:, :, :2])  # c2 per packed query row
+
+
+# Pinned with the generator before the per-sequence trend (oracle ABI 8): fixed-length
+# problems keep their bits (sha256 of Q, K, V's bytes, first 16 hex digits).
+FIXED_DIGESTS = {
+    ("1x4/2x100:k700", "rising"): "266e66fffdc0493c",
+    ("1x4/2x100:k700", "rising_fwd"): "de58bb0fc59f0de7",
+    ("2x2x64:k320:d64", "rising"): "f822ef0efebc09a1",
+    ("1x4/1x150:k400:d256:full", "rising"): "a45aaf2971f21959",
+    ("3x4/2x130:k131", "rising_fwd"): "b25da94c90f1de8d",
+    ("2x3x256", "seed"): "1af231b32bb6c7bd",
+}
+
+
+@pytest.mark.parametrize(("text", "input_set"), sorted(FIXED_DIGESTS), ids=str)
+def test_fixed_problems_keep_their_bits(text: str, input_set: str) -> None:
+    import hashlib
+
+    h = hashlib.sha256()
+    for a in RN.host_inputs(Problem.parse(text), input_set, 42):
+        h.update(a.tobytes())
+    assert h.hexdigest()[:16] == FIXED_DIGESTS[(text, input_set)]
+
+
 def test_host_inputs_ranges_and_the_key_bound() -> None:
     q, k, v = RN.host_inputs(Problem.parse("2x4/2x10:k50:d64"), "seed", 3)
     assert q.shape == (2, 10, 4, 64) and k.shape == v.shape == (2, 50, 2, 64)
     qf, vf = RN.bf16_bits_to_f32(q), RN.bf16_bits_to_f32(v)
     assert qf.min() >= -2 and qf.max() <= 2 and vf.min() >= -1 and vf.max() <= 1
     RN.check_input_set("rising", Problem.parse("1x1x16:k32768"))
-    with pytest.raises(RN.FaTuneError, match="S_k <= 32768"):
-        RN.check_input_set("rising", Problem.varlen([10, 10], 1, seqlens_k=[20000, 20000]))
+    with pytest.raises(RN.FaTuneError, match=r"^input set 'rising' supports S_k <= 32768 key "
+                                             r"rows \(got 32769\)$"):
+        RN.check_input_set("rising", Problem.parse("1x1x16:k32769"))
+
+
+def test_the_rising_key_bound_is_per_sequence() -> None:
+    """A packed batch: each sequence's keys <= 32768, whatever the total; one sequence over it
+    is refused in one line naming it."""
+    for name in ("rising", "rising_fwd", "seed"):
+        RN.check_input_set(name, Problem.parse(MIXED))
+        RN.check_input_set(name, Problem.varlen([10, 10], 1, seqlens_k=[32768, 32768]))
+    RN.check_input_set("seed", Problem.varlen([10, 10], 1, seqlens_k=[50, 32769]))
+    for name in ("rising", "rising_fwd"):
+        with pytest.raises(RN.FaTuneError, match=rf"^input set '{name}' supports S_k <= 32768 "
+                           r"key rows per sequence \(sequence 1 has 32769; 1 over\)$"):
+            RN.check_input_set(name, Problem.varlen([10, 10, 3], 1,
+                                                    seqlens_k=[20000, 32769, 3]))
+
+
+@pytest.mark.parametrize("input_set", ["rising", "rising_fwd"])
+@pytest.mark.parametrize("text", ["[64:20000,0:7,48:16000,1:300,0]:d64",
+                                  "[64:20000,48:16000,10:300]:d64:full:w100",
+                                  "[100:300,0:5,50:50]:w20", "[60:60,30:200,1:9]:full"])
+def test_sink_range_is_the_lowest_over_each_sequences_trend(input_set: str, text: str) -> None:
+    """A packed batch's sinks sit on its lowest row max, each sequence reasoned as the fixed
+    problem it is: the batch's range is the lowest of its sequences' own, and a lower bound on
+    every row max the twin's inputs give (near the lowest)."""
+    p = Problem.parse("2/1x" + text + ":sinks")
+    ranges = [RN.sink_range(Problem(1, p.Hq, sq, Hkv=p.Hkv, D=p.D, causal=p.causal, Sk=sk,
+                                    window=p.window, sinks=True), input_set)
+              for sq, sk in zip(p.seqlens, p.seqlens_k, strict=True) if sq > 0]
+    lo, hi = RN.sink_range(p, input_set)
+    assert (lo, hi) == min(ranges)
+    low = lo - RN.RISING_SINK_SPREAD[0]
+    q, k, _ = RN.host_inputs(p, input_set, 42)
+    cq, ck = p.cu_seqlens(), p.cu_seqlens_k()
+    row_max = []
+    for b in range(p.B):
+        qs, ks = q[:, cq[b]:cq[b + 1]], k[:, ck[b]:ck[b + 1]]
+        if qs.shape[1] == 0:
+            continue
+        mask = RN.key_mask(qs.shape[1], ks.shape[1], p.causal, p.window)
+        for h in range(p.Hq):
+            row_max.append(np.where(mask, RN.scores_f64(qs, ks, 0, h), -np.inf).max(axis=1))
+    lowest = float(np.concatenate(row_max).min())
+    # Tight up to the spread of c2 (x1.5 from the bound's c2) and the noise's two sides.
+    assert low <= lowest <= low + 0.5 * abs(low) + 2 * RN.rising_noise_bound(p.D), (low, lowest)

@@ -437,6 +437,40 @@ def test_generators_equal_numpy_twin_with_more_keys(dev: Device, orc: OracleModu
         assert g.shape == w.shape and np.array_equal(g, w)
 
 
+# Packed batches with more keys in all than one rising trend may hold (RISING_MAX_S), each
+# sequence within it (oracle ABI 9: K's trend per sequence); empty sequences of either kind
+# before, between and after, where the generator's binary search must pass over them.
+PACKED_OVER_32K = [
+    Problem.varlen([64, 0, 48, 1, 0], 2, Hkv=1, D=64, seqlens_k=[20000, 7, 16000, 300, 0]),
+    Problem.parse("8/2x[0:5,100:18000,0:0,37:15001,1:2]:full"),
+]
+
+
+@pytest.mark.parametrize("problem", PACKED_OVER_32K, ids=str)
+@pytest.mark.parametrize("input_set", sorted(O.INPUT_SETS))
+def test_generators_equal_numpy_twin_for_packed_trends_over_32k(dev: Device, orc: OracleModule,
+                                                                stream: Stream, input_set: str,
+                                                                problem: Problem) -> None:
+    """The GPU's per-sequence trend (bufs.cu_k, binary search per key row) is the NumPy twin's
+    bit for bit, and every sequence of the GPU's rising inputs rises on the reverse walk."""
+    assert problem.tokens_k > O.RISING_MAX_S
+    with AttnBuffers(dev, problem) as bufs:
+        O.fill_inputs(orc, bufs, input_set, 42, stream)
+        stream.synchronize()
+        got = O.inputs_to_host(bufs)
+    for g, w in zip(got, O.host_inputs(problem, input_set, 42), strict=True):
+        assert g.shape == w.shape and np.array_equal(g, w)
+    if input_set != "rising":
+        return
+    q, k, _ = got
+    cq, ck = problem.cu_seqlens(), problem.cu_seqlens_k()
+    for b in range(problem.B):
+        if cq[b + 1] > cq[b]:
+            assert O.rising_failures(q[:, cq[b]:cq[b + 1]], k[:, ck[b]:ck[b + 1]], 128,
+                                     min_rise=O.rising_min_rise(problem.D) - 1e-9,
+                                     causal=problem.causal) == 0, b
+
+
 def _reference(dev: Device, orc: OracleModule, stream: Stream, problem: Problem,
                input_set: str, flags: int = 0) -> tuple[Any, ...]:
     """(q, k, v as BF16 bits, o_ref, lse_ref) of the CUDA reference on the set's inputs."""

@@ -14,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from gate_cases import case_id, gate_case
+from gate_cases import case_id, case_kernels, gate_case
 
 from tuner.kernel import build
 from tuner.kernel.config import KernelConfig, load_preset
 from tuner.kernel.runtime import KernelError
 from tuner.measure.bench import Bench
 from tuner.measure.launch import KernelLaunch
+from tuner.measure.reference_numpy import RISING_MAX_S
 from tuner.problem import Problem, ProblemClass
 
 pytestmark = pytest.mark.gpu
@@ -63,6 +64,19 @@ def kernels(launches_for) -> dict[tuple[KernelConfig, ProblemClass], KernelLaunc
 def test_varlen_passes_gate(bench: Bench, kernels: dict, cfg: KernelConfig,
                             problem: Problem) -> None:
     g = gate_case(bench, kernels, cfg, problem)
+    assert g.passed, g.summary()
+
+
+def test_default_gates_a_packed_batch_over_32768_keys(bench: Bench) -> None:
+    """A realistic mixed batch (8 prompts, 55552 packed keys): more keys in all than one rising
+    trend holds, each sequence within it, so every input set (rising too: its trend per
+    sequence, oracle ABI 9) gates the default preset's varlen kernel."""
+    problem = Problem.parse("32/8x[512,1024:5120,2048:10240,4096:6144,8192,768:6912,"
+                            "3072:4096,6144:14336]")
+    assert problem.tokens_k > RISING_MAX_S >= max(problem.seqlens_k)
+    kernels = case_kernels([("default", problem)])
+    g = gate_case(bench, kernels, load_preset("default"), problem)
+    assert "rising" in [s.input_set for s in g.sets]
     assert g.passed, g.summary()
 
 

@@ -33,11 +33,12 @@ from tuner.kernel.runtime import (
 )
 from tuner.problem import dense_strides
 
+# 9: oracle_gen_rising takes cu_seqlens_k and num_seqs (a packed batch's trend per sequence);
 # 8: the models' masks (window, softcap, sinks) in every reference, oracle_fill_uniform_f32;
 # 7: oracle_reference_bf16 / _varlen (FlashAttention's BF16-math reference); 6:
 # oracle_copy_bf16_4d (inputs mirrored into strided layouts); 5: S_q != S_k (bottom-right
 # causal), cu_seqlens_q / _k; 4: varlen
-ORACLE_ABI_VERSION = 8
+ORACLE_ABI_VERSION = 9
 ORACLE_STATS_BYTES = 152
 ORACLE_ROW_BLOCK = 16  # query rows per block of the BF16 error budget (oracle_row_block())
 
@@ -98,9 +99,9 @@ class OracleModule:
         # (q, k, v, B, Hq, Hkv, Sq, Sk, D, seed, stream)
         self._gen_seed = _bind(lib, p, "oracle_gen_seed", _c_int,
                                [_vp, _vp, _vp, i, i, i, i, i, i, _c_ull, _vp])
-        # (q, k, v, B, Hq, Hkv, Sq, Sk, D, seed, direction, stream)
+        # (q, k, v, B, Hq, Hkv, Sq, Sk, D, seed, direction, cu_seqlens_k, num_seqs, stream)
         self._gen_rising = _bind(lib, p, "oracle_gen_rising", _c_int,
-                                 [_vp, _vp, _vp, i, i, i, i, i, i, _c_ull, i, _vp])
+                                 [_vp, _vp, _vp, i, i, i, i, i, i, _c_ull, i, _vp, i, _vp])
         self._poison = _bind(lib, p, "oracle_poison", _c_int, [_vp, _c_ll, _vp, _c_ll, _vp])
         masks = [i, _c_float, _vp]  # window, softcap, sinks (0, 0, NULL: none)
         # (q, k, v, o_ref, lse_ref, B, Hq, Hkv, Sq, Sk, D, causal, *masks, flags, stream)
@@ -151,8 +152,13 @@ class OracleModule:
                                 stream_handle(stream) or None), "gen_seed")
 
     def gen_rising(self, q: int, k: int, v: int, B: int, Hq: int, Hkv: int, Sq: int, Sk: int,
-                   D: int, seed: int, direction: int, stream: Stream | int | None) -> None:
+                   D: int, seed: int, direction: int, stream: Stream | int | None,
+                   cu_seqlens_k: int | None = None, num_seqs: int = 0) -> None:
+        """The rising set; a packed batch passes its as_fixed dims (B = 1, Sk = total_k) and
+        cu_seqlens_k (device, int32) with its sequence count, so each sequence gets its own
+        trend; a fixed problem passes neither."""
         self._ok(self._gen_rising(q, k, v, B, Hq, Hkv, Sq, Sk, D, seed, direction,
+                                  cu_seqlens_k or None, num_seqs,
                                   stream_handle(stream) or None), "gen_rising")
 
     def poison(self, o: int, n_o: int, lse: int | None, n_lse: int,

@@ -179,8 +179,15 @@ def fill_inputs(oracle: OracleModule, bufs: AttnBuffers, input_set: str, seed: i
     if kind == "seed":
         oracle.gen_seed(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, B, hq, hkv, Sq, Sk, D, seed, stream)
     else:
+        p = as_problem(shape)
+        cu_k, num_seqs = None, 0
+        if p.is_varlen:  # K's trend per sequence: the generator reads the key offsets
+            cu_buf = getattr(bufs, "cu_k", None)
+            if cu_buf is None:
+                raise KernelError(f"buffers of {_shape_str(shape)} hold no cu_seqlens_k")
+            cu_k, num_seqs = cu_buf.ptr, p.B
         oracle.gen_rising(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, B, hq, hkv, Sq, Sk, D, seed,
-                          direction, stream)
+                          direction, stream, cu_k, num_seqs)
     if getattr(shape, "sinks", False):
         sinks = getattr(bufs, "sinks", None)
         if sinks is None:

@@ -5,8 +5,9 @@ Everything here takes S_q queries over S_k keys (S_q <= S_k: a prompt continuing
 prefix) with FlashAttention's bottom-right causal alignment: query row i sees keys
 0 .. i + S_k - S_q. Q and O are [B, S_q, Hq, D], K and V [B, S_k, Hkv, D], LSE [B, Hq, S_q]; a
 packed (varlen) batch is the tensors of its ``Problem.as_fixed`` (B = 1, S_q = total_q, S_k =
-total_k), each sequence its own problem (``numpy_reference_varlen``). Query head h reads K/V
-head h // (Hq / Hkv); the scale is 1/sqrt(D).
+total_k), each sequence its own problem (``numpy_reference_varlen``; the "rising" sets give
+each sequence its own K trend). Query head h reads K/V head h // (Hq / Hkv); the scale is
+1/sqrt(D).
 
 The models' masks (tuner/problem.py; oracle.cu's header) are keyword arguments of every
 reference: ``window`` (a query sees its diagonal key a = i + S_k - S_q and the window - 1 before
@@ -27,6 +28,7 @@ import numpy as np
 
 from tuner.errors import FaTuneError
 from tuner.kernel.runtime import ShapeLike, as_problem, problem_dims
+from tuner.problem import Problem
 
 DEFAULT_SEED = 42
 # input set -> (generator, direction for "rising" kinds)
@@ -35,7 +37,9 @@ INPUT_SETS: dict[str, tuple[str, int]] = {
     "rising": ("rising", -1),  # running row max rises at every tile of a REVERSE KV walk
     "rising_fwd": ("rising", 1),  # ... of a FORWARD walk
 }
-RISING_MAX_S = 32768  # keys: K's trend must stay exact in BF16 (oracle.cu's header)
+# Keys of one trend: K's trend must stay exact in BF16 (oracle.cu's header). A packed batch's
+# trend restarts in every sequence, so the bound is per sequence, not on the total.
+RISING_MAX_S = 32768
 
 
 def check_input_set(name: str, shape: ShapeLike) -> None:
@@ -43,10 +47,18 @@ def check_input_set(name: str, shape: ShapeLike) -> None:
         raise FaTuneError(
             f"unknown input set '{name}' (known: {', '.join(sorted(INPUT_SETS))})"
         )
-    Sk = problem_dims(shape)[4]  # the tensors' key rows: a packed batch's total
-    if INPUT_SETS[name][0] == "rising" and Sk > RISING_MAX_S:
+    if INPUT_SETS[name][0] != "rising":
+        return
+    p = as_problem(shape)
+    if p.is_varlen:
+        over = [(b, n) for b, n in enumerate(p.seqlens_k) if n > RISING_MAX_S]
+        if over:
+            b, n = over[0]
+            raise FaTuneError(f"input set '{name}' supports S_k <= {RISING_MAX_S} key rows per "
+                              f"sequence (sequence {b} has {n}; {len(over)} over)")
+    elif p.S_k > RISING_MAX_S:
         raise FaTuneError(f"input set '{name}' supports S_k <= {RISING_MAX_S} key rows "
-                          f"(got {Sk})")
+                          f"(got {p.S_k})")
 
 
 # ---- NumPy twin of the GPU generators (bit-exact) -------------------------------------------
@@ -111,7 +123,8 @@ def host_inputs(shape: ShapeLike, input_set: str, seed: int = DEFAULT_SEED,
     For small problems (tests): memory is O(B*S*H*D) 8-byte temporaries.
     """
     check_input_set(input_set, shape)
-    B, H, Hkv, Sq, Sk, D, _ = problem_dims(shape)
+    prob = as_problem(shape)
+    B, H, Hkv, Sq, Sk, D, _ = problem_dims(prob)
     dims_q, dims_kv = (B, Sq, H, D), (B, Sk, Hkv, D)
     iq = np.arange(B * Sq * H * D, dtype=np.uint64)
     ikv = np.arange(B * Sk * Hkv * D, dtype=np.uint64)
@@ -123,10 +136,12 @@ def host_inputs(shape: ShapeLike, input_set: str, seed: int = DEFAULT_SEED,
         return q.reshape(dims_q), k.reshape(dims_kv), v.reshape(dims_kv)
 
     # "rising": see cuda_src/oracle.cu's header for the construction and its proof. The trend
-    # t runs over the keys; each query row has its own coefficient c2.
+    # t runs over the keys (a packed batch's: over each sequence's own); each query row has its
+    # own coefficient c2. Every random index is the tensors' own (packed) row.
     b_idx = np.arange(B, dtype=np.int64)[:, None, None]
     sq_idx = np.arange(Sq, dtype=np.int64)[None, :, None]
     sk_idx = np.arange(Sk, dtype=np.int64)[None, :, None]
+    pos, n_keys = _trend_keys(prob)
     q_key = ((b_idx * H + np.arange(H, dtype=np.int64)[None, None, :]) * Sq
              + sq_idx).astype(np.uint64)  # [B, Sq, Hq]: per query row
     kv_key = ((b_idx * Hkv + np.arange(Hkv, dtype=np.int64)[None, None, :]) * Sk
@@ -135,8 +150,8 @@ def host_inputs(shape: ShapeLike, input_set: str, seed: int = DEFAULT_SEED,
         np.float32(0.09) + np.float32(0.045) * uniform01(seed, STREAM_RC2, q_key)))
     c2 = c2 * np.float32(rising_c2_scale(D))  # exact: a power of two
     jit = (hash3(seed, STREAM_RJIT, kv_key) >> np.uint64(62)).astype(np.int64)
-    half = Sk // 2
-    t = (4 * (half - sk_idx) if direction < 0 else 4 * (sk_idx - half)) + jit
+    half = n_keys // 2
+    t = (4 * (half - pos) if direction < 0 else 4 * (pos - half)) + jit
     hi = np.floor_divide(t, 256)
     lo = t - 256 * hi
 
@@ -150,6 +165,20 @@ def host_inputs(shape: ShapeLike, input_set: str, seed: int = DEFAULT_SEED,
     kf[..., 1] = lo.astype(np.float32)
     vf = uniform_in(seed, STREAM_RV, ikv, -1.0, 1.0).reshape(dims_kv)
     return f32_to_bf16_bits(qf), f32_to_bf16_bits(kf), f32_to_bf16_bits(vf)
+
+
+def _trend_keys(p: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """([1, S_k, 1] int64 each) every key row's index in its trend and that trend's key count:
+    the row and S_k of a fixed problem; a packed batch's row r of sequence b (the last b with
+    cu_seqlens_k[b] <= r, which passes over empty sequences as the GPU's binary search does)
+    r - cu_seqlens_k[b] and sequence b's key count."""
+    if not p.is_varlen:
+        r = np.arange(p.S_k, dtype=np.int64)
+        return r[None, :, None], np.full((1, 1, 1), p.S_k, dtype=np.int64)
+    cu = np.asarray(p.cu_seqlens_k(), dtype=np.int64)
+    r = np.arange(p.tokens_k, dtype=np.int64)
+    b = np.searchsorted(cu[:-1], r, side="right") - 1
+    return (r - cu[b])[None, :, None], (cu[b + 1] - cu[b])[None, :, None]
 
 
 # c2 = bf16(0.09 + 0.045 u), u in [0, 1): the rising set's per-row trend coefficient (before m_D)
@@ -178,16 +207,13 @@ SINK_SPREAD = (-4.0, 4.0)  # seed: logits either side of the typical row's LSE
 RISING_SINK_SPREAD = (-2.0, 6.0)  # rising: around the lowest row max (at most ~7 above it)
 
 
-def _sequences(p: object) -> tuple[int, list[tuple[int, int, int]]]:
-    """(the generator's key rows, [(first key row, s_q, s_k)] per sequence with queries) of a
-    problem's tensors: a fixed batch is one sequence of its own key rows (every batch entry
-    alike), a packed batch its sequences in the as_fixed key rows."""
+def _sequences(p: object) -> list[tuple[int, int]]:
+    """[(s_q, s_k)] of each sequence with queries, each its own rising trend over its s_k
+    keys: a fixed batch is one (every batch entry alike), a packed batch its sequences."""
     prob = as_problem(p)
     if not prob.is_varlen:
-        return prob.S_k, [(0, prob.S_q, prob.S_k)]
-    cu_k = prob.cu_seqlens_k()
-    return prob.tokens_k, [(cu_k[b], q, k) for b, (q, k) in
-                           enumerate(zip(prob.seqlens, prob.seqlens_k, strict=True)) if q > 0]
+        return [(prob.S_q, prob.S_k)]
+    return [(q, k) for q, k in zip(prob.seqlens, prob.seqlens_k, strict=True) if q > 0]
 
 
 def _cap(sc: np.ndarray, softcap: float) -> np.ndarray:
@@ -205,7 +231,8 @@ def sink_range(shape: ShapeLike, input_set: str) -> tuple[float, float]:
     the last ones many). rising: the scores follow the keys' trend (hundreds of logits at long
     S_k), so a sink near the typical LSE would sit far above the rows with the lowest maxima; it
     is drawn from the lowest row max (a bound from the construction: c2 t / sqrt(D) - E_D at each
-    row's largest key, with windows and sequences) - 2 to + 6, so it matters for the rows near
+    row's largest key, with windows; the lowest over a packed batch's sequences, each with its
+    own trend) - 2 to + 6, so it matters for the rows near
     there and exceeds no row's max by more than ~7 logits (a kernel's sum exp(sink - max) then
     stays finite in FP32, as it does for real models' sinks, O(1)-O(10))."""
     p = as_problem(shape)
@@ -217,14 +244,15 @@ def sink_range(shape: ShapeLike, input_set: str) -> tuple[float, float]:
         var = SEED_SCORE_VAR if p.softcap <= 0 else min(SEED_SCORE_VAR, p.softcap ** 2)
         centre = math.log(mean_keys) + var / 2
         return centre + SINK_SPREAD[0], centre + SINK_SPREAD[1]
-    total_k, seqs = _sequences(p)
+    seqs = _sequences(p)
     w = p.window if p.window > 0 else 1 << 40
-    if direction < 0:  # t falls with the key: a row's max at its first key
-        j = max(start + max(0, sk - w) for start, _, sk in seqs)  # the last row's window edge
-        t = 4 * (total_k // 2 - j)
+    # The least trend value at a row's largest-scoring key over all sequences (c2 t rises with
+    # t whatever c2's sign rule, so the lowest t gives the lowest row max; jit >= 0 is dropped).
+    if direction < 0:  # t falls with the key: a row's max at its first key (the last row's
+        #                window edge is the latest)
+        t = min(4 * (sk // 2 - max(0, sk - w)) for _, sk in seqs)
     else:  # t rises with the key: a row's max at its last key (causal: the first row's least)
-        j = min(start + (sk - sq if p.causal else sk - 1) for start, sq, sk in seqs)
-        t = 4 * (j - total_k // 2)
+        t = min(4 * ((sk - sq if p.causal else sk - 1) - sk // 2) for sq, sk in seqs)
     scale = rising_c2_scale(p.D) / math.sqrt(p.D)
     c2 = RISING_C2[0] if t >= 0 else RISING_C2[1]
     low = float(_cap(np.float64(c2 * t * scale - rising_noise_bound(p.D)), p.softcap))
