@@ -8,10 +8,10 @@
 #     for a packed and a paged batch (scripts/sass_snapshot.py --shape), gates and times them
 #     A B B A in one process (scripts/ab_libs.py); then this checkout's fixed-length kernel
 #     beside its paged one in one process (fa-tune run), and ncu on the packed kernel.
-#   carry [".fa3/part1"]      bash lab/h200/s23.sh w128
-#     parks FA3's first half; issue 36's 128-key window at D 64: the tile shapes of
-#     lab/h200/variants/w128_d64.txt, built with all cores, gated and timed in one process
-#     (scripts/kernel_lab.py, no FA3).
+#   carry [".fa3/part1"]      bash lab/h200/s23.sh w128 [VARIANTS]
+#     parks FA3's first half; issue 36's 128-key window at D 64: the tile shapes of VARIANTS
+#     (default lab/h200/variants/w128_d64.txt; round 2: w128_d64b.txt), built with all cores,
+#     gated and timed in one process (scripts/kernel_lab.py, no FA3).
 #   carry [".fa3/part2"]      bash lab/h200/s23.sh peers [VARIANT...]
 #     installs FA3; issue 37's table (fa-tune compare --backends fa3 at pages of 64, 128, 256,
 #     unpaged, and the mixed batch over pages), issue 34's chunked-prefill rows, and the given
@@ -54,7 +54,7 @@ gap)
   ;;
 w128)
   [ -d .fa3/part1 ] && bash lab/h200/fa3_stage1.sh > "$OUT/fa3_stage1.log" 2>&1
-  timeout 500 $E python3 scripts/kernel_lab.py --variants-file lab/h200/variants/w128_d64.txt \
+  timeout 500 $E python3 scripts/kernel_lab.py --variants-file "${2:-lab/h200/variants/w128_d64.txt}" \
     --shape 1x64/8x8192:d64:w128 --shape 1x64/8x8192:d64:w128:sinks --no-fa3 --rounds 2 \
     --settle-s 1 > "$OUT/w128.log" 2>&1
   step "lab exit $?"; tail -24 "$OUT/w128.log" | cut -c1-200
