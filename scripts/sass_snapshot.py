@@ -9,7 +9,7 @@ Each preset is built for its own problem class (head dim from its name, non-caus
 ``full-*`` presets) with the varlen kernel where the config can serve varlen, so both kernels of
 an exported library are covered (``--fixed``: without it, as the search builds candidates); all
 at once, one nvcc per usable CPU (``--shape``: every named preset for that problem's class, and
-timed on it, e.g. a packed or paged batch). DIR gets
+timed on it, e.g. a packed or paged batch; no PRESET: those of its head dim). DIR gets
 ``<preset>.sass.xz`` (cuobjdump --dump-sass) and ``index.json`` (per preset: its class, the
 library's path, a problem of its class to time it on (scripts/ab_libs.py), and the sha256 and
 instruction count of each kernel function's SASS).
@@ -93,6 +93,26 @@ def snapshot(out: Path, cache: Path | None, names: list[str], fixed: bool = Fals
     unknown = sorted(set(names) - set(C.list_presets()))
     if unknown:
         fail(f"unknown preset {', '.join(unknown)}; available: {', '.join(C.list_presets())}")
+    shape_class = None
+    if shape is not None:
+        from tuner.kernel.support import check_problems
+
+        try:
+            problem = Problem.parse(shape)
+        except FaTuneError as e:
+            fail(f"--shape: {e}")
+        shape_class = problem.problem_class
+        names = names or [n for n in C.list_presets()
+                          if C.preset_head_dim(n) == shape_class.head_dim]
+        other = [n for n in names if C.preset_head_dim(n) != shape_class.head_dim]
+        if other:
+            fail(f"--shape {shape} has head dim {shape_class.head_dim}; these presets are for "
+                 f"another: {', '.join(other)} (name presets of its head dim)")
+        for n in names:
+            try:
+                check_problems(C.load_preset(n), [problem])
+            except FaTuneError as e:
+                fail(f"preset {n} cannot run {shape}: {e}")
     out.mkdir(parents=True, exist_ok=True)
     tool = toolchain.find_tool("cuobjdump")
     if tool is None:
@@ -108,8 +128,8 @@ def snapshot(out: Path, cache: Path | None, names: list[str], fixed: bool = Fals
         except FaTuneError:
             varlen = False
         pclass = ProblemClass(d, causal, varlen)
-        if shape is not None:
-            pclass = Problem.parse(shape).problem_class
+        if shape_class is not None:
+            pclass = shape_class
         res = build.build_config(cfg, cache_root=cache, pclass=pclass)
         sass = subprocess.run([str(tool), "--dump-sass", str(res.so_path)], check=True,
                               capture_output=True, text=True).stdout
@@ -170,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fixed", action="store_true",
                     help="Build the fixed-length kernel only (a search candidate's library).")
     ap.add_argument("--shape", help="Build for this problem's class and time on it (PRESETs "
-                    "of its head dim).")
+                    "of its head dim; default: all of them).")
     a = ap.parse_args(argv)
     if a.compare:
         return compare(*a.compare)

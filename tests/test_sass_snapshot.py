@@ -54,7 +54,10 @@ def test_masking_keeps_real_differences(snap) -> None:
 
 
 @pytest.mark.parametrize("args", [["--compare", "/nonexistent", "/nonexistent"],
-                                  ["--out", "/tmp/x", "no-such-preset"], []])
+                                  ["--out", "/tmp/x", "no-such-preset"], [],
+                                  ["--out", "/tmp/x", "--shape", "4x32/bad"],
+                                  ["--out", "/tmp/x", "--shape", "1x32/8x2048:k8192:p128", "d64"],
+                                  ["--out", "/tmp/x", "--shape", "4x32x2048:k8192:p64", "llama3"]])
 def test_bad_input_is_one_line(args: list[str]) -> None:
     r = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True,
                        cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
