@@ -449,15 +449,16 @@ struct Launcher {
   // -- device-scheduled calls (varlen.cuh builds the schedule on the device)
 
   // The schedule's L2 section budget on device `dev` (VarlenPlan::section_keys): key rows x
-  // K/V heads whose K and V fill ~60% of L2, the rest left to Q, O and other traffic, as the
-  // fixed-length dynamic scheduler's sections. Cached per device.
+  // K/V heads whose K and V fill kL2SectionShare of L2, as the fixed-length dynamic
+  // scheduler's sections. Cached per device.
   static cudaError_t section_keys(int dev, int* out) {
     static PerDevice cache;
     return cache.get(dev, out, [](int dev, int* out) {
       int l2 = 0;
-      if (cudaError_t e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev); e != cudaSuccess)
-        return fail_cuda(e, "cudaDeviceGetAttribute");
-      const long long keys = (long long)(0.6 * l2) / (2LL * T::kHeadDim * 2);  // K, V rows, BF16
+      const cudaError_t e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
+      if (e != cudaSuccess) return fail_cuda(e, "cudaDeviceGetAttribute");
+      // A key row of one K/V head: K and V, D BF16 values each.
+      const long long keys = (long long)(kL2SectionShare * l2) / (4LL * T::kHeadDim);
       *out = int(std::max(1LL, std::min<long long>(keys, INT_MAX)));
       return cudaSuccess;
     });

@@ -24,6 +24,9 @@
 namespace fa_tune {
 
 constexpr int kSchedulerBar = 12;  // named barrier: producer warp -> consumers (dynamic only)
+// The share of L2 an L2 section's K and V may fill (the dynamic scheduler's sections, the
+// device-side schedule's: varlen.cuh); the rest holds Q, O and other traffic.
+constexpr double kL2SectionShare = 0.6;
 
 // What a fixed-length scheduler's host-side setup is given: the shape, the device, and the
 // CTAs a persistent launch may use (whole clusters that fit at once; launch.cuh).
@@ -202,7 +205,8 @@ struct DynamicScheduler : FixedTiles {
     const double kv_bytes = 2.0 * s.Sk * T::kHeadDim * 2;  // K and V rows, BF16
     out.num_tiles = int(num_tiles);
     out.section_heads =
-        int(std::clamp<double>(std::floor(0.6 * l2_bytes / kv_bytes), 1.0, double(s.B) * s.H));
+        int(std::clamp<double>(std::floor(kL2SectionShare * l2_bytes / kv_bytes), 1.0,
+                               double(s.B) * s.H));
     return cudaSuccess;
   }
   static dim3 grid(const ShapeInfo&, int ctas) { return dim3(ctas); }

@@ -301,18 +301,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // 2. Sequences by their costliest tile (the last: causal tiles cost more as m grows; the
   // others' all about the same): a histogram of their tasks, then each sequence's first task.
+  // seq_base[b] holds the sequence's cost until it is turned into its first task.
   for (int b = tid; b < B; b += nt) {
     const int tiles = tstart[b + 1] - tstart[b];
-    if (tiles > 0) atomicAdd(&at_cost[tile_cost(plan, seq_span(meta, b, B), tiles - 1)], tiles * H);
+    if (tiles > 0) {
+      seq_base[b] = tile_cost(plan, seq_span(meta, b, B), tiles - 1);
+      atomicAdd(&at_cost[seq_base[b]], tiles * H);
+    }
   }
   __syncthreads();
   suffix_sum(at_cost, C + 1, warp_sums);  // at_cost[c] = tasks of sequences costing more than c
   for (int b = tid; b < B; b += nt) {
     const int tiles = tstart[b + 1] - tstart[b];
-    if (tiles > 0) {
-      const int cost = tile_cost(plan, seq_span(meta, b, B), tiles - 1);
-      seq_base[b] = atomicAdd(&at_cost[cost], tiles * H);
-    }
+    if (tiles > 0) seq_base[b] = atomicAdd(&at_cost[seq_base[b]], tiles * H);
   }
   __syncthreads();
   // 3. Each tile's tasks in its sequence's range: its L2 section's heads [h0, h0 + hn), in
