@@ -27,6 +27,7 @@ ARCH_DEFAULTS = {
     "wg_skip": False,
     "head_cluster": 1,
     "tile_order": "longest_first", "scheduler": "grid", "fixed_cost": 4, "persistent_ctas": 0,
+    "ctas_per_sm": 1,
     "write_lse": True,
 }
 
@@ -129,6 +130,13 @@ def test_unparseable_yaml(tmp_path: Path) -> None:
         # block_m 64 a D 256 varlen build still spilled at 24: 56 there.
         ({"scheduler": "static", "block_m": 64, "pingpong": False},
          "needs producer_regs >= 56 with block_m 64"),
+        # Two CTAs per SM halve each CTA's pool: 384 threads get 80 registers each at launch.
+        ({"ctas_per_sm": 2, "block_n": 64, "consumer_regs": 144},
+         "more than the 30720 the CTA holds"),
+        ({"ctas_per_sm": 2, "block_m": 64, "block_n": 64, "pingpong": False,
+          "producer_regs": 24, "consumer_regs": 240}, "more than the 32768 the CTA holds"),
+        ({"ctas_per_sm": 2, "block_m": 64, "block_n": 128, "pingpong": False,
+          "producer_regs": 24, "consumer_regs": 232}, "each of 2 CTAs on one SM"),
         ({"scheduler": "static", "producer_regs": 40, "consumer_regs": 232,
           "early_next_qk": True}, "needs q_release after_last_qk"),
         ({"early_next_qk": True}, "needs a persistent scheduler"),

@@ -275,6 +275,25 @@ def test_three_warpgroup_row_max_runs_before_the_pv_wait() -> None:
     assert any(before < total // 2 for before, total in loops["by_tid"]), loops
 
 
+# Two CTAs per SM (ctas_per_sm 2): block_m 64, one consumer warpgroup, 256 threads x 128
+# registers at launch, so two CTAs' pools fill the register file; the setmaxnreg split
+# (24 + 232) uses all of one CTA's.
+TWO_PER_SM = Artifact(KernelConfig(block_m=64, block_n=64, pingpong=False, producer_regs=24,
+                                   consumer_regs=232, ctas_per_sm=2),
+                      ProblemClass(64, True, window=True, sinks=True))
+
+
+@pytest.mark.builds(TWO_PER_SM)
+def test_two_ctas_per_sm_launch_with_half_the_registers() -> None:
+    r = build.build_config(TWO_PER_SM.config, pclass=TWO_PER_SM.pclass)
+    assert r.unfit is None, r.unfit  # no local memory, wgmma not serialized
+    assert r.sass["has_hgmma"]
+    assert {e["registers"] for e in r.ptxas["entries"].values()} == {128}
+    assert 2 * (r.smem_dynamic + 1024) <= 233472  # two fit one SM's shared memory
+    assert "static constexpr int ctas_per_sm = 2;" in build.render(TWO_PER_SM.config,
+                                                                    pclass=TWO_PER_SM.pclass)
+
+
 # The models' masks (issue 36): every mask at once, with the varlen kernel (the window's tile
 # range in the producer and the consumers, the softcap's tanh, the sinks in finalize), on the
 # default preset and on D 64's sum_in_pv, whose row sums the sinks join.

@@ -164,7 +164,12 @@ struct Derived {
   // setmaxnreg only redistributes what the CTA got at launch: kThreads x (65536 / kThreads,
   // down to a multiple of 8). Asking for more makes setmaxnreg.inc wait forever (the likely
   // cause of a hang on the H200 with producer 32 / consumers 240 at 384 threads: 65536 > 64512).
-  static constexpr int kLaunchRegs = kThreads * ((65536 / kThreads < 255 ? 65536 / kThreads : 255) / 8 * 8);
+  // ctas_per_sm CTAs resident per SM (__launch_bounds__' minimum) split the register file.
+  static constexpr int kCtasPerSm = Cfg::ctas_per_sm;
+  static_assert(kCtasPerSm == 1 || kCtasPerSm == 2, "ctas_per_sm: 1 or 2");
+  static constexpr int kLaunchRegPerThread = 65536 / (kThreads * kCtasPerSm);
+  static constexpr int kLaunchRegs =
+      kThreads * ((kLaunchRegPerThread < 255 ? kLaunchRegPerThread : 255) / 8 * 8);
   static_assert((Cfg::producer_regs + kConsumerWGs * Cfg::consumer_regs) * kWarpgroupThreads <= kLaunchRegs,
                 "register split exceeds the registers the CTA holds at launch");
 };

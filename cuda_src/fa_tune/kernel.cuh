@@ -188,7 +188,7 @@ struct RegSplit {
 
 // kVarlen: packed sequences (cu_seqlens) on the varlen scheduler; the same pieces otherwise.
 template <class Cfg, bool kVarlen = false>
-__global__ void __launch_bounds__(Derived<Cfg>::kThreads, 1)
+__global__ void __launch_bounds__(Derived<Cfg>::kThreads, Derived<Cfg>::kCtasPerSm)
     attention_fwd_kernel(const __grid_constant__ KernelParams<SchedulerFor<Cfg, kVarlen>> p) {
 #if FA_TUNE_DEVICE_PASS
   using T = Traits<Cfg>;

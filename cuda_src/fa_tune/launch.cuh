@@ -69,6 +69,9 @@ struct Launcher {
   using VarlenSched = SchedulerFor<Cfg, true>;     // device-scheduled calls
   static constexpr bool kHasVarlen = FA_TUNE_VARLEN;
   static constexpr int smem_bytes() { return fa_tune::smem_bytes<Cfg>(); }
+  // An SM's 228 KB less 1 KB per resident CTA (config.py: smem_limit).
+  static_assert(T::kCtasPerSm == 1 || smem_bytes() <= 233472 / T::kCtasPerSm - 1024,
+                "ctas_per_sm CTAs of this config do not fit one SM's shared memory");
 
   // The call's window as the kernel reads it: keys a row sees left of its diagonal (kNoWindow:
   // none, or a library without windows).
@@ -314,7 +317,7 @@ struct Launcher {
                    host_ms);
   }
 
-  // CTAs of a persistent launch on device `dev`: persistent_ctas (0: one per SM); in
+  // CTAs of a persistent launch on device `dev`: persistent_ctas (0: ctas_per_sm per SM); in
   // clusters whole clusters only, and no more than fit at once (a persistent cluster left
   // waiting for an SM pair would run its tasks after everyone else). Cached per device.
   template <bool kVarlen>
@@ -329,7 +332,7 @@ struct Launcher {
     cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     if (e != cudaSuccess)
       return fail_cuda(e, "cudaDeviceGetAttribute");
-    int n = Cfg::persistent_ctas > 0 ? Cfg::persistent_ctas : sms;
+    int n = Cfg::persistent_ctas > 0 ? Cfg::persistent_ctas : sms * T::kCtasPerSm;
     if constexpr (T::kClustered) {
       if ((e = set_attributes<kVarlen>()) != cudaSuccess) return e;
       cudaLaunchAttribute attrs[2]{};
@@ -358,6 +361,13 @@ struct Launcher {
     cudaError_t e = cudaFuncSetAttribute(attention_fwd_kernel<Cfg, kVarlen>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes());
     if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute");
+    if constexpr (T::kCtasPerSm > 1) {
+      // The whole carveout to shared memory, so that ctas_per_sm CTAs fit on an SM at once.
+      e = cudaFuncSetAttribute(attention_fwd_kernel<Cfg, kVarlen>,
+                               cudaFuncAttributePreferredSharedMemoryCarveout,
+                               int(cudaSharedmemCarveoutMaxShared));
+      if (e != cudaSuccess) return fail_cuda(e, "cudaFuncSetAttribute");
+    }
     done = true;
     return cudaSuccess;
   }

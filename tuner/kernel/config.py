@@ -30,11 +30,14 @@ from tuner.problem import DEFAULT_HEAD_DIM, HEAD_DIMS
 HEAD_DIM = DEFAULT_HEAD_DIM  # the head dim studies meant before the kernel family
 ELEM_BYTES = 2  # BF16
 
-# sm_90: 227 KB of shared memory per CTA at most (232448 bytes = 227 * 1024).
+# sm_90: 227 KB of shared memory per CTA at most (232448 bytes = 227 * 1024), of the SM's 228 KB
+# (each resident CTA also takes 1 KB of the SM's for itself).
 SMEM_LIMIT_BYTES = 232448
+SM_SMEM_BYTES = 233472
+SMEM_PER_CTA_RESERVED = 1024
 # Barriers and the 1024-byte alignment the TMA/WGMMA swizzled tiles need.
 SMEM_OVERHEAD_BYTES = 1024
-REGISTER_FILE = 65536  # 32-bit registers per SM; one CTA per SM in this design
+REGISTER_FILE = 65536  # 32-bit registers per SM, shared by its resident CTAs (ctas_per_sm)
 THREADS_PER_WARPGROUP = 128
 # Per-thread registers a consumer warpgroup needs beyond its accumulators (addresses, softmax
 # state, loop counters, temporaries). With intra-warpgroup overlap at D 128: recalibrated on
@@ -170,7 +173,11 @@ class KernelConfig:
     fixed_cost: int = knob(4, range(17), range_text="an integer from 0 to 16", doc=(
         "Static scheduler: a task's fixed cost beside its KV tiles in the task-list balance."))
     persistent_ctas: int = knob(0, range(1025), range_text="an integer from 0 (= SM count) to 1024",
-                                doc="Persistent schedulers: CTAs launched (0: one per SM).")
+                                doc="Persistent schedulers: CTAs launched (0: ctas_per_sm per SM).")
+    ctas_per_sm: int = knob(1, (1, 2), id_neutral=True, doc=(
+        "CTAs resident on one SM at once (__launch_bounds__' minimum): each gets 1/n of the "
+        "registers and shared memory; independent CTAs hide each other's prologue and epilogue "
+        "where tasks are short."))
     write_lse: bool = knob(True, doc="Write the row log-sum-exp beside O.")
 
     def __post_init__(self) -> None:
@@ -320,13 +327,20 @@ def register_budget(cfg: KernelConfig) -> int:
 
 def launch_registers(cfg: KernelConfig) -> int:
     """Registers the CTA holds at launch: threads x the per-thread cap that
-    __launch_bounds__(threads, 1) gives ptxas (65536 / threads, down to a multiple of 8, at most
-    255). setmaxnreg only moves registers within this pool: an increase waits until other warps
+    __launch_bounds__(threads, ctas_per_sm) gives ptxas (65536 / (threads x ctas_per_sm), down
+    to a multiple of 8, at most 255). setmaxnreg only moves registers within this pool: an increase waits until other warps
     of the CTA have released enough, so a split that needs more than the pool never starts.
     """
     threads = (cfg.consumer_warpgroups + 1) * THREADS_PER_WARPGROUP
-    per_thread = min(255, REGISTER_FILE // threads) // 8 * 8
+    per_thread = min(255, REGISTER_FILE // (threads * cfg.ctas_per_sm)) // 8 * 8
     return threads * per_thread
+
+
+def smem_limit(cfg: KernelConfig) -> int:
+    """Shared memory one CTA may have so that ctas_per_sm of them are resident on an SM."""
+    if cfg.ctas_per_sm == 1:
+        return SMEM_LIMIT_BYTES
+    return SM_SMEM_BYTES // cfg.ctas_per_sm - SMEM_PER_CTA_RESERVED
 
 
 # Per head dim, a config whose varlen kernel compiles clean (nvcc 13.0, 2026-12-01: with the
@@ -482,13 +496,16 @@ def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM, causal: bool = True) -
             f"{slices * SWIZZLE_ROWS}"
         )
     smem = smem_bytes(cfg, head_dim)
-    if smem > SMEM_LIMIT_BYTES:
+    limit = smem_limit(cfg)
+    if smem > limit:
+        per = ("an sm_90 CTA can have" if cfg.ctas_per_sm == 1 else
+               f"each of {cfg.ctas_per_sm} CTAs on one SM can have")
         raise ConfigError(
             f"config needs {smem} bytes of shared memory (Q {cfg.block_m} rows"
             f"{' + a separate O tile' if cfg.q_release == 'after_last_qk' else ''} + "
             f"{cfg.k_stages} K and {cfg.v_stages} V stages of {cfg.block_n} rows, head dim "
-            f"{head_dim}), more than the "
-            f"{SMEM_LIMIT_BYTES} an sm_90 CTA can have; lower block_m, block_n or the stages"
+            f"{head_dim}), more than the {limit} {per}; lower block_m, block_n, the stages"
+            f"{' or ctas_per_sm' if cfg.ctas_per_sm > 1 else ''}"
         )
     regs = register_budget(cfg)
     pool = launch_registers(cfg)
