@@ -10,7 +10,9 @@
 #   3  carry [".fa3/part1"]  bash lab/h200/fa3_stage1.sh
 #   4  carry [".fa3/part2"]  bash lab/h200/s24.sh peers
 #        installs FA3, waits for the tests; issue 37's mixed batch over pages of 64 beside FA3,
-#        then its table at pages of 64, 128, 256 beside FA3 and FlashInfer in one process
+#        then its table at pages of 64, 128, 256 beside FA3 and FlashInfer in one process;
+#        then, in the time left, issue 36's window with two CTAs per SM beside FA3
+#        (lab/h200/variants/w128_d64c.txt)
 #   (issue 34's chunk row searched, on a quiet card: bash lab/h200/gpu_session.sh search-start
 #    s24-chunk 6m --shape 1x32/8x2048:k8192, then search-wait s24-chunk)
 # Logs land in $OUT.
@@ -53,6 +55,13 @@ peers)
   for p in 64 128 256; do
     compare "cmp_p$p.log" 110 --preset llama3 --shape "$FIXED:p$p" --backends $peers
   done
+  # Issue 36's window, two CTAs per SM, beside FA3 (kernel_lab), in what the call has left.
+  left=$((570 - (SECONDS - t0)))
+  if [ $left -gt 90 ]; then
+    timeout $left $E python3 scripts/kernel_lab.py --variants-file lab/h200/variants/w128_d64c.txt \
+      --shape 1x64/8x8192:d64:w128 --rounds 2 --settle-s 1 > "$OUT/w128.log" 2>&1
+    step "w128 exit $?"; tail -14 "$OUT/w128.log" | cut -c1-200
+  fi
   ;;
 esac
 step done

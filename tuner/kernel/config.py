@@ -328,8 +328,9 @@ def register_budget(cfg: KernelConfig) -> int:
 def launch_registers(cfg: KernelConfig) -> int:
     """Registers the CTA holds at launch: threads x the per-thread cap that
     __launch_bounds__(threads, ctas_per_sm) gives ptxas (65536 / (threads x ctas_per_sm), down
-    to a multiple of 8, at most 255). setmaxnreg only moves registers within this pool: an increase waits until other warps
-    of the CTA have released enough, so a split that needs more than the pool never starts.
+    to a multiple of 8, at most 255). setmaxnreg only moves registers within this pool: an
+    increase waits until other warps of the CTA have released enough, so a split that needs
+    more than the pool never starts.
     """
     threads = (cfg.consumer_warpgroups + 1) * THREADS_PER_WARPGROUP
     per_thread = min(255, REGISTER_FILE // (threads * cfg.ctas_per_sm)) // 8 * 8
