@@ -15,6 +15,8 @@
 #        (lab/h200/variants/w128_d64c.txt)
 #   (issue 34's chunk row searched, on a quiet card: bash lab/h200/gpu_session.sh search-start
 #    s24-chunk 6m --shape 1x32/8x2048:k8192, then search-wait s24-chunk)
+#   or, with little device time left, one call carrying [".whl"]: bash lab/h200/s24.sh solo
+#        (the GPU tests, then the window's two-CTA variants without FA3)
 # Logs land in $OUT.
 set -uo pipefail
 FIRST_CALL=start
@@ -27,7 +29,7 @@ compare() {  # LOG TIMEOUT ARGS...
     --results-dir "$DEV/cmp" "$@" > "$OUT/$log" 2>&1
   step "compare $log exit $?"; grep -E "x FA3|x FlashInfer|TFLOPS|rror" "$OUT/$log" | tail -6
 }
-case "${1:?start|fi|peers}" in
+case "${1:?start|solo|fi|peers}" in
 start)
   # Their logs go to .device/bg ($OUT is this call's alone); `peers` copies them into its own.
   rm -rf "$DEV/verify.rc" "$DEV/bg"
@@ -37,6 +39,19 @@ start)
       tests/gpu/test_varlen_op_gpu.py tests/gpu/test_paged_op_gpu.py > '$DEV/verify.txt' 2>&1
     echo done > '$DEV/verify.rc'" < /dev/null > /dev/null 2>&1 &
   step "GPU tests started in the background"
+  ;;
+solo)
+  # One call when the device time left is short: the unrun GPU tests, then the window's
+  # two-CTA variants against the 192 x 64 kernel (no FA3).
+  timeout 120 $E python3 lab/h200/prebuild.py paged > "$OUT/prebuild.log" 2>&1
+  step "prebuild exit $?"; grep -E "FAILED|local memory|built in" "$OUT/prebuild.log"
+  gpu_tests verify.log 240 tests/gpu/test_oracle_gpu.py tests/gpu/test_varlen_gpu.py \
+    tests/gpu/test_varlen_op_gpu.py tests/gpu/test_paged_op_gpu.py
+  left=$((570 - (SECONDS - t0)))
+  timeout $left $E python3 scripts/kernel_lab.py --variants-file lab/h200/variants/w128_d64c.txt \
+    --shape 1x64/8x8192:d64:w128 --shape 1x64/8x8192:d64:w128:sinks --no-fa3 --rounds 2 \
+    --settle-s 1 > "$OUT/w128.log" 2>&1
+  step "w128 exit $?"; tail -16 "$OUT/w128.log" | cut -c1-200
   ;;
 fi)
   FI_SMOKE=1 timeout 560 bash "$LAB/flashinfer_stage.sh" > "$OUT/fi_stage.log" 2>&1
