@@ -17,6 +17,8 @@
 #    s24-chunk 6m --shape 1x32/8x2048:k8192, then search-wait s24-chunk)
 #   or, with little device time left, one call carrying [".whl"]: bash lab/h200/s24.sh solo
 #        (the GPU tests, then the window's two-CTA variants without FA3)
+#   carry [".whl", ".base"]: bash lab/h200/s24.sh ab [PRESET...]: branch wip/operands against
+#        main (.base/operands, .base/main: `git archive` of each), A B B A in one process
 # Logs land in $OUT.
 set -uo pipefail
 FIRST_CALL=start
@@ -29,7 +31,7 @@ compare() {  # LOG TIMEOUT ARGS...
     --results-dir "$DEV/cmp" "$@" > "$OUT/$log" 2>&1
   step "compare $log exit $?"; grep -E "x FA3|x FlashInfer|TFLOPS|rror" "$OUT/$log" | tail -6
 }
-case "${1:?start|solo|fi|peers}" in
+case "${1:?start|solo|ab|fi|peers}" in
 start)
   # Their logs go to .device/bg ($OUT is this call's alone); `peers` copies them into its own.
   rm -rf "$DEV/verify.rc" "$DEV/bg"
@@ -52,6 +54,22 @@ solo)
     --shape 1x64/8x8192:d64:w128 --shape 1x64/8x8192:d64:w128:sinks --no-fa3 --rounds 2 \
     --settle-s 1 > "$OUT/w128.log" 2>&1
   step "w128 exit $?"; tail -16 "$OUT/w128.log" | cut -c1-200
+  ;;
+ab)
+  # carry [".whl", ".base"]: branch wip/operands (.base/operands) against main (.base/main), the
+  # presets whose PV wait moved (multicast, d64-sumpv) and default, fixed-length kernels,
+  # built in parallel, then gated and timed A B B A in one process (scripts/ab_libs.py).
+  shift; presets=${*:-multicast d64-sumpv default}
+  for tree in main operands; do
+    (cd .base/$tree && PYTHONPATH="$DEV/site:$PWD" timeout 200 python3 scripts/sass_snapshot.py \
+       --fixed --out "$DEV/ab-$tree" --cache "$DEV/abcache-$tree" $presets \
+       > "$OUT/build_$tree.log" 2>&1; echo "$tree built: exit $?") &
+  done
+  wait; step built
+  $E python3 scripts/sass_snapshot.py --compare "$DEV/ab-main" "$DEV/ab-operands" | tail -4
+  timeout $((570 - (SECONDS - t0))) $E python3 scripts/ab_libs.py "$DEV/ab-main" \
+    "$DEV/ab-operands" --pairs 3 --settle-s 0.5 --json "$OUT/ab.json" > "$OUT/ab.log" 2>&1
+  step "ab_libs exit $?"; tail -12 "$OUT/ab.log"
   ;;
 fi)
   FI_SMOKE=1 timeout 560 bash "$LAB/flashinfer_stage.sh" > "$OUT/fi_stage.log" 2>&1
