@@ -505,8 +505,8 @@ def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM, causal: bool = True) -
             f"config needs {smem} bytes of shared memory (Q {cfg.block_m} rows"
             f"{' + a separate O tile' if cfg.q_release == 'after_last_qk' else ''} + "
             f"{cfg.k_stages} K and {cfg.v_stages} V stages of {cfg.block_n} rows, head dim "
-            f"{head_dim}), more than the {limit} {per}; lower block_m, block_n, the stages"
-            f"{' or ctas_per_sm' if cfg.ctas_per_sm > 1 else ''}"
+            f"{head_dim}), more than the {limit} {per}; lower block_m, block_n"
+            f"{', the stages or ctas_per_sm' if cfg.ctas_per_sm > 1 else ' or the stages'}"
         )
     regs = register_budget(cfg)
     pool = launch_registers(cfg)
