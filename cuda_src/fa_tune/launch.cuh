@@ -70,7 +70,7 @@ struct Launcher {
   static constexpr bool kHasVarlen = FA_TUNE_VARLEN;
   static constexpr int smem_bytes() { return fa_tune::smem_bytes<Cfg>(); }
   // An SM's 228 KB less 1 KB per resident CTA (config.py: smem_limit).
-  static_assert(T::kCtasPerSm == 1 || smem_bytes() <= 233472 / T::kCtasPerSm - 1024,
+  static_assert(smem_bytes() <= 233472 / T::kCtasPerSm - 1024,
                 "ctas_per_sm CTAs of this config do not fit one SM's shared memory");
 
   // The call's window as the kernel reads it: keys a row sees left of its diagonal (kNoWindow:

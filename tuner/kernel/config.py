@@ -30,11 +30,11 @@ from tuner.problem import DEFAULT_HEAD_DIM, HEAD_DIMS
 HEAD_DIM = DEFAULT_HEAD_DIM  # the head dim studies meant before the kernel family
 ELEM_BYTES = 2  # BF16
 
-# sm_90: 227 KB of shared memory per CTA at most (232448 bytes = 227 * 1024), of the SM's 228 KB
-# (each resident CTA also takes 1 KB of the SM's for itself).
-SMEM_LIMIT_BYTES = 232448
+# sm_90: an SM's 228 KB of shared memory, less 1 KB each resident CTA takes for itself, so 227 KB
+# (232448 bytes) for a CTA alone.
 SM_SMEM_BYTES = 233472
 SMEM_PER_CTA_RESERVED = 1024
+SMEM_LIMIT_BYTES = SM_SMEM_BYTES - SMEM_PER_CTA_RESERVED
 # Barriers and the 1024-byte alignment the TMA/WGMMA swizzled tiles need.
 SMEM_OVERHEAD_BYTES = 1024
 REGISTER_FILE = 65536  # 32-bit registers per SM, shared by its resident CTAs (ctas_per_sm)
@@ -339,8 +339,6 @@ def launch_registers(cfg: KernelConfig) -> int:
 
 def smem_limit(cfg: KernelConfig) -> int:
     """Shared memory one CTA may have so that ctas_per_sm of them are resident on an SM."""
-    if cfg.ctas_per_sm == 1:
-        return SMEM_LIMIT_BYTES
     return SM_SMEM_BYTES // cfg.ctas_per_sm - SMEM_PER_CTA_RESERVED
 
 
