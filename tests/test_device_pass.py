@@ -1,6 +1,8 @@
 """The launcher's host pass reads no CuTe (cuda_src/fa_tune/device_pass.cuh; docs/PERF.md step
-49): nvcc's own host preprocessing step of a rendered template, run alone (about a second, no
-compile). The device pass still reads the kernel's body: every build's SASS says so."""
+49), and the kernel's device pass none of CuTe's layout algebra, only its wgmma atoms
+(operands.cuh; step 53): nvcc's own preprocessing steps of a rendered template, run alone (about
+a second each, no compile). The device pass still reads the kernel's body: every build's SASS
+says so."""
 
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from tuner.kernel.config import load_preset
 from tuner.problem import ProblemClass
 
 
-def _host_pass(tmp_path: Path, extra: tuple[str, ...] = ()) -> str:
-    """The host pass's preprocessed source of the default preset's library (both kernels)."""
+def _host_pass(tmp_path: Path, extra: tuple[str, ...] = (), device: bool = False) -> str:
+    """The host pass's (or the device pass's) preprocessed source of the default preset's
+    library (both kernels)."""
     src = tmp_path / "kernel.cu"
     src.write_text(build.render(load_preset("default"), pclass=ProblemClass(128, True, True)))
     nvcc = toolchain.find_nvcc()
@@ -24,7 +27,7 @@ def _host_pass(tmp_path: Path, extra: tuple[str, ...] = ()) -> str:
     # --dryrun lists nvcc's steps ("#$ command"); the host pass preprocesses without
     # __CUDA_ARCH__, the device pass with it.
     steps = [ln[3:] for ln in dry.stderr.splitlines() if ln.startswith("#$ ")]
-    host = next(s for s in steps if " -E " in s and "-D__CUDA_ARCH__=" not in s)
+    host = next(s for s in steps if " -E " in s and ("-D__CUDA_ARCH__=" in s) == device)
     argv = shlex.split(host)
     out = tmp_path / "host.ii"
     argv[argv.index("-o") + 1] = str(out)
@@ -43,4 +46,13 @@ def test_host_pass_reads_the_launcher_without_cute(tmp_path: Path) -> None:
 def test_host_pass_reads_everything_when_asked(tmp_path: Path) -> None:
     # The escape hatch for a toolchain whose device registration names other constants.
     text = _host_pass(tmp_path, ("-DFA_TUNE_DEVICE_PASS=1",))
-    assert "cute/tensor.hpp" in text and "fa_tune/mainloop.cuh" in text
+    assert "cute/arch/mma_sm90_gmma.hpp" in text and "fa_tune/mainloop.cuh" in text
+
+
+def test_device_pass_reads_no_layout_algebra(tmp_path: Path) -> None:
+    # CuTe's tensors and atoms' layout algebra were most of a candidate's front-end time.
+    text = _host_pass(tmp_path, device=True)
+    assert "fa_tune/mainloop.cuh" in text and "cute/arch/mma_sm90_gmma.hpp" in text
+    for algebra in ("cute/tensor.hpp", "cute/atom/mma_atom.hpp", "cute/atom/copy_atom.hpp",
+                    "cute/layout.hpp"):
+        assert algebra not in text, algebra

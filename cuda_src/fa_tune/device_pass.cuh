@@ -3,12 +3,13 @@
 // nvcc compiles a .cu twice: the device pass (cicc, __CUDA_ARCH__ defined) makes the kernel's
 // machine code; the host pass (cudafe++, then the host compiler; __CUDA_ARCH__ undefined) makes
 // the launcher (launch.cuh, entry.cuh). The launcher needs the kernel's declaration and
-// parameter types, the schedulers' host side and the shared-memory size, nothing of CuTe; yet
-// parsing CuTe for it was a third of a candidate's compile (docs/PERF.md steps 48-49). So the
-// kernel's body and what only it uses (traits, mainloop, softmax, epilogue, producer: CuTe) are
-// read in the device pass alone, FA_TUNE_DEVICE_PASS (kernel.cuh). CUDA allows that as long as
-// a __global__ template's signature and template arguments are the same in both passes: its
-// parameter types (params.cuh, scheduler.cuh) are read by both. The few CUTLASS calls in the
+// parameter types, the schedulers' host side and the shared-memory size, nothing of CuTe or
+// CUTLASS; yet parsing CuTe for it was a third of a candidate's compile (docs/PERF.md steps
+// 48-49). So the kernel's body and what only it uses (traits, mainloop, softmax, epilogue,
+// producer, and CUTLASS's wgmma, barrier and cluster wrappers) are read in the device pass
+// alone, FA_TUNE_DEVICE_PASS (kernel.cuh). CUDA allows that as long as a __global__ template's
+// signature and template arguments are the same in both passes: its parameter types
+// (params.cuh, scheduler.cuh) are read by both. The few CUTLASS calls in the
 // device functions of those shared headers go through the wrappers below.
 #pragma once
 
@@ -30,15 +31,9 @@
 #else
 // The registration code the device pass writes for the host compiler takes, by name, the host
 // address of every namespace-scope __device__ variable the device pass saw: CCCL's (the
-// constants and customization points of <cuda/std/utility>, which CuTe includes) and CuTe's
-// two (CUTE_INLINE_CONSTANT in cute/underscore.hpp and cute/int_tuple.hpp, empty structs on
-// the host). Those two headers would bring back most of CuTe, so stand-ins carry their names;
-// the host never reads them. A CUTLASS with more such constants fails the host compile naming
-// the one to add here.
+// constants and customization points of <cuda/std/utility>, which CUTLASS includes). A CUTLASS
+// with more such variables fails the host compile naming the one to declare here.
 #include <cuda/std/utility>
-namespace cute {
-static constexpr struct HostStandIn {} _{}, product{};
-}  // namespace cute
 #endif
 
 namespace fa_tune {

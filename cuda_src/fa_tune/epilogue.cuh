@@ -20,8 +20,7 @@ struct Epilogue {
   // thread-step from the staged tile. TMA would clip only at the end of the whole pack and so
   // overwrite the next sequence's first rows; this path runs once per sequence and head. O is
   // dense: [batch entries, Sq rows, H, D] (packed: one entry of all tokens).
-  template <class SO>
-  __device__ static void store_rows(const Params& p, const SO& sO, const TileCoord& t,
+  __device__ static void store_rows(const Params& p, const Element* o_smem, const TileCoord& t,
                                     int first_row, int S, int wg, int tid) {
     constexpr int kChunks = T::kHeadDim / 8;  // 16-byte pieces per row
     const int rows = min(64, S - first_row);
@@ -32,7 +31,8 @@ struct Epilogue {
       // Never past the tensor (the schedule checked the metadata; this is the last guard).
       if (row_base + r >= p.shape.Sq) break;
       // The 128-byte swizzle moves whole 16-byte pieces, so 8 aligned columns stay contiguous.
-      const uint4 v = *reinterpret_cast<const uint4*>(&sO(wg * 64 + r, c));
+      const uint4 v = *reinterpret_cast<const uint4*>(
+          reinterpret_cast<const char*>(o_smem) + OStage::tile_byte(wg * 64 + r, c, T::kBlockM));
       *reinterpret_cast<uint4*>(o + (size_t(row_base + r) * p.shape.H + t.head) * T::kHeadDim + c) = v;
     }
   }
@@ -41,10 +41,8 @@ struct Epilogue {
   // of each warp's 16 rows (o_stage.cuh says where). Written out rather than as CuTe's STSM
   // tiled copy: the same stores, and that copy's layout algebra was a quarter of a
   // candidate's front-end time (docs/PERF.md step 53).
-  template <class Frag>
-  __device__ __forceinline__ static void stage_o(const Frag& acc, Element* o_smem) {
-    constexpr int N = decltype(cute::size(acc))::value;  // D / 2 values per thread
-    static_assert(N == T::kHeadDim / 2, "the 64 x D accumulator of one warpgroup");
+  __device__ __forceinline__ static void stage_o(const typename T::FragO& acc, Element* o_smem) {
+    constexpr int N = T::FragO::kSize;  // D / 2 values per thread
     uint32_t packed[N / 2];
     CUTE_UNROLL
     for (int e = 0; e < N; e += 2) packed[e / 2] = bf16x2(acc(e), acc(e + 1));
@@ -66,24 +64,23 @@ struct Epilogue {
   // Returns once the TMA store has finished reading shared memory, so the caller may hand
   // the O/Q buffer back to the producer. first_row: the warpgroup's first query row
   // (params.cuh, wg_first_row); row0: this thread's first row.
-  template <class TOrO, class Softmax>
-  __device__ static void run(const Params& p, SharedStorage<T>& ss, TOrO& tOrO, const Softmax& sm,
+  template <class Softmax>
+  __device__ static void run(const Params& p, SharedStorage<T>& ss, typename T::FragO& o,
+                             const Softmax& sm,
                              const float (&inv_sum)[2],
                              const TileCoord& t, int first_row, int row0, int wg, int tid) {
-    using namespace cute;
     if constexpr (Hooks::adjust_normalize) {
       float f[2] = {inv_sum[0], inv_sum[1]};
       Hooks::normalize_factors(f, row0);
-      scale_rows(tOrO, f);
-      Hooks::after_normalize(tOrO);
+      scale_rows(o, f);
+      Hooks::after_normalize(o);
     } else {
-      scale_rows(tOrO, inv_sum);
+      scale_rows(o, inv_sum);
     }
     // Each warpgroup writes only its own 64 rows, which only its own QKs read as Q, so no
     // other warpgroup needs to be waited for before overwriting them.
     Element* o_smem = T::kSeparateO ? ss.o : ss.q;
-    Tensor sO = make_tensor(make_smem_ptr(o_smem), typename T::SmemLayoutO{});
-    stage_o(tOrO, o_smem);
+    stage_o(o, o_smem);
     fence_view_async_shared();
     cutlass::arch::NamedBarrier::sync(kWarpgroupThreads, kEpilogueBar + wg);
 
@@ -91,7 +88,7 @@ struct Epilogue {
     bool stored = false;
     if constexpr (Sched::kPacked) {
       if (first_row + 64 > S) {
-        if (first_row < S) store_rows(p, sO, t, first_row, S, wg, tid);
+        if (first_row < S) store_rows(p, o_smem, t, first_row, S, wg, tid);
         stored = true;
       }
     }

@@ -25,57 +25,56 @@ struct Consumer {
   using T = Traits<Cfg>;
   using Element = typename T::Element;
 
-  // q_in_regs: shared memory -> the QK MMA's register A fragment, with ldmatrix.
-  template <class Mma, class TSQ, class TRQ>
-  __device__ static void load_q_to_registers(const Mma& mma, const TSQ& sQ, TRQ& tSrQ, int tid) {
-    using namespace cute;
-    auto s2r = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma);
-    auto thr = s2r.get_thread_slice(tid);
-    Tensor dst = thr.retile_D(tSrQ);
-    copy(s2r, thr.partition_S(sQ), dst);
+  // q_in_regs: Q's shared memory -> the QK's A registers, one ldmatrix.x4 per 16 columns. Q's
+  // tile has O's layout and the A registers the accumulator's row and column pattern, so the
+  // addresses are the epilogue's stmatrix ones (o_stage.cuh).
+  __device__ static void load_q_to_registers(const Element* q_smem, typename T::FragQ& q,
+                                             int tid) {
+    const OStage at(tid);
+    const uint32_t base = uint32_t(__cvta_generic_to_shared(q_smem));
+    CUTE_UNROLL
+    for (int k = 0; k < T::kQKBlocks; ++k) {
+      asm volatile("ldmatrix.sync.aligned.x4.m8n8.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(q.r[4 * k]), "=r"(q.r[4 * k + 1]), "=r"(q.r[4 * k + 2]),
+                     "=r"(q.r[4 * k + 3])
+                   : "r"(base + at.offset(k, T::kBlockM)));
+    }
   }
 
   __device__ static void run(const KernelParams<Sched>& p, SharedStorage<T>& ss, int wg) {
-    using namespace cute;
+    using ML = Mainloop<Cfg>;
     const int tid = threadIdx.x - kWarpgroupThreads;  // index among consumer threads
-    typename T::MmaQK mma_qk;
-    typename T::MmaPV mma_pv;
-    auto thr_qk = mma_qk.get_thread_slice(tid);
-    auto thr_pv = mma_pv.get_thread_slice(tid);
-    Tensor sQ = make_tensor(make_smem_ptr(ss.q), typename T::SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(ss.k), typename T::SmemLayoutK{});
-    Tensor sVt = make_tensor(make_smem_ptr(ss.v), typename T::SmemLayoutVt{});
     // Q's shared-memory descriptors depend only on the warpgroup. With three consumer
-    // warpgroups (160 registers each) they are sliced by the warp-uniform wg, not tid, so
+    // warpgroups (160 registers each) they are computed from the warp-uniform wg, not tid, so
     // ptxas keeps them in uniform registers: else their 8 per-thread registers push it to
     // borrow P's for the row max, which then waits for the PV still reading P (D 64:
     // docs/PERF.md step 40). At 240 registers it is not needed, and at D 256 one clustered
     // config spilled with it.
+    // With one warpgroup the descriptor is a constant.
     constexpr bool kUniformQ = T::kConsumerWGs >= 3 && !Hooks::q_slice_by_tid;
-    Tensor tSrQ = mma_qk.get_thread_slice(kUniformQ ? wg * kWarpgroupThreads : tid)
-                      .partition_fragment_A(sQ);
-    Tensor tSrK = thr_qk.partition_fragment_B(sK);
-    Tensor tOrV = thr_pv.partition_fragment_B(sVt);
-    Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<T::kBlockM>, Int<T::kBlockN>>{});
-    Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<T::kBlockM>, Int<T::kHeadDim>>{});
-    Tensor tOrP = make_tensor<Element>(typename T::LayoutP{});
+    const int q_wg = T::kConsumerWGs == 1 ? 0 : kUniformQ ? wg : tid / kWarpgroupThreads;
+    const auto smem = [](const void* ptr) { return uint32_t(__cvta_generic_to_shared(ptr)); };
+    typename T::FragQ q_regs;
+    typename T::FragS s;
+    typename T::FragO o;
+    typename T::FragP p_regs;
     PipeState kst, vst, qst;
     float osum[4] = {0.f, 0.f, 0.f, 0.f};  // sum_in_pv's row-sum columns
-    typename Mainloop<Cfg>::template State<decltype(tSrQ), decltype(tSrK), decltype(tOrV),
-                                           decltype(tSrS), decltype(tOrO), decltype(tOrP)>
-        st{mma_qk, mma_pv, tSrQ, tSrK, tOrV, tSrS, tOrO, tOrP, kst, vst, osum};
+    typename ML::State st{k_major_desc(smem(ss.q) + q_wg * 64 * 128),
+                          k_major_desc(smem(ss.k)),
+                          mn_major_desc(smem(ss.v), T::kBlockN, T::kHeadDim),
+                          q_regs, s, o, p_regs, kst, vst, osum};
 
     const int lane = tid % 32, warp_in_wg = (tid / 32) % 4;
     const int rank = row_rank<T>();  // kv_multicast: this CTA's rows of the pair
     constexpr bool kEarlyQ = Cfg::q_release == QRelease::AfterLastQk;
     constexpr bool kEarlyNext = T::kEarlyNextQk;
-    using ML = Mainloop<Cfg>;
     // Wait for the Q at cursor q; with q_in_regs copy it to registers (its shared memory is
     // then read for the last time, so after_last_qk may hand it back at once).
     auto take_q = [&](const PipeState& q, bool release_now) {
       ss.q_ring.wait_full(q);
       if constexpr (Cfg::q_in_regs) {
-        load_q_to_registers(mma_qk, sQ, tSrQ, tid);
+        load_q_to_registers(ss.q, q_regs, tid);
         if constexpr (kEarlyQ) {
           __syncwarp();
           if (release_now) ss.q_ring.release(q);
@@ -159,7 +158,7 @@ struct Consumer {
                                        first_unmasked_kv_block<T>(first_row, off, p.mask.window),
                                        p.mask.window, p.mask.softcap_pre, sink_log2};
       ML::run(st, ss, sm, args, release_q, issue_next, inv_sum);
-      Epilogue<Cfg, Sched>::run(p, ss, tOrO, sm, inv_sum, t, first_row, row0, wg, tid);
+      Epilogue<Cfg, Sched>::run(p, ss, o, sm, inv_sum, t, first_row, row0, wg, tid);
       if constexpr (Cfg::q_release == QRelease::AtEnd) ss.q_ring.release(qst);
       qst.advance<1>();
       t = next;

@@ -15,6 +15,8 @@
 #include "traits.cuh"
 #include "wgmma.cuh"
 
+#include <type_traits>
+
 namespace fa_tune {
 
 template <class Cfg>
@@ -31,47 +33,59 @@ struct Mainloop {
   static constexpr bool kSkipBottom =
       T::kWindow && T::kOverlap && !T::kEarlyNextQk && !Hooks::window_task_start;
 
-  // Per-warpgroup state that lives across tiles: MMA fragments and ring cursors.
-  template <class TSrQ, class TSrK, class TOrV, class TSrS, class TOrO, class TOrP>
+  // Per-warpgroup state that lives across tiles: the GEMMs' operands (operands.cuh) and the
+  // ring cursors.
   struct State {
-    typename T::MmaQK& mma_qk;
-    typename T::MmaPV& mma_pv;
-    TSrQ& tSrQ;
-    TSrK& tSrK;
-    TOrV& tOrV;
-    TSrS& tSrS;
-    TOrO& tOrO;
-    TOrP& tOrP;
+    GmmaDesc q;                  // this warpgroup's Q rows (unused with q_in_regs)
+    GmmaDesc k;                  // K stage 0
+    GmmaDesc v;                  // V stage 0, read as V^T
+    typename T::FragQ& q_regs;   // q_in_regs: Q as the QK's A registers
+    typename T::FragS& s;
+    typename T::FragO& o;
+    typename T::FragP& p;
     PipeState& kst;
     PipeState& vst;
     float (&osum)[4];  // sum_in_pv: the row-sum columns of PV's accumulator (unused otherwise)
   };
 
+  // S = Q K^T for the K stage at the cursor, left in flight.
+  __device__ __forceinline__ static void gemm_qk(State& st) {
+    const GmmaDesc k = st.k + st.kst.index * T::kKVStageUnits;
+    auto k_step = [](int kb) { return k_major_kblock(kb, T::kBlockN); };
+    if constexpr (Cfg::q_in_regs) {
+      warpgroup_gemm<-1, typename T::AtomQK, T::kQKBlocks>(st.q_regs, k_step, k, k_step, st.s,
+                                                           true);
+    } else {
+      auto q_step = [](int kb) { return k_major_kblock(kb, T::kBlockM); };
+      warpgroup_gemm<-1, typename T::AtomQK, T::kQKBlocks>(st.q, q_step, k, k_step, st.s, true);
+    }
+  }
+
   // O (+)= P V for the V stage at the cursor, left in flight; with sum_in_pv also the row sums.
-  template <class St>
-  __device__ __forceinline__ static void issue_pv(St& st, SharedStorage<T>& ss, bool zero_init) {
-    using namespace cute;
+  __device__ __forceinline__ static void issue_pv(State& st, SharedStorage<T>& ss, bool zero_init) {
+    const GmmaDesc v = st.v + st.vst.index * T::kKVStageUnits;
     if constexpr (T::kSumInPv) {
 #if FA_TUNE_EXTENDED_MMA
-      warpgroup_gemm_pv_sums(st.tOrP, st.tOrV(_, _, _, st.vst.index), st.tOrO, st.osum,
-                             uint32_t(__cvta_generic_to_shared(&ss.ones)), zero_init);
+      warpgroup_gemm_pv_sums<T::kPVBlocks>(st.p, v, st.o, st.osum,
+                                           uint32_t(__cvta_generic_to_shared(&ss.ones)), zero_init);
 #endif
     } else {
-      warpgroup_gemm<-1>(st.mma_pv, st.tOrP, st.tOrV(_, _, _, st.vst.index), st.tOrO, zero_init);
+      auto v_step = [](int kb) { return mn_major_kblock(kb); };
+      warpgroup_gemm<-1, typename T::AtomPV, T::kPVBlocks>(st.p, v_step, v, v_step, st.o,
+                                                           zero_init);
     }
   }
 
   // Wait until at most kPending groups are in flight; O (and the sums) may be read after.
-  template <int kPending, class St>
-  __device__ __forceinline__ static void wait_pv(St& st) {
-    warpgroup_wait_for<kPending>(st.tOrO);
+  template <int kPending>
+  __device__ __forceinline__ static void wait_pv(State& st) {
+    warpgroup_wait_for<kPending>(st.o);
     if constexpr (T::kSumInPv) fence_sums(st.osum);
   }
 
   // Rescale O's rows (and, with sum_in_pv, their sums: they share O's reference max).
-  template <class St>
-  __device__ __forceinline__ static void scale_o(St& st, const float (&f)[2]) {
-    scale_rows(st.tOrO, f);
+  __device__ __forceinline__ static void scale_o(State& st, const float (&f)[2]) {
+    scale_rows(st.o, f);
     if constexpr (T::kSumInPv) {
       CUTE_UNROLL
       for (int e = 0; e < 4; ++e) st.osum[e] *= f[e / 2];
@@ -127,8 +141,7 @@ struct Mainloop {
   }
 
   // After the last PV completed: 1 / row sum per row (sum_in_pv reads them from PV's output).
-  template <class St>
-  __device__ __forceinline__ static void finalize_sums(St& st, Softmax& sm, const TileArgs& a,
+  __device__ __forceinline__ static void finalize_sums(State& st, Softmax& sm, const TileArgs& a,
                                                        float (&inv_sum)[2]) {
     if constexpr (T::kSumInPv && T::kSinks) {
       sm.finalize(st.osum, inv_sum, a.sink_log2, a.scale_log2);
@@ -146,21 +159,21 @@ struct Mainloop {
                                                      int n_unmasked_lo, int n_lo) {
     for (int n = top; n >= n_lo; --n) {
       if (n >= n_unmasked || n < n_unmasked_lo) {
-        step(cute::true_type{}, n);
+        step(std::true_type{}, n);
       } else {
-        step(cute::false_type{}, n);
+        step(std::false_type{}, n);
       }
     }
   }
 
   // Runs every KV tile of one query tile; returns with the last PV complete, O unnormalized
-  // in tOrO, every K/V stage released and inv_sum = 1 / row sum. `release_q` is called once
+  // in st.o, every K/V stage released and inv_sum = 1 / row sum. `release_q` is called once
   // the last QK has read Q. With overlap the tile's first QK must already be in flight
   // (issue_first_qk, or the previous tile's drain). `issue_next` is called in the drain's turn,
   // right after the last PV is issued; with early_next_qk it issues one more QK, which is
   // still in flight on return.
-  template <class St, class ReleaseQ, class IssueNext>
-  __device__ __forceinline__ static void run(St& st, SharedStorage<T>& ss, Softmax& sm,
+  template <class ReleaseQ, class IssueNext>
+  __device__ __forceinline__ static void run(State& st, SharedStorage<T>& ss, Softmax& sm,
                                              const TileArgs& a, ReleaseQ&& release_q,
                                              IssueNext&& issue_next, float (&inv_sum)[2]) {
     if constexpr (T::kOverlap) {
@@ -176,8 +189,7 @@ struct Mainloop {
   // (overlap): release each skipped V stage here too, as soon as the producer's order (V[n + 1]
   // after K[n]) has sent it, all but the last, which is left to skip_top_v; so any number of
   // tiles can be skipped with one V stage (an idle warpgroup skips all but one).
-  template <class St>
-  __device__ __forceinline__ static void skip_top(St& st, SharedStorage<T>& ss, int wg, int n_skip,
+  __device__ __forceinline__ static void skip_top(State& st, SharedStorage<T>& ss, int wg, int n_skip,
                                                   bool eager_v = false) {
     for (int i = 0; i < n_skip; ++i) {
       release_unread(ss.k_ring, st.kst);
@@ -211,8 +223,7 @@ struct Mainloop {
 
   // With overlap the producer sends V[n + 1] after K[n], so the skipped V stages come after
   // this warpgroup's first K: released after its first softmax, before its first PV waits.
-  template <class St>
-  __device__ __forceinline__ static void skip_top_v(St& st, SharedStorage<T>& ss, int n_skip) {
+  __device__ __forceinline__ static void skip_top_v(State& st, SharedStorage<T>& ss, int n_skip) {
     for (int i = 0; i < n_skip; ++i) release_unread(ss.v_ring, st.vst);
   }
 
@@ -226,8 +237,7 @@ struct Mainloop {
   }
 
   // The first (diagonal) QK of a tile, in its own pingpong turn; Q must have landed.
-  template <class St>
-  __device__ __forceinline__ static void issue_first_qk(St& st, SharedStorage<T>& ss, int wg) {
+  __device__ __forceinline__ static void issue_first_qk(State& st, SharedStorage<T>& ss, int wg) {
     PP::wait_turn(wg);
     if constexpr (Hooks::qk_before_k_wait) {
       issue_qk_unchecked(st);
@@ -241,29 +251,22 @@ struct Mainloop {
   // A QK on whatever the K stage at the cursor holds, left in flight (within the caller's
   // turn). Alone it is early_next_qk's throwaway past the last tile, when no load can be in
   // flight; issue_qk waits for the stage first.
-  template <class St>
-  __device__ __forceinline__ static void issue_qk_unchecked(St& st) {
-    using namespace cute;
-    warpgroup_gemm<-1>(st.mma_qk, st.tSrQ, st.tSrK(_, _, _, st.kst.index), st.tSrS, true);
-  }
+  __device__ __forceinline__ static void issue_qk_unchecked(State& st) { gemm_qk(st); }
 
   // QK of the K stage at the ring cursor, once its load has landed.
-  template <class St>
-  __device__ __forceinline__ static void issue_qk(St& st, SharedStorage<T>& ss) {
+  __device__ __forceinline__ static void issue_qk(State& st, SharedStorage<T>& ss) {
     ss.k_ring.wait_full(st.kst);
     issue_qk_unchecked(st);
   }
 
-  template <class St>
-  __device__ __forceinline__ static void release_k(St& st, SharedStorage<T>& ss) {
+  __device__ __forceinline__ static void release_k(State& st, SharedStorage<T>& ss) {
     ss.k_ring.release(st.kst);
   }
 
-  template <class St, class ReleaseQ, class IssueNext>
-  __device__ __forceinline__ static void overlapped(St& st, SharedStorage<T>& ss, Softmax& sm,
+  template <class ReleaseQ, class IssueNext>
+  __device__ __forceinline__ static void overlapped(State& st, SharedStorage<T>& ss, Softmax& sm,
                                                     const TileArgs& a, ReleaseQ& release_q,
                                                     IssueNext& issue_next, float (&inv_sum)[2]) {
-    using namespace cute;
     const int n_blocks = a.n_blocks, n_unmasked = a.n_unmasked, wg = a.wg;
     const float scale_log2 = a.scale_log2;
     float rescale[2];
@@ -274,15 +277,15 @@ struct Mainloop {
     // Prologue: the diagonal tile's QK is in flight (issue_first_qk or the last drain).
     const int n_lo = T::kWindow ? a.n_lo : 0;
     int n = n_blocks - 1;
-    warpgroup_wait_for<0>(st.tSrS);
+    warpgroup_wait_for<0>(st.s);
     if (n_blocks - n_lo == 1) release_q();
     if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
-    cap_scores(st.tSrS, a);
-    mask_tile(st.tSrS, a, n);
-    sm.template update<true>(st.tSrS, scale_log2, rescale);
+    cap_scores(st.s, a);
+    mask_tile(st.s, a, n);
+    sm.template update<true>(st.s, scale_log2, rescale);
     if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
     st.kst.template advance<T::kKStages>();
-    pack_p(st.tSrS, st.tOrP);
+    pack_p(st.s, st.p);
     if constexpr (T::kWgSkip) skip_top_v(st, ss, a.n_skip);
 
     bool first_pv = true;
@@ -290,19 +293,19 @@ struct Mainloop {
       constexpr bool kMask = decltype(mask_tag)::value;
       ss.k_ring.wait_full(st.kst);
       PP::wait_turn(wg);
-      warpgroup_gemm<-1>(st.mma_qk, st.tSrQ, st.tSrK(_, _, _, st.kst.index), st.tSrS, true);
+      gemm_qk(st);
       if constexpr (T::kRescaleBeforePv) {
         if (!first_pv && pending) scale_o(st, pending_rescale);
       }
       ss.v_ring.wait_full(st.vst);
       issue_pv(st, ss, first_pv);
       PP::pass_turn(wg, false);
-      warpgroup_wait_for<1>(st.tSrS);  // QK[n] done, PV[n+1] may still run
+      warpgroup_wait_for<1>(st.s);  // QK[n] done, PV[n+1] may still run
       if (n == n_lo) release_q();
       if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
-      cap_scores(st.tSrS, a);
-      if constexpr (kMask) mask_tile(st.tSrS, a, n);
-      const bool needed = sm.template update<false>(st.tSrS, scale_log2, rescale);
+      cap_scores(st.s, a);
+      if constexpr (kMask) mask_tile(st.s, a, n);
+      const bool needed = sm.template update<false>(st.s, scale_log2, rescale);
       if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
       st.kst.template advance<T::kKStages>();
       wait_pv<0>(st);  // PV[n+1] done: V stage and P registers are free
@@ -314,14 +317,14 @@ struct Mainloop {
       } else if (needed) {
         scale_o(st, rescale);
       }
-      pack_p(st.tSrS, st.tOrP);
+      pack_p(st.s, st.p);
       first_pv = false;
     };
     if constexpr (T::kWindow) {
       walk_window(step, n_blocks - 2, n_unmasked, a.n_unmasked_lo, n_lo);
     } else {
-      for (n = n_blocks - 2; n >= n_unmasked; --n) step(cute::true_type{}, n);
-      for (; n >= 0; --n) step(cute::false_type{}, n);
+      for (n = n_blocks - 2; n >= n_unmasked; --n) step(std::true_type{}, n);
+      for (; n >= 0; --n) step(std::false_type{}, n);
     }
 
     // Drain: the last PV.
@@ -341,11 +344,10 @@ struct Mainloop {
     if constexpr (kSkipBottom) skip_bottom(st, ss, wg, a.n_skip_lo, a.last_tile);
   }
 
-  template <class St, class ReleaseQ>
-  __device__ __forceinline__ static void serial(St& st, SharedStorage<T>& ss, Softmax& sm,
+  template <class ReleaseQ>
+  __device__ __forceinline__ static void serial(State& st, SharedStorage<T>& ss, Softmax& sm,
                                                 const TileArgs& a, ReleaseQ& release_q,
                                                 float (&inv_sum)[2]) {
-    using namespace cute;
     const int n_blocks = a.n_blocks, n_unmasked = a.n_unmasked, wg = a.wg;
     const float scale_log2 = a.scale_log2;
     const bool last_tile = a.last_tile;
@@ -357,21 +359,21 @@ struct Mainloop {
       float rescale[2];
       ss.k_ring.wait_full(st.kst);
       PP::wait_turn(wg);
-      warpgroup_gemm<-1>(st.mma_qk, st.tSrQ, st.tSrK(_, _, _, st.kst.index), st.tSrS, true);
+      gemm_qk(st);
       PP::pass_turn(wg, false);
-      warpgroup_wait_for<0>(st.tSrS);
+      warpgroup_wait_for<0>(st.s);
       if (n == n_lo) release_q();
       if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
-      cap_scores(st.tSrS, a);
-      if constexpr (kMask) mask_tile(st.tSrS, a, n);
+      cap_scores(st.s, a);
+      if constexpr (kMask) mask_tile(st.s, a, n);
       if (first) {
-        sm.template update<true>(st.tSrS, scale_log2, rescale);
-      } else if (sm.template update<false>(st.tSrS, scale_log2, rescale)) {
+        sm.template update<true>(st.s, scale_log2, rescale);
+      } else if (sm.template update<false>(st.s, scale_log2, rescale)) {
         scale_o(st, rescale);
       }
       if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
       st.kst.template advance<T::kKStages>();
-      pack_p(st.tSrS, st.tOrP);
+      pack_p(st.s, st.p);
       ss.v_ring.wait_full(st.vst);
       PP::wait_turn(wg);
       issue_pv(st, ss, first);
@@ -386,8 +388,8 @@ struct Mainloop {
       walk_window(step, n_blocks - 1, n_unmasked, a.n_unmasked_lo, n_lo);
     } else {
       int n = n_blocks - 1;
-      for (; n >= n_unmasked; --n) step(cute::true_type{}, n);
-      for (; n >= 0; --n) step(cute::false_type{}, n);
+      for (; n >= n_unmasked; --n) step(std::true_type{}, n);
+      for (; n >= 0; --n) step(std::false_type{}, n);
     }
     if constexpr (!T::kSumInPv) finalize(sm, a, inv_sum);  // hides under the last PV
     wait_pv<0>(st);
@@ -397,8 +399,7 @@ struct Mainloop {
 
   // Release the V stage the just-finished PV read (after_pv), or the one before it
   // (deferred: the producer refills it one PV later).
-  template <class St>
-  __device__ __forceinline__ static void release_v(St& st, SharedStorage<T>& ss, PipeState& v_prev, bool first_pv) {
+  __device__ __forceinline__ static void release_v(State& st, SharedStorage<T>& ss, PipeState& v_prev, bool first_pv) {
     if constexpr (Cfg::v_release == VRelease::AfterPv) {
       ss.v_ring.release(st.vst);
     } else {
@@ -409,8 +410,7 @@ struct Mainloop {
   }
 
   // After the last PV of a tile completes: free the remaining V stage(s).
-  template <class St>
-  __device__ __forceinline__ static void finish_v(St& st, SharedStorage<T>& ss, PipeState& v_prev, bool had_prev) {
+  __device__ __forceinline__ static void finish_v(State& st, SharedStorage<T>& ss, PipeState& v_prev, bool had_prev) {
     if constexpr (Cfg::v_release == VRelease::Deferred) {
       if (had_prev) ss.v_ring.release(v_prev);
     }

@@ -15,6 +15,14 @@
 
 namespace fa_tune {
 
+// The lane in the warp, as a pure value: the compiler may compute it once and keep it, as it
+// does threadIdx.x.
+__device__ __forceinline__ uint32_t lane_id() {
+  uint32_t lane;
+  asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane;
+}
+
 struct PipeState {
   int index = 0;
   uint32_t phase = 0;
@@ -57,9 +65,9 @@ struct StageRing {
   // the reads finished.
   __device__ __forceinline__ void release(const PipeState& st) {
     if constexpr (kCtas == 1) {
-      if ((threadIdx.x & 31) == 0) cutlass::arch::ClusterBarrier::arrive(&empty[st.index]);
+      if (lane_id() == 0) cutlass::arch::ClusterBarrier::arrive(&empty[st.index]);
     } else {
-      const uint32_t lead = (threadIdx.x & 31) == 0;
+      const uint32_t lead = lane_id() == 0;
       for (uint32_t cta = 0; cta < kCtas; ++cta)
         cutlass::arch::ClusterBarrier::arrive(&empty[st.index], cta, lead);
     }

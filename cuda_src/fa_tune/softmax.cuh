@@ -9,9 +9,10 @@
 
 #include <cmath>
 #include <cuda_bf16.h>
-#include <cute/tensor.hpp>
+#include <cute/config.hpp>  // CUTE_UNROLL
 
 #include "config.cuh"
+#include "operands.cuh"
 
 namespace fa_tune {
 
@@ -29,7 +30,7 @@ __device__ __forceinline__ float quad_sum(float x) {
 // tile's first column.
 template <class Frag>
 __device__ __forceinline__ void apply_causal_mask(Frag& s, int diag0, int col0) {
-  constexpr int N = decltype(cute::size(s))::value;
+  constexpr int N = Frag::kSize;
   const int lane_col = col0 + 2 * (threadIdx.x % 4);
   CUTE_UNROLL
   for (int e = 0; e < N; ++e) {
@@ -42,7 +43,7 @@ __device__ __forceinline__ void apply_causal_mask(Frag& s, int diag0, int col0) 
 // are the next packed sequence's) to -inf. col0: key index of this tile's first column.
 template <class Frag>
 __device__ __forceinline__ void apply_key_end_mask(Frag& s, int col0, int key_end) {
-  constexpr int N = decltype(cute::size(s))::value;
+  constexpr int N = Frag::kSize;
   const int lane_col = col0 + 2 * (threadIdx.x % 4);
   CUTE_UNROLL
   for (int e = 0; e < N; ++e) {
@@ -68,7 +69,7 @@ template <bool kCausal, class Frag>
 __device__ __forceinline__ void apply_window_mask(Frag& s, int diag0, int col0, int key_end,
                                                   int window) {
   apply_mask<kCausal>(s, diag0, col0, key_end);
-  constexpr int N = decltype(cute::size(s))::value;
+  constexpr int N = Frag::kSize;
   const int lane_col = col0 + 2 * (threadIdx.x % 4);
   const int left0 = diag0 - window - Hooks::window_slack;  // the i1 = 0 row's first key
   CUTE_UNROLL
@@ -86,7 +87,7 @@ __device__ __forceinline__ void apply_window_mask(Frag& s, int diag0, int col0, 
 // allows on peaky inputs (emulated: 1.7x it); a lab build can take it (cuda_src/lab/hooks.cuh).
 template <class Frag>
 __device__ __forceinline__ void apply_softcap(Frag& s, float pre) {
-  constexpr int N = decltype(cute::size(s))::value;
+  constexpr int N = Frag::kSize;
   CUTE_UNROLL
   for (int e = 0; e < N; ++e) {
     const float x = s(e) * pre;
@@ -119,7 +120,7 @@ struct OnlineSoftmax {
   // any row of this warp needs that (false lets the caller skip the O rescale).
   template <bool kFirst, class Frag>
   __device__ __forceinline__ bool update(Frag& s, float scale_log2, float (&rescale)[2]) {
-    constexpr int N = decltype(cute::size(s))::value;
+    constexpr int N = Frag::kSize;
     if constexpr (Hooks::skip_softmax) {
       rescale[0] = rescale[1] = 1.f;
       row_max[0] = row_max[1] = 0.f;
@@ -264,7 +265,7 @@ struct OnlineSoftmax {
 // Multiply each of this thread's two rows of an accumulator fragment by its factor.
 template <class Frag>
 __device__ __forceinline__ void scale_rows(Frag& acc, const float (&f)[2]) {
-  constexpr int N = decltype(cute::size(acc))::value;
+  constexpr int N = Frag::kSize;
   CUTE_UNROLL
   for (int e = 0; e < N; ++e) acc(e) *= f[(e / 2) % 2];
 }
@@ -275,27 +276,17 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
   return reinterpret_cast<uint32_t&>(p);
 }
 
-// FP32 fragment -> BF16 fragment with the same flat order, a pair per 32-bit register.
-template <class Src, class Dst>
-__device__ __forceinline__ void convert_to_bf16(const Src& src, Dst& dst) {
-  constexpr int N = decltype(cute::size(src))::value;
-  static_assert(N % 2 == 0);
-  auto dst32 = cute::recast<uint32_t>(dst);
+// P (probabilities) -> BF16 pairs for the PV GEMM, in S's flat order (operands.cuh): one
+// cvt.rn.bf16x2 per pair, or a lab build's truncation.
+template <int N>
+__device__ __forceinline__ void pack_p(const Accum<N>& src, Pairs<N / 2>& dst) {
   CUTE_UNROLL
-  for (int e = 0; e < N; e += 2) dst32(e / 2) = bf16x2(src(e), src(e + 1));
-}
-
-// P (probabilities) -> BF16 for the PV GEMM: convert_to_bf16, or a lab build's truncation.
-template <class Src, class Dst>
-__device__ __forceinline__ void pack_p(const Src& src, Dst& dst) {
-  if constexpr (Hooks::truncate_p) {
-    constexpr int N = decltype(cute::size(src))::value;
-    auto dst32 = cute::recast<uint32_t>(dst);
-    CUTE_UNROLL
-    for (int e = 0; e < N; e += 2)  // the high halves: src(e) low, src(e + 1) high
-      dst32(e / 2) = __byte_perm(__float_as_uint(src(e)), __float_as_uint(src(e + 1)), 0x7632);
-  } else {
-    convert_to_bf16(src, dst);
+  for (int e = 0; e < N; e += 2) {
+    if constexpr (Hooks::truncate_p) {  // the high halves: src(e) low, src(e + 1) high
+      dst.r[e / 2] = __byte_perm(__float_as_uint(src(e)), __float_as_uint(src(e + 1)), 0x7632);
+    } else {
+      dst.r[e / 2] = bf16x2(src(e), src(e + 1));
+    }
   }
 }
 

@@ -1,40 +1,38 @@
-// CuTe types for one config: the two warpgroup MMAs, the swizzled shared-memory layouts,
-// and the shared-memory plan.
+// The wgmma atoms, register fragments and shared-memory plan of one config. Operand layouts
+// are operands.cuh's.
 #pragma once
 
 #include "config.cuh"
-#include <cute/tensor.hpp>
-#include <cute/atom/mma_atom.hpp>
-#include <cute/atom/copy_atom.hpp>
-#include <cute/arch/mma_sm90.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
 #if FA_TUNE_EXTENDED_MMA
 // Only the dense extended atoms: CuTe's own switch (CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED) also
 // parses the sparse ones and widens its op selectors, 36.0 s per block_n 112 build against
 // 26.4 s this way (nvcc 13.0, one build on an idle 2-core machine, 2026-11-29).
 #include <cute/arch/mma_sm90_gmma_ext.hpp>
-#include <cute/atom/mma_traits_sm90_gmma_ext.hpp>
 #endif
 #include <cutlass/numeric_types.h>
 
+#include "operands.cuh"
 #include "pipeline.cuh"
 
 namespace fa_tune {
 
-using namespace cute;
-
-// The QK wgmma atom, 64 x block_n x 16 (SS, or RS with q_in_regs), named directly: CuTe's op
-// selectors reach the extended block_n only under its own switch (above). These are the atoms
-// the selector picks for every block_n of the space.
+// The QK wgmma atom, 64 x block_n x 16, both operands K-major (head dim contiguous): Q from
+// shared memory at every KV tile (SS), or (q_in_regs) from registers loaded once per query
+// tile (RS), which halves QK's shared-memory operand reads (K is still read from shared
+// memory). Named directly: these are the atoms CuTe's op selector picks for each block_n.
 template <int N, bool kRegsA>
 struct QKAtom;
-#define FA_TUNE_QK_ATOM(N)                                                                  \
-  template <>                                                                               \
-  struct QKAtom<N, false> {                                                                 \
-    using type = SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>; \
-  };                                                                                        \
-  template <>                                                                               \
-  struct QKAtom<N, true> {                                                                  \
-    using type = SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_RS<GMMA::Major::K, GMMA::Major::K>; \
+#define FA_TUNE_QK_ATOM(N)                                                                       \
+  template <>                                                                                    \
+  struct QKAtom<N, false> {                                                                      \
+    using type = cute::SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_SS<cute::SM90::GMMA::Major::K,    \
+                                                                  cute::SM90::GMMA::Major::K>;   \
+  };                                                                                             \
+  template <>                                                                                    \
+  struct QKAtom<N, true> {                                                                       \
+    using type = cute::SM90::GMMA::MMA_64x##N##x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,    \
+                                                                  cute::SM90::GMMA::Major::K>;   \
   };
 FA_TUNE_QK_ATOM(64)
 FA_TUNE_QK_ATOM(96)
@@ -49,6 +47,21 @@ FA_TUNE_QK_ATOM(176)
 #endif
 #undef FA_TUNE_QK_ATOM
 
+// O += P V, 64 x head dim x 16: P from registers (no shared-memory round trip), V read
+// MN-major (V^T) from the rows TMA wrote.
+template <int D>
+struct PVAtom;
+#define FA_TUNE_PV_ATOM(D)                                                                       \
+  template <>                                                                                    \
+  struct PVAtom<D> {                                                                             \
+    using type = cute::SM90::GMMA::MMA_64x##D##x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K,    \
+                                                                  cute::SM90::GMMA::Major::MN>;  \
+  };
+FA_TUNE_PV_ATOM(64)
+FA_TUNE_PV_ATOM(128)
+FA_TUNE_PV_ATOM(256)
+#undef FA_TUNE_PV_ATOM
+
 template <class Cfg>
 struct Traits : Derived<Cfg> {
   using D = Derived<Cfg>;
@@ -57,35 +70,16 @@ struct Traits : Derived<Cfg> {
   static constexpr int kBlockN = D::kBlockN;
   static constexpr int kHeadDim = D::kHeadDim;
 
-  // One 64-row MMA atom per consumer warpgroup; each warpgroup owns 64 query rows.
-  using AtomLayout = Layout<Shape<Int<D::kConsumerWGs>, _1, _1>>;
-  // S = Q K^T, both K-major (head dim contiguous). Q from shared memory at every KV tile, or
-  // (q_in_regs) from registers loaded once per query tile, which halves QK's shared-memory
-  // operand reads (K is still read from shared memory).
-  using MmaQK =
-      decltype(make_tiled_mma(typename QKAtom<kBlockN, Cfg::q_in_regs>::type{}, AtomLayout{}));
-  // O += P V: P from registers (no smem round trip), V read MN-major through a transposed view.
-  using MmaPV = decltype(make_tiled_mma(
-      GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
-                           GMMA::Major::K, GMMA::Major::MN>(),
-      AtomLayout{}));
-
-  // 128-byte swizzle, K-major: the layout TMA's SWIZZLE_128B writes for 64-element boxes.
-  using SmemAtom = GMMA::Layout_K_SW128_Atom<Element>;
-  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-  using SmemLayoutK =
-      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<D::kKStages>>{}));
-  using SmemLayoutV =
-      decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDim>, Int<D::kVStages>>{}));
-  // V^T as (head dim, keys, stage): same bytes, modes reordered for the MN-major B operand.
-  using SmemLayoutVt = decltype(composition(
-      SmemLayoutV{}, make_ordered_layout(Shape<Int<kHeadDim>, Int<kBlockN>, Int<D::kVStages>>{},
-                                         Step<_2, _1, _3>{})));
-  using SmemLayoutO = SmemLayoutQ;
-
-  // Register fragment of P as the A operand of the PV MMA: the S accumulator's values in
-  // the same order, regrouped 8 per 16-key k-block (see softmax.cuh for the layout).
-  using LayoutP = Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBlockN / 16>>>;
+  // One 64-row atom per consumer warpgroup; each warpgroup owns 64 query rows.
+  using AtomQK = typename QKAtom<kBlockN, Cfg::q_in_regs>::type;
+  using AtomPV = typename PVAtom<kHeadDim>::type;
+  using FragS = Accum<kBlockN / 2>;   // S = Q K^T, this thread's scores
+  using FragO = Accum<kHeadDim / 2>;  // O
+  using FragP = Pairs<kBlockN / 4>;   // P as BF16: the PV's A operand
+  using FragQ = Pairs<kHeadDim / 4>;  // q_in_regs: Q as the QK's A operand
+  static constexpr int kQKBlocks = kHeadDim / 16;  // k-blocks of each GEMM
+  static constexpr int kPVBlocks = kBlockN / 16;
+  static constexpr uint32_t kKVStageUnits = uint32_t(kBlockN) * kHeadDim / 8;  // 16-byte units
 };
 
 // sum_in_pv's B operand columns 64..71: block_n key rows of ones, one 64-column swizzle atom

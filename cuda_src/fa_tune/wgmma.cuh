@@ -1,7 +1,7 @@
-// Warpgroup MMA issue and the named barriers that order warpgroups (pingpong).
+// Warpgroup MMA issue on operands.cuh's fragments and descriptors, and the named barriers that
+// order warpgroups (pingpong).
 #pragma once
 
-#include <cute/tensor.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 #include <cutlass/arch/barrier.h>
 #include <utility>
@@ -10,45 +10,79 @@
 #endif
 
 #include "config.cuh"
+#include "operands.cuh"
 
 namespace fa_tune {
 
-// Issue one warpgroup GEMM C (+)= A B over all k-blocks as one commit group. kWait >= 0
-// waits for all but kWait groups; -1 returns with the group in flight (the caller waits).
-template <int kWait, class Mma, class TA, class TB, class TC>
-__device__ __forceinline__ void warpgroup_gemm(Mma& mma, TA& a, const TB& b, TC& c, bool zero_init) {
-  // A from registers (P for PV) must be fenced too; smem operands are descriptors.
-  constexpr bool kARegs = cute::is_same_v<typename TA::value_type, cutlass::bfloat16_t>;
-  if constexpr (kARegs) cute::warpgroup_fence_operand(a);
-  cute::warpgroup_fence_operand(c);
-  cute::warpgroup_arrive();
-  mma.accumulate_ = zero_init ? cute::GMMA::ScaleOut::Zero : cute::GMMA::ScaleOut::One;
+namespace gmma = cute::SM90::GMMA;
+
+// Registers an in-flight wgmma reads or writes: the compiler must not move their uses across
+// the issue or the wait.
+template <int N>
+__device__ __forceinline__ void fence_operand(Accum<N>& c) {
   CUTE_UNROLL
-  for (int k = 0; k < cute::size<2>(a); ++k) {
-    cute::gemm(mma, a(cute::_, cute::_, k), b(cute::_, cute::_, k), c);
-    mma.accumulate_ = cute::GMMA::ScaleOut::One;
+  for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(c.v[i]);
+}
+template <int N>
+__device__ __forceinline__ void fence_operand(Pairs<N>& a) {
+  CUTE_UNROLL
+  for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(a.r[i]);
+}
+
+// One wgmma of an atom: A from shared memory (a descriptor) or from four registers.
+template <class Atom, int N, size_t... I>
+__device__ __forceinline__ void wgmma(uint64_t a, uint64_t b, Accum<N>& c, gmma::ScaleOut scale,
+                                      std::index_sequence<I...>) {
+  Atom::fma(a, b, c.v[I]..., scale);
+}
+template <class Atom, int N, size_t... I>
+__device__ __forceinline__ void wgmma(const uint32_t* a, uint64_t b, Accum<N>& c,
+                                      gmma::ScaleOut scale, std::index_sequence<I...>) {
+  Atom::fma(a[0], a[1], a[2], a[3], b, c.v[I]..., scale);
+}
+
+// Issue one warpgroup GEMM C (+)= A B over kKBlocks k-blocks of 16 as one commit group. A: a
+// K-major descriptor (`a`, stepped by a_step(k)) or registers (four per k-block); B: a
+// descriptor stepped by b_step(k). kWait >= 0 waits for all but kWait groups; -1 returns with
+// the group in flight (the caller waits).
+template <int kWait, class Atom, int kKBlocks, class A, class AStep, class BStep, int N>
+__device__ __forceinline__ void warpgroup_gemm(A& a, AStep a_step, GmmaDesc b, BStep b_step,
+                                               Accum<N>& c, bool zero_init) {
+  constexpr bool kARegs = !std::is_same_v<A, GmmaDesc>;
+  if constexpr (kARegs) fence_operand(a);
+  fence_operand(c);
+  cute::warpgroup_arrive();
+  gmma::ScaleOut scale = zero_init ? gmma::ScaleOut::Zero : gmma::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < kKBlocks; ++k) {
+    if constexpr (kARegs) {
+      wgmma<Atom>(a.r + 4 * k, (b + b_step(k)).bits(), c, scale, std::make_index_sequence<N>{});
+    } else {
+      wgmma<Atom>((a + a_step(k)).bits(), (b + b_step(k)).bits(), c, scale,
+                  std::make_index_sequence<N>{});
+    }
+    scale = gmma::ScaleOut::One;
   }
   cute::warpgroup_commit_batch();
   if constexpr (kWait >= 0) {
     cute::warpgroup_wait<kWait>();
   }
-  cute::warpgroup_fence_operand(c);
-  if constexpr (kARegs) cute::warpgroup_fence_operand(a);
+  fence_operand(c);
+  if constexpr (kARegs) fence_operand(a);
 }
 
 #if FA_TUNE_EXTENDED_MMA  // the 64 x 72 atom is an extended one (build.py sets it for sum_in_pv)
 // sum_in_pv's PV, one commit group left in flight: O (+)= P V and, as output columns 64..71,
-// the row sums (+)= P x ones, one 64 x 72 wgmma per 16-key k-block. V's descriptor is CuTe's
-// (one 64-column atom at D 64); its leading byte offset, the stride to the operand's next
-// 64-column atom, is pointed at the ones block. Every column of that block is the whole row
+// the row sums (+)= P x ones, one 64 x 72 wgmma per 16-key k-block. V's descriptor (one
+// 64-column block at D 64) gets its leading byte offset, the stride to the operand's next
+// 64-column block, pointed at the ones block. Every column of that block is the whole row
 // sum of P as BF16, the very weights PV multiplies, so each thread holds its rows' sums.
-template <class TC, size_t... I>
-__device__ __forceinline__ void pv_sums_kblock(const uint32_t* a, uint64_t desc, TC& c,
-                                               float (&sums)[4], cute::GMMA::ScaleOut scale,
+template <int N, size_t... I>
+__device__ __forceinline__ void pv_sums_kblock(const uint32_t* a, uint64_t desc, Accum<N>& c,
+                                               float (&sums)[4], gmma::ScaleOut scale,
                                                std::index_sequence<I...>) {
-  using Atom = cute::SM90::GMMA::MMA_64x72x16_F32BF16BF16_RS<cute::GMMA::Major::K,
-                                                             cute::GMMA::Major::MN>;
-  Atom::fma(a[0], a[1], a[2], a[3], desc, c(I)..., sums[0], sums[1], sums[2], sums[3], scale);
+  using Atom = gmma::MMA_64x72x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
+  Atom::fma(a[0], a[1], a[2], a[3], desc, c.v[I]..., sums[0], sums[1], sums[2], sums[3], scale);
 }
 
 __device__ __forceinline__ void fence_sums(float (&sums)[4]) {
@@ -56,43 +90,40 @@ __device__ __forceinline__ void fence_sums(float (&sums)[4]) {
   for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(sums[i])::"memory");
 }
 
-template <class TA, class TB, class TC>
-__device__ __forceinline__ void warpgroup_gemm_pv_sums(TA& a, const TB& b, TC& c, float (&sums)[4],
-                                                       uint32_t ones_addr, bool zero_init) {
-  using namespace cute;
-  static_assert(decltype(size(c))::value == 32, "sum_in_pv: a 64 x 64 O fragment (head dim 64)");
-  warpgroup_fence_operand(a);
-  warpgroup_fence_operand(c);
+// v: the V stage's descriptor (k-block 0); kKBlocks 16-key k-blocks.
+template <int kKBlocks, int NP, int N>
+__device__ __forceinline__ void warpgroup_gemm_pv_sums(Pairs<NP>& a, GmmaDesc v, Accum<N>& c,
+                                                       float (&sums)[4], uint32_t ones_addr,
+                                                       bool zero_init) {
+  static_assert(N == 32, "sum_in_pv: a 64 x 64 O fragment (head dim 64)");
+  fence_operand(a);
+  fence_operand(c);
   fence_sums(sums);
-  warpgroup_arrive();
-  const uint32_t* pa = reinterpret_cast<const uint32_t*>(raw_pointer_cast(a.data()));
-  // Low word: start address (14 bits at 0) and leading byte offset (14 bits at 16), in 16-byte
-  // units. The offset is set once per call; each k-block's descriptor is CuTe's k-block 0 plus
-  // a compile-time step (so the patch costs no per-k-block bit fiddling).
-  const GmmaDescriptor d0 = b(_0{}, _0{}, 0);
-  const uint32_t lo0 = d0.reg32_[0];
+  cute::warpgroup_arrive();
+  // The leading byte offset (14 bits at 16 of the low word, 16-byte units) is set once per
+  // call; each k-block's descriptor is k-block 0's plus a compile-time step.
+  const uint32_t lo0 = v.lo;
   const uint32_t lbo = ((ones_addr >> 4) - (lo0 & 0x3FFFu)) & 0x3FFFu;
   const uint32_t lo = (lo0 & ~(0x3FFFu << 16)) | (lbo << 16);
   CUTE_UNROLL
-  for (int k = 0; k < size<2>(a); ++k) {
-    const GmmaDescriptor dk = b(_0{}, _0{}, k);
-    GmmaDescriptor d = d0;
-    d.reg32_[0] = lo + (dk.reg32_[0] - lo0);  // the k-block's ones sit as far past it as V's
-    pv_sums_kblock(pa + 4 * k, d.desc_, c, sums,
-                   zero_init && k == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One,
+  for (int k = 0; k < kKBlocks; ++k) {
+    // the k-block's ones sit as far past it as V's
+    const GmmaDesc d{lo + mn_major_kblock(k), v.hi};
+    pv_sums_kblock(a.r + 4 * k, d.bits(), c, sums,
+                   zero_init && k == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One,
                    std::make_index_sequence<32>{});
   }
-  warpgroup_commit_batch();
-  warpgroup_fence_operand(c);
+  cute::warpgroup_commit_batch();
+  fence_operand(c);
   fence_sums(sums);
-  warpgroup_fence_operand(a);
+  fence_operand(a);
 }
 #endif
 
-template <int kPending, class TC>
-__device__ __forceinline__ void warpgroup_wait_for(TC& c) {
+template <int kPending, int N>
+__device__ __forceinline__ void warpgroup_wait_for(Accum<N>& c) {
   cute::warpgroup_wait<kPending>();
-  cute::warpgroup_fence_operand(c);
+  fence_operand(c);
 }
 
 // Named-barrier ids: 0 is __syncthreads; pingpong uses kPingpongBar + wg, the epilogue
