@@ -290,6 +290,21 @@ def test_two_ctas_per_sm_launch_with_half_the_registers() -> None:
                                                                     pclass=TWO_PER_SM.pclass)
 
 
+@pytest.mark.parametrize("preset", [
+    pytest.param(p, marks=pytest.mark.builds(_preset_artifact(p))) for p in list_presets()])
+def test_every_row_max_fmnmx_runs_before_the_pv_wait(preset: str) -> None:
+    # By design, not by register pressure: the K release's arrive is gated by a predicate
+    # computed from both rows' maxima (softmax.cuh after_value), and ptxas keeps the PV wait
+    # after that arrive, so every FMNMX of the loop precedes the wait. Without the gate ptxas
+    # hoisted the wait into the max wherever the arrive could issue early (docs/PERF.md step
+    # 53: multicast 34 of 68 and d64-sumpv 37 of 68; on main, by accident, default 34 of 68,
+    # d256 0 of 44). The preset builds are test_preset_compiles_clean's.
+    r = build.build_config(load_preset(preset),
+                           pclass=ProblemClass(preset_head_dim(preset), True))
+    loops = _max_before_pv_wait(_dump_sass({preset: r})[preset])
+    assert loops and all(before == total for before, total in loops), loops
+
+
 # The models' masks (issue 36): every mask at once, with the varlen kernel (the window's tile
 # range in the producer and the consumers, the softcap's tanh, the sinks in finalize), on the
 # default preset and on D 64's sum_in_pv, whose row sums the sinks join.

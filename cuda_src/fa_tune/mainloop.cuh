@@ -259,8 +259,9 @@ struct Mainloop {
     issue_qk_unchecked(st);
   }
 
-  __device__ __forceinline__ static void release_k(State& st, SharedStorage<T>& ss) {
-    ss.k_ring.release(st.kst);
+  __device__ __forceinline__ static void release_k(State& st, SharedStorage<T>& ss,
+                                                   bool gate = true) {
+    ss.k_ring.release(st.kst, gate);
   }
 
   template <class ReleaseQ, class IssueNext>
@@ -302,11 +303,15 @@ struct Mainloop {
       PP::pass_turn(wg, false);
       warpgroup_wait_for<1>(st.s);  // QK[n] done, PV[n+1] may still run
       if (n == n_lo) release_q();
-      if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
       cap_scores(st.s, a);
       if constexpr (kMask) mask_tile(st.s, a, n);
-      const bool needed = sm.template update<false>(st.s, scale_log2, rescale);
-      if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
+      // The K release is gated by the row max (update's max_gate): ptxas keeps the PV wait
+      // below it in program order, so the wait stays below the max instead of being hoisted
+      // into it (docs/PERF.md steps 40, 53). after_qk releases as soon as the max is known.
+      const bool needed = sm.template update<false>(st.s, scale_log2, rescale, [&](bool gate) {
+        if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss, gate);
+      });
+      if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss, sm.max_gate);
       st.kst.template advance<T::kKStages>();
       wait_pv<0>(st);  // PV[n+1] done: V stage and P registers are free
       release_v(st, ss, v_prev, first_pv);

@@ -62,12 +62,13 @@ struct StageRing {
     cutlass::arch::ClusterBarrier::wait(&full[st.index], st.phase);
   }
   // Consumers: one arrival per warp (on every CTA's barrier), made after a wgmma wait proved
-  // the reads finished.
-  __device__ __forceinline__ void release(const PipeState& st) {
+  // the reads finished. `gate` is always true; computed late, it holds the arrive back until
+  // then (softmax.cuh, after_value).
+  __device__ __forceinline__ void release(const PipeState& st, bool gate = true) {
     if constexpr (kCtas == 1) {
-      if (lane_id() == 0) cutlass::arch::ClusterBarrier::arrive(&empty[st.index]);
+      if (lane_id() == 0 && gate) cutlass::arch::ClusterBarrier::arrive(&empty[st.index]);
     } else {
-      const uint32_t lead = lane_id() == 0;
+      const uint32_t lead = lane_id() == 0 && gate;
       for (uint32_t cta = 0; cta < kCtas; ++cta)
         cutlass::arch::ClusterBarrier::arrive(&empty[st.index], cta, lead);
     }

@@ -25,6 +25,21 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// True for every x (x >= -inf, or unordered), but computed from x where neither NVVM (the
+// asm is opaque to it) nor ptxas (it does not fold the compare) can prove it: whatever it
+// gates is ordered after x. The K release takes it from the row max (OnlineSoftmax::update).
+__device__ __forceinline__ bool after_value(float x) {
+  uint32_t t;
+  asm("{\n\t.reg .pred p;\n\tsetp.geu.f32 p, %1, 0fFF800000;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+      : "=r"(t)
+      : "f"(x));
+  return t != 0;
+}
+
+struct NoAtMax {
+  __device__ __forceinline__ void operator()(bool) const {}
+};
+
 // Set scores with key > the row's diagonal to -inf. diag0: the last key this thread's i1 = 0
 // row sees (its query index plus the bottom-right offset, params.cuh); col0: key index of this
 // tile's first column.
@@ -114,17 +129,24 @@ struct OnlineSoftmax {
   static constexpr int kChains = kTree ? 4 : 1;
   float row_max[2];  // the reference max each row's probabilities are taken against
   float row_sum[2];  // this lane's partial sums; the quad reduction waits for finalize()
+  bool max_gate;     // true, computed from the last update's row maxima (after_value)
 
   // Fold a new score tile in: update the reference maxima, turn scores into probabilities in
   // place, and set the factor by which earlier O and sums must be multiplied. Returns whether
   // any row of this warp needs that (false lets the caller skip the O rescale).
-  template <bool kFirst, class Frag>
-  __device__ __forceinline__ bool update(Frag& s, float scale_log2, float (&rescale)[2]) {
+  // at_max(max_gate) is called once both rows' maxima are known, before the exp2s: an arrive
+  // gated by max_gate cannot issue before the max, nor can a wgmma wait after it in program
+  // order (ptxas keeps the two in order, not a wait and the FMNMX; mainloop.cuh).
+  template <bool kFirst, class Frag, class AtMax = NoAtMax>
+  __device__ __forceinline__ bool update(Frag& s, float scale_log2, float (&rescale)[2],
+                                         AtMax&& at_max = {}) {
     constexpr int N = Frag::kSize;
     if constexpr (Hooks::skip_softmax) {
       rescale[0] = rescale[1] = 1.f;
       row_max[0] = row_max[1] = 0.f;
       row_sum[0] = row_sum[1] = 1.f;
+      max_gate = true;
+      at_max(max_gate);
       return false;
     }
     // Chains take every kChains-th group of 4 values; they may differ in length by one
@@ -148,9 +170,11 @@ struct OnlineSoftmax {
     }
     float m_scaled[2];
     bool any = false;
+    max_gate = true;
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
       m[r] = quad_max(m[r]);
+      max_gate = max_gate && after_value(m[r]);
       bool move = true;
       if constexpr (kLazy && !kFirst) {
         // NaN (both -inf: every key masked so far) compares false: the row keeps -inf.
@@ -164,6 +188,7 @@ struct OnlineSoftmax {
       any |= rescale[r] != 1.f;
       row_max[r] = m[r];
     }
+    at_max(max_gate);
     float sc[2][kChains];
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r)

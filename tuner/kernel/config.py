@@ -114,8 +114,9 @@ class KernelConfig:
     k_stages: int = knob(2, (1, 2, 3), doc="Shared-memory stages of the K ring.")
     v_stages: int = knob(2, (1, 2, 3), doc="Shared-memory stages of the V ring.")
     k_release: str = knob("after_qk", ("after_qk", "after_softmax"), cpp_type="KRelease", doc=(
-        "When a consumer hands a K stage back to the producer: after its QK or after the "
-        "softmax."))
+        "When a consumer hands a K stage back to the producer: after its QK (with "
+        "intra_wg_overlap, once that QK's row max is known, which keeps the PV wait below the "
+        "max) or after the softmax."))
     v_release: str = knob("after_pv", ("after_pv", "deferred"), cpp_type="VRelease", doc=(
         "When a consumer hands a V stage back: after its PV, or an iteration later."))
     q_release: str = knob("at_end", ("after_last_qk", "at_end"), cpp_type="QRelease", doc=(
