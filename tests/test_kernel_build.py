@@ -290,15 +290,18 @@ def test_two_ctas_per_sm_launch_with_half_the_registers() -> None:
                                                                     pclass=TWO_PER_SM.pclass)
 
 
+_AFTER_MAX = [p for p in list_presets() if load_preset(p).k_release == "after_max"]
+
+
 @pytest.mark.parametrize("preset", [
-    pytest.param(p, marks=pytest.mark.builds(_preset_artifact(p))) for p in list_presets()])
-def test_every_row_max_fmnmx_runs_before_the_pv_wait(preset: str) -> None:
-    # By design, not by register pressure: the K release's arrive is gated by a predicate
-    # computed from both rows' maxima (softmax.cuh after_value), and ptxas keeps the PV wait
-    # after that arrive, so every FMNMX of the loop precedes the wait. Without the gate ptxas
-    # hoisted the wait into the max wherever the arrive could issue early (docs/PERF.md step
-    # 53: multicast 34 of 68 and d64-sumpv 37 of 68; on main, by accident, default 34 of 68,
-    # d256 0 of 44). The preset builds are test_preset_compiles_clean's.
+    pytest.param(p, marks=pytest.mark.builds(_preset_artifact(p))) for p in _AFTER_MAX])
+def test_after_max_keeps_every_row_max_fmnmx_before_the_pv_wait(preset: str) -> None:
+    # By design, not by register pressure: with k_release after_max the K release's arrive is
+    # gated by a predicate computed from both rows' maxima and row 0's exp2s (softmax.cuh
+    # after_value), and ptxas keeps the PV wait after that arrive, so every FMNMX of the loop
+    # precedes the wait. Without the gate ptxas hoisted the wait into the max wherever the
+    # arrive could issue early (docs/PERF.md step 53: multicast 34 of 68, d64-sumpv 37 of 68).
+    # The preset builds are test_preset_compiles_clean's.
     r = build.build_config(load_preset(preset),
                            pclass=ProblemClass(preset_head_dim(preset), True))
     loops = _max_before_pv_wait(_dump_sass({preset: r})[preset])

@@ -20,7 +20,7 @@
 namespace fa_tune {
 
 enum class CacheHint { None, EvictFirst, EvictLast, EvictNormal };
-enum class KRelease { AfterQk, AfterSoftmax };
+enum class KRelease { AfterQk, AfterMax, AfterSoftmax };
 enum class VRelease { AfterPv, Deferred };
 enum class QRelease { AfterLastQk, AtEnd };
 enum class RescaleO { AfterPv, BeforePv };
@@ -158,6 +158,8 @@ struct Derived {
                     kBlockN == 192,
                 "this block_n needs FA_TUNE_EXTENDED_MMA 1");
   static_assert(kKStages >= 1 && kKStages <= 3 && kVStages >= 1 && kVStages <= 3, "stages: 1..3");
+  static_assert(Cfg::k_release != KRelease::AfterMax || kOverlap,
+                "k_release after_max needs intra_wg_overlap");
   static_assert(Cfg::v_release != VRelease::Deferred || kVStages >= 2,
                 "deferred V release needs two V stages or the producer deadlocks");
   static_assert(Cfg::producer_regs % 8 == 0 && Cfg::consumer_regs % 8 == 0, "setmaxnreg wants multiples of 8");

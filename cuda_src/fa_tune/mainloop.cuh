@@ -280,7 +280,7 @@ struct Mainloop {
     int n = n_blocks - 1;
     warpgroup_wait_for<0>(st.s);
     if (n_blocks - n_lo == 1) release_q();
-    if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
+    if constexpr (Cfg::k_release != KRelease::AfterSoftmax) release_k(st, ss);  // no PV in flight
     cap_scores(st.s, a);
     mask_tile(st.s, a, n);
     sm.template update<true>(st.s, scale_log2, rescale);
@@ -303,15 +303,17 @@ struct Mainloop {
       PP::pass_turn(wg, false);
       warpgroup_wait_for<1>(st.s);  // QK[n] done, PV[n+1] may still run
       if (n == n_lo) release_q();
+      if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss);
       cap_scores(st.s, a);
       if constexpr (kMask) mask_tile(st.s, a, n);
-      // The K release is gated by the row max (update's max_gate): ptxas keeps the PV wait
-      // below it in program order, so the wait stays below the max instead of being hoisted
-      // into it (docs/PERF.md steps 40, 53). after_qk releases as soon as the max is known.
+      // after_max: the K release is gated by the row maxima and row 0's exp2s (update's
+      // max_gate), and ptxas keeps the PV wait below that arrive in program order: the wait
+      // then follows the max instead of being hoisted into it (docs/PERF.md steps 40, 53, 57).
+      // Where PV is short (D 64) the early wait of after_qk lets P's packing overlap instead.
       const bool needed = sm.template update<false>(st.s, scale_log2, rescale, [&](bool gate) {
-        if constexpr (Cfg::k_release == KRelease::AfterQk) release_k(st, ss, gate);
+        if constexpr (Cfg::k_release == KRelease::AfterMax) release_k(st, ss, gate);
       });
-      if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss, sm.max_gate);
+      if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
       st.kst.template advance<T::kKStages>();
       wait_pv<0>(st);  // PV[n+1] done: V stage and P registers are free
       release_v(st, ss, v_prev, first_pv);

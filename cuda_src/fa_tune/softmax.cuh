@@ -27,7 +27,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 // True for every x (x >= -inf, or unordered), but computed from x where neither NVVM (the
 // asm is opaque to it) nor ptxas (it does not fold the compare) can prove it: whatever it
-// gates is ordered after x. The K release takes it from the row max (OnlineSoftmax::update).
+// gates is ordered after x. k_release after_max takes it from the row max
+// (OnlineSoftmax::update).
 __device__ __forceinline__ bool after_value(float x) {
   uint32_t t;
   asm("{\n\t.reg .pred p;\n\tsetp.geu.f32 p, %1, 0fFF800000;\n\tselp.u32 %0, 1, 0, p;\n\t}"
@@ -129,14 +130,15 @@ struct OnlineSoftmax {
   static constexpr int kChains = kTree ? 4 : 1;
   float row_max[2];  // the reference max each row's probabilities are taken against
   float row_sum[2];  // this lane's partial sums; the quad reduction waits for finalize()
-  bool max_gate;     // true, computed from the last update's row maxima (after_value)
+  bool max_gate;     // true, computed from the row maxima (after_value)
 
   // Fold a new score tile in: update the reference maxima, turn scores into probabilities in
   // place, and set the factor by which earlier O and sums must be multiplied. Returns whether
   // any row of this warp needs that (false lets the caller skip the O rescale).
-  // at_max(max_gate) is called once both rows' maxima are known, before the exp2s: an arrive
-  // gated by max_gate cannot issue before the max, nor can a wgmma wait after it in program
-  // order (ptxas keeps the two in order, not a wait and the FMNMX; mainloop.cuh).
+  // at_max(gate) is called between row 0's exp2s and row 1's, with gate true but computed
+  // from both maxima and row 0's last exp2: an arrive gated by it cannot issue before them, nor
+  // can a wgmma wait after it in program order (ptxas keeps those two in order, not a wait and
+  // the FMNMX), so row 0's exp2s also run while PV is in flight (mainloop.cuh, after_max).
   template <bool kFirst, class Frag, class AtMax = NoAtMax>
   __device__ __forceinline__ bool update(Frag& s, float scale_log2, float (&rescale)[2],
                                          AtMax&& at_max = {}) {
@@ -149,56 +151,50 @@ struct OnlineSoftmax {
       at_max(max_gate);
       return false;
     }
+    // Row by row: row 0's exp2s (MUFU) can then overlap row 1's max chain (FMNMX), and the
+    // gated arrive, with the PV wait after it, sits between row 0's exp2s and row 1's.
     // Chains take every kChains-th group of 4 values; they may differ in length by one
     // (block_n 80, 112, 144, 176 give N/4 = 10, 14, 18, 22 groups).
-    float mc[2][kChains];
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r)
-      CUTE_UNROLL
-      for (int c = 0; c < kChains; ++c) mc[r][c] = kFirst ? -INFINITY : row_max[r];
-    CUTE_UNROLL
-    for (int e = 0; e < N; ++e) {
-      float& acc = mc[(e / 2) % 2][(e / 4) % kChains];
-      acc = fmaxf(acc, s(e));
-    }
-    float m[2];
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      m[r] = mc[r][0];
-      CUTE_UNROLL
-      for (int c = 1; c < kChains; ++c) m[r] = fmaxf(m[r], mc[r][c]);
-    }
     float m_scaled[2];
+    float sc[2][kChains];
+    float last0 = 0.f;
     bool any = false;
     max_gate = true;
     CUTE_UNROLL
     for (int r = 0; r < 2; ++r) {
-      m[r] = quad_max(m[r]);
-      max_gate = max_gate && after_value(m[r]);
+      float mc[kChains];
+      CUTE_UNROLL
+      for (int c = 0; c < kChains; ++c) mc[c] = kFirst ? -INFINITY : row_max[r];
+      CUTE_UNROLL
+      for (int e = 0; e < N; ++e)
+        if ((e / 2) % 2 == r) mc[(e / 4) % kChains] = fmaxf(mc[(e / 4) % kChains], s(e));
+      float m = mc[0];
+      CUTE_UNROLL
+      for (int c = 1; c < kChains; ++c) m = fmaxf(m, mc[c]);
+      m = quad_max(m);
+      max_gate = max_gate && after_value(m);
       bool move = true;
       if constexpr (kLazy && !kFirst) {
         // NaN (both -inf: every key masked so far) compares false: the row keeps -inf.
-        move = (m[r] - row_max[r]) * scale_log2 > kLazyThreshold;
-        if (!move) m[r] = row_max[r];
+        move = (m - row_max[r]) * scale_log2 > kLazyThreshold;
+        if (!move) m = row_max[r];
       }
       // A row with every key masked so far has max -inf; shifting by 0 keeps exp2 at 0
       // instead of NaN (-inf - -inf).
-      m_scaled[r] = m[r] == -INFINITY ? 0.f : m[r] * scale_log2;
+      m_scaled[r] = m == -INFINITY ? 0.f : m * scale_log2;
       rescale[r] = (kFirst || !move) ? 1.f : exp2f(row_max[r] * scale_log2 - m_scaled[r]);
       any |= rescale[r] != 1.f;
-      row_max[r] = m[r];
-    }
-    at_max(max_gate);
-    float sc[2][kChains];
-    CUTE_UNROLL
-    for (int r = 0; r < 2; ++r)
+      row_max[r] = m;
+      if (r == 1) at_max(max_gate && after_value(last0));
       CUTE_UNROLL
       for (int c = 0; c < kChains; ++c) sc[r][c] = 0.f;
-    CUTE_UNROLL
-    for (int e = 0; e < N; ++e) {
-      const int r = (e / 2) % 2;
-      s(e) = exp2f(fmaf(s(e), scale_log2, -m_scaled[r]));
-      if constexpr (!kSumInPv) sc[r][(e / 4) % kChains] += s(e);
+      CUTE_UNROLL
+      for (int e = 0; e < N; ++e) {
+        if ((e / 2) % 2 != r) continue;
+        s(e) = exp2f(fmaf(s(e), scale_log2, -m_scaled[r]));
+        if constexpr (!kSumInPv) sc[r][(e / 4) % kChains] += s(e);
+        if (r == 0) last0 = s(e);
+      }
     }
     if constexpr (!kSumInPv) {
       float sum[2];

@@ -4,7 +4,7 @@
 
 namespace fa_tune {
 enum class CacheHint { None, EvictFirst, EvictLast, EvictNormal };
-enum class KRelease { AfterQk, AfterSoftmax };
+enum class KRelease { AfterQk, AfterMax, AfterSoftmax };
 enum class VRelease { AfterPv, Deferred };
 enum class QRelease { AfterLastQk, AtEnd };
 enum class RescaleO { AfterPv, BeforePv };

@@ -113,10 +113,11 @@ class KernelConfig:
         "Key/value rows per KV tile, the main loop's step."))
     k_stages: int = knob(2, (1, 2, 3), doc="Shared-memory stages of the K ring.")
     v_stages: int = knob(2, (1, 2, 3), doc="Shared-memory stages of the V ring.")
-    k_release: str = knob("after_qk", ("after_qk", "after_softmax"), cpp_type="KRelease", doc=(
-        "When a consumer hands a K stage back to the producer: after its QK (with "
-        "intra_wg_overlap, once that QK's row max is known, which keeps the PV wait below the "
-        "max) or after the softmax."))
+    k_release: str = knob("after_qk", ("after_qk", "after_max", "after_softmax"),
+                          cpp_type="KRelease", doc=(
+        "When a consumer hands a K stage back to the producer: after its QK; after that QK's "
+        "row max (intra_wg_overlap only: the arrive then holds the PV wait below the max); "
+        "or after the softmax."))
     v_release: str = knob("after_pv", ("after_pv", "deferred"), cpp_type="VRelease", doc=(
         "When a consumer hands a V stage back: after its PV, or an iteration later."))
     q_release: str = knob("at_end", ("after_last_qk", "at_end"), cpp_type="QRelease", doc=(
@@ -548,6 +549,11 @@ def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM, causal: bool = True) -
         raise ConfigError(
             f"v_release deferred holds a V stage across iterations and needs v_stages >= 2 "
             f"(got {cfg.v_stages})"
+        )
+    if cfg.k_release == "after_max" and not cfg.intra_wg_overlap:
+        raise ConfigError(
+            "k_release after_max places the K release after the row max to hold back the PV "
+            "wait, which only intra_wg_overlap has in flight; use after_qk without it"
         )
     if cfg.k_release == "after_softmax" and cfg.intra_wg_overlap and cfg.k_stages < 2:
         raise ConfigError(
