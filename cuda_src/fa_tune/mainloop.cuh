@@ -307,12 +307,16 @@ struct Mainloop {
       cap_scores(st.s, a);
       if constexpr (kMask) mask_tile(st.s, a, n);
       // after_max: the K release is gated by the row maxima and row 0's exp2s (update's
-      // max_gate), and ptxas keeps the PV wait below that arrive in program order: the wait
-      // then follows the max instead of being hoisted into it (docs/PERF.md steps 40, 53, 57).
+      // at_max), and ptxas keeps the PV wait below that arrive in program order: the wait then
+      // follows the max instead of being hoisted into it (docs/PERF.md steps 40, 53, 57).
       // Where PV is short (D 64) the early wait of after_qk lets P's packing overlap instead.
-      const bool needed = sm.template update<false>(st.s, scale_log2, rescale, [&](bool gate) {
-        if constexpr (Cfg::k_release == KRelease::AfterMax) release_k(st, ss, gate);
-      });
+      bool needed;
+      if constexpr (Cfg::k_release == KRelease::AfterMax) {
+        needed = sm.template update<false>(st.s, scale_log2, rescale,
+                                           [&](bool gate) { release_k(st, ss, gate); });
+      } else {
+        needed = sm.template update<false>(st.s, scale_log2, rescale);
+      }
       if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
       st.kst.template advance<T::kKStages>();
       wait_pv<0>(st);  // PV[n+1] done: V stage and P registers are free

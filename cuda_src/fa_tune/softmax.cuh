@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cuda_bf16.h>
+#include <type_traits>
 #include <cute/config.hpp>  // CUTE_UNROLL
 
 #include "config.cuh"
@@ -130,67 +131,78 @@ struct OnlineSoftmax {
   static constexpr int kChains = kTree ? 4 : 1;
   float row_max[2];  // the reference max each row's probabilities are taken against
   float row_sum[2];  // this lane's partial sums; the quad reduction waits for finalize()
-  bool max_gate;     // true, computed from the row maxima (after_value)
 
   // Fold a new score tile in: update the reference maxima, turn scores into probabilities in
   // place, and set the factor by which earlier O and sums must be multiplied. Returns whether
   // any row of this warp needs that (false lets the caller skip the O rescale).
-  // at_max(gate) is called between row 0's exp2s and row 1's, with gate true but computed
-  // from both maxima and row 0's last exp2: an arrive gated by it cannot issue before them, nor
-  // can a wgmma wait after it in program order (ptxas keeps those two in order, not a wait and
-  // the FMNMX), so row 0's exp2s also run while PV is in flight (mainloop.cuh, after_max).
+  // With an at_max callback (k_release after_max) the rows go one after the other, and
+  // at_max(gate) is called between row 0's exp2s and row 1's, with gate true but computed from
+  // both maxima and row 0's last exp2: an arrive gated by it cannot issue before them, nor can
+  // a wgmma wait after it in program order (ptxas keeps those two in order, not a wait and the
+  // FMNMX), so row 0's exp2s also run while PV is in flight (mainloop.cuh). Without one, both
+  // rows go in one pass: their max chains, then every exp2 (a row at a time spills with
+  // tree_reduce at block_n 192).
   template <bool kFirst, class Frag, class AtMax = NoAtMax>
   __device__ __forceinline__ bool update(Frag& s, float scale_log2, float (&rescale)[2],
                                          AtMax&& at_max = {}) {
     constexpr int N = Frag::kSize;
+    constexpr bool kRowByRow = !std::is_same_v<std::decay_t<AtMax>, NoAtMax>;
     if constexpr (Hooks::skip_softmax) {
       rescale[0] = rescale[1] = 1.f;
       row_max[0] = row_max[1] = 0.f;
       row_sum[0] = row_sum[1] = 1.f;
-      max_gate = true;
-      at_max(max_gate);
+      at_max(true);
       return false;
     }
-    // Row by row: row 0's exp2s (MUFU) can then overlap row 1's max chain (FMNMX), and the
-    // gated arrive, with the PV wait after it, sits between row 0's exp2s and row 1's.
     // Chains take every kChains-th group of 4 values; they may differ in length by one
     // (block_n 80, 112, 144, 176 give N/4 = 10, 14, 18, 22 groups).
     float m_scaled[2];
     float sc[2][kChains];
     float last0 = 0.f;
-    bool any = false;
-    max_gate = true;
+    bool any = false, gate = true;
     CUTE_UNROLL
-    for (int r = 0; r < 2; ++r) {
-      float mc[kChains];
+    for (int pass = 0; pass < (kRowByRow ? 2 : 1); ++pass) {
+      // This pass's rows: [r0, r1).
+      const int r0 = kRowByRow ? pass : 0, r1 = kRowByRow ? pass + 1 : 2;
+      float mc[2][kChains];
       CUTE_UNROLL
-      for (int c = 0; c < kChains; ++c) mc[c] = kFirst ? -INFINITY : row_max[r];
-      CUTE_UNROLL
-      for (int e = 0; e < N; ++e)
-        if ((e / 2) % 2 == r) mc[(e / 4) % kChains] = fmaxf(mc[(e / 4) % kChains], s(e));
-      float m = mc[0];
-      CUTE_UNROLL
-      for (int c = 1; c < kChains; ++c) m = fmaxf(m, mc[c]);
-      m = quad_max(m);
-      max_gate = max_gate && after_value(m);
-      bool move = true;
-      if constexpr (kLazy && !kFirst) {
-        // NaN (both -inf: every key masked so far) compares false: the row keeps -inf.
-        move = (m - row_max[r]) * scale_log2 > kLazyThreshold;
-        if (!move) m = row_max[r];
-      }
-      // A row with every key masked so far has max -inf; shifting by 0 keeps exp2 at 0
-      // instead of NaN (-inf - -inf).
-      m_scaled[r] = m == -INFINITY ? 0.f : m * scale_log2;
-      rescale[r] = (kFirst || !move) ? 1.f : exp2f(row_max[r] * scale_log2 - m_scaled[r]);
-      any |= rescale[r] != 1.f;
-      row_max[r] = m;
-      if (r == 1) at_max(max_gate && after_value(last0));
-      CUTE_UNROLL
-      for (int c = 0; c < kChains; ++c) sc[r][c] = 0.f;
+      for (int r = r0; r < r1; ++r)
+        CUTE_UNROLL
+        for (int c = 0; c < kChains; ++c) mc[r][c] = kFirst ? -INFINITY : row_max[r];
       CUTE_UNROLL
       for (int e = 0; e < N; ++e) {
-        if ((e / 2) % 2 != r) continue;
+        const int r = (e / 2) % 2;
+        if (r >= r0 && r < r1) mc[r][(e / 4) % kChains] = fmaxf(mc[r][(e / 4) % kChains], s(e));
+      }
+      CUTE_UNROLL
+      for (int r = r0; r < r1; ++r) {
+        float m = mc[r][0];
+        CUTE_UNROLL
+        for (int c = 1; c < kChains; ++c) m = fmaxf(m, mc[r][c]);
+        m = quad_max(m);
+        if constexpr (kRowByRow) gate = gate && after_value(m);
+        bool move = true;
+        if constexpr (kLazy && !kFirst) {
+          // NaN (both -inf: every key masked so far) compares false: the row keeps -inf.
+          move = (m - row_max[r]) * scale_log2 > kLazyThreshold;
+          if (!move) m = row_max[r];
+        }
+        // A row with every key masked so far has max -inf; shifting by 0 keeps exp2 at 0
+        // instead of NaN (-inf - -inf).
+        m_scaled[r] = m == -INFINITY ? 0.f : m * scale_log2;
+        rescale[r] = (kFirst || !move) ? 1.f : exp2f(row_max[r] * scale_log2 - m_scaled[r]);
+        any |= rescale[r] != 1.f;
+        row_max[r] = m;
+        CUTE_UNROLL
+        for (int c = 0; c < kChains; ++c) sc[r][c] = 0.f;
+      }
+      if constexpr (kRowByRow) {
+        if (pass == 1) at_max(gate && after_value(last0));
+      }
+      CUTE_UNROLL
+      for (int e = 0; e < N; ++e) {
+        const int r = (e / 2) % 2;
+        if (r < r0 || r >= r1) continue;
         s(e) = exp2f(fmaf(s(e), scale_log2, -m_scaled[r]));
         if constexpr (!kSumInPv) sc[r][(e / 4) % kChains] += s(e);
         if (r == 0) last0 = s(e);

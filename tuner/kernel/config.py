@@ -73,6 +73,12 @@ Q_IN_REGS = 32
 CONSUMER_REG_OVERHEAD_D: dict[tuple[int, bool], int] = {
     (64, True): -4, (64, False): 0, (256, True): 12, (256, False): 16,
 }
+# A persistent serial kernel at D 128 also holds its tile loop's state: with the operands
+# written by hand (nvcc 13.0, 2026-12-05, docs/PERF.md step 57) 128x192 at 240 put 4-24 B of it
+# on the stack with the static and dynamic schedulers (either k_release, with and without lazy
+# rescale, tree_reduce, LSE), where the grid one compiled clean; 128x176 was clean; D 64
+# 192x128 at 160 and D 256 128x80 at 240 stayed clean (static and dynamic).
+CONSUMER_REG_OVERHEAD_SERIAL_PERSISTENT_D128 = 5
 # A multicast pair of two-warpgroup CTAs holds its rank and skip counts beside Q's per-thread
 # descriptors: 128 x 80 pairs at 160 registers put 8 B on the stack in 6 builds (D 128, k 2 or
 # 3 stages, either k_release, with and without lazy rescale and head_cluster 2; nvcc 13.0,
@@ -410,6 +416,8 @@ def consumer_reg_overhead(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> int:
     if cfg.kv_multicast and cfg.consumer_warpgroups == 2:
         fix += CONSUMER_REG_OVERHEAD_PAIR2
     base = CONSUMER_REG_OVERHEAD if cfg.intra_wg_overlap else CONSUMER_REG_OVERHEAD_SERIAL
+    if head_dim == 128 and not cfg.intra_wg_overlap and cfg.scheduler != "grid":
+        fix += CONSUMER_REG_OVERHEAD_SERIAL_PERSISTENT_D128
     # sum_in_pv: the softmax keeps no partial row sums (two per row) and does no quad sum,
     # about the 4 registers its sum columns add to O: D 64 192 x 128 at 160 compiled without
     # stack (nvcc 13.0, 2026-12-02), as without it.
