@@ -1,13 +1,14 @@
-"""The launcher's host pass reads no CuTe (cuda_src/fa_tune/device_pass.cuh; docs/PERF.md step
-49), and the kernel's device pass none of CuTe's layout algebra, only its wgmma atoms
-(operands.cuh; step 53): nvcc's own preprocessing steps of a rendered template, run alone (about
-a second each, no compile). The device pass still reads the kernel's body: every build's SASS
-says so."""
+"""The launcher's host pass reads none of the kernel's body (cuda_src/fa_tune/device_pass.cuh;
+docs/PERF.md step 49), and neither pass reads CuTe or CUTLASS: the kernel's operands, wgmma
+shapes and barriers are its own (operands.cuh, step 53; wgmma_atoms.cuh and sm90.cuh, step 57).
+nvcc's own preprocessing steps of a rendered template, run alone (about a second each, no
+compile). The device pass still reads the kernel's body: every build's SASS says so."""
 
 from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 from tuner.kernel import build, toolchain
@@ -35,24 +36,34 @@ def _host_pass(tmp_path: Path, extra: tuple[str, ...] = (), device: bool = False
     return out.read_text()
 
 
+_LIBRARIES = ("/cute/", "/cutlass/")
+
+
 def test_host_pass_reads_the_launcher_without_cute(tmp_path: Path) -> None:
     text = _host_pass(tmp_path)
     assert "Launcher" in text and "attention_fwd_kernel" in text and "varlen_prepare_kernel" in text
-    for device_only in ("cute/tensor.hpp", "cute/atom/mma_atom.hpp", "fa_tune/mainloop.cuh",
-                        "fa_tune/softmax.cuh", "fa_tune/epilogue.cuh", "fa_tune/traits.cuh"):
+    for device_only in ("fa_tune/mainloop.cuh", "fa_tune/softmax.cuh", "fa_tune/epilogue.cuh",
+                        "fa_tune/traits.cuh", "fa_tune/wgmma_atoms.cuh", *_LIBRARIES):
         assert device_only not in text, device_only
 
 
 def test_host_pass_reads_everything_when_asked(tmp_path: Path) -> None:
     # The escape hatch for a toolchain whose device registration names other constants.
     text = _host_pass(tmp_path, ("-DFA_TUNE_DEVICE_PASS=1",))
-    assert "cute/arch/mma_sm90_gmma.hpp" in text and "fa_tune/mainloop.cuh" in text
+    assert "fa_tune/wgmma_atoms.cuh" in text and "fa_tune/mainloop.cuh" in text
 
 
-def test_device_pass_reads_no_layout_algebra(tmp_path: Path) -> None:
-    # CuTe's tensors and atoms' layout algebra were most of a candidate's front-end time.
+def test_device_pass_reads_no_cute_or_cutlass(tmp_path: Path) -> None:
+    # CuTe's layout algebra was most of a candidate's front-end time (step 53), and CUTLASS's
+    # MMA and barrier headers over half of what was left (step 57).
     text = _host_pass(tmp_path, device=True)
-    assert "fa_tune/mainloop.cuh" in text and "cute/arch/mma_sm90_gmma.hpp" in text
-    for algebra in ("cute/tensor.hpp", "cute/atom/mma_atom.hpp", "cute/atom/copy_atom.hpp",
-                    "cute/layout.hpp"):
-        assert algebra not in text, algebra
+    assert "fa_tune/mainloop.cuh" in text and "fa_tune/wgmma_atoms.cuh" in text
+    for library in _LIBRARIES:
+        assert library not in text, library
+
+
+def test_wgmma_atoms_header_is_the_generators_output() -> None:
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "scripts" / "gen_wgmma_atoms.py"), "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr

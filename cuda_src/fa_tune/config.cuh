@@ -15,6 +15,9 @@
 #include <cstdint>
 #include <type_traits>
 
+// Full unrolling of a loop with a compile-time trip count.
+#define FA_UNROLL _Pragma("unroll")
+
 #include "hooks.cuh"
 
 namespace fa_tune {

@@ -26,14 +26,7 @@
 #endif
 
 #if FA_TUNE_DEVICE_PASS
-#include <cute/arch/cluster_sm90.hpp>
-#include <cutlass/arch/barrier.h>
-#else
-// The registration code the device pass writes for the host compiler takes, by name, the host
-// address of every namespace-scope __device__ variable the device pass saw: CCCL's (the
-// constants and customization points of <cuda/std/utility>, which CUTLASS includes). A CUTLASS
-// with more such variables fails the host compile naming the one to declare here.
-#include <cuda/std/utility>
+#include "sm90.cuh"
 #endif
 
 namespace fa_tune {
@@ -41,7 +34,7 @@ namespace fa_tune {
 // This CTA's rank in its cluster.
 __device__ __forceinline__ uint32_t cta_rank_in_cluster() {
 #if FA_TUNE_DEVICE_PASS
-  return cute::block_rank_in_cluster();
+  return sm90::block_rank_in_cluster();
 #else
   return 0;
 #endif
@@ -51,12 +44,12 @@ __device__ __forceinline__ uint32_t cta_rank_in_cluster() {
 // wait for all of them, or arrive without waiting.
 __device__ __forceinline__ void named_barrier_sync(uint32_t threads, uint32_t id) {
 #if FA_TUNE_DEVICE_PASS
-  cutlass::arch::NamedBarrier::sync(threads, id);
+  sm90::bar_sync(threads, id);
 #endif
 }
 __device__ __forceinline__ void named_barrier_arrive(uint32_t threads, uint32_t id) {
 #if FA_TUNE_DEVICE_PASS
-  cutlass::arch::NamedBarrier::arrive(threads, id);
+  sm90::bar_arrive(threads, id);
 #endif
 }
 

@@ -44,7 +44,7 @@ struct Epilogue {
   __device__ __forceinline__ static void stage_o(const typename T::FragO& acc, Element* o_smem) {
     constexpr int N = T::FragO::kSize;  // D / 2 values per thread
     uint32_t packed[N / 2];
-    CUTE_UNROLL
+    FA_UNROLL
     for (int e = 0; e < N; e += 2) packed[e / 2] = bf16x2(acc(e), acc(e + 1));
     // The thread index read here, not hoisted: else NVVM computes the addresses once before
     // the mainloop and keeps them live through it (a D 256 varlen kernel spilled).
@@ -52,7 +52,7 @@ struct Epilogue {
     asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_x));
     const OStage at(tid_x - kWarpgroupThreads);
     const uint32_t base = uint32_t(__cvta_generic_to_shared(o_smem));
-    CUTE_UNROLL
+    FA_UNROLL
     for (int k = 0; k < T::kHeadDim / 16; ++k) {
       const uint32_t addr = base + at.offset(k, T::kBlockM);
       asm volatile("stmatrix.sync.aligned.x4.m8n8.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
@@ -82,7 +82,7 @@ struct Epilogue {
     Element* o_smem = T::kSeparateO ? ss.o : ss.q;
     stage_o(o, o_smem);
     fence_view_async_shared();
-    cutlass::arch::NamedBarrier::sync(kWarpgroupThreads, kEpilogueBar + wg);
+    sm90::bar_sync(kWarpgroupThreads, kEpilogueBar + wg);
 
     const int S = Sched::seq_len(p, t), start = Sched::seq_start(t);
     bool stored = false;
@@ -114,7 +114,7 @@ struct Epilogue {
       }
     }
     // Everyone in the warpgroup learns that the store has read the staged tile.
-    cutlass::arch::NamedBarrier::sync(kWarpgroupThreads, kEpilogueBar + wg);
+    sm90::bar_sync(kWarpgroupThreads, kEpilogueBar + wg);
   }
 };
 

@@ -9,7 +9,7 @@
 // The kernel's body and its pieces: the device pass only (device_pass.cuh). The host pass sees
 // the kernel's declaration and parameter types above, which is all the launcher needs.
 #if FA_TUNE_DEVICE_PASS
-#include <cutlass/arch/reg_reconfig.h>
+#include "sm90.cuh"
 
 #include "epilogue.cuh"
 #include "mainloop.cuh"
@@ -32,7 +32,7 @@ struct Consumer {
                                              int tid) {
     const OStage at(tid);
     const uint32_t base = uint32_t(__cvta_generic_to_shared(q_smem));
-    CUTE_UNROLL
+    FA_UNROLL
     for (int k = 0; k < T::kQKBlocks; ++k) {
       asm volatile("ldmatrix.sync.aligned.x4.m8n8.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                    : "=r"(q.r[4 * k]), "=r"(q.r[4 * k + 1]), "=r"(q.r[4 * k + 2]),
@@ -163,7 +163,7 @@ struct Consumer {
       qst.advance<1>();
       t = next;
     }
-    if constexpr (kEarlyNext) cute::warpgroup_wait<0>();  // the throwaway QK
+    if constexpr (kEarlyNext) sm90::wgmma_wait<0>();  // the throwaway QK
   }
 };
 
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(Derived<Cfg>::kThreads, Derived<Cfg>::kCtasPer
     auto* ones = reinterpret_cast<uint4*>(ss.ones.v);
     for (int i = threadIdx.x; i < kWords; i += T::kThreads)
       ones[i] = make_uint4(0x3F803F80u, 0x3F803F80u, 0x3F803F80u, 0x3F803F80u);
-    cutlass::arch::fence_view_async_shared();
+    sm90::fence_view_async_shared();
   }
   if (threadIdx.x == 0) {
     ss.q_ring.init(T::kConsumerWarps);
@@ -217,9 +217,9 @@ __global__ void __launch_bounds__(Derived<Cfg>::kThreads, Derived<Cfg>::kCtasPer
     prefetch_tma_map(&p.load.tma_v);
     prefetch_tma_map(&p.store.tma_o);
   }
-  cutlass::arch::fence_barrier_init();
+  sm90::fence_barrier_init();
   if constexpr (T::kClustered) {
-    cute::cluster_sync();  // the peer's barriers must exist before any multicast or remote arrival
+    sm90::cluster_sync();  // the peer's barriers must exist before any multicast or remote arrival
   } else {
     __syncthreads();
   }
@@ -229,10 +229,10 @@ __global__ void __launch_bounds__(Derived<Cfg>::kThreads, Derived<Cfg>::kCtasPer
 
   // Each role is one branch, as setmaxnreg requires.
   if (warp < 4) {
-    cutlass::arch::warpgroup_reg_dealloc<RegSplit<Cfg, kVarlen>::kProducer>();
+    sm90::setmaxnreg_dec<RegSplit<Cfg, kVarlen>::kProducer>();
     if (warp == 0) Producer<Cfg, Sched>::run(p, ss);
   } else {
-    cutlass::arch::warpgroup_reg_alloc<RegSplit<Cfg, kVarlen>::kConsumer>();
+    sm90::setmaxnreg_inc<RegSplit<Cfg, kVarlen>::kConsumer>();
     Consumer<Cfg, Sched>::run(p, ss, warp / 4 - 1);
   }
 #endif  // FA_TUNE_DEVICE_PASS

@@ -87,7 +87,7 @@ struct Mainloop {
   __device__ __forceinline__ static void scale_o(State& st, const float (&f)[2]) {
     scale_rows(st.o, f);
     if constexpr (T::kSumInPv) {
-      CUTE_UNROLL
+      FA_UNROLL
       for (int e = 0; e < 4; ++e) st.osum[e] *= f[e / 2];
     }
   }

@@ -11,7 +11,7 @@
 // with the whole tile's bytes by its own producer) completes when both halves have landed.
 #pragma once
 
-#include <cutlass/arch/barrier.h>
+#include "sm90.cuh"
 
 namespace fa_tune {
 
@@ -44,8 +44,8 @@ struct StageRing {
   // consumer_arrivals: consumer warps per CTA.
   __device__ void init(int consumer_arrivals) {
     for (int s = 0; s < Stages; ++s) {
-      cutlass::arch::ClusterTransactionBarrier::init(&full[s], 1);
-      cutlass::arch::ClusterBarrier::init(&empty[s], consumer_arrivals * kCtas);
+      sm90::mbar_init(&full[s], 1);
+      sm90::mbar_init(&empty[s], consumer_arrivals * kCtas);
     }
   }
   // Producer (the whole warp, so its loop state stays warp-uniform): wait until the slot is
@@ -53,31 +53,31 @@ struct StageRing {
   // bytes TMA will deliver into it.
   __device__ __forceinline__ uint64_t* acquire(const PipeState& st, uint32_t bytes,
                                                bool elected) {
-    cutlass::arch::ClusterBarrier::wait(&empty[st.index], st.phase ^ 1u);
+    sm90::mbar_wait(&empty[st.index], st.phase ^ 1u);
     if (elected)
-      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&full[st.index], bytes);
+      sm90::mbar_arrive_expect_tx(&full[st.index], bytes);
     return &full[st.index];
   }
   __device__ __forceinline__ void wait_full(const PipeState& st) {
-    cutlass::arch::ClusterBarrier::wait(&full[st.index], st.phase);
+    sm90::mbar_wait(&full[st.index], st.phase);
   }
   // Consumers: one arrival per warp (on every CTA's barrier), made after a wgmma wait proved
   // the reads finished. `gate` is always true; computed late, it holds the arrive back until
   // then (softmax.cuh, after_value).
   __device__ __forceinline__ void release(const PipeState& st, bool gate = true) {
     if constexpr (kCtas == 1) {
-      if (lane_id() == 0 && gate) cutlass::arch::ClusterBarrier::arrive(&empty[st.index]);
+      if (lane_id() == 0 && gate) sm90::mbar_arrive(&empty[st.index]);
     } else {
       const uint32_t lead = lane_id() == 0 && gate;
       for (uint32_t cta = 0; cta < kCtas; ++cta)
-        cutlass::arch::ClusterBarrier::arrive(&empty[st.index], cta, lead);
+        sm90::mbar_arrive_cluster(&empty[st.index], cta, lead);
     }
   }
   // Producer, before it exits: wait until the consumers of every CTA have released every
   // stage, so no remote arrival or multicast write can reach a CTA that has exited.
   __device__ __forceinline__ void drain(PipeState st) {
     for (int s = 0; s < Stages; ++s) {
-      cutlass::arch::ClusterBarrier::wait(&empty[st.index], st.phase ^ 1u);
+      sm90::mbar_wait(&empty[st.index], st.phase ^ 1u);
       st.template advance<Stages>();
     }
   }

@@ -17,8 +17,8 @@ struct Producer {
   // lane, so its state is warp-uniform (uniform registers: the persistent loop fits in few
   // vector registers); one elected lane arms the barriers and issues the TMA copies.
   __device__ static void run(const KernelParams<Sched>& p, SharedStorage<T>& ss) {
-    const bool leader = cute::elect_one_sync();
-    const int rank = T::kClustered ? int(cute::block_rank_in_cluster()) : 0;
+    const bool leader = sm90::elect_one_sync();
+    const int rank = T::kClustered ? int(sm90::block_rank_in_cluster()) : 0;
     const int rows_rank = row_rank<T>();  // kv_multicast: this CTA's rows of the pair
     PipeState qst, kst, vst;
     TileCoord t = Sched::first(p, ss.tile_slot);

@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cuda_bf16.h>
 #include <type_traits>
-#include <cute/config.hpp>  // CUTE_UNROLL
 
 #include "config.cuh"
 #include "operands.cuh"
@@ -49,7 +48,7 @@ template <class Frag>
 __device__ __forceinline__ void apply_causal_mask(Frag& s, int diag0, int col0) {
   constexpr int N = Frag::kSize;
   const int lane_col = col0 + 2 * (threadIdx.x % 4);
-  CUTE_UNROLL
+  FA_UNROLL
   for (int e = 0; e < N; ++e) {
     const int i0 = e % 2, i1 = (e / 2) % 2, i2 = e / 4;
     if (lane_col + 8 * i2 + i0 > diag0 + 8 * i1 + Hooks::mask_slack) s(e) = -INFINITY;
@@ -62,7 +61,7 @@ template <class Frag>
 __device__ __forceinline__ void apply_key_end_mask(Frag& s, int col0, int key_end) {
   constexpr int N = Frag::kSize;
   const int lane_col = col0 + 2 * (threadIdx.x % 4);
-  CUTE_UNROLL
+  FA_UNROLL
   for (int e = 0; e < N; ++e) {
     const int i0 = e % 2, i2 = e / 4;
     if (lane_col + 8 * i2 + i0 >= key_end) s(e) = -INFINITY;
@@ -89,7 +88,7 @@ __device__ __forceinline__ void apply_window_mask(Frag& s, int diag0, int col0, 
   constexpr int N = Frag::kSize;
   const int lane_col = col0 + 2 * (threadIdx.x % 4);
   const int left0 = diag0 - window - Hooks::window_slack;  // the i1 = 0 row's first key
-  CUTE_UNROLL
+  FA_UNROLL
   for (int e = 0; e < N; ++e) {
     const int i0 = e % 2, i1 = (e / 2) % 2, i2 = e / 4;
     if (lane_col + 8 * i2 + i0 < left0 + 8 * i1) s(e) = -INFINITY;
@@ -105,7 +104,7 @@ __device__ __forceinline__ void apply_window_mask(Frag& s, int diag0, int col0, 
 template <class Frag>
 __device__ __forceinline__ void apply_softcap(Frag& s, float pre) {
   constexpr int N = Frag::kSize;
-  CUTE_UNROLL
+  FA_UNROLL
   for (int e = 0; e < N; ++e) {
     const float x = s(e) * pre;
     float y;
@@ -160,24 +159,24 @@ struct OnlineSoftmax {
     float sc[2][kChains];
     float last0 = 0.f;
     bool any = false, gate = true;
-    CUTE_UNROLL
+    FA_UNROLL
     for (int pass = 0; pass < (kRowByRow ? 2 : 1); ++pass) {
       // This pass's rows: [r0, r1).
       const int r0 = kRowByRow ? pass : 0, r1 = kRowByRow ? pass + 1 : 2;
       float mc[2][kChains];
-      CUTE_UNROLL
+      FA_UNROLL
       for (int r = r0; r < r1; ++r)
-        CUTE_UNROLL
+        FA_UNROLL
         for (int c = 0; c < kChains; ++c) mc[r][c] = kFirst ? -INFINITY : row_max[r];
-      CUTE_UNROLL
+      FA_UNROLL
       for (int e = 0; e < N; ++e) {
         const int r = (e / 2) % 2;
         if (r >= r0 && r < r1) mc[r][(e / 4) % kChains] = fmaxf(mc[r][(e / 4) % kChains], s(e));
       }
-      CUTE_UNROLL
+      FA_UNROLL
       for (int r = r0; r < r1; ++r) {
         float m = mc[r][0];
-        CUTE_UNROLL
+        FA_UNROLL
         for (int c = 1; c < kChains; ++c) m = fmaxf(m, mc[r][c]);
         m = quad_max(m);
         if constexpr (kRowByRow) gate = gate && after_value(m);
@@ -193,13 +192,13 @@ struct OnlineSoftmax {
         rescale[r] = (kFirst || !move) ? 1.f : exp2f(row_max[r] * scale_log2 - m_scaled[r]);
         any |= rescale[r] != 1.f;
         row_max[r] = m;
-        CUTE_UNROLL
+        FA_UNROLL
         for (int c = 0; c < kChains; ++c) sc[r][c] = 0.f;
       }
       if constexpr (kRowByRow) {
         if (pass == 1) at_max(gate && after_value(last0));
       }
-      CUTE_UNROLL
+      FA_UNROLL
       for (int e = 0; e < N; ++e) {
         const int r = (e / 2) % 2;
         if (r < r0 || r >= r1) continue;
@@ -210,13 +209,13 @@ struct OnlineSoftmax {
     }
     if constexpr (!kSumInPv) {
       float sum[2];
-      CUTE_UNROLL
+      FA_UNROLL
       for (int r = 0; r < 2; ++r) {
         sum[r] = sc[r][0];
-        CUTE_UNROLL
+        FA_UNROLL
         for (int c = 1; c < kChains; ++c) sum[r] += sc[r][c];
       }
-      CUTE_UNROLL
+      FA_UNROLL
       for (int r = 0; r < 2; ++r)
         row_sum[r] = kFirst ? sum[r] : fmaf(row_sum[r], Hooks::rescale_sum ? rescale[r] : 1.f, sum[r]);
     }
@@ -231,7 +230,7 @@ struct OnlineSoftmax {
   // After the last tile: complete the row sums across the quad; returns 1/sum per row.
   __device__ __forceinline__ void finalize(float (&inv_sum)[2]) {
     static_assert(!kSumInPv, "sum_in_pv: finalize(sums, inv_sum)");
-    CUTE_UNROLL
+    FA_UNROLL
     for (int r = 0; r < 2; ++r) row_sum[r] = quad_sum(row_sum[r]);
     inverse(inv_sum);
   }
@@ -240,7 +239,7 @@ struct OnlineSoftmax {
   // whole sums (flat index i0 + 2 * i1 of the column group, i1 the row; softmax.cuh's layout).
   __device__ __forceinline__ void finalize(const float (&sums)[4], float (&inv_sum)[2]) {
     static_assert(kSumInPv, "finalize(sums, ...) is sum_in_pv's");
-    CUTE_UNROLL
+    FA_UNROLL
     for (int r = 0; r < 2; ++r) row_sum[r] = sums[2 * r];
     inverse(inv_sum);
   }
@@ -249,19 +248,19 @@ struct OnlineSoftmax {
   // the sums. Separate overloads, so a kernel without sinks compiles the code it always did.
   __device__ __forceinline__ void finalize(float (&inv_sum)[2], float sink_log2,
                                            float scale_log2) {
-    CUTE_UNROLL
+    FA_UNROLL
     for (int r = 0; r < 2; ++r) row_sum[r] = quad_sum(row_sum[r]);
     inverse_with_sink(inv_sum, sink_log2, scale_log2);
   }
   __device__ __forceinline__ void finalize(const float (&sums)[4], float (&inv_sum)[2],
                                            float sink_log2, float scale_log2) {
-    CUTE_UNROLL
+    FA_UNROLL
     for (int r = 0; r < 2; ++r) row_sum[r] = sums[2 * r];
     inverse_with_sink(inv_sum, sink_log2, scale_log2);
   }
 
   __device__ __forceinline__ void inverse(float (&inv_sum)[2]) const {
-    CUTE_UNROLL
+    FA_UNROLL
     for (int r = 0; r < 2; ++r)
       inv_sum[r] = (row_sum[r] == 0.f || row_sum[r] != row_sum[r]) ? 0.f : 1.f / row_sum[r];
   }
@@ -274,7 +273,7 @@ struct OnlineSoftmax {
                                                     float scale_log2) {
     float f[2] = {1.f, 1.f};
     if (sink_log2 != -INFINITY) {
-      CUTE_UNROLL
+      FA_UNROLL
       for (int r = 0; r < 2; ++r) {
         const float ref = row_max[r] == -INFINITY ? -INFINITY : row_max[r] * scale_log2;
         const float top = fmaxf(ref, sink_log2);
@@ -284,7 +283,7 @@ struct OnlineSoftmax {
       }
     }
     inverse(inv_sum);
-    CUTE_UNROLL
+    FA_UNROLL
     for (int r = 0; r < 2; ++r) inv_sum[r] *= f[r];
   }
 
@@ -299,7 +298,7 @@ struct OnlineSoftmax {
 template <class Frag>
 __device__ __forceinline__ void scale_rows(Frag& acc, const float (&f)[2]) {
   constexpr int N = Frag::kSize;
-  CUTE_UNROLL
+  FA_UNROLL
   for (int e = 0; e < N; ++e) acc(e) *= f[(e / 2) % 2];
 }
 
@@ -313,7 +312,7 @@ __device__ __forceinline__ uint32_t bf16x2(float lo, float hi) {
 // cvt.rn.bf16x2 per pair, or a lab build's truncation.
 template <int N>
 __device__ __forceinline__ void pack_p(const Accum<N>& src, Pairs<N / 2>& dst) {
-  CUTE_UNROLL
+  FA_UNROLL
   for (int e = 0; e < N; e += 2) {
     if constexpr (Hooks::truncate_p) {  // the high halves: src(e) low, src(e + 1) high
       dst.r[e / 2] = __byte_perm(__float_as_uint(src(e)), __float_as_uint(src(e + 1)), 0x7632);

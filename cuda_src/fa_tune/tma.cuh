@@ -8,7 +8,6 @@
 
 #include <cuda.h>
 #include <cuda_runtime.h>
-#include <cute/arch/copy_sm90_desc.hpp>
 
 #include "config.cuh"
 #include "tma_map.cuh"
@@ -17,10 +16,11 @@ namespace fa_tune {
 
 template <CacheHint H>
 __device__ constexpr uint64_t cache_policy() {
-  // The encoded createpolicy values CUTLASS uses for its TMA cache hints.
-  if constexpr (H == CacheHint::EvictFirst) return uint64_t(cute::TMA::CacheHintSm90::EVICT_FIRST);
-  if constexpr (H == CacheHint::EvictLast) return uint64_t(cute::TMA::CacheHintSm90::EVICT_LAST);
-  return uint64_t(cute::TMA::CacheHintSm90::EVICT_NORMAL);
+  // Encoded L2 cache policies (createpolicy's 64-bit form), the values CUTLASS uses for its
+  // TMA cache hints.
+  if constexpr (H == CacheHint::EvictFirst) return 0x12F0000000000000ull;
+  if constexpr (H == CacheHint::EvictLast) return 0x14F0000000000000ull;
+  return 0x1000000000000000ull;
 }
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {

@@ -2,43 +2,26 @@
 // order warpgroups (pingpong).
 #pragma once
 
-#include <cute/arch/mma_sm90_gmma.hpp>
-#include <cutlass/arch/barrier.h>
-#include <utility>
-#if FA_TUNE_EXTENDED_MMA
-#include <cute/arch/mma_sm90_gmma_ext.hpp>
-#endif
+#include <type_traits>
 
 #include "config.cuh"
 #include "operands.cuh"
+#include "sm90.cuh"
+#include "wgmma_atoms.cuh"
 
 namespace fa_tune {
-
-namespace gmma = cute::SM90::GMMA;
 
 // Registers an in-flight wgmma reads or writes: the compiler must not move their uses across
 // the issue or the wait.
 template <int N>
 __device__ __forceinline__ void fence_operand(Accum<N>& c) {
-  CUTE_UNROLL
-  for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(c.v[i]);
+  FA_UNROLL
+  for (int i = 0; i < N; ++i) sm90::fence_reg(c.v[i]);
 }
 template <int N>
 __device__ __forceinline__ void fence_operand(Pairs<N>& a) {
-  CUTE_UNROLL
-  for (int i = 0; i < N; ++i) cute::warpgroup_fence_operand(a.r[i]);
-}
-
-// One wgmma of an atom: A from shared memory (a descriptor) or from four registers.
-template <class Atom, int N, size_t... I>
-__device__ __forceinline__ void wgmma(uint64_t a, uint64_t b, Accum<N>& c, gmma::ScaleOut scale,
-                                      std::index_sequence<I...>) {
-  Atom::fma(a, b, c.v[I]..., scale);
-}
-template <class Atom, int N, size_t... I>
-__device__ __forceinline__ void wgmma(const uint32_t* a, uint64_t b, Accum<N>& c,
-                                      gmma::ScaleOut scale, std::index_sequence<I...>) {
-  Atom::fma(a[0], a[1], a[2], a[3], b, c.v[I]..., scale);
+  FA_UNROLL
+  for (int i = 0; i < N; ++i) sm90::fence_reg(a.r[i]);
 }
 
 // Issue one warpgroup GEMM C (+)= A B over kKBlocks k-blocks of 16 as one commit group. A: a
@@ -51,21 +34,20 @@ __device__ __forceinline__ void warpgroup_gemm(A& a, AStep a_step, GmmaDesc b, B
   constexpr bool kARegs = !std::is_same_v<A, GmmaDesc>;
   if constexpr (kARegs) fence_operand(a);
   fence_operand(c);
-  cute::warpgroup_arrive();
-  gmma::ScaleOut scale = zero_init ? gmma::ScaleOut::Zero : gmma::ScaleOut::One;
-  CUTE_UNROLL
+  sm90::wgmma_fence();
+  int scale = zero_init ? 0 : 1;  // 0: the first k-block overwrites C
+  FA_UNROLL
   for (int k = 0; k < kKBlocks; ++k) {
     if constexpr (kARegs) {
-      wgmma<Atom>(a.r + 4 * k, (b + b_step(k)).bits(), c, scale, std::make_index_sequence<N>{});
+      Atom::fma(a.r + 4 * k, (b + b_step(k)).bits(), c.v, scale);
     } else {
-      wgmma<Atom>((a + a_step(k)).bits(), (b + b_step(k)).bits(), c, scale,
-                  std::make_index_sequence<N>{});
+      Atom::fma((a + a_step(k)).bits(), (b + b_step(k)).bits(), c.v, scale);
     }
-    scale = gmma::ScaleOut::One;
+    scale = 1;
   }
-  cute::warpgroup_commit_batch();
+  sm90::wgmma_commit();
   if constexpr (kWait >= 0) {
-    cute::warpgroup_wait<kWait>();
+    sm90::wgmma_wait<kWait>();
   }
   fence_operand(c);
   if constexpr (kARegs) fence_operand(a);
@@ -77,16 +59,8 @@ __device__ __forceinline__ void warpgroup_gemm(A& a, AStep a_step, GmmaDesc b, B
 // 64-column block at D 64) gets its leading byte offset, the stride to the operand's next
 // 64-column block, pointed at the ones block. Every column of that block is the whole row
 // sum of P as BF16, the very weights PV multiplies, so each thread holds its rows' sums.
-template <int N, size_t... I>
-__device__ __forceinline__ void pv_sums_kblock(const uint32_t* a, uint64_t desc, Accum<N>& c,
-                                               float (&sums)[4], gmma::ScaleOut scale,
-                                               std::index_sequence<I...>) {
-  using Atom = gmma::MMA_64x72x16_F32BF16BF16_RS<gmma::Major::K, gmma::Major::MN>;
-  Atom::fma(a[0], a[1], a[2], a[3], desc, c.v[I]..., sums[0], sums[1], sums[2], sums[3], scale);
-}
-
 __device__ __forceinline__ void fence_sums(float (&sums)[4]) {
-  CUTE_UNROLL
+  FA_UNROLL
   for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(sums[i])::"memory");
 }
 
@@ -99,21 +73,19 @@ __device__ __forceinline__ void warpgroup_gemm_pv_sums(Pairs<NP>& a, GmmaDesc v,
   fence_operand(a);
   fence_operand(c);
   fence_sums(sums);
-  cute::warpgroup_arrive();
+  sm90::wgmma_fence();
   // The leading byte offset (14 bits at 16 of the low word, 16-byte units) is set once per
   // call; each k-block's descriptor is k-block 0's plus a compile-time step.
   const uint32_t lo0 = v.lo;
   const uint32_t lbo = ((ones_addr >> 4) - (lo0 & 0x3FFFu)) & 0x3FFFu;
   const uint32_t lo = (lo0 & ~(0x3FFFu << 16)) | (lbo << 16);
-  CUTE_UNROLL
+  FA_UNROLL
   for (int k = 0; k < kKBlocks; ++k) {
     // the k-block's ones sit as far past it as V's
     const GmmaDesc d{lo + mn_major_kblock(k), v.hi};
-    pv_sums_kblock(a.r + 4 * k, d.bits(), c, sums,
-                   zero_init && k == 0 ? gmma::ScaleOut::Zero : gmma::ScaleOut::One,
-                   std::make_index_sequence<32>{});
+    wgmma_rs_n72_tb(a.r + 4 * k, d.bits(), c.v, sums, zero_init && k == 0 ? 0 : 1);
   }
-  cute::warpgroup_commit_batch();
+  sm90::wgmma_commit();
   fence_operand(c);
   fence_sums(sums);
   fence_operand(a);
@@ -122,7 +94,7 @@ __device__ __forceinline__ void warpgroup_gemm_pv_sums(Pairs<NP>& a, GmmaDesc v,
 
 template <int kPending, int N>
 __device__ __forceinline__ void warpgroup_wait_for(Accum<N>& c) {
-  cute::warpgroup_wait<kPending>();
+  sm90::wgmma_wait<kPending>();
   fence_operand(c);
 }
 
@@ -141,17 +113,17 @@ struct Pingpong {
   static constexpr uint32_t kCount = 2 * kWarpgroupThreads;
   __device__ static void start(int wg) {
     if constexpr (D::kPingpong) {
-      if (wg == kWGs - 1) cutlass::arch::NamedBarrier::arrive(kCount, kPingpongBar);
+      if (wg == kWGs - 1) sm90::bar_arrive(kCount, kPingpongBar);
     }
   }
   __device__ static void wait_turn(int wg) {
-    if constexpr (D::kPingpong) cutlass::arch::NamedBarrier::sync(kCount, kPingpongBar + wg);
+    if constexpr (D::kPingpong) sm90::bar_sync(kCount, kPingpongBar + wg);
   }
   // The very last turn of the last warpgroup signals no one, leaving every barrier balanced.
   __device__ static void pass_turn(int wg, bool last) {
     if constexpr (D::kPingpong) {
       if (!(last && wg == kWGs - 1))
-        cutlass::arch::NamedBarrier::arrive(kCount, kPingpongBar + (wg + 1) % kWGs);
+        sm90::bar_arrive(kCount, kPingpongBar + (wg + 1) % kWGs);
     }
   }
 };
