@@ -5,7 +5,6 @@
 // Rendered by tuner/kernel/build.py: $${config_members} becomes one static constexpr member per
 // knob, from KernelConfig's knob table (tuner/kernel/knobs.py, docs/ARCHITECTURE.md).
 // The kernel itself lives in cuda_src/fa_tune/; this unit only fixes its knobs.
-#define FA_TUNE_EXTENDED_MMA ${extended_mma}  // derived from block_n (fa_tune/config.cuh)
 #ifndef FA_TUNE_VARLEN
 #define FA_TUNE_VARLEN ${varlen}  // the packed-sequence kernel too (problem class; entry.cuh)
 #endif

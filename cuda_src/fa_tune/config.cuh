@@ -5,13 +5,6 @@
 // time, so each config is its own kernel with no run-time branching on knobs.
 #pragma once
 
-// CuTe's default 64xN wgmma atoms cover N = 64, 96, 128, 192; block_n 80, 112, 144, 160 and
-// 176 need its extended atoms, whose headers cost nvcc time, so the rendered template sets
-// FA_TUNE_EXTENDED_MMA = 1 only when its block_n needs them (traits.cuh includes them then).
-#ifndef FA_TUNE_EXTENDED_MMA
-#define FA_TUNE_EXTENDED_MMA 1
-#endif
-
 #include <cstdint>
 #include <type_traits>
 
@@ -94,8 +87,7 @@ struct Derived {
   // B operand is a block of ones, instead of one FADD per score in the softmax. The ones sit
   // at the descriptor's second 64-column atom, a free offset only while V is one atom wide.
   static constexpr bool kSumInPv = Cfg::sum_in_pv;
-  static_assert(!kSumInPv || (kHeadDim == 64 && FA_TUNE_EXTENDED_MMA),
-                "sum_in_pv needs head_dim 64 (and its 64 x 72 atom FA_TUNE_EXTENDED_MMA 1)");
+  static_assert(!kSumInPv || kHeadDim == 64, "sum_in_pv needs head_dim 64");
   // Only a persistent CTA has a next tile; its Q must be able to land before this tile's
   // epilogue ends (after_last_qk), or the drain would wait for it forever.
   static constexpr bool kEarlyNextQk = Cfg::early_next_qk;
@@ -157,9 +149,6 @@ struct Derived {
   static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 192, "block_m must be 64, 128 or 192");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 64 && kBlockN <= 192, "block_n: 64..192, step 16");
   // Without the extended atoms there is no QK atom for this block_n (traits.cuh).
-  static_assert(FA_TUNE_EXTENDED_MMA || kBlockN == 64 || kBlockN == 96 || kBlockN == 128 ||
-                    kBlockN == 192,
-                "this block_n needs FA_TUNE_EXTENDED_MMA 1");
   static_assert(kKStages >= 1 && kKStages <= 3 && kVStages >= 1 && kVStages <= 3, "stages: 1..3");
   static_assert(Cfg::k_release != KRelease::AfterMax || kOverlap,
                 "k_release after_max needs intra_wg_overlap");

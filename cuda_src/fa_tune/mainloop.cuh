@@ -65,10 +65,8 @@ struct Mainloop {
   __device__ __forceinline__ static void issue_pv(State& st, SharedStorage<T>& ss, bool zero_init) {
     const GmmaDesc v = st.v + st.vst.index * T::kKVStageUnits;
     if constexpr (T::kSumInPv) {
-#if FA_TUNE_EXTENDED_MMA
       warpgroup_gemm_pv_sums<T::kPVBlocks>(st.p, v, st.o, st.osum,
                                            uint32_t(__cvta_generic_to_shared(&ss.ones)), zero_init);
-#endif
     } else {
       auto v_step = [](int kb) { return mn_major_kblock(kb); };
       warpgroup_gemm<-1, typename T::AtomPV, T::kPVBlocks>(st.p, v_step, v, v_step, st.o,

@@ -53,17 +53,16 @@ __device__ __forceinline__ void warpgroup_gemm(A& a, AStep a_step, GmmaDesc b, B
   if constexpr (kARegs) fence_operand(a);
 }
 
-#if FA_TUNE_EXTENDED_MMA  // the 64 x 72 atom is an extended one (build.py sets it for sum_in_pv)
+__device__ __forceinline__ void fence_sums(float (&sums)[4]) {
+  FA_UNROLL
+  for (int i = 0; i < 4; ++i) sm90::fence_reg(sums[i]);
+}
+
 // sum_in_pv's PV, one commit group left in flight: O (+)= P V and, as output columns 64..71,
 // the row sums (+)= P x ones, one 64 x 72 wgmma per 16-key k-block. V's descriptor (one
 // 64-column block at D 64) gets its leading byte offset, the stride to the operand's next
 // 64-column block, pointed at the ones block. Every column of that block is the whole row
 // sum of P as BF16, the very weights PV multiplies, so each thread holds its rows' sums.
-__device__ __forceinline__ void fence_sums(float (&sums)[4]) {
-  FA_UNROLL
-  for (int i = 0; i < 4; ++i) asm volatile("" : "+f"(sums[i])::"memory");
-}
-
 // v: the V stage's descriptor (k-block 0); kKBlocks 16-key k-blocks.
 template <int kKBlocks, int NP, int N>
 __device__ __forceinline__ void warpgroup_gemm_pv_sums(Pairs<NP>& a, GmmaDesc v, Accum<N>& c,
@@ -90,7 +89,6 @@ __device__ __forceinline__ void warpgroup_gemm_pv_sums(Pairs<NP>& a, GmmaDesc v,
   fence_sums(sums);
   fence_operand(a);
 }
-#endif
 
 template <int kPending, int N>
 __device__ __forceinline__ void warpgroup_wait_for(Accum<N>& c) {

@@ -97,6 +97,15 @@ struct Case {
   }
 
   // stmatrix: every accumulator element of O lands where the tile keeps (row, col).
+  // The hand-written path of both copies: per 16-column block k, one x4 instruction at the
+  // O stage's (= Q's) address of thread tid, its 8 values in register order.
+  static void by_hand(int tid, std::vector<long>& addr, std::vector<int>& idx) {
+    for (int k = 0; k < D / 16; ++k) {
+      addr.push_back(fa_tune::OStage(tid).offset(k, BM) / 2);
+      for (int v = 0; v < 8; ++v) idx.push_back(8 * k + v);
+    }
+  }
+
   void stsm() {
     MmaPV mma;
     auto acc = coords(mma, [](auto thr, auto id) { return thr.partition_C(id); }, BM, D);
@@ -110,10 +119,7 @@ struct Case {
         for (int lane = 0; lane < 32; ++lane) {
           const int tid = warp * 32 + lane;
           if (hand) {
-            for (int k = 0; k < D / 16; ++k) {
-              addr[lane].push_back(fa_tune::OStage(tid).offset(k, BM) / 2);
-              for (int v = 0; v < 8; ++v) idx[lane].push_back(8 * k + v);
-            }
+            by_hand(tid, addr[lane], idx[lane]);
           } else {
             Tensor frag = make_fragment_like<Element>(partition_fragment_C(mma, Shape<Int<BM>, Int<D>>{}));
             auto thr = copy_o.get_thread_slice(tid);
@@ -163,10 +169,7 @@ struct Case {
         for (int lane = 0; lane < 32; ++lane) {
           const int tid = warp * 32 + lane;
           if (hand) {
-            for (int k = 0; k < D / 16; ++k) {
-              addr[lane].push_back(fa_tune::OStage(tid).offset(k, BM) / 2);
-              for (int v = 0; v < 8; ++v) idx[lane].push_back(8 * k + v);
-            }
+            by_hand(tid, addr[lane], idx[lane]);
           } else {
             Tensor frag = mma.get_thread_slice(tid).partition_fragment_A(sQ);
             auto thr = s2r.get_thread_slice(tid);

@@ -128,11 +128,6 @@ def template_text(template: Path | None = None) -> str:
         raise BuildError(f"cannot read kernel template {path}: {e.strerror or e}") from None
 
 
-# 64xN wgmma atoms CuTe defines without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (among block_n's
-# values); the others compile only with the extended atoms, which cost ~30 s of nvcc time.
-STANDARD_WGMMA_N = frozenset({64, 96, 128, 192})
-
-
 def render(cfg: KernelConfig, template: Path | None = None, *,
            pclass: ProblemClass = DEFAULT_CLASS) -> str:
     """The compilation unit for cfg: the template with ${config_members} (struct Config's
@@ -152,9 +147,6 @@ def render(cfg: KernelConfig, template: Path | None = None, *,
                                 for name in ("window", "softcap", "sinks", "paged")
                                 if getattr(pclass, name)),
         "config_json": c_string_literal(cfg.canonical_json()),
-        # Not a knob: does block_n need CuTe's extended wgmma atoms (fa_tune/config.cuh)?
-        # sum_in_pv's 64 x 72 PV atom is an extended one too.
-        "extended_mma": "0" if cfg.block_n in STANDARD_WGMMA_N and not cfg.sum_in_pv else "1",
     }
     try:
         return Template(text).substitute(values)
