@@ -3,14 +3,14 @@
 // nvcc compiles a .cu twice: the device pass (cicc, __CUDA_ARCH__ defined) makes the kernel's
 // machine code; the host pass (cudafe++, then the host compiler; __CUDA_ARCH__ undefined) makes
 // the launcher (launch.cuh, entry.cuh). The launcher needs the kernel's declaration and
-// parameter types, the schedulers' host side and the shared-memory size, nothing of CuTe or
-// CUTLASS; yet parsing CuTe for it was a third of a candidate's compile (docs/PERF.md steps
-// 48-49). So the kernel's body and what only it uses (traits, mainloop, softmax, epilogue,
-// producer, and CUTLASS's wgmma, barrier and cluster wrappers) are read in the device pass
-// alone, FA_TUNE_DEVICE_PASS (kernel.cuh). CUDA allows that as long as a __global__ template's
-// signature and template arguments are the same in both passes: its parameter types
-// (params.cuh, scheduler.cuh) are read by both. The few CUTLASS calls in the
-// device functions of those shared headers go through the wrappers below.
+// parameter types, the schedulers' host side and the shared-memory size, nothing of the
+// kernel's body; yet parsing it (then with CuTe) was a third of a candidate's compile
+// (docs/PERF.md steps 48-49). So the kernel's body and what only it uses (traits, mainloop,
+// softmax, epilogue, producer, and the instruction wrappers of sm90.cuh and wgmma_atoms.cuh)
+// are read in the device pass alone, FA_TUNE_DEVICE_PASS (kernel.cuh). CUDA allows that as
+// long as a __global__ template's signature and template arguments are the same in both
+// passes: its parameter types (params.cuh, scheduler.cuh) are read by both. The few
+// instructions in the device functions of those shared headers go through the wrappers below.
 #pragma once
 
 #include <cstdint>

@@ -64,7 +64,7 @@ class PerDevice {
 
 template <class Cfg>
 struct Launcher {
-  using T = Derived<Cfg>;  // not Traits: the host pass reads no CuTe (device_pass.cuh)
+  using T = Derived<Cfg>;  // not Traits: device pass only (device_pass.cuh)
   using Sched = SchedulerFor<Cfg, false>;          // fixed length: the config's scheduler
   using VarlenSched = SchedulerFor<Cfg, true>;     // device-scheduled calls
   static constexpr bool kHasVarlen = FA_TUNE_VARLEN;

@@ -1,7 +1,7 @@
 // A CTA's dynamic shared memory in bytes, for the launcher: the size of SharedStorage
-// (traits.cuh), whose members this mirrors in the same order without CuTe's types (BF16 as
-// uint16_t, a StageRing<N> as its 2N mbarrier words), since the launcher's host pass reads no
-// CuTe (device_pass.cuh). The kernel asserts that both sizes agree (kernel.cuh).
+// (traits.cuh), whose members this mirrors in the same order with plain types (BF16 as
+// uint16_t, a StageRing<N> as its 2N mbarrier words), since the launcher's host pass reads
+// none of the kernel's body (device_pass.cuh). The kernel asserts that both sizes agree.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // The host side of TMA: a BSHD tensor's map, encoded through the driver entry point (which
-// avoids linking libcuda). Kept out of tma.cuh (the device side, on CuTe) because the
-// launcher's host pass reads no CuTe (device_pass.cuh).
+// avoids linking libcuda). Kept out of tma.cuh (the device side) because the launcher's host
+// pass reads none of the kernel's body (device_pass.cuh).
 #pragma once
 
 #include <cuda.h>

@@ -50,7 +50,7 @@ struct alignas(1024) OnesTile {
 };
 struct NoOnes {};
 
-// The launcher sizes shared memory by smem.cuh's mirror of this (without CuTe); keep both alike.
+// The launcher sizes shared memory by smem.cuh's mirror of this (host pass); keep both alike.
 template <class T>
 struct SharedStorage {
   alignas(1024) typename T::Element q[T::kBlockM * T::kHeadDim];
