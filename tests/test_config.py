@@ -121,6 +121,11 @@ def test_unparseable_yaml(tmp_path: Path) -> None:
         ({"rescale_o": "before_pv", "intra_wg_overlap": False}, "needs intra_wg_overlap"),
         ({"v_release": "deferred", "v_stages": 1}, "needs v_stages >= 2"),
         ({"k_release": "after_softmax", "k_stages": 1}, "needs k_stages >= 2"),
+        ({"k_release": "after_max", "intra_wg_overlap": False}, "use after_qk without it"),
+        # Measured 2026-12-05 (nvcc 13.0, docs/PERF.md step 57): the serial 128 x 192 kernel with
+        # a persistent scheduler put 4-24 B on the stack at 240 registers.
+        ({"block_n": 192, "intra_wg_overlap": False, "scheduler": "static",
+          "producer_regs": 24}, "about 241 registers per thread"),
         ({"block_n": 160, "consumer_regs": 160}, "about 220 registers per thread"),
         # Measured 2026-12-01 (nvcc 13.0): block_n 192 with overlap at 240 registers put 8 B on
         # the stack (docs/PERF.md step 35), so the check must refuse it.
