@@ -104,7 +104,7 @@ def test_compare_unknown_study_exit_2(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("config", "needle"),
-    [(None, "has no best config"), ({"block_m": 64, "pingpong": True}, "pingpong needs")],
+    [(None, "has no completed trial yet"), ({"block_m": 64, "pingpong": True}, "pingpong needs")],
 )
 def test_compare_study_resolution_errors(tmp_path: Path, config: Any, needle: str) -> None:
     url = _study(tmp_path, "mine", config)

@@ -8,6 +8,7 @@ canned timings, a deterministic function of the config) and the fixture builder.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 from tuner.kernel.config import load_preset
 from tuner.search import final
 from tuner.search.policy import SearchPolicy
-from tuner.search.trials import pick_trial
+from tuner.search.trials import pick_trial, study_best
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_search import (  # noqa: E402
@@ -72,7 +73,8 @@ def test_knobs_changed_counts_against_the_class_default() -> None:
 class ConfirmAll(SearchPolicy):
     """Every completed trial confirmed, so the final has finalists on the fake timings."""
 
-    def needs_confirming(self, value: float, incumbent: Any | None) -> bool:
+    def needs_confirming(self, value: float, incumbent: Any | None,
+                         ratios: Sequence[float] = ()) -> bool:
         return True
 
 
@@ -101,6 +103,8 @@ def test_the_search_ends_with_a_final(tmp_path: Path, plan, space: dict,  # noqa
         assert v.winner == best.number
     _, picked = pick_trial("t", url_for(tmp_path), None)
     assert picked.number == v.pick
+    # compare --study times what export ships: the same pick, not the top confirmed number.
+    assert study_best("t", url_for(tmp_path))[0].to_dict() == picked.user_attrs["config"]
     from typer.testing import CliRunner
 
     from tuner.cli import app

@@ -565,6 +565,25 @@ def test_policy_prunes_and_confirms() -> None:
     assert pol.needs_confirming(501.0, inc) and not pol.needs_confirming(499.0, inc)
     done = SimpleNamespace(number=4, user_attrs={"confirmed": {"geomean_tflops": 510.0}})
     assert pol.is_new_best(done, inc) and not pol.is_new_best(inc, done)
+    # Calibrated: surveys read 4 % over the full protocol here, so 515 is a likely 494.4 and
+    # not confirmed; 520 (499.2) is within the 1 % margin of 500 and is.
+    assert pol.needs_confirming(515.0, inc, [0.95, 0.96, 0.97]) is False
+    assert pol.needs_confirming(520.0, inc, [0.95, 0.96, 0.97])
+    assert pol.needs_confirming(501.0, inc, [0.96, 0.96])  # too few ratios: uncalibrated
+
+
+def test_confirm_ratios_read_the_studys_confirmed_trials() -> None:
+    from optuna.trial import TrialState
+
+    from tuner.search.trials import confirm_ratios
+
+    def t(state: TrialState, value: float | None, conf: float | None) -> SimpleNamespace:
+        attrs = {"confirmed": {"geomean_tflops": conf}} if conf else {}
+        return SimpleNamespace(state=state, value=value, user_attrs=attrs)
+
+    ts = [t(TrialState.COMPLETE, 500.0, 480.0), t(TrialState.COMPLETE, 400.0, None),
+          t(TrialState.PRUNED, None, None), t(TrialState.COMPLETE, 600.0, 594.0)]
+    assert confirm_ratios(ts) == pytest.approx([0.96, 0.99])
 
 
 def test_a_workloads_class_builds_its_candidates(tmp_path: Path) -> None:

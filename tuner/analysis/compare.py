@@ -548,6 +548,7 @@ def compare_command(
 
 
 def compare_options(*, study: str | None, storage: str | None, preset: str | None,
+                    trial: int | None = None,
                     config: Path | None, shape: Sequence[str] | None, backends: str | None,
                     warmup: int, repeat: int, rounds: int, settle_s: float,
                     results_dir: Path | None, console: Any) -> dict[str, Any]:
@@ -570,8 +571,10 @@ def compare_options(*, study: str | None, storage: str | None, preset: str | Non
     label = ""
     if storage is not None and study is None:
         raise ConfigError("--storage goes with --study")
+    if trial is not None and study is None:
+        raise ConfigError("--trial goes with --study")
     if study is not None:
-        cfg, confirmed, measured = study_best(study, storage)
+        cfg, confirmed, measured = study_best(study, storage, trial)
         label = f"study {study}"
         if not shape and measured:  # the study's own problems (a D 256 study: D 256 ones)
             problems, shapes = measured, [str(p) for p in measured]

@@ -16,6 +16,7 @@ from tuner.cli.common import (
     RoundsOpt,
     SettleOpt,
     ShapeOpt,
+    TrialOpt,
     WarmupOpt,
     console,
     fail,
@@ -26,8 +27,10 @@ from tuner.cli.common import (
 @user_errors
 def compare(
     study: Annotated[
-        str | None, typer.Option("--study", help="Compare the best config of this study.")
+        str | None, typer.Option("--study", help="Compare this study's pick (the config `fa-tune "
+                                    "export` ships, or --trial N's).")
     ] = None,
+    trial: TrialOpt = None,
     storage: Annotated[
         str | None,
         typer.Option("--storage", help="The study's Optuna RDB URL (default "
@@ -49,7 +52,7 @@ def compare(
 ) -> None:
     """Time fa-tune's kernel beside FA3, cuDNN, FA2 and Triton on the same inputs (gated)."""
     payload = compare_mod.compare_options(
-        study=study, storage=storage, preset=preset, config=config, shape=shape,
+        study=study, storage=storage, trial=trial, preset=preset, config=config, shape=shape,
         backends=backends, warmup=warmup, repeat=repeat, rounds=rounds, settle_s=settle_s,
         results_dir=results_dir, console=console)
     unavailable, bad = compare_mod.kernel_outcome(payload)

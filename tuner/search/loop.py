@@ -236,6 +236,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         self._foreign_seen = 0.0  # when _sync last saw another worker measuring
         self._nvcc: str | None | bool = False  # False: not looked up yet
         self.incumbent: Any | None = None
+        self.confirm_ratios: list[float] = []  # confirmed / survey, the study's (policy)
         self._last_tick = 0.0
         self._avg_compile_s = 60.0
         self._avg_eval_s = 0.0  # GPU wall time per candidate (0: none measured yet)

@@ -256,8 +256,11 @@ class TrialOutcomes:
                 rows[str(shape)] = _row(r, gates.get(str(shape)))
             trial.set_user_attr("shapes", rows)
             value = geomean([rows[str(s)]["tflops"] for s in self.shapes])
-            if pol.needs_confirming(value, self.incumbent):
+            if pol.needs_confirming(value, self.incumbent, self.confirm_ratios):
                 self._confirm(trial, cfg, built, so, gates)
+                conf = trial.user_attrs.get("confirmed") or {}
+                if value > 0 and conf.get("geomean_tflops"):
+                    self.confirm_ratios.append(conf["geomean_tflops"] / value)
         except WorkerFailure as e:
             self._fail(trial, e.reason)
             return

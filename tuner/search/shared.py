@@ -28,7 +28,7 @@ from tuner.search.session import (
     _TrialLost,
     gpu_model,
 )
-from tuner.search.trials import best_confirmed
+from tuner.search.trials import best_confirmed, confirm_ratios
 
 
 class SharedStudy:
@@ -114,6 +114,7 @@ class SharedStudy:
             if cid and _is_verdict(t):
                 self.known.setdefault(cid, t)
         self.incumbent = best_confirmed(trials)
+        self.confirm_ratios = confirm_ratios(trials)
         if self.incumbent is not None:
             self._show_best(self.incumbent)
 
@@ -170,6 +171,7 @@ class SharedStudy:
         self.foreign = foreign
         if foreign:
             self._foreign_seen = now
+        self.confirm_ratios = confirm_ratios(trials)
         best = best_confirmed(trials)
         if best is not None and self.policy.is_new_best(best, self.incumbent) and (
                 self.incumbent is None or best.number != self.incumbent.number):

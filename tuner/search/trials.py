@@ -5,12 +5,12 @@ guard) over COMPLETE trials; a trial without one counts by its search value, aft
 confirmed one. Who uses what:
 
 * ``confirmed_value``, ``best_confirmed``: the search's incumbent (policy), fleet's summary;
-* ``best_trial`` / ``best_config`` / ``study_best``: ``compare --study`` (the config, what the
-  search confirmed and the problems it was measured on);
+  ``confirm_ratios``: the policy's calibration of survey values against confirmed ones;
 * ``study_trials``, ``complete_trials``, ``best_rows``: ``show best`` (ranked, deduplicated by
   config, optionally by one problem);
 * ``pick_trial``: export, profile, dispatch (``study:`` buckets), scripts/export_timing.py: the
-  trial ``--trial N`` names, else the first of ``best_rows``;
+  trial ``--trial N`` names, else the first of ``best_rows``; ``study_best`` / ``best_config``
+  (``compare --study``) read the same trial, so compare times what export ships;
 * ``best_summary``: the line a ``--gpus`` search ends with;
 * ``final_verdict``: the search's final (tuner.search.final), while it still speaks for the
   study's best: ``show best`` and ``pick_trial`` then put its pick first.
@@ -38,31 +38,25 @@ def confirmed_value(t: Any) -> float | None:
     return None
 
 
+def confirm_ratios(trials: Sequence[Any]) -> list[float]:
+    """Confirmed over survey value of each COMPLETE trial that has both: how the survey (a
+    cooler card, no settle) reads against the full protocol on this study's GPU and problems."""
+    from optuna.trial import TrialState
+
+    out = []
+    for t in trials:
+        c = confirmed_value(t)
+        v = t.value if t.state == TrialState.COMPLETE else None
+        if c and isinstance(v, (int, float)) and v > 0:
+            out.append(c / float(v))
+    return out
+
+
 def best_confirmed(trials: Sequence[Any]) -> Any | None:
     from optuna.trial import TrialState
 
     cands = [t for t in trials if t.state == TrialState.COMPLETE and confirmed_value(t)]
     return max(cands, key=lambda t: confirmed_value(t) or 0.0, default=None)
-
-
-def best_trial(study: str, storage: str | None = None) -> Any | None:
-    """The study's best trial: highest confirmed number, else highest search value; None if no
-    trial completed."""
-    from optuna.trial import TrialState
-
-    st = load_existing_study(study, storage)
-    trials = st.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    return best_confirmed(trials) or max(
-        (t for t in trials if t.value is not None), key=lambda t: t.value, default=None
-    )
-
-
-def best_config(study: str, storage: str | None = None) -> KernelConfig | None:
-    """The best trial's config (``fa-tune compare --study`` and export use this)."""
-    t = best_trial(study, storage)
-    if t is None or not isinstance(t.user_attrs.get("config"), dict):
-        return None
-    return KernelConfig.from_dict(t.user_attrs["config"])
 
 
 def study_trials(study: str, storage: str | None) -> tuple[Any, list[Any]]:
@@ -195,16 +189,22 @@ def pick_trial(study: str, storage: str | None, trial: int | None) -> tuple[Any,
     return st, next(t for t in trials if t.number == rows[0]["trial"])
 
 
-def study_best(study: str, storage: str | None
+def study_best(study: str, storage: str | None, trial: int | None = None
                ) -> tuple[KernelConfig, dict[str, Any] | None, list[Problem]]:
-    """The study's best config (best_trial), what the search confirmed for it (None if
-    unconfirmed) and the problems it was measured on."""
-    t = best_trial(study, storage)
-    if t is None or not isinstance(t.user_attrs.get("config"), dict):
+    """The config ``pick_trial`` picks (``--trial N``, else the final's pick, else the best
+    confirmed), what the search confirmed for it (None if unconfirmed) and the problems it was
+    measured on."""
+    _, t = pick_trial(study, storage, trial)
+    if not isinstance(t.user_attrs.get("config"), dict):
         raise ConfigError(f"study '{study}' has no best config (no trial passed its gate yet)")
     cfg = KernelConfig.from_dict(t.user_attrs["config"], source=f"study '{study}'")
     conf = t.user_attrs.get("confirmed")
     return cfg, conf if isinstance(conf, dict) else None, trial_problems(t)
+
+
+def best_config(study: str, storage: str | None = None) -> KernelConfig:
+    """The picked trial's config (``study_best``'s, without the rest)."""
+    return study_best(study, storage)[0]
 
 
 def best_summary(study: str, storage: str | None) -> dict[str, Any] | None:
