@@ -12,13 +12,18 @@
 #   carry [".fa3/part2"] after fa3_stage1.sh: bash lab/h200/s25.sh pair
 #       installs FA3; the two twins' picks (what `fa-tune export` ships) timed in one process
 #       beside FA3 (kernel_lab, 1 s settle, 50 + 3 x 200): within 1 % of each other, or tied?
+#   carry [".whl", ".base"]  bash lab/h200/s25.sh ab-paged [PRESET]
+#       branch wip/page-ahead (the block table read before the ring's wait) against main:
+#       .base/main = `git archive main`, .base/page = `git archive wip/page-ahead`; the paged
+#       class of PRESET (default llama3) built from each, gated and timed A B B A at pages of
+#       64, 128 and 256 (`4x32/8x2048:k8192:pP`), then the paged GPU tests on the branch
 # Logs land in $OUT.
 set -uo pipefail
 FIRST_CALL="cores or twin"
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
 SHAPE=2x32/1x8192
 summary() { grep -E "^study |^best:|^final:" "$1" | cut -c1-240; }
-case "${1:?cores|twin SEED|pair}" in
+case "${1:?cores|twin SEED|pair|ab-paged}" in
 cores)
   W=$DEV/cores && rm -rf "$W" && mkdir -p "$W"
   # (a) the GPU worker alone on 4 cores (its --jobs follows its affinity: 4 nvcc at a time)
@@ -61,6 +66,25 @@ EOF
   timeout 540 $E python3 scripts/kernel_lab.py --variants-file "$DEV/twins.txt" \
     --shape 1x32/8x8192 --rounds 3 --settle-s 1 > "$OUT/pair.log" 2>&1
   step "pair exit $?"; tail -6 "$OUT/pair.log" | cut -c1-160
+  ;;
+ab-paged)
+  preset=${2:-llama3}
+  for tree in main page; do
+    (cd .base/$tree && for pg in 64 128 256; do
+       PYTHONPATH="$DEV/site:$PWD" timeout 200 python3 scripts/sass_snapshot.py \
+         --shape "4x32/8x2048:k8192:p$pg" --out "$DEV/abp-$tree-$pg" --cache "$DEV/abpcache-$tree" \
+         "$preset" > "$OUT/build_${tree}_$pg.log" 2>&1 || echo "$tree p$pg build failed"
+     done; echo "$tree built") &
+  done
+  wait; step built
+  for pg in 64 128 256; do
+    timeout 150 $E python3 scripts/ab_libs.py "$DEV/abp-main-$pg" "$DEV/abp-page-$pg" --pairs 3 \
+      --settle-s 0.5 --json "$OUT/ab_p$pg.json" > "$OUT/ab_p$pg.log" 2>&1
+    step "p$pg exit $?"; tail -3 "$OUT/ab_p$pg.log"
+  done
+  (cd .base/page && PYTHONPATH="$DEV/site:$PWD" timeout $((570 - (SECONDS - t0))) python3 -m pytest \
+    -q -m gpu -p no:cacheprovider tests/gpu/test_paged_gpu.py tests/gpu/test_paged_op_gpu.py > "$OUT/paged_tests.log" 2>&1)
+  step "paged GPU tests exit $?"; tail -3 "$OUT/paged_tests.log"
   ;;
 esac
 step done
