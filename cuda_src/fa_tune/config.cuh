@@ -76,6 +76,8 @@ struct Derived {
   static constexpr int kKStages = Cfg::k_stages;
   static constexpr int kVStages = Cfg::v_stages;
   static constexpr int kConsumerWGs = kBlockM / 64;
+  // Named barriers per consumer warpgroup (wgmma.cuh's ids) end at bar.sync's 16.
+  static_assert(kConsumerWGs <= 3, "block_m must be 64, 128 or 192");
   static constexpr int kConsumerThreads = kConsumerWGs * kWarpgroupThreads;
   static constexpr int kThreads = kConsumerThreads + kWarpgroupThreads;  // + producer WG
   static constexpr int kConsumerWarps = kConsumerThreads / 32;

@@ -23,7 +23,7 @@
 
 namespace fa_tune {
 
-constexpr int kSchedulerBar = 12;  // named barrier: producer warp -> consumers (dynamic only)
+constexpr int kSchedulerBar = 1;  // named barrier: producer warp -> consumers (dynamic only)
 // The share of L2 an L2 section's K and V may fill (the dynamic scheduler's sections, the
 // device-side schedule's: varlen.cuh); the rest holds Q, O and other traffic.
 constexpr double kL2SectionShare = 0.6;

@@ -72,9 +72,8 @@ __device__ __forceinline__ void fence_view_async_shared() {
 }
 
 // --- named barriers ---
-// Ids as CUTLASS's NamedBarrier numbers them, which the kernel's constants were chosen in: the
-// instruction's id is id + 8, past the 8 CUTLASS reserves. (bar.sync's ids are 0..15; the
-// epilogue's 8 + wg and the scheduler's 12 land past that and, as the SASS shows, wrap.)
+// Ids as CUTLASS's NamedBarrier numbers them: the instruction's id is id + 8, past the 8 ids
+// CUTLASS reserves, so the kernel's ids run 0..7 (bar.sync has 16; wgmma.cuh lists them).
 constexpr uint32_t kBarIdBase = 8;
 __device__ __forceinline__ void bar_sync(uint32_t threads, uint32_t id) {
   asm volatile("bar.sync %0, %1;" : : "r"(id + kBarIdBase), "r"(threads));

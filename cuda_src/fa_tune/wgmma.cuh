@@ -96,10 +96,12 @@ __device__ __forceinline__ void warpgroup_wait_for(Accum<N>& c) {
   fence_operand(c);
 }
 
-// Named-barrier ids: 0 is __syncthreads; pingpong uses kPingpongBar + wg, the epilogue
-// kEpilogueBar + wg (each consumer warpgroup stores its own 64 rows).
+// Named-barrier ids (sm90.cuh adds kBarIdBase = 8, so the instruction's ids are 9..15, all
+// within bar.sync's 16 and clear of __syncthreads' 0): the scheduler's 1 (scheduler.cuh),
+// pingpong's kPingpongBar + wg, the epilogue's kEpilogueBar + wg (each consumer warpgroup
+// stores its own 64 rows); at most 3 consumer warpgroups.
 constexpr int kPingpongBar = 2;
-constexpr int kEpilogueBar = 8;
+constexpr int kEpilogueBar = 5;
 
 // Pingpong: consumer warpgroups take turns issuing their GEMMs, so one warpgroup's softmax
 // runs while another's GEMMs hold the tensor cores. Warpgroup w waits on barrier w, issues,
