@@ -41,11 +41,6 @@ def test_find_nvcc_prefers_cuda_home(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert toolchain.find_nvcc() == fake
 
 
-def test_cutlass_headers_found() -> None:
-    inc = toolchain.cutlass_include()
-    assert (inc / "cute" / "tensor.hpp").is_file()
-
-
 def test_c_string_literal() -> None:
     assert build.c_string_literal('a"b\\c') == '"a\\"b\\\\c"'
     assert build.c_string_literal("é") == '"\\303\\251"'
@@ -110,7 +105,7 @@ def test_parse_ptxas_wgmma_serialization() -> None:
         key="k", name="kernel", cache_dir="", so_path="", config=None, config_id="abc",
         cache_hit=False, compile_seconds=0.0, ptxas=p, sass={"ldl": 0, "stl": 0},
         sass_checked=True, sass_note="", so_sha256="", source_sha256="", template_sha256=None,
-        nvcc_version="", cutlass_version="", flags=[],
+        nvcc_version="", flags=[],
     )
     assert r.local_memory is None and r.unfit and "C7514" in r.unfit
     with pytest.raises(BuildError, match="serialized its wgmma"):

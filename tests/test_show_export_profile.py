@@ -322,7 +322,7 @@ def test_best_config_for_compare(study: str) -> None:
 def test_export_builds_standalone(studies: Path, tmp_path: Path, session_cache: Path) -> None:
     """The export's own build.sh compiles the kernel from scratch (no fa-tune involved); the
     trial's library and the export's prebuilt one come from the session's cache."""
-    from tuner.kernel import build
+    from tuner.kernel import build, toolchain
     from tuner.kernel.config import load_preset
 
     cfg = load_preset("default")
@@ -339,7 +339,10 @@ def test_export_builds_standalone(studies: Path, tmp_path: Path, session_cache: 
     r = runner.invoke(app, ["export", "--study", "real", "--out", str(out)])
     assert r.exit_code == 0, r.output
     env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"  # python3 with cutlass
+    # build.sh needs nvcc alone: no python, no CUTLASS headers.
+    env["PATH"] = ":".join(p for p in env.get("PATH", "").split(":")
+                           if p != str(Path(sys.executable).parent))
+    env["NVCC"] = str(toolchain.find_nvcc())
     p = subprocess.run(["bash", str(out / "build.sh")], capture_output=True, text=True,
                        env=env, cwd=tmp_path, timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -4,7 +4,7 @@ Every probe returns a result instead of raising: a missing driver, library or to
 and each finding carries how to get the missing piece. Each check says what needs it:
 
 * ``build`` (every command; ``fa-tune build`` needs nothing else): nvcc, nvcc compiling sm_90a,
-  cuobjdump (the SASS check), the CUTLASS headers, the kernel template;
+  cuobjdump (the SASS check), the kernel template;
 * ``run`` (run, search, compare, profile, export's timing): cuda-python, the NVIDIA driver, an
   sm_90 GPU, NVML (temperature waits and the GPU state stored with every result);
 * ``optional``: Nsight Compute (``fa-tune profile`` only).
@@ -135,13 +135,6 @@ def run_checks() -> list[Check]:
             Check("nvcc", False, str(e),
                   "install the CUDA toolkit or `pip install nvidia-cuda-nvcc`", BUILD)
         )
-    try:
-        inc = toolchain.cutlass_include()
-        checks.append(Check("CUTLASS headers", True, f"{inc} ({toolchain.cutlass_version()})",
-                            need=BUILD))
-    except FaTuneError as e:
-        checks.append(Check("CUTLASS headers", False, str(e), "pip install nvidia-cutlass",
-                            BUILD))
     checks.append(_nvml_check())
     tpl = _paths.kernel_template()
     checks.append(

@@ -22,8 +22,7 @@ tail -n 26 "$OUT/compare.log"
 rm -rf "$EXP"
 $E python3 -m tuner.cli export --study "$study" --out "$EXP" > "$OUT/export.log" 2>&1 \
   || { echo "export failed"; tail -5 "$OUT/export.log"; exit 1; }
-CUTLASS_DIR=$($E python3 -c "from tuner.kernel import toolchain; print(toolchain.cutlass_include())") \
-  bash "$EXP/build.sh" > "$OUT/export_build.log" 2>&1 || { echo "build.sh failed"; tail -5 "$OUT/export_build.log"; exit 1; }
+bash "$EXP/build.sh" > "$OUT/export_build.log" 2>&1 || { echo "build.sh failed"; tail -5 "$OUT/export_build.log"; exit 1; }
 timeout 200 $E python3 scripts/export_timing.py --study "$study" --export "$EXP" --pairs 4 \
   --json "$OUT/export_timing.json" > "$OUT/export_timing.log" 2>&1 || echo "export_timing exited $?"
 tail -n 12 "$OUT/export_timing.log"

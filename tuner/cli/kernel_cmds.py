@@ -144,7 +144,7 @@ def doctor(
 ) -> None:
     """Check what fa-tune needs and say how to fix gaps; exit 1 if something required is missing.
 
-    To build: nvcc compiling sm_90a, cuobjdump (SASS check), the CUTLASS headers.
+    To build: nvcc compiling sm_90a and cuobjdump (SASS check).
 
     To run (run, search, compare, profile): cuda-python, the NVIDIA driver, an sm_90 GPU, NVML.
 

@@ -2,8 +2,8 @@
 
 One config -> ``render`` (string.Template over templates/fa_fwd_sm90.cu) -> one ``.so`` under
 ``studies/cache/<key>/`` where key = sha256 of everything that decides the binary: the rendered
-source, every file under cuda_src/ (the source may include any of them), the logical flags,
-the nvcc version and the CUTLASS version. An entry is built in a temp folder and renamed into
+source, every file under cuda_src/ (the source may include any of them), the logical flags
+and the nvcc version. An entry is built in a temp folder and renamed into
 place, ``artifact.json`` included, so a killed build never leaves half an entry and a present
 entry is always a cache hit. Failed builds keep their log under ``studies/cache/failed/``.
 
@@ -40,8 +40,6 @@ from tuner.kernel import shared_cache
 from tuner.kernel.config import KernelConfig, check_varlen, validate
 from tuner.kernel.sass import parse_ptxas, sass_report
 from tuner.kernel.toolchain import (
-    cutlass_include,
-    cutlass_version,
     find_nvcc,
     nvcc_version,
     usable_cpus,
@@ -52,7 +50,6 @@ ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"  # -arch=sm_90a has failed w
 # Placeholders stand for include dirs so the cache key depends on their content (hashed
 # separately), not on where the checkout happens to live.
 CUDA_SRC_INC = "-I<cuda_src>"
-CUTLASS_INC = "-I<cutlass>"
 COMMON_FLAGS: tuple[str, ...] = (
     "-std=c++17",
     "-O3",
@@ -66,7 +63,6 @@ COMMON_FLAGS: tuple[str, ...] = (
     "-lineinfo",
     "-DNDEBUG",
     CUDA_SRC_INC,
-    CUTLASS_INC,
 )
 # Hidden visibility: a kernel library exports only its C ABI, so many of them can share a
 # process without interposing each other's template instantiations.
@@ -180,7 +176,6 @@ class BuildResult:
     source_sha256: str
     template_sha256: str | None
     nvcc_version: str
-    cutlass_version: str
     flags: list[str]
     created_utc: str = ""
     smem_dynamic: int | None = None  # fa_tune_smem_bytes() of the .so, when it exports one
@@ -258,8 +253,6 @@ def _resolve_flags(flags: Sequence[str], extra_includes: Sequence[Path] = ()) ->
     for f in flags:
         if f == CUDA_SRC_INC:
             out.append(f"-I{_paths.cuda_src_dir()}")
-        elif f == CUTLASS_INC:
-            out.append(f"-I{cutlass_include()}")
         else:
             out.append(f)
     out += [f"-I{p}" for p in extra_includes]
@@ -274,7 +267,6 @@ def cache_key(source: str, flags: Sequence[str], nvcc_ver: str) -> str:
         tree_hash(_paths.cuda_src_dir()),
         "\0".join(flags),
         nvcc_ver,
-        cutlass_version(),
     ):
         h.update(part.encode() + b"\0\0")
     return h.hexdigest()
@@ -509,7 +501,6 @@ def _compile(text: str, flags: Sequence[str], extra_inc: Sequence[Path], nvcc: P
             source_sha256=sha256_bytes(text.encode()),
             template_sha256=template_sha256,
             nvcc_version=ver,
-            cutlass_version=cutlass_version(),
             flags=logical_flags,
             created_utc=_utc_now(),
             smem_dynamic=smem_dyn,

@@ -1,6 +1,6 @@
 """The CUDA toolchain fa-tune builds with, found without a GPU: nvcc (CUDA_HOME, PATH, the
 nvidia-cuda-nvcc wheel), the tools beside it (cuobjdump, nvdisasm; also from their wheels),
-their versions, the CUTLASS headers (nvidia-cutlass wheel) and the CPUs a build may use."""
+their versions and the CPUs a build may use."""
 
 from __future__ import annotations
 
@@ -107,24 +107,3 @@ def _nvcc_version_of(nvcc: str) -> str:
 def nvcc_version(nvcc: Path | None = None) -> str:
     """Full nvcc version, e.g. '13.0.88'."""
     return _nvcc_version_of(str(nvcc or find_nvcc()))
-
-
-def cutlass_include() -> Path:
-    """CUTLASS/CuTe headers shipped by the nvidia-cutlass wheel (found without importing it)."""
-    try:
-        spec = importlib.util.find_spec("cutlass_library")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        for loc in spec.submodule_search_locations:
-            inc = Path(loc) / "source" / "include"
-            if (inc / "cute" / "tensor.hpp").is_file():
-                return inc
-    raise BuildError("CUTLASS headers not found; `pip install nvidia-cutlass`")
-
-
-def cutlass_version() -> str:
-    try:
-        return importlib.metadata.version("nvidia-cutlass")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"

@@ -13,7 +13,7 @@ The payload ``write_results`` takes (and writes verbatim as results.json) is a J
       "protocol": {"warmup": 50, "repeat": 200, "rounds": 3},
       "gpu": {"name": str, "sm_count": int, "cc": [9, 0], "driver_version": str, ...},
       "build": {"key", "so_path", "so_sha256", "source_sha256", "template_sha256",
-                "nvcc_version", "cutlass_version", "compile_seconds", "cache_hit",
+                "nvcc_version", "compile_seconds", "cache_hit",
                 "ptxas": {...main entry...}, "sass": {"hgmma", "ldl", "stl"} | None},
       "shapes": [
         {
@@ -95,7 +95,6 @@ def build_summary(b: Any) -> dict[str, Any]:
         "source_sha256": b.source_sha256,
         "template_sha256": b.template_sha256,
         "nvcc_version": b.nvcc_version,
-        "cutlass_version": b.cutlass_version,
         "compile_seconds": b.compile_seconds,
         "cache_hit": b.cache_hit,
         "ptxas": b.main_entry,

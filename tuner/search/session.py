@@ -205,7 +205,7 @@ def _model_text(m: dict[str, Any]) -> str:
 def _is_transient_build(e: FaTuneError) -> bool:
     """nvcc missing or timed out: not a property of the config, so never deduplicated."""
     text = str(e)
-    return "nvcc not found" in text or "timed out" in text or "CUTLASS headers" in text
+    return "nvcc not found" in text or "timed out" in text
 
 
 def _pid_alive(pid: int) -> bool:

@@ -15,8 +15,8 @@ Layout of the output folder::
                          S, D, causal and "shape" = its text form, as tuner/measure/store.py writes)
     README.md            the C ABI, a C++ example and a PyTorch (ctypes) example
 
-CUTLASS/CuTe headers are not copied: build.sh takes CUTLASS_DIR (the folder holding cute/ and
-cutlass/), else finds the nvidia-cutlass wheel's headers with the python on PATH.
+build.sh needs nvcc alone: the kernel's headers include nothing outside fa_tune/ and the CUDA
+toolkit.
 """
 
 from __future__ import annotations
@@ -48,32 +48,9 @@ def nvcc_flags() -> list[str]:
     for f in build_mod.KERNEL_FLAGS:
         if f == build_mod.CUDA_SRC_INC:
             out.append('-I"$HERE"')
-        elif f == build_mod.CUTLASS_INC:
-            out.append('-I"$CUTLASS_DIR"')
         else:
             out.append(shlex.quote(f))
     return out
-
-
-# Finds the CUTLASS headers for an export's build.sh (both kinds of export).
-CUTLASS_PROBE = """\
-if [ -z "${CUTLASS_DIR:-}" ]; then
-  CUTLASS_DIR="$(python3 - <<'PY'
-import importlib.util, pathlib
-spec = importlib.util.find_spec("cutlass_library")
-for loc in (spec.submodule_search_locations if spec else []):
-    inc = pathlib.Path(loc) / "source" / "include"
-    if (inc / "cute" / "tensor.hpp").is_file():
-        print(inc)
-        break
-PY
-)"
-fi
-if [ -z "$CUTLASS_DIR" ] || [ ! -f "$CUTLASS_DIR/cute/tensor.hpp" ]; then
-  echo "build.sh: CUTLASS headers not found; set CUTLASS_DIR or pip install nvidia-cutlass" >&2
-  exit 2
-fi
-"""
 
 
 def build_script() -> str:
@@ -82,12 +59,10 @@ def build_script() -> str:
 # Builds build/{LIB_NAME} for sm_90a from kernel.cu with the flags fa-tune used (kernel.cu
 # defines FA_TUNE_VARLEN 1: the varlen kernel, for calls with device metadata, is built too).
 #   NVCC         the nvcc to use (default: nvcc on PATH, then $CUDA_HOME/bin/nvcc)
-#   CUTLASS_DIR  CUTLASS include folder (holds cute/ and cutlass/); default: the headers of the
-#                nvidia-cutlass pip wheel found with `python3` (pip install nvidia-cutlass)
 set -euo pipefail
 HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 NVCC="${{NVCC:-$(command -v nvcc || echo "${{CUDA_HOME:-/usr/local/cuda}}/bin/nvcc")}}"
-{CUTLASS_PROBE}mkdir -p "$HERE/build"
+mkdir -p "$HERE/build"
 "$NVCC" \\
     {flags} \\
     -o "$HERE/build/{LIB_NAME}" "$HERE/kernel.cu"
@@ -203,8 +178,8 @@ Config (every knob; also in `config.yaml`):
   same flags from the same source plus the varlen kernel (`kernel.cu` defines `FA_TUNE_VARLEN
   1`: calls with device metadata, below), a second instantiation beside the fixed-length one.
 * `kernel.cu` + `fa_tune/*.cuh`: its source, and `fa_tune/fa_tune.h`, the C ABI; `./build.sh`
-  rebuilds it into `build/{LIB_NAME}` (needs nvcc >= 12.3 and the CUTLASS headers: set
-  `CUTLASS_DIR`, or `pip install nvidia-cutlass`). The CUDA runtime is linked statically; the
+  rebuilds it into `build/{LIB_NAME}` (needs nvcc >= 12.3, nothing else). The CUDA runtime is
+  linked statically; the
   library needs only the NVIDIA driver at run time.
 * `{ABI_FILE}`: the C ABI's struct and functions for Python's ctypes (no dependencies).
 * `results.json`: the measurements; `config.yaml`: the config.

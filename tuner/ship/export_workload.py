@@ -18,7 +18,6 @@ from tuner.kernel.config import KernelConfig, varlen_reason
 from tuner.problem import ProblemClass
 from tuner.ship import dispatcher_cpp
 from tuner.ship.export import (
-    CUTLASS_PROBE,
     LIB_NAME,
     ExportError,
     abi_section,
@@ -62,13 +61,11 @@ def workload_build_script(table: Any) -> str:
 # (-DFA_TUNE_API_PREFIX=fa_tune_b<i>_), the dispatcher (dispatch.cu), linked into one library
 # that exports the fa_tune_ C ABI (include/fa_tune.h).
 #   NVCC         the nvcc to use (default: nvcc on PATH, then $CUDA_HOME/bin/nvcc)
-#   CUTLASS_DIR  CUTLASS include folder (holds cute/ and cutlass/); default: the headers of the
-#                nvidia-cutlass pip wheel found with `python3` (pip install nvidia-cutlass)
 #   JOBS         kernels compiled at once (default: the number of CPUs; ~2 GB of memory each)
 set -euo pipefail
 HERE="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 NVCC="${{NVCC:-$(command -v nvcc || echo "${{CUDA_HOME:-/usr/local/cuda}}/bin/nvcc")}}"
-{CUTLASS_PROBE}JOBS="${{JOBS:-$(nproc 2>/dev/null || echo 1)}}"
+JOBS="${{JOBS:-$(nproc 2>/dev/null || echo 1)}}"
 OBJ="$HERE/build/obj"
 mkdir -p "$OBJ"
 KERNEL_FLAGS=(
@@ -171,8 +168,8 @@ is not part of the choice.
 * `include/fa_tune.h`: the C ABI (the same header the kernels are compiled with).
   `dispatch.cu`: the generated dispatcher.
 * `buckets/<name>/kernel.cu` + `fa_tune/*.cuh`: each bucket's kernel source; `./build.sh`
-  rebuilds the library into `build/{LIB_NAME}` (nvcc >= 12.3, the CUTLASS headers: set
-  `CUTLASS_DIR` or `pip install nvidia-cutlass`; `JOBS` kernels at once). Each kernel is
+  rebuilds the library into `build/{LIB_NAME}` (nvcc >= 12.3; `JOBS` kernels at
+  once). Each kernel is
   compiled with the flags fa-tune measured it with, plus `-DFA_TUNE_API_PREFIX=<prefix>`, which
   renames its C ABI functions only; each `kernel.cu` defines `FA_TUNE_VARLEN 1`, which adds
   the bucket's varlen kernel beside its fixed-length one. The CUDA runtime is linked
@@ -316,7 +313,7 @@ def _run_build(folder: Path, jobs: int | None) -> Path:
     import subprocess
 
     env = {**os.environ, "NVCC": str(toolchain.find_nvcc()),
-           "CUTLASS_DIR": str(toolchain.cutlass_include()), "PYTHON": sys.executable}
+           "PYTHON": sys.executable}
     if jobs:
         env["JOBS"] = str(jobs)
     log = folder / "build" / "build.log"

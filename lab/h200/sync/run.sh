@@ -12,7 +12,7 @@ BIN=$DEV/sync
 mkdir -p "$OUT/sync" "$BIN"
 OUT=$(cd "$OUT" && pwd); BIN=$(cd "$BIN" && pwd)  # absolute: the builds run from $HERE
 INC=$(cd "$ROOT" && bash lab/h200/gpu_session.sh env -- \
-  python3 -c "from tuner.kernel import toolchain; print(toolchain.cutlass_include())")
+  python3 -c "import sys; sys.path.insert(0, 'tests'); from cutlass_headers import cutlass_include; print(cutlass_include())")
 cd "$HERE"
 CS=${CS:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}
 for src in remote_arrive multicast_arrive; do
