@@ -621,3 +621,24 @@ def test_sdpa_peer_reads_a_layouts_views(monkeypatch: pytest.MonkeyPatch, text: 
     want = RN.numpy_reference(q.numpy(), k.numpy(), v.numpy(), p.causal)[0]
     np.testing.assert_allclose(peer.run().numpy(), want, atol=1e-5)
     peer.release()
+
+
+def test_a_peers_jit_build_is_announced_once_per_class() -> None:
+    """FlashInfer's first call per head dim and mask builds its kernels with nvcc for minutes;
+    compare says so before it starts, once per problem class, and says nothing for others."""
+    from types import SimpleNamespace
+
+    from tuner.measure.peers.flashinfer import FlashInferPeer
+    from tuner.measure.peers.sdpa import SdpaPeer
+
+    fi = compare.Backend("flashinfer", "FlashInfer", "peer", SimpleNamespace(peer=FlashInferPeer()),
+                         available=True)
+    warned: set[tuple[str, str]] = set()
+    paged = Problem.parse("4x32/8x2048:k8192:p64")
+    note = compare._slow_first_call(fi, paged, warned)
+    assert note is not None and "paged" in note and "head dim 128" in note and "nvcc" in note
+    assert compare._slow_first_call(fi, Problem.parse("4x32/8x1024:k4096:p64"), warned) is None
+    assert "ragged" in (compare._slow_first_call(fi, Problem.parse("1x32x4096:d64"), warned) or "")
+    sd = compare.Backend("cudnn", "cuDNN", "peer", SimpleNamespace(peer=SdpaPeer("cudnn")),
+                         available=True)
+    assert compare._slow_first_call(sd, paged, warned) is None

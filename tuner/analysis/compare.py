@@ -85,6 +85,18 @@ class Backend:
     version: str = ""
 
 
+def _slow_first_call(b: Backend, shape: Any, warned: set[tuple[str, str]]) -> str | None:
+    """A peer's warning of a slow first call (a JIT build), once per peer and problem class."""
+    peer = getattr(b.launch, "peer", None)
+    if not b.available or peer is None:
+        return None
+    key = (b.name, str(shape.problem_class))
+    if key in warned:
+        return None
+    warned.add(key)
+    return peer.slow_first_call(shape)
+
+
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -321,6 +333,7 @@ def run_suite(
         ],
         "shapes": [],
     }
+    warned: set[tuple[str, str]] = set()
     try:
         for shape in shapes:
             log(f"[compare] shape {shape}: inputs (seed {seed}), FP32 references, gate, timing")
@@ -332,6 +345,9 @@ def run_suite(
                 order.append((drift_ref, "after"))
             runs = []
             for b, pos in order:
+                note = _slow_first_call(b, shape, warned)
+                if note:
+                    log(f"[compare]   {b.name}: {note}")
                 r = measure(b, bench, shape, protocol, pos)
                 runs.append(r)
                 log(f"[compare]   {_run_line(r)}")

@@ -192,6 +192,11 @@ class Peer:
         """None when this peer can run ``problem`` (a tuner.problem.Problem), else why not."""
         return None
 
+    def slow_first_call(self, problem: Any) -> str | None:
+        """What a first call on ``problem`` may spend minutes on (a JIT build), said before it
+        starts so a long silence is explained; None when nothing."""
+        return None
+
     def prepare(self, q: Any, k: Any, v: Any, causal: bool,
                 varlen: tuple[Any, Any, int, int] | None = None,
                 masks: PeerMasks | None = None, pages: PeerPages | None = None) -> None:

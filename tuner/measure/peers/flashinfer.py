@@ -148,6 +148,11 @@ class FlashInferPeer(Peer):
                  "rows of one stride)")
         return f"{why}; {cache}" if why else f"{self.name} cannot run {problem}: {cache}"
 
+    def slow_first_call(self, problem: Any) -> str | None:
+        kind = "paged" if problem.page_size else "ragged"
+        return (f"the first {kind} call at head dim {problem.D} with these masks builds "
+                "FlashInfer's kernels with nvcc (minutes; cached for later runs)")
+
     @staticmethod
     def mask_args(masks: PeerMasks | None) -> dict[str, Any]:
         """plan()'s arguments for the models' masks (none for a plain problem)."""
