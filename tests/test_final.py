@@ -91,6 +91,9 @@ def test_the_search_ends_with_a_final(tmp_path: Path, plan, space: dict,  # noqa
     st = optuna.load_study(study_name="t", storage=url_for(tmp_path))
     v = final.Verdict.from_dict(st.user_attrs[final.ATTR])
     assert v is not None and summ.final == v.text()
+    # How soon the run had its answer: a confirmed trial within 1 % of the best, timed from the
+    # run's start.
+    assert summ.near_best is not None and 0 <= summ.near_best[1] <= summ.wall_s + 1
     assert len(v.turns) >= 2 and all(len(x) == 2 for x in v.turns.values())
     finals = [ln for ln in log.read_text().splitlines()
               if f"repeat=100 rounds=1 settle_s={final.PROTOCOL.settle_s:g}" in ln]

@@ -600,3 +600,22 @@ def test_a_workloads_class_builds_its_candidates(tmp_path: Path) -> None:
         make(tmp_path, {"block_n": [128]}, trials=1, study="u",
              shapes=[Problem(1, 2, 256, sinks=True)],
              problem_class=ProblemClass(128, True, window=True))
+
+
+def test_first_near_best_times_the_first_confirmed_within_1pct() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from tuner.search.trials import first_near_best
+
+    t0 = datetime(2026, 12, 5, 19, 0, 0, tzinfo=timezone.utc)
+
+    def t(n: int, s: float, conf: float | None) -> SimpleNamespace:
+        attrs = {"confirmed": {"geomean_tflops": conf}} if conf else {}
+        return SimpleNamespace(number=n, datetime_complete=t0 + timedelta(seconds=s),
+                               user_attrs=attrs)
+
+    ts = [t(0, -5.0, 700.0), t(1, 20.0, 600.0), t(2, 82.0, 678.0), t(3, 90.0, None),
+          t(4, 346.0, 683.4)]
+    assert first_near_best(ts, t0, 683.4) == (2, 82.0)  # trial 0 came before this run
+    assert first_near_best(ts, t0, 683.4, within=0.001) == (4, 346.0)
+    assert first_near_best(ts, t0, 800.0) is None

@@ -246,8 +246,11 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
     if summary.best:
         c = summary.best["confirmed"] or {}
         per = ", ".join(f"{k} {v['tflops']:.1f}" for k, v in (c.get("shapes") or {}).items())
+        near = (f"; within 1 % of it from {summary.near_best[1]:.0f} s (trial "
+                f"{summary.near_best[0]})" if summary.near_best else "")
         console.print(f"best: trial {summary.best['trial']} ({summary.best['config_id']}): "
-                      f"{c.get('geomean_tflops', 0):.1f} TFLOPS geomean, confirmed ({per})")
+                      f"{c.get('geomean_tflops', 0):.1f} TFLOPS geomean, confirmed ({per}){near}",
+                      soft_wrap=True)
     if summary.final:
         console.print(f"final: {summary.final}", soft_wrap=True)
     console.print(f"storage: {summary.storage}", soft_wrap=True)

@@ -28,7 +28,7 @@ from tuner.search.session import (
     geomean,
 )
 from tuner.search.study import redact
-from tuner.search.trials import confirmed_value, trial_accuracy
+from tuner.search.trials import confirmed_value, first_near_best, trial_accuracy
 from tuner.search.worker_client import WorkerFailure
 
 
@@ -373,8 +373,17 @@ class TrialOutcomes:
             duplicates=p.duplicates, best=best, wall_s=time.monotonic() - self.t_start,
             gpu_busy_s=self.worker.busy_s, stopped_by=stopped_by, temp_wait_s=self.temp_wait_s,
             not_run=not_run, device=self.worker.device_index, gpu_name=p.gpu_name,
-            owner=self.owner, final=self._final_text,
+            owner=self.owner, final=self._final_text, near_best=self._near_best(),
         )
+
+    def _near_best(self) -> tuple[int, float] | None:
+        best = confirmed_value(self.incumbent) if self.incumbent is not None else None
+        if best is None:
+            return None
+        try:
+            return first_near_best(self.study.get_trials(deepcopy=False), self.started_utc, best)
+        except Exception:  # noqa: BLE001 - a summary figure must not mask the search's outcome
+            return None
 
     def _record_session(self, s: SearchSummary) -> None:
         """The session's record, under a key of its own (``session <UTC> <owner>``: workers

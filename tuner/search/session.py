@@ -125,6 +125,8 @@ class SearchSummary:
     gpu_name: str = ""
     owner: str = ""  # host:pid of this worker
     final: str | None = None  # the final's verdict (tuner.search.final), if one was played
+    # (trial, seconds from the start) of the first confirmed within 1 % of this run's best
+    near_best: tuple[int, float] | None = None
 
     @property
     def gpu_busy_fraction(self) -> float:

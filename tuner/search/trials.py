@@ -52,6 +52,25 @@ def confirm_ratios(trials: Sequence[Any]) -> list[float]:
     return out
 
 
+def first_near_best(trials: Sequence[Any], since: Any, best: float, within: float = 0.01
+                    ) -> tuple[int, float] | None:
+    """How soon a search had its answer: of the trials completed after ``since`` (an aware
+    datetime), the first confirmed within ``within`` of ``best``, as (trial number, seconds
+    after ``since``); None when there is none."""
+    near = [(_aware(t.datetime_complete), t) for t in trials
+            if (confirmed_value(t) or 0.0) >= best * (1.0 - within)
+            and t.datetime_complete is not None and _aware(t.datetime_complete) >= since]
+    if not near:
+        return None
+    at, t = min(near, key=lambda x: x[0])
+    return t.number, (at - since).total_seconds()
+
+
+def _aware(dt: Any) -> Any:
+    """Optuna stores naive local datetimes: as aware ones, to compare with the search's start."""
+    return dt.astimezone() if dt.tzinfo is None else dt
+
+
 def best_confirmed(trials: Sequence[Any]) -> Any | None:
     from optuna.trial import TrialState
 
