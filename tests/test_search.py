@@ -584,6 +584,10 @@ def test_confirm_ratios_read_the_studys_confirmed_trials() -> None:
     ts = [t(TrialState.COMPLETE, 500.0, 480.0), t(TrialState.COMPLETE, 400.0, None),
           t(TrialState.PRUNED, None, None), t(TrialState.COMPLETE, 600.0, 594.0)]
     assert confirm_ratios(ts) == pytest.approx([0.96, 0.99])
+    # A study mixing GPU models (--allow-mixed-gpus): each worker calibrates on its own.
+    ts[0].user_attrs["gpu"] = {"name": "NVIDIA H100 80GB HBM3"}
+    ts[3].user_attrs["gpu"] = {"name": "NVIDIA H200"}
+    assert confirm_ratios(ts, "NVIDIA H200") == pytest.approx([0.99])
 
 
 def test_a_workloads_class_builds_its_candidates(tmp_path: Path) -> None:

@@ -114,7 +114,7 @@ class SharedStudy:
             if cid and _is_verdict(t):
                 self.known.setdefault(cid, t)
         self.incumbent = best_confirmed(trials)
-        self.confirm_ratios = confirm_ratios(trials)
+        self.confirm_ratios = confirm_ratios(trials, self.progress.gpu_name)
         if self.incumbent is not None:
             self._show_best(self.incumbent)
 
@@ -171,7 +171,7 @@ class SharedStudy:
         self.foreign = foreign
         if foreign:
             self._foreign_seen = now
-        self.confirm_ratios = confirm_ratios(trials)
+        self.confirm_ratios = confirm_ratios(trials, self.progress.gpu_name)
         best = best_confirmed(trials)
         if best is not None and self.policy.is_new_best(best, self.incumbent) and (
                 self.incumbent is None or best.number != self.incumbent.number):

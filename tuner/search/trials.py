@@ -38,13 +38,16 @@ def confirmed_value(t: Any) -> float | None:
     return None
 
 
-def confirm_ratios(trials: Sequence[Any]) -> list[float]:
+def confirm_ratios(trials: Sequence[Any], gpu: str = "") -> list[float]:
     """Confirmed over survey value of each COMPLETE trial that has both: how the survey (a
-    cooler card, no settle) reads against the full protocol on this study's GPU and problems."""
+    cooler card, no settle) reads against the full protocol on this study's problems; with
+    ``gpu``, only trials measured on that GPU model (a study may mix models when allowed)."""
     from optuna.trial import TrialState
 
     out = []
     for t in trials:
+        if gpu and (t.user_attrs.get("gpu") or {}).get("name") not in (None, gpu):
+            continue
         c = confirmed_value(t)
         v = t.value if t.state == TrialState.COMPLETE else None
         if c and isinstance(v, (int, float)) and v > 0:
