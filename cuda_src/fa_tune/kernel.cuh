@@ -20,6 +20,13 @@
 namespace fa_tune {
 
 #if FA_TUNE_DEVICE_PASS
+// The named barriers' ids, each role its own, all inside bar.sync's 16 past __syncthreads' 0
+// (ptxas wraps larger ids onto smaller ones): the scheduler's, then pingpong's and the
+// epilogue's, one per consumer warpgroup (at most 3).
+static_assert(kSchedulerBar + 1 <= kPingpongBar && kPingpongBar + 3 <= kEpilogueBar &&
+                  sm90::kBarIdBase + kEpilogueBar + 3 <= 16 && sm90::kBarIdBase + kSchedulerBar > 0,
+              "named barrier ids overlap or leave bar.sync's 0..15");
+
 template <class Cfg, class Sched>
 struct Consumer {
   using T = Traits<Cfg>;
