@@ -16,8 +16,8 @@
 #   carry [".whl", ".base"]  bash lab/h200/s25.sh ab-paged [PRESET]
 #       branch wip/page-ahead (the block table read before the ring's wait) against main,
 #       staged here first: for t in main:main page:wip/page-ahead; do mkdir -p .base/${t%%:*} &&
-#       git archive ${t#*:} | tar -x -C .base/${t%%:*}; done); then the paged
-#       class of PRESET (default llama3) is built from each,, gated and timed A B B A at pages of
+#       git archive ${t#*:} | tar -x -C .base/${t%%:*}; done. Then the paged
+#       class of PRESET (default llama3) is built from each, gated and timed A B B A at pages of
 #       64, 128 and 256 (`4x32/8x2048:k8192:pP`), then the paged GPU tests on the branch
 # Logs land in $OUT.
 set -uo pipefail
