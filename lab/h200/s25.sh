@@ -14,9 +14,11 @@
 #       installs FA3; the two twins' picks (what `fa-tune export` ships) timed in one process
 #       beside FA3 (kernel_lab, 1 s settle, 50 + 3 x 200): within 1 % of each other, or tied?
 #   carry [".whl", ".base"]  bash lab/h200/s25.sh ab-paged [PRESET]
-#       branch wip/page-ahead (the block table read before the ring's wait) against main,
-#       staged here first: for t in main:main page:wip/page-ahead; do mkdir -p .base/${t%%:*} &&
-#       git archive ${t#*:} | tar -x -C .base/${t%%:*}; done. Then the paged
+#       (a new checkout keeps no branches: unlanded work waits in lab/patches/)
+#       lab/patches/page-ahead.patch (the block table read before the ring's wait) against
+#       main, both trees staged here first: for t in main page; do mkdir -p .base/$t &&
+#       git archive HEAD | tar -x -C .base/$t; done; (cd .base/page && patch -p1 <
+#       ../../lab/patches/page-ahead.patch). Then the paged
 #       class of PRESET (default llama3) is built from each, gated and timed A B B A at pages of
 #       64, 128 and 256 (`4x32/8x2048:k8192:pP`), then the paged GPU tests on the branch
 # Logs land in $OUT.
