@@ -23,7 +23,7 @@ from tuner.problem import Problem, ProblemClass
 from tuner.search import loop as search
 from tuner.search.space import space_from_dict
 from tuner.search.study import default_storage_url, open_storage
-from tuner.search.trials import best_config
+from tuner.search.trials import study_best
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 DATA = Path(__file__).resolve().parent / "data"
@@ -106,7 +106,7 @@ def test_show_best_prints_the_winner_as_yaml_when_narrow(study: str) -> None:
     end = lines.index("", start)  # the YAML ends with a blank line
     block = lines[start:end]
     cfg = KernelConfig.from_yaml_text("\n".join(block))
-    assert cfg == best_config(study)
+    assert cfg == study_best(study, None)[0]
     assert len([ln for ln in block if not ln.startswith("#")]) == len(cfg.to_dict())
 
 
@@ -312,7 +312,7 @@ def test_profile_without_ncu(study: str, monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_best_config_for_compare(study: str) -> None:
-    cfg = best_config(study)
+    cfg = study_best(study, None)[0]
     assert cfg is not None and cfg.block_n == 128
 
 

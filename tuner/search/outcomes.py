@@ -257,10 +257,9 @@ class TrialOutcomes:
             trial.set_user_attr("shapes", rows)
             value = geomean([rows[str(s)]["tflops"] for s in self.shapes])
             if pol.needs_confirming(value, self.incumbent, self.confirm_ratios):
-                self._confirm(trial, cfg, built, so, gates)
-                conf = trial.user_attrs.get("confirmed") or {}
-                if value > 0 and conf.get("geomean_tflops"):
-                    self.confirm_ratios.append(conf["geomean_tflops"] / value)
+                confirmed = self._confirm(trial, cfg, built, so, gates)
+                if value > 0:  # calibrates the next decisions before _sync re-reads the study
+                    self.confirm_ratios.append(confirmed / value)
         except WorkerFailure as e:
             self._fail(trial, e.reason)
             return
@@ -275,9 +274,9 @@ class TrialOutcomes:
                                 f"{confirmed_value(ft):.1f} TFLOPS confirmed")
 
     def _confirm(self, trial: Any, cfg: KernelConfig, built: Any, so: str,
-                 gates: dict[str, Any]) -> None:
+                 gates: dict[str, Any]) -> float:
         """Noise guard: the policy's confirm protocol (FULL, as `fa-tune run` and `compare`
-        time) on every shape; stored as ``confirmed``."""
+        time) on every shape; stored as ``confirmed``. Returns its geometric-mean TFLOPS."""
         proto = self.policy.confirm
         timings: dict[str, dict[str, Any]] = {}
         for shape in self.shapes:
@@ -298,6 +297,7 @@ class TrialOutcomes:
         except (OSError, FaTuneError) as e:
             conf["results_error"] = str(e)
         trial.set_user_attr("confirmed", conf)
+        return float(conf["geomean_tflops"])
 
     def _write_results(self, trial: Any, cfg: KernelConfig, built: Any,
                        timings: dict[str, dict[str, Any]], gates: dict[str, Any]) -> Path:

@@ -9,8 +9,8 @@ confirmed one. Who uses what:
 * ``study_trials``, ``complete_trials``, ``best_rows``: ``show best`` (ranked, deduplicated by
   config, optionally by one problem);
 * ``pick_trial``: export, profile, dispatch (``study:`` buckets), scripts/export_timing.py: the
-  trial ``--trial N`` names, else the first of ``best_rows``; ``study_best`` / ``best_config``
-  (``compare --study``) read the same trial, so compare times what export ships;
+  trial ``--trial N`` names, else the first of ``best_rows``; ``study_best`` (``compare
+  --study``) reads the same trial, so compare times what export ships;
 * ``best_summary``: the line a ``--gpus`` search ends with;
 * ``final_verdict``: the search's final (tuner.search.final), while it still speaks for the
   study's best: ``show best`` and ``pick_trial`` then put its pick first.
@@ -222,11 +222,6 @@ def study_best(study: str, storage: str | None, trial: int | None = None
     cfg = KernelConfig.from_dict(t.user_attrs["config"], source=f"study '{study}'")
     conf = t.user_attrs.get("confirmed")
     return cfg, conf if isinstance(conf, dict) else None, trial_problems(t)
-
-
-def best_config(study: str, storage: str | None = None) -> KernelConfig:
-    """The picked trial's config (``study_best``'s, without the rest)."""
-    return study_best(study, storage)[0]
 
 
 def best_summary(study: str, storage: str | None) -> dict[str, Any] | None:
