@@ -19,7 +19,10 @@
 
 namespace fa_tune {
 
-template <class Cfg>
+// kWalk (kv_walk, walk.cuh): the task's K/V tiles sit in the rings in ascending order, all at
+// once; the cursors step down through them from the diagonal tile (the consumer sets them) and
+// nothing is released here (the consumer hands back what the next task does not need).
+template <class Cfg, bool kWalk = false>
 struct Mainloop {
   using T = Traits<Cfg>;
   using PP = Pingpong<T>;
@@ -31,7 +34,18 @@ struct Mainloop {
   // intra_wg_overlap (the serial loop's last PV turn ends the task) and without early_next_qk
   // (its next QK reads the K cursor the skipped tiles still hold).
   static constexpr bool kSkipBottom =
-      T::kWindow && T::kOverlap && !T::kEarlyNextQk && !Hooks::window_task_start;
+      T::kWindow && T::kOverlap && !T::kEarlyNextQk && !Hooks::window_task_start && !kWalk;
+  static_assert(!kWalk || (T::kOverlap && T::kConsumerWGs == 1), "kv_walk: walk.cuh");
+
+  // The cursor's next tile down: the ring's next stage, or with kWalk the previous one.
+  template <int kStages>
+  __device__ __forceinline__ static void next_tile(PipeState& c) {
+    if constexpr (kWalk) {
+      c.template retreat<kStages>();
+    } else {
+      c.template advance<kStages>();
+    }
+  }
 
   // Per-warpgroup state that lives across tiles: the GEMMs' operands (operands.cuh) and the
   // ring cursors.
@@ -259,7 +273,7 @@ struct Mainloop {
 
   __device__ __forceinline__ static void release_k(State& st, SharedStorage<T>& ss,
                                                    bool gate = true) {
-    ss.k_ring.release(st.kst, gate);
+    if constexpr (!kWalk) ss.k_ring.release(st.kst, gate);
   }
 
   template <class ReleaseQ, class IssueNext>
@@ -283,7 +297,7 @@ struct Mainloop {
     mask_tile(st.s, a, n);
     sm.template update<true>(st.s, scale_log2, rescale);
     if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
-    st.kst.template advance<T::kKStages>();
+    next_tile<T::kKStages>(st.kst);
     pack_p(st.s, st.p);
     if constexpr (T::kWgSkip) skip_top_v(st, ss, a.n_skip);
 
@@ -316,7 +330,7 @@ struct Mainloop {
         needed = sm.template update<false>(st.s, scale_log2, rescale);
       }
       if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
-      st.kst.template advance<T::kKStages>();
+      next_tile<T::kKStages>(st.kst);
       wait_pv<0>(st);  // PV[n+1] done: V stage and P registers are free
       release_v(st, ss, v_prev, first_pv);
       if constexpr (T::kRescaleBeforePv) {
@@ -409,6 +423,10 @@ struct Mainloop {
   // Release the V stage the just-finished PV read (after_pv), or the one before it
   // (deferred: the producer refills it one PV later).
   __device__ __forceinline__ static void release_v(State& st, SharedStorage<T>& ss, PipeState& v_prev, bool first_pv) {
+    if constexpr (kWalk) {
+      next_tile<T::kVStages>(st.vst);
+      return;
+    }
     if constexpr (Cfg::v_release == VRelease::AfterPv) {
       ss.v_ring.release(st.vst);
     } else {
@@ -420,6 +438,7 @@ struct Mainloop {
 
   // After the last PV of a tile completes: free the remaining V stage(s).
   __device__ __forceinline__ static void finish_v(State& st, SharedStorage<T>& ss, PipeState& v_prev, bool had_prev) {
+    if constexpr (kWalk) return;
     if constexpr (Cfg::v_release == VRelease::Deferred) {
       if (had_prev) ss.v_ring.release(v_prev);
     }
