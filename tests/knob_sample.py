@@ -36,10 +36,17 @@ from tuner.kernel.config import (
     validate,
 )
 
-# Host-only knobs (see the module docstring): one value compiled, the rest covered on the host.
+# Knobs that change only kernels of some problem classes (the knob table's ``classes``): the
+# sample, built for the default class, keeps them at their default; their other values are
+# compiled for their class by the test file named here.
+CLASS_BOUND: dict[str, str] = {"kv_walk": "tests/test_kv_walk.py"}
+
+# Host-only knobs (see the module docstring): one value compiled, the rest covered on the host;
+# and the class-bound ones at their default.
 PINNED: dict[str, object] = {
     "fixed_cost": KernelConfig().fixed_cost,
     "persistent_ctas": KernelConfig().persistent_ctas,
+    **{name: KNOBS[name].default for name in CLASS_BOUND},
 }
 TODO_NOT_COVERED: dict[str, tuple[object, ...]] = {
     "fixed_cost": tuple(v for v in KNOBS["fixed_cost"].choices if v != PINNED["fixed_cost"]),
@@ -63,12 +70,20 @@ def other_head_dim_values(name: str) -> tuple[object, ...]:
     return OTHER_HEAD_DIM[name][0] if name in OTHER_HEAD_DIM else ()
 
 
+def other_class_values(name: str) -> tuple[object, ...]:
+    """The values of a class-bound knob (CLASS_BOUND) other than its default."""
+    if name not in CLASS_BOUND:
+        return ()
+    return tuple(v for v in KNOBS[name].choices if v != KNOBS[name].default)
+
+
 def pairs_to_cover() -> set[Pair]:
-    """Every (knob, value) the sample must touch: all of KNOBS minus TODO_NOT_COVERED and
-    OTHER_HEAD_DIM."""
+    """Every (knob, value) the sample must touch: all of KNOBS minus TODO_NOT_COVERED,
+    OTHER_HEAD_DIM and CLASS_BOUND's other values."""
     out: set[Pair] = set()
     for name, knob in KNOBS.items():
-        skip = set(TODO_NOT_COVERED.get(name, ())) | set(other_head_dim_values(name))
+        skip = (set(TODO_NOT_COVERED.get(name, ())) | set(other_head_dim_values(name))
+                | set(other_class_values(name)))
         out |= {(name, v) for v in knob.choices if v not in skip}
     return out
 

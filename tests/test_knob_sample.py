@@ -11,14 +11,17 @@ lives in tests/knob_sample.py so the GPU gate test samples from the same list.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from knob_sample import (
+    CLASS_BOUND,
     OTHER_HEAD_DIM,
     PINNED,
     TODO_NOT_COVERED,
     knob_sample,
     knob_sample_extras,
+    other_class_values,
     other_head_dim_values,
     pairs_of,
     pairs_to_cover,
@@ -50,8 +53,14 @@ def test_sample_covers_every_knob_value() -> None:
     for name, knob in KNOBS.items():
         for v in knob.choices:
             assert ((name, v) in covered or v in TODO_NOT_COVERED.get(name, ())
-                    or v in other_head_dim_values(name)), (name, v)
+                    or v in other_head_dim_values(name) or v in other_class_values(name)), (
+                name, v)
     assert set(TODO_NOT_COVERED) <= set(PINNED)
+    # The class-bound knobs are those the knob table binds to classes, and each one's test
+    # file builds it for its class.
+    assert set(CLASS_BOUND) == {k for k, knob in KNOBS.items() if knob.classes}
+    for name, test_file in CLASS_BOUND.items():
+        assert name in (Path(__file__).parent.parent / test_file).read_text(), (name, test_file)
     # A value left to another head dim is one D 128 refuses and that head dim's preset uses.
     for name, (values, d, preset) in OTHER_HEAD_DIM.items():
         for v in values:

@@ -4,7 +4,7 @@ the K/V tiles neighbours share in its rings.
 The producer and the consumer agree on the rings only through walk.cuh's tile arithmetic, so
 its host side is compiled with nvcc into a small driver and replayed here: every tile a task
 reads is in the rings, each tile is loaded and handed back once, in the rings' FIFO order, and
-never more at once than the launcher's check allows (the same number support.py computes).
+never more at once than the scheduler's check (``most_tiles``) lets a call walk with.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from prebuild import Artifact
 from tuner.errors import ConfigError
 from tuner.kernel import build, toolchain
 from tuner.kernel.config import KernelConfig, load_preset, validate
-from tuner.kernel.support import unsupported, walk_reason, walk_tiles
-from tuner.problem import Problem, ProblemClass
+from tuner.problem import ProblemClass
+from tuner.search.space import load_space
 
 ROOT = Path(__file__).resolve().parents[1]
 WALK = load_preset("d64-window").replace(kv_walk=8, k_stages=4, v_stages=4)
@@ -37,17 +37,18 @@ struct Config {
   static constexpr const char* json = "{}";
 };
 using W = fa_tune::KvWalk<fa_tune::Derived<Config>, true>;
-// stdin: Sq Sk window per line (the kernel's window: keys left of the diagonal). stdout: the
-// rings' need, then per query tile: lo hi first_new keep (keep for a successor m + 1).
+// stdin: Sq Sk window shift per line (the kernel's window: keys left of the diagonal; the
+// strip's log2). stdout: the rings' need, then per query tile: lo hi first_new keep (keep for a
+// successor m + 1).
 int main() {
-  int sq, sk, w;
-  while (std::scanf("%d %d %d", &sq, &sk, &w) == 3) {
+  int sq, sk, w, shift;
+  while (std::scanf("%d %d %d %d", &sq, &sk, &w, &shift) == 4) {
     std::printf("%d", W::most_tiles(sq, sk, w));
     const int num_m = (sq + Config::block_m - 1) / Config::block_m;
     for (int m = 0; m < num_m; ++m) {
       const W::Tiles t = W::tiles(sq, sk, w, m);
-      std::printf(" %d,%d,%d,%d", t.lo, t.hi, W::first_new(sq, sk, w, m, t),
-                  W::keep(sq, sk, w, t, m + 1 < num_m ? m + 1 : -1));
+      std::printf(" %d,%d,%d,%d", t.lo, t.hi, W::first_new(sq, sk, w, m, t, shift),
+                  W::keep(sq, sk, w, t, m + 1 < num_m ? m + 1 : -1, shift));
     }
     std::printf("\n");
   }
@@ -68,9 +69,10 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exe
 
 
-def replay(driver: Path, shapes: list[tuple[int, int, int]]) -> list[tuple[int, list]]:
-    out = subprocess.run([str(driver)], input="".join(f"{a} {b} {c}\n" for a, b, c in shapes),
-                         check=True, capture_output=True, text=True).stdout
+def replay(driver: Path, shapes: list[tuple[int, int, int, int]]) -> list[tuple[int, list]]:
+    lines = "".join(" ".join(map(str, s)) + "\n" for s in shapes)
+    out = subprocess.run([str(driver)], input=lines, check=True, capture_output=True,
+                         text=True).stdout
     rows = []
     for line in out.splitlines():
         most, *tasks = line.split()
@@ -78,21 +80,20 @@ def replay(driver: Path, shapes: list[tuple[int, int, int]]) -> list[tuple[int, 
     return rows
 
 
-def shapes() -> list[tuple[int, int, int]]:
+def shapes() -> list[tuple[int, int, int, int]]:
+    """(S_q, S_k, the kernel's window, the strip's log2)."""
     rng = random.Random(7)
     fixed = [(8192, 8192, 127), (8192, 8192, 4095), (1000, 1000, 127), (64, 64, 127),
              (2048, 8192, 127), (500, 9000, 100), (8192, 8192, 0), (130, 131, 1)]
     for _ in range(60):
         sk = rng.randint(1, 5000)
         fixed.append((rng.randint(1, sk), sk, rng.choice([0, 1, 63, 64, 65, 127, 200, 511])))
-    return fixed
+    return [(*s, shift) for s in fixed for shift in (1, 3, 4)]
 
 
 def test_the_rings_hold_what_each_task_reads_and_hand_back_each_tile_once(driver: Path) -> None:
-    strip = WALK.kv_walk
-    for (sq, sk, w), (most, tasks) in zip(shapes(), replay(driver, shapes()), strict=True):
-        # The launcher's and support.py's need agree.
-        assert most == walk_tiles(Problem(1, 1, sq, Sk=sk, D=64, window=w + 1), 64, 64), (sq, sk, w)
+    for (sq, sk, w, shift), (most, tasks) in zip(shapes(), replay(driver, shapes()), strict=True):
+        strip = 1 << shift
         for m0 in range(0, len(tasks), strip):  # one CTA's strip, replayed as a FIFO ring
             loaded: list[int] = []  # tiles in load order; the ring's positions
             head = 0                # the oldest tile not yet handed back
@@ -112,23 +113,15 @@ def test_the_rings_hold_what_each_task_reads_and_hand_back_each_tile_once(driver
             assert head == len(loaded)  # the strip leaves the rings empty
 
 
-def test_support_refuses_a_window_the_rings_cannot_hold() -> None:
-    w128 = Problem.parse("1x64/8x8192:d64:w128")
-    assert walk_tiles(w128, 64, 64) == 3
-    assert walk_reason(w128, WALK) is None and unsupported(w128, WALK) is None
-    why = unsupported(Problem.parse("1x64/8x8192:d64:w4096"), WALK)
-    assert why and "needs 65 of them" in why and "kv_walk 1" in why
-    three = WALK.replace(k_stages=3, v_stages=3)
-    assert walk_reason(w128, three) is None
-    # Keys off the tiles' grid (S_k - S_q = 32): a tile more.
-    shifted = Problem.parse("1x64/8x8160:k8192:d64:w128")
-    assert walk_tiles(shifted, 64, 64) == 4 and "needs 4" in (walk_reason(shifted, three) or "")
-    # Where the walk does not apply, nothing to refuse: no window, non-causal, a packed batch.
-    for text in ("1x64/8x8192:d64", "1x64/8x8192:d64:full:w4096", "64/8x[8192,4096]:d64:w4096"):
-        assert walk_reason(Problem.parse(text), WALK) is None, text
-    # A built library's config is a dict.
-    assert "needs 65" in (walk_reason(Problem.parse("1x64/8x8192:d64:w4096"), WALK.to_dict())
-                          or "")
+def test_a_search_offers_kv_walk_to_causal_window_classes_only() -> None:
+    space = load_space("d64")
+    assert len(space.choices("kv_walk")) > 1
+    window = space.for_class(ProblemClass(64, True, window=True))
+    assert window.choices("kv_walk") == space.choices("kv_walk")
+    for other in (ProblemClass(64, True), ProblemClass(64, False, window=True)):
+        narrowed = space.for_class(other)
+        assert narrowed.choices("kv_walk") == (1,) and "kv_walk" not in narrowed.free_knobs
+        assert narrowed.choices("block_m") == space.choices("block_m")
 
 
 @pytest.mark.parametrize("change,message", [

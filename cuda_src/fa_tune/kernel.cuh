@@ -93,10 +93,15 @@ struct Consumer {
     TileCoord t = Sched::first(p, ss.tile_slot);
     if (!t.valid) return;  // a CTA with no work must not leave a pingpong arrival
     Pingpong<T>::start(wg);
-    // kv_walk: where the strip's tiles sit in the rings; each task starts at its diagonal tile.
+    // kv_walk, where the call walks: where the strip's tiles sit in the rings; each task
+    // starts at its diagonal tile. Inside `if constexpr`, so other kernels stay as they were.
     typename Walk::Cursor walk{};
+    const int walk_shift = Walk::shift(p);
     const int walk_sq = p.shape.Sq, walk_sk = p.shape.Sk;  // fixed length: every task's
-    if constexpr (Walk::kOn) kst = vst = walk.top(walk_sq, walk_sk, p.mask.window, t.m_block);
+    if constexpr (Walk::kOn) {
+      st.walk = walk_shift != 0;
+      if (st.walk) kst = vst = walk.top(walk_sq, walk_sk, p.mask.window, t.m_block);
+    }
     // early_next_qk: every tile starts with its first QK in flight, issued by the previous
     // tile's drain (the first tile's here). The wgmma state is then the same on every path
     // through the loop; a path-dependent one makes ptxas serialize every wgmma (C7514).
@@ -131,8 +136,11 @@ struct Consumer {
                               ? max(n_lo, first_kv_block<T>(off, first_row, p.mask.window, n_blocks))
                               : n_lo;
       if constexpr (Walk::kOn) {
-        walk.begin(walk_sq, walk_sk, p.mask.window, t.m_block, next.valid ? next.m_block : -1);
-        kst = vst = walk.top(walk_sq, walk_sk, p.mask.window, t.m_block);
+        if (st.walk) {
+          walk.begin(walk_sq, walk_sk, p.mask.window, t.m_block, next.valid ? next.m_block : -1,
+                     walk_shift);
+          kst = vst = walk.top(walk_sq, walk_sk, p.mask.window, t.m_block);
+        }
       }
       if constexpr (kEarlyNext) {
         // Q copied to registers is handed back only now, after next(): the dynamic scheduler
@@ -147,7 +155,9 @@ struct Consumer {
       // task does not read.
       auto release_q = [&] {
         if constexpr (kEarlyQ && !Cfg::q_in_regs) ss.q_ring.release(qst);
-        if constexpr (Walk::kOn) walk.release(ss.k_ring);
+        if constexpr (Walk::kOn) {
+          if (st.walk) walk.release(ss.k_ring);
+        }
       };
       // early_next_qk: the next tile's first QK, behind this tile's last PV, so it runs during
       // this tile's epilogue. Past the last tile it is a throwaway QK on stale shared memory
@@ -158,8 +168,9 @@ struct Consumer {
             PipeState qn = qst;
             qn.advance<1>();
             take_q(qn, false);
-            if constexpr (Walk::kOn)
-              kst = walk.next_top(walk_sq, walk_sk, p.mask.window, next.m_block);
+            if constexpr (Walk::kOn) {
+              if (st.walk) kst = walk.next_top(walk_sq, walk_sk, p.mask.window, next.m_block);
+            }
             ML::issue_qk(st, ss);
           } else {
             ML::issue_qk_unchecked(st);
@@ -180,9 +191,11 @@ struct Consumer {
                                        first_unmasked_kv_block<T>(first_row, off, p.mask.window),
                                        p.mask.window, p.mask.softcap_pre, sink_log2};
       ML::run(st, ss, sm, args, release_q, issue_next, inv_sum);
-      if constexpr (Walk::kOn) {  // the last PV is done: the V stages the next task does not read
-        walk.release(ss.v_ring);
-        walk.advance();
+      if constexpr (Walk::kOn) {
+        if (st.walk) {  // the last PV is done: the V stages the next task does not read
+          walk.release(ss.v_ring);
+          walk.advance();
+        }
       }
       Epilogue<Cfg, Sched>::run(p, ss, o, sm, inv_sum, t, first_row, row0, wg, tid);
       if constexpr (Cfg::q_release == QRelease::AtEnd) ss.q_ring.release(qst);

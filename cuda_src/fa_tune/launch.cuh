@@ -18,7 +18,6 @@
 #include "kernel.cuh"
 #include "smem.cuh"
 #include "tma_map.cuh"
-#include "walk.cuh"
 // The varlen kernel is a second instantiation of the same pieces: built only when asked
 // (FA_TUNE_VARLEN=1: exports and workload libraries), since it adds ~13 % to a
 // candidate's compile (docs/PERF.md step 48).
@@ -292,7 +291,6 @@ struct Launcher {
       if (host_ms) *host_ms = 0.0;
       return cudaSuccess;
     }
-    if ((e = check_walk(Sq, Sk, window)) != cudaSuccess) return e;
     Prepared prep;
     const long long num_tiles = (long long)((Sq + T::kBlockM - 1) / T::kBlockM) * H * B;
     if (num_tiles > 0x7fffffffLL) return fail(cudaErrorInvalidValue, "too many query tiles for one launch");
@@ -303,22 +301,6 @@ struct Launcher {
     prep.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (host_ms) *host_ms = prep.host_ms;
     *out = &cache().emplace(Key{dev, B, H, Sq, Sk, window}, prep).first->second;
-    return cudaSuccess;
-  }
-
-  // kv_walk holds a query tile's K/V tiles in the rings all at once (walk.cuh): the call's
-  // window must not need more than the rings' stages. tuner/kernel/support.py says the same.
-  static cudaError_t check_walk(int Sq, int Sk, int window) {
-    if constexpr (T::kKvWalk) {
-      const int need = KvWalk<T, true>::most_tiles(Sq, Sk, window);
-      if (need > T::kKStages)
-        return fail(cudaErrorInvalidValue,
-                    "kv_walk keeps a query tile's K/V tiles in the rings at once, and this "
-                    "window needs " + str(need) + " of them at S_q " + str(Sq) + ", S_k " +
-                        str(Sk) + ", more than the config's " + str(T::kKStages) +
-                        " stages; use a config with kv_walk 1 or k_stages = v_stages >= " +
-                        str(need));
-    }
     return cudaSuccess;
   }
 

@@ -19,9 +19,10 @@
 
 namespace fa_tune {
 
-// kWalk (kv_walk, walk.cuh): the task's K/V tiles sit in the rings in ascending order, all at
-// once; the cursors step down through them from the diagonal tile (the consumer sets them) and
-// nothing is released here (the consumer hands back what the next task does not need).
+// kWalk (kv_walk, walk.cuh): where the call walks (State::walk), the task's K/V tiles sit in
+// the rings in ascending order, all at once; the cursors step down through them from the
+// diagonal tile (the consumer sets them) and nothing is released here (the consumer hands back
+// what the next task does not need). Otherwise the rings are the usual FIFO.
 template <class Cfg, bool kWalk = false>
 struct Mainloop {
   using T = Traits<Cfg>;
@@ -37,15 +38,6 @@ struct Mainloop {
       T::kWindow && T::kOverlap && !T::kEarlyNextQk && !Hooks::window_task_start && !kWalk;
   static_assert(!kWalk || (T::kOverlap && T::kConsumerWGs == 1), "kv_walk: walk.cuh");
 
-  // The cursor's next tile down: the ring's next stage, or with kWalk the previous one.
-  template <int kStages>
-  __device__ __forceinline__ static void next_tile(PipeState& c) {
-    if constexpr (kWalk) {
-      c.template retreat<kStages>();
-    } else {
-      c.template advance<kStages>();
-    }
-  }
 
   // Per-warpgroup state that lives across tiles: the GEMMs' operands (operands.cuh) and the
   // ring cursors.
@@ -60,7 +52,21 @@ struct Mainloop {
     PipeState& kst;
     PipeState& vst;
     float (&osum)[4];  // sum_in_pv: the row-sum columns of PV's accumulator (unused otherwise)
+    bool walk = false;  // kWalk: this call walks (the rings hold a task's tiles by position)
   };
+
+  // The cursor's next tile down: the ring's next stage, or where the call walks the previous
+  // one.
+  template <int kStages>
+  __device__ __forceinline__ static void next_tile(const State& st, PipeState& c) {
+    if constexpr (kWalk) {
+      if (st.walk) {
+        c.template retreat<kStages>();
+        return;
+      }
+    }
+    c.template advance<kStages>();
+  }
 
   // S = Q K^T for the K stage at the cursor, left in flight.
   __device__ __forceinline__ static void gemm_qk(State& st) {
@@ -273,7 +279,10 @@ struct Mainloop {
 
   __device__ __forceinline__ static void release_k(State& st, SharedStorage<T>& ss,
                                                    bool gate = true) {
-    if constexpr (!kWalk) ss.k_ring.release(st.kst, gate);
+    if constexpr (kWalk) {
+      if (st.walk) return;
+    }
+    ss.k_ring.release(st.kst, gate);
   }
 
   template <class ReleaseQ, class IssueNext>
@@ -297,7 +306,7 @@ struct Mainloop {
     mask_tile(st.s, a, n);
     sm.template update<true>(st.s, scale_log2, rescale);
     if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
-    next_tile<T::kKStages>(st.kst);
+    next_tile<T::kKStages>(st, st.kst);
     pack_p(st.s, st.p);
     if constexpr (T::kWgSkip) skip_top_v(st, ss, a.n_skip);
 
@@ -330,7 +339,7 @@ struct Mainloop {
         needed = sm.template update<false>(st.s, scale_log2, rescale);
       }
       if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
-      next_tile<T::kKStages>(st.kst);
+      next_tile<T::kKStages>(st, st.kst);
       wait_pv<0>(st);  // PV[n+1] done: V stage and P registers are free
       release_v(st, ss, v_prev, first_pv);
       if constexpr (T::kRescaleBeforePv) {
@@ -424,8 +433,10 @@ struct Mainloop {
   // (deferred: the producer refills it one PV later).
   __device__ __forceinline__ static void release_v(State& st, SharedStorage<T>& ss, PipeState& v_prev, bool first_pv) {
     if constexpr (kWalk) {
-      next_tile<T::kVStages>(st.vst);
-      return;
+      if (st.walk) {
+        next_tile<T::kVStages>(st, st.vst);
+        return;
+      }
     }
     if constexpr (Cfg::v_release == VRelease::AfterPv) {
       ss.v_ring.release(st.vst);
@@ -438,7 +449,9 @@ struct Mainloop {
 
   // After the last PV of a tile completes: free the remaining V stage(s).
   __device__ __forceinline__ static void finish_v(State& st, SharedStorage<T>& ss, PipeState& v_prev, bool had_prev) {
-    if constexpr (kWalk) return;
+    if constexpr (kWalk) {
+      if (st.walk) return;
+    }
     if constexpr (Cfg::v_release == VRelease::Deferred) {
       if (had_prev) ss.v_ring.release(v_prev);
     }

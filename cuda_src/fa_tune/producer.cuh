@@ -135,13 +135,16 @@ struct Producer {
                              rank, leader, pages, page_box_rows);
     };
     if constexpr (Walk::kOn) {
-      // kv_walk: only the tiles the strip's previous task left out, in ascending order, all K
-      // before any V (walk.cuh).
-      const int Sq = Sched::seq_len(p, t), Sk = Sched::key_len(p, t);
-      const int from = Walk::first_new(Sq, Sk, p.mask.window, t.m_block, {n_lo, n_blocks});
-      for (int n = from; n < n_blocks; ++n) load_k(n);
-      for (int n = from; n < n_blocks; ++n) load_v(n);
-      return;
+      // kv_walk, where the call walks: only the tiles the strip's previous task left out, in
+      // ascending order, all K before any V (walk.cuh).
+      if (const int shift = Walk::shift(p); shift != 0) {
+        const int Sq = Sched::seq_len(p, t), Sk = Sched::key_len(p, t);
+        const int from =
+            Walk::first_new(Sq, Sk, p.mask.window, t.m_block, {n_lo, n_blocks}, shift);
+        for (int n = from; n < n_blocks; ++n) load_k(n);
+        for (int n = from; n < n_blocks; ++n) load_v(n);
+        return;
+      }
     }
     // Issue in the order the consumers need the tiles (diagonal first, toward key 0), so
     // a small ring never holds a tile the consumers cannot reach yet.

@@ -180,16 +180,18 @@ struct StaticScheduler : FixedTiles {
 // pair's last query tile, then the ones before), so the CTAs running at once share a few
 // heads' K/V in L2 and the launch ends on the cheapest tiles. Without sections, 132 CTAs
 // would stream 132 different heads' K/V from HBM.
-// kv_walk: the counter hands out strips of kStrip consecutive query tiles of one head instead
-// (strip s: tiles s kStrip ..), and a CTA walks its strip upward with no handshake (walk.cuh).
+// kv_walk: where a call's window fits the rings, the counter hands out strips of kv_walk
+// consecutive query tiles of one head instead (strip s: tiles s kv_walk ..), and a CTA walks
+// its strip upward with no handshake (walk.cuh); otherwise tiles, one by one.
 template <class Cfg>
 struct DynamicScheduler : FixedTiles {
   using T = Derived<Cfg>;
   using KP = KernelParams<DynamicScheduler>;
   static constexpr bool kPersistent = true;
   static constexpr uint32_t kBarThreads = 32 + Derived<Cfg>::kConsumerThreads;
-  static constexpr int kStrip = KvWalk<T, true>::kStrip;
-  struct Params {
+  using Walk = KvWalk<T, true>;
+  static constexpr int kStrip = Walk::kStrip;  // compiled in; the call's may be 1
+  struct Params : StripParams<(kStrip > 1)> {
     int* tile_counter;  // next tile (strip) to hand out (zeroed before each launch)
     int num_tiles;      // query tiles (strips) over all heads and batches
     int section_heads;  // (batch, head) pairs per L2 section (>= 1)
@@ -198,8 +200,14 @@ struct DynamicScheduler : FixedTiles {
   // The counter, the tile count and the L2 sections: as many (batch, head) pairs as keep
   // their K and V within ~60% of L2 (the rest holds Q, O and other traffic).
   static cudaError_t prepare(const FixedShape& s, Params& out, int& ctas) {
+    int shift = 0;
+    if constexpr (kStrip > 1) {
+      if (Walk::fits(s.Sq, s.Sk, s.window))
+        while ((1 << shift) < kStrip) ++shift;
+      out.strip_shift = shift;
+    }
     const long long num_m = (s.Sq + T::kBlockM - 1) / T::kBlockM;
-    const long long num_tiles = (num_m + kStrip - 1) / kStrip * s.H * s.B;
+    const long long num_tiles = ((num_m + (1 << shift) - 1) >> shift) * s.H * s.B;
     cudaError_t e;
     if ((e = cudaMalloc(&out.tile_counter, sizeof(int))) != cudaSuccess)
       return fail_cuda(e, "allocating the tile counter");
@@ -223,19 +231,20 @@ struct DynamicScheduler : FixedTiles {
 
   __device__ static TileCoord decode(const KP& p, int t, int turn) {
     if (t >= p.sched.num_tiles) return {0, 0, 0, t, turn, false};
-    const int num_m = (p.shape.num_m_blocks + kStrip - 1) / kStrip;  // strips per head
+    const int shift = Walk::shift(p);  // 0 without kv_walk
+    const int num_m = (p.shape.num_m_blocks + (1 << shift) - 1) >> shift;  // strips per head
     const int group = p.sched.section_heads;
     const int section = t / (group * num_m);
     const int r = t - section * group * num_m;
     const int heads_here = min(group, p.shape.H * p.shape.B - section * group);  // last: fewer
-    const int m = (num_m - 1 - r / heads_here) * kStrip;
+    const int m = (num_m - 1 - r / heads_here) << shift;
     const int bh = section * group + r % heads_here;
     return {m, bh % p.shape.H, bh / p.shape.H, t, turn, true};
   }
   // kv_walk: the strip goes on with cur's successor (both roles ask this at the same tiles).
   __device__ static bool strip_continues(const KP& p, const TileCoord& cur) {
     const int m = cur.m_block + 1;
-    return kStrip > 1 && KvWalk<T, true>::continues(m) && m < p.shape.num_m_blocks;
+    return Walk::continues(m, Walk::shift(p)) && m < p.shape.num_m_blocks;
   }
   __device__ static TileCoord successor(const TileCoord& cur) {
     return {cur.m_block + 1, cur.head, cur.batch, cur.idx, cur.turn, true};

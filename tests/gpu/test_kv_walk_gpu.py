@@ -1,9 +1,10 @@
 """kv_walk on the GPU (cuda_src/fa_tune/walk.cuh): kernels that walk strips of query tiles and
 keep the window's K/V tiles in their rings pass the gate against the FP32 reference: windows
 below, at and above a KV tile, keys off the tiles' grid (S_q < S_k), strips cut short by the
-last query tile, a strip of 2 and of 16, with and without early_next_qk and sinks. The varlen
-kernel of the same library (which does not walk) passes too, and a window the rings cannot hold
-is refused in one sentence before anything runs.
+last query tile, a strip of 2 and of 16, with and without early_next_qk and sinks. The same
+kernels run tile by tile where a call's window needs more KV tiles than the rings hold, or has
+none (the window library's plain causal call), and the varlen kernel of the same library (which
+never walks): those pass too.
 
     pytest -s -m gpu tests/gpu/test_kv_walk_gpu.py
 """
@@ -28,13 +29,14 @@ CONFIGS = {
     "walk16-late": BASE.replace(kv_walk=16, k_stages=4, v_stages=4, early_next_qk=False,
                                 q_release="at_end"),
 }
-# Each needs 3 KV tiles per query tile (1 for w1); "4" ones need 4 (the 4-stage configs only).
+# Each needs 3 KV tiles per query tile (1 for w1), the last two 4: walked by the 4-stage
+# configs, tile by tile by the 3-stage one. Then no walk: a 200-key window (5 tiles), no window,
+# a packed batch (the varlen kernel).
 PROBLEMS = ["1x16/2x1000:d64:w128", "1x16/2x1000:d64:w129:sinks", "2x8/2x777:k1200:d64:w100",
             "1x8x640:d64:w1", "1x16/2x4096:d64:w128", "1x8/1x300:k301:d64:w64",
-            "8/2x[300:1000,0:64,128,1:513]:d64:w128:sinks"]
-PROBLEMS4 = ["1x8x2000:d64:w150", "1x4/1x1500:k2000:d64:w160:sinks"]
-CASES = [(name, Problem.parse(t)) for name, cfg in CONFIGS.items()
-         for t in PROBLEMS + (PROBLEMS4 if cfg.k_stages >= 4 else [])]
+            "1x8x2000:d64:w150", "1x4/1x1500:k2000:d64:w160:sinks",
+            "1x16/2x1000:d64:w200", "2x8/2x700:d64", "8/2x[300:1000,0:64,128,1:513]:d64:w128:sinks"]
+CASES = [(name, Problem.parse(t)) for name in CONFIGS for t in PROBLEMS]
 
 
 @pytest.fixture(scope="module")
@@ -58,11 +60,6 @@ def test_walking_kernels_pass_the_gate(bench: Bench, kernels: dict, name: str, p
     bench.release(p)
     print(f"{name:12s} {p!s:44s} {g.summary()}")
     assert g.passed, g.summary()
-
-
-def test_a_window_the_rings_cannot_hold_is_refused(kernels: dict) -> None:
-    why = kernels["walk2-k3"].module.unsupported(Problem.parse("1x16/2x1000:d64:w200"))
-    assert why is not None and "kv_walk" in why and "\n" not in why, why
 
 
 def test_the_walk_is_id_neutral_and_changes_only_its_own_configs() -> None:

@@ -102,7 +102,9 @@ def search(
     """Search the kernel's knobs with Optuna; resumable (same --study continues)."""
     shapes = parse_problems(shape)
     check_search_problems(shapes)
-    sp = space_mod.load_space(space or space_mod.default_space_name(class_of(shapes).head_dim))
+    pclass = class_of(shapes)
+    sp = space_mod.load_space(space or space_mod.default_space_name(pclass.head_dim)).for_class(
+        pclass)
     if create_only:
         s = search_mod.Search(study=study, space=sp, shapes=shapes, storage=storage,
                               heartbeat_s=None)
@@ -377,7 +379,10 @@ def tune(
     plans = [p for p in plans if not bucket or p.bucket.name in bucket]
     # One shared storage holds every bucket's study only when given; else each study gets its
     # own default file (studies/<workload>-<bucket>.db), as `fa-tune search` would.
-    sp = space_mod.load_space(space_mod.default_space_name(w.attention.head_dim))
+    # Every bucket's library is built for the workload's class (a window where some kind of
+    # layer has one): its knobs are searched.
+    sp = space_mod.load_space(space_mod.default_space_name(w.attention.head_dim)).for_class(
+        w.problem_class)
     for i, p in enumerate(plans, 1):
         problems = [x.problem for x in p.problems]
         check_search_problems(problems)

@@ -186,12 +186,13 @@ class KernelConfig:
         "CTAs resident on one SM at once (__launch_bounds__' minimum): each gets 1/n of the "
         "registers and shared memory; independent CTAs hide each other's prologue and epilogue "
         "where tasks are short."))
-    kv_walk: int = knob(1, (1, 2, 4, 8, 16), id_neutral=True, doc=(
+    kv_walk: int = knob(1, (1, 2, 4, 8, 16), id_neutral=True, classes=("causal", "window"), doc=(
         "A causal sliding window's fixed-length kernel: the dynamic scheduler hands out strips "
         "of this many consecutive query tiles of one head, and the K/V tiles neighbours share "
         "stay in the rings (one new KV tile per query tile); block_m 64, intra_wg_overlap, "
-        "k_stages = v_stages, at least a query tile's KV tiles (support.py checks the "
-        "window). Other classes and the varlen kernel ignore it."))
+        "k_stages = v_stages. A call whose query tiles need more KV tiles than the stages (a "
+        "wide window, or none) runs tile by tile; other classes and the varlen kernel ignore "
+        "it."))
     write_lse: bool = knob(True, doc="Write the row log-sum-exp beside O.")
 
     def __post_init__(self) -> None:

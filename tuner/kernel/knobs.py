@@ -42,6 +42,9 @@ class Knob:
     # Added after config ids were in use: left out of the canonical JSON (so of the id) at its
     # default, which must compile the kernel as before.
     id_neutral: bool = False
+    # The problem-class flags (tuner.problem.ProblemClass attributes) a kernel must have for the
+    # knob to change it; a search of another class keeps it at its default (SearchSpace.for_class).
+    classes: tuple[str, ...] = ()
 
     def allowed_text(self) -> str:
         if self.range_text:
@@ -83,7 +86,7 @@ class Knob:
 
 def knob(default: Any, choices: Iterable[Any] | None = None, *, doc: str,
          cpp_type: str | None = None, range_text: str | None = None,
-         id_neutral: bool = False) -> Any:
+         id_neutral: bool = False, classes: tuple[str, ...] = ()) -> Any:
     """A KernelConfig field declaring one knob: ``block_m: int = knob(128, (64, 128, 192),
     doc=...)``. The kind follows the default (bool, int, or str for an enum, which names its
     ``fa_tune::`` enum in cpp_type); a bool's choices are false and true."""
@@ -98,7 +101,7 @@ def knob(default: Any, choices: Iterable[Any] | None = None, *, doc: str,
     if default not in values:
         raise TypeError(f"a knob's default {default!r} is not among its choices")
     meta = {"kind": kind, "choices": values, "cpp_type": cpp_type, "range_text": range_text,
-            "doc": doc, "id_neutral": id_neutral}
+            "doc": doc, "id_neutral": id_neutral, "classes": tuple(classes)}
     return dataclasses.field(default=default, metadata={KNOB_METADATA: meta})
 
 
@@ -129,6 +132,8 @@ def markdown_table(knobs: Mapping[str, Knob]) -> str:
         cpp = f"`{k.cpp_decl_type()}`" if k.kind == "enum" else k.kind
         doc = k.doc + (f" Left out of the config id at {fmt(k.default)}." if k.id_neutral
                        else "")
+        if k.classes:
+            doc += f" Searched only for {' '.join(k.classes)} problem classes."
         rows.append(f"| {k.name} | {k.allowed_text()} | {fmt(k.default)} | {cpp} | {doc} |")
     return "\n".join(rows) + "\n"
 

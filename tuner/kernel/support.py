@@ -9,7 +9,7 @@ sentence, through ``unsupported``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from tuner.errors import ConfigError, ShapeError
@@ -35,39 +35,6 @@ def head_cluster_reason(head_cluster: int, group: int) -> str | None:
     fits = [str(c) for c in KNOBS["head_cluster"].choices if group % c == 0]
     return (f"head_cluster {head_cluster} runs that many query heads of one K/V head together, "
             f"but Hq/Hkv is {group}; use a config with head_cluster {' or '.join(fits)} for it")
-
-
-def walk_tiles(problem: Problem, block_m: int, block_n: int) -> int:
-    """The most KV tiles one query tile of a fixed-length causal window problem reads: what a
-    kv_walk config's rings hold at once (cuda_src/fa_tune/walk.cuh, KvWalk::most_tiles)."""
-    off = problem.Sk - problem.S
-    window = problem.window - 1  # the kernel's: keys left of the diagonal
-    most = 0
-    for m in range(-(-problem.S // block_m)):
-        keys = min((m + 1) * block_m + off, problem.Sk)
-        hi = max(1, -(-keys // block_n)) if keys > 0 else 1
-        first = m * block_m + off - window
-        lo = min(first // block_n, hi - 1) if first > 0 else 0
-        most = max(most, hi - lo)
-    return most
-
-
-def walk_reason(problem: Any, config: KernelConfig | Mapping[str, Any]) -> str | None:
-    """Why a kv_walk config cannot run ``problem`` (None: it can, or the walk does not apply:
-    only a causal window's fixed-length kernel walks). The launcher refuses the same
-    (cuda_src/fa_tune/launch.cuh, check_walk)."""
-    get = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
-    walk = int(get("kv_walk", 1))
-    if (walk <= 1 or not isinstance(problem, Problem) or problem.window <= 0
-            or not problem.causal or problem.device_scheduled):
-        return None
-    stages = int(get("k_stages", 2))
-    need = walk_tiles(problem, int(get("block_m", 128)), int(get("block_n", 128)))
-    if need <= stages:
-        return None
-    return (f"kv_walk {walk} keeps a query tile's K/V tiles in the rings at once, and a "
-            f"{problem.window}-key window needs {need} of them here, more than the config's "
-            f"{stages} stages; use kv_walk 1 or k_stages = v_stages >= {need}")
 
 
 def class_reason(shape: Any, *, causal: bool = True, head_dim: int = HEAD_DIM) -> str | None:
@@ -116,11 +83,9 @@ def unsupported(problem: Any, cfg: KernelConfig | None = None, *,
         if why is None and isinstance(problem, Problem):  # the models' masks
             masks = library.problem_class.serves(problem)
             why = f"this kernel library cannot run {problem}: {masks}" if masks else None
-        if why is None:
-            why = walk_reason(problem, library.config)
         return why
     cfg = cfg or KernelConfig()
-    why = head_cluster_reason(cfg.head_cluster, problem.group) or walk_reason(problem, cfg)
+    why = head_cluster_reason(cfg.head_cluster, problem.group)
     if why is None:
         for name in ("B", "Hq"):
             v = getattr(problem, name)

@@ -28,6 +28,7 @@ import yaml
 from tuner import _paths
 from tuner.errors import ConfigError
 from tuner.kernel.config import KNOBS, KernelConfig
+from tuner.problem_class import ProblemClass
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,13 @@ class SearchSpace:
 
     def contains(self, cfg: KernelConfig) -> bool:
         return all(getattr(cfg, k) in self.choices(k) for k in KNOBS)
+
+    def for_class(self, pclass: ProblemClass) -> SearchSpace:
+        """The space of a study of one problem class: a knob that cannot change that class's
+        kernel (its knob table entry's ``classes``) stays at its default."""
+        dims = {k: d for k, d in self.dims.items()
+                if all(getattr(pclass, flag) for flag in KNOBS[k].classes)}
+        return SearchSpace(self.source, dims, self.seeds)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
