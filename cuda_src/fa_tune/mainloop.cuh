@@ -38,7 +38,6 @@ struct Mainloop {
       T::kWindow && T::kOverlap && !T::kEarlyNextQk && !Hooks::window_task_start && !kWalk;
   static_assert(!kWalk || (T::kOverlap && T::kConsumerWGs == 1), "kv_walk: walk.cuh");
 
-
   // Per-warpgroup state that lives across tiles: the GEMMs' operands (operands.cuh) and the
   // ring cursors.
   struct State {
