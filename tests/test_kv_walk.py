@@ -19,7 +19,8 @@ from prebuild import Artifact
 from tuner.errors import ConfigError
 from tuner.kernel import build, toolchain
 from tuner.kernel.config import KernelConfig, load_preset, validate
-from tuner.problem import ProblemClass
+from tuner.kernel.walk import most_tiles, walks
+from tuner.problem import Problem, ProblemClass
 from tuner.search.space import load_space
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,6 +95,8 @@ def shapes() -> list[tuple[int, int, int, int]]:
 def test_the_rings_hold_what_each_task_reads_and_hand_back_each_tile_once(driver: Path) -> None:
     for (sq, sk, w, shift), (most, tasks) in zip(shapes(), replay(driver, shapes()), strict=True):
         strip = 1 << shift
+        # The reports' count (tuner/kernel/walk.py) is the kernel's.
+        assert most == most_tiles(Problem(1, 1, sq, Sk=sk, D=64, window=w + 1), 64, 64)
         for m0 in range(0, len(tasks), strip):  # one CTA's strip, replayed as a FIFO ring
             loaded: list[int] = []  # tiles in load order; the ring's positions
             head = 0                # the oldest tile not yet handed back
@@ -111,6 +114,18 @@ def test_the_rings_hold_what_each_task_reads_and_hand_back_each_tile_once(driver
                 base += keep - lo
                 assert head == base
             assert head == len(loaded)  # the strip leaves the rings empty
+
+
+def test_reports_say_which_calls_walk() -> None:
+    pclass = ProblemClass(64, True, True, window=True)
+    assert walks(WALK, Problem.parse("1x64/8x8192:d64:w128"), pclass)
+    assert walks(WALK, Problem.parse("1x8x2000:d64:w150"), pclass)  # 4 tiles, 4 stages
+    assert not walks(WALK.replace(k_stages=3, v_stages=3), Problem.parse("1x8x2000:d64:w150"),
+                     pclass)
+    for text in ("1x64/8x8192:d64:w4096", "1x64/8x8192:d64", "64/8x[8192,4096]:d64:w128"):
+        assert not walks(WALK, Problem.parse(text), pclass), text
+    assert not walks(WALK, Problem.parse("1x64/8x8192:d64:w128"), ProblemClass(64, True))
+    assert walks(WALK, Problem.parse("1x8x200:d64"), pclass)  # no window, but 4 tiles at most
 
 
 def test_a_search_offers_kv_walk_to_causal_window_classes_only() -> None:
