@@ -116,6 +116,110 @@ def test_the_rings_hold_what_each_task_reads_and_hand_back_each_tile_once(driver
             assert head == len(loaded)  # the strip leaves the rings empty
 
 
+class _Rings:
+    """One CTA's Q ring (1 stage) and K / V rings (R stages) as counters of loads and
+    releases; a release must be the oldest unreleased load (FIFO), a load needs its slot's
+    previous load released."""
+
+    def __init__(self, stages: int) -> None:
+        self.stages = stages
+        self.q_loaded = self.q_released = 0
+        self.tile = {"k": [], "v": []}  # the tile each load put in the ring, in load order
+        self.released = {"k": 0, "v": 0}
+
+    def free(self, ring: str) -> bool:
+        return len(self.tile[ring]) - self.released[ring] < self.stages
+
+    def loaded(self, ring: str, index: int, n: int) -> bool:
+        if index >= len(self.tile[ring]):
+            return False
+        assert self.tile[ring][index] == n, (ring, index, n)  # the consumer's position
+        return True
+
+    def release(self, ring: str, first: int, count: int) -> None:
+        assert first == self.released[ring], (ring, first)  # FIFO
+        self.released[ring] += count
+
+
+def _producer(r: _Rings, tasks: list):
+    for i, (_lo, hi, first, _keep) in enumerate(tasks):
+        yield lambda i=i: r.q_released >= i  # Q's one stage: the previous Q handed back
+        r.q_loaded += 1
+        for ring in ("k", "v"):  # all K, then all V
+            for n in range(first, hi):
+                yield lambda ring=ring: r.free(ring)
+                r.tile[ring].append(n)
+
+
+def _consumer(r: _Rings, tasks: list, early_next: bool):
+    base = 0
+    if early_next and tasks:  # the first task's first QK, before the loop
+        lo, hi, _, _ = tasks[0]
+        yield lambda: r.q_loaded > 0
+        yield lambda: r.loaded("k", hi - 1 - lo, hi - 1)
+    for i, (lo, hi, _first, keep) in enumerate(tasks):
+        def at(n: int, base: int = base, lo: int = lo) -> int:
+            return base + n - lo
+        if not early_next:
+            yield lambda i=i: r.q_loaded > i
+            yield lambda at=at, hi=hi: r.loaded("k", at(hi - 1), hi - 1)
+
+        def last_qk_done(lo: int = lo, keep: int = keep, base: int = base) -> None:
+            if early_next:  # q_release after_last_qk
+                r.q_released += 1
+            r.release("k", base, keep - lo)
+        if hi - lo == 1:
+            last_qk_done()
+        for n in range(hi - 2, lo - 1, -1):  # QK[n] beside PV[n + 1]
+            yield lambda at=at, n=n: r.loaded("k", at(n), n)
+            yield lambda at=at, n=n: r.loaded("v", at(n + 1), n + 1)
+            if n == lo:
+                last_qk_done()
+        yield lambda at=at, lo=lo: r.loaded("v", at(lo), lo)  # the drain's PV
+        if early_next and i + 1 < len(tasks):  # the next task's first QK, in the drain
+            nlo, nhi, _, _ = tasks[i + 1]
+            top = base + keep - lo + nhi - 1 - nlo
+            yield lambda i=i: r.q_loaded > i + 1
+            yield lambda top=top, nhi=nhi: r.loaded("k", top, nhi - 1)
+        r.release("v", base, keep - lo)
+        if not early_next:  # q_release at_end
+            r.q_released += 1
+        base += keep - lo
+
+
+def _run(stages: int, tasks: list, early_next: bool) -> bool:
+    """Both roles to the end (True), or stuck with both waiting (False)."""
+    r = _Rings(stages)
+    roles = [_producer(r, tasks), _consumer(r, tasks, early_next)]
+    waits = [next(g, None) for g in roles]
+    while any(w is not None for w in waits):
+        progress = False
+        for j, g in enumerate(roles):
+            while waits[j] is not None and waits[j]():
+                waits[j] = next(g, None)
+                progress = True
+        if not progress:
+            return False
+    return True
+
+
+def test_the_walk_never_deadlocks_where_the_tiles_fit(driver: Path) -> None:
+    """The walk's order of waits and releases (kernel.cuh, mainloop.cuh, producer.cuh) played
+    out for one CTA walking every strip of a head in turn, with and without early_next_qk:
+    with as many stages as a query tile's tiles it always finishes, each wait finding the
+    tile the consumer computed; with one stage fewer a task cannot hold its tiles, which is
+    why the scheduler walks only where they fit."""
+    for (sq, sk, w, shift), (most, tasks) in zip(shapes(), replay(driver, shapes()), strict=True):
+        if len(tasks) > 40:
+            tasks = tasks[:40]  # two or more strips of every length are enough
+            most = max(hi - lo for lo, hi, _, _ in tasks)
+        for early in (True, False):
+            assert _run(most, tasks, early), (sq, sk, w, shift, early)
+            assert _run(most + 1, tasks, early), (sq, sk, w, shift, early)
+            if most > 1 and shift > 0:
+                assert not _run(most - 1, tasks, early), (sq, sk, w, shift, early)
+
+
 def test_reports_say_which_calls_walk() -> None:
     pclass = ProblemClass(64, True, True, window=True)
     assert walks(WALK, Problem.parse("1x64/8x8192:d64:w128"), pclass)
