@@ -243,6 +243,24 @@ def test_a_search_offers_kv_walk_to_causal_window_classes_only() -> None:
         assert narrowed.choices("block_m") == space.choices("block_m")
 
 
+def test_a_study_searches_kv_walk_only_over_causal_windows(tmp_path: Path) -> None:
+    """`fa-tune search --create-only` stores the space it searches: the D 64 space narrowed to
+    the study's class."""
+    import optuna
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    for study, shape, free in (("win", "1x8/2x1024:d64:w128", True),
+                               ("plain", "1x8/2x1024:d64", False)):
+        r = CliRunner().invoke(app, ["search", "--study", study, "--storage", url,
+                                     "--create-only", "--shape", shape])
+        assert r.exit_code == 0, r.output
+        attrs = optuna.load_study(study_name=study, storage=url).user_attrs
+        assert ("kv_walk" in attrs["space"]) is free, (study, sorted(attrs["space"]))
+
+
 @pytest.mark.parametrize("change,message", [
     ({"block_m": 128, "consumer_regs": 200}, "needs block_m 64"),
     ({"scheduler": "static"}, "the dynamic scheduler"),

@@ -379,22 +379,22 @@ def tune(
     plans = [p for p in plans if not bucket or p.bucket.name in bucket]
     # One shared storage holds every bucket's study only when given; else each study gets its
     # own default file (studies/<workload>-<bucket>.db), as `fa-tune search` would.
-    # Every bucket's library is built for the workload's class (a window where some kind of
-    # layer has one): its knobs are searched.
-    sp = space_mod.load_space(space_mod.default_space_name(w.attention.head_dim)).for_class(
-        w.problem_class)
+    sp = space_mod.load_space(space_mod.default_space_name(w.attention.head_dim))
     for i, p in enumerate(plans, 1):
         problems = [x.problem for x in p.problems]
         check_search_problems(problems)
+        # The knobs that change the bucket's own problems (a kind without a window keeps
+        # kv_walk off), though its kernel is built for the workload's class (below).
+        bucket_space = sp.for_class(class_of(problems))
         study = f"{w.name}-{p.bucket.name}"
         console.print(f"[bold]bucket {i}/{len(plans)}: {p.bucket.name} "
                       f"(S {p.bucket.range_text()}), study {study}: "
                       f"{', '.join(map(str, problems))}[/]", soft_wrap=True)
         # The library's class (a window where some kind of layer has one): each bucket's
         # candidates are built as the export builds them.
-        _run_search(study=study, space=sp, shapes=problems, storage=storage, trials=trials,
-                    timeout=timeout, sampler=sampler, seed=seed, jobs=jobs, device=device,
-                    gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker,
+        _run_search(study=study, space=bucket_space, shapes=problems, storage=storage,
+                    trials=trials, timeout=timeout, sampler=sampler, seed=seed, jobs=jobs,
+                    device=device, gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker,
                     problem_class=w.problem_class)
     console.print(f"export the library: fa-tune export --workload {workload} --study-prefix "
                   f"{w.name}- --out {w.name}-lib"
