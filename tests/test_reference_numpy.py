@@ -292,3 +292,15 @@ def test_sink_range_is_the_lowest_over_each_sequences_trend(input_set: str, text
     lowest = float(np.concatenate(row_max).min())
     # Tight up to the spread of c2 (x1.5 from the bound's c2) and the noise's two sides.
     assert low <= lowest <= low + 0.5 * abs(low) + 2 * RN.rising_noise_bound(p.D), (low, lowest)
+
+
+@pytest.mark.parametrize(("text", "std"), [("1x2/1x300:d256:cap50", 50.0), ("1x2x300:d64", 16.0),
+                                           ("1x2/1x200:k400:cap5", 5.0)])
+def test_peaky_scores_spread_to_the_cap(text: str, std: float) -> None:
+    """The peaky set's scores (softmax scale included) have about the cap's deviation (16
+    without one), so a softcap's tanh is exercised into saturation."""
+    p = Problem.parse(text)
+    q, k, _ = RN.host_inputs(p, "peaky", 42)
+    s = RN.scores_f64(q, k, 0, 0)
+    assert 0.85 * std < s.std() < 1.15 * std, s.std()
+    assert np.mean(np.abs(s) > std) > 0.2  # a fifth of them beyond the cap

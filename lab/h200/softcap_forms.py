@@ -1,6 +1,7 @@
-"""Softcap's two tanh forms on the H200 (docs/PERF.md step 50): the product's exact one (EX2 +
-RCP) and tanh.approx (a lab build, FA_TUNE_LAB_SOFTCAP_TANH_APPROX), each gated on every input
-set and timed, beside the same preset without a cap.
+"""Softcap's two tanh forms on the H200 (docs/PERF.md steps 50, 60): the product's exact one
+(EX2 + RCP) and tanh.approx (a lab build, FA_TUNE_LAB_SOFTCAP_TANH_APPROX), each gated on the
+seed, rising and peaky input sets (peaky: scores spread to the cap, where tanh.approx errs most)
+and timed, beside the same preset without a cap.
 
     python3 lab/h200/softcap_forms.py [--preset default] [--shape 1x16/8x8192]
 """
@@ -28,7 +29,7 @@ def main() -> None:
     cfg = load_preset(a.preset)
     proto = Protocol(warmup=20, repeat=100, rounds=3, settle_s=1.0)
     rows = []
-    bench = Bench(0)
+    bench = Bench(0, input_sets=("seed", "rising", "peaky"))
     try:
         for name, p, defines in (("no cap", plain, None), ("exact (EX2+RCP)", capped, None),
                                  ("tanh.approx", capped,

@@ -80,6 +80,9 @@ from tuner.measure.reference_numpy import (  # noqa: F401 - re-exported: the twi
     RISING_MAX_S,
     SINK_STREAMS,
     STREAM_K,
+    STREAM_PK,
+    STREAM_PQ,
+    STREAM_PV,
     STREAM_Q,
     STREAM_RC2,
     STREAM_RJIT,
@@ -99,6 +102,7 @@ from tuner.measure.reference_numpy import (  # noqa: F401 - re-exported: the twi
     numpy_reference_for,
     numpy_reference_rows,
     numpy_reference_varlen,
+    peaky_amplitude,
     rising_c2_scale,
     rising_failures,
     rising_min_rise,
@@ -176,7 +180,12 @@ def fill_inputs(oracle: OracleModule, bufs: AttnBuffers, input_set: str, seed: i
     check_input_set(input_set, shape)
     kind, direction = INPUT_SETS[input_set]
     B, hq, hkv, Sq, Sk, D, _ = problem_dims(shape)  # a packed batch: its as_fixed rows
-    if kind == "seed":
+    if kind == "peaky":
+        a = peaky_amplitude(shape)
+        oracle.fill_uniform(bufs.q.ptr, B * Sq * hq * D, seed, STREAM_PQ, -a, a, stream)
+        oracle.fill_uniform(bufs.k.ptr, B * Sk * hkv * D, seed, STREAM_PK, -a, a, stream)
+        oracle.fill_uniform(bufs.v.ptr, B * Sk * hkv * D, seed, STREAM_PV, -1.0, 1.0, stream)
+    elif kind == "seed":
         oracle.gen_seed(bufs.q.ptr, bufs.k.ptr, bufs.v.ptr, B, hq, hkv, Sq, Sk, D, seed, stream)
     else:
         p = as_problem(shape)

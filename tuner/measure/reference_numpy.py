@@ -36,6 +36,10 @@ INPUT_SETS: dict[str, tuple[str, int]] = {
     "seed": ("seed", 0),  # Q, K ~ U[-2, 2], V ~ U[-1, 1]
     "rising": ("rising", -1),  # running row max rises at every tile of a REVERSE KV walk
     "rising_fwd": ("rising", 1),  # ... of a FORWARD walk
+    # Q, K ~ U[-a, a] with scores' std at the softcap (PEAKY_STD without one): a softcap's tanh
+    # is exercised into saturation, where an approximate form errs most, and rows' softmax mass
+    # sits on a few keys. Not in the default gate (docs/PERF.md step 60).
+    "peaky": ("peaky", 0),
 }
 # Keys of one trend: K's trend must stay exact in BF16 (oracle.cu's header). A packed batch's
 # trend restarts in every sequence, so the bound is per sequence, not on the total.
@@ -67,8 +71,18 @@ _GOLDEN = 0x9E3779B97F4A7C15
 _STREAM_MUL = 0xD1B54A32D192ED03
 STREAM_Q, STREAM_K, STREAM_V = 1, 2, 3
 STREAM_RQ, STREAM_RK, STREAM_RV, STREAM_RC2, STREAM_RJIT = 11, 12, 13, 14, 15
+STREAM_PQ, STREAM_PK, STREAM_PV = 31, 32, 33
 # The attention sinks' stream per input set: each set draws its own (oracle_fill_uniform_f32).
-SINK_STREAMS: dict[str, int] = {"seed": 21, "rising": 22, "rising_fwd": 23}
+SINK_STREAMS: dict[str, int] = {"seed": 21, "rising": 22, "rising_fwd": 23, "peaky": 24}
+PEAKY_STD = 16.0  # the peaky set's score std (softmax scale included) without a softcap
+
+
+def peaky_amplitude(shape: ShapeLike) -> float:
+    """a of the peaky set's Q, K ~ U[-a, a]: q.k / sqrt(D) then has std a^2 / 3 (any D), set
+    to the problem's softcap (so half the scores lie beyond two thirds of the cap, where tanh
+    bends and saturates) or PEAKY_STD."""
+    cap = float(getattr(as_problem(shape), "softcap", 0.0))
+    return math.sqrt(3.0 * (cap if cap > 0 else PEAKY_STD))
 
 
 def _splitmix64_int(x: int) -> int:
@@ -129,6 +143,12 @@ def host_inputs(shape: ShapeLike, input_set: str, seed: int = DEFAULT_SEED,
     iq = np.arange(B * Sq * H * D, dtype=np.uint64)
     ikv = np.arange(B * Sk * Hkv * D, dtype=np.uint64)
     kind, direction = INPUT_SETS[input_set]
+    if kind == "peaky":
+        a = peaky_amplitude(prob)
+        q = f32_to_bf16_bits(uniform_in(seed, STREAM_PQ, iq, -a, a))
+        k = f32_to_bf16_bits(uniform_in(seed, STREAM_PK, ikv, -a, a))
+        v = f32_to_bf16_bits(uniform_in(seed, STREAM_PV, ikv, -1.0, 1.0))
+        return q.reshape(dims_q), k.reshape(dims_kv), v.reshape(dims_kv)
     if kind == "seed":
         q = f32_to_bf16_bits(uniform_in(seed, STREAM_Q, iq, -2.0, 2.0))
         k = f32_to_bf16_bits(uniform_in(seed, STREAM_K, ikv, -2.0, 2.0))
@@ -234,10 +254,15 @@ def sink_range(shape: ShapeLike, input_set: str) -> tuple[float, float]:
     row's largest key, with windows; the lowest over a packed batch's sequences, each with its
     own trend) - 2 to + 6, so it matters for the rows near
     there and exceeds no row's max by more than ~7 logits (a kernel's sum exp(sink - max) then
-    stays finite in FP32, as it does for real models' sinks, O(1)-O(10))."""
+    stays finite in FP32, as it does for real models' sinks, O(1)-O(10)). peaky: -4 to 4, which
+    matters to rows whose few keys score low and is far below the rows of many keys (their max
+    is several score deviations up); it exceeds a row's max by at most ~4 deviations, inside
+    FP32's exp range at the cap of 50 (PEAKY_STD without one)."""
     p = as_problem(shape)
     check_input_set(input_set, p)
     kind, direction = INPUT_SETS[input_set]
+    if kind == "peaky":
+        return SINK_SPREAD
     if kind == "seed":
         rows = p.tokens_q
         mean_keys = max(1.0, p.flops / (4 * p.Hq * p.D) / rows)
