@@ -9,6 +9,9 @@
 #   carry [".whl"]  bash lab/h200/s26.sh sanitize
 #       compute-sanitizer (racecheck off; memcheck, then synccheck) on one walking kernel's
 #       gate at 1x16/2x1000:d64:w128.
+#   carry [".whl"]  bash lab/h200/s26.sh softcap
+#       softcap's exact form and tanh.approx gated on seed, rising and peaky (scores spread to
+#       the cap) and timed, at D 128 and D 256 (lab/h200/softcap_forms.py, about 3 min).
 #   carry [".fa3/part2"] after fa3_stage1.sh: bash lab/h200/s26.sh peers VARIANT_JSON
 #       FA3 installed, then d64-window and VARIANT timed beside FA3 at both shapes.
 # Logs land in $OUT.
@@ -16,7 +19,7 @@ set -uo pipefail
 FIRST_CALL="walk"
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
 W128="--shape 1x64/8x8192:d64:w128 --shape 1x64/8x8192:d64:w128:sinks"
-case "${1:?walk|sanitize|peers VARIANT}" in
+case "${1:?walk|sanitize|softcap|peers VARIANT}" in
 walk)
   gpu_tests walk_tests.log 240 tests/gpu/test_kv_walk_gpu.py
   timeout $((570 - (SECONDS - t0))) $E python3 scripts/kernel_lab.py \
@@ -30,6 +33,14 @@ sanitize)
       "tests/gpu/test_kv_walk_gpu.py::test_walking_kernels_pass_the_gate[walk8-1x16/2x1000:d64:w128]" \
       > "$OUT/sanitize_$tool.log" 2>&1
     step "$tool exit $?"; grep -E "ERROR SUMMARY|passed|failed" "$OUT/sanitize_$tool.log" | tail -3
+  done
+  ;;
+softcap)
+  for spec in "default 1x16/8x8192" "d256 1x16/8x8192:d256"; do
+    set -- $spec
+    timeout 280 $E python3 lab/h200/softcap_forms.py --preset "$1" --shape "$2" \
+      > "$OUT/softcap_$1.log" 2>&1
+    step "softcap $1 exit $?"; tail -4 "$OUT/softcap_$1.log" | cut -c1-220
   done
   ;;
 peers)
