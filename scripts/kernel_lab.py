@@ -39,7 +39,6 @@ from tuner.kernel import (  # noqa: E402
     toolchain,  # noqa: E402
 )
 from tuner.kernel.support import check_runnable  # noqa: E402
-from tuner.kernel.walk import walks  # noqa: E402
 from tuner.measure.timing import Protocol  # noqa: E402
 from tuner.problem import (  # noqa: E402
     DEFAULT_CLASS,
@@ -167,11 +166,6 @@ def main() -> None:
         pclass = check_runnable(problems)
     except ShapeError as e:
         raise SystemExit(f"kernel_lab: {e}") from None
-    for var in variants:  # kv_walk decides per call whether it walks (tuner/kernel/walk.py)
-        if var.cfg.kv_walk > 1:
-            said = [f"{p}: {'walks' if walks(var.cfg, p, pclass) else 'tile by tile'}"
-                    for p in problems]
-            print(f"{var.label} (kv_walk {var.cfg.kv_walk}): {'; '.join(said)}", flush=True)
     t0 = time.time()
     sos = compile_all(variants, args.jobs, pclass, check=not args.unchecked)
     print(f"built {len(sos)} variants in {time.time() - t0:.1f}s", flush=True)

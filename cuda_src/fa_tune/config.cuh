@@ -151,17 +151,7 @@ struct Derived {
   static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 192, "block_m must be 64, 128 or 192");
   static_assert(kBlockN % 16 == 0 && kBlockN >= 64 && kBlockN <= 192, "block_n: 64..192, step 16");
   // Without the extended atoms there is no QK atom for this block_n (traits.cuh).
-  static_assert(kKStages >= 1 && kKStages <= 4 && kVStages >= 1 && kVStages <= 4, "stages: 1..4");
-  // kv_walk (walk.cuh): a CTA walks kv_walk consecutive query tiles of one head and keeps the
-  // K/V tiles neighbours share in its rings. It applies where a query tile's tiles are few: a
-  // causal window's fixed-length kernel (the varlen kernel of the same config does not walk).
-  static constexpr bool kKvWalk =
-      Cfg::kv_walk > 1 && kWindow && kCausal && Cfg::scheduler == Scheduler::Dynamic;
-  static_assert(Cfg::kv_walk == 1 ||
-                    (kConsumerWGs == 1 && kOverlap && kKStages == kVStages &&
-                     Cfg::scheduler == Scheduler::Dynamic && (Cfg::kv_walk & (Cfg::kv_walk - 1)) == 0),
-                "kv_walk needs block_m 64, intra_wg_overlap, k_stages == v_stages, the dynamic "
-                "scheduler and a power of two");
+  static_assert(kKStages >= 1 && kKStages <= 3 && kVStages >= 1 && kVStages <= 3, "stages: 1..3");
   static_assert(Cfg::k_release != KRelease::AfterMax || kOverlap,
                 "k_release after_max needs intra_wg_overlap");
   static_assert(Cfg::v_release != VRelease::Deferred || kVStages >= 2,

@@ -15,7 +15,6 @@
 #include "mainloop.cuh"
 #include "producer.cuh"
 #include "traits.cuh"
-#include "walk.cuh"
 #endif
 
 namespace fa_tune {
@@ -50,8 +49,7 @@ struct Consumer {
   }
 
   __device__ static void run(const KernelParams<Sched>& p, SharedStorage<T>& ss, int wg) {
-    using Walk = KvWalk<T, !Sched::kPacked>;  // kv_walk: the fixed-length kernel only
-    using ML = Mainloop<Cfg, Walk::kOn>;
+    using ML = Mainloop<Cfg>;
     const int tid = threadIdx.x - kWarpgroupThreads;  // index among consumer threads
     // Q's shared-memory descriptors depend only on the warpgroup. With three consumer
     // warpgroups (160 registers each) they are computed from the warp-uniform wg, not tid, so
@@ -93,15 +91,6 @@ struct Consumer {
     TileCoord t = Sched::first(p, ss.tile_slot);
     if (!t.valid) return;  // a CTA with no work must not leave a pingpong arrival
     Pingpong<T>::start(wg);
-    // kv_walk, where the call walks: where the strip's tiles sit in the rings; each task
-    // starts at its diagonal tile. Inside `if constexpr`, so other kernels stay as they were.
-    typename Walk::Cursor walk{};
-    const int walk_shift = Walk::shift(p);
-    const int walk_sq = p.shape.Sq, walk_sk = p.shape.Sk;  // fixed length: every task's
-    if constexpr (Walk::kOn) {
-      st.walk = walk_shift != 0;
-      if (st.walk) kst = vst = walk.top(walk_sq, walk_sk, p.mask.window, t.m_block);
-    }
     // early_next_qk: every tile starts with its first QK in flight, issued by the previous
     // tile's drain (the first tile's here). The wgmma state is then the same on every path
     // through the loop; a path-dependent one makes ptxas serialize every wgmma (C7514).
@@ -135,13 +124,6 @@ struct Consumer {
       const int n_lo_wg = ML::kSkipBottom && !idle
                               ? max(n_lo, first_kv_block<T>(off, first_row, p.mask.window, n_blocks))
                               : n_lo;
-      if constexpr (Walk::kOn) {
-        if (st.walk) {
-          walk.begin(walk_sq, walk_sk, p.mask.window, t.m_block, next.valid ? next.m_block : -1,
-                     walk_shift);
-          kst = vst = walk.top(walk_sq, walk_sk, p.mask.window, t.m_block);
-        }
-      }
       if constexpr (kEarlyNext) {
         // Q copied to registers is handed back only now, after next(): the dynamic scheduler
         // relies on the producer's next Q load (and so its next ticket) waiting for this.
@@ -151,13 +133,8 @@ struct Consumer {
         if constexpr (T::kWgSkip) ML::skip_top(st, ss, wg, n_skip, idle);
         if constexpr (T::kOverlap) ML::issue_first_qk(st, ss, wg);
       }
-      // Called once the tile's last QK is done: Q, and with kv_walk the K stages the next
-      // task does not read.
       auto release_q = [&] {
         if constexpr (kEarlyQ && !Cfg::q_in_regs) ss.q_ring.release(qst);
-        if constexpr (Walk::kOn) {
-          if (st.walk) walk.release(ss.k_ring);
-        }
       };
       // early_next_qk: the next tile's first QK, behind this tile's last PV, so it runs during
       // this tile's epilogue. Past the last tile it is a throwaway QK on stale shared memory
@@ -168,9 +145,6 @@ struct Consumer {
             PipeState qn = qst;
             qn.advance<1>();
             take_q(qn, false);
-            if constexpr (Walk::kOn) {
-              if (st.walk) kst = walk.next_top(walk_sq, walk_sk, p.mask.window, next.m_block);
-            }
             ML::issue_qk(st, ss);
           } else {
             ML::issue_qk_unchecked(st);
@@ -191,12 +165,6 @@ struct Consumer {
                                        first_unmasked_kv_block<T>(first_row, off, p.mask.window),
                                        p.mask.window, p.mask.softcap_pre, sink_log2};
       ML::run(st, ss, sm, args, release_q, issue_next, inv_sum);
-      if constexpr (Walk::kOn) {
-        if (st.walk) {  // the last PV is done: the V stages the next task does not read
-          walk.release(ss.v_ring);
-          walk.advance();
-        }
-      }
       Epilogue<Cfg, Sched>::run(p, ss, o, sm, inv_sum, t, first_row, row0, wg, tid);
       if constexpr (Cfg::q_release == QRelease::AtEnd) ss.q_ring.release(qst);
       qst.advance<1>();

@@ -19,11 +19,7 @@
 
 namespace fa_tune {
 
-// kWalk (kv_walk, walk.cuh): where the call walks (State::walk), the task's K/V tiles sit in
-// the rings in ascending order, all at once; the cursors step down through them from the
-// diagonal tile (the consumer sets them) and nothing is released here (the consumer hands back
-// what the next task does not need). Otherwise the rings are the usual FIFO.
-template <class Cfg, bool kWalk = false>
+template <class Cfg>
 struct Mainloop {
   using T = Traits<Cfg>;
   using PP = Pingpong<T>;
@@ -35,8 +31,7 @@ struct Mainloop {
   // intra_wg_overlap (the serial loop's last PV turn ends the task) and without early_next_qk
   // (its next QK reads the K cursor the skipped tiles still hold).
   static constexpr bool kSkipBottom =
-      T::kWindow && T::kOverlap && !T::kEarlyNextQk && !Hooks::window_task_start && !kWalk;
-  static_assert(!kWalk || (T::kOverlap && T::kConsumerWGs == 1), "kv_walk: walk.cuh");
+      T::kWindow && T::kOverlap && !T::kEarlyNextQk && !Hooks::window_task_start;
 
   // Per-warpgroup state that lives across tiles: the GEMMs' operands (operands.cuh) and the
   // ring cursors.
@@ -51,21 +46,7 @@ struct Mainloop {
     PipeState& kst;
     PipeState& vst;
     float (&osum)[4];  // sum_in_pv: the row-sum columns of PV's accumulator (unused otherwise)
-    bool walk = false;  // kWalk: this call walks (the rings hold a task's tiles by position)
   };
-
-  // The cursor's next tile down: the ring's next stage, or where the call walks the previous
-  // one.
-  template <int kStages>
-  __device__ __forceinline__ static void next_tile(const State& st, PipeState& c) {
-    if constexpr (kWalk) {
-      if (st.walk) {
-        c.template retreat<kStages>();
-        return;
-      }
-    }
-    c.template advance<kStages>();
-  }
 
   // S = Q K^T for the K stage at the cursor, left in flight.
   __device__ __forceinline__ static void gemm_qk(State& st) {
@@ -278,9 +259,6 @@ struct Mainloop {
 
   __device__ __forceinline__ static void release_k(State& st, SharedStorage<T>& ss,
                                                    bool gate = true) {
-    if constexpr (kWalk) {
-      if (st.walk) return;
-    }
     ss.k_ring.release(st.kst, gate);
   }
 
@@ -305,7 +283,7 @@ struct Mainloop {
     mask_tile(st.s, a, n);
     sm.template update<true>(st.s, scale_log2, rescale);
     if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
-    next_tile<T::kKStages>(st, st.kst);
+    st.kst.template advance<T::kKStages>();
     pack_p(st.s, st.p);
     if constexpr (T::kWgSkip) skip_top_v(st, ss, a.n_skip);
 
@@ -338,7 +316,7 @@ struct Mainloop {
         needed = sm.template update<false>(st.s, scale_log2, rescale);
       }
       if constexpr (Cfg::k_release == KRelease::AfterSoftmax) release_k(st, ss);
-      next_tile<T::kKStages>(st, st.kst);
+      st.kst.template advance<T::kKStages>();
       wait_pv<0>(st);  // PV[n+1] done: V stage and P registers are free
       release_v(st, ss, v_prev, first_pv);
       if constexpr (T::kRescaleBeforePv) {
@@ -431,12 +409,6 @@ struct Mainloop {
   // Release the V stage the just-finished PV read (after_pv), or the one before it
   // (deferred: the producer refills it one PV later).
   __device__ __forceinline__ static void release_v(State& st, SharedStorage<T>& ss, PipeState& v_prev, bool first_pv) {
-    if constexpr (kWalk) {
-      if (st.walk) {
-        next_tile<T::kVStages>(st, st.vst);
-        return;
-      }
-    }
     if constexpr (Cfg::v_release == VRelease::AfterPv) {
       ss.v_ring.release(st.vst);
     } else {
@@ -448,9 +420,6 @@ struct Mainloop {
 
   // After the last PV of a tile completes: free the remaining V stage(s).
   __device__ __forceinline__ static void finish_v(State& st, SharedStorage<T>& ss, PipeState& v_prev, bool had_prev) {
-    if constexpr (kWalk) {
-      if (st.walk) return;
-    }
     if constexpr (Cfg::v_release == VRelease::Deferred) {
       if (had_prev) ss.v_ring.release(v_prev);
     }

@@ -33,20 +33,6 @@ struct PipeState {
       phase ^= 1u;
     }
   }
-  // kv_walk (walk.cuh) reads a ring by position: the stage d loads past this one, and the one
-  // loaded just before it (the consumer walks a task's tiles from the diagonal down).
-  template <int Stages>
-  __device__ __forceinline__ PipeState plus(int d) const {
-    const int i = index + d;
-    return {i % Stages, phase ^ uint32_t((i / Stages) & 1)};
-  }
-  template <int Stages>
-  __device__ __forceinline__ void retreat() {
-    if (index-- == 0) {
-      index = Stages - 1;
-      phase ^= 1u;
-    }
-  }
 };
 
 template <int Stages, int kCtas = 1>

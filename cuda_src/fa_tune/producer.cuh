@@ -4,7 +4,6 @@
 #include "params.cuh"
 #include "tma.cuh"
 #include "traits.cuh"
-#include "walk.cuh"
 
 namespace fa_tune {
 
@@ -13,7 +12,6 @@ struct Producer {
   using T = Traits<Cfg>;
   // A paged class's device-scheduled kernel reads K and V through the block table.
   static constexpr bool kPaged = T::kPaged && Sched::kPacked;
-  using Walk = KvWalk<T, !Sched::kPacked>;  // kv_walk: the fixed-length kernel only
 
   // Runs on the whole producer warp: the loop, the ring waits and the scheduler run on every
   // lane, so its state is warp-uniform (uniform registers: the persistent loop fits in few
@@ -134,18 +132,6 @@ struct Producer {
       load_tile<Cfg::hint_v>(&p.load.tma_v, ss.v_ring, vst, ss.v, n, start + n * T::kBlockN, h, b,
                              rank, leader, pages, page_box_rows);
     };
-    if constexpr (Walk::kOn) {
-      // kv_walk, where the call walks: only the tiles the strip's previous task left out, in
-      // ascending order, all K before any V (walk.cuh).
-      if (const int shift = Walk::shift(p); shift != 0) {
-        const int Sq = Sched::seq_len(p, t), Sk = Sched::key_len(p, t);
-        const int from =
-            Walk::first_new(Sq, Sk, p.mask.window, t.m_block, {n_lo, n_blocks}, shift);
-        for (int n = from; n < n_blocks; ++n) load_k(n);
-        for (int n = from; n < n_blocks; ++n) load_v(n);
-        return;
-      }
-    }
     // Issue in the order the consumers need the tiles (diagonal first, toward key 0), so
     // a small ring never holds a tile the consumers cannot reach yet.
     if constexpr (T::kOverlap) {  // consumers: K[n], then (K[n-1], V[n]) pairs, then V[lo]

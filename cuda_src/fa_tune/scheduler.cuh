@@ -20,7 +20,6 @@
 #include "errors.cuh"
 #include "params.cuh"
 #include "task_list.h"
-#include "walk.cuh"
 
 namespace fa_tune {
 
@@ -180,34 +179,22 @@ struct StaticScheduler : FixedTiles {
 // pair's last query tile, then the ones before), so the CTAs running at once share a few
 // heads' K/V in L2 and the launch ends on the cheapest tiles. Without sections, 132 CTAs
 // would stream 132 different heads' K/V from HBM.
-// kv_walk: where a call's window fits the rings, the counter hands out strips of kv_walk
-// consecutive query tiles of one head instead (strip s: tiles s kv_walk ..), and a CTA walks
-// its strip upward with no handshake (walk.cuh); otherwise tiles, one by one.
 template <class Cfg>
 struct DynamicScheduler : FixedTiles {
   using T = Derived<Cfg>;
   using KP = KernelParams<DynamicScheduler>;
   static constexpr bool kPersistent = true;
   static constexpr uint32_t kBarThreads = 32 + Derived<Cfg>::kConsumerThreads;
-  using Walk = KvWalk<T, true>;
-  static constexpr int kStrip = Walk::kStrip;  // compiled in; the call's may be 1
-  struct Params : StripParams<(kStrip > 1)> {
-    int* tile_counter;  // next tile (strip) to hand out (zeroed before each launch)
-    int num_tiles;      // query tiles (strips) over all heads and batches
+  struct Params {
+    int* tile_counter;  // next tile to hand out (zeroed before each launch)
+    int num_tiles;      // query tiles over all heads and batches
     int section_heads;  // (batch, head) pairs per L2 section (>= 1)
   };
 
   // The counter, the tile count and the L2 sections: as many (batch, head) pairs as keep
   // their K and V within ~60% of L2 (the rest holds Q, O and other traffic).
   static cudaError_t prepare(const FixedShape& s, Params& out, int& ctas) {
-    int shift = 0;
-    if constexpr (kStrip > 1) {
-      if (Walk::fits(s.Sq, s.Sk, s.window))
-        while ((1 << shift) < kStrip) ++shift;
-      out.strip_shift = shift;
-    }
-    const long long num_m = (s.Sq + T::kBlockM - 1) / T::kBlockM;
-    const long long num_tiles = ((num_m + (1 << shift) - 1) >> shift) * s.H * s.B;
+    const long long num_tiles = (long long)((s.Sq + T::kBlockM - 1) / T::kBlockM) * s.H * s.B;
     cudaError_t e;
     if ((e = cudaMalloc(&out.tile_counter, sizeof(int))) != cudaSuccess)
       return fail_cuda(e, "allocating the tile counter");
@@ -231,41 +218,25 @@ struct DynamicScheduler : FixedTiles {
 
   __device__ static TileCoord decode(const KP& p, int t, int turn) {
     if (t >= p.sched.num_tiles) return {0, 0, 0, t, turn, false};
-    const int shift = Walk::shift(p);  // 0 without kv_walk
-    const int num_m = (p.shape.num_m_blocks + (1 << shift) - 1) >> shift;  // strips per head
+    const int num_m = p.shape.num_m_blocks;
     const int group = p.sched.section_heads;
     const int section = t / (group * num_m);
     const int r = t - section * group * num_m;
     const int heads_here = min(group, p.shape.H * p.shape.B - section * group);  // last: fewer
-    const int m = (num_m - 1 - r / heads_here) << shift;
+    const int m = num_m - 1 - r / heads_here;
     const int bh = section * group + r % heads_here;
     return {m, bh % p.shape.H, bh / p.shape.H, t, turn, true};
-  }
-  // kv_walk: the strip goes on with cur's successor (both roles ask this at the same tiles).
-  __device__ static bool strip_continues(const KP& p, const TileCoord& cur) {
-    const int m = cur.m_block + 1;
-    return Walk::continues(m, Walk::shift(p)) && m < p.shape.num_m_blocks;
-  }
-  __device__ static TileCoord successor(const TileCoord& cur) {
-    return {cur.m_block + 1, cur.head, cur.batch, cur.idx, cur.turn, true};
   }
   __device__ static TileCoord first(const KP& p, int* /*slot*/) {
     return decode(p, int(blockIdx.x), 0);
   }
   // Consumers (every consumer thread): read the number the producer published.
   __device__ static TileCoord next(const KP& p, const TileCoord& cur, int* slot) {
-    if constexpr (kStrip > 1) {
-      if (strip_continues(p, cur)) return successor(cur);
-    }
     named_barrier_sync(kBarThreads, kSchedulerBar);
     return decode(p, slot[cur.turn & 1], cur.turn + 1);
   }
   // Producer warp (all 32 lanes): take the next number and publish it to the consumers.
-  // Within a strip: -1, no number taken.
   __device__ static int ticket(const KP& p, const TileCoord& cur, int* slot) {
-    if constexpr (kStrip > 1) {
-      if (strip_continues(p, cur)) return -1;
-    }
     int t;
     if ((threadIdx.x & 31) == 0) {
       t = atomicAdd(p.sched.tile_counter, 1) + int(gridDim.x);
@@ -276,9 +247,6 @@ struct DynamicScheduler : FixedTiles {
     return __shfl_sync(0xffffffffu, t, 0);
   }
   __device__ static TileCoord resolve(const KP& p, int t, const TileCoord& cur, const int*) {
-    if constexpr (kStrip > 1) {
-      if (t < 0) return successor(cur);
-    }
     return decode(p, t, cur.turn + 1);
   }
 };

@@ -31,13 +31,15 @@ case "${1:?cores|twin SEED|pair|ab-paged}" in
 cores)
   W=$DEV/cores && rm -rf "$W" && mkdir -p "$W"
   # (a) the GPU worker alone on 4 cores (its --jobs follows its affinity: 4 nvcc at a time)
-  FA_TUNE_STUDIES=$W/hostA taskset -c 0-3 timeout 270 $E python3 -m tuner.cli search \
-    --study alone --storage "sqlite:///$W/alone.db" --shape $SHAPE --timeout 210s \
-    > "$OUT/cores_alone.log" 2>&1
-  step "alone exit $?"; summary "$OUT/cores_alone.log"
+  if [ -z "${CORES_PAIR_ONLY:-}" ]; then
+    FA_TUNE_STUDIES=$W/hostA taskset -c 0-3 timeout 270 $E python3 -m tuner.cli search \
+      --study alone --storage "sqlite:///$W/alone.db" --shape $SHAPE --timeout 210s \
+      > "$OUT/cores_alone.log" 2>&1
+    step "alone exit $?"; summary "$OUT/cores_alone.log"
+  fi
   # (b) the same, with 12 more cores as a compile-only host (own cache, shared store)
   url="sqlite:///$W/pair.db"
-  FA_TUNE_STUDIES=$W/hostB python3 -m tuner.cli search --study pair --storage "$url" \
+  FA_TUNE_STUDIES=$W/hostB $E python3 -m tuner.cli search --study pair --storage "$url" \
     --shape $SHAPE --create-only > "$OUT/cores_create.log" 2>&1 || { cat "$OUT/cores_create.log"; exit 1; }
   FA_TUNE_STUDIES=$W/hostC taskset -c 4-15 timeout 270 $E python3 -m tuner.cli worker \
     --study pair --storage "$url" --compile-only --artifacts "$W/store" --timeout 210s \

@@ -25,7 +25,8 @@ CONFIGS = [load_preset("default"), load_preset("static"), load_preset("dynamic")
            # 2-CTA clusters sharing K/V by multicast; a task is a pair of query tiles.
            load_preset("multicast"),
            load_preset("multicast").replace(q_in_regs=False),
-           load_preset("multicast").replace(lazy_rescale=True, intra_wg_overlap=False)]
+           load_preset("multicast").replace(lazy_rescale=True, intra_wg_overlap=False,
+                                            k_release="after_qk")]
 ODD_SHAPES = [Problem(1, 3, 1152), Problem(2, 5, 1000), Problem(1, 1, 77), Problem(3, 7, 4200)]
 
 

@@ -117,8 +117,8 @@ class KernelConfig:
         "Query rows per CTA tile; consumer warpgroups = block_m / 64."))
     block_n: int = knob(128, range(64, 193, 16), range_text="64..192 in steps of 16", doc=(
         "Key/value rows per KV tile, the main loop's step."))
-    k_stages: int = knob(2, (1, 2, 3, 4), doc="Shared-memory stages of the K ring.")
-    v_stages: int = knob(2, (1, 2, 3, 4), doc="Shared-memory stages of the V ring.")
+    k_stages: int = knob(2, (1, 2, 3), doc="Shared-memory stages of the K ring.")
+    v_stages: int = knob(2, (1, 2, 3), doc="Shared-memory stages of the V ring.")
     k_release: str = knob("after_qk", ("after_qk", "after_max", "after_softmax"),
                           cpp_type="KRelease", doc=(
         "When a consumer hands a K stage back to the producer: after its QK; after that QK's "
@@ -186,13 +186,6 @@ class KernelConfig:
         "CTAs resident on one SM at once (__launch_bounds__' minimum): each gets 1/n of the "
         "registers and shared memory; independent CTAs hide each other's prologue and epilogue "
         "where tasks are short."))
-    kv_walk: int = knob(1, (1, 2, 4, 8, 16), id_neutral=True, classes=("causal", "window"), doc=(
-        "A causal sliding window's fixed-length kernel: the dynamic scheduler hands out strips "
-        "of this many consecutive query tiles of one head, and the K/V tiles neighbours share "
-        "stay in the rings (one new KV tile per query tile); block_m 64, intra_wg_overlap, "
-        "k_stages = v_stages. A call whose query tiles need more KV tiles than the stages (a "
-        "wide window, or none) runs tile by tile; other classes and the varlen kernel ignore "
-        "it."))
     write_lse: bool = knob(True, doc="Write the row log-sum-exp beside O.")
 
     def __post_init__(self) -> None:
@@ -478,17 +471,6 @@ def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM, causal: bool = True) -
             )
         if cfg.early_next_qk:
             raise ConfigError("kv_multicast does not support early_next_qk; set it false")
-    if cfg.kv_walk > 1:
-        # One consumer warpgroup reads a task's tiles by position in the rings, which both load
-        # the same tiles in the same order (cuda_src/fa_tune/walk.cuh).
-        needs = [what for what, ok in (
-            ("block_m 64", cfg.block_m == 64),
-            ("the dynamic scheduler", cfg.scheduler == "dynamic"),
-            ("intra_wg_overlap", cfg.intra_wg_overlap),
-            ("k_stages = v_stages", cfg.k_stages == cfg.v_stages)) if not ok]
-        if needs:
-            raise ConfigError(f"kv_walk {cfg.kv_walk} needs {', '.join(needs)}; set kv_walk 1 or "
-                              "change those knobs")
     if cfg.wg_skip and cfg.early_next_qk:
         # The drain issues the next tile's first QK before the warpgroup could skip tiles.
         raise ConfigError("wg_skip does not support early_next_qk; set one of them false")
