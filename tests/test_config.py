@@ -28,6 +28,7 @@ ARCH_DEFAULTS = {
     "head_cluster": 1,
     "tile_order": "longest_first", "scheduler": "grid", "fixed_cost": 4, "persistent_ctas": 0,
     "ctas_per_sm": 1,
+    "softcap_tanh": "exact",
     "write_lse": True,
 }
 

@@ -350,3 +350,19 @@ def test_a_paged_class_compiles_clean(art: Artifact) -> None:
     lib.fa_tune_problem_class.restype = ctypes.c_char_p
     got = json.loads(lib.fa_tune_problem_class())
     assert got["paged"] is True and got["varlen"] is True
+
+
+# Softcap's two tanh forms (knob softcap_tanh, docs/PERF.md step 60), at D 256 as Gemma-2 runs.
+SOFTCAP_FORMS = {f: Artifact(load_preset("d256").replace(softcap_tanh=f),
+                             ProblemClass(256, True, softcap=True)) for f in ("exact", "approx")}
+
+
+@pytest.mark.builds(*SOFTCAP_FORMS.values())
+def test_softcap_approx_takes_one_mufu_op_where_exact_takes_two() -> None:
+    built = {f: build.build_config(a.config, pclass=a.pclass) for f, a in SOFTCAP_FORMS.items()}
+    for r in built.values():
+        assert r.unfit is None, r.unfit  # no local memory, wgmma not serialized
+    assert built["exact"].config_id != built["approx"].config_id
+    sass = _dump_sass(built)
+    assert "MUFU.TANH" in sass["approx"] and "MUFU.TANH" not in sass["exact"]
+    assert sass["exact"].count("MUFU.RCP") > sass["approx"].count("MUFU.RCP")

@@ -45,7 +45,8 @@ def test_preset_ids_unchanged() -> None:
     assert [KernelConfig(**{k: v}).config_id() for k, v in
             (("wg_skip", True), ("head_cluster", 2), ("sum_in_pv", True))] == [
         "11b7ddaf3b91", "ffb042daa165", "c2266ef450c2"]
-    assert set(NEUTRAL_LATER_KNOBS) == {"sum_in_pv", "wg_skip", "head_cluster", "ctas_per_sm"}
+    assert set(NEUTRAL_LATER_KNOBS) == {"sum_in_pv", "wg_skip", "head_cluster", "ctas_per_sm",
+                                       "softcap_tanh"}
 
 
 def test_knobs_are_the_dataclass_fields() -> None:

@@ -478,3 +478,11 @@ def test_sdpa_peer_gives_the_window_as_a_mask(monkeypatch: pytest.MonkeyPatch, s
         with pytest.raises(Unsupported, match="cannot express a softcap or attention sinks"):
             peer.prepare(q, k, v, causal, masks=masks)
     peer.release()
+
+
+def test_a_softcap_problem_is_also_gated_on_peaky_inputs() -> None:
+    assert O.gate_sets(Problem.parse("1x4x256:cap50"), O.DEFAULT_INPUT_SETS) == (
+        "seed", "rising", "peaky")
+    assert O.gate_sets(Problem.parse("1x4x256:w64:sinks"), O.DEFAULT_INPUT_SETS) == (
+        "seed", "rising")
+    assert O.gate_sets(Problem.parse("1x4x256:cap50"), ("peaky", "seed")) == ("peaky", "seed")

@@ -72,3 +72,36 @@ def test_left_out_knob_stays_default() -> None:
 def test_missing_space_file() -> None:
     with pytest.raises(ConfigError, match="cannot read search space"):
         load_space("no_such_space")
+
+
+def test_a_knob_bound_to_classes_is_searched_for_those_classes_only() -> None:
+    """softcap_tanh changes only a softcap class's kernel: every other class's search keeps it
+    at exact (SearchSpace.for_class), so no trial times a twin of another."""
+    from tuner.problem import ProblemClass
+
+    for name in ("default", "d64", "d256"):
+        space = load_space(name)
+        assert space.choices("softcap_tanh") == ("exact", "approx"), name
+        capped = space.for_class(ProblemClass(128, True, softcap=True, window=True))
+        assert "softcap_tanh" in capped.free_knobs
+        plain = space.for_class(ProblemClass(128, True, window=True, sinks=True))
+        assert plain.choices("softcap_tanh") == ("exact",)
+        assert "softcap_tanh" not in plain.free_knobs
+        assert plain.choices("block_n") == space.choices("block_n")
+
+
+def test_a_study_stores_the_space_of_its_class(tmp_path: Path) -> None:
+    """`fa-tune search --create-only` stores the space it searches: its class's."""
+    import optuna
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    for study, shape, free in (("capped", "1x8/2x1024:d256:cap50", True),
+                               ("plain", "1x8/2x1024:d256", False)):
+        r = CliRunner().invoke(app, ["search", "--study", study, "--storage", url,
+                                     "--create-only", "--shape", shape])
+        assert r.exit_code == 0, r.output
+        attrs = optuna.load_study(study_name=study, storage=url).user_attrs
+        assert ("softcap_tanh" in attrs["space"]) is free, (study, sorted(attrs["space"]))

@@ -22,6 +22,7 @@ enum class QRelease { AfterLastQk, AtEnd };
 enum class RescaleO { AfterPv, BeforePv };
 enum class TileOrder { LongestFirst, Natural };
 enum class Scheduler { Grid, Static, Dynamic };
+enum class SoftcapTanh { Exact, Approx };
 
 constexpr int kWarpgroupThreads = 128;
 

@@ -12,7 +12,6 @@ struct Hooks {
   static constexpr bool q_slice_by_tid = false;     // consumer: Q descriptors sliced by thread
   static constexpr bool skip_softmax = false;       // softmax: P = S (a bound, wrong results)
   static constexpr bool truncate_p = false;         // softmax: P to BF16 by truncation
-  static constexpr bool softcap_tanh_approx = false;  // softcap: tanh.approx, not EX2 + RCP
   static constexpr int mask_slack = 0;              // causal mask: keys kept past the diagonal
   static constexpr int window_slack = 0;            // window mask: keys kept left of the window
   static constexpr bool window_task_start = false;  // window: every warpgroup from the task's start

@@ -125,7 +125,8 @@ struct Mainloop {
   // A finished QK's scores, before any mask: softcapped where the class says so.
   template <class Frag>
   __device__ __forceinline__ static void cap_scores(Frag& s, const TileArgs& a) {
-    if constexpr (T::kSoftcap) apply_softcap(s, a.softcap_pre);
+    if constexpr (T::kSoftcap)
+      apply_softcap<Cfg::softcap_tanh == SoftcapTanh::Approx>(s, a.softcap_pre);
   }
 
   // The row sums' last step (sinks: the sink's term joins them).

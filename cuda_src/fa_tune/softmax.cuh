@@ -96,19 +96,21 @@ __device__ __forceinline__ void apply_window_mask(Frag& s, int diag0, int col0, 
 }
 
 // Logit softcap (Gemma-2): s <- tanh(s x pre), pre = softmax scale / cap; the softmax's
-// scale_log2 then carries cap x log2(e), so the exp2 sees cap x tanh(s x scale / cap). tanh as
-// 1 - 2 / (exp2(2x log2 e) + 1): MUFU.EX2 and MUFU.RCP per score, FP32-exact (+-1 at the
-// ends, an absolute error of ~1e-7 near 0). tanh.approx is one MUFU op, but its relative error
-// of up to 2^-11 is up to cap x 2^-11 = 0.024 on a logit at cap 50, more than the BF16 budget
-// allows on peaky inputs (emulated: 1.7x it); a lab build can take it (cuda_src/lab/hooks.cuh).
-template <class Frag>
+// scale_log2 then carries cap x log2(e), so the exp2 sees cap x tanh(s x scale / cap).
+// Exact: tanh as 1 - 2 / (exp2(2x log2 e) + 1), MUFU.EX2 and MUFU.RCP per score, FP32-exact
+// (+-1 at the ends, an absolute error of ~1e-7 near 0). kApprox (knob softcap_tanh approx):
+// tanh.approx, one MUFU op beside the softmax's exp2 instead of two, relative error up to
+// 2^-11; near the cap, where it moves a logit most (cap x 2^-11), every saturated score moves
+// alike, so the softmax barely sees it (docs/PERF.md step 60: the same output error on peaky
+// inputs, D 128 and 256).
+template <bool kApprox, class Frag>
 __device__ __forceinline__ void apply_softcap(Frag& s, float pre) {
   constexpr int N = Frag::kSize;
   FA_UNROLL
   for (int e = 0; e < N; ++e) {
     const float x = s(e) * pre;
     float y;
-    if constexpr (Hooks::softcap_tanh_approx) {
+    if constexpr (kApprox) {
       asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
     } else {
       y = 1.f - 2.f / (exp2f(x * 2.8853900817779268f) + 1.f);  // exp2 of 2x log2(e)

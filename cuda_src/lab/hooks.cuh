@@ -31,9 +31,6 @@
 //   FA_TUNE_LAB_P_TRUNC = 1        pack P to BF16 by truncation (one PRMT per pair on the ALU
 //                                  pipe) instead of cvt.rn (F2FP), to see whether F2FP competes
 //                                  with MUFU.EX2 for its pipe
-//   FA_TUNE_LAB_SOFTCAP_TANH_APPROX = 1  softcap's tanh by tanh.approx.f32: one MUFU op against
-//                                  the product's two (EX2, RCP), but a relative error up to
-//                                  2^-11, i.e. up to cap x 2^-11 on a logit
 //   FA_TUNE_LAB_WINDOW_TASK_START = 1  a window's warpgroups all start at the task's first KV
 //                                  tile (as before 2026-12-05), not each at its own rows' first
 #pragma once
@@ -54,9 +51,6 @@
 #ifndef FA_TUNE_LAB_P_TRUNC
 #define FA_TUNE_LAB_P_TRUNC 0
 #endif
-#ifndef FA_TUNE_LAB_SOFTCAP_TANH_APPROX
-#define FA_TUNE_LAB_SOFTCAP_TANH_APPROX 0
-#endif
 #ifndef FA_TUNE_LAB_WINDOW_TASK_START
 #define FA_TUNE_LAB_WINDOW_TASK_START 0
 #endif
@@ -70,7 +64,6 @@ struct Hooks {
   static constexpr bool q_slice_by_tid = FA_TUNE_LAB_Q_SLICE_BY_TID != 0;
   static constexpr bool skip_softmax = FA_TUNE_LAB_NO_SOFTMAX != 0;
   static constexpr bool truncate_p = FA_TUNE_LAB_P_TRUNC != 0;
-  static constexpr bool softcap_tanh_approx = FA_TUNE_LAB_SOFTCAP_TANH_APPROX != 0;
   static constexpr bool window_task_start = FA_TUNE_LAB_WINDOW_TASK_START != 0;
   static constexpr int mask_slack = kPlantBug == 2 ? 1 : 0;
   static constexpr int window_slack = kPlantBug == 9 ? 1 : 0;

@@ -51,7 +51,7 @@ def mask_jobs() -> list[Job]:
         cap = ProblemClass(d, True, softcap=True)
         jobs += [(preset, load_preset(preset), ProblemClass(d, True), None),
                  (preset, load_preset(preset), cap, None),
-                 ("tanh.approx", load_preset(preset), cap, {"FA_TUNE_LAB_SOFTCAP_TANH_APPROX": 1})]
+                 ("tanh.approx", load_preset(preset).replace(softcap_tanh="approx"), cap, None)]
     for preset, text in (("default", "1x32/8x16384:w4096"), ("d64", "1x64/8x8192:d64:w128"),
                          ("d64", "1x64/8x8192:d64:w128:sinks"), ("d64", "1x64/8x8192:d64:sinks"),
                          ("d256", "1x16/8x8192:d256:cap50")):

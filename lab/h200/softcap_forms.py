@@ -1,7 +1,7 @@
-"""Softcap's two tanh forms on the H200 (docs/PERF.md steps 50, 60): the product's exact one
-(EX2 + RCP) and tanh.approx (a lab build, FA_TUNE_LAB_SOFTCAP_TANH_APPROX), each gated on the
-seed, rising and peaky input sets (peaky: scores spread to the cap, where tanh.approx errs most)
-and timed, beside the same preset without a cap.
+"""Softcap's two tanh forms on the H200 (docs/PERF.md steps 50, 60): knob softcap_tanh exact
+(EX2 + RCP) and approx (tanh.approx), each gated on the seed, rising and peaky input sets
+(peaky: scores spread to the cap, where tanh.approx errs most) and timed, beside the same preset
+without a cap.
 
     python3 lab/h200/softcap_forms.py [--preset default] [--shape 1x16/8x8192]
 """
@@ -31,10 +31,9 @@ def main() -> None:
     rows = []
     bench = Bench(0, input_sets=("seed", "rising", "peaky"))
     try:
-        for name, p, defines in (("no cap", plain, None), ("exact (EX2+RCP)", capped, None),
-                                 ("tanh.approx", capped,
-                                  {"FA_TUNE_LAB_SOFTCAP_TANH_APPROX": 1})):
-            res = build.build_config(cfg, defines=defines, pclass=p.problem_class)
+        for name, p, form in (("no cap", plain, "exact"), ("exact (EX2+RCP)", capped, "exact"),
+                              ("tanh.approx", capped, "approx")):
+            res = build.build_config(cfg.replace(softcap_tanh=form), pclass=p.problem_class)
             res.require_timeable()
             launch = KernelLaunch(res.so_path)
             g = bench.gate(launch, p)

@@ -10,6 +10,7 @@ enum class QRelease { AfterLastQk, AtEnd };
 enum class RescaleO { AfterPv, BeforePv };
 enum class TileOrder { LongestFirst, Natural };
 enum class Scheduler { Grid, Static, Dynamic };
+enum class SoftcapTanh { Exact, Approx };
 }  // namespace fa_tune
 
 struct Config {

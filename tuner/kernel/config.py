@@ -186,6 +186,10 @@ class KernelConfig:
         "CTAs resident on one SM at once (__launch_bounds__' minimum): each gets 1/n of the "
         "registers and shared memory; independent CTAs hide each other's prologue and epilogue "
         "where tasks are short."))
+    softcap_tanh: str = knob("exact", ("exact", "approx"), cpp_type="SoftcapTanh",
+                             id_neutral=True, classes=("softcap",), doc=(
+        "A softcap class's tanh: exact (MUFU.EX2 and MUFU.RCP per score, FP32-exact) or approx "
+        "(tanh.approx: one MUFU op, relative error up to 2^-11; docs/PERF.md step 60)."))
     write_lse: bool = knob(True, doc="Write the row log-sum-exp beside O.")
 
     def __post_init__(self) -> None:

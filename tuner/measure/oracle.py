@@ -115,6 +115,15 @@ from tuner.measure.reference_numpy import (  # noqa: F401 - re-exported: the twi
 
 DEFAULT_INPUT_SETS = ("seed", "rising")
 
+
+def gate_sets(shape: ShapeLike, input_sets: Sequence[str]) -> tuple[str, ...]:
+    """The input sets a gate runs: those asked for, and for a softcap problem the peaky set too
+    (scores spread to the cap, where a tanh form errs most: docs/GATE.md)."""
+    sets = tuple(input_sets)
+    if getattr(as_problem(shape), "softcap", 0.0) > 0 and "peaky" not in sets:
+        sets += ("peaky",)
+    return sets
+
 # Reference debug flags (oracle.cu): used by self-tests to prove bugs are caught.
 REF_REVERSE = 1
 REF_BUG_NO_RESCALE_O = 2
@@ -401,6 +410,7 @@ def gate(
         raise ValueError(f"buffers are for {_shape_str(bufs.shape)}, not {_shape_str(shape)}")
     if not input_sets:
         raise ValueError("gate needs at least one input set")
+    input_sets = gate_sets(shape, input_sets)
     for name in input_sets:
         check_input_set(name, shape)
     dev.make_current()

@@ -38,7 +38,7 @@ INPUT_SETS: dict[str, tuple[str, int]] = {
     "rising_fwd": ("rising", 1),  # ... of a FORWARD walk
     # Q, K ~ U[-a, a] with scores' std at the softcap (PEAKY_STD without one): a softcap's tanh
     # is exercised into saturation, where an approximate form errs most, and rows' softmax mass
-    # sits on a few keys. Not in the default gate (docs/PERF.md step 60).
+    # sits on a few keys. The gate adds it for softcap problems (oracle.gate_sets).
     "peaky": ("peaky", 0),
 }
 # Keys of one trend: K's trend must stay exact in BF16 (oracle.cu's header). A packed batch's
