@@ -492,3 +492,12 @@ def test_two_warpgroup_pairs_count_four_more_registers() -> None:
     three = pair.replace(block_m=192, producer_regs=24, k_stages=3, v_stages=3)
     assert consumer_reg_estimate(three) == consumer_reg_estimate(three.replace(kv_multicast=False))
     assert validate(three) is three
+
+
+def test_a_retired_knob_is_read_at_its_neutral_value_only() -> None:
+    """kv_walk (docs/PERF.md step 60) was a knob for a few commits: configs stored then read
+    as today's at 1 and are refused otherwise, in one line."""
+    cfg = KernelConfig.from_dict({"block_n": 96, "kv_walk": 1})
+    assert cfg == KernelConfig(block_n=96)
+    with pytest.raises(ConfigError, match=r"^s: knob 'kv_walk' was removed .* sets it to 8$"):
+        KernelConfig.from_dict({"kv_walk": 8}, source="s")

@@ -572,6 +572,31 @@ def test_policy_prunes_and_confirms() -> None:
     assert pol.needs_confirming(501.0, inc, [0.96, 0.96])  # too few ratios: uncalibrated
 
 
+def test_a_calibrated_screen_reference_replaces_a_lucky_incumbent_screen() -> None:
+    """The incumbent screened at 1.0 ms on a cool card but runs 1.2 ms by the full protocol; the
+    study's screens read 0.92 of the full protocol, so its reference is 1.104 ms: a candidate
+    screened at 1.1 ms (10 % over the lucky screen) goes on, one at 1.25 ms is pruned."""
+    from tuner.search.trials import screen_ratio, screen_ratios
+
+    pol = policy.SearchPolicy()
+    conf = {"geomean_tflops": 500.0, "shapes": {"1x2x256": {"median_ms": 1.2}}}
+    inc = SimpleNamespace(number=3, user_attrs={"screen": {"shape": "1x2x256", "median_ms": 1.0},
+                                                "confirmed": conf})
+    cand = {"shape": "1x2x256", "median_ms": 1.1}
+    assert pol.prune_reason(cand, inc) is not None  # against its own screen: pruned
+    ratios = [0.90, 0.92, 0.95]
+    assert pol.prune_reason(cand, inc, ratios) is None
+    why = pol.prune_reason({"shape": "1x2x256", "median_ms": 1.25}, inc, ratios)
+    assert why is not None and "1.1040 ms (confirmed time" in why
+    assert pol.prune_reason(cand, inc, ratios[:2]) is not None  # too few: its screen again
+    # Another screen shape than the incumbent's confirmed ones: its screen again.
+    assert pol.prune_reason({"shape": "1x2x512", "median_ms": 1.1}, inc, ratios) is not None
+    assert screen_ratio(inc.user_attrs) == pytest.approx(1.0 / 1.2)
+    assert screen_ratio({"screen": {"shape": "1x2x256", "median_ms": 1.0}}) is None
+    other = SimpleNamespace(user_attrs={**inc.user_attrs, "gpu": {"name": "NVIDIA H200"}})
+    assert screen_ratios([inc, other], "NVIDIA H100 80GB HBM3") == pytest.approx([1.0 / 1.2])
+
+
 def test_confirm_ratios_read_the_studys_confirmed_trials() -> None:
     from optuna.trial import TrialState
 

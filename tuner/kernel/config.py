@@ -208,6 +208,11 @@ class KernelConfig:
             raise ConfigError(
                 f"{where}a config must be a mapping of knob: value, got {type(data).__name__}"
             )
+        for k, neutral in RETIRED_KNOBS.items():  # written by a study of their time
+            if k in data and data[k] != neutral:
+                raise ConfigError(f"{where}knob '{k}' was removed (docs/PERF.md step 60, "
+                                  f"lab/patches/); this config sets it to {data[k]!r}")
+        data = {k: v for k, v in data.items() if k not in RETIRED_KNOBS}
         unknown = sorted(str(k) for k in data if k not in KNOBS)
         if unknown:
             raise ConfigError(
@@ -310,6 +315,9 @@ class KernelConfig:
 
 
 KNOBS: dict[str, Knob] = knobs.table(KernelConfig)
+# Knobs taken out of the product after configs were stored with them, and the value at which a
+# stored config still names today's kernel (from_dict drops them there, refuses them otherwise).
+RETIRED_KNOBS: dict[str, Any] = {"kv_walk": 1}
 # Knobs added after config ids were in use, and the value that compiles the kernel as before
 # (KernelConfig.canonical_json leaves them out at it).
 NEUTRAL_LATER_KNOBS: dict[str, tuple[Any]] = {

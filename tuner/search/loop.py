@@ -237,6 +237,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         self._nvcc: str | None | bool = False  # False: not looked up yet
         self.incumbent: Any | None = None
         self.confirm_ratios: list[float] = []  # confirmed / survey, the study's (policy)
+        self.screen_ratios: list[float] = []  # screen / confirmed times, the study's (policy)
         self._last_tick = 0.0
         self._avg_compile_s = 60.0
         self._avg_eval_s = 0.0  # GPU wall time per candidate (0: none measured yet)

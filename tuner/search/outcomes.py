@@ -28,7 +28,7 @@ from tuner.search.session import (
     geomean,
 )
 from tuner.search.study import redact
-from tuner.search.trials import confirmed_value, first_near_best, trial_accuracy
+from tuner.search.trials import confirmed_value, first_near_best, screen_ratio, trial_accuracy
 from tuner.search.worker_client import WorkerFailure
 
 
@@ -230,7 +230,7 @@ class TrialOutcomes:
             scr = {"shape": str(self.screen_shape), **_row(r)}
             trial.set_user_attr("screen", scr)
             trial.report(scr["tflops"], 0)
-            why = pol.prune_reason(scr, self.incumbent)
+            why = pol.prune_reason(scr, self.incumbent, self.screen_ratios)
             if why:
                 trial.set_user_attr("prune_reason", why)
                 self._tell(trial, TrialState.PRUNED)
@@ -260,6 +260,9 @@ class TrialOutcomes:
                 confirmed = self._confirm(trial, cfg, built, so, gates)
                 if value > 0:  # calibrates the next decisions before _sync re-reads the study
                     self.confirm_ratios.append(confirmed / value)
+                ratio = screen_ratio(trial.user_attrs)
+                if ratio is not None:
+                    self.screen_ratios.append(ratio)
         except WorkerFailure as e:
             self._fail(trial, e.reason)
             return

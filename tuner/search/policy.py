@@ -46,19 +46,31 @@ class SearchPolicy:
     confirm_margin: float = 0.01
     calibrate_after: int = 3
 
-    def prune_reason(self, screen: dict[str, Any], incumbent: Any | None) -> str | None:
+    def prune_reason(self, screen: dict[str, Any], incumbent: Any | None,
+                     ratios: Sequence[float] = ()) -> str | None:
         """Why a candidate with this screen row ({shape, median_ms, ...}) is pruned against
-        the incumbent (a FrozenTrial with a ``screen`` attr), or None to go on."""
+        the incumbent (a FrozenTrial with ``screen`` and ``confirmed`` attrs), or None to go on.
+
+        ``ratios``: the study's screen / confirmed times so far (trials.screen_ratios). From
+        ``calibrate_after`` of them on, the incumbent's reference is its confirmed time on the
+        screen's shape scaled by their median, not its own screen: one screen reads 0.87-0.98
+        of the full protocol (H100, docs/PERF.md step 60), so an incumbent screened fast on a
+        cool card pruned candidates as good as itself."""
         if incumbent is None:
             return None
         inc = incumbent.user_attrs.get("screen") or {}
-        inc_ms = inc.get("median_ms")
-        if not inc_ms or screen["median_ms"] <= inc_ms * (1.0 + self.prune_slower_fraction):
+        ref_ms, what = inc.get("median_ms"), "screen"
+        row = ((incumbent.user_attrs.get("confirmed") or {}).get("shapes") or {}).get(
+            screen.get("shape"))
+        if len(ratios) >= self.calibrate_after and row and row.get("median_ms"):
+            ref_ms = row["median_ms"] * statistics.median(ratios)
+            what = "confirmed time x the study's screen / confirmed median"
+        if not ref_ms or screen["median_ms"] <= ref_ms * (1.0 + self.prune_slower_fraction):
             return None
-        slower = screen["median_ms"] / inc_ms - 1.0
+        slower = screen["median_ms"] / ref_ms - 1.0
         return (f"screen {screen['median_ms']:.4f} ms on {screen.get('shape', '?')} is "
-                f"{100 * slower:.1f}% slower than trial {incumbent.number}'s {inc_ms:.4f} ms "
-                f"(limit {100 * self.prune_slower_fraction:.0f}%)")
+                f"{100 * slower:.1f}% slower than trial {incumbent.number}'s {ref_ms:.4f} ms "
+                f"({what}; limit {100 * self.prune_slower_fraction:.0f}%)")
 
     def needs_confirming(self, value: float, incumbent: Any | None,
                          ratios: Sequence[float] = ()) -> bool:

@@ -28,7 +28,7 @@ from tuner.search.session import (
     _TrialLost,
     gpu_model,
 )
-from tuner.search.trials import best_confirmed, confirm_ratios
+from tuner.search.trials import best_confirmed, confirm_ratios, screen_ratios
 
 
 class SharedStudy:
@@ -115,6 +115,7 @@ class SharedStudy:
                 self.known.setdefault(cid, t)
         self.incumbent = best_confirmed(trials)
         self.confirm_ratios = confirm_ratios(trials, self.progress.gpu_name)
+        self.screen_ratios = screen_ratios(trials, self.progress.gpu_name)
         if self.incumbent is not None:
             self._show_best(self.incumbent)
 
@@ -172,6 +173,7 @@ class SharedStudy:
         if foreign:
             self._foreign_seen = now
         self.confirm_ratios = confirm_ratios(trials, self.progress.gpu_name)
+        self.screen_ratios = screen_ratios(trials, self.progress.gpu_name)
         best = best_confirmed(trials)
         if best is not None and self.policy.is_new_best(best, self.incumbent) and (
                 self.incumbent is None or best.number != self.incumbent.number):

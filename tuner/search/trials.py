@@ -6,6 +6,7 @@ confirmed one. Who uses what:
 
 * ``confirmed_value``, ``best_confirmed``: the search's incumbent (policy), fleet's summary;
   ``confirm_ratios``: the policy's calibration of survey values against confirmed ones;
+  ``screen_ratios``: its calibration of screens against confirmed times;
 * ``study_trials``, ``complete_trials``, ``best_rows``: ``show best`` (ranked, deduplicated by
   config, optionally by one problem);
 * ``pick_trial``: export, profile, dispatch (``study:`` buckets), scripts/export_timing.py: the
@@ -53,6 +54,29 @@ def confirm_ratios(trials: Sequence[Any], gpu: str = "") -> list[float]:
         if c and isinstance(v, (int, float)) and v > 0:
             out.append(c / float(v))
     return out
+
+
+def screen_ratios(trials: Sequence[Any], gpu: str = "") -> list[float]:
+    """Screen over confirmed median time on the screen's shape, of each trial that has both:
+    how the screen (a short protocol, often on a cooler card) reads against the full protocol;
+    with ``gpu``, only trials measured on that GPU model."""
+    out = []
+    for t in trials:
+        if gpu and (t.user_attrs.get("gpu") or {}).get("name") not in (None, gpu):
+            continue
+        ratio = screen_ratio(t.user_attrs)
+        if ratio is not None:
+            out.append(ratio)
+    return out
+
+
+def screen_ratio(attrs: dict[str, Any]) -> float | None:
+    """One trial's screen / confirmed median time on the screen's shape (None without both)."""
+    scr = attrs.get("screen") or {}
+    row = ((attrs.get("confirmed") or {}).get("shapes") or {}).get(scr.get("shape"))
+    if not scr.get("median_ms") or not row or not row.get("median_ms"):
+        return None
+    return float(scr["median_ms"]) / float(row["median_ms"])
 
 
 def first_near_best(trials: Sequence[Any], since: Any, best: float, within: float = 0.01
