@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Time to a tie: how soon a search had a config as fast as its final pick, judged as the
+search's final judges (interleaved turns in one process, the noise band), not by one
+confirmation against the best of many (which is the top of a noisy plateau: docs/PERF.md step
+60). Issue 38's bar: a config within 1 % of the 8-minute best by 3 minutes.
+
+    python3 scripts/time_to_tie.py --study S [--storage URL] [--within 0.03] [--max 6] [--list]
+
+The candidates are the study's confirmed trials completed before the pick, within --within of
+its confirmed number, earliest first (at most --max, one per config). Each is gated and played
+against the pick alone (tuner.search.final's play and decide: A B, B A, ...). Prints a line per
+candidate (seconds after the study's first trial started, TFLOPS against the pick, tie or not)
+and the answer last: the first candidate that ties the pick or beats it, else the pick itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tuner.errors import FaTuneError  # noqa: E402
+from tuner.search import final  # noqa: E402
+from tuner.search.trials import confirmed_value  # noqa: E402
+
+
+def seconds_after(t: Any, start: Any) -> float:
+    return (t.datetime_complete - start).total_seconds()
+
+
+def candidates(trials: Sequence[Any], pick: Any, within: float, most: int) -> list[Any]:
+    """Confirmed trials completed before the pick, within ``within`` of its confirmed number,
+    earliest first, one per config, at most ``most``."""
+    best = confirmed_value(pick) or 0.0
+    near = sorted((t for t in trials
+                   if t.datetime_complete is not None
+                   and t.datetime_complete < pick.datetime_complete
+                   and (confirmed_value(t) or 0.0) >= best * (1.0 - within)),
+                  key=lambda t: t.datetime_complete)
+    out: list[Any] = []
+    seen = {pick.user_attrs.get("config_id")}
+    for t in near:
+        cid = t.user_attrs.get("config_id")
+        if cid in seen:
+            continue
+        seen.add(cid)
+        out.append(t)
+        if len(out) == most:
+            break
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--study", required=True)
+    ap.add_argument("--storage")
+    ap.add_argument("--within", type=float, default=0.03,
+                    help="candidates: confirmed within this fraction of the pick's (0.03)")
+    ap.add_argument("--max", type=int, default=6, help="candidates at most (6)")
+    ap.add_argument("--turns", type=int, default=final.TURNS)
+    ap.add_argument("--list", action="store_true", help="print the candidates and stop (no GPU)")
+    a = ap.parse_args(argv)
+    try:
+        return run(a)
+    except FaTuneError as e:
+        print(f"time_to_tie: {e}", file=sys.stderr)
+        return 2
+
+
+def run(a: argparse.Namespace) -> int:
+    from tuner.kernel import build
+    from tuner.kernel.config import KernelConfig
+    from tuner.measure.bench import Bench
+    from tuner.measure.launch import KernelLaunch
+    from tuner.problem import class_of
+    from tuner.search.trials import pick_trial, study_trials, trial_problems
+
+    _, trials = study_trials(a.study, a.storage)
+    _, pick = pick_trial(a.study, a.storage, None)
+    start = min(t.datetime_start for t in trials if t.datetime_start is not None)
+    problems = trial_problems(pick)
+    pclass = class_of(problems)
+    cands = candidates(trials, pick, a.within, a.max)
+    if not cands:
+        print(f"no confirmed trial before the pick within {100 * a.within:.0f} % of it: the "
+              f"first tie is the pick, trial {pick.number}, {seconds_after(pick, start):.0f} s "
+              "after the start")
+        return 0
+    if a.list:
+        for t in cands:
+            print(f"trial {t.number:4d} at {seconds_after(t, start):5.0f} s: confirmed "
+                  f"{confirmed_value(t):.1f} TFLOPS (the pick, trial {pick.number}: "
+                  f"{confirmed_value(pick):.1f})")
+        return 0
+    sos = {t.number: build.build_config(KernelConfig.from_dict(t.user_attrs["config"]),
+                                        pclass=pclass) for t in [pick, *cands]}
+    for r in sos.values():
+        r.require_timeable()
+    bench = Bench(0)
+    launches = {n: KernelLaunch(r.so_path) for n, r in sos.items()}
+    try:
+        for n, launch in launches.items():
+            for p in problems:
+                g = bench.gate(launch, p)
+                if not g.passed:
+                    raise FaTuneError(f"trial {n} fails the gate on {p}: {g.summary()}")
+
+        def measure(so: str, p: Any) -> float:
+            n = next(k for k, r in sos.items() if r.so_path == so)
+            t = bench.time(launches[n], p, final.PROTOCOL)
+            return p.tflops(t.median_ms)
+
+        answer = None
+        print(f"pick: trial {pick.number} ({seconds_after(pick, start):.0f} s, confirmed "
+              f"{confirmed_value(pick):.1f} TFLOPS); {', '.join(map(str, problems))}")
+        for t in cands:
+            turns = final.play(measure, {pick.number: sos[pick.number].so_path,
+                                         t.number: sos[t.number].so_path}, problems, a.turns)
+            v = final.decide(turns, {}, {})
+            ratio = v.tflops[t.number] / v.tflops[pick.number]
+            ties = v.winner in (None, t.number)
+            print(f"trial {t.number:4d} at {seconds_after(t, start):5.0f} s: {ratio:.3f}x the "
+                  f"pick (band {100 * v.band:.1f} %): {'ties or beats it' if ties else 'slower'}",
+                  flush=True)
+            if ties and answer is None:
+                answer = t
+        if answer is None:
+            print(f"none of {len(cands)} earlier candidates ties it: the first tie is the pick, "
+                  f"{seconds_after(pick, start):.0f} s after the start")
+        else:
+            print(f"first tie with the pick: trial {answer.number}, "
+                  f"{seconds_after(answer, start):.0f} s after the start")
+    finally:
+        for p in problems:
+            bench.release(p)
+        bench.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""scripts/time_to_tie.py: which trials it plays against the search's pick, and one line for a
+study that does not exist. (The play itself is tuner.search.final's, timed on a GPU.)"""
+
+from __future__ import annotations
+
+import datetime as dt
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "time_to_tie.py"
+
+
+@pytest.fixture(scope="module")
+def tool():
+    spec = importlib.util.spec_from_file_location("time_to_tie", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _trial(n: int, s: float | None, conf: float | None, cid: str) -> SimpleNamespace:
+    t0 = dt.datetime(2026, 12, 5, 21, 0, tzinfo=dt.timezone.utc)
+    attrs = {"config_id": cid, **({"confirmed": {"geomean_tflops": conf}} if conf else {})}
+    return SimpleNamespace(number=n, user_attrs=attrs,
+                           datetime_complete=None if s is None else t0 + dt.timedelta(seconds=s))
+
+
+def test_the_candidates_are_the_near_confirmed_ones_before_the_pick(tool) -> None:  # noqa: ANN001
+    pick = _trial(9, 300, 700.0, "p")
+    trials = [_trial(1, 40, 680.0, "a"),    # 2.9 % under: in
+              _trial(2, 50, 660.0, "b"),    # 5.7 % under: out
+              _trial(3, 60, None, "c"),     # not confirmed: out
+              _trial(4, 70, 690.0, "a"),    # the same config as trial 1: out
+              _trial(5, 80, 705.0, "d"),    # faster: in
+              _trial(6, 90, 695.0, "p"),    # the pick's config: out
+              _trial(7, 400, 699.0, "e"),   # after the pick: out
+              _trial(8, None, 699.0, "f"),  # not complete: out
+              pick]
+    assert [t.number for t in tool.candidates(trials, pick, 0.03, 6)] == [1, 5]
+    assert [t.number for t in tool.candidates(trials, pick, 0.03, 1)] == [1]
+    assert [t.number for t in tool.candidates(trials, pick, 0.10, 6)] == [1, 2, 5]
+
+
+def test_a_missing_study_is_one_line(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(SCRIPT), "--study", "nope", "--storage",
+                        f"sqlite:///{tmp_path / 'x.db'}"], capture_output=True, text=True,
+                       cwd=ROOT)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("time_to_tie: ") and r.stderr.count("\n") == 1, r.stderr
