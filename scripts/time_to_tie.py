@@ -41,17 +41,7 @@ def candidates(trials: Sequence[Any], pick: Any, within: float, most: int) -> li
                    and t.datetime_complete < pick.datetime_complete
                    and (confirmed_value(t) or 0.0) >= best * (1.0 - within)),
                   key=lambda t: t.datetime_complete)
-    out: list[Any] = []
-    seen = {pick.user_attrs.get("config_id")}
-    for t in near:
-        cid = t.user_attrs.get("config_id")
-        if cid in seen:
-            continue
-        seen.add(cid)
-        out.append(t)
-        if len(out) == most:
-            break
-    return out
+    return final.one_per_config(near, most, skip=[pick.user_attrs.get("config_id", "")])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

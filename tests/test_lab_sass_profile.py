@@ -3,13 +3,13 @@ the sums docs/PERF.md step 42 reports, and one clear line for bad input."""
 
 from __future__ import annotations
 
-import importlib.util
 import lzma
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "lab" / "h200" / "sass_profile.py"
@@ -20,11 +20,7 @@ FA3 = DATA / "ncu_source_sass_h200_2025.3.1_fa3_d64.csv.xz"
 
 @pytest.fixture(scope="module")
 def sp():
-    spec = importlib.util.spec_from_file_location("sass_profile", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclass looks its module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def test_phase_shares_of_the_captured_pages(sp) -> None:

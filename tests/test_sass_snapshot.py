@@ -5,13 +5,13 @@ the CUDA 13.0 cuobjdump; and one clear line for bad input."""
 
 from __future__ import annotations
 
-import importlib.util
 import lzma
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "sass_snapshot.py"
@@ -20,10 +20,7 @@ DATA = ROOT / "tests" / "data"
 
 @pytest.fixture(scope="module")
 def snap():
-    spec = importlib.util.spec_from_file_location("sass_snapshot", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def _sass(side: str) -> str:

@@ -4,13 +4,13 @@ study that does not exist. (The play itself is tuner.search.final's, timed on a 
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from script_module import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "time_to_tie.py"
@@ -18,10 +18,7 @@ SCRIPT = ROOT / "scripts" / "time_to_tie.py"
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("time_to_tie", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT)
 
 
 def _trial(n: int, s: float | None, conf: float | None, cid: str) -> SimpleNamespace:

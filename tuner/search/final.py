@@ -128,15 +128,22 @@ def knobs_changed(config: dict[str, Any], default: KernelConfig) -> int:
 def finalists(trials: Sequence[Any], confirmed: Callable[[Any], float | None],
               top: int = TOP) -> list[Any]:
     """The top trials by confirmed TFLOPS, one per config."""
+    ranked = sorted((t for t in trials if confirmed(t)), key=lambda t: -(confirmed(t) or 0.0))
+    return one_per_config(ranked, top)
+
+
+def one_per_config(ordered: Sequence[Any], most: int, skip: Sequence[str] = ()) -> list[Any]:
+    """The first trial of each config in ``ordered`` (none of a duplicate trial, none of the
+    configs in ``skip``), at most ``most``."""
     out: list[Any] = []
-    seen: set[str] = set()
-    for t in sorted((t for t in trials if confirmed(t)), key=lambda t: -(confirmed(t) or 0.0)):
+    seen = set(skip)
+    for t in ordered:
         cid = t.user_attrs.get("config_id", "")
         if cid in seen or "duplicate_of" in t.user_attrs:
             continue
         seen.add(cid)
         out.append(t)
-        if len(out) == top:
+        if len(out) == most:
             break
     return out
 
