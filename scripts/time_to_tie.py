@@ -92,6 +92,7 @@ def run(a: argparse.Namespace) -> int:
         r.require_timeable()
     bench = Bench(0)
     launches = {n: KernelLaunch(r.so_path) for n, r in sos.items()}
+    by_path = {sos[n].so_path: launch for n, launch in launches.items()}
     try:
         for n, launch in launches.items():
             for p in problems:
@@ -100,9 +101,7 @@ def run(a: argparse.Namespace) -> int:
                     raise FaTuneError(f"trial {n} fails the gate on {p}: {g.summary()}")
 
         def measure(so: str, p: Any) -> float:
-            n = next(k for k, r in sos.items() if r.so_path == so)
-            t = bench.time(launches[n], p, final.PROTOCOL)
-            return p.tflops(t.median_ms)
+            return p.tflops(bench.time(by_path[so], p, final.PROTOCOL).median_ms)
 
         answer = None
         print(f"pick: trial {pick.number} ({seconds_after(pick, start):.0f} s, confirmed "

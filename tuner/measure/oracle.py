@@ -120,7 +120,7 @@ def gate_sets(shape: ShapeLike, input_sets: Sequence[str]) -> tuple[str, ...]:
     """The input sets a gate runs: those asked for, and for a softcap problem the peaky set too
     (scores spread to the cap, where a tanh form errs most: docs/GATE.md)."""
     sets = tuple(input_sets)
-    if getattr(as_problem(shape), "softcap", 0.0) > 0 and "peaky" not in sets:
+    if as_problem(shape).softcap > 0 and "peaky" not in sets:
         sets += ("peaky",)
     return sets
 

@@ -81,7 +81,7 @@ def peaky_amplitude(shape: ShapeLike) -> float:
     """a of the peaky set's Q, K ~ U[-a, a]: q.k / sqrt(D) then has std a^2 / 3 (any D), set
     to the problem's softcap (so half the scores lie beyond two thirds of the cap, where tanh
     bends and saturates) or PEAKY_STD."""
-    cap = float(getattr(as_problem(shape), "softcap", 0.0))
+    cap = as_problem(shape).softcap
     return math.sqrt(3.0 * (cap if cap > 0 else PEAKY_STD))
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from tuner.measure.timing import FULL, SCREEN, SURVEY, Protocol
 from tuner.search import final
-from tuner.search.trials import confirmed_value
+from tuner.search.trials import confirmed_ms, confirmed_value
 
 # A candidate whose screening median is more than this fraction slower than the incumbent's
 # screening median (same shape, same short protocol) is pruned.
@@ -60,10 +60,9 @@ class SearchPolicy:
             return None
         inc = incumbent.user_attrs.get("screen") or {}
         ref_ms, what = inc.get("median_ms"), "screen"
-        row = ((incumbent.user_attrs.get("confirmed") or {}).get("shapes") or {}).get(
-            screen.get("shape"))
-        if len(ratios) >= self.calibrate_after and row and row.get("median_ms"):
-            ref_ms = row["median_ms"] * statistics.median(ratios)
+        conf_ms = confirmed_ms(incumbent.user_attrs, screen.get("shape"))
+        if len(ratios) >= self.calibrate_after and conf_ms:
+            ref_ms = conf_ms * statistics.median(ratios)
             what = "confirmed time x the study's screen / confirmed median"
         if not ref_ms or screen["median_ms"] <= ref_ms * (1.0 + self.prune_slower_fraction):
             return None

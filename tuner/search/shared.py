@@ -114,10 +114,14 @@ class SharedStudy:
             if cid and _is_verdict(t):
                 self.known.setdefault(cid, t)
         self.incumbent = best_confirmed(trials)
-        self.confirm_ratios = confirm_ratios(trials, self.progress.gpu_name)
-        self.screen_ratios = screen_ratios(trials, self.progress.gpu_name)
+        self._calibrate(trials)
         if self.incumbent is not None:
             self._show_best(self.incumbent)
+
+    def _calibrate(self, trials: list[Any]) -> None:
+        """The policy's calibrations from the study's trials on this worker's GPU model."""
+        self.confirm_ratios = confirm_ratios(trials, self.progress.gpu_name)
+        self.screen_ratios = screen_ratios(trials, self.progress.gpu_name)
 
     # -- other workers
     def _elsewhere(self, number: int, cid: str) -> tuple[Any | None, int | None]:
@@ -172,8 +176,7 @@ class SharedStudy:
         self.foreign = foreign
         if foreign:
             self._foreign_seen = now
-        self.confirm_ratios = confirm_ratios(trials, self.progress.gpu_name)
-        self.screen_ratios = screen_ratios(trials, self.progress.gpu_name)
+        self._calibrate(trials)
         best = best_confirmed(trials)
         if best is not None and self.policy.is_new_best(best, self.incumbent) and (
                 self.incumbent is None or best.number != self.incumbent.number):

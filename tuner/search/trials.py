@@ -46,9 +46,7 @@ def confirm_ratios(trials: Sequence[Any], gpu: str = "") -> list[float]:
     from optuna.trial import TrialState
 
     out = []
-    for t in trials:
-        if gpu and (t.user_attrs.get("gpu") or {}).get("name") not in (None, gpu):
-            continue
+    for t in _on_gpu(trials, gpu):
         c = confirmed_value(t)
         v = t.value if t.state == TrialState.COMPLETE else None
         if c and isinstance(v, (int, float)) and v > 0:
@@ -60,23 +58,29 @@ def screen_ratios(trials: Sequence[Any], gpu: str = "") -> list[float]:
     """Screen over confirmed median time on the screen's shape, of each trial that has both:
     how the screen (a short protocol, often on a cooler card) reads against the full protocol;
     with ``gpu``, only trials measured on that GPU model."""
-    out = []
-    for t in trials:
-        if gpu and (t.user_attrs.get("gpu") or {}).get("name") not in (None, gpu):
-            continue
-        ratio = screen_ratio(t.user_attrs)
-        if ratio is not None:
-            out.append(ratio)
-    return out
+    ratios = (screen_ratio(t.user_attrs) for t in _on_gpu(trials, gpu))
+    return [r for r in ratios if r is not None]
+
+
+def _on_gpu(trials: Sequence[Any], gpu: str) -> list[Any]:
+    """The trials measured on GPU model ``gpu`` (all with ""; a trial that names none counts)."""
+    return [t for t in trials
+            if not gpu or (t.user_attrs.get("gpu") or {}).get("name") in (None, gpu)]
+
+
+def confirmed_ms(attrs: dict[str, Any], shape: Any) -> float | None:
+    """A trial's confirmed median time on one shape (its text), None when not confirmed there."""
+    row = ((attrs.get("confirmed") or {}).get("shapes") or {}).get(shape) or {}
+    return row.get("median_ms") or None
 
 
 def screen_ratio(attrs: dict[str, Any]) -> float | None:
     """One trial's screen / confirmed median time on the screen's shape (None without both)."""
     scr = attrs.get("screen") or {}
-    row = ((attrs.get("confirmed") or {}).get("shapes") or {}).get(scr.get("shape"))
-    if not scr.get("median_ms") or not row or not row.get("median_ms"):
+    conf = confirmed_ms(attrs, scr.get("shape"))
+    if not scr.get("median_ms") or not conf:
         return None
-    return float(scr["median_ms"]) / float(row["median_ms"])
+    return float(scr["median_ms"]) / float(conf)
 
 
 def first_near_best(trials: Sequence[Any], since: Any, best: float, within: float = 0.01
