@@ -54,6 +54,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=final.TURNS)
     ap.add_argument("--list", action="store_true", help="print the candidates and stop (no GPU)")
     a = ap.parse_args(argv)
+    bad = ("--within must be between 0 and 1" if not 0 < a.within < 1 else
+           "--max must be at least 1" if a.max < 1 else
+           "--turns must be at least 2 (the noise band needs two)" if a.turns < 2 else None)
+    if bad:
+        print(f"time_to_tie: {bad} (got --within {a.within}, --max {a.max}, --turns {a.turns})",
+              file=sys.stderr)
+        return 2
     try:
         return run(a)
     except FaTuneError as e:

@@ -50,3 +50,11 @@ def test_a_missing_study_is_one_line(tmp_path: Path) -> None:
                        cwd=ROOT)
     assert r.returncode == 2, r.stderr
     assert r.stderr.startswith("time_to_tie: ") and r.stderr.count("\n") == 1, r.stderr
+
+
+@pytest.mark.parametrize("args,what", [(["--max", "0"], "--max"), (["--within", "1.5"], "--within"),
+                                       (["--turns", "1"], "--turns")])
+def test_bad_options_are_one_line(args: list[str], what: str) -> None:
+    r = subprocess.run([sys.executable, str(SCRIPT), "--study", "s", *args],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and what in r.stderr, r.stderr
