@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 from cli_helpers import one_error_line as _one_error_line
+from prebuild import Artifact
 from typer.testing import CliRunner
 
 from tuner import _paths
 from tuner.cli import app
 from tuner.doctor import has_sm90_gpu
 from tuner.kernel.config import load_preset
+from tuner.problem import Problem
 
 runner = CliRunner()
 
@@ -200,6 +202,37 @@ def test_build_preset_prints_resources() -> None:
                 "cache hit", "HGMMA", "LDL / STL"):
         assert col in r.output
     assert "artifact:" in r.output
+
+
+# Gemma-2's local layer: D 256 with a window and a cap. The d256 preset's 80-key tiles spill
+# there (16 B of stack), 64-key tiles (its d256-window preset) do not (nvcc 13.0).
+_LOCAL = "1x16/8x8192:d256:w4096:cap50"
+
+
+def _local_build(block_n: int) -> Artifact:
+    return Artifact.of(load_preset("d256").replace(block_n=block_n),
+                       Problem.parse(_LOCAL).problem_class)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not _paths.kernel_template().is_file(), reason="kernel template not written")
+@pytest.mark.builds(lambda: [_local_build(80), _local_build(64)])
+def test_build_shape_builds_the_problems_class_and_says_when_it_spills() -> None:
+    """--shape compiles the class the problem needs (its mask included), and a kernel with
+    local memory is named not timeable, the reason search and run refuse it."""
+    r = runner.invoke(app, ["build", "-p", "d256", "--shape", _LOCAL], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "window" in r.output and "softcap" in r.output  # the class, in the title
+    assert "not timeable: local memory" in r.output
+    assert load_preset("d256-window") == load_preset("d256").replace(block_n=64)
+    r = runner.invoke(app, ["build", "-p", "d256-window", "-s", _LOCAL], env={"COLUMNS": "200"})
+    assert r.exit_code == 0, r.output
+    assert "not timeable" not in r.output and "LDL / STL" in r.output
+
+
+def test_build_shape_with_head_dim_is_one_line() -> None:
+    r = runner.invoke(app, ["build", "-p", "d64", "-s", "1x8x512:d64", "--head-dim", "64"])
+    assert r.exit_code == 2 and "not both" in _one_error_line(r.output)
 
 
 @pytest.mark.parametrize("command", ["run", "compare", "search", "show", "profile"])

@@ -314,6 +314,10 @@ def test_static_check_per_head_dim() -> None:
     for d, name in C.DEFAULT_PRESETS.items():
         validate(load_preset(name), d)
         assert name in list_presets()
+    for d, name in C.WINDOW_PRESETS.items():
+        validate(load_preset(name), d)
+        assert C.default_preset(d, window=True) == name != C.default_preset(d)
+    assert C.default_preset(128, window=True) == "default"
 
 
 @pytest.mark.parametrize("text", ["1x32/8x8192", "1x32/1x8192", "4x32x8192:full",

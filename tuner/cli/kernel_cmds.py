@@ -45,13 +45,25 @@ def build(
         "--head-dim", help="Head dim compiled in: 64, 128 or 256.")] = 128,
     full: Annotated[bool, typer.Option(
         "--full", help="Build the non-causal kernel (default: causal).")] = False,
+    shape: Annotated[str | None, typer.Option(
+        "--shape", "-s", metavar="PROBLEM",
+        help="Build the kernel that runs this problem (its head dim, mask, window, softcap, "
+             "sinks, pages, packed batch), e.g. 1x16/8x8192:d256:w4096:cap50; instead of "
+             "--head-dim and --full.")] = None,
 ) -> None:
     """Compile a config for sm_90a (no GPU needed) and print its ptxas/SASS report."""
     if head_dim not in HEAD_DIMS:
         raise ConfigError(f"--head-dim must be one of {', '.join(map(str, HEAD_DIMS))} "
                           f"(got {head_dim})")
-    pclass = ProblemClass(head_dim, not full)
     cfg, label = load_config(preset, config)
+    if shape is not None:
+        if full or head_dim != HEAD_DIMS[1]:
+            raise ConfigError("give --shape or --head-dim/--full, not both: the problem "
+                              "names its head dim and mask (e.g. 4x32x8192:d64:full)")
+        pclass = check_problems(cfg, parse_problems([shape]))
+        head_dim = pclass.head_dim
+    else:
+        pclass = ProblemClass(head_dim, not full)
     [outcome] = build_mod.build_many([cfg], jobs=jobs, pclass=pclass)
     if outcome.error is not None:
         raise outcome.error
@@ -78,6 +90,9 @@ def build(
     for k, v in rows:
         t.add_row(k, v)
     console.print(t)
+    if r.unfit is not None:
+        console.print(f"[red]not timeable: {r.unfit}[/] (the search and run refuse it; try "
+                      "a smaller block_n or another register split)")
     if not r.sass_checked:
         console.print(f"[yellow]SASS not checked: {r.sass_note}[/]")
     for w in r.ptxas.get("warnings", []):

@@ -612,6 +612,13 @@ def list_presets() -> list[str]:
 
 # The default preset per head dim (for both masks): FA3's tile choice for that head dim.
 DEFAULT_PRESETS: dict[int, str] = {64: "d64", 128: "default", 256: "d256"}
+# Where a class needs another: D 256 with a window spills at d256's 80-key tiles.
+WINDOW_PRESETS: dict[int, str] = {256: "d256-window"}
+
+
+def default_preset(head_dim: int, window: bool = False) -> str:
+    """The preset a problem class runs when nobody tuned it (the gate's err_vs_default too)."""
+    return (WINDOW_PRESETS.get(head_dim) if window else None) or DEFAULT_PRESETS[head_dim]
 
 
 def preset_head_dim(name: str) -> int:

@@ -40,7 +40,7 @@ def launch_supports(launch: Any, problem: ShapeLike) -> str | None:
 
 def default_launches(so_for: Any = None) -> Any:
     """The default config's launchable per problem (the default preset of its head dim,
-    tuner.kernel.config.DEFAULT_PRESETS, built for its class through the cache: once per class),
+    tuner.kernel.config.default_preset, built for its class through the cache: once per class),
     for ``Bench(default_launch=...)``; None for a problem it cannot serve (a build error says
     nothing about the candidate). ``so_for(pclass) -> path``: where the library comes from
     instead of building it (the search's parent builds it and tells the worker)."""
@@ -51,9 +51,10 @@ def default_launches(so_for: Any = None) -> Any:
 
     def build(pclass: Any) -> str | None:
         from tuner.kernel.build import build_config
-        from tuner.kernel.config import DEFAULT_PRESETS, load_preset
+        from tuner.kernel.config import default_preset, load_preset
 
-        art = build_config(load_preset(DEFAULT_PRESETS[pclass.head_dim]), pclass=pclass)
+        art = build_config(load_preset(default_preset(pclass.head_dim, pclass.window)),
+                           pclass=pclass)
         return None if getattr(art, "unfit", None) else str(art.so_path)
 
     def get(problem: Any) -> KernelLaunch | None:

@@ -77,7 +77,7 @@ from typing import Any
 
 from tuner.errors import ConfigError, SearchError, ShapeError
 from tuner.kernel import shared_cache, toolchain
-from tuner.kernel.config import DEFAULT_PRESETS, KernelConfig, load_preset
+from tuner.kernel.config import KernelConfig, default_preset, load_preset
 from tuner.kernel.support import check_runnable
 from tuner.problem import Problem, ProblemClass
 from tuner.search import rdb
@@ -190,7 +190,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         self.max_error_ratio = max_error_ratio
         # The default config of the problems' class: its library is what every gate's
         # err_vs_default compares with (built once, through the builder; outcomes.py).
-        self.default_cfg = load_preset(DEFAULT_PRESETS[self.pclass.head_dim])
+        self.default_cfg = load_preset(default_preset(self.pclass.head_dim, self.pclass.window))
         self._default_so: str | None | bool = False  # False: not built yet
         self.policy = policy or SearchPolicy()
         self.gate_seed = gate_seed
