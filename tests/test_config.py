@@ -314,10 +314,11 @@ def test_static_check_per_head_dim() -> None:
     for d, name in C.DEFAULT_PRESETS.items():
         validate(load_preset(name), d)
         assert name in list_presets()
-    for d, name in C.WINDOW_PRESETS.items():
+    for d, flag, name in C.CLASS_PRESETS:
         validate(load_preset(name), d)
-        assert C.default_preset(d, window=True) == name != C.default_preset(d)
-    assert C.default_preset(128, window=True) == "default"
+        assert C.default_preset(ProblemClass(d, True, **{flag: True})) == name
+        assert C.default_preset(ProblemClass(d, True)) == C.DEFAULT_PRESETS[d] != name
+    assert C.default_preset(ProblemClass(128, True, window=True, softcap=True)) == "default"
 
 
 @pytest.mark.parametrize("text", ["1x32/8x8192", "1x32/1x8192", "4x32x8192:full",

@@ -25,7 +25,7 @@ from tuner import _paths
 from tuner.errors import ConfigError
 from tuner.kernel import knobs
 from tuner.kernel.knobs import Knob, knob
-from tuner.problem import DEFAULT_HEAD_DIM, HEAD_DIMS
+from tuner.problem import DEFAULT_HEAD_DIM, HEAD_DIMS, ProblemClass
 
 HEAD_DIM = DEFAULT_HEAD_DIM  # the head dim studies meant before the kernel family
 ELEM_BYTES = 2  # BF16
@@ -612,13 +612,19 @@ def list_presets() -> list[str]:
 
 # The default preset per head dim (for both masks): FA3's tile choice for that head dim.
 DEFAULT_PRESETS: dict[int, str] = {64: "d64", 128: "default", 256: "d256"}
-# Where a class needs another: D 256 with a window spills at d256's 80-key tiles.
-WINDOW_PRESETS: dict[int, str] = {256: "d256-window"}
+# Where a mask's registers make the head dim's default spill (nvcc 13.0), the class gets a
+# preset that fits: D 256 with a window spills at d256's 80-key tiles; D 64 with a softcap at
+# d64's 192-row tiles (d64-window's 64-row tiles fit every D 64 class).
+CLASS_PRESETS: tuple[tuple[int, str, str], ...] = ((256, "window", "d256-window"),
+                                                   (64, "softcap", "d64-window"))
 
 
-def default_preset(head_dim: int, window: bool = False) -> str:
+def default_preset(pclass: ProblemClass) -> str:
     """The preset a problem class runs when nobody tuned it (the gate's err_vs_default too)."""
-    return (WINDOW_PRESETS.get(head_dim) if window else None) or DEFAULT_PRESETS[head_dim]
+    for d, flag, name in CLASS_PRESETS:
+        if pclass.head_dim == d and getattr(pclass, flag):
+            return name
+    return DEFAULT_PRESETS[pclass.head_dim]
 
 
 def preset_head_dim(name: str) -> int:

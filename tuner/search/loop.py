@@ -190,7 +190,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         self.max_error_ratio = max_error_ratio
         # The default config of the problems' class: its library is what every gate's
         # err_vs_default compares with (built once, through the builder; outcomes.py).
-        self.default_cfg = load_preset(default_preset(self.pclass.head_dim, self.pclass.window))
+        self.default_cfg = load_preset(default_preset(self.pclass))
         self._default_so: str | None | bool = False  # False: not built yet
         self.policy = policy or SearchPolicy()
         self.gate_seed = gate_seed
