@@ -4,10 +4,12 @@
 #       issue 38's 3-minute bar judged side by side: s26-busy's pick and the 8 earliest configs
 #       within 3 % of it (lab/h200/variants/s26_ties.txt), 1 s settle, 50 + 3 x 200, no FA3;
 #       then the mask rows' kernels built in the background for `masks`
-#   carry [".fa3/part2"]          bash lab/h200/s27.sh masks
-#       installs FA3; issue 36's six rows through `fa-tune compare --backends fa3` (1 s settle,
-#       50 + 3 x 200) with presets and the softcap_tanh=approx configs of lab/h200/variants/s27
-#   then per search: bash lab/h200/gpu_session.sh search-start STUDY 240s --shape ...
+#   carry [".fa3/part2"]          bash lab/h200/s27.sh masks [STUDY]
+#       installs FA3; with STUDY, waits for the search that `gpu_session.sh search-start STUDY
+#       240s --shape ...` started (carry [".whl", ".fa3/part1"]) and compares its pick; then
+#       issue 36's six rows through `fa-tune compare --backends fa3` (1 s settle, 50 + 3 x 200)
+#       with presets and the softcap_tanh=approx configs of lab/h200/variants/s27
+#   per search after that: bash lab/h200/gpu_session.sh search-start STUDY 240s --shape ...
 #       and          bash lab/h200/s27.sh after STUDY   (waits, then compare --backends fa3)
 # Logs land in $OUT.
 set -uo pipefail
@@ -20,7 +22,16 @@ cmp() {  # LOG CONFIG-ARGS... -- SHAPES...
     --rounds 3 --settle-s 1 --results-dir "$DEV/results" "$@" > "$OUT/$log.log" 2>&1
   step "$log exit $?"; grep -E "fa-tune|fa3|FAIL|rror|ratio|x FA3" "$OUT/$log.log" | tail -8 | cut -c1-200
 }
-case "${1:?ties|masks|after STUDY}" in
+after() {  # STUDY: wait for the search, then its pick beside FA3
+  local study=$1
+  [ -f "$DEV/search.log" ] || { echo "no search running (search-start failed?)"; return 1; }
+  for _ in $(seq 400); do [ -f "$DEV/search.rc" ] && break; sleep 1; done
+  cp "$DEV/search.log" "$OUT/search_$study.log"; cp "studies/$study.db" "$OUT/" 2>/dev/null
+  step "search exit $(cat "$DEV/search.rc" 2>/dev/null || echo 'still running')"
+  grep -E "^study |^best:|^final:|trials" "$OUT/search_$study.log" | tail -6 | cut -c1-240
+  cmp "after_$study" --study "$study"
+}
+case "${1:?ties|masks [STUDY]|after STUDY}" in
 ties)
   timeout 400 $E python3 scripts/kernel_lab.py --variants-file lab/h200/variants/s26_ties.txt \
     --shape 2x32/1x8192 --warmup 50 --repeat 200 --rounds 3 --settle-s 1 --no-fa3 \
@@ -55,6 +66,7 @@ masks)
   FA3_SMOKE=0 bash lab/h200/fa3_stage2.sh > "$OUT/fa3_install.log" 2>&1 \
     || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed"; exit 1; }
   step "FA3 installed"; cat "$DEV/prebuild27.log" 2>/dev/null | tail -9
+  if [ -n "${2:-}" ]; then after "$2"; fi
   cmp w4096_llama3 -p llama3 -s 1x32/8x16384:w4096
   cmp w4096_default -p default -s 1x32/8x16384:w4096
   cmp sinks_wgskip -p d64-wgskip -s 1x64/8x8192:d64:sinks
@@ -66,13 +78,7 @@ masks)
   (cd "$DEV" && tar -cJf "$OUT/masks_results.tar.xz" results) 2>/dev/null
   ;;
 after)
-  study=${2:?study}
-  [ -f "$DEV/search.log" ] || { echo "no search running (search-start failed?)"; exit 1; }
-  for _ in $(seq 400); do [ -f "$DEV/search.rc" ] && break; sleep 1; done
-  cp "$DEV/search.log" "$OUT/search_$study.log"; cp "studies/$study.db" "$OUT/" 2>/dev/null
-  step "search exit $(cat "$DEV/search.rc" 2>/dev/null || echo 'still running')"
-  grep -E "^study |^best:|^final:|trials" "$OUT/search_$study.log" | tail -6 | cut -c1-240
-  cmp "after_$study" --study "$study"
+  after "${2:?study}"
   ;;
 esac
 step done
