@@ -37,11 +37,11 @@ cd "$REPO"
 WHL_SITE=${WHL_SITE:-$DEV/site}
 # Not again when call 1 installed them: a reinstall under a background compile removes the
 # CUTLASS headers it is reading (2026-12-01 s7).
-if compgen -G ".whl/*.whl" >/dev/null && [ ! -d "$WHL_SITE/cutlass_library" ]; then
+if compgen -G ".whl/*.whl" >/dev/null && [ ! -d "$WHL_SITE/optuna" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --root-user-action=ignore --target "$WHL_SITE" .whl/*.whl
   export PYTHONPATH="$PYTHONPATH:$WHL_SITE"
-  python3 -c "import optuna, sqlalchemy, cutlass_library; print('fa3_stage2: .whl ok: optuna', optuna.__version__)"
+  python3 -c "import optuna, sqlalchemy; print('fa3_stage2: .whl ok: optuna', optuna.__version__)"
   echo "export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:$WHL_SITE:\$PYTHONPATH"
 else
   echo "export PYTHONPATH=$SITE:$SITE/nvidia_cutlass_dsl/dsl_packages:\$PYTHONPATH"
