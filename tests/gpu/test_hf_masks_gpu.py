@@ -43,8 +43,8 @@ MODELS: dict[str, tuple[dict[str, Any], str | dict, str, dict[str, Any]]] = {
     "gemma2": (
         {"attention": {"Hq": 16, "Hkv": 8, "head_dim": 256, "causal": True, "softcap": 50},
          "layers": [{"name": "local", "window": 512, "count": 1}, {"name": "global", "count": 1}]},
-        # d256 at 128 x 80 spills with a window (docs/PERF.md step 50); 128 x 64 fits.
-        {"preset": "d256", "block_n": 64}, "Gemma2ForCausalLM",
+        # d256 at 128 x 80 spills with a window (docs/PERF.md steps 50, 61): its default there.
+        "preset:d256-window", "Gemma2ForCausalLM",
         {"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
          "sliding_window": 512, "attn_logit_softcapping": 50.0, "query_pre_attn_scalar": 256,
          "layer_types": KINDS}),
