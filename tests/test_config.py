@@ -314,10 +314,11 @@ def test_static_check_per_head_dim() -> None:
     for d, name in C.DEFAULT_PRESETS.items():
         validate(load_preset(name), d)
         assert name in list_presets()
-    for d, flag, name in C.CLASS_PRESETS:
+    for d, flags, name in C.CLASS_PRESETS:
         validate(load_preset(name), d)
-        assert C.default_preset(ProblemClass(d, True, **{flag: True})) == name
+        assert C.default_preset(ProblemClass(d, True, **dict.fromkeys(flags, True))) == name
         assert C.default_preset(ProblemClass(d, True)) == C.DEFAULT_PRESETS[d] != name
+    assert C.default_preset(ProblemClass(256, True, softcap=True)) == "d256"  # fits unpacked
     assert C.default_preset(ProblemClass(128, True, window=True, softcap=True)) == "default"
 
 

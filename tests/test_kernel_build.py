@@ -18,9 +18,11 @@ from tuner.kernel import build, toolchain
 from tuner.kernel.config import (
     SMEM_LIMIT_BYTES,
     KernelConfig,
+    default_preset,
     list_presets,
     load_preset,
     preset_head_dim,
+    varlen_reason,
 )
 from tuner.problem import ProblemClass
 
@@ -366,3 +368,39 @@ def test_softcap_approx_takes_one_mufu_op_where_exact_takes_two() -> None:
     sass = _dump_sass(built)
     assert "MUFU.TANH" in sass["approx"] and "MUFU.TANH" not in sass["exact"]
     assert sass["exact"].count("MUFU.RCP") > sass["approx"].count("MUFU.RCP")
+
+
+# The preset a class runs untuned (config.default_preset): one that fits its mask. d256 spills
+# with a window, and with a softcap in the varlen kernel; d64 with a softcap (docs/PERF.md step
+# 61); so those classes get another. Built with the varlen kernel, as an export builds them.
+DEFAULT_CLASSES = [ProblemClass(256, True, True, window=True, softcap=True),
+                   ProblemClass(256, True, True, softcap=True),
+                   ProblemClass(64, True, True, softcap=True),
+                   ProblemClass(64, True, True, window=True, sinks=True)]
+
+
+@pytest.mark.builds(lambda: [Artifact(load_preset(default_preset(c)), c) for c in DEFAULT_CLASSES])
+@pytest.mark.parametrize("pclass", DEFAULT_CLASSES, ids=str)
+def test_each_class_default_preset_compiles_clean(pclass: ProblemClass) -> None:
+    name = default_preset(pclass)
+    r = build.build_config(load_preset(name), pclass=pclass)
+    assert r.unfit is None, f"{name} for {pclass}: {r.unfit}"
+
+
+# The export's varlen verdict (export.varlen_why_not) compiles: d256's varlen kernel with a
+# softcap fits the static check and has local memory (12 LDL/STL, nvcc 13.0); d256-window's not.
+SOFTCAP_VARLEN = ProblemClass(256, True, softcap=True)
+
+
+@pytest.mark.builds(lambda: [Artifact(load_preset(n), dataclasses.replace(SOFTCAP_VARLEN,
+                                                                            varlen=True))
+                             for n in ("d256", "d256-window")])
+def test_export_leaves_out_a_varlen_kernel_ptxas_spills() -> None:
+    from tuner.ship.export import varlen_why_not
+
+    cfgs = [load_preset("d256"), load_preset("d256-window")]
+    assert varlen_reason(cfgs[0], 256) is None  # the estimate fits
+    spilled, fits = varlen_why_not(cfgs, SOFTCAP_VARLEN, jobs=2)
+    assert spilled is not None and "its varlen kernel compiles with local memory" in spilled
+    assert fits is None
+    assert varlen_why_not(cfgs, SOFTCAP_VARLEN, compile=False) == [None, None]

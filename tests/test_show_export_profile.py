@@ -184,18 +184,60 @@ def test_export_builds_the_library_with_varlen(study: str, tmp_path: Path,
 
     def fake_build(cfg: KernelConfig, *args, **kwargs) -> SimpleNamespace:
         calls.append({"args": args, **kwargs})
-        return SimpleNamespace(so_path=str(so), key="k")
+        return SimpleNamespace(so_path=str(so), key="k", unfit=None)
+
+    def fake_many(cfgs: list[KernelConfig], *, pclass: ProblemClass, **kw) -> list:
+        calls.append({"verdict": pclass})  # export.varlen_why_not: the varlen build's verdict
+        ok = SimpleNamespace(unfit=None)
+        return [build.BuildOutcome(c, ok, None) for c in cfgs]  # type: ignore[arg-type]
 
     monkeypatch.setattr(build, "build_config", fake_build)
+    monkeypatch.setattr(build, "build_many", fake_many)
     out = tmp_path / "pkg"
     r = runner.invoke(app, ["export", "--study", study, "--out", str(out)])
     assert r.exit_code == 0, r.output
-    assert calls == [{"args": (), "pclass": ProblemClass(varlen=True)}]
+    assert calls == [{"verdict": ProblemClass(varlen=True)},
+                     {"args": (), "pclass": ProblemClass(varlen=True)}]
     assert (out / "lib" / "libfa_tune_fwd.so").read_text() == "a library"
     assert "#define FA_TUNE_VARLEN 1" in (out / "kernel.cu").read_text()
     readme = (out / "README.md").read_text()
     assert "fa_tune_forward_varlen" in readme
     assert '{"head_dim":128,"causal":true,"varlen":true}' in readme
+
+
+def test_export_leaves_out_a_varlen_kernel_that_spills(study: str, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the static check fits but the varlen build has local memory (d256 with a softcap,
+    docs/PERF.md step 61), the export ships the library without the varlen kernel and its
+    README says why (a test double stands in for ptxas' verdict)."""
+    from types import SimpleNamespace
+
+    from tuner.kernel import build
+    from tuner.problem import ProblemClass
+
+    calls: list[ProblemClass] = []
+    so = tmp_path / "plain.so"
+    so.write_text("a library")
+
+    def fake_build(cfg: KernelConfig, *args, pclass: ProblemClass, **kwargs) -> SimpleNamespace:
+        calls.append(pclass)
+        return SimpleNamespace(so_path=str(so), key="k", unfit=None)
+
+    def fake_many(cfgs: list[KernelConfig], *, pclass: ProblemClass, **kw) -> list:
+        calls.append(pclass)
+        spilled = SimpleNamespace(unfit="local memory (stack frame 0 B, 12 LDL/STL instructions)")
+        return [build.BuildOutcome(c, spilled, None) for c in cfgs]  # type: ignore[arg-type]
+
+    monkeypatch.setattr(build, "build_config", fake_build)
+    monkeypatch.setattr(build, "build_many", fake_many)
+    out = tmp_path / "pkg"
+    r = runner.invoke(app, ["export", "--study", study, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert calls == [ProblemClass(varlen=True), ProblemClass(varlen=False)]
+    assert "#define FA_TUNE_VARLEN 0" in (out / "kernel.cu").read_text()
+    readme = (out / "README.md").read_text()
+    assert '"varlen":false' in readme
+    assert "its varlen kernel compiles with local memory (stack frame 0 B" in readme
 
 
 @pytest.mark.parametrize("argv, expect", [

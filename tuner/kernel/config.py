@@ -613,16 +613,20 @@ def list_presets() -> list[str]:
 # The default preset per head dim (for both masks): FA3's tile choice for that head dim.
 DEFAULT_PRESETS: dict[int, str] = {64: "d64", 128: "default", 256: "d256"}
 # Where a mask's registers make the head dim's default spill (nvcc 13.0), the class gets a
-# preset that fits: D 256 with a window spills at d256's 80-key tiles; D 64 with a softcap at
-# d64's 192-row tiles (d64-window's 64-row tiles fit every D 64 class).
-CLASS_PRESETS: tuple[tuple[int, str, str], ...] = ((256, "window", "d256-window"),
-                                                   (64, "softcap", "d64-window"))
+# preset that fits, matched on (head dim, the class's flags that must all be set): D 256 spills
+# at d256's 80-key tiles with a window, and with a softcap in the varlen kernel; D 64 with a
+# softcap at d64's 192-row tiles (d64-window's 64-row tiles fit every D 64 class).
+CLASS_PRESETS: tuple[tuple[int, tuple[str, ...], str], ...] = (
+    (256, ("window",), "d256-window"),
+    (256, ("softcap", "varlen"), "d256-window"),
+    (64, ("softcap",), "d64-window"),
+)
 
 
 def default_preset(pclass: ProblemClass) -> str:
     """The preset a problem class runs when nobody tuned it (the gate's err_vs_default too)."""
-    for d, flag, name in CLASS_PRESETS:
-        if pclass.head_dim == d and getattr(pclass, flag):
+    for d, flags, name in CLASS_PRESETS:
+        if pclass.head_dim == d and all(getattr(pclass, f) for f in flags):
             return name
     return DEFAULT_PRESETS[pclass.head_dim]
 

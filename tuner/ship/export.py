@@ -26,6 +26,7 @@ import json
 import shlex
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,29 @@ and `fa_tune_bucket_for` takes the args too.
 """
 
 
+def varlen_why_not(cfgs: Sequence[KernelConfig], pclass: ProblemClass, *, compile: bool = True,
+                   jobs: int | None = None) -> list[str | None]:
+    """Per config, why a library of it for pclass leaves the varlen kernel out (a call with
+    device metadata then gets cudaErrorNotSupported), or None when it carries it: the static
+    register check (config.varlen_reason), then the varlen build's own verdict, since a mask's
+    registers can tip it into local memory where the estimate fits (d256 with a softcap,
+    docs/PERF.md step 61). The builds run in parallel into the cache, and the export compiles
+    the same kernels anyway; ``compile=False`` (sources only, no nvcc) asks the static check."""
+    if not compile:
+        return [varlen_reason(c, pclass.head_dim) for c in cfgs]
+    outcomes = build_mod.build_many(cfgs, jobs=jobs,
+                                    pclass=dataclasses.replace(pclass, varlen=True))
+    why: list[str | None] = []
+    for o in outcomes:
+        if o.error is not None:
+            why.append(str(o.error))
+        elif o.result is not None and o.result.unfit is not None:
+            why.append(f"its varlen kernel compiles with {o.result.unfit}")
+        else:
+            why.append(None)
+    return why
+
+
 def readme(cfg: KernelConfig, info: dict[str, Any]) -> str:
     shapes = info.get("shapes") or {}
     table = "\n".join(
@@ -147,7 +171,7 @@ def readme(cfg: KernelConfig, info: dict[str, Any]) -> str:
     causal = bool(info.get("causal", True))
     mask = "Causal" if causal else "Non-causal"
     d = int(info.get("head_dim", 128))
-    why_not = varlen_reason(cfg, d)
+    why_not = info.get("varlen_why_not")
     masks = {m: True for m in info.get("masks") or ()}  # the models' masks the class has
     pclass_json = json.dumps({"head_dim": d, "causal": causal, "varlen": why_not is None,
                               **masks}, separators=(",", ":"))
@@ -350,9 +374,10 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
     from tuner.search.study import trial_class
 
     pclass = trial_class(trial)
-    # The measured config with the varlen kernel too (cached; the search built it without),
-    # unless the config cannot serve varlen (config.varlen_reason; the README says why).
-    pclass = dataclasses.replace(pclass, varlen=varlen_reason(cfg, pclass.head_dim) is None)
+    # The measured config with the varlen kernel too (the search built it without), unless
+    # the config cannot serve varlen (the README says why).
+    [why_not] = varlen_why_not([cfg], pclass)
+    pclass = dataclasses.replace(pclass, varlen=why_not is None)
     built = build_mod.build_config(cfg, pclass=pclass)
     so = Path(built.so_path)
     if not so.is_file():
@@ -379,6 +404,7 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
             "head_dim": pclass.head_dim,
             # The class's flags beyond D and the mask: the models' masks, a paged KV cache.
             "masks": [m for m in ("window", "softcap", "sinks", "paged") if getattr(pclass, m)],
+            "varlen_why_not": why_not,
             "gpu": (payload.get("gpu") or {}).get("name", "the tuning GPU"),
             "protocol_text": protocol_text(conf.get("protocol")) if conf
             else "search protocol (not confirmed)",

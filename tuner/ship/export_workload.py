@@ -14,8 +14,6 @@ from typing import Any
 from tuner import _paths
 from tuner.kernel import build as build_mod
 from tuner.kernel import toolchain
-from tuner.kernel.config import KernelConfig, varlen_reason
-from tuner.problem import ProblemClass
 from tuner.ship import dispatcher_cpp
 from tuner.ship.export import (
     LIB_NAME,
@@ -23,6 +21,7 @@ from tuner.ship.export import (
     abi_section,
     exported_results,
     nvcc_flags,
+    varlen_why_not,
 )
 
 # Layout of a workload export::
@@ -113,17 +112,13 @@ def _md_cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _with_varlen(cfg: KernelConfig, pclass: ProblemClass) -> ProblemClass:
-    """pclass with the varlen kernel, unless cfg cannot serve varlen (config.varlen_reason):
-    such a bucket answers varlen calls with cudaErrorNotSupported."""
-    return dataclasses.replace(pclass, varlen=varlen_reason(cfg, pclass.head_dim) is None)
+def _varlen_cell(why_not: str | None) -> str:
+    return "yes" if why_not is None else _md_cell(f"no ({why_not})")
 
 
-def _varlen_cell(cfg: KernelConfig, head_dim: int) -> str:
-    return "yes" if varlen_reason(cfg, head_dim) is None else "no (its varlen kernel spills)"
-
-
-def workload_readme(table: Any) -> str:
+def workload_readme(table: Any, varlen_why: dict[str, str | None]) -> str:
+    """The library's README; ``varlen_why``: per bucket, why it has no varlen kernel (None: it
+    has one; export.varlen_why_not)."""
     from tuner.ship import dispatch as dispatch_mod
 
     pc = table.problem_class
@@ -136,7 +131,7 @@ def workload_readme(table: Any) -> str:
                          for s, v in meas.items() if isinstance(v, dict)) or "not measured"
         rows.append(f"| {_md_cell(e.bucket)} | {e.Hq}/{e.Hkv} | {e.range_text()} | "
                     f"`{dispatch_mod.symbol_prefix(i)}` | {e.config.config_id()} | "
-                    f"{_varlen_cell(e.config, d)} | "
+                    f"{_varlen_cell(varlen_why.get(e.bucket))} | "
                     f"{_md_cell(e.source_text())} | {_md_cell(nums)} |")
     table_md = "\n".join(rows)
     mask = "causal" if causal else "non-causal"
@@ -348,6 +343,11 @@ def export_workload(table: Any, out: Path, *, resolved: Any = None,
     pclass = table.problem_class
     for e in table.entries:
         dispatch_mod.check_entry_config(e.bucket, e.config, pclass)
+    # Each bucket with its varlen kernel where its config serves it (compiled to be sure, when
+    # this export builds; the build.sh compiles the same kernels after).
+    why = dict(zip([e.bucket for e in table.entries],
+                   varlen_why_not([e.config for e in table.entries], pclass, compile=build,
+                                  jobs=jobs), strict=True))
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -357,7 +357,8 @@ def export_workload(table: Any, out: Path, *, resolved: Any = None,
         for e in table.entries:
             (tmp / "buckets" / e.bucket).mkdir(parents=True)
             (tmp / "buckets" / e.bucket / "kernel.cu").write_text(
-                build_mod.render(e.config, pclass=_with_varlen(e.config, pclass)))
+                build_mod.render(e.config, pclass=dataclasses.replace(
+                    pclass, varlen=why[e.bucket] is None)))
             (tmp / "configs").mkdir(exist_ok=True)
             (tmp / "configs" / f"{e.bucket}.yaml").write_text(e.config.to_yaml())
         (tmp / "include").mkdir()  # the C ABI's one header, as the kernels include it
@@ -373,7 +374,7 @@ def export_workload(table: Any, out: Path, *, resolved: Any = None,
             json.dumps(_workload_results(table, resolved), indent=2, default=str))
         shutil.copytree(Path(__file__).resolve().parent / "fa_tune_ops", tmp / "fa_tune_ops",
                         ignore=shutil.ignore_patterns("__pycache__"))
-        (tmp / "README.md").write_text(workload_readme(table))
+        (tmp / "README.md").write_text(workload_readme(table, why))
         so = None
         if build:
             built = _run_build(tmp, jobs)
