@@ -168,36 +168,45 @@ def test_export_package(study: str, tmp_path: Path, session_cache: Path) -> None
     assert "already exists" in one_line_exit2(r)
 
 
-def test_export_builds_the_library_with_varlen(study: str, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """The export ships the config built for its class with the varlen kernel (the class's
-    varlen flag: kernel.cu defines FA_TUNE_VARLEN 1), not the search's artifact (built
-    without)."""
+def _export_with_fake_builds(study: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                             varlen_unfit: str | None) -> tuple[Path, list[tuple]]:
+    """`fa-tune export` with test doubles for nvcc: build_many gives the varlen build's verdict
+    (``varlen_unfit``, ptxas' local-memory line or None), build_config the library. Returns the
+    export folder and the calls, ("verdict" | "build", pclass, positional args)."""
     from types import SimpleNamespace
 
     from tuner.kernel import build
-    from tuner.problem import ProblemClass
 
-    calls: list[dict] = []
-    so = tmp_path / "varlen.so"
+    calls: list[tuple] = []
+    so = tmp_path / "lib.so"
     so.write_text("a library")
 
-    def fake_build(cfg: KernelConfig, *args, **kwargs) -> SimpleNamespace:
-        calls.append({"args": args, **kwargs})
+    def fake_build(cfg: KernelConfig, *args, pclass: ProblemClass, **kw) -> SimpleNamespace:
+        calls.append(("build", pclass, args))
         return SimpleNamespace(so_path=str(so), key="k", unfit=None)
 
-    def fake_many(cfgs: list[KernelConfig], *, pclass: ProblemClass, **kw) -> list:
-        calls.append({"verdict": pclass})  # export.varlen_why_not: the varlen build's verdict
-        ok = SimpleNamespace(unfit=None)
-        return [build.BuildOutcome(c, ok, None) for c in cfgs]  # type: ignore[arg-type]
+    def fake_many(cfgs: list[KernelConfig], *args, pclass: ProblemClass, **kw) -> list:
+        calls.append(("verdict", pclass, args))
+        res = SimpleNamespace(unfit=varlen_unfit)
+        return [build.BuildOutcome(c, res, None) for c in cfgs]  # type: ignore[arg-type]
 
     monkeypatch.setattr(build, "build_config", fake_build)
     monkeypatch.setattr(build, "build_many", fake_many)
     out = tmp_path / "pkg"
     r = runner.invoke(app, ["export", "--study", study, "--out", str(out)])
     assert r.exit_code == 0, r.output
-    assert calls == [{"verdict": ProblemClass(varlen=True)},
-                     {"args": (), "pclass": ProblemClass(varlen=True)}]
+    return out, calls
+
+
+def test_export_builds_the_library_with_varlen(study: str, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The export ships the config built for its class with the varlen kernel (the class's
+    varlen flag: kernel.cu defines FA_TUNE_VARLEN 1), not the search's artifact (built
+    without)."""
+    out, calls = _export_with_fake_builds(study, tmp_path, monkeypatch, None)
+    # export.varlen_why_not's varlen build, then the library's: one kernel, cached.
+    assert calls == [("verdict", ProblemClass(varlen=True), ()),
+                     ("build", ProblemClass(varlen=True), ())]
     assert (out / "lib" / "libfa_tune_fwd.so").read_text() == "a library"
     assert "#define FA_TUNE_VARLEN 1" in (out / "kernel.cu").read_text()
     readme = (out / "README.md").read_text()
@@ -210,30 +219,10 @@ def test_export_leaves_out_a_varlen_kernel_that_spills(study: str, tmp_path: Pat
     """Where the static check fits but the varlen build has local memory (d256 with a softcap,
     docs/PERF.md step 61), the export ships the library without the varlen kernel and its
     README says why (a test double stands in for ptxas' verdict)."""
-    from types import SimpleNamespace
-
-    from tuner.kernel import build
-    from tuner.problem import ProblemClass
-
-    calls: list[ProblemClass] = []
-    so = tmp_path / "plain.so"
-    so.write_text("a library")
-
-    def fake_build(cfg: KernelConfig, *args, pclass: ProblemClass, **kwargs) -> SimpleNamespace:
-        calls.append(pclass)
-        return SimpleNamespace(so_path=str(so), key="k", unfit=None)
-
-    def fake_many(cfgs: list[KernelConfig], *, pclass: ProblemClass, **kw) -> list:
-        calls.append(pclass)
-        spilled = SimpleNamespace(unfit="local memory (stack frame 0 B, 12 LDL/STL instructions)")
-        return [build.BuildOutcome(c, spilled, None) for c in cfgs]  # type: ignore[arg-type]
-
-    monkeypatch.setattr(build, "build_config", fake_build)
-    monkeypatch.setattr(build, "build_many", fake_many)
-    out = tmp_path / "pkg"
-    r = runner.invoke(app, ["export", "--study", study, "--out", str(out)])
-    assert r.exit_code == 0, r.output
-    assert calls == [ProblemClass(varlen=True), ProblemClass(varlen=False)]
+    out, calls = _export_with_fake_builds(
+        study, tmp_path, monkeypatch, "local memory (stack frame 0 B, 12 LDL/STL instructions)")
+    assert [(kind, pc) for kind, pc, _ in calls] == [("verdict", ProblemClass(varlen=True)),
+                                                     ("build", ProblemClass(varlen=False))]
     assert "#define FA_TUNE_VARLEN 0" in (out / "kernel.cu").read_text()
     readme = (out / "README.md").read_text()
     assert '"varlen":false' in readme

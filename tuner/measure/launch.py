@@ -53,8 +53,7 @@ def default_launches(so_for: Any = None) -> Any:
         from tuner.kernel.build import build_config
         from tuner.kernel.config import default_preset, load_preset
 
-        art = build_config(load_preset(default_preset(pclass)),
-                           pclass=pclass)
+        art = build_config(load_preset(default_preset(pclass)), pclass=pclass)
         return None if getattr(art, "unfit", None) else str(art.so_path)
 
     def get(problem: Any) -> KernelLaunch | None:
