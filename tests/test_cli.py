@@ -230,8 +230,9 @@ def test_build_shape_builds_the_problems_class_and_says_when_it_spills() -> None
     assert "not timeable" not in r.output and "LDL / STL" in r.output
 
 
-def test_build_shape_with_head_dim_is_one_line() -> None:
-    r = runner.invoke(app, ["build", "-p", "d64", "-s", "1x8x512:d64", "--head-dim", "64"])
+@pytest.mark.parametrize("extra", [["--head-dim", "64"], ["--head-dim", "128"], ["--full"]])
+def test_build_shape_with_head_dim_is_one_line(extra: list[str]) -> None:
+    r = runner.invoke(app, ["build", "-p", "d64", "-s", "1x8x512:d64", *extra])
     assert r.exit_code == 2 and "not both" in _one_error_line(r.output)
 
 

@@ -33,7 +33,7 @@ from tuner.kernel import build as build_mod
 from tuner.kernel.config import list_presets, load_config, load_preset, smem_bytes
 from tuner.kernel.support import check_problems
 from tuner.measure import runner, timing
-from tuner.problem import HEAD_DIMS, ProblemClass, parse_problems
+from tuner.problem import DEFAULT_HEAD_DIM, HEAD_DIMS, ProblemClass, parse_problems
 
 
 @user_errors
@@ -41,8 +41,8 @@ def build(
     preset: PresetOpt = None,
     config: ConfigOpt = None,
     jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Parallel nvcc jobs.")] = 1,
-    head_dim: Annotated[int, typer.Option(
-        "--head-dim", help="Head dim compiled in: 64, 128 or 256.")] = 128,
+    head_dim: Annotated[int | None, typer.Option(
+        "--head-dim", help="Head dim compiled in: 64, 128 or 256 (default 128).")] = None,
     full: Annotated[bool, typer.Option(
         "--full", help="Build the non-causal kernel (default: causal).")] = False,
     shape: Annotated[str | None, typer.Option(
@@ -52,18 +52,18 @@ def build(
              "--head-dim and --full.")] = None,
 ) -> None:
     """Compile a config for sm_90a (no GPU needed) and print its ptxas/SASS report."""
-    if head_dim not in HEAD_DIMS:
+    if head_dim is not None and head_dim not in HEAD_DIMS:
         raise ConfigError(f"--head-dim must be one of {', '.join(map(str, HEAD_DIMS))} "
                           f"(got {head_dim})")
+    if shape is not None and (full or head_dim is not None):
+        raise ConfigError("give --shape or --head-dim/--full, not both: the problem names its "
+                          "head dim and mask (e.g. 4x32x8192:d64:full)")
     cfg, label = load_config(preset, config)
     if shape is not None:
-        if full or head_dim != HEAD_DIMS[1]:
-            raise ConfigError("give --shape or --head-dim/--full, not both: the problem "
-                              "names its head dim and mask (e.g. 4x32x8192:d64:full)")
         pclass = check_problems(cfg, parse_problems([shape]))
-        head_dim = pclass.head_dim
     else:
-        pclass = ProblemClass(head_dim, not full)
+        pclass = ProblemClass(head_dim or DEFAULT_HEAD_DIM, not full)
+    head_dim = pclass.head_dim
     [outcome] = build_mod.build_many([cfg], jobs=jobs, pclass=pclass)
     if outcome.error is not None:
         raise outcome.error
