@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PRESET_IDS = {
     "baseline": "688a6e9e810d", "d256": "7723ed0ae918", "d256-multicast": "b01cd72f2b55",
     "d64": "c1e1c538ff95", "d64-static": "43f1a23d68a1", "d64-static128": "f42c3bf4887e",
-    "d64-sumpv": "91bf1f090957", "d64-wgskip": "e8668068c1d4", "d64-window": "06af7727c38b",
+    "d64-sumpv": "91bf1f090957", "d64-wgskip": "e8668068c1d4", "d64-window": "535250a97cad",
     "default": "3b52d82beee5",
     "dynamic": "30293bdae313", "fa3": "3b52d82beee5", "full-multicast": "aabef762eece",
     "full-pair192": "997ae661a830", "full-qregs": "f91aec0dd3cc", "gqa-cluster": "d62ee59f79f1",

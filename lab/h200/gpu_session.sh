@@ -51,7 +51,10 @@ case "$cmd" in
 start)
   variants=${1:?variants file}
   if [ -d .fa3/part1 ]; then bash lab/h200/fa3_stage1.sh > /dev/null; fi
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
+  # Later calls on a warm machine carry no wheels: those installed by the first stay.
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
+  fi
   rm -f "$DEV/build.log"
   # Background jobs run from a snapshot of the tree (lab/h200/snapshot.sh: the next call
   # re-syncs the repository copy under them); studies and the build cache stay the repo's.
@@ -96,7 +99,10 @@ search-start)
   # call 1 of a search session, carry [".fa3/part1", ".whl"]: search-start STUDY TIMEOUT [ARGS...]
   study=${1:?study}; budget=${2:?timeout, e.g. 7m}; shift 2
   if [ -d .fa3/part1 ]; then bash lab/h200/fa3_stage1.sh > /dev/null; fi
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
+  # Later calls on a warm machine carry no wheels: those installed by the first stay.
+  if compgen -G ".whl/*.whl" > /dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$SITE" .whl/*.whl
+  fi
   rm -f "$DEV/search.log" "$DEV/search.rc"
   # From the snapshot, as above: the seeds of 2026-12-01 s8's GQA search failed to compile
   # ("config.cuh: No such file") while the next call re-synced the repository copy.

@@ -23,13 +23,8 @@ cmp() {  # LOG CONFIG-ARGS... -- SHAPES...
   step "$log exit $?"; grep -E "fa-tune|fa3|FAIL|rror|ratio|x FA3" "$OUT/$log.log" | tail -8 | cut -c1-200
 }
 after() {  # STUDY: wait for the search, then its pick beside FA3
-  local study=$1
-  [ -f "$DEV/search.log" ] || { echo "no search running (search-start failed?)"; return 1; }
-  for _ in $(seq 400); do [ -f "$DEV/search.rc" ] && break; sleep 1; done
-  cp "$DEV/search.log" "$OUT/search_$study.log"; cp "studies/$study.db" "$OUT/" 2>/dev/null
-  step "search exit $(cat "$DEV/search.rc" 2>/dev/null || echo 'still running')"
-  grep -E "^study |^best:|^final:|trials" "$OUT/search_$study.log" | tail -6 | cut -c1-240
-  cmp "after_$study" --study "$study"
+  wait_search "$1" || return 1
+  cmp "after_$1" --study "$1"
 }
 case "${1:?ties|masks [STUDY]|after STUDY}" in
 ties)

@@ -28,3 +28,11 @@ gpu_tests() {  # LOG TIMEOUT FILES...
     > "$OUT/$log" 2>&1
   step "$log: exit $?"; grep -E "passed|failed|FAILED|Error|s call" "$OUT/$log" | tail -12
 }
+wait_search() {  # STUDY: wait for the search gpu_session.sh search-start began; keep its log
+  local study=$1
+  [ -f "$DEV/search.log" ] || { echo "no search running (search-start failed?)"; return 1; }
+  for _ in $(seq 450); do [ -f "$DEV/search.rc" ] && break; sleep 1; done
+  cp "$DEV/search.log" "$OUT/search_$study.log"; cp "studies/$study.db" "$OUT/" 2>/dev/null
+  step "search $study exit $(cat "$DEV/search.rc" 2>/dev/null || echo 'still running')"
+  grep -E "^study |^best|^final|trials|GPU busy|tie" "$OUT/search_$study.log" | tail -8 | cut -c1-240
+}

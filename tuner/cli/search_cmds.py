@@ -52,7 +52,8 @@ def _live_table(p: Any) -> Any:
         left = f", {max(0.0, p.deadline - time.monotonic()):.0f} s left"
     elapsed = time.monotonic() - p.started
     t.add_row("trial", f"{p.done}{n} ({elapsed:.0f} s{left})")
-    t.add_row("complete / pruned / failed", f"{p.complete} / {p.pruned} / {p.failed}")
+    t.add_row("complete / pruned / spilled / failed",
+              f"{p.complete} / {p.pruned} / {p.spilled} / {p.failed}")
     t.add_row("static rejects / duplicates", f"{p.rejected} / {p.duplicates}")
     t.add_row("compile queue", f"{p.compile_queue} waiting or compiling")
     busy = 100.0 * p.gpu_busy_s / elapsed if elapsed > 0 else 0.0
@@ -173,7 +174,8 @@ def _run_compile_only(*, study: str, space: Any, shapes: list[Problem], storage:
     shared = s.artifacts.published if s.artifacts is not None else 0
     console.print(f"study {summary.study}: {summary.trials_run} candidates compiled and handed "
                   f"to the GPU workers in {summary.wall_s:.0f} s ({shared} kernels published; "
-                  f"failed {summary.failed}, static rejects {summary.rejected}, duplicates "
+                  f"spilled {summary.spilled}, failed {summary.failed}, static rejects "
+                  f"{summary.rejected}, duplicates "
                   f"{summary.duplicates}); stopped: {summary.stopped_by}", soft_wrap=True)
     if summary.stopped_by.startswith("interrupted"):
         raise typer.Exit(130)
@@ -236,7 +238,8 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
     console.print(
         f"study {summary.study}: {summary.trials_run} trials in {summary.wall_s:.0f} s "
         f"({summary.trials_per_hour:.0f}/h; complete {summary.complete}, pruned "
-        f"{summary.pruned}, failed {summary.failed}, static rejects {summary.rejected}, "
+        f"{summary.pruned}, spilled {summary.spilled}, failed {summary.failed}, static rejects "
+        f"{summary.rejected}, "
         f"duplicates {summary.duplicates}); GPU busy {100 * summary.gpu_busy_fraction:.0f} %"
         + (f" (of which {summary.temp_wait_s:.0f} s waiting for the GPU to cool)"
            if summary.temp_wait_s >= 0.5 else "")
@@ -326,7 +329,8 @@ def _run_fleet(devices: list[int], kwargs: dict[str, Any]) -> None:
             continue
         console.print(
             f"  GPU {w.device} ({s.gpu_name or '?'}): {s.trials_run} trials (complete "
-            f"{s.complete}, pruned {s.pruned}, failed {s.failed}, static rejects {s.rejected}, "
+            f"{s.complete}, pruned {s.pruned}, spilled {s.spilled}, failed {s.failed}, static "
+            f"rejects {s.rejected}, "
             f"duplicates {s.duplicates}); GPU busy {100 * s.gpu_busy_fraction:.0f} %"
             + (f" (of which {s.temp_wait_s:.0f} s cooling)" if s.temp_wait_s >= 0.5 else "")
             + f"; stopped: {s.stopped_by}"

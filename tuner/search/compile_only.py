@@ -48,7 +48,7 @@ class CompileOnly:
             self._fail(trial, f"build: {type(e).__name__}: {e}", transient=True)
             return False
         if built.unfit:
-            self._fail(trial, f"artifact unfit to time: {built.unfit}")
+            self._spilled(trial, built.unfit)
             return False
         trial.set_user_attr("precompiled_by", self.owner)
         self._put_back(trial._trial_id, trial.params, PRECOMPILED)

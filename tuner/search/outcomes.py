@@ -18,6 +18,7 @@ from tuner.problem import Problem
 from tuner.search import final
 from tuner.search.session import (
     REQUEUE_REASONS,
+    SPILL_CONSTRAINT,
     SearchSummary,
     _Candidate,
     _is_transient_build,
@@ -47,8 +48,13 @@ class TrialOutcomes:
             self._tell(trial, TrialState.COMPLETE, prev.value)
             self.progress.complete += 1
         elif prev.state == TrialState.PRUNED:
+            for key, value in prev.constraints.items():  # a spill stays infeasible for TPE
+                trial.set_constraint(key, value)
             self._tell(trial, TrialState.PRUNED)
-            self.progress.pruned += 1
+            if SPILL_CONSTRAINT in prev.constraints:
+                self.progress.spilled += 1
+            else:
+                self.progress.pruned += 1
         else:
             self._tell(trial, TrialState.FAIL)
             self.progress.failed += 1
@@ -97,6 +103,20 @@ class TrialOutcomes:
         trial.set_constraint("static_check", 1.0)
         self._tell(trial, TrialState.PRUNED)
         self.progress.rejected += 1
+
+    def _spilled(self, trial: Any, why: str) -> None:
+        """A kernel that compiles to local memory (or serialized wgmma) is never timed. Told
+        PRUNED with a violated constraint, as a static reject: TPE's model never sees a FAIL
+        trial, so told FAIL (as before) it went on proposing the same spilling region (39 of
+        137 trials of a D 256 softcap search, docs/PERF.md step 62)."""
+        from optuna.trial import TrialState
+
+        trial.set_user_attr("prune_reason", f"artifact unfit to time: {why}"[:2000])
+        trial.set_constraint(SPILL_CONSTRAINT, 1.0)
+        self._tell(trial, TrialState.PRUNED)
+        self.progress.spilled += 1
+        self.progress.done += 1
+        self.progress.event(f"trial {trial.number} not timed: {why}"[:160])
 
     def _fail(self, trial: Any, reason: str, *, counted: bool = True,
               transient: bool = False) -> None:
@@ -207,7 +227,7 @@ class TrialOutcomes:
         trial.set_user_attr("gpu", self._gpu_record(built))
         why = built.unfit
         if why:
-            self._fail(trial, f"artifact unfit to time: {why}")
+            self._spilled(trial, why)
             return
         so = str(built.so_path)
         if self._default_so is False and cfg.config_id() == self.default_cfg.config_id():
@@ -373,6 +393,7 @@ class TrialOutcomes:
         return SearchSummary(
             study=self.study_name, storage=redact(self.url), trials_run=p.done,
             complete=p.complete, pruned=p.pruned, failed=p.failed, rejected=p.rejected,
+            spilled=p.spilled,
             duplicates=p.duplicates, best=best, wall_s=time.monotonic() - self.t_start,
             gpu_busy_s=self.worker.busy_s, stopped_by=stopped_by, temp_wait_s=self.temp_wait_s,
             not_run=not_run, device=self.worker.device_index, gpu_name=p.gpu_name,
@@ -400,7 +421,8 @@ class TrialOutcomes:
                 "gpu_busy_s": round(s.gpu_busy_s, 2), "temp_wait_s": round(s.temp_wait_s, 2),
                 "trials": s.trials_run,
                 "complete": s.complete, "pruned": s.pruned, "failed": s.failed,
-                "rejected": s.rejected, "not_run": s.not_run, "stopped_by": s.stopped_by,
+                "rejected": s.rejected, "spilled": s.spilled, "not_run": s.not_run,
+                "stopped_by": s.stopped_by,
                 "device": s.device, "gpu": s.gpu_name,
             }
             self.study.set_user_attr(f"session {started} {self.owner}", rec)

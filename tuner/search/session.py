@@ -24,6 +24,9 @@ from tuner.search.space import SearchSpace
 # FAIL reasons of trials whose measurement was cut, not judged: re-enqueued on resume.
 # "not run: search stopped" is what earlier versions told trials they never started.
 REQUEUE_REASONS = ("interrupted", "not run: search stopped")
+# The constraint a trial whose kernel compiled to local memory carries (violated: 1.0), so
+# TPE ranks it infeasible; static rejects carry "static_check".
+SPILL_CONSTRAINT = "local_memory"
 # A RUNNING trial without an owner (versions before owners) counts as killed only when it
 # started this long before us: a trial another worker asked a moment ago has no owner yet.
 OWNERLESS_GRACE_S = 120.0
@@ -85,6 +88,7 @@ class Progress:
     pruned: int = 0
     failed: int = 0
     rejected: int = 0  # static check, no compile
+    spilled: int = 0  # compiled to local memory: not timed, infeasible for the sampler
     duplicates: int = 0
     compile_queue: int = 0
     compiling: int = 0
@@ -127,6 +131,7 @@ class SearchSummary:
     final: str | None = None  # the final's verdict (tuner.search.final), if one was played
     # (trial, seconds from the start) of the first confirmed within 1 % of this run's best
     near_best: tuple[int, float] | None = None
+    spilled: int = 0  # compiled to local memory: not timed (told PRUNED, infeasible)
 
     @property
     def gpu_busy_fraction(self) -> float:
