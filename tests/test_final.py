@@ -49,6 +49,22 @@ def test_a_tie_goes_to_the_config_closest_to_the_default() -> None:
     assert final.Verdict.from_dict({"turns": 1}) is None
 
 
+def test_a_noisy_finalist_does_not_tie_the_others() -> None:
+    # The band is each pair's own: a third finalist's wide turns (583-627 TFLOPS in a D 256
+    # softcap search on the H100, docs/PERF.md step 62) no longer widen the band between the
+    # fastest and a runner-up whose turns are tight.
+    turns = {1: [674.0, 675.0, 673.0, 674.0], 2: [666.0, 666.5, 665.0, 666.0],
+             3: [560.0, 600.0, 590.0, 570.0]}
+    v = final.decide(turns, {1: 9, 2: 1, 3: 0}, {1: None, 2: None, 3: None})
+    assert v.winner == 1 and v.pick == 1
+    assert v.band == pytest.approx(2.0 / 674.0)  # trial 1's spread, the wider of 1 and 2
+    # A noisy config close enough to the fastest still ties with it (its band is its own).
+    turns[3] = [630.0, 690.0, 650.0, 680.0]
+    v = final.decide(turns, {1: 9, 2: 1, 3: 0}, {1: None, 2: None, 3: None})
+    assert v.winner is None and v.tied == (1, 3) and v.pick == 3
+    assert v.band == pytest.approx(60.0 / 665.0)
+
+
 def test_play_interleaves_and_reverses_the_order() -> None:
     calls: list[tuple[str, str]] = []
 

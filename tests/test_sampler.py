@@ -90,3 +90,27 @@ def test_starved_when_nothing_is_left(tmp_path: Path) -> None:
     study = optuna.create_study(sampler=s, storage=open_storage(f"sqlite:///{tmp_path / 't.db'}"))
     study.ask().suggest_categorical("block_n", [112, 128])
     assert s.starved and s.random_draws == 50
+
+
+@pytest.mark.parametrize("space_name, plain, capped", [
+    ("d256", "1x16/8x8192:d256", "1x16/8x8192:d256:cap50"),
+    ("d64", "1x64/8x8192:d64:w128", "1x64/8x8192:d64:w128:cap50"),
+    ("default", "1x32/8x8192", "1x32/8x8192:cap50"),
+])
+def test_softcap_seeds_seed_softcap_studies_only(space_name: str, plain: str,
+                                                  capped: str) -> None:
+    # A seed with tanh.approx is a point of a softcap class's space; elsewhere the knob is fixed
+    # (SearchSpace.for_class), so the seed is left out, not enqueued nor reported as outside.
+    from tuner.problem import Problem
+
+    base = load_space(space_name)
+    head_dim = Problem.parse(plain).problem_class.head_dim
+    without = base.for_class(Problem.parse(plain).problem_class)
+    with_cap = base.for_class(Problem.parse(capped).problem_class)
+    sources = [s for s, _ in seed_params(without, head_dim)]
+    capped_seeds = dict(seed_params(with_cap, head_dim))
+    approx = [s for s in capped_seeds if "softcap_tanh=approx" in s]
+    assert approx and not [s for s in sources if "softcap_tanh" in s]
+    assert len(capped_seeds) == len(sources) + len(approx)
+    for s in approx:
+        assert capped_seeds[s] is not None and capped_seeds[s]["softcap_tanh"] == "approx"

@@ -5,11 +5,14 @@ temperatures, and near-tied configs flip between runs (FlashInfer's autotuner RF
 choices differed between two identical tunes). So before a search reports its best, its top
 configs (by confirmed TFLOPS, one trial per config) are timed again against each other in one
 process, interleaved (A B C, then C B A, ...) on every problem of the study. A turn gives each
-config the geometric mean of its TFLOPS over the problems; the noise band is the widest relative
-spread of any one config's turns ((max - min) / median). The best is declared only when it beats
-the runner-up by more than that band. Otherwise the configs within the band of the fastest tie,
-and the pick among them is the one closest to the default config (fewest knobs changed), then
-the most accurate (least err_vs_default), then the fastest.
+config the geometric mean of its TFLOPS over the problems, and a config's spread is the relative
+range of its turns ((max - min) / median). The fastest (by median) beats another config when
+its median exceeds the other's by more than the noise band of the two: the wider of their two
+spreads. It is declared the best only when it beats every other finalist. Otherwise it ties with
+those it does not beat, and the pick among them is the one closest to the default config (fewest
+knobs changed), then the most accurate (least err_vs_default), then the fastest. (The band was
+once the widest spread of any finalist: one noisy finalist then tied all three, docs/PERF.md
+step 62.)
 
 The verdict is the study's user attribute ``final`` (``Verdict.to_dict``); ``show best`` prints
 it and tuner.search.trials' picks (export, profile, ``study:`` buckets) take its pick.
@@ -95,12 +98,18 @@ def decide(turns: dict[int, list[float]], distance: dict[int, int],
     if len(turns) < 2 or any(not v for v in turns.values()):
         raise ValueError("a final needs two or more trials, each with turns")
     med = {n: _median(v) for n, v in turns.items()}
-    band = max((max(v) - min(v)) / med[n] for n, v in turns.items())
+    spread = {n: (max(v) - min(v)) / med[n] for n, v in turns.items()}
     ranked = sorted(med, key=lambda n: -med[n])
-    best, second = ranked[0], ranked[1]
-    if med[best] > med[second] * (1.0 + band):
-        return Verdict(turns, med, band, best, (best,), best, "beyond the noise band")
-    tied = tuple(n for n in ranked if med[n] * (1.0 + band) >= med[best])
+    best = ranked[0]
+
+    def band_with(n: int) -> float:  # the pair's noise band
+        return max(spread[best], spread[n])
+
+    tied = (best,) + tuple(n for n in ranked[1:] if med[best] <= med[n] * (1.0 + band_with(n)))
+    if len(tied) == 1:
+        return Verdict(turns, med, band_with(ranked[1]), best, (best,), best,
+                       "beyond the noise band")
+    band = max(band_with(n) for n in tied[1:])
 
     def key(n: int) -> tuple[int, float, float]:
         err = error.get(n)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.errors import FaTuneError, SearchError, ShapeError
-from tuner.kernel.config import KernelConfig, load_preset
+from tuner.kernel.config import KNOBS, KernelConfig, load_preset
 from tuner.measure.accuracy import accuracy_record
 from tuner.measure.timing import geomean  # noqa: F401 - outcomes' and tests' name for it
 from tuner.problem import Problem
@@ -64,7 +64,14 @@ def seed_params(space: SearchSpace, head_dim: int = 128
 
     seeds = space.seeds or load_space(default_space_name(head_dim)).seeds
     return [(s.source, params_for(load_preset(s.preset).replace(**dict(s.changes)), space))
-            for s in seeds]
+            for s in seeds if not _for_other_classes(s, space)]
+
+
+def _for_other_classes(seed: Any, space: SearchSpace) -> bool:
+    """A seed that sets a knob bound to problem classes this study's space does not search
+    (e.g. ``softcap_tanh`` in a study without a softcap): it is meant for other classes, and is
+    left out without a word (not reported as lying outside the space)."""
+    return any(KNOBS[k].classes and k not in space.dims for k, _ in seed.changes)
 
 
 def params_for(cfg: KernelConfig, space: SearchSpace) -> dict[str, Any] | None:
