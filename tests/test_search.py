@@ -249,6 +249,12 @@ def test_spilled_kernels_teach_tpe_to_avoid_them(tmp_path: Path, plan) -> None:
     assert s2.run().spilled == 1
     again = [t for t in trials_of(tmp_path) if t.params["block_n"] == 144]
     assert len(again) == 2 and all(t.constraints == {session.SPILL_CONSTRAINT: 1.0} for t in again)
+    # `fa-tune show` counts them apart from the pruned and the failed.
+    from tuner.analysis import show
+
+    counts = show.state_counts(trials_of(tmp_path))
+    assert counts["spilled"] == 2 and "failed" not in counts
+    assert {r["state"] for r in show.trial_rows(again)} == {"SPILLED"}
 
 
 def test_planned_worker_recycles_are_not_counted_as_restarts(

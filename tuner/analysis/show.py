@@ -16,6 +16,7 @@ from tuner.errors import SearchError
 from tuner.search.trials import (
     complete_trials,
     confirmed_value,
+    is_spilled,
     trial_accuracy,
     why_not_complete,
 )
@@ -23,19 +24,24 @@ from tuner.search.trials import (
 MIN_TRIALS_FOR_IMPORTANCE = 4
 
 
-STATE_LABELS = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed",
-                "WAITING": "waiting", "RUNNING": "running"}
+STATE_LABELS = {"COMPLETE": "complete", "PRUNED": "pruned", "SPILLED": "spilled",
+                "FAIL": "failed", "WAITING": "waiting", "RUNNING": "running"}
 
 
 def state_counts(trials: list[Any]) -> dict[str, int]:
-    """Trials per state in this order: complete, pruned, failed, waiting, running (zeros left
-    out). Only FAIL counts as failed: a trial asked but never measured is WAITING."""
+    """Trials per state in this order: complete, pruned, spilled, failed, waiting, running
+    (zeros left out). Only FAIL counts as failed: a trial asked but never measured is WAITING,
+    one whose kernel has local memory is spilled (told PRUNED)."""
     out: dict[str, int] = {}
     for state, label in STATE_LABELS.items():
-        n = sum(1 for t in trials if t.state.name == state)
+        n = sum(1 for t in trials if _state(t) == state)
         if n:
             out[label] = n
     return out
+
+
+def _state(t: Any) -> str:
+    return "SPILLED" if is_spilled(t) else t.state.name
 
 
 def not_run_reason(t: Any) -> str | None:
@@ -60,7 +66,7 @@ def trial_rows(trials: list[Any]) -> list[dict[str, Any]]:
         if "duplicate_of" in a:
             why = f"duplicate of {a['duplicate_of']}" + (f"; {why}" if why else "")
         out.append({
-            "trial": t.number, "state": t.state.name, "value": t.value,
+            "trial": t.number, "state": _state(t), "value": t.value,
             "confirmed": confirmed_value(t), "config_id": a.get("config_id", ""),
             "params": dict(t.params), "reason": why, **trial_accuracy(t),
         })

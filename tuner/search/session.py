@@ -20,13 +20,11 @@ from tuner.measure.timing import geomean  # noqa: F401 - outcomes' and tests' na
 from tuner.problem import Problem
 from tuner.search import rdb
 from tuner.search.space import SearchSpace
+from tuner.search.trials import SPILL_CONSTRAINT  # noqa: F401 - outcomes' and tests' name for it
 
 # FAIL reasons of trials whose measurement was cut, not judged: re-enqueued on resume.
 # "not run: search stopped" is what earlier versions told trials they never started.
 REQUEUE_REASONS = ("interrupted", "not run: search stopped")
-# The constraint a trial whose kernel compiled to local memory carries (violated: 1.0), so
-# TPE ranks it infeasible; static rejects carry "static_check".
-SPILL_CONSTRAINT = "local_memory"
 # A RUNNING trial without an owner (versions before owners) counts as killed only when it
 # started this long before us: a trial another worker asked a moment ago has no owner yet.
 OWNERLESS_GRACE_S = 120.0

@@ -187,6 +187,16 @@ def _stored_name(per: dict[str, Any], problem: str) -> str | None:
     return None
 
 
+# The constraint a trial whose kernel compiled to local memory carries (violated: 1.0), so
+# TPE ranks it infeasible (static rejects carry "static_check"); such a trial is "spilled".
+SPILL_CONSTRAINT = "local_memory"
+
+
+def is_spilled(t: Any) -> bool:
+    """A trial never timed because its kernel has local memory (told PRUNED, infeasible)."""
+    return t.state.name == "PRUNED" and SPILL_CONSTRAINT in (t.constraints or {})
+
+
 def why_not_complete(t: Any) -> str:
     """Why a trial did not complete, in a few words ("" when it says nothing)."""
     from tuner.search.rdb import stale_failed  # lazy: rdb imports optuna (slow) at the top
