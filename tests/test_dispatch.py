@@ -489,6 +489,8 @@ def test_export_workload_sources(two_file: Path, tmp_path: Path) -> None:
     (["--workload", "llama3-8b", "--study", "s"], "--study/--trial export one kernel"),
     (["--bucket", "a=preset:default"], "go with --workload or --table"),
     (["--workload", "llama3-8b"], "no config for buckets s1k, s2k, s4k, s8k"),
+    (["--workload", "llama3-8b", "--study-prefix", "nope-"],
+     "no study nope-<bucket> for buckets s1k, s2k, s4k, s8k of workload 'llama3-8b': tune them"),
     (["--workload", "llama3-8b", "--bucket", "s9=preset:default"], "has no bucket 's9'"),
     (["--workload", "nope"], "no workload file 'nope'"),
     (["--workload", "llama3-8b", "--default", "preset:nope"], "unknown preset 'nope'"),

@@ -201,6 +201,10 @@ def test_tune_searches_each_bucket_in_its_own_study(monkeypatch: pytest.MonkeyPa
     r = CliRunner().invoke(app, ["tune", "--workload", "llama3-8b", "--trials", "5",
                                      "--bucket", "s99k"])
     assert r.exit_code == 2 and "has no bucket 's99k'" in r.output
+    calls.clear()  # a bad budget is one line before any bucket starts
+    r = CliRunner().invoke(app, ["tune", "--workload", "llama3-8b", "--timeout", "0s"])
+    assert r.exit_code == 2 and not calls and "bucket 1/" not in r.output
+    assert "duration must be positive" in r.output
 
 
 def test_packed_traffic_is_tuned_as_varlen_in_the_bucket_of_its_longest_sequence() -> None:

@@ -373,6 +373,7 @@ def tune(
     """Search every bucket of a workload, one study each (<workload>-<bucket>), in turn; the
     same command resumes them. Then export the workload's library from those studies."""
 
+    parse_duration(timeout)  # a bad budget is one line before any bucket starts
     w = workload_mod.load_workload(workload)
     plans = w.plan(max_problems)
     names = [p.bucket.name for p in plans]
@@ -387,8 +388,8 @@ def tune(
     for i, p in enumerate(plans, 1):
         problems = [x.problem for x in p.problems]
         check_search_problems(problems)
-        # The knobs that change the bucket's own problems (a kind without a window keeps
-        # kv_walk off), though its kernel is built for the workload's class (below).
+        # The knobs that change the bucket's own problems (a kind without a softcap keeps
+        # softcap_tanh exact), though its kernel is built for the workload's class (below).
         bucket_space = sp.for_class(class_of(problems))
         study = f"{w.name}-{p.bucket.name}"
         console.print(f"[bold]bucket {i}/{len(plans)}: {p.bucket.name} "

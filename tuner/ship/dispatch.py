@@ -392,6 +392,14 @@ def bucket_sources(workload: Workload, assignments: list[str] | None = None,
             texts[b.name] = f"study:{study_prefix}{b.name}"
         elif default:
             texts[b.name] = default
+    missing = [b.name for b in workload.buckets if b.name not in texts]
+    if missing and study_prefix:  # say which studies were looked for, and how to make them
+        many = len(missing) > 1
+        raise DispatchError(
+            f"no study {study_prefix}<bucket> for bucket{'s' if many else ''} "
+            f"{', '.join(missing)} of workload '{workload.name}': tune {'them' if many else 'it'} "
+            f"(fa-tune tune --workload {workload.name} --bucket {missing[0]}), or give --default "
+            f"SOURCE or --bucket NAME=SOURCE, SOURCE one of {SOURCE_HELP}")
     pclass = workload.problem_class
     return {name: resolve_source(src, pclass, storage) for name, src in texts.items()}
 
