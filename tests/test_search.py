@@ -27,6 +27,7 @@ from tuner.search import loop as search
 from tuner.search import policy, sampler, session, worker_client
 from tuner.search.space import space_from_dict
 from tuner.search.study import load_existing_study, open_storage, storage_url
+from tuner.search.trials import SPILL_CONSTRAINT
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(FIX))
@@ -220,7 +221,7 @@ def test_failures_are_isolated(tmp_path: Path, plan, monkeypatch: pytest.MonkeyP
     # A kernel with local memory is not a failure: pruned, infeasible for the sampler.
     spill = next(t for t in ts if t.params["block_n"] == 144)
     assert spill.state == TrialState.PRUNED and "local memory" in spill.user_attrs["prune_reason"]
-    assert spill.constraints == {session.SPILL_CONSTRAINT: 1.0}
+    assert spill.constraints == {SPILL_CONSTRAINT: 1.0}
     good = [t for t in ts if t.state == TrialState.COMPLETE]
     assert {t.params["block_n"] for t in good} == {128}
     assert summ.best is not None and summ.failed == 5 and summ.spilled == 1
@@ -248,7 +249,7 @@ def test_spilled_kernels_teach_tpe_to_avoid_them(tmp_path: Path, plan) -> None:
               trials=1, sampler="random", builder=b)
     assert s2.run().spilled == 1
     again = [t for t in trials_of(tmp_path) if t.params["block_n"] == 144]
-    assert len(again) == 2 and all(t.constraints == {session.SPILL_CONSTRAINT: 1.0} for t in again)
+    assert len(again) == 2 and all(t.constraints == {SPILL_CONSTRAINT: 1.0} for t in again)
     # `fa-tune show` counts them apart from the pruned and the failed.
     from tuner.analysis import show
 

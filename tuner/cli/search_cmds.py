@@ -41,6 +41,14 @@ from tuner.search.study import redact
 from tuner.ship import workload as workload_mod
 
 
+def _counts(s: Any, timed: bool = True) -> str:
+    """A search summary's trial outcomes, in the order the live view lists them (a
+    compile-only worker times nothing: no complete or pruned)."""
+    head = f"complete {s.complete}, pruned {s.pruned}, " if timed else ""
+    return (f"{head}spilled {s.spilled}, failed {s.failed}, static rejects {s.rejected}, "
+            f"duplicates {s.duplicates}")
+
+
 def _live_table(p: Any) -> Any:
 
     t = Table(title=f"fa-tune search: study {p.study}", show_header=False)
@@ -174,9 +182,8 @@ def _run_compile_only(*, study: str, space: Any, shapes: list[Problem], storage:
     shared = s.artifacts.published if s.artifacts is not None else 0
     console.print(f"study {summary.study}: {summary.trials_run} candidates compiled and handed "
                   f"to the GPU workers in {summary.wall_s:.0f} s ({shared} kernels published; "
-                  f"spilled {summary.spilled}, failed {summary.failed}, static rejects "
-                  f"{summary.rejected}, duplicates "
-                  f"{summary.duplicates}); stopped: {summary.stopped_by}", soft_wrap=True)
+                  f"{_counts(summary, timed=False)}); stopped: {summary.stopped_by}",
+                  soft_wrap=True)
     if summary.stopped_by.startswith("interrupted"):
         raise typer.Exit(130)
 
@@ -237,10 +244,8 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
             _end_live()
     console.print(
         f"study {summary.study}: {summary.trials_run} trials in {summary.wall_s:.0f} s "
-        f"({summary.trials_per_hour:.0f}/h; complete {summary.complete}, pruned "
-        f"{summary.pruned}, spilled {summary.spilled}, failed {summary.failed}, static rejects "
-        f"{summary.rejected}, "
-        f"duplicates {summary.duplicates}); GPU busy {100 * summary.gpu_busy_fraction:.0f} %"
+        f"({summary.trials_per_hour:.0f}/h; {_counts(summary)}); GPU busy "
+        f"{100 * summary.gpu_busy_fraction:.0f} %"
         + (f" (of which {summary.temp_wait_s:.0f} s waiting for the GPU to cool)"
            if summary.temp_wait_s >= 0.5 else "")
         + f"; stopped: {summary.stopped_by}"
@@ -328,10 +333,8 @@ def _run_fleet(devices: list[int], kwargs: dict[str, Any]) -> None:
             console.print(f"  GPU {w.device}: {w.error or 'no summary'}", soft_wrap=True)
             continue
         console.print(
-            f"  GPU {w.device} ({s.gpu_name or '?'}): {s.trials_run} trials (complete "
-            f"{s.complete}, pruned {s.pruned}, spilled {s.spilled}, failed {s.failed}, static "
-            f"rejects {s.rejected}, "
-            f"duplicates {s.duplicates}); GPU busy {100 * s.gpu_busy_fraction:.0f} %"
+            f"  GPU {w.device} ({s.gpu_name or '?'}): {s.trials_run} trials ({_counts(s)}); "
+            f"GPU busy {100 * s.gpu_busy_fraction:.0f} %"
             + (f" (of which {s.temp_wait_s:.0f} s cooling)" if s.temp_wait_s >= 0.5 else "")
             + f"; stopped: {s.stopped_by}"
             + (f"; {s.not_run} not measured wait in the study" if s.not_run else ""),

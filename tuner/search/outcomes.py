@@ -18,7 +18,6 @@ from tuner.problem import Problem
 from tuner.search import final
 from tuner.search.session import (
     REQUEUE_REASONS,
-    SPILL_CONSTRAINT,
     SearchSummary,
     _Candidate,
     _is_transient_build,
@@ -29,7 +28,14 @@ from tuner.search.session import (
     geomean,
 )
 from tuner.search.study import redact
-from tuner.search.trials import confirmed_value, first_near_best, screen_ratio, trial_accuracy
+from tuner.search.trials import (
+    SPILL_CONSTRAINT,
+    confirmed_value,
+    first_near_best,
+    is_spilled,
+    screen_ratio,
+    trial_accuracy,
+)
 from tuner.search.worker_client import WorkerFailure
 
 
@@ -51,7 +57,7 @@ class TrialOutcomes:
             for key, value in prev.constraints.items():  # a spill stays infeasible for TPE
                 trial.set_constraint(key, value)
             self._tell(trial, TrialState.PRUNED)
-            if SPILL_CONSTRAINT in prev.constraints:
+            if is_spilled(prev):
                 self.progress.spilled += 1
             else:
                 self.progress.pruned += 1

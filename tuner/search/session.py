@@ -20,7 +20,6 @@ from tuner.measure.timing import geomean  # noqa: F401 - outcomes' and tests' na
 from tuner.problem import Problem
 from tuner.search import rdb
 from tuner.search.space import SearchSpace
-from tuner.search.trials import SPILL_CONSTRAINT  # noqa: F401 - outcomes' and tests' name for it
 
 # FAIL reasons of trials whose measurement was cut, not judged: re-enqueued on resume.
 # "not run: search stopped" is what earlier versions told trials they never started.
