@@ -2,9 +2,13 @@
 # Session 29's first call picks its work by the card that came (docs/PERF.md step 63):
 #   call 1, carry [".whl", ".fa3/part1"]:  bash lab/h200/s29.sh start
 #       H200: the chunk row's search (issue 34), chained on by s28.sh next as PERF's next steps say
-#       H100: the 128-key window's round 7 built (lab/h200/variants/w128_s29.txt, three-ctas.patch
-#             applied in the device's copy of the tree)
-#   call 2 on an H100, carry [".fa3/part2"]:  bash lab/h200/s29.sh w128
+#       H100: builds the 2- and 4-head clusters at D 64 (lab/h200/variants/d64_hc_s29.txt), then
+#             the 128-key window's round 7 (w128_s29.txt, three-ctas.patch applied in the
+#             device's copy of the tree)
+#   call 2 on an H100, carry [".fa3/part2"]:  bash lab/h200/s29.sh d64hc
+#       the D 64 head clusters gated on uneven GQA shapes, then timed beside FA3 at gpt-oss's
+#       full layers (1x64/8x8192:d64 with and without sinks; 1 s settle, 50 + 3 x 200)
+#   call 3:  bash lab/h200/s29.sh w128
 #       round 7 gated on uneven shapes and timed beside FA3 (s28.sh w128)
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -13,21 +17,43 @@ three_ctas() {  # each call re-copies the tree, so the patch goes on again (idem
     || patch -p1 -R --dry-run -s < lab/patches/three-ctas.patch > /dev/null 2>&1 \
     || { echo "three-ctas.patch does not apply"; exit 1; }
 }
+HC=lab/h200/variants/d64_hc_s29.txt
 export W128_VARIANTS=lab/h200/variants/w128_s29.txt W128_UNCHECKED=1
-case "${1:?start | w128}" in
+case "${1:?start | d64hc | w128}" in
 start)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "card: $card"
   if [[ "$card" == *H200* ]]; then
-    exec bash "$LAB/gpu_session.sh" search-start h-chunk 300s --shape 1x32/8x2048:k8192
+    exec bash "$LAB/gpu_session.sh" search-start h-chunk 240s --shape 1x32/8x2048:k8192
   fi
   FIRST_CALL="s29.sh start"
   source "$LAB/session_calls.sh"
+  timeout 200 $E python3 scripts/kernel_lab.py --variants-file "$HC" \
+    --shape 1x64/8x8192:d64:sinks --build-only --jobs "$(nproc)" > "$OUT/d64hc_build.log" 2>&1
+  step "d64hc built: exit $?"; grep -E "not built|built|local" "$OUT/d64hc_build.log" | tail -6
   three_ctas
-  timeout 400 $E python3 scripts/kernel_lab.py --variants-file "$W128_VARIANTS" \
+  timeout 300 $E python3 scripts/kernel_lab.py --variants-file "$W128_VARIANTS" \
     --shape 1x64/8x8192:d64:w128:sinks --build-only --jobs "$(nproc)" --unchecked \
     > "$OUT/w128_build.log" 2>&1
   step "built: exit $?"; grep -E "not built|built|local" "$OUT/w128_build.log" | tail -8
+  ;;
+d64hc)
+  FIRST_CALL="s29.sh start"
+  source "$LAB/session_calls.sh"
+  if [ ! -f "$DEV/fa3.ok" ]; then
+    FA3_SMOKE=0 bash "$LAB/fa3_stage2.sh" > "$OUT/fa3_install.log" 2>&1 \
+      || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed (carry .fa3/part2)"; exit 1; }
+    touch "$DEV/fa3.ok"; step "FA3 installed"
+  fi
+  # Gate on GQA shapes no tile divides (group 8 as gpt-oss, group 4; S_q < S_k), then time.
+  timeout 150 $E python3 scripts/kernel_lab.py --variants-file "$HC" --no-fa3 \
+    --shape 2x16/2x1000:d64:sinks --shape 1x8/2x77:k300:d64:sinks --shape 1x16/2x2000:d64 \
+    --warmup 1 --repeat 2 --rounds 1 --settle-s 0 > "$OUT/d64hc_gate.log" 2>&1
+  step "gate: exit $?"; grep -E "FAIL|rror" "$OUT/d64hc_gate.log" | cut -c1-240 || echo "all passed"
+  OUT=$OUT timeout 300 $E python3 scripts/kernel_lab.py --variants-file "$HC" \
+    --shape 1x64/8x8192:d64 --shape 1x64/8x8192:d64:sinks \
+    --warmup 50 --repeat 200 --rounds 3 --settle-s 1 > "$OUT/d64hc_lab.log" 2>&1
+  step "lab: exit $?"; grep -v '^  [0-9a-f]\{12\}: {' "$OUT/d64hc_lab.log" | tail -n 22
   ;;
 w128)
   three_ctas
