@@ -181,3 +181,38 @@ def test_a_sliding_window_caps_each_task_at_its_tiles(driver: Path) -> None:
     assert isinstance(full, list)
     assert full[0][0] == sum(min(2 * 8, 2 * (8 - bm + 2)) + 4 for bm in range(8))
     assert lists(driver, 1, 1, 8, 1) == lists(driver, 1, 1, 8, 1, window_m=-1)
+
+
+def balance(res: list) -> float:
+    loads = [load for load, _ in res]
+    return sum(loads) / len(loads) / max(loads)
+
+
+@pytest.mark.parametrize("B,H,num_m,bins,shift,fixed,paired,unpaired", [
+    (1, 32, 16, 132, 48, 4, 0.930, 0.974),   # 1x32/8x2048:k8192, block_m 128
+    (1, 16, 16, 66, 48, 9, 0.950, 0.974),    # the same, llama3's 2-head clusters
+    (4, 16, 8, 66, 24, 9, 0.959, 0.992),     # llama3 at 4x32/8x1024:k4096
+])
+def test_chunks_are_dealt_without_pairs(driver: Path, B: int, H: int, num_m: int, bins: int,
+                                        shift: int, fixed: int, paired: float,
+                                        unpaired: float) -> None:
+    """Queries over a longer KV: every task costs about the same, and batch/head pairs dealt one
+    after another left the heaviest bin up to a task above the mean (balance `paired`, what
+    these shapes got before). The lists are then dealt without pairs, longest first."""
+    res = lists(driver, B, H, num_m, bins, fixed=fixed, kv_shift=shift)
+    assert isinstance(res, list)
+    assert sorted(t for _, ts in res for t in ts) == sorted(
+        (bm, h, b) for bm in range(num_m) for h in range(H) for b in range(B))
+    assert balance(res) >= unpaired - 0.001 > paired
+    for _, tasks in res:  # still walked in batch/head order within each CTA
+        bh = [b * H + h for _, h, b in tasks]
+        assert bh == sorted(bh)
+
+
+def test_prefills_keep_their_pairs(driver: Path) -> None:
+    """A prefill's pairs balance within 1 % of LPT without them, so its lists keep the pairs:
+    the first pair's longest tiles open the first bins (plain LPT by cost would open them with
+    every entry's last tile)."""
+    res = lists(driver, 4, 32, 64, 132)
+    assert isinstance(res, list) and balance(res) > 0.99
+    assert (62, 0, 0) in res[2][1] and (62, 1, 0) in res[3][1]
