@@ -10,6 +10,11 @@
 #       full layers (1x64/8x8192:d64 with and without sinks; 1 s settle, 50 + 3 x 200)
 #   call 3:  bash lab/h200/s29.sh w128
 #       round 7 gated on uneven shapes and timed beside FA3 (s28.sh w128)
+#   any card, carry [".base/s29"] (and ".whl" on a fresh machine):  bash lab/h200/s29.sh chunks
+#       the static scheduler's task lists before and after chunks were dealt without pairs
+#       (.base/s29/before = git archive 6808ab2, .base/s29/after = 551c44e, docs left out):
+#       llama3 and static built from each tree, SASS compared (host code only changed), then
+#       timed A B B A in one process (scripts/ab_libs.py) at the three chunk rows
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 three_ctas() {  # each call re-copies the tree, so the patch goes on again (idempotent)
@@ -19,7 +24,7 @@ three_ctas() {  # each call re-copies the tree, so the patch goes on again (idem
 }
 HC=lab/h200/variants/d64_hc_s29.txt
 export W128_VARIANTS=lab/h200/variants/w128_s29.txt W128_UNCHECKED=1
-case "${1:?start | d64hc | w128}" in
+case "${1:?start | d64hc | w128 | chunks}" in
 start)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "card: $card"
@@ -54,6 +59,25 @@ d64hc)
     --shape 1x64/8x8192:d64 --shape 1x64/8x8192:d64:sinks \
     --warmup 50 --repeat 200 --rounds 3 --settle-s 1 > "$OUT/d64hc_lab.log" 2>&1
   step "lab: exit $?"; grep -v '^  [0-9a-f]\{12\}: {' "$OUT/d64hc_lab.log" | tail -n 22
+  ;;
+chunks)
+  FIRST_CALL="s29.sh chunks with .whl"
+  source "$LAB/session_calls.sh"
+  rows=(1x32/8x2048:k8192 4x32/8x1024:k4096 1x32/8x512:k16384)
+  for tree in before after; do
+    (cd ".base/s29/$tree" && for i in 0 1 2; do
+       PYTHONPATH="$DEV/site:$PWD" timeout 240 python3 scripts/sass_snapshot.py --fixed \
+         --shape "${rows[$i]}" --out "$DEV/ch-$tree-$i" --cache "$DEV/chcache-$tree" llama3 static \
+         > "$OUT/chunks_build_${tree}_$i.log" 2>&1 || echo "$tree ${rows[$i]}: build exit $?"
+     done; echo "$tree built") &
+  done
+  wait; step built
+  $E python3 scripts/sass_snapshot.py --compare "$DEV/ch-before-0" "$DEV/ch-after-0" | tail -3
+  for i in 0 1 2; do
+    timeout 150 $E python3 scripts/ab_libs.py "$DEV/ch-before-$i" "$DEV/ch-after-$i" --pairs 3 \
+      --settle-s 0.5 --json "$OUT/chunks_ab_$i.json" > "$OUT/chunks_ab_$i.log" 2>&1
+    step "${rows[$i]}: ab exit $?"; tail -4 "$OUT/chunks_ab_$i.log"
+  done
   ;;
 w128)
   three_ctas
