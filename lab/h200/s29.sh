@@ -14,7 +14,9 @@
 #       the static scheduler's task lists before and after chunks were dealt without pairs
 #       (.base/s29/before = git archive 6808ab2, .base/s29/after = 551c44e, docs left out):
 #       llama3 and static built from each tree, SASS compared (host code only changed), then
-#       timed A B B A in one process (scripts/ab_libs.py) at the three chunk rows
+#       timed A B B A in one process (scripts/ab_libs.py) at the chunk rows and two short
+#       prefills (lists 0.76-0.96 -> 0.97-0.99 balanced by the cost model; the last row's
+#       lists are the same in both: a control)
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 three_ctas() {  # each call re-copies the tree, so the patch goes on again (idempotent)
@@ -63,21 +65,23 @@ d64hc)
 chunks)
   FIRST_CALL="s29.sh chunks with .whl"
   source "$LAB/session_calls.sh"
-  rows=(1x32/8x2048:k8192 4x32/8x1024:k4096 1x32/8x512:k16384)
+  mkdir -p "$DEV/chunks"
+  rows=(1x32/8x2048:k8192 4x32/8x1024:k4096 1x32/8x2048 2x32/8x1024 1x32/8x512:k16384)
   for tree in before after; do
-    (cd ".base/s29/$tree" && for i in 0 1 2; do
+    (cd ".base/s29/$tree" && for i in "${!rows[@]}"; do
        PYTHONPATH="$DEV/site:$PWD" timeout 240 python3 scripts/sass_snapshot.py --fixed \
          --shape "${rows[$i]}" --out "$DEV/ch-$tree-$i" --cache "$DEV/chcache-$tree" llama3 static \
-         > "$OUT/chunks_build_${tree}_$i.log" 2>&1 || echo "$tree ${rows[$i]}: build exit $?"
+         > "$DEV/chunks/build_${tree}_$i.log" 2>&1 || echo "$tree ${rows[$i]}: build exit $?"
      done; echo "$tree built") &
   done
   wait; step built
   $E python3 scripts/sass_snapshot.py --compare "$DEV/ch-before-0" "$DEV/ch-after-0" | tail -3
-  for i in 0 1 2; do
-    timeout 150 $E python3 scripts/ab_libs.py "$DEV/ch-before-$i" "$DEV/ch-after-$i" --pairs 3 \
-      --settle-s 0.5 --json "$OUT/chunks_ab_$i.json" > "$OUT/chunks_ab_$i.log" 2>&1
-    step "${rows[$i]}: ab exit $?"; tail -4 "$OUT/chunks_ab_$i.log"
+  for i in "${!rows[@]}"; do
+    timeout 100 $E python3 scripts/ab_libs.py "$DEV/ch-before-$i" "$DEV/ch-after-$i" --pairs 3 \
+      --settle-s 0.5 --json "$DEV/chunks/ab_$i.json" > "$DEV/chunks/ab_$i.log" 2>&1
+    step "${rows[$i]}: ab exit $?"; tail -4 "$DEV/chunks/ab_$i.log"
   done
+  (cd "$DEV" && tar -cJf "$OUT/chunks.tar.xz" chunks)
   ;;
 w128)
   three_ctas
