@@ -82,6 +82,17 @@ struct Task {
   int bm, bh;
 };
 
+// Moves bins[from][index] to the end of bins[to], loads following.
+template <class Cost>
+void move_task(std::vector<std::vector<Task>>& bins, std::vector<long long>& load, int from,
+               int index, int to, const Cost& cost) {
+  const Task t = bins[from][index];
+  bins[from].erase(bins[from].begin() + index);
+  bins[to].push_back(t);
+  load[from] -= cost(t.bm);
+  load[to] += cost(t.bm);
+}
+
 // Longest-processing-time first over every task (no pairs), then moves and swaps from the
 // heaviest bin to the lightest while one narrows their gap (bounded, so setup time stays flat).
 template <class Cost>
@@ -121,18 +132,9 @@ void deal_by_cost(int num_bh, int num_m, const Cost& cost, std::vector<std::vect
       }
     }
     if (best_a < 0) break;
-    const Task a = bins[hi][best_a];
-    bins[hi].erase(bins[hi].begin() + best_a);
-    bins[lo].push_back(a);
-    load[hi] -= cost(a.bm);
-    load[lo] += cost(a.bm);
-    if (best_b >= 0) {
-      const Task b = bins[lo][best_b];
-      bins[lo].erase(bins[lo].begin() + best_b);
-      bins[hi].push_back(b);
-      load[lo] -= cost(b.bm);
-      load[hi] += cost(b.bm);
-    }
+    // lo's task first: its index is still valid before hi's task lands at lo's end.
+    if (best_b >= 0) move_task(bins, load, lo, best_b, hi, cost);
+    move_task(bins, load, hi, best_a, lo, cost);
   }
 }
 
@@ -204,12 +206,7 @@ inline std::string build_task_lists(int B, int H, int num_m, int num_bins, int f
       }
     }
     if (best < 0) break;
-    const Task moved = bins[hi][best];
-    bins[hi].erase(bins[hi].begin() + best);
-    bins[lo].push_back(moved);
-    const long long c = cost(moved.bm);
-    load[hi] -= c;
-    load[lo] += c;
+    move_task(bins, load, hi, best, lo, cost);
   }
 
   // 3. Without pairs, when that is over 1 % lighter at the heaviest bin. Never where the pairs
