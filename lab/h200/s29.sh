@@ -12,7 +12,7 @@
 #       round 7 gated on uneven shapes and timed beside FA3 (s28.sh w128)
 #   any card, carry [".base/s29"] (and ".whl" on a fresh machine):  bash lab/h200/s29.sh chunks
 #       the static scheduler's task lists before and after chunks were dealt without pairs
-#       (.base/s29/before = git archive 6808ab2, .base/s29/after = 551c44e, docs left out):
+#       (.base/s29/before = git archive 6808ab2, .base/s29/after = a later commit with the same lists, docs left out):
 #       llama3 and static built from each tree, SASS compared (host code only changed), then
 #       timed A B B A in one process (scripts/ab_libs.py) at the chunk rows and two short
 #       prefills (lists 0.76-0.96 -> 0.97-0.99 balanced by the cost model; the last row's
