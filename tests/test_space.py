@@ -16,7 +16,7 @@ def test_default_space_covers_every_knob_and_value() -> None:
     # around one per SM (more only queue CTAs), and consumer_regs from 160: below that only D 64's
     # three warpgroups beside a persistent producer fit (d64.yaml), and the D 128 space stays the
     # one its studies were created with.
-    narrowed = {"write_lse": {True}, "persistent_ctas": {0, 128},
+    narrowed = {"write_lse": {True}, "persistent_ctas": {0, 128}, "ctas_per_sm": {1, 2},
                 "consumer_regs": set(range(160, 241, 8)), "sum_in_pv": {False},
                 "wg_skip": {False}}
     for name, knob in KNOBS.items():

@@ -163,7 +163,7 @@ struct Derived {
   // cause of a hang on the H200 with producer 32 / consumers 240 at 384 threads: 65536 > 64512).
   // ctas_per_sm CTAs resident per SM (__launch_bounds__' minimum) split the register file.
   static constexpr int kCtasPerSm = Cfg::ctas_per_sm;
-  static_assert(kCtasPerSm == 1 || kCtasPerSm == 2, "ctas_per_sm: 1 or 2");
+  static_assert(kCtasPerSm >= 1 && kCtasPerSm <= 3, "ctas_per_sm: 1, 2 or 3");
   static constexpr int kLaunchRegPerThread = 65536 / (kThreads * kCtasPerSm);
   static constexpr int kLaunchRegs =
       kThreads * ((kLaunchRegPerThread < 255 ? kLaunchRegPerThread : 255) / 8 * 8);

@@ -176,15 +176,16 @@ struct Consumer {
 
 // The register split of setmaxnreg: the config's. The varlen kernel always runs the persistent
 // producer loop, which needs 24 registers since it runs warp-uniform (56 with one consumer
-// warpgroup; config.py, PERSISTENT_PRODUCER_REGS). A config made for the grid scheduler may
-// give it fewer, so there the producer takes what it needs from the consumers (which may then
-// spill: config.check_varlen says so before compiling).
+// warpgroup above D 64; config.py, persistent_producer_regs). A config made for the grid
+// scheduler may give it fewer, so there the producer takes what it needs from the consumers
+// (which may then spill: config.check_varlen says so before compiling).
 template <class Cfg, bool kVarlen>
 struct RegSplit {
   using D = Derived<Cfg>;
   // Without intra_wg_overlap its loop holds both rings' cursors at once beside the 32-byte task
   // and spilled one int at 24 (H200 build, 2026-12-04): 32 there.
-  static constexpr int kMinProducer = D::kConsumerWGs == 1 ? 56 : D::kOverlap ? 24 : 32;
+  static constexpr int kMinProducer =
+      D::kConsumerWGs == 1 && D::kHeadDim > 64 ? 56 : D::kOverlap ? 24 : 32;
   static constexpr int kProducer =
       kVarlen && Cfg::producer_regs < kMinProducer ? kMinProducer : Cfg::producer_regs;
   static constexpr int kSpare = (D::kLaunchRegs / kWarpgroupThreads - kProducer) / D::kConsumerWGs / 8 * 8;

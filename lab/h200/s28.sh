@@ -9,7 +9,7 @@
 #   later calls: the same `next`, carrying nothing
 #   bash lab/h200/s28.sh w128    the 128-key window variants (lab/h200/variants/w128_s28.txt;
 #       W128_VARIANTS=FILE another, W128_NOFA3=1 without FA3, W128_UNCHECKED=1 past the static
-#       check), three-ctas.patch applied in the carried tree
+#       check), three CTAs an SM (landed in step 63; the patch was applied then)
 #       built, gated on uneven shapes and timed beside FA3 at the 128-key window rows
 # Logs land in $OUT.
 set -uo pipefail
@@ -43,7 +43,7 @@ next)
   fi
   ;;
 w128)
-  # Needs lab/patches/three-ctas.patch applied in the tree that is carried (the 3-CTA variants).
+  # The 3-CTA variants needed lab/patches/three-ctas.patch then (landed in step 63).
   # W128_NOFA3=1: a fresh machine without FA3 (variants against d64-window only).
   # W128_UNCHECKED=1: past the static check (lab/h200/variants/w128_s29.txt says why).
   peer=(); if [ -n "${W128_NOFA3:-}" ]; then peer=(--no-fa3); else fa3; fi

@@ -10,6 +10,8 @@
 #       full layers (1x64/8x8192:d64 with and without sinks; 1 s settle, 50 + 3 x 200)
 #   call 3:  bash lab/h200/s29.sh w128
 #       round 7 gated on uneven shapes and timed beside FA3 (s28.sh w128)
+#   bash lab/h200/s29.sh window3 (carry [".whl"] on a fresh machine): the three-CTA d64-window
+#       gated on every D 64 class it serves
 #   any card, carry [".base/s29"] (and ".whl" on a fresh machine):  bash lab/h200/s29.sh chunks
 #       the static scheduler's task lists before and after chunks were dealt without pairs
 #       (.base/s29/before = git archive 6808ab2, .base/s29/after = a later commit with the same lists, docs left out):
@@ -19,14 +21,13 @@
 #       lists are the same in both: a control)
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-three_ctas() {  # each call re-copies the tree, so the patch goes on again (idempotent)
-  patch -p1 --forward -s < lab/patches/three-ctas.patch > /dev/null 2>&1 \
-    || patch -p1 -R --dry-run -s < lab/patches/three-ctas.patch > /dev/null 2>&1 \
-    || { echo "three-ctas.patch does not apply"; exit 1; }
+three_ctas() {  # landed in step 63 (this session's calls ran with the patch applied)
+  [ -f lab/patches/three-ctas.patch ] && patch -p1 --forward -s < lab/patches/three-ctas.patch
+  return 0
 }
 HC=lab/h200/variants/d64_hc_s29.txt
 export W128_VARIANTS=lab/h200/variants/w128_s29.txt W128_UNCHECKED=1
-case "${1:?start | d64hc | w128 | chunks}" in
+case "${1:?start | d64hc | w128 | chunks | window3}" in
 start)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "card: $card"
@@ -82,6 +83,27 @@ chunks)
     step "${rows[$i]}: ab exit $?"; tail -4 "$DEV/chunks/ab_$i.log"
   done
   (cd "$DEV" && tar -cJf "$OUT/chunks.tar.xz" chunks)
+  ;;
+window3)
+  # carry [".whl"] on a fresh machine: d64-window at three CTAs (step 63) gated on every D 64
+  # class it serves: paged, packed, fixed, uneven, S_q < S_k, MQA; softcap (exact and approx)
+  FIRST_CALL="s29.sh window3 with .whl"
+  source "$LAB/session_calls.sh"
+  A=(--shape "4x8/2x1000:k3000:d64:w128:sinks:p16" --shape "2x8/2x1500:k2000:d64:w128:p64"
+     --shape "64/8x[2048,1000,77:300]:d64:w128:sinks:p64" --shape 2x16/2x1000:d64:w128:sinks
+     --shape 1x3x1152:d64:w128 --shape 1x2/1x77:k300:d64:w128:sinks --shape 2x8/1x1111:d64)
+  B=(--shape "2x8/2x1500:d64:cap50:w128:sinks" --shape "8/2x[1500,700:900]:d64:cap50:w128:sinks"
+     --shape 2x8/1x1111:d64:cap50)
+  approx='{"block_m": 64, "block_n": 64, "pingpong": false, "k_stages": 3, "v_stages": 3, "scheduler": "dynamic", "producer_regs": 24, "consumer_regs": 136, "ctas_per_sm": 3, "q_release": "after_last_qk", "early_next_qk": true, "q_in_regs": true, "softcap_tanh": "approx"}'
+  quick=(--no-fa3 --warmup 1 --repeat 2 --rounds 1 --settle-s 0 --jobs "$(nproc)")
+  timeout 250 $E python3 scripts/kernel_lab.py --variant d64-window3 "${quick[@]}" "${A[@]}" \
+    > "$OUT/window3_a.log" 2>&1
+  step "paged/packed/fixed: exit $?"; grep -cE "'gate': 'ok'" "$OUT/window3_a.log"
+  grep -E "FAIL|rror" "$OUT/window3_a.log" | cut -c1-240 || echo "all passed"
+  timeout 250 $E python3 scripts/kernel_lab.py --variant d64-window3 --variant "$approx" \
+    "${quick[@]}" "${B[@]}" > "$OUT/window3_b.log" 2>&1
+  step "softcap: exit $?"; grep -cE "'gate': 'ok'" "$OUT/window3_b.log"
+  grep -E "FAIL|rror" "$OUT/window3_b.log" | cut -c1-240 || echo "all passed"
   ;;
 w128)
   three_ctas

@@ -61,7 +61,9 @@ Q_IN_REGS = 32
 # varlen compiled clean at 24 registers at D 64, 128 and 256 (nvcc 13.0, 2026-12-01, docs/PERF.md
 # step 33; with the loop on one lane it had spilled at 24 and 32 and needed 40). With block_m 64
 # (one consumer warpgroup, registers to spare) a D 256 varlen build still had 32 B of stack at
-# 24, so block_m 64 asks for 56 as before.
+# 24, so block_m 64 asks for 56 above D 64. At D 64 the fixed-length and varlen (window, sinks)
+# kernels of three CTAs an SM built clean at 24 (nvcc 13.0, 2026-12-06; docs/PERF.md step 63),
+# and three CTAs leave 80 registers a thread: 24 + 136, not 56 + 104.
 # Head-dim corrections to the overheads above (calibrated at D 128), keyed (D, overlap): what
 # ptxas did with 22 builds around the boundary (scripts/reg_calibration.py, nvcc 13.0,
 # 2026-11-30; docs/PERF.md step 26), as overheads beyond S + P + O (+ Q in full). D 64,
@@ -92,6 +94,13 @@ CONSUMER_REG_OVERHEAD_PAIR2 = 4
 EARLY_NEXT_QK_MAX_BLOCK_N = 144
 PERSISTENT_PRODUCER_REGS = 24
 PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
+
+
+def persistent_producer_regs(block_m: int, head_dim: int) -> int:
+    """Registers the persistent producer loop needs (kernel.cuh's RegSplit mirrors it)."""
+    if block_m == 64 and head_dim > 64:
+        return PERSISTENT_PRODUCER_REGS_BLOCK_M64
+    return PERSISTENT_PRODUCER_REGS
 # The varlen producer without intra_wg_overlap (both rings' cursors live beside the 32-byte
 # task) spilled one int at 24 registers (fa_tune/kernel.cuh, RegSplit).
 VARLEN_SERIAL_PRODUCER_REGS = 32
@@ -138,9 +147,9 @@ class KernelConfig:
     hint_o: str = knob("none", _HINTS, cpp_type="CacheHint", doc=_HINT_DOC.format("O", "stores"))
     producer_regs: int = knob(24, (24, 32, 40, 56), doc=(
         "Registers per thread of the producer warpgroup (setmaxnreg)."))
-    consumer_regs: int = knob(240, range(144, 241, 8), range_text="144..240 in steps of 8", doc=(
-        "Registers per thread of each consumer warpgroup (setmaxnreg); below 160 only for D "
-        "64's three warpgroups beside a persistent producer."))
+    consumer_regs: int = knob(240, range(136, 241, 8), range_text="136..240 in steps of 8", doc=(
+        "Registers per thread of each consumer warpgroup (setmaxnreg); below 160 only at D 64: "
+        "three warpgroups beside a persistent producer, or three CTAs an SM (136)."))
     intra_wg_overlap: bool = knob(True, doc=(
         "A warpgroup issues the next KV tile's QK before this tile's softmax and PV."))
     pingpong: bool = knob(True, doc=(
@@ -182,7 +191,7 @@ class KernelConfig:
         "Static scheduler: a task's fixed cost beside its KV tiles in the task-list balance."))
     persistent_ctas: int = knob(0, range(1025), range_text="an integer from 0 (= SM count) to 1024",
                                 doc="Persistent schedulers: CTAs launched (0: ctas_per_sm per SM).")
-    ctas_per_sm: int = knob(1, (1, 2), id_neutral=True, doc=(
+    ctas_per_sm: int = knob(1, (1, 2, 3), id_neutral=True, doc=(
         "CTAs resident on one SM at once (__launch_bounds__' minimum): each gets 1/n of the "
         "registers and shared memory; independent CTAs hide each other's prologue and epilogue "
         "where tasks are short."))
@@ -370,11 +379,11 @@ VARLEN_FIT_HINT = {64: "preset d64", 128: "preset default", 256: "preset d256"}
 def varlen_register_split(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> tuple[int, int]:
     """(producer, consumer) registers of the cfg's varlen kernel (cuda_src/fa_tune/kernel.cuh,
     RegSplit): its producer always runs the persistent loop, so it gets at least the persistent
-    producer's registers (56 with block_m 64; 32 without intra_wg_overlap), taken from the
-    consumers when the launch pool has no more."""
-    need = (PERSISTENT_PRODUCER_REGS_BLOCK_M64 if cfg.block_m == 64
-            else PERSISTENT_PRODUCER_REGS if cfg.intra_wg_overlap
-            else VARLEN_SERIAL_PRODUCER_REGS)
+    producer's registers (56 with block_m 64 above head dim 64; 32 without intra_wg_overlap),
+    taken from the consumers when the launch pool has no more."""
+    need = persistent_producer_regs(cfg.block_m, head_dim)
+    if need == PERSISTENT_PRODUCER_REGS and not cfg.intra_wg_overlap:
+        need = VARLEN_SERIAL_PRODUCER_REGS
     producer = max(cfg.producer_regs, need)
     spare = (launch_registers(cfg) // THREADS_PER_WARPGROUP - producer) \
         // cfg.consumer_warpgroups // 8 * 8
@@ -580,12 +589,12 @@ def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM, causal: bool = True) -
             "k_release after_softmax with intra_wg_overlap holds K while the next QK^T needs a "
             f"new K, so it needs k_stages >= 2 (got {cfg.k_stages})"
         )
-    need = (PERSISTENT_PRODUCER_REGS_BLOCK_M64 if cfg.block_m == 64
-            else PERSISTENT_PRODUCER_REGS)
+    need = persistent_producer_regs(cfg.block_m, head_dim)
     if cfg.scheduler != "grid" and cfg.producer_regs < need:
         raise ConfigError(
             f"the {cfg.scheduler} scheduler's producer loop needs producer_regs >= {need}"
-            f"{' with block_m 64' if cfg.block_m == 64 else ''} (got {cfg.producer_regs}; "
+            f"{' with block_m 64' if need > PERSISTENT_PRODUCER_REGS else ''} "
+            f"(got {cfg.producer_regs}; "
             "fewer spill it to local memory); raise producer_regs and lower consumer_regs to fit"
         )
     parts = consumer_reg_parts(cfg, head_dim)
