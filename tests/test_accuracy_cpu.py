@@ -127,6 +127,12 @@ def test_lse_off_by_a_hundredth_fails_and_the_old_rule_passed_it(input_set: str)
     ok = _metrics(problem, o, ref, None, (lse + np.float32(2.0**-10)).astype(np.float32),
                   lse_ref)
     assert ok.passed, ok.reasons
+    # The LSE's error in units of the bound's 2^-9, recorded with every gate result.
+    g = GR.GateResult(passed=True, shape=str(problem), seed=42, sets=[ok])
+    assert g.lse_ratio == pytest.approx(0.5, rel=0.05)
+    assert g.to_dict()["lse_ratio"] == pytest.approx(g.lse_ratio)
+    assert GR.GateResult(passed=False, shape=str(problem), seed=42, sets=[m]).lse_ratio \
+        == pytest.approx(0.01 / 2.0**-9, rel=0.05)
 
 
 def test_lse_rule_numbers() -> None:
@@ -170,7 +176,7 @@ def test_ratio_helpers() -> None:
     assert "no default-config error" in (A.max_error_ratio_reason(None, 1.2, "x") or "")
     rec = A.accuracy_record({"fa_ratio": 0.4, "details": {"err_vs_default": 1.1}})
     assert rec == {"fa_ratio": 0.4, "fa_rule_ok": None, "err_vs_default": 1.1,
-                   "rms_vs_default": None}
+                   "rms_vs_default": None, "lse_ratio": None}
 
 
 # ---- compare prints them ------------------------------------------------------------------
@@ -182,7 +188,8 @@ def _with_ratios() -> dict[str, Any]:
         for r in s["runs"]:
             if r.get("gate"):
                 r["gate"].update(fa_ratio=0.41 if r["backend"] == "fa-tune" else 0.52,
-                                 fa_rule_ok=True, err_vs_default=1.07, rms_vs_default=1.01)
+                                 fa_rule_ok=True, err_vs_default=1.07, rms_vs_default=1.01,
+                                 lse_ratio=0.98 if r["backend"] == "fa-tune" else 0.0015)
     p["summary"] = compare.summarize(p)
     return p
 
@@ -197,11 +204,12 @@ def test_compare_prints_the_error_ratios(tmp_path: Path) -> None:
     assert rows[("4x32x4096", "fa3")]["fa_ratio"] == 0.52  # both runs' worst
     text = R.format_table(p)
     assert "errxBF16" in text and "0.41" in text and "1.07" in text
+    assert "LSExtol" in text and "0.98" in text  # the LSE's error over its bound
     md = R.summary_markdown(p)
-    assert "Error ratios" in md and "0.41x bf16, 1.07x def" in md
+    assert "Error ratios" in md and "0.41x bf16, 1.07x def, LSE 0.98x tol" in md
     files = R.write_outputs(p, tmp_path)
     header = files["csv"].read_text().splitlines()[0].split(",")
-    assert {"fa_ratio", "err_vs_default", "rms_vs_default"} <= set(header)
+    assert {"fa_ratio", "err_vs_default", "rms_vs_default", "lse_ratio"} <= set(header)
     from rich.console import Console
 
     con = Console(width=200, record=True)
@@ -269,11 +277,12 @@ def test_search_stores_ratios_and_max_error_ratio_rejects(tmp_path: Path, fake_w
     # show prints the ratios: best and trials.
     r = runner.invoke(app, ["show", "best", "--study", "acc"], env={"COLUMNS": "250"})
     assert r.exit_code == 0, r.output
-    assert "err x default" in r.output and "1.00" in r.output and "0.40" in r.output
+    assert "err/def" in r.output and "1.00" in r.output and "0.40" in r.output
+    assert "LSE/tol" in r.output
     assert "0.40x the BF16 implementation's" in r.output and "1.00x the default" in r.output
     r = runner.invoke(app, ["show", "trials", "--study", "acc"], env={"COLUMNS": "250"})
     assert r.exit_code == 0, r.output
-    assert "err x BF16" in r.output and "1.50" in r.output and "error ratio" in r.output
+    assert "err/BF16" in r.output and "1.50" in r.output and "error ratio" in r.output
 
 
 def test_search_without_the_option_records_but_never_rejects(tmp_path: Path,

@@ -398,6 +398,8 @@ def _ratio_note(gate: dict[str, Any]) -> str:
         out += f", {accuracy.ratio_text(acc['fa_ratio'])}x BF16 impl"
     if acc["err_vs_default"] is not None:
         out += f", {accuracy.ratio_text(acc['err_vs_default'])}x default"
+    if acc["lse_ratio"] is not None:
+        out += f", LSE {accuracy.ratio_text(acc['lse_ratio'])}x its bound"
     return out
 
 

@@ -33,16 +33,20 @@ from tuner.ship import export as export_mod
 from tuner.ship import export_workload
 from tuner.ship import workload as workload_mod
 
-# max|err| / the BF16 implementation's and / the default config's (tuner.measure.accuracy),
-# worst over the trial's gated problems.
-ERR_COLUMNS = ("err x BF16", "err x default")
+# max|err| / the BF16 implementation's and / the default config's (tuner.measure.accuracy), and
+# the LSE's max|err| / its gate bound's 2^-9 (near 1: a config the gate may refuse elsewhere),
+# worst over the trial's gated problems. Short headers: show trials fits 80 columns.
+ERR_COLUMNS = ("err/BF16", "err/def", "LSE/tol")
 
 
-def _err_cells(r: dict[str, Any]) -> tuple[str, str]:
+def _err_cells(r: dict[str, Any]) -> tuple[str, str, str]:
     fa = ratio_text(r.get("fa_ratio"))
     if r.get("fa_rule_ok") is False:
         fa = f"[red]{fa}[/]"
-    return fa, ratio_text(r.get("err_vs_default"))
+    lse = ratio_text(r.get("lse_ratio"))
+    if (r.get("lse_ratio") or 0.0) > 0.5:
+        lse = f"[yellow]{lse}[/]"
+    return fa, ratio_text(r.get("err_vs_default")), lse
 
 
 def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> None:
@@ -83,7 +87,8 @@ def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> 
         f"# best: trial {best['trial']} ({best['config_id']}), {best['value']:.1f} TFLOPS "
         f"geomean, {confirmed}\n# max|err|: {ratio_text(best['fa_ratio'])}x the BF16 "
         f"implementation's (FlashAttention's rule allows 2), {ratio_text(best['err_vs_default'])}x"
-        f" the default config's\n# save as best.yaml; `fa-tune run --config best.yaml` "
+        f" the default config's; LSE max|err| {ratio_text(best.get('lse_ratio'))}x the gate's "
+        f"2^-9\n# save as best.yaml; `fa-tune run --config best.yaml` "
         f"times it\n{cfg.to_yaml()}",
         markup=False, highlight=False, soft_wrap=True,  # ends with a blank line
     )
@@ -108,7 +113,8 @@ def show(
         counts = ", ".join(f"{n} {state}" for state, n in show_mod.state_counts(trials).items())
         t = Table(title=f"study {study}: {len(trials)} trials ({counts})")
         for col in ("trial", "state", "value", "confirmed", *ERR_COLUMNS, "config", "reason"):
-            t.add_column(col)
+            # The state whole (COMPLETE, PRUNED) where 80 columns squeeze the table.
+            t.add_column(col, min_width=8 if col == "state" else None)
         for r in show_mod.trial_rows(trials):
             t.add_row(str(r["trial"]), r["state"],
                       "-" if r["value"] is None else f"{r['value']:.1f}",

@@ -15,6 +15,9 @@ that a user choosing a config can read, beside the gate's pass/fail.
   max|err|; ``rms_vs_default``: relative L2 / the default's, the same reference so the same
   RMS ratio): what a searched config costs in accuracy against the one fa-tune ships by
   default. Recorded; ``fa-tune search --max-error-ratio`` rejects on it.
+* The LSE's error in units of the gate's LSE bound (``lse_ratio``: max |LSE - LSE_ref| / 2^-9):
+  FA-style kernels read about 0.001; a row sum of BF16-rounded P (``sum_in_pv``) reaches about
+  1, where the gate starts to refuse (docs/PERF.md step 63). Recorded.
 
 No GPU and no gate types here (gate_rule imports this module): plain numbers and duck-typed
 metrics objects.
@@ -110,6 +113,12 @@ def worst(values: Any) -> float | None:
     return max(vals) if vals else None
 
 
+def all_known(oks: Any) -> bool | None:
+    """Whether every known verdict holds (None when none is known)."""
+    known = [ok for ok in oks if ok is not None]
+    return all(known) if known else None
+
+
 def finite_or_none(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
@@ -123,11 +132,12 @@ def ratio_text(x: Any) -> str:
 
 def accuracy_record(gate: dict[str, Any] | None) -> dict[str, Any]:
     """The error ratios of a stored gate dict (Bench's gate_dict, a trial's, an export's):
-    {fa_ratio, fa_rule_ok, err_vs_default, rms_vs_default} (None where not recorded)."""
+    {fa_ratio, fa_rule_ok, err_vs_default, rms_vs_default, lse_ratio} (None where not
+    recorded)."""
     g = gate or {}
     det = g.get("details") if isinstance(g.get("details"), dict) else {}
     out = {}
-    for k in ("fa_ratio", "fa_rule_ok", "err_vs_default", "rms_vs_default"):
+    for k in ("fa_ratio", "fa_rule_ok", "err_vs_default", "rms_vs_default", "lse_ratio"):
         out[k] = g.get(k, det.get(k))
     return out
 

@@ -77,6 +77,7 @@ def gate_dict(g: gate_rule.GateResult | gate_rule.SetMetrics) -> dict[str, Any]:
         "fa_rule_ok": g.fa_rule_ok,
         "err_vs_default": accuracy.finite_or_none(g.err_vs_default),
         "rms_vs_default": accuracy.finite_or_none(g.rms_vs_default),
+        "lse_ratio": accuracy.finite_or_none(getattr(g, "lse_ratio", None)),
         "details": details,
     }
 

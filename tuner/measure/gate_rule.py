@@ -425,8 +425,7 @@ class SetMetrics:
     col_bf16_ratio: float | None = None
     col_failures: int = 0
     col_worst: tuple[int, int, int] | None = None  # (b, h, d)
-    # Error ratios (tuner.measure.accuracy): FlashAttention's rule against the BF16
-    # implementation (None when it was not computed), and the default config's error.
+    # Error ratios (tuner.measure.accuracy; None when not computed): FA's rule, the default's.
     err_bf16_max: float | None = None
     err_bf16_rms: float | None = None
     fa_ratio: float | None = None  # max_abs_err / err_bf16_max
@@ -619,13 +618,11 @@ class GateResult:
     @property
     def budget_ratio(self) -> float | None:
         """Worst rms_err / budget over the sets (None if no set checked the budget)."""
-        vals = [m.budget_ratio for m in self.sets if m.budget_ratio is not None]
-        return max(vals) if vals else None
+        return accuracy.worst(m.budget_ratio for m in self.sets)
 
     @property
     def bf16_ratio(self) -> float | None:
-        vals = [m.bf16_ratio for m in self.sets if m.bf16_ratio is not None]
-        return max(vals) if vals else None
+        return accuracy.worst(m.bf16_ratio for m in self.sets)
 
     @property
     def fa_ratio(self) -> float | None:
@@ -633,9 +630,14 @@ class GateResult:
         return accuracy.worst(m.fa_ratio for m in self.sets)
 
     @property
+    def lse_ratio(self) -> float | None:
+        """Worst LSE max|err| over the sets / the LSE bound's 2^-9 (None: no LSE checked)."""
+        return accuracy.worst((m.lse_max_abs_err or 0.0) / LSE_ATOL for m in self.sets
+                              if m.lse_checked)
+
+    @property
     def fa_rule_ok(self) -> bool | None:
-        oks = [m.fa_rule_ok for m in self.sets if m.fa_rule_ok is not None]
-        return all(oks) if oks else None
+        return accuracy.all_known(m.fa_rule_ok for m in self.sets)
 
     @property
     def err_vs_default(self) -> float | None:
@@ -674,6 +676,7 @@ class GateResult:
             "fa_rule_ok": self.fa_rule_ok,
             "err_vs_default": _finite_or_none(self.err_vs_default),
             "rms_vs_default": _finite_or_none(self.rms_vs_default),
+            "lse_ratio": _finite_or_none(self.lse_ratio),
             "default_passed": self.default_passed,
             "sets": [m.to_dict() for m in self.sets],
             "rule": rule_dict(),

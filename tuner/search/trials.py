@@ -24,7 +24,7 @@ from typing import Any
 
 from tuner.errors import ConfigError, FaTuneError, SearchError, ShapeError
 from tuner.kernel.config import KernelConfig
-from tuner.measure.accuracy import worst
+from tuner.measure.accuracy import all_known, worst
 from tuner.problem import Problem
 from tuner.search.final import ATTR as FINAL_ATTR
 from tuner.search.final import Verdict
@@ -161,17 +161,17 @@ def best_rows(trials: list[Any], shape: str | None, top: int) -> list[dict[str, 
 def trial_accuracy(t: Any) -> dict[str, Any]:
     """A trial's error ratios, worst over its gated problems (its user attr ``accuracy``, else
     the ratios in its per-problem rows): {fa_ratio, fa_rule_ok, err_vs_default,
-    rms_vs_default}, None where not recorded (trials of searches before issue 35)."""
+    rms_vs_default, lse_ratio}, None where not recorded (older searches)."""
     recs = list((t.user_attrs.get("accuracy") or {}).values())
     if not recs:
         conf = t.user_attrs.get("confirmed") or {}
         recs = list((conf.get("shapes") or t.user_attrs.get("shapes") or {}).values())
     recs = [r for r in recs if isinstance(r, dict)]
-    oks = [r.get("fa_rule_ok") for r in recs if r.get("fa_rule_ok") is not None]
     return {"fa_ratio": worst(r.get("fa_ratio") for r in recs),
-            "fa_rule_ok": all(oks) if oks else None,
+            "fa_rule_ok": all_known(r.get("fa_rule_ok") for r in recs),
             "err_vs_default": worst(r.get("err_vs_default") for r in recs),
-            "rms_vs_default": worst(r.get("rms_vs_default") for r in recs)}
+            "rms_vs_default": worst(r.get("rms_vs_default") for r in recs),
+            "lse_ratio": worst(r.get("lse_ratio") for r in recs)}
 
 
 def _stored_name(per: dict[str, Any], problem: str) -> str | None:
