@@ -369,6 +369,19 @@ def test_varlen_register_split_gives_the_producer_the_persistent_loop() -> None:
     assert C.varlen_register_split(load_preset("multicast")) == (40, 232)
     assert C.varlen_register_split(load_preset("d64"), 64) == (32, 160)
     assert C.varlen_register_split(load_preset("d256"), 256) == (24, 240)
+    # One consumer warpgroup (block_m 64): 56 above D 64, 24 at D 64, where three CTAs' 24 + 136
+    # split built clean (docs/PERF.md step 63); 32 without intra_wg_overlap.
+    assert C.varlen_register_split(load_preset("d64-window3"), 64) == (24, 136)
+    assert C.varlen_register_split(load_preset("d64-window3"), 128) == (56, 104)
+    serial = load_preset("d64-window3").replace(intra_wg_overlap=False, early_next_qk=False)
+    assert C.varlen_register_split(serial, 64)[0] == 32
+
+
+def test_the_d64_persistent_producer_fits_24_registers_at_block_m_64() -> None:
+    cfg = load_preset("d64-window3")  # dynamic, block_m 64, producer 24
+    assert C.validate(cfg, 64) == cfg
+    with pytest.raises(ConfigError, match="needs producer_regs >= 56 with block_m 64"):
+        C.validate(cfg.replace(consumer_regs=200, ctas_per_sm=2, k_stages=2, v_stages=2), 128)
 
 
 def test_every_preset_can_serve_varlen() -> None:
