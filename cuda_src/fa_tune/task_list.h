@@ -212,12 +212,11 @@ inline std::string build_task_lists(int B, int H, int num_m, int num_bins, int f
   // 3. Without pairs, when that is over 1 % lighter at the heaviest bin. Never where the pairs
   // are within 1 % of the mean already (most prefills: many tasks a bin, so the exchanges'
   // search, tasks in one bin times tasks in the other, would be long for nothing).
-  const long long total = std::accumulate(load.begin(), load.end(), 0LL);
-  if (100 * *std::max_element(load.begin(), load.end()) * num_bins > 101 * total) {
+  const long long paired = *std::max_element(load.begin(), load.end());
+  if (100 * paired * num_bins > 101 * std::accumulate(load.begin(), load.end(), 0LL)) {
     std::vector<std::vector<Task>> free_bins(num_bins);
     std::vector<long long> free_load(num_bins, 0);
     deal_by_cost(num_bh, num_m, cost, free_bins, free_load);
-    const long long paired = *std::max_element(load.begin(), load.end());
     const long long unpaired = *std::max_element(free_load.begin(), free_load.end());
     if (100 * unpaired < 99 * paired) {
       bins.swap(free_bins);

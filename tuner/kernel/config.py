@@ -94,13 +94,6 @@ CONSUMER_REG_OVERHEAD_PAIR2 = 4
 EARLY_NEXT_QK_MAX_BLOCK_N = 144
 PERSISTENT_PRODUCER_REGS = 24
 PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
-
-
-def persistent_producer_regs(block_m: int, head_dim: int) -> int:
-    """Registers the persistent producer loop needs (kernel.cuh's RegSplit mirrors it)."""
-    if block_m == 64 and head_dim > 64:
-        return PERSISTENT_PRODUCER_REGS_BLOCK_M64
-    return PERSISTENT_PRODUCER_REGS
 # The varlen producer without intra_wg_overlap (both rings' cursors live beside the 32-byte
 # task) spilled one int at 24 registers (fa_tune/kernel.cuh, RegSplit).
 VARLEN_SERIAL_PRODUCER_REGS = 32
@@ -108,6 +101,13 @@ VARLEN_SERIAL_PRODUCER_REGS = 32
 # cluster of a tile, whole 64-column boxes or, with fewer boxes than CTAs, row slices of them
 # that must hold a multiple of 8 rows (the 128-byte swizzle's period).
 SWIZZLE_ROWS = 8
+
+
+def persistent_producer_regs(block_m: int, head_dim: int) -> int:
+    """Registers the persistent producer loop needs (kernel.cuh's RegSplit mirrors it)."""
+    if block_m == 64 and head_dim > 64:
+        return PERSISTENT_PRODUCER_REGS_BLOCK_M64
+    return PERSISTENT_PRODUCER_REGS
 
 
 _HINTS = ("none", "evict_first", "evict_last", "evict_normal")
