@@ -6,6 +6,7 @@ tuner.measure.oracle's gate with every default input set."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +19,9 @@ from knob_sample import gpu_sample  # noqa: E402
 from tuner.kernel import build
 from tuner.kernel.config import KernelConfig  # noqa: E402
 from tuner.kernel.runtime import AttnBuffers, Device, KernelModule  # noqa: E402
+from tuner.kernel.support import unsupported  # noqa: E402
 from tuner.measure import oracle  # noqa: E402
-from tuner.problem import SEED_PROBLEMS  # noqa: E402
+from tuner.problem import SEED_PROBLEMS, Problem  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -37,6 +39,14 @@ def built(dev: Device) -> Iterator[dict[KernelConfig, build.BuildOutcome]]:
     yield {o.config: o for o in outcomes}
 
 
+def runnable(shape: Problem, cfg: KernelConfig) -> Problem:
+    """The seed problem as cfg can run it: a config that shares K/V across a head cluster needs
+    that many query heads per K/V head, so an MHA seed becomes GQA of that group."""
+    if unsupported(shape, cfg) is None:
+        return shape
+    return dataclasses.replace(shape, Hkv=shape.Hq // cfg.head_cluster)
+
+
 @pytest.mark.parametrize("shape", SEED_PROBLEMS, ids=str)
 @pytest.mark.parametrize("cfg", SAMPLE, ids=lambda c: c.config_id())
 def test_sample_config_passes_gate(
@@ -47,6 +57,8 @@ def test_sample_config_passes_gate(
     assert o.result is not None
     o.result.require_timeable()
     kernel = KernelModule(o.result.so_path)
+    shape = runnable(shape, cfg)
+    assert unsupported(shape, cfg) is None
     with AttnBuffers(dev, shape) as bufs:
         g = oracle.gate(dev, kernel, shape, bufs)
     assert g.passed, f"{cfg.config_id()} {cfg.diff_from_default()}: {g.summary()}"
