@@ -10,12 +10,23 @@
 #           .fa3/part2)
 #   bash lab/h200/s30.sh chunks (carry [".fa3/part2"], after fa3_stage1.sh): the three chunk
 #     rows of issue 34 with llama3 beside FA3 (fa-tune compare, 1 s settle, 50 + 3 x 200)
+#   tiles cut along their keys (knob kv_split_cost: lab/patches/kv-split.patch, applied in the
+#   device's copy of the tree by these calls; docs/PERF.md step 64: slower, not merged), two calls:
+#   call 1, carry [".whl", ".fa3/part1"]:  bash lab/h200/s30.sh split
+#     llama3 and the static preset with kv_split_cost gated on shapes whose lists cut tiles
+#     (chunks, one wave, sinks + softcap, non-causal, uneven lengths, MHA), then the GPU tests
+#     this session changed (the knob sample's head-clustered config)
+#   call 2, carry [".fa3/part2"]:  bash lab/h200/s30.sh split2
+#     llama3 against kv_split_cost 1, 2 and 4 beside FA3 at the three chunk rows (kernel_lab,
+#     1 s settle, 50 + 3 x 200, FA3 first and last); then generate()'s time to first token
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PRESETS_2B1B09C="baseline d256-multicast d256 d64-sumpv d64-static128 d64-static d64-wgskip
   d64-window d64 default dynamic fa3 full-multicast full-pair192 full-qregs gqa-cluster llama3
   multicast static"
-case "${1:?start | chunks}" in
+V=lab/h200/variants
+kv_split() { patch -p1 --forward -s < lab/patches/kv-split.patch; return 0; }
+case "${1:?start | chunks | split | split2}" in
 start)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "card: $card"
@@ -37,5 +48,41 @@ chunks)
     --settle-s 1 --results-dir "$DEV/cmp" -s 1x32/8x2048:k8192 -s 1x32/8x512:k16384 \
     -s 4x32/8x1024:k4096 > "$OUT/chunks_compare.log" 2>&1
   step "compare exit $?"; grep -E "x FA3|TFLOPS|rror|gate" "$OUT/chunks_compare.log" | tail -12
+  ;;
+split)
+  FIRST_CALL="s30.sh split with .whl"
+  source "$LAB/session_calls.sh"
+  kv_split
+  quick=(--no-fa3 --warmup 1 --repeat 2 --rounds 1 --settle-s 0 --jobs "$(nproc)")
+  timeout 240 $E python3 scripts/kernel_lab.py --variants-file $V/split_s30.txt "${quick[@]}" \
+    --shape 1x32/8x2048:k8192 --shape 1x32/8x512:k16384 --shape 4x32/8x1024:k4096 \
+    --shape 1x32/8x1000:k7001 > "$OUT/split_gate.log" 2>&1
+  step "gate llama3 +split: exit $?"; grep -cE "'gate': 'ok'" "$OUT/split_gate.log"
+  grep -E "FAIL|rror" "$OUT/split_gate.log" | cut -c1-300 || echo "all passed"
+  timeout 150 $E python3 scripts/kernel_lab.py --variants-file $V/split_gate_s30.txt \
+    "${quick[@]}" --shape 1x32x512:k4096:sinks:cap50 --shape 2x16x1500:k6000 \
+    --shape 1x16x512:k16384 > "$OUT/split_gate2.log" 2>&1
+  timeout 100 $E python3 scripts/kernel_lab.py --variants-file $V/split_gate_s30.txt \
+    "${quick[@]}" --shape 1x32/8x512:k16384:full >> "$OUT/split_gate2.log" 2>&1
+  step "gate sinks, softcap, MHA: exit $?"; grep -cE "'gate': 'ok'" "$OUT/split_gate2.log"
+  grep -E "FAIL|rror" "$OUT/split_gate2.log" | cut -c1-300 || echo "all passed"
+  gpu_tests knob_sample.log 120 tests/gpu/test_knob_sample_gpu.py
+  ;;
+split2)
+  FIRST_CALL="s30.sh split"
+  source "$LAB/session_calls.sh"
+  kv_split
+  if [ ! -f "$DEV/fa3.ok" ]; then
+    FA3_SMOKE=0 bash "$LAB/fa3_stage2.sh" > "$OUT/fa3_install.log" 2>&1 \
+      || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed (carry .fa3/part2)"; exit 1; }
+    touch "$DEV/fa3.ok"; step "FA3 installed"
+  fi
+  OUT=$OUT timeout 300 $E python3 scripts/kernel_lab.py --variants-file $V/split_s30.txt \
+    --shape 1x32/8x2048:k8192 --shape 1x32/8x512:k16384 --shape 4x32/8x1024:k4096 \
+    --warmup 50 --repeat 200 --rounds 3 --settle-s 1 > "$OUT/split_lab.log" 2>&1
+  step "lab: exit $?"; grep -v '^  [0-9a-f]\{12\}: {' "$OUT/split_lab.log" | tail -n 24
+  gpu_tests hf_generate.log $((560 - (SECONDS - t0))) tests/gpu/test_hf_generate_gpu.py \
+    -k generate_matches
+  grep -E "time to first token" "$OUT/hf_generate.log"
   ;;
 esac
