@@ -16,6 +16,9 @@
 #     llama3 and the static preset with kv_split_cost gated on shapes whose lists cut tiles
 #     (chunks, one wave, sinks + softcap, non-causal, uneven lengths, MHA), then the GPU tests
 #     this session changed (the knob sample's head-clustered config)
+#   carry [".whl"]:  bash lab/h200/s30.sh softcap64
+#     d64-window against d64-window3 at D 64 softcap classes, with and without a 128-key window
+#     (no FA3; 1 s settle, 50 + 3 x 200): which becomes D 64's softcap default
 #   call 2, carry [".fa3/part2"]:  bash lab/h200/s30.sh split2
 #     llama3 against kv_split_cost 1, 2 and 4 beside FA3 at the three chunk rows (kernel_lab,
 #     1 s settle, 50 + 3 x 200, FA3 first and last); then generate()'s time to first token
@@ -26,7 +29,7 @@ PRESETS_2B1B09C="baseline d256-multicast d256 d64-sumpv d64-static128 d64-static
   multicast static"
 V=lab/h200/variants
 kv_split() { patch -p1 --forward -s < lab/patches/kv-split.patch; return 0; }
-case "${1:?start | chunks | split | split2}" in
+case "${1:?start | chunks | split | split2 | softcap64}" in
 start)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "card: $card"
@@ -67,6 +70,16 @@ split)
   step "gate sinks, softcap, MHA: exit $?"; grep -cE "'gate': 'ok'" "$OUT/split_gate2.log"
   grep -E "FAIL|rror" "$OUT/split_gate2.log" | cut -c1-300 || echo "all passed"
   gpu_tests knob_sample.log 120 tests/gpu/test_knob_sample_gpu.py
+  ;;
+softcap64)
+  FIRST_CALL="s30.sh softcap64 with .whl"
+  source "$LAB/session_calls.sh"
+  for shape in 1x64/8x8192:d64:cap50 1x64/8x8192:d64:w128:cap50; do
+    timeout 200 $E python3 scripts/kernel_lab.py --variant d64-window --variant d64-window3 \
+      --no-fa3 --shape "$shape" --warmup 50 --repeat 200 --rounds 3 --settle-s 1 \
+      --jobs "$(nproc)" > "$OUT/softcap64_${shape//[:\/]/_}.log" 2>&1
+    step "$shape: exit $?"; tail -n 3 "$OUT/softcap64_${shape//[:\/]/_}.log"
+  done
   ;;
 split2)
   FIRST_CALL="s30.sh split"
