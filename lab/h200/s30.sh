@@ -11,7 +11,8 @@
 #   bash lab/h200/s30.sh chunks (carry [".fa3/part2"], after fa3_stage1.sh): the three chunk
 #     rows of issue 34 with llama3 beside FA3 (fa-tune compare, 1 s settle, 50 + 3 x 200)
 #   tiles cut along their keys (knob kv_split_cost: lab/patches/kv-split.patch, applied in the
-#   device's copy of the tree by these calls; docs/PERF.md step 64: slower, not merged), two calls:
+#   device's copy of the tree by these calls; docs/PERF.md step 64: the first form measured
+#   slower; the patch now holds the second, stream-K, not yet timed), two calls:
 #   call 1, carry [".whl", ".fa3/part1"]:  bash lab/h200/s30.sh split
 #     llama3 and the static preset with kv_split_cost gated on shapes whose lists cut tiles
 #     (chunks, one wave, sinks + softcap, non-causal, uneven lengths, MHA), then the GPU tests
@@ -20,8 +21,9 @@
 #     d64-window against d64-window3 at D 64 softcap classes, with and without a 128-key window
 #     (no FA3; 1 s settle, 50 + 3 x 200): which becomes D 64's softcap default
 #   call 2, carry [".fa3/part2"]:  bash lab/h200/s30.sh split2
-#     llama3 against kv_split_cost 1, 2 and 4 beside FA3 at the three chunk rows (kernel_lab,
-#     1 s settle, 50 + 3 x 200, FA3 first and last); then generate()'s time to first token
+#     llama3 against kv_split_cost 4 (cuts at 2048:k8192 and 512:k16384) and 8 (no cut there by
+#     the model: a control) beside FA3 at the three chunk rows (kernel_lab, 1 s settle, 50 + 3 x
+#     200, FA3 first and last); then generate()'s time to first token
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PRESETS_2B1B09C="baseline d256-multicast d256 d64-sumpv d64-static128 d64-static d64-wgskip
