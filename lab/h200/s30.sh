@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Session 30's first call picks its work by the card that came (docs/PERF.md step 64):
-#   call 1, carry [".whl", ".base/main", ".base/operands"]:  bash lab/h200/s30.sh start
+#   call 1, carry [".whl", ".base/main", ".base/operands", ".fa3/part1"] (63 MiB):
+#                                                         bash lab/h200/s30.sh start
 #     H200: issue 35's preset A/B: every preset of 2b1b09c (.base/main, `git archive 2b1b09c`)
 #           against HEAD (.base/operands, `git archive HEAD`, docs left out), built from each
 #           tree, SASS compared, gated and timed A B B A in one process (s24.sh ab); then the
-#           GPU suite in its own calls (lab/h200/suite.sh kernel|bugs|oracle|varlen|ops)
-#     H100: d64-window3 gated on its packed, paged and softcap kernels (s29.sh window3); then
-#           the chunk rows beside FA3 (fa3_stage1.sh with .fa3/part1; s30.sh chunks with
-#           .fa3/part2)
+#           GPU suite in its own calls (lab/h200/suite.sh kernel|bugs|oracle|varlen|ops|peers)
+#     H100: the stream-K patch gated (s30.sh split below); then s30.sh split2 with .fa3/part2
+#     (session 30's first call ran s29.sh window3 here, then the chunk rows: s30.sh chunks)
 #   bash lab/h200/s30.sh chunks (carry [".fa3/part2"], after fa3_stage1.sh): the three chunk
 #     rows of issue 34 with llama3 beside FA3 (fa-tune compare, 1 s settle, 50 + 3 x 200)
 #   tiles cut along their keys (knob kv_split_cost: lab/patches/kv-split.patch, applied in the
@@ -39,7 +39,7 @@ start)
     # shellcheck disable=SC2086
     exec bash "$LAB/s24.sh" ab $PRESETS_2B1B09C
   fi
-  exec bash "$LAB/s29.sh" window3
+  exec bash "$LAB/s30.sh" split
   ;;
 chunks)
   FIRST_CALL="s30.sh start"
