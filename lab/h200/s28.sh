@@ -21,18 +21,12 @@ cmp() {  # LOG ARGS...
     --rounds 3 --settle-s 1 --results-dir "$DEV/results" "$@" > "$OUT/$log.log" 2>&1
   step "$log exit $?"; grep -E "fa-tune|fa3|FAIL|rror|x FA3" "$OUT/$log.log" | tail -10 | cut -c1-200
 }
-fa3() {
-  [ -f "$DEV/fa3.ok" ] && return 0
-  FA3_SMOKE=0 bash lab/h200/fa3_stage2.sh > "$OUT/fa3_install.log" 2>&1 \
-    || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed (carry .fa3/part2)"; exit 1; }
-  touch "$DEV/fa3.ok"; step "FA3 installed"
-}
 case "${1:?next STUDY [SHAPE...] [-- NEXT BUDGET PROBLEM] | w128}" in
 next)
   study=${2:?study}; shift 2
   shapes=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do shapes+=(-s "$1"); shift; done
   [ "${1:-}" = "--" ] && shift
-  fa3
+  fa3_once
   wait_search "$study" || exit 1
   cmp "pick_$study" --study "$study"
   if [ ${#shapes[@]} -gt 0 ]; then cmp "pick_${study}_more" --study "$study" "${shapes[@]}"; fi
@@ -46,7 +40,7 @@ w128)
   # The 3-CTA variants needed lab/patches/three-ctas.patch then (landed in step 63).
   # W128_NOFA3=1: a fresh machine without FA3 (variants against d64-window only).
   # W128_UNCHECKED=1: past the static check (lab/h200/variants/w128_s29.txt says why).
-  peer=(); if [ -n "${W128_NOFA3:-}" ]; then peer=(--no-fa3); else fa3; fi
+  peer=(); if [ -n "${W128_NOFA3:-}" ]; then peer=(--no-fa3); else fa3_once; fi
   [ -n "${W128_UNCHECKED:-}" ] && peer+=(--unchecked)
   V=${W128_VARIANTS:-lab/h200/variants/w128_s28.txt}
   timeout 200 $E python3 scripts/kernel_lab.py --variants-file $V --shape 1x64/8x8192:d64:w128:sinks \

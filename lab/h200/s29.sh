@@ -48,11 +48,7 @@ start)
 d64hc)
   FIRST_CALL="s29.sh start"
   source "$LAB/session_calls.sh"
-  if [ ! -f "$DEV/fa3.ok" ]; then
-    FA3_SMOKE=0 bash "$LAB/fa3_stage2.sh" > "$OUT/fa3_install.log" 2>&1 \
-      || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed (carry .fa3/part2)"; exit 1; }
-    touch "$DEV/fa3.ok"; step "FA3 installed"
-  fi
+  fa3_once
   # Gate on GQA shapes no tile divides (group 8 as gpt-oss, group 4; S_q < S_k), then time.
   timeout 150 $E python3 scripts/kernel_lab.py --variants-file "$HC" --no-fa3 \
     --shape 2x16/2x1000:d64:sinks --shape 1x8/2x77:k300:d64:sinks --shape 1x16/2x2000:d64 \

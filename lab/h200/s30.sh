@@ -44,11 +44,7 @@ start)
 chunks)
   FIRST_CALL="s30.sh start"
   source "$LAB/session_calls.sh"
-  if [ ! -f "$DEV/fa3.ok" ]; then
-    FA3_SMOKE=0 bash "$LAB/fa3_stage2.sh" > "$OUT/fa3_install.log" 2>&1 \
-      || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed (carry .fa3/part2)"; exit 1; }
-    touch "$DEV/fa3.ok"; step "FA3 installed"
-  fi
+  fa3_once
   timeout 500 $E python3 -m tuner.cli compare --preset llama3 --backends fa3 --rounds 3 \
     --settle-s 1 --results-dir "$DEV/cmp" -s 1x32/8x2048:k8192 -s 1x32/8x512:k16384 \
     -s 4x32/8x1024:k4096 > "$OUT/chunks_compare.log" 2>&1
@@ -90,11 +86,7 @@ split2)
   FIRST_CALL="s30.sh split"
   source "$LAB/session_calls.sh"
   kv_split
-  if [ ! -f "$DEV/fa3.ok" ]; then
-    FA3_SMOKE=0 bash "$LAB/fa3_stage2.sh" > "$OUT/fa3_install.log" 2>&1 \
-      || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed (carry .fa3/part2)"; exit 1; }
-    touch "$DEV/fa3.ok"; step "FA3 installed"
-  fi
+  fa3_once
   OUT=$OUT timeout 300 $E python3 scripts/kernel_lab.py --variants-file $V/split_s30.txt \
     --shape 1x32/8x2048:k8192 --shape 1x32/8x512:k16384 --shape 4x32/8x1024:k4096 \
     --warmup 50 --repeat 200 --rounds 3 --settle-s 1 > "$OUT/split_lab.log" 2>&1
@@ -103,4 +95,6 @@ split2)
     -k generate_matches
   grep -E "time to first token" "$OUT/hf_generate.log"
   ;;
+  *)
+  echo "s30.sh: unknown call '$1': start, chunks, split, split2 or softcap64" >&2; exit 2 ;;
 esac

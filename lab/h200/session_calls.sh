@@ -28,6 +28,12 @@ gpu_tests() {  # LOG TIMEOUT FILES...
     > "$OUT/$log" 2>&1
   step "$log: exit $?"; grep -E "passed|failed|FAILED|Error|s call" "$OUT/$log" | tail -12
 }
+fa3_once() {  # FA3's second half installed on this machine (after fa3_stage1.sh), once
+  [ -f "$DEV/fa3.ok" ] && return 0
+  FA3_SMOKE=0 bash "$LAB/fa3_stage2.sh" > "$OUT/fa3_install.log" 2>&1 \
+    || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed (carry .fa3/part2)"; exit 1; }
+  touch "$DEV/fa3.ok"; step "FA3 installed"
+}
 wait_search() {  # STUDY: wait for the search gpu_session.sh search-start began; keep its log
   local study=$1
   [ -f "$DEV/search.log" ] || { echo "no search running (search-start failed?)"; return 1; }
