@@ -61,8 +61,11 @@ struct Epilogue {
     }
   }
 
-  // Returns once the TMA store has finished reading shared memory, so the caller may hand
-  // the O/Q buffer back to the producer. first_row: the warpgroup's first query row
+  // O staged in Q's buffer: returns once the TMA store has finished reading it, so the caller
+  // may hand the buffer back to the producer. O in its own buffer: the store's read is waited
+  // for only before the next task stages O there, a task later, so no warp waits for TMA's
+  // read of the tile (it was 6 % of the consumer's samples with 3-tile tasks: docs/PERF.md
+  // step 65); drain() covers the last one. first_row: the warpgroup's first query row
   // (params.cuh, wg_first_row); row0: this thread's first row.
   template <class Softmax>
   __device__ static void run(const Params& p, SharedStorage<T>& ss, typename T::FragO& o,
@@ -80,6 +83,11 @@ struct Epilogue {
     // Each warpgroup writes only its own 64 rows, which only its own QKs read as Q, so no
     // other warpgroup needs to be waited for before overwriting them.
     Element* o_smem = T::kSeparateO ? ss.o : ss.q;
+    if constexpr (T::kSeparateO) {
+      // The previous task's store (issued by this warpgroup's first thread) has read the tile.
+      if (tid % kWarpgroupThreads == 0) tma_store_wait_read();
+      sm90::bar_sync(kWarpgroupThreads, kEpilogueBar + wg);
+    }
     stage_o(o, o_smem);
     fence_view_async_shared();
     sm90::bar_sync(kWarpgroupThreads, kEpilogueBar + wg);
@@ -99,7 +107,7 @@ struct Epilogue {
                                     c * kBoxCols, start + first_row, t.head, t.batch);
       }
       tma_store_commit();
-      tma_store_wait_read();
+      if constexpr (!T::kSeparateO) tma_store_wait_read();
     }
 
     if constexpr (Cfg::write_lse) {
@@ -113,8 +121,15 @@ struct Epilogue {
         }
       }
     }
-    // Everyone in the warpgroup learns that the store has read the staged tile.
-    sm90::bar_sync(kWarpgroupThreads, kEpilogueBar + wg);
+    // Everyone in the warpgroup learns that the store has read the staged tile (Q's buffer).
+    if constexpr (!T::kSeparateO) sm90::bar_sync(kWarpgroupThreads, kEpilogueBar + wg);
+  }
+
+  // After the last task: O's own buffer must outlive its last store's read.
+  __device__ static void drain(int tid) {
+    if constexpr (T::kSeparateO) {
+      if (tid % kWarpgroupThreads == 0) tma_store_wait_read();
+    }
   }
 };
 

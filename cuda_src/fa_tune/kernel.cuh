@@ -171,6 +171,7 @@ struct Consumer {
       t = next;
     }
     if constexpr (kEarlyNext) sm90::wgmma_wait<0>();  // the throwaway QK
+    Epilogue<Cfg, Sched>::drain(tid);
   }
 };
 

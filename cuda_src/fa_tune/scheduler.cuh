@@ -171,7 +171,7 @@ struct StaticScheduler : FixedTiles {
 };
 
 // Persistent, dynamic: a global counter hands out tile numbers; the producer warp takes the
-// next number and publishes it in shared memory; consumers read it behind a named barrier.
+// next number and publishes its tile in shared memory; consumers read it behind a named barrier.
 // Two slots alternate, although the Q handoff already keeps the producer at most one tile
 // ahead of the consumers' reads.
 // Order: the (batch, head) pairs are cut into L2 sections of section_heads pairs whose K and V
@@ -216,8 +216,12 @@ struct DynamicScheduler : FixedTiles {
     return e == cudaSuccess ? e : fail_cuda(e, "resetting the tile counter");
   }
 
-  __device__ static TileCoord decode(const KP& p, int t, int turn) {
-    if (t >= p.sched.num_tiles) return {0, 0, 0, t, turn, false};
+  // Tile number t as (m_block, head, batch, t); m_block -1 past the last tile. Three integer
+  // divisions by run-time values: the producer's lane 0 does them once per tile and publishes
+  // the result, so the consumers' chain between two tasks holds none (they were 12 % of its
+  // samples at 3-tile tasks: docs/PERF.md step 65).
+  __device__ static int4 decode(const KP& p, int t) {
+    if (t >= p.sched.num_tiles) return make_int4(-1, 0, 0, t);
     const int num_m = p.shape.num_m_blocks;
     const int group = p.sched.section_heads;
     const int section = t / (group * num_m);
@@ -225,29 +229,33 @@ struct DynamicScheduler : FixedTiles {
     const int heads_here = min(group, p.shape.H * p.shape.B - section * group);  // last: fewer
     const int m = num_m - 1 - r / heads_here;
     const int bh = section * group + r % heads_here;
-    return {m, bh % p.shape.H, bh / p.shape.H, t, turn, true};
+    return make_int4(m, bh % p.shape.H, bh / p.shape.H, t);
+  }
+  __device__ static TileCoord coord(const int4& w, int turn) {
+    return {w.x, w.y, w.z, w.w, turn, w.x >= 0};
   }
   __device__ static TileCoord first(const KP& p, int* /*slot*/) {
-    return decode(p, int(blockIdx.x), 0);
+    return coord(decode(p, int(blockIdx.x)), 0);
   }
-  // Consumers (every consumer thread): read the number the producer published.
-  __device__ static TileCoord next(const KP& p, const TileCoord& cur, int* slot) {
+  // Consumers (every consumer thread): read the tile the producer published.
+  __device__ static TileCoord next(const KP&, const TileCoord& cur, int* slot) {
     named_barrier_sync(kBarThreads, kSchedulerBar);
-    return decode(p, slot[cur.turn & 1], cur.turn + 1);
+    return coord(reinterpret_cast<const int4*>(slot)[cur.turn & 1], cur.turn + 1);
   }
-  // Producer warp (all 32 lanes): take the next number and publish it to the consumers.
+  // Producer warp (all 32 lanes): take the next number, publish its tile to the consumers.
   __device__ static int ticket(const KP& p, const TileCoord& cur, int* slot) {
     int t;
     if ((threadIdx.x & 31) == 0) {
       t = atomicAdd(p.sched.tile_counter, 1) + int(gridDim.x);
-      slot[cur.turn & 1] = t;
+      reinterpret_cast<int4*>(slot)[cur.turn & 1] = decode(p, t);
     }
     __syncwarp();
     named_barrier_arrive(kBarThreads, kSchedulerBar);
     return __shfl_sync(0xffffffffu, t, 0);
   }
-  __device__ static TileCoord resolve(const KP& p, int t, const TileCoord& cur, const int*) {
-    return decode(p, t, cur.turn + 1);
+  // The producer reads back what its lane 0 published (the consumers never write the slot).
+  __device__ static TileCoord resolve(const KP&, int, const TileCoord& cur, const int* slot) {
+    return coord(reinterpret_cast<const int4*>(slot)[cur.turn & 1], cur.turn + 1);
   }
 };
 

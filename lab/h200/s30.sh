@@ -6,7 +6,7 @@
 #           against HEAD (.base/operands, `git archive HEAD`, docs left out), built from each
 #           tree, SASS compared, gated and timed A B B A in one process (s24.sh ab); then the
 #           GPU suite in its own calls (lab/h200/suite.sh kernel|bugs|oracle|varlen|ops|peers)
-#     H100: the stream-K patch gated (s30.sh split below); then s30.sh split2 with .fa3/part2
+#     H100: suite.sh kernel (the stream-K gates below ran in session 31: docs/PERF.md step 65)
 #     (session 30's first call ran s29.sh window3 here, then the chunk rows: s30.sh chunks)
 #   bash lab/h200/s30.sh chunks (carry [".fa3/part2"], after fa3_stage1.sh): the three chunk
 #     rows of issue 34 with llama3 beside FA3 (fa-tune compare, 1 s settle, 50 + 3 x 200)
@@ -39,7 +39,8 @@ start)
     # shellcheck disable=SC2086
     exec bash "$LAB/s24.sh" ab $PRESETS_2B1B09C
   fi
-  exec bash "$LAB/s30.sh" split
+  # An H100: the stream-K gates ran in step 65 (s30.sh split); the suite's first group instead.
+  exec bash "$LAB/suite.sh" kernel
   ;;
 chunks)
   FIRST_CALL="s30.sh start"

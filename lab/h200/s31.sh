@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Session 31's calls (docs/PERF.md step 65): where the 128-key window and the paged cache wait.
+#   call 1, carry [".whl", ".fa3/part1"]:  bash lab/h200/s31.sh profile1
+#     ncu (fa-tune profile, one launch, --set full) of d64-window3 and d64-window at
+#     1x64/8x8192:d64:w128: pipe shares, L2 traffic and warp stalls of three CTAs against two
+#   call 2, carry [".fa3/part2"]:  bash lab/h200/s31.sh profile2
+#     the same beside FA3 (d64-window3 --vs fa3), then llama3 beside FA3 at
+#     4x32/8x2048:k8192 with pages of 128 and 64 and unpaged (issue 37's rows)
+#   carry [".whl"] (or after call 2 on its machine, FA3 then beside it): bash lab/h200/s31.sh sass
+#     d64-window3 and FA3 at 1x64/8x8192:d64:w128, warp stalls per SASS instruction
+#     (lab/h200/sass_profile.py: ncu's source page summed by opcode, phase and reason)
+#   carry [".whl", ".base/operands"]:  bash lab/h200/s31.sh ab
+#     step 65's two changes (the epilogue's deferred store wait, the dynamic scheduler's tile
+#     published decoded) against HEAD before them (.base/operands = `git archive 1cc6c93`, docs
+#     left out): gated on uneven shapes, then A B B A in one process (scripts/ab_libs.py) at the
+#     128-key window (d64-window3, d64-window) and at 1x32/8x8192 (llama3, dynamic)
+#   carry [".whl", ".base/s31a"]:  bash lab/h200/s31.sh ab2
+#     a window's masked column groups skipped in the softmax (step 65's third change) against
+#     the first two (.base/s31a): gated on uneven window shapes (causal, non-causal, softcap,
+#     S_q < S_k, sinks), then A B B A at the 128-key window (d64-window3, d64-window)
+set -uo pipefail
+LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+prof() {  # NAME ARGS...: one fa-tune profile, its table in $OUT/prof_NAME.log
+  local name=$1; shift
+  timeout 200 $E python3 -m tuner.cli profile "$@" > "$OUT/prof_$name.log" 2>&1
+  step "profile $name: exit $?"; tail -n 40 "$OUT/prof_$name.log" | cut -c1-160
+}
+case "${1:?profile1 | profile2 | sass | ab | ab2}" in
+profile1)
+  FIRST_CALL="s31.sh profile1 with .whl"
+  source "$LAB/session_calls.sh"
+  prof w3 --preset d64-window3 --shape 1x64/8x8192:d64:w128
+  prof w2 --preset d64-window --shape 1x64/8x8192:d64:w128
+  ;;
+profile2)
+  FIRST_CALL="s31.sh profile1"
+  source "$LAB/session_calls.sh"
+  fa3_once
+  prof w3fa3 --preset d64-window3 --shape 1x64/8x8192:d64:w128 --vs fa3
+  for s in 4x32/8x2048:k8192:p128 4x32/8x2048:k8192:p64 4x32/8x2048:k8192; do
+    prof "${s//[:\/]/_}" --preset llama3 --shape "$s" --vs fa3
+  done
+  ;;
+sass)
+  FIRST_CALL="s31.sh profile1"
+  source "$LAB/session_calls.sh"
+  peer=(); [ -f "$DEV/fa3.ok" ] && peer=(--fa3)  # FA3's page too where call 2 installed it
+  OUT=$OUT timeout 300 $E python3 lab/h200/sass_profile.py lab/h200/variants/w128_s31.txt \
+    1x64/8x8192:d64:w128 0 "${peer[@]}" > "$OUT/sass_w128.log" 2>&1
+  step "sass: exit $?"; xz -9 "$OUT"/sass_*.csv; tail -n 60 "$OUT/sass_w128.log" | cut -c1-200
+  ;;
+ab)
+  FIRST_CALL="s31.sh ab with .whl"
+  source "$LAB/session_calls.sh"
+  snap() {  # TREE NAME SHAPE PRESETS...: one snapshot (libraries + SASS) per tree and class
+    local tree=$1 name=$2 shape=$3; shift 3
+    (cd "$tree" && PYTHONPATH="$DEV/site:$PWD" timeout 200 python3 scripts/sass_snapshot.py \
+       --fixed --shape "$shape" --out "$DEV/ab-$name" --cache "$DEV/abcache-$name" "$@" \
+       > "$OUT/build_$name.log" 2>&1; echo "$name built: exit $?")
+  }
+  snap .base/operands old-w 1x64/8x8192:d64:w128 d64-window3 d64-window &
+  snap . new-w 1x64/8x8192:d64:w128 d64-window3 d64-window &
+  snap .base/operands old-l 1x32/8x8192 llama3 dynamic &
+  snap . new-l 1x32/8x8192 llama3 dynamic &
+  wait; step built
+  quick=(--no-fa3 --warmup 1 --repeat 2 --rounds 1 --settle-s 0 --jobs "$(nproc)")
+  for sh in "1x3x1152:d64:w128:sinks 2x5x1000:d64:w128 1x2/1x77:k300:d64:w128:sinks 2x16x2000:d64:w128" \
+            "2x5x1000 3x4/1x777 1x3x77 2x8/2x1000:k3000"; do
+    args=(); for x in $sh; do args+=(--shape "$x"); done
+    v=(--variant dynamic); [[ "$sh" == *d64* ]] && v=(--variant d64-window3 --variant d64-window)
+    [[ "$sh" != *d64* ]] && v+=(--variant llama3)
+    timeout 120 $E python3 scripts/kernel_lab.py "${v[@]}" "${quick[@]}" "${args[@]}" \
+      >> "$OUT/ab_gate.log" 2>&1
+  done
+  step "gate: $(grep -c "'gate': 'ok'" "$OUT/ab_gate.log") ok"
+  grep -E "FAIL|rror" "$OUT/ab_gate.log" | cut -c1-240 || echo "all passed"
+  for c in w l; do
+    $E python3 scripts/sass_snapshot.py --compare "$DEV/ab-old-$c" "$DEV/ab-new-$c" | tail -3
+    timeout 150 $E python3 scripts/ab_libs.py "$DEV/ab-old-$c" "$DEV/ab-new-$c" --pairs 2 \
+      --settle-s 0.5 --json "$OUT/ab_$c.json" > "$OUT/ab_$c.log" 2>&1
+    step "ab $c exit $?"; tail -8 "$OUT/ab_$c.log"
+  done
+  ;;
+ab2)
+  FIRST_CALL="s31.sh ab2 with .whl"
+  source "$LAB/session_calls.sh"
+  for tree in .base/s31a .; do
+    name=$([ "$tree" = . ] && echo skip || echo s31a)
+    (cd "$tree" && PYTHONPATH="$DEV/site:$PWD" timeout 200 python3 scripts/sass_snapshot.py \
+       --fixed --shape 1x64/8x8192:d64:w128 --out "$DEV/ab-$name" --cache "$DEV/abcache-$name" \
+       d64-window3 d64-window > "$OUT/build_$name.log" 2>&1; echo "$name built: exit $?") &
+  done
+  wait; step built
+  quick=(--no-fa3 --warmup 1 --repeat 2 --rounds 1 --settle-s 0 --jobs "$(nproc)")
+  for sh in "1x3x1152:d64:w128:sinks 2x5x1000:d64:w128 1x2/1x77:k300:d64:w128:sinks 2x16x2000:d64:w100" \
+            "2x5x1000:d64:w128:full 1x4/2x700:k1500:d64:w77:full" "2x6/2x999:d64:w128:cap50 1x8/8x3000:d64:w60:cap50"; do
+    args=(); for x in $sh; do args+=(--shape "$x"); done
+    timeout 120 $E python3 scripts/kernel_lab.py --variant d64-window3 --variant d64-window \
+      "${quick[@]}" "${args[@]}" >> "$OUT/ab2_gate.log" 2>&1
+  done
+  step "gate: $(grep -c "'gate': 'ok'" "$OUT/ab2_gate.log") ok"
+  grep -E "FAIL|rror" "$OUT/ab2_gate.log" | cut -c1-240 || echo "all passed"
+  timeout 150 $E python3 scripts/ab_libs.py "$DEV/ab-s31a" "$DEV/ab-skip" --pairs 3 \
+    --settle-s 0.5 --json "$OUT/ab2.json" > "$OUT/ab2.log" 2>&1
+  step "ab2 exit $?"; tail -5 "$OUT/ab2.log"
+  ;;
+*)
+  echo "s31.sh: unknown call '$1': profile1, profile2, sass, ab or ab2" >&2; exit 2 ;;
+esac
