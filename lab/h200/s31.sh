@@ -18,6 +18,12 @@
 #     a window's masked column groups skipped in the softmax (step 65's third change) against
 #     the first two (.base/s31a): gated on uneven window shapes (causal, non-causal, softcap,
 #     S_q < S_k, sinks), then A B B A at the 128-key window (d64-window3, d64-window)
+#   carry [".whl", ".base/head"] (.base/head = `git archive HEAD` without docs/):
+#                                         bash lab/h200/s31.sh skip
+#     lab/patches/masked-skip.patch (a masked window tile folded in as two halves, a half
+#     skipped by a branch where no row of the warp sees a key in it) applied in the device's
+#     copy: d64-window gated on uneven window shapes, then A B B A against HEAD's at the
+#     128-key window. d64-window3 spills with the patch (136 registers), so only d64-window.
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 prof() {  # NAME ARGS...: one fa-tune profile, its table in $OUT/prof_NAME.log
@@ -25,7 +31,7 @@ prof() {  # NAME ARGS...: one fa-tune profile, its table in $OUT/prof_NAME.log
   timeout 200 $E python3 -m tuner.cli profile "$@" > "$OUT/prof_$name.log" 2>&1
   step "profile $name: exit $?"; tail -n 40 "$OUT/prof_$name.log" | cut -c1-160
 }
-case "${1:?profile1 | profile2 | sass | ab | ab2}" in
+case "${1:?profile1 | profile2 | sass | ab | ab2 | skip}" in
 profile1)
   FIRST_CALL="s31.sh profile1 with .whl"
   source "$LAB/session_calls.sh"
@@ -104,6 +110,30 @@ ab2)
     --settle-s 0.5 --json "$OUT/ab2.json" > "$OUT/ab2.log" 2>&1
   step "ab2 exit $?"; tail -5 "$OUT/ab2.log"
   ;;
+skip)
+  FIRST_CALL="s31.sh skip with .whl"
+  source "$LAB/session_calls.sh"
+  git apply lab/patches/masked-skip.patch 2>/dev/null || patch -p1 --forward -s < lab/patches/masked-skip.patch
+  for tree in .base/head .; do
+    name=$([ "$tree" = . ] && echo skip || echo head)
+    (cd "$tree" && PYTHONPATH="$DEV/site:$PWD" timeout 200 python3 scripts/sass_snapshot.py \
+       --fixed --shape 1x64/8x8192:d64:w128 --out "$DEV/ab-$name" --cache "$DEV/abcache-$name" \
+       d64-window > "$OUT/build_$name.log" 2>&1; echo "$name built: exit $?") &
+  done
+  wait; step built
+  quick=(--no-fa3 --warmup 1 --repeat 2 --rounds 1 --settle-s 0 --jobs "$(nproc)")
+  for sh in "1x3x1152:d64:w128:sinks 2x5x1000:d64:w128 1x2/1x77:k300:d64:w128:sinks 2x16x2000:d64:w100" \
+            "2x5x1000:d64:w128:full 1x4/2x700:k1500:d64:w77:full" "2x6/2x999:d64:w128:cap50 1x8/8x3000:d64:w60:cap50"; do
+    args=(); for x in $sh; do args+=(--shape "$x"); done
+    timeout 120 $E python3 scripts/kernel_lab.py --variant d64-window "${quick[@]}" "${args[@]}" \
+      >> "$OUT/skip_gate.log" 2>&1
+  done
+  step "gate: $(grep -c "'gate': 'ok'" "$OUT/skip_gate.log") ok"
+  grep -E "FAIL|rror" "$OUT/skip_gate.log" | cut -c1-240 || echo "all passed"
+  timeout 150 $E python3 scripts/ab_libs.py "$DEV/ab-head" "$DEV/ab-skip" --pairs 3 \
+    --settle-s 0.5 --json "$OUT/skip_ab.json" > "$OUT/skip_ab.log" 2>&1
+  step "skip ab exit $?"; tail -4 "$OUT/skip_ab.log"
+  ;;
 *)
-  echo "s31.sh: unknown call '$1': profile1, profile2, sass, ab or ab2" >&2; exit 2 ;;
+  echo "s31.sh: unknown call '$1': profile1, profile2, sass, ab, ab2 or skip" >&2; exit 2 ;;
 esac
