@@ -24,6 +24,9 @@
 #     skipped by a branch where no row of the warp sees a key in it) applied in the device's
 #     copy: d64-window gated on uneven window shapes, then A B B A against HEAD's at the
 #     128-key window. d64-window3 spills with the patch (136 registers), so only d64-window.
+#   carry [".whl"]:  bash lab/h200/s31.sh sasspaged
+#     llama3's warp stalls per SASS instruction at 4x32/8x2048:k8192 with pages of 128 and
+#     unpaged (sass_profile.py), to find the paged kernel's 5 % more cycles (step 65)
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 prof() {  # NAME ARGS...: one fa-tune profile, its table in $OUT/prof_NAME.log
@@ -31,7 +34,7 @@ prof() {  # NAME ARGS...: one fa-tune profile, its table in $OUT/prof_NAME.log
   timeout 200 $E python3 -m tuner.cli profile "$@" > "$OUT/prof_$name.log" 2>&1
   step "profile $name: exit $?"; tail -n 40 "$OUT/prof_$name.log" | cut -c1-160
 }
-case "${1:?profile1 | profile2 | sass | ab | ab2 | skip}" in
+case "${1:?profile1 | profile2 | sass | sasspaged | ab | ab2 | skip}" in
 profile1)
   FIRST_CALL="s31.sh profile1 with .whl"
   source "$LAB/session_calls.sh"
@@ -110,6 +113,19 @@ ab2)
     --settle-s 0.5 --json "$OUT/ab2.json" > "$OUT/ab2.log" 2>&1
   step "ab2 exit $?"; tail -5 "$OUT/ab2.log"
   ;;
+sasspaged)
+  FIRST_CALL="s31.sh sasspaged with .whl"
+  source "$LAB/session_calls.sh"
+  for sh in 4x32/8x2048:k8192:p128 4x32/8x2048:k8192; do
+    OUT=$OUT timeout 250 $E python3 lab/h200/sass_profile.py lab/h200/variants/paged_s31.txt \
+      "$sh" 0 > "$OUT/sass_${sh//[:\/]/_}.log" 2>&1
+    step "sass $sh: exit $?"; tail -n 30 "$OUT/sass_${sh//[:\/]/_}.log" | cut -c1-200
+    # sass_profile.py names its page by the variants file: one page per shape here.
+    mv "$OUT/sass_paged_s31_0.csv" "$OUT/page_${sh//[:\/]/_}.csv" 2>/dev/null
+    rm -f "$OUT"/sass_paged_s31_0.ncu-rep
+  done
+  xz -9 "$OUT"/page_*.csv
+  ;;
 skip)
   FIRST_CALL="s31.sh skip with .whl"
   source "$LAB/session_calls.sh"
@@ -135,5 +151,5 @@ skip)
   step "skip ab exit $?"; tail -4 "$OUT/skip_ab.log"
   ;;
 *)
-  echo "s31.sh: unknown call '$1': profile1, profile2, sass, ab, ab2 or skip" >&2; exit 2 ;;
+  echo "s31.sh: unknown call '$1': profile1, profile2, sass, sasspaged, ab, ab2 or skip" >&2; exit 2 ;;
 esac
