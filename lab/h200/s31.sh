@@ -29,6 +29,33 @@
 #     unpaged (sass_profile.py), to find the paged kernel's 5 % more cycles (step 65)
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# A change at the 128-key window: BASE's libraries of PRESETS against this tree's, gated on
+# uneven window shapes (causal, non-causal, softcap, S_q < S_k, sinks), then A B B A in one
+# process (scripts/ab_libs.py); logs $OUT/TAG_gate.log and $OUT/TAG.log.
+window_ab() {  # BASE TAG PRESETS...
+  local base=$1 tag=$2; shift 2
+  local presets=("$@") tree name
+  for tree in "$base" .; do
+    name=$tag-$([ "$tree" = . ] && echo after || echo before)
+    (cd "$tree" && PYTHONPATH="$DEV/site:$PWD" timeout 200 python3 scripts/sass_snapshot.py \
+       --fixed --shape 1x64/8x8192:d64:w128 --out "$DEV/ab-$name" --cache "$DEV/abcache-$name" \
+       "${presets[@]}" > "$OUT/build_$name.log" 2>&1; echo "$name built: exit $?") &
+  done
+  wait; step built
+  local quick=(--no-fa3 --warmup 1 --repeat 2 --rounds 1 --settle-s 0 --jobs "$(nproc)") v=() sh x
+  for x in "${presets[@]}"; do v+=(--variant "$x"); done
+  for sh in "1x3x1152:d64:w128:sinks 2x5x1000:d64:w128 1x2/1x77:k300:d64:w128:sinks 2x16x2000:d64:w100" \
+            "2x5x1000:d64:w128:full 1x4/2x700:k1500:d64:w77:full" "2x6/2x999:d64:w128:cap50 1x8/8x3000:d64:w60:cap50"; do
+    local args=(); for x in $sh; do args+=(--shape "$x"); done
+    timeout 120 $E python3 scripts/kernel_lab.py "${v[@]}" "${quick[@]}" "${args[@]}" \
+      >> "$OUT/${tag}_gate.log" 2>&1
+  done
+  step "gate: $(grep -c "'gate': 'ok'" "$OUT/${tag}_gate.log") ok"
+  grep -E "FAIL|rror" "$OUT/${tag}_gate.log" | cut -c1-240 || echo "all passed"
+  timeout 150 $E python3 scripts/ab_libs.py "$DEV/ab-$tag-before" "$DEV/ab-$tag-after" --pairs 3 \
+    --settle-s 0.5 > "$OUT/$tag.log" 2>&1
+  step "$tag exit $?"; tail -5 "$OUT/$tag.log"
+}
 prof() {  # NAME ARGS...: one fa-tune profile, its table in $OUT/prof_NAME.log
   local name=$1; shift
   timeout 200 $E python3 -m tuner.cli profile "$@" > "$OUT/prof_$name.log" 2>&1
@@ -93,25 +120,7 @@ ab)
 ab2)
   FIRST_CALL="s31.sh ab2 with .whl"
   source "$LAB/session_calls.sh"
-  for tree in .base/s31a .; do
-    name=$([ "$tree" = . ] && echo skip || echo s31a)
-    (cd "$tree" && PYTHONPATH="$DEV/site:$PWD" timeout 200 python3 scripts/sass_snapshot.py \
-       --fixed --shape 1x64/8x8192:d64:w128 --out "$DEV/ab-$name" --cache "$DEV/abcache-$name" \
-       d64-window3 d64-window > "$OUT/build_$name.log" 2>&1; echo "$name built: exit $?") &
-  done
-  wait; step built
-  quick=(--no-fa3 --warmup 1 --repeat 2 --rounds 1 --settle-s 0 --jobs "$(nproc)")
-  for sh in "1x3x1152:d64:w128:sinks 2x5x1000:d64:w128 1x2/1x77:k300:d64:w128:sinks 2x16x2000:d64:w100" \
-            "2x5x1000:d64:w128:full 1x4/2x700:k1500:d64:w77:full" "2x6/2x999:d64:w128:cap50 1x8/8x3000:d64:w60:cap50"; do
-    args=(); for x in $sh; do args+=(--shape "$x"); done
-    timeout 120 $E python3 scripts/kernel_lab.py --variant d64-window3 --variant d64-window \
-      "${quick[@]}" "${args[@]}" >> "$OUT/ab2_gate.log" 2>&1
-  done
-  step "gate: $(grep -c "'gate': 'ok'" "$OUT/ab2_gate.log") ok"
-  grep -E "FAIL|rror" "$OUT/ab2_gate.log" | cut -c1-240 || echo "all passed"
-  timeout 150 $E python3 scripts/ab_libs.py "$DEV/ab-s31a" "$DEV/ab-skip" --pairs 3 \
-    --settle-s 0.5 --json "$OUT/ab2.json" > "$OUT/ab2.log" 2>&1
-  step "ab2 exit $?"; tail -5 "$OUT/ab2.log"
+  window_ab .base/s31a ab2 d64-window3 d64-window
   ;;
 sasspaged)
   FIRST_CALL="s31.sh sasspaged with .whl"
@@ -130,25 +139,7 @@ skip)
   FIRST_CALL="s31.sh skip with .whl"
   source "$LAB/session_calls.sh"
   git apply lab/patches/masked-skip.patch 2>/dev/null || patch -p1 --forward -s < lab/patches/masked-skip.patch
-  for tree in .base/head .; do
-    name=$([ "$tree" = . ] && echo skip || echo head)
-    (cd "$tree" && PYTHONPATH="$DEV/site:$PWD" timeout 200 python3 scripts/sass_snapshot.py \
-       --fixed --shape 1x64/8x8192:d64:w128 --out "$DEV/ab-$name" --cache "$DEV/abcache-$name" \
-       d64-window > "$OUT/build_$name.log" 2>&1; echo "$name built: exit $?") &
-  done
-  wait; step built
-  quick=(--no-fa3 --warmup 1 --repeat 2 --rounds 1 --settle-s 0 --jobs "$(nproc)")
-  for sh in "1x3x1152:d64:w128:sinks 2x5x1000:d64:w128 1x2/1x77:k300:d64:w128:sinks 2x16x2000:d64:w100" \
-            "2x5x1000:d64:w128:full 1x4/2x700:k1500:d64:w77:full" "2x6/2x999:d64:w128:cap50 1x8/8x3000:d64:w60:cap50"; do
-    args=(); for x in $sh; do args+=(--shape "$x"); done
-    timeout 120 $E python3 scripts/kernel_lab.py --variant d64-window "${quick[@]}" "${args[@]}" \
-      >> "$OUT/skip_gate.log" 2>&1
-  done
-  step "gate: $(grep -c "'gate': 'ok'" "$OUT/skip_gate.log") ok"
-  grep -E "FAIL|rror" "$OUT/skip_gate.log" | cut -c1-240 || echo "all passed"
-  timeout 150 $E python3 scripts/ab_libs.py "$DEV/ab-head" "$DEV/ab-skip" --pairs 3 \
-    --settle-s 0.5 --json "$OUT/skip_ab.json" > "$OUT/skip_ab.log" 2>&1
-  step "skip ab exit $?"; tail -4 "$OUT/skip_ab.log"
+  window_ab .base/head skip d64-window
   ;;
 *)
   echo "s31.sh: unknown call '$1': profile1, profile2, sass, sasspaged, ab, ab2 or skip" >&2; exit 2 ;;
