@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tuner.errors import ShapeError  # noqa: E402
+from tuner.errors import FaTuneError, ShapeError  # noqa: E402
 from tuner.kernel import (  # noqa: E402
     build,
     config,
@@ -157,10 +157,13 @@ def main() -> None:
     ap.add_argument("--no-fa3", action="store_true")
     args = ap.parse_args()
     texts = list(args.variant)
-    if args.variants_file:
-        texts += [ln.strip() for ln in Path(args.variants_file).read_text().splitlines()
-                  if ln.strip() and not ln.startswith("#")]
-    variants = [Variant(v) for v in (texts or ["default"])]
+    try:  # a variant the config refuses, or an unreadable file, is one line
+        if args.variants_file:
+            texts += [ln.strip() for ln in Path(args.variants_file).read_text().splitlines()
+                      if ln.strip() and not ln.startswith("#")]
+        variants = [Variant(v) for v in (texts or ["default"])]
+    except (FaTuneError, OSError, ValueError) as e:
+        raise SystemExit(f"kernel_lab: {e}") from None
     try:  # before compiling: a problem the kernel cannot run is one line
         problems = [Problem.parse(s) for s in (args.shape or ["4x32x8192"])]
         pclass = check_runnable(problems)

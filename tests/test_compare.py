@@ -115,6 +115,19 @@ def test_kernel_lab_help_without_torch() -> None:
     assert "--variant" in r.stdout and "--shape" in r.stdout
 
 
+@pytest.mark.parametrize("variant, says", [
+    ('{"block_n": 32}', "knob 'block_n' must be"),       # a value the config refuses
+    ('{"block_n": 64', "Expecting"),                      # not JSON
+    ("no-such-preset", "unknown preset 'no-such-preset'"),
+])
+def test_kernel_lab_bad_variant_is_one_line(variant: str, says: str) -> None:
+    r = subprocess.run([sys.executable, "scripts/kernel_lab.py", "--variant", variant,
+                        "--build-only"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert r.stderr.startswith("kernel_lab: ") and says in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
 # ---- the Triton kernel (parsed, never imported: no triton here) ---------------------------
 def _triton_source() -> ast.Module:
     return ast.parse((REPO / "tuner/measure/peers/_triton_kernel.py").read_text())
