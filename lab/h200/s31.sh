@@ -29,18 +29,20 @@
 #     unpaged (sass_profile.py), to find the paged kernel's 5 % more cycles (step 65)
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+snap() {  # TREE NAME SHAPE PRESETS...: one snapshot (libraries + SASS) per tree and class
+  local tree=$1 name=$2 shape=$3; shift 3
+  (cd "$tree" && PYTHONPATH="$DEV/site:$PWD" timeout 200 python3 scripts/sass_snapshot.py \
+     --fixed --shape "$shape" --out "$DEV/ab-$name" --cache "$DEV/abcache-$name" "$@" \
+     > "$OUT/build_$name.log" 2>&1; echo "$name built: exit $?")
+}
 # A change at the 128-key window: BASE's libraries of PRESETS against this tree's, gated on
 # uneven window shapes (causal, non-causal, softcap, S_q < S_k, sinks), then A B B A in one
 # process (scripts/ab_libs.py); logs $OUT/TAG_gate.log and $OUT/TAG.log.
 window_ab() {  # BASE TAG PRESETS...
   local base=$1 tag=$2; shift 2
-  local presets=("$@") tree name
-  for tree in "$base" .; do
-    name=$tag-$([ "$tree" = . ] && echo after || echo before)
-    (cd "$tree" && PYTHONPATH="$DEV/site:$PWD" timeout 200 python3 scripts/sass_snapshot.py \
-       --fixed --shape 1x64/8x8192:d64:w128 --out "$DEV/ab-$name" --cache "$DEV/abcache-$name" \
-       "${presets[@]}" > "$OUT/build_$name.log" 2>&1; echo "$name built: exit $?") &
-  done
+  local presets=("$@")
+  snap "$base" "$tag-before" 1x64/8x8192:d64:w128 "${presets[@]}" &
+  snap . "$tag-after" 1x64/8x8192:d64:w128 "${presets[@]}" &
   wait; step built
   local quick=(--no-fa3 --warmup 1 --repeat 2 --rounds 1 --settle-s 0 --jobs "$(nproc)") v=() sh x
   for x in "${presets[@]}"; do v+=(--variant "$x"); done
@@ -88,12 +90,6 @@ sass)
 ab)
   FIRST_CALL="s31.sh ab with .whl"
   source "$LAB/session_calls.sh"
-  snap() {  # TREE NAME SHAPE PRESETS...: one snapshot (libraries + SASS) per tree and class
-    local tree=$1 name=$2 shape=$3; shift 3
-    (cd "$tree" && PYTHONPATH="$DEV/site:$PWD" timeout 200 python3 scripts/sass_snapshot.py \
-       --fixed --shape "$shape" --out "$DEV/ab-$name" --cache "$DEV/abcache-$name" "$@" \
-       > "$OUT/build_$name.log" 2>&1; echo "$name built: exit $?")
-  }
   snap .base/operands old-w 1x64/8x8192:d64:w128 d64-window3 d64-window &
   snap . new-w 1x64/8x8192:d64:w128 d64-window3 d64-window &
   snap .base/operands old-l 1x32/8x8192 llama3 dynamic &
