@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Session 32's calls (docs/PERF.md step 66).
+#   carry [".whl"]:  bash lab/h200/s32.sh pagedsched
+#     Is the paged kernel's 5 % (step 65) the pages or the device-side schedule? A paged row
+#     runs the packed (device-scheduled) kernel, the unpaged fixed-length row the host's static
+#     lists. llama3, no FA3, 1 s settle, 50 + 3 x 200, two processes that share the fixed row:
+#     (1) a paged library: fixed 4x32/8x2048:k8192 against the same with pages of 128 and 64;
+#     (2) a varlen library: the fixed row against its packed twin 32/8x[2048:8192*4].
+#   carry [".whl", ".base/head"] (.base/head = `git archive 6ffcd30` without docs/):
+#     (lab/patches/varlen-tail-deal.patch applied in the device's copy)
+#                                         bash lab/h200/s32.sh deal
+#     the static varlen deal's tail dealt again, longest first (varlen.cuh, step 66): llama3
+#     before (.base/head) and after, built per shape; the clustered presets gated on packed and
+#     paged shapes whose lists are dealt (and one that is not); then A B B A in one process
+#     (scripts/ab_libs.py: 3 turns, 0.5 s settle) at pages of 128, the packed twin, the mixed
+#     batch over pages of 64 and a short paged row (R = 2: the deal's own cost in sight)
+#   carry [".whl"]:  bash lab/h200/s32.sh gap
+#     the fixed row against its packed twin per preset (llama3, default, dynamic, gqa-cluster,
+#     multicast, static), no FA3, 1 s settle, 50 + 3 x 200: which schedulers lose when packed
+#   carry [".whl"]:  bash lab/h200/s32.sh dealtests   (with the patch applied, as deal does)
+#     test_varlen_gpu.py and test_paged_gpu.py on the changed schedule
+set -uo pipefail
+LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+case "${1:?pagedsched | deal | gap | dealtests}" in
+pagedsched)
+  FIRST_CALL="s32.sh pagedsched with .whl"
+  source "$LAB/session_calls.sh"
+  full=(--no-fa3 --warmup 50 --repeat 200 --rounds 3 --settle-s 1 --jobs "$(nproc)")
+  timeout 200 $E python3 scripts/kernel_lab.py --variant llama3 "${full[@]}" \
+    --shape 4x32/8x2048:k8192 --shape 4x32/8x2048:k8192:p128 --shape 4x32/8x2048:k8192:p64 \
+    --shape 4x32/8x2048:k8192 > "$OUT/paged_lab.log" 2>&1
+  step "paged library: exit $?"; grep -E "^[0-9]+x|^[0-9]+/" "$OUT/paged_lab.log" | cut -c1-120
+  timeout 200 $E python3 scripts/kernel_lab.py --variant llama3 "${full[@]}" \
+    --shape 4x32/8x2048:k8192 --shape "32/8x[2048:8192*4]" --shape 4x32/8x2048:k8192 \
+    > "$OUT/packed_lab.log" 2>&1
+  step "varlen library: exit $?"; grep -E "^[0-9]+x|^[0-9]+/" "$OUT/packed_lab.log" | cut -c1-120
+  ;;
+deal)
+  FIRST_CALL="s32.sh deal with .whl"
+  source "$LAB/session_calls.sh"
+  # Measured and not merged (docs/PERF.md step 66): applied in the device's copy only.
+  git apply lab/patches/varlen-tail-deal.patch 2>/dev/null \
+    || patch -p1 --forward -s < lab/patches/varlen-tail-deal.patch
+  snap() {  # TREE NAME SHAPE: llama3's library for SHAPE's class, from TREE
+    (cd "$1" && PYTHONPATH="$DEV/site:$PWD" timeout 240 python3 scripts/sass_snapshot.py \
+       --shape "$3" --out "$DEV/ab-$2" --cache "$DEV/abcache-$2" llama3 > "$OUT/build_$2.log" 2>&1 \
+       || echo "$2: build exit $?")
+  }
+  shapes=("4x32/8x2048:k8192:p128" "32/8x[2048:8192*4]" "4x32/8x256:k2048:p128"
+          "32/8x[512,1024:5120,2048:10240,4096:6144,8192,768:6912,3072:4096,6144:14336]:p64")
+  for i in "${!shapes[@]}"; do
+    snap .base/head "b$i" "${shapes[$i]}" &
+    snap . "a$i" "${shapes[$i]}" &
+  done
+  wait; step built
+  quick=(--no-fa3 --warmup 1 --repeat 2 --rounds 1 --settle-s 0 --jobs "$(nproc)")
+  for sh in "32/8x[2048:8192*4] 32/8x[3000:7001,100:9000,2500,4096*3] 32/8x[1024*8,512*16] 2x32/8x3000:k9000" \
+            "4x32/8x2048:k8192:p128 32/8x[2048:8192,512:4096*2,3000:9000]:p16 32/8x[2048:8192*3,100:20000]:p64 8x32/8x1000:k5000:p256 4x32/8x256:k2048:p128"; do
+    args=(); for x in $sh; do args+=(--shape "$x"); done
+    timeout 150 $E python3 scripts/kernel_lab.py --variant llama3 --variant gqa-cluster \
+      --variant multicast "${quick[@]}" "${args[@]}" >> "$OUT/deal_gate.log" 2>&1
+  done
+  step "gate: $(grep -c "'gate': 'ok'" "$OUT/deal_gate.log") ok"
+  grep -E "FAIL|rror" "$OUT/deal_gate.log" | cut -c1-240 || echo "all passed"
+  for i in "${!shapes[@]}"; do
+    timeout 100 $E python3 scripts/ab_libs.py "$DEV/ab-b$i" "$DEV/ab-a$i" --pairs 3 \
+      --settle-s 0.5 >> "$OUT/deal_ab.log" 2>&1
+    step "A/B ${shapes[$i]}: exit $?"
+  done
+  grep -E "^llama3" "$OUT/deal_ab.log"
+  ;;
+gap)
+  FIRST_CALL="s32.sh gap with .whl"
+  source "$LAB/session_calls.sh"
+  # Which presets lose on the device-scheduled kernel: each preset at the fixed row and its
+  # packed twin in one process (a varlen library serves both).
+  full=(--no-fa3 --warmup 50 --repeat 200 --rounds 3 --settle-s 1 --jobs "$(nproc)")
+  for vs in "llama3 default dynamic" "gqa-cluster multicast static"; do
+    v=(); for x in $vs; do v+=(--variant "$x"); done
+    timeout 200 $E python3 scripts/kernel_lab.py "${v[@]}" "${full[@]}" \
+      --shape 4x32/8x2048:k8192 --shape "32/8x[2048:8192*4]" >> "$OUT/gap.log" 2>&1
+    step "$vs: exit $?"
+  done
+  grep -E "^4x32|^32/8" "$OUT/gap.log" | cut -c1-110
+  ;;
+dealtests)
+  FIRST_CALL="s32.sh deal with .whl"
+  source "$LAB/session_calls.sh"
+  git apply lab/patches/varlen-tail-deal.patch 2>/dev/null \
+    || patch -p1 --forward -s < lab/patches/varlen-tail-deal.patch
+  timeout 200 $E python3 lab/h200/prebuild.py paged > "$OUT/prebuild_paged.log" 2>&1
+  step "prebuild paged exit $?"
+  gpu_tests deal_tests.log 380 tests/gpu/test_varlen_gpu.py tests/gpu/test_paged_gpu.py
+  ;;
+*)
+  echo "s32.sh: unknown call '$1': pagedsched, deal, gap or dealtests" >&2; exit 2 ;;
+esac

@@ -1,0 +1,89 @@
+"""The balance model of the clustered device-side schedule (docs/PERF.md step 66).
+
+varlen.cuh lists a packed batch's tasks (sequences by their costliest tile; in each, L2 sections
+of K/V heads, last query tile first) and VarlenStaticScheduler deals the list to the grid's
+clusters round by round, snake order. This prints, per shape, the heaviest cluster over the mean
+(task cost = 2 x KV tiles + fixed_cost, task_list.h's units) for that deal, for a greedy counter,
+and for the tail's last rounds dealt again longest first to the least loaded cluster
+(lab/patches/varlen-tail-deal.patch). The model said 3.7 % -> 2.7 % at 4x32/8x2048:k8192; the
+patch measured a tie.
+
+    python3 lab/varlen_deal_model.py
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+CLUSTERS = 66          # 132 SMs, clusters of two
+FIXED_COST = 9         # llama3's fixed_cost
+L2_SECTION_KEYS = 58593  # ~60 % of a 50 MB L2 over 512 bytes of K and V per key row (D 128)
+
+
+def device_list(batch: int, heads: int, kv_heads: int, tiles: int, s_k: int) -> list[int]:
+    """Task costs in the schedule kernel's order: sequences one after another (equal costs keep
+    arrival order), each as L2 sections of heads, a section's tiles last first."""
+    group = heads // kv_heads
+    per = max(1, min(L2_SECTION_KEYS // s_k, kv_heads)) * group
+    s_q = tiles * 128
+    out: list[int] = []
+    for _ in range(batch):
+        seq = [0] * (heads * tiles)
+        for m in range(tiles):
+            kv_tiles = math.ceil(min((m + 1) * 128 + s_k - s_q, s_k) / 128)
+            rank = tiles - 1 - m
+            for h in range(heads):
+                h0 = h // per * per
+                hn = min(heads - h0, per)
+                seq[h0 * tiles + rank * hn + (h - h0)] = 2 * kv_tiles + FIXED_COST
+        out += seq
+    return out
+
+
+def snake(costs: list[int], g: int) -> list[int]:
+    load = [0] * g
+    for i, c in enumerate(costs):
+        r, j = divmod(i, g)
+        load[g - 1 - j if r & 1 else j] += c
+    return load
+
+
+def counter(costs: list[int], g: int) -> list[int]:
+    """A shared counter: each cluster takes the next task when it finishes."""
+    heap = [(0, c) for c in range(g)]
+    for cost in costs:
+        t, c = heapq.heappop(heap)
+        heapq.heappush(heap, (t + cost, c))
+    return [t for t, _ in heap]
+
+
+def tail_dealt(costs: list[int], g: int, rounds: int = 3) -> list[int]:
+    """The snake, then the last `rounds` rounds' tasks longest first to the least loaded."""
+    r = math.ceil(len(costs) / g)
+    head = max(0, r - rounds) * g
+    heap = [(t, c) for c, t in enumerate(snake(costs[:head], g))]
+    heapq.heapify(heap)
+    for cost in sorted(costs[head:], reverse=True):
+        t, c = heapq.heappop(heap)
+        heapq.heappush(heap, (t + cost, c))
+    return [t for t, _ in heap]
+
+
+def excess(load: list[int]) -> float:
+    return max(load) / (sum(load) / len(load)) - 1
+
+
+def main() -> None:
+    rows = [("4x32/8x2048:k8192", 4, 16, 8192), ("1x32/8x2048:k8192", 1, 16, 8192),
+            ("8x32/8x2048:k8192", 8, 16, 8192), ("2x32/8x8192", 2, 64, 8192),
+            ("16x32/8x1024:k4096", 16, 8, 4096)]
+    print(f"{'shape':22s} {'tasks':>6s} {'snake':>7s} {'counter':>8s} {'tail LPT':>9s}")
+    for name, b, tiles, s_k in rows:
+        costs = device_list(b, 16, 8, tiles, s_k)  # head_cluster 2: 16 task heads, 8 K/V heads
+        print(f"{name:22s} {len(costs):6d} {excess(snake(costs, CLUSTERS)):7.1%} "
+              f"{excess(counter(costs, CLUSTERS)):8.1%} {excess(tail_dealt(costs, CLUSTERS)):9.1%}")
+
+
+if __name__ == "__main__":
+    main()
