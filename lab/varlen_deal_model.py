@@ -5,8 +5,9 @@ of K/V heads, last query tile first) and VarlenStaticScheduler deals the list to
 clusters round by round, snake order. This prints, per shape, the heaviest cluster over the mean
 (task cost = 2 x KV tiles + fixed_cost, task_list.h's units) for that deal, for a greedy counter,
 and for the tail's last rounds dealt again longest first to the least loaded cluster
-(lab/patches/varlen-tail-deal.patch). The model said 3.7 % -> 2.7 % at 4x32/8x2048:k8192; the
-patch measured a tie.
+(lab/patches/varlen-tail-deal.patch), and for pair swaps after the snake (the next patch). The
+model said 3.8 % -> 2.7 % for the tail's LPT at 4x32/8x2048:k8192, and the patch measured a tie;
+the task clocks measured 3.8 % idle in that tail (docs/PERF.md step 66).
 
     python3 lab/varlen_deal_model.py
 """
@@ -70,6 +71,49 @@ def tail_dealt(costs: list[int], g: int, rounds: int = 3) -> list[int]:
     return [t for t, _ in heap]
 
 
+def snake_grid(costs: list[int], g: int) -> list[list[int | None]]:
+    """grid[c][r]: the cost of cluster c's round-r task (None: past the list's end)."""
+    rounds = math.ceil(len(costs) / g)
+    grid: list[list[int | None]] = [[None] * rounds for _ in range(g)]
+    for i, cost in enumerate(costs):
+        r, j = divmod(i, g)
+        grid[g - 1 - j if r & 1 else j][r] = cost
+    return grid
+
+
+def pair_swaps(costs: list[int], g: int, passes: int = 4, window: int = 2,
+               swaps: int = 4) -> list[int]:
+    """The snake, then `passes` times: the clusters sorted by load, the i-th heaviest paired with
+    the i-th lightest, and in each pair up to `swaps` swaps of tasks, each the one (rounds at most
+    `window` apart; an empty last-round slot is a task of cost 0, swapped only within its round)
+    that leaves the two closest. Pairs are disjoint, so a pass is one step for the whole block
+    on the device (a warp a pair)."""
+    grid = snake_grid(costs, g)
+    rounds = len(grid[0])
+    load = [sum(x or 0 for x in row) for row in grid]
+    for _ in range(passes):
+        order = sorted(range(g), key=lambda c: (load[c], c))
+        for i in range(g // 2):
+            lo, hi = order[i], order[g - 1 - i]
+            for _ in range(swaps):
+                best, pick = load[hi] - load[lo], None
+                for rh in range(rounds):
+                    for rl in range(max(0, rh - window), min(rounds, rh + window + 1)):
+                        a, b = grid[hi][rh], grid[lo][rl]
+                        if a is None or ((b is None) and rh != rl):
+                            continue
+                        d = a - (b or 0)
+                        if 0 < d and abs(load[hi] - load[lo] - 2 * d) < best:
+                            best, pick = abs(load[hi] - load[lo] - 2 * d), (rh, rl, d)
+                if pick is None:
+                    break
+                rh, rl, d = pick
+                grid[hi][rh], grid[lo][rl] = grid[lo][rl], grid[hi][rh]
+                load[hi] -= d
+                load[lo] += d
+    return load
+
+
 def excess(load: list[int]) -> float:
     return max(load) / (sum(load) / len(load)) - 1
 
@@ -78,11 +122,13 @@ def main() -> None:
     rows = [("4x32/8x2048:k8192", 4, 16, 8192), ("1x32/8x2048:k8192", 1, 16, 8192),
             ("8x32/8x2048:k8192", 8, 16, 8192), ("2x32/8x8192", 2, 64, 8192),
             ("16x32/8x1024:k4096", 16, 8, 4096)]
-    print(f"{'shape':22s} {'tasks':>6s} {'snake':>7s} {'counter':>8s} {'tail LPT':>9s}")
+    print(f"{'shape':22s} {'tasks':>6s} {'snake':>7s} {'counter':>8s} {'tail LPT':>9s} "
+          f"{'pair swaps':>11s}")
     for name, b, tiles, s_k in rows:
         costs = device_list(b, 16, 8, tiles, s_k)  # head_cluster 2: 16 task heads, 8 K/V heads
         print(f"{name:22s} {len(costs):6d} {excess(snake(costs, CLUSTERS)):7.1%} "
-              f"{excess(counter(costs, CLUSTERS)):8.1%} {excess(tail_dealt(costs, CLUSTERS)):9.1%}")
+              f"{excess(counter(costs, CLUSTERS)):8.1%} {excess(tail_dealt(costs, CLUSTERS)):9.1%} "
+              f"{excess(pair_swaps(costs, CLUSTERS)):11.2%}")
 
 
 if __name__ == "__main__":

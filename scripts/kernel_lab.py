@@ -16,7 +16,9 @@ FA_TUNE_LAB_KV_LOAD_EVERY, cuda_src/lab/hooks.cuh); such a variant is gated for 
 timed whatever the gate says, and its row says "exp". --unchecked builds configs that
 config.validate refuses until they have run on a GPU (the kernel's static_asserts still
 apply); they are gated like any other. FA3 runs first and last on each shape.
-Every row reports the SM clock and board power NVML read after the settle phase.
+Every row reports the SM clock and board power NVML read after the settle phase. A variant
+built with `"_lab": {"FA_TUNE_LAB_TASK_CLOCKS": 1}` also reports its last timed launch's task
+clocks (scripts/task_clocks.py): CTA ends, the tail's idle share, the time per task.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import task_clocks  # noqa: E402  (scripts/, beside this file)
 
 from tuner.errors import FaTuneError, ShapeError  # noqa: E402
 from tuner.kernel import (  # noqa: E402
@@ -91,7 +96,8 @@ def _row(shape: Problem, name: str, status: str, t: Any, fa3_ms: float | None) -
 
 def bench_shape(bench: Any, fa3: Any, variants: list[Variant], sos: list[Path | None],
                 shape: Problem, proto: Protocol, rows: list, log: list) -> None:
-    """Gate every variant on `shape`, then time FA3, the passing variants, FA3 again."""
+    """Gate every variant on `shape`, then time FA3, the passing variants, FA3 again; a task
+    clocks build (FA_TUNE_LAB_TASK_CLOCKS) also reports its last launch's stamps."""
     from tuner.measure.launch import KernelLaunch
 
     timed: list[tuple[str, Any, str]] = []
@@ -119,13 +125,21 @@ def bench_shape(bench: Any, fa3: Any, variants: list[Variant], sos: list[Path | 
     if fa3 is not None:
         timed.append(("FA3(end)", fa3, timed[0][2]))
     fa3_ms = None
+    clocked = {v.label: so for v, so in zip(variants, sos, strict=True)
+               if so is not None and v.lab.get(task_clocks.DEFINE)}
     for name, launch, status in timed:
+        if name in clocked:
+            task_clocks.reset(clocked[name])
         t = bench.time(launch, shape, proto)
         if name == "FA3":
             fa3_ms = t.median_ms
         rows.append(_row(shape, name, status, t, fa3_ms))
         print("  ", {k: v for k, v in rows[-1].items()}, flush=True)
         log.append({"shape": str(shape), "backend": name, "timing": t.to_dict()})
+        if name in clocked:
+            summary = task_clocks.summary(*task_clocks.read(clocked[name]))
+            print(f"   {name} at {shape}: {task_clocks.line(summary)}", flush=True)
+            log.append({"shape": str(shape), "backend": name, "task_clocks": summary})
     bench.release(shape)
 
 

@@ -98,7 +98,12 @@ struct Consumer {
       take_q(qst, false);
       ML::issue_first_qk(st, ss, wg);
     }
+    [[maybe_unused]] int done = 0;  // tasks this CTA ran (a lab build's task clocks only)
+    [[maybe_unused]] const bool stamps = Hooks::task_clocks && wg == 0 && tid == 0;
     while (t.valid) {
+      if constexpr (Hooks::task_clocks) {
+        if (stamps) Hooks::task_begin(done++, t.m_block, t.head, t.batch);
+      }
       const TileCoord next = Sched::next(p, t, ss.tile_slot);
       const int first_row = wg_first_row<T>(t.m_block, wg, rank);
       const int row0 = first_row + warp_in_wg * 16 + lane / 4;
@@ -172,6 +177,9 @@ struct Consumer {
     }
     if constexpr (kEarlyNext) sm90::wgmma_wait<0>();  // the throwaway QK
     Epilogue<Cfg, Sched>::drain(tid);
+    if constexpr (Hooks::task_clocks) {
+      if (stamps) Hooks::cta_end(done);
+    }
   }
 };
 

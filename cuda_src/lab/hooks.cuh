@@ -33,6 +33,11 @@
 //                                  with MUFU.EX2 for its pipe
 //   FA_TUNE_LAB_WINDOW_TASK_START = 1  a window's warpgroups all start at the task's first KV
 //                                  tile (as before 2026-12-05), not each at its own rows' first
+//   FA_TUNE_LAB_TASK_CLOCKS = 1    each CTA's first consumer thread stamps %globaltimer as each
+//                                  task starts and as the CTA ends, with the task and the SM;
+//                                  fa_tune_lab_task_clocks() copies the last launch's stamps out
+//                                  (scripts/kernel_lab.py --task-clocks): where a schedule's time
+//                                  goes, CTA by CTA (results unchanged)
 #pragma once
 
 #define FA_TUNE_HOOKS 1
@@ -54,6 +59,32 @@
 #ifndef FA_TUNE_LAB_WINDOW_TASK_START
 #define FA_TUNE_LAB_WINDOW_TASK_START 0
 #endif
+#ifndef FA_TUNE_LAB_TASK_CLOCKS
+#define FA_TUNE_LAB_TASK_CLOCKS 0
+#endif
+
+#if FA_TUNE_LAB_TASK_CLOCKS
+#include <cuda_runtime.h>
+// Per CTA (the first kLabClockCtas): [0] its task count | its SM << 32, [1 + k] task k's start,
+// [kLabClockSlots - 1] its end (ns, %globaltimer); the tasks' m | head << 12 | batch << 22
+// beside them. Each launch overwrites its CTAs' rows.
+constexpr int kLabClockCtas = 1024, kLabClockSlots = 256;
+__device__ unsigned long long fa_tune_lab_clock[kLabClockCtas][kLabClockSlots];
+__device__ unsigned fa_tune_lab_task[kLabClockCtas][kLabClockSlots];
+extern "C" __attribute__((visibility("default"))) int fa_tune_lab_task_clocks(
+    unsigned long long* clocks, unsigned* tasks, int reset) {
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess && clocks != nullptr)
+    e = cudaMemcpyFromSymbol(clocks, fa_tune_lab_clock, sizeof(fa_tune_lab_clock));
+  if (e == cudaSuccess && tasks != nullptr)
+    e = cudaMemcpyFromSymbol(tasks, fa_tune_lab_task, sizeof(fa_tune_lab_task));
+  if (e == cudaSuccess && reset) {
+    static unsigned long long zeros[kLabClockCtas][kLabClockSlots];
+    e = cudaMemcpyToSymbol(fa_tune_lab_clock, zeros, sizeof(zeros));
+  }
+  return int(e);
+}
+#endif
 
 namespace fa_tune {
 
@@ -65,6 +96,31 @@ struct Hooks {
   static constexpr bool skip_softmax = FA_TUNE_LAB_NO_SOFTMAX != 0;
   static constexpr bool truncate_p = FA_TUNE_LAB_P_TRUNC != 0;
   static constexpr bool window_task_start = FA_TUNE_LAB_WINDOW_TASK_START != 0;
+  static constexpr bool task_clocks = FA_TUNE_LAB_TASK_CLOCKS != 0;
+#if FA_TUNE_LAB_TASK_CLOCKS
+  __device__ static unsigned long long now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+  }
+  __device__ static void task_begin(int k, int m, int head, int batch) {
+    if (blockIdx.x < kLabClockCtas && k + 2 < kLabClockSlots) {
+      fa_tune_lab_clock[blockIdx.x][1 + k] = now();
+      fa_tune_lab_task[blockIdx.x][1 + k] = unsigned(m) | unsigned(head) << 12 | unsigned(batch) << 22;
+    }
+  }
+  __device__ static void cta_end(int tasks) {
+    if (blockIdx.x < kLabClockCtas) {
+      unsigned sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      fa_tune_lab_clock[blockIdx.x][kLabClockSlots - 1] = now();
+      fa_tune_lab_clock[blockIdx.x][0] = unsigned(tasks) | (unsigned long long)sm << 32;
+    }
+  }
+#else
+  __device__ static void task_begin(int, int, int, int) {}
+  __device__ static void cta_end(int) {}
+#endif
   static constexpr int mask_slack = kPlantBug == 2 ? 1 : 0;
   static constexpr int window_slack = kPlantBug == 9 ? 1 : 0;
   static constexpr float sink_log2e = kPlantBug == 10 ? 1.f : 1.4426950408889634f;

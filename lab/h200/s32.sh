@@ -7,21 +7,30 @@
 #     (1) a paged library: fixed 4x32/8x2048:k8192 against the same with pages of 128 and 64;
 #     (2) a varlen library: the fixed row against its packed twin 32/8x[2048:8192*4].
 #   carry [".whl", ".base/head"] (.base/head = `git archive 6ffcd30` without docs/):
-#     (lab/patches/varlen-tail-deal.patch applied in the device's copy)
-#                                         bash lab/h200/s32.sh deal
+#     (lab/patches/PATCH.patch applied in the device's copy; PATCH: varlen-tail-deal, or
+#     varlen-pair-swaps, the evened deal of step 66's model)
+#                                         bash lab/h200/s32.sh deal [PATCH]
 #     the static varlen deal's tail dealt again, longest first (varlen.cuh, step 66): llama3
 #     before (.base/head) and after, built per shape; the clustered presets gated on packed and
 #     paged shapes whose lists are dealt (and one that is not); then A B B A in one process
 #     (scripts/ab_libs.py: 3 turns, 0.5 s settle) at pages of 128, the packed twin, the mixed
-#     batch over pages of 64 and a short paged row (R = 2: the deal's own cost in sight)
+#     batch over pages of 64 and a short paged row (R = 2: the deal's own cost in sight); then
+#     the changed deal's task clocks (variants/clocks_s32.txt) at the packed twin
 #   carry [".whl"]:  bash lab/h200/s32.sh gap
 #     the fixed row against its packed twin per preset (llama3, default, dynamic, gqa-cluster,
 #     multicast, static), no FA3, 1 s settle, 50 + 3 x 200: which schedulers lose when packed
-#   carry [".whl"]:  bash lab/h200/s32.sh dealtests   (with the patch applied, as deal does)
+#   carry [".whl"]:  bash lab/h200/s32.sh clocks
+#     task clocks (FA_TUNE_LAB_TASK_CLOCKS: each CTA stamps its tasks' starts and its end;
+#     scripts/task_clocks.py) of llama3, static and dynamic (variants/clocks_s32.txt), each
+#     with the plain llama3 as the untouched reference, at the fixed row and its packed twin
+#     (a varlen library), then at pages of 128 (a paged library): does the device-side
+#     schedule lose its 3.7-6.3 % in the tail (CTAs idle while others finish), in each task,
+#     or at the start? (kernel_lab, 1 s settle, 50 + 3 x 200; the stamps: the last launch)
+#   carry [".whl"]:  bash lab/h200/s32.sh dealtests [PATCH]   (the patch applied, as deal does)
 #     test_varlen_gpu.py and test_paged_gpu.py on the changed schedule
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-case "${1:?pagedsched | deal | gap | dealtests}" in
+case "${1:?pagedsched | deal | gap | clocks | dealtests}" in
 pagedsched)
   FIRST_CALL="s32.sh pagedsched with .whl"
   source "$LAB/session_calls.sh"
@@ -38,9 +47,10 @@ pagedsched)
 deal)
   FIRST_CALL="s32.sh deal with .whl"
   source "$LAB/session_calls.sh"
-  # Measured and not merged (docs/PERF.md step 66): applied in the device's copy only.
-  git apply lab/patches/varlen-tail-deal.patch 2>/dev/null \
-    || patch -p1 --forward -s < lab/patches/varlen-tail-deal.patch
+  # Applied in the device's copy only: varlen-tail-deal (measured, not merged: docs/PERF.md
+  # step 66) or, named as $2, varlen-pair-swaps (not yet run).
+  fix=lab/patches/${2:-varlen-tail-deal}.patch
+  git apply "$fix" 2>/dev/null || patch -p1 --forward -s < "$fix" || { echo "$fix: no apply"; exit 2; }
   snap() {  # TREE NAME SHAPE: llama3's library for SHAPE's class, from TREE
     (cd "$1" && PYTHONPATH="$DEV/site:$PWD" timeout 240 python3 scripts/sass_snapshot.py \
        --shape "$3" --out "$DEV/ab-$2" --cache "$DEV/abcache-$2" llama3 > "$OUT/build_$2.log" 2>&1 \
@@ -68,6 +78,11 @@ deal)
     step "A/B ${shapes[$i]}: exit $?"
   done
   grep -E "^llama3" "$OUT/deal_ab.log"
+  # The changed deal's own task clocks (one launch after 30 + 100) at the packed twin.
+  timeout 100 $E python3 scripts/kernel_lab.py --variants-file lab/h200/variants/clocks_s32.txt \
+    --no-fa3 --warmup 30 --repeat 100 --rounds 1 --settle-s 0.5 --jobs "$(nproc)" \
+    --shape "32/8x[2048:8192*4]" > "$OUT/deal_clocks.log" 2>&1
+  step "clocks: exit $?"; grep -E "task clocks" "$OUT/deal_clocks.log" | cut -c1-230
   ;;
 gap)
   FIRST_CALL="s32.sh gap with .whl"
@@ -83,15 +98,28 @@ gap)
   done
   grep -E "^4x32|^32/8" "$OUT/gap.log" | cut -c1-110
   ;;
+clocks)
+  FIRST_CALL="s32.sh clocks with .whl"
+  source "$LAB/session_calls.sh"
+  full=(--no-fa3 --warmup 50 --repeat 200 --rounds 3 --settle-s 1 --jobs "$(nproc)")
+  v=(--variants-file lab/h200/variants/clocks_s32.txt --variant llama3)
+  timeout 280 $E python3 scripts/kernel_lab.py "${v[@]}" "${full[@]}" --shape 4x32/8x2048:k8192 \
+    --shape "32/8x[2048:8192*4]" > "$OUT/clocks_varlen.log" 2>&1
+  step "varlen library: exit $?"
+  timeout 200 $E python3 scripts/kernel_lab.py "${v[@]}" "${full[@]}" \
+    --shape 4x32/8x2048:k8192:p128 > "$OUT/clocks_paged.log" 2>&1
+  step "paged library: exit $?"
+  grep -hE "task clocks|^4x32|^32/8" "$OUT"/clocks_*.log | cut -c1-230
+  ;;
 dealtests)
   FIRST_CALL="s32.sh deal with .whl"
   source "$LAB/session_calls.sh"
-  git apply lab/patches/varlen-tail-deal.patch 2>/dev/null \
-    || patch -p1 --forward -s < lab/patches/varlen-tail-deal.patch
+  fix=lab/patches/${2:-varlen-tail-deal}.patch
+  git apply "$fix" 2>/dev/null || patch -p1 --forward -s < "$fix" || { echo "$fix: no apply"; exit 2; }
   timeout 200 $E python3 lab/h200/prebuild.py paged > "$OUT/prebuild_paged.log" 2>&1
   step "prebuild paged exit $?"
   gpu_tests deal_tests.log 380 tests/gpu/test_varlen_gpu.py tests/gpu/test_paged_gpu.py
   ;;
 *)
-  echo "s32.sh: unknown call '$1': pagedsched, deal, gap or dealtests" >&2; exit 2 ;;
+  echo "s32.sh: unknown call '$1': pagedsched, deal, gap, clocks or dealtests" >&2; exit 2 ;;
 esac
