@@ -27,10 +27,15 @@
 #     schedule lose its 3.7-6.3 % in the tail (CTAs idle while others finish), in each task,
 #     or at the start? (kernel_lab, 1 s settle, 50 + 3 x 200; the stamps: the last launch)
 #   carry [".whl"]:  bash lab/h200/s32.sh dealtests [PATCH]   (the patch applied, as deal does)
+#   after fa3_stage1.sh (carry [".whl", ".fa3/part1"]), carry [".fa3/part2"]:
+#                                         bash lab/h200/s32.sh w128hc
+#     the 128-key window at the power cap: d64-window3 against three static CTAs an SM with and
+#     without 2-head clusters (K/V multicast), beside FA3 (variants/w128_hc_s32.txt; kernel_lab,
+#     1 s settle, 50 + 3 x 200; each row's MHz and W), with and without sinks
 #     test_varlen_gpu.py and test_paged_gpu.py on the changed schedule
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-case "${1:?pagedsched | deal | gap | clocks | dealtests}" in
+case "${1:?pagedsched | deal | gap | clocks | w128hc | dealtests}" in
 pagedsched)
   FIRST_CALL="s32.sh pagedsched with .whl"
   source "$LAB/session_calls.sh"
@@ -111,6 +116,15 @@ clocks)
   step "paged library: exit $?"
   grep -hE "task clocks|^4x32|^32/8" "$OUT"/clocks_*.log | cut -c1-230
   ;;
+w128hc)
+  FIRST_CALL="s32.sh w128hc after fa3_stage1.sh with .whl"
+  source "$LAB/session_calls.sh"
+  fa3_once
+  timeout 400 $E python3 scripts/kernel_lab.py --variants-file lab/h200/variants/w128_hc_s32.txt \
+    --warmup 50 --repeat 200 --rounds 3 --settle-s 1 --jobs "$(nproc)" \
+    --shape 1x64/8x8192:d64:w128 --shape 1x64/8x8192:d64:w128:sinks > "$OUT/w128hc.log" 2>&1
+  step "w128hc: exit $?"; grep -E "^1x64|FAIL" "$OUT/w128hc.log" | cut -c1-140
+  ;;
 dealtests)
   FIRST_CALL="s32.sh deal with .whl"
   source "$LAB/session_calls.sh"
@@ -121,5 +135,5 @@ dealtests)
   gpu_tests deal_tests.log 380 tests/gpu/test_varlen_gpu.py tests/gpu/test_paged_gpu.py
   ;;
 *)
-  echo "s32.sh: unknown call '$1': pagedsched, deal, gap, clocks or dealtests" >&2; exit 2 ;;
+  echo "s32.sh: unknown call '$1': pagedsched, deal, gap, clocks, w128hc or dealtests" >&2; exit 2 ;;
 esac
