@@ -23,21 +23,33 @@ L2_SECTION_KEYS = 58593  # ~60 % of a 50 MB L2 over 512 bytes of K and V per key
 
 
 def device_list(batch: int, heads: int, kv_heads: int, tiles: int, s_k: int) -> list[int]:
-    """Task costs in the schedule kernel's order: sequences one after another (equal costs keep
-    arrival order), each as L2 sections of heads, a section's tiles last first."""
+    """Task costs in the schedule kernel's order for `batch` equal sequences of tiles x 128
+    queries over s_k keys (packed_list for mixed ones)."""
+    return packed_list([(tiles * 128, s_k)] * batch, heads, kv_heads)
+
+
+def packed_list(seqs: list[tuple[int, int]], heads: int, kv_heads: int) -> list[int]:
+    """Task costs in the schedule kernel's order: sequences (s_q, s_k) by their costliest tile,
+    most first (equal costs keep arrival order), each as L2 sections of heads, a section's tiles
+    last first (varlen.cuh, causal, 128-row tasks over 128-key tiles)."""
     group = heads // kv_heads
-    per = max(1, min(L2_SECTION_KEYS // s_k, kv_heads)) * group
-    s_q = tiles * 128
+
+    def cost(s_q: int, s_k: int, m: int) -> int:
+        return 2 * math.ceil(min((m + 1) * 128 + s_k - s_q, s_k) / 128) + FIXED_COST
+
+    order = sorted(range(len(seqs)), key=lambda b: -cost(*seqs[b], math.ceil(seqs[b][0] / 128) - 1))
     out: list[int] = []
-    for _ in range(batch):
+    for b in order:
+        s_q, s_k = seqs[b]
+        tiles = math.ceil(s_q / 128)
+        per = max(1, min(L2_SECTION_KEYS // s_k, kv_heads)) * group
         seq = [0] * (heads * tiles)
         for m in range(tiles):
-            kv_tiles = math.ceil(min((m + 1) * 128 + s_k - s_q, s_k) / 128)
             rank = tiles - 1 - m
             for h in range(heads):
                 h0 = h // per * per
                 hn = min(heads - h0, per)
-                seq[h0 * tiles + rank * hn + (h - h0)] = 2 * kv_tiles + FIXED_COST
+                seq[h0 * tiles + rank * hn + (h - h0)] = cost(s_q, s_k, m)
         out += seq
     return out
 
@@ -119,14 +131,16 @@ def excess(load: list[int]) -> float:
 
 
 def main() -> None:
-    rows = [("4x32/8x2048:k8192", 4, 16, 8192), ("1x32/8x2048:k8192", 1, 16, 8192),
-            ("8x32/8x2048:k8192", 8, 16, 8192), ("2x32/8x8192", 2, 64, 8192),
-            ("16x32/8x1024:k4096", 16, 8, 4096)]
-    print(f"{'shape':22s} {'tasks':>6s} {'snake':>7s} {'counter':>8s} {'tail LPT':>9s} "
+    rows = [("4x32/8x2048:k8192", [(2048, 8192)] * 4), ("1x32/8x2048:k8192", [(2048, 8192)]),
+            ("8x32/8x2048:k8192", [(2048, 8192)] * 8), ("2x32/8x8192", [(8192, 8192)] * 2),
+            ("16x32/8x1024:k4096", [(1024, 4096)] * 16), ("8x32/8x1024", [(1024, 1024)] * 8),
+            ("[8192,4096*2,2048*4,1024*8]",
+             [(8192, 8192)] + [(4096, 4096)] * 2 + [(2048, 2048)] * 4 + [(1024, 1024)] * 8)]
+    print(f"{'shape':28s} {'tasks':>6s} {'snake':>7s} {'counter':>8s} {'tail LPT':>9s} "
           f"{'pair swaps':>11s}")
-    for name, b, tiles, s_k in rows:
-        costs = device_list(b, 16, 8, tiles, s_k)  # head_cluster 2: 16 task heads, 8 K/V heads
-        print(f"{name:22s} {len(costs):6d} {excess(snake(costs, CLUSTERS)):7.1%} "
+    for name, seqs in rows:
+        costs = packed_list(seqs, 16, 8)  # head_cluster 2: 16 task heads, 8 K/V heads
+        print(f"{name:28s} {len(costs):6d} {excess(snake(costs, CLUSTERS)):7.1%} "
               f"{excess(counter(costs, CLUSTERS)):8.1%} {excess(tail_dealt(costs, CLUSTERS)):9.1%} "
               f"{excess(pair_swaps(costs, CLUSTERS)):11.2%}")
 
