@@ -99,7 +99,7 @@ struct Consumer {
       ML::issue_first_qk(st, ss, wg);
     }
     [[maybe_unused]] int done = 0;  // tasks this CTA ran (a lab build's task clocks only)
-    [[maybe_unused]] const bool stamps = Hooks::task_clocks && wg == 0 && tid == 0;
+    [[maybe_unused]] const bool stamps = Hooks::task_clocks && tid == 0;  // wg 0's first thread
     while (t.valid) {
       if constexpr (Hooks::task_clocks) {
         if (stamps) Hooks::task_begin(done++, t.m_block, t.head, t.batch);

@@ -28,24 +28,29 @@
 #     schedule lose its 3.7-6.3 % in the tail (CTAs idle while others finish), in each task,
 #     or at the start? (kernel_lab, 1 s settle, 50 + 3 x 200; the stamps: the last launch)
 #   carry [".whl"]:  bash lab/h200/s32.sh dealtests [PATCH]   (the patch applied, as deal does)
+#     test_varlen_gpu.py and test_paged_gpu.py on the changed schedule
 #   after fa3_stage1.sh (carry [".whl", ".fa3/part1"]), carry [".fa3/part2"]:
 #                                         bash lab/h200/s32.sh w128hc
 #     the 128-key window at the power cap: d64-window3 against three static CTAs an SM with and
 #     without 2-head clusters (K/V multicast), beside FA3 (variants/w128_hc_s32.txt; kernel_lab,
 #     1 s settle, 50 + 3 x 200; each row's MHz and W), with and without sinks
-#     test_varlen_gpu.py and test_paged_gpu.py on the changed schedule
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# The timing protocol: 1 s settle, 50 + 3 x 200.
+FULL=(--warmup 50 --repeat 200 --rounds 3 --settle-s 1 --jobs "$(nproc)")
+apply_patch() {  # NAME: lab/patches/NAME.patch, applied in the device's copy only
+  local fix=lab/patches/$1.patch
+  git apply "$fix" 2>/dev/null || patch -p1 --forward -s < "$fix" || { echo "$fix: no apply"; exit 2; }
+}
 case "${1:?pagedsched | deal | gap | clocks | w128hc | dealtests}" in
 pagedsched)
   FIRST_CALL="s32.sh pagedsched with .whl"
   source "$LAB/session_calls.sh"
-  full=(--no-fa3 --warmup 50 --repeat 200 --rounds 3 --settle-s 1 --jobs "$(nproc)")
-  timeout 200 $E python3 scripts/kernel_lab.py --variant llama3 "${full[@]}" \
+  timeout 200 $E python3 scripts/kernel_lab.py --variant llama3 --no-fa3 "${FULL[@]}" \
     --shape 4x32/8x2048:k8192 --shape 4x32/8x2048:k8192:p128 --shape 4x32/8x2048:k8192:p64 \
     --shape 4x32/8x2048:k8192 > "$OUT/paged_lab.log" 2>&1
   step "paged library: exit $?"; grep -E "^[0-9]+x|^[0-9]+/" "$OUT/paged_lab.log" | cut -c1-120
-  timeout 200 $E python3 scripts/kernel_lab.py --variant llama3 "${full[@]}" \
+  timeout 200 $E python3 scripts/kernel_lab.py --variant llama3 --no-fa3 "${FULL[@]}" \
     --shape 4x32/8x2048:k8192 --shape "32/8x[2048:8192*4]" --shape 4x32/8x2048:k8192 \
     > "$OUT/packed_lab.log" 2>&1
   step "varlen library: exit $?"; grep -E "^[0-9]+x|^[0-9]+/" "$OUT/packed_lab.log" | cut -c1-120
@@ -55,8 +60,7 @@ deal)
   source "$LAB/session_calls.sh"
   # Applied in the device's copy only: varlen-tail-deal (measured, not merged: docs/PERF.md
   # step 66) or, named as $2, varlen-pair-swaps (not yet run).
-  fix=lab/patches/${2:-varlen-tail-deal}.patch
-  git apply "$fix" 2>/dev/null || patch -p1 --forward -s < "$fix" || { echo "$fix: no apply"; exit 2; }
+  apply_patch "${2:-varlen-tail-deal}"
   snap() {  # TREE NAME SHAPE: llama3's library for SHAPE's class, from TREE
     (cd "$1" && PYTHONPATH="$DEV/site:$PWD" timeout 240 python3 scripts/sass_snapshot.py \
        --shape "$3" --out "$DEV/ab-$2" --cache "$DEV/abcache-$2" llama3 > "$OUT/build_$2.log" 2>&1 \
@@ -96,10 +100,9 @@ gap)
   source "$LAB/session_calls.sh"
   # Which presets lose on the device-scheduled kernel: each preset at the fixed row and its
   # packed twin in one process (a varlen library serves both).
-  full=(--no-fa3 --warmup 50 --repeat 200 --rounds 3 --settle-s 1 --jobs "$(nproc)")
   for vs in "llama3 default dynamic" "gqa-cluster multicast static"; do
     v=(); for x in $vs; do v+=(--variant "$x"); done
-    timeout 200 $E python3 scripts/kernel_lab.py "${v[@]}" "${full[@]}" \
+    timeout 200 $E python3 scripts/kernel_lab.py "${v[@]}" --no-fa3 "${FULL[@]}" \
       --shape 4x32/8x2048:k8192 --shape "32/8x[2048:8192*4]" >> "$OUT/gap.log" 2>&1
     step "$vs: exit $?"
   done
@@ -108,12 +111,12 @@ gap)
 clocks)
   FIRST_CALL="s32.sh clocks with .whl"
   source "$LAB/session_calls.sh"
-  full=(--no-fa3 --warmup 50 --repeat 200 --rounds 3 --settle-s 1 --jobs "$(nproc)")
   v=(--variants-file lab/h200/variants/clocks_s32.txt --variant llama3)
-  timeout 280 $E python3 scripts/kernel_lab.py "${v[@]}" "${full[@]}" --shape 4x32/8x2048:k8192 \
-    --shape "32/8x[2048:8192*4]" --shape "32/8x[1024*8]" > "$OUT/clocks_varlen.log" 2>&1
+  timeout 280 $E python3 scripts/kernel_lab.py "${v[@]}" --no-fa3 "${FULL[@]}" \
+    --shape 4x32/8x2048:k8192 --shape "32/8x[2048:8192*4]" --shape "32/8x[1024*8]" \
+    > "$OUT/clocks_varlen.log" 2>&1
   step "varlen library: exit $?"
-  timeout 200 $E python3 scripts/kernel_lab.py "${v[@]}" "${full[@]}" \
+  timeout 200 $E python3 scripts/kernel_lab.py "${v[@]}" --no-fa3 "${FULL[@]}" \
     --shape 4x32/8x2048:k8192:p128 > "$OUT/clocks_paged.log" 2>&1
   step "paged library: exit $?"
   grep -hE "task clocks|^4x32|^32/8" "$OUT"/clocks_*.log | cut -c1-230
@@ -123,15 +126,14 @@ w128hc)
   source "$LAB/session_calls.sh"
   fa3_once
   timeout 400 $E python3 scripts/kernel_lab.py --variants-file lab/h200/variants/w128_hc_s32.txt \
-    --warmup 50 --repeat 200 --rounds 3 --settle-s 1 --jobs "$(nproc)" \
-    --shape 1x64/8x8192:d64:w128 --shape 1x64/8x8192:d64:w128:sinks > "$OUT/w128hc.log" 2>&1
+    "${FULL[@]}" --shape 1x64/8x8192:d64:w128 --shape 1x64/8x8192:d64:w128:sinks \
+    > "$OUT/w128hc.log" 2>&1
   step "w128hc: exit $?"; grep -E "^1x64|FAIL" "$OUT/w128hc.log" | cut -c1-140
   ;;
 dealtests)
   FIRST_CALL="s32.sh deal with .whl"
   source "$LAB/session_calls.sh"
-  fix=lab/patches/${2:-varlen-tail-deal}.patch
-  git apply "$fix" 2>/dev/null || patch -p1 --forward -s < "$fix" || { echo "$fix: no apply"; exit 2; }
+  apply_patch "${2:-varlen-tail-deal}"
   timeout 200 $E python3 lab/h200/prebuild.py paged > "$OUT/prebuild_paged.log" 2>&1
   step "prebuild paged exit $?"
   gpu_tests deal_tests.log 380 tests/gpu/test_varlen_gpu.py tests/gpu/test_paged_gpu.py
