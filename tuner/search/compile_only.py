@@ -21,7 +21,7 @@ from concurrent.futures import wait as wait_futures
 
 from tuner.errors import FaTuneError
 from tuner.kernel import shared_cache
-from tuner.search.session import SearchSummary, _Candidate, _is_transient_build
+from tuner.search.session import SearchSummary, _Candidate, _is_transient_build, _Stop
 
 PRECOMPILED = "precompiled"
 
@@ -67,6 +67,7 @@ class CompileOnly:
         self.progress.current = "compile-only: asking the sampler"
         self._emit()
         shared_cache.set_share(self.artifacts)  # every compile is published for the GPU hosts
+        self.stops.install()
         if self.heartbeat is not None:
             self.heartbeat.start()
         try:
@@ -96,7 +97,10 @@ class CompileOnly:
                 self._emit()
         except KeyboardInterrupt:
             stopped_by = "interrupted (Ctrl-C)"
+        except _Stop as e:
+            stopped_by = e.why
         finally:
+            self.stops.restore()
             pool.shutdown(wait=False, cancel_futures=True)
             shared_cache.set_share(None)
             if self.heartbeat is not None:

@@ -64,8 +64,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import signal
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -91,9 +89,9 @@ from tuner.search.session import (
     REQUEUE_REASONS,
     Progress,
     SearchSummary,
+    StopSignals,
     _Candidate,
     _owner,
-    _raise_stop,
     _Stop,
     _TrialLost,
     seed_params,
@@ -216,8 +214,10 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         # Kernels shared with the study's other hosts (tuner.search.artifacts), if named.
         self.artifacts = None if not artifacts else StudyArtifacts(
             self.study, open_store(artifacts), lambda text: self.progress.event(text))
-        self.worker = GpuWorker(worker_entry, device_index, tick=self._tick,
+        self.worker = GpuWorker(worker_entry, device_index, tick=self._tick_measuring,
                                 background=self._ask_while_gpu_works)
+        self.stops = StopSignals(self._emit)
+        self.storage.stop_requested = lambda: self.stops.why is not None
         self.progress = Progress(study, [str(s) for s in self.shapes], n_trials,
                                  None if timeout_s is None else self.t_start + timeout_s,
                                  device=device_index)
@@ -269,6 +269,11 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             self.progress.worker_restarts = self.worker.restarts
             self.progress.worker_recycles = self.worker.recycles
             self.progress_cb(self.progress)
+
+    def _tick_measuring(self) -> None:
+        """The GPU wait's tick: where a requested stop cuts a measurement."""
+        self.stops.check()
+        self._tick()
 
     def _emit(self, text: str | None = None) -> None:
         if text:
@@ -339,9 +344,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         self._load_known()
         stopped_by = "finished"
         self.pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="fa-tune-nvcc")
-        old_term = None
-        if threading.current_thread() is threading.main_thread():
-            old_term = signal.signal(signal.SIGTERM, _raise_stop)
+        self.stops.install()
         if self.heartbeat is not None:
             self.heartbeat.start()
         try:
@@ -382,8 +385,8 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             self._final_text = self._final()  # after the budget: the top configs' final
         except KeyboardInterrupt:
             stopped_by = "interrupted (Ctrl-C)"
-        except _Stop:
-            stopped_by = "interrupted (SIGTERM)"
+        except _Stop as e:
+            stopped_by = e.why
         except BaseException as e:
             stopped_by = f"error ({type(e).__name__})"
             raise
@@ -395,8 +398,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             if self.heartbeat is not None:
                 self.heartbeat.stop()
             self.worker.stop()
-            if old_term is not None:
-                signal.signal(signal.SIGTERM, old_term)
+            self.stops.restore()
             summary = self._summary(stopped_by, not_run)
             self._record_session(summary)
         return summary
@@ -488,6 +490,8 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             self._tick()
 
     def _should_stop(self) -> str | None:
+        if self.stops.why is not None:
+            return self.stops.why
         if self.progress.deadline is not None and time.monotonic() >= self.progress.deadline:
             return "timeout"
         return None

@@ -6,6 +6,7 @@ the session. A mixin of ``tuner.search.loop.Search``: every method reads the sea
 from __future__ import annotations
 
 import time
+from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,11 @@ class TrialOutcomes:
         if self._default_so is False:
             cid = self.default_cfg.config_id()
             fut = next((c.future for c in self.queue if c.cfg.config_id() == cid), None)
+            if fut is None and self.pool is not None:
+                fut = self.pool.submit(self.builder, self.default_cfg)
+            while fut is not None and not fut.done():
+                self.stops.check()  # a stop asked for meanwhile lands here, not after a compile
+                wait_futures([fut], timeout=0.25)
             try:
                 built = fut.result() if fut is not None else self.builder(self.default_cfg)
                 self._default_so = None if built.unfit else str(built.so_path)

@@ -9,7 +9,8 @@ on top, for workers that run for hours against one database:
   retried every ``RETRY_EVERY_S`` seconds for up to ``retry_s`` (``FA_TUNE_STORAGE_RETRY_S``,
   default 600). One line goes to ``notify`` when the outage starts and one when the storage
   answers again; past the budget the call raises SearchError (one line, exit 2) and later calls
-  fail at once, so a stopping search settles what it can without waiting again. Nothing that
+  fail at once, so a stopping search settles what it can without waiting again. A search
+  asked to stop (SIGTERM, Ctrl-C) gives up on the outage at once, the same way. Nothing that
   was committed is lost: a failed call rolled back, and a state change whose commit may have
   reached the server before the connection died is recognised on retry (the trial is already
   in that state). Only a storage that opened once retries: a wrong URL is one line at once.
@@ -98,7 +99,7 @@ def _retrying(fn: Callable[..., Any]) -> Callable[..., Any]:
                     t0 = now
                     self.notify(f"storage {self.display_url} unreachable ({why}); retrying every "
                                 f"{RETRY_EVERY_S:g} s for up to {self.retry_s:g} s")
-                if now - t0 >= self.retry_s:
+                if now - t0 >= self.retry_s or self.stop_requested():
                     self._down = True
                     raise self._gone(why, now - t0) from None
                 try:
@@ -125,6 +126,8 @@ class ResilientRDBStorage(RDBStorage):
                  **kwargs: Any) -> None:
         self._ready = False  # the constructor's own calls fail at once (a wrong URL: one line)
         self._down = False
+        # A search that was asked to stop does not wait out an outage (set by the search).
+        self.stop_requested: Callable[[], bool] = lambda: False
         self.display_url = display_url or url
         self.retry_s = float(retry_s)
         self.notify: Notify = notify or notify_stderr

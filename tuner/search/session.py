@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -147,7 +150,52 @@ class SearchSummary:
 
 
 class _Stop(Exception):
-    """SIGTERM (or another requested stop) in the main thread."""
+    """A stop the user asked for (SIGTERM, Ctrl-C), raised where the search polls for it."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+class StopSignals:
+    """SIGTERM and Ctrl-C as a stop request that the search polls at safe points.
+
+    The handler only records the request. An exception raised from a signal handler lands
+    wherever the main thread happens to be, inside a storage commit or between Optuna's
+    creating a trial and the search's holding it, and left a RUNNING trial that no worker
+    owns or a storage session that failed the next call (CI, 2026-12-06). The search polls
+    ``why`` between steps and ``check()`` in its waits (GPU reply, compiles), so a stop lands
+    within a quarter second. A second signal raises at once, for a search stuck where nothing
+    polls. Ctrl-C is taken over only where Python's default handler has it (a fleet's worker
+    ignores it: its parent sends SIGTERM)."""
+
+    def __init__(self, notify: Callable[[str], None]) -> None:
+        self.why: str | None = None
+        self.notify = notify
+        self._old: dict[int, Any] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signals reach the main thread only; a search in a thread is stopped by it
+        self._old[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._old[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
+
+    def restore(self) -> None:
+        for signum, old in self._old.items():
+            signal.signal(signum, old)
+        self._old.clear()
+
+    def check(self) -> None:
+        if self.why is not None:
+            raise _Stop(self.why)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        why = "interrupted (Ctrl-C)" if signum == signal.SIGINT else "interrupted (SIGTERM)"
+        if self.why is not None:
+            raise _Stop(why)  # asked twice: now
+        self.why = why
+        self.notify(f"{why}: settling this worker's trials (send it again to stop at once)")
 
 
 class _TrialLost(Exception):
@@ -227,10 +275,6 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _raise_stop(signum: int, frame: Any) -> None:
-    raise _Stop()
 
 
 def _same_space(stored: Any, current: dict[str, Any]) -> bool:

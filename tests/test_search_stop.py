@@ -1,0 +1,64 @@
+"""Stopping a search (SIGTERM, Ctrl-C): the stop is recorded by the signal handler and taken
+where the search polls for it, so it never lands inside a storage call."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from optuna.trial import TrialState
+from test_search import make, plan, trials_of  # noqa: F401 - plan is a fixture
+
+from tuner.search import session
+
+
+def test_a_stop_that_lands_inside_a_storage_call_leaves_no_trial_running(
+        tmp_path: Path, plan, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """SIGTERM between Optuna's committing a new trial and the search's holding it: a handler
+    that raised there left a RUNNING trial no worker owned (CI, 2026-12-06). The stop is only
+    recorded; the search finishes the ask, settles and stops."""
+    from tuner.search import rdb
+
+    made = {"n": 0}
+    real = rdb.ResilientRDBStorage._create_new_trial
+
+    def create_then_signal(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)  # committed: the trial is RUNNING in the study
+        made["n"] += 1
+        if made["n"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, inside the ask
+        return out
+
+    monkeypatch.setattr(rdb.ResilientRDBStorage, "_create_new_trial", create_then_signal)
+    before = signal.getsignal(signal.SIGTERM)
+    s = make(tmp_path, {"block_n": [64, 96, 112, 128], "k_stages": [2, 3]}, trials=20)
+    summ = s.run()
+    assert summ.stopped_by == "interrupted (SIGTERM)"
+    assert signal.getsignal(signal.SIGTERM) is before  # the search's handler is gone again
+    ts = trials_of(tmp_path)
+    assert len(ts) >= 3
+    assert not [t for t in ts if t.state == TrialState.RUNNING], [
+        (t.number, t.user_attrs) for t in ts if t.state == TrialState.RUNNING]
+
+
+def test_stop_signals_record_once_and_raise_when_asked_twice() -> None:
+    notes: list[str] = []
+    stops = session.StopSignals(notes.append)
+    old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a fleet's worker
+    try:
+        stops.install()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # left to the fleet's parent
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stops.why == "interrupted (SIGTERM)" and len(notes) == 1
+        with pytest.raises(session._Stop, match="SIGTERM"):
+            stops.check()
+        with pytest.raises(session._Stop):
+            os.kill(os.getpid(), signal.SIGTERM)  # twice: at once
+            time.sleep(1)
+    finally:
+        stops.restore()
+        signal.signal(signal.SIGINT, old_int)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
