@@ -15,7 +15,8 @@
 #     paged shapes whose lists are dealt (and one that is not); then A B B A in one process
 #     (scripts/ab_libs.py: 3 turns, 0.5 s settle) at pages of 128, the packed twin, the mixed
 #     batch over pages of 64, a short paged row (R = 2: the deal's own cost in sight) and eight
-#     packed prompts of 1024 (the model's worst snake: 29 %); then the changed deal's task
+#     packed prompts of 1024 (the model's worst snake: 29 %) and four of 2048 without a prefix
+#     (the model: 17 %); then the changed deal's task
 #     clocks (variants/clocks_s32.txt) at the packed twin and the eight prompts
 #   carry [".whl"]:  bash lab/h200/s32.sh gap
 #     the fixed row against its packed twin per preset (llama3, default, dynamic, gqa-cluster,
@@ -24,7 +25,8 @@
 #     task clocks (FA_TUNE_LAB_TASK_CLOCKS: each CTA stamps its tasks' starts and its end;
 #     scripts/task_clocks.py) of llama3, static and dynamic (variants/clocks_s32.txt), each
 #     with the plain llama3 as the untouched reference, at the fixed row and its packed twin
-#     (a varlen library), then at pages of 128 (a paged library): does the device-side
+#     (a varlen library; also 4x32/8x2048 and its packed twin, the model's 17 %), then at pages
+#     of 128 (a paged library): does the device-side
 #     schedule lose its 3.7-6.3 % in the tail (CTAs idle while others finish), in each task,
 #     or at the start? (kernel_lab, 1 s settle, 50 + 3 x 200; the stamps: the last launch)
 #   carry [".whl"]:  bash lab/h200/s32.sh dealtests [PATCH]   (the patch applied, as deal does)
@@ -68,7 +70,7 @@ deal)
   }
   shapes=("4x32/8x2048:k8192:p128" "32/8x[2048:8192*4]" "4x32/8x256:k2048:p128"
           "32/8x[512,1024:5120,2048:10240,4096:6144,8192,768:6912,3072:4096,6144:14336]:p64"
-          "32/8x[1024*8]")
+          "32/8x[1024*8]" "32/8x[2048*4]")
   for i in "${!shapes[@]}"; do
     snap .base/head "b$i" "${shapes[$i]}" &
     snap . "a$i" "${shapes[$i]}" &
@@ -92,7 +94,8 @@ deal)
   # The changed deal's own task clocks (one launch after 30 + 100) at the packed twin.
   timeout 100 $E python3 scripts/kernel_lab.py --variants-file lab/h200/variants/clocks_s32.txt \
     --no-fa3 --warmup 30 --repeat 100 --rounds 1 --settle-s 0.5 --jobs "$(nproc)" \
-    --shape "32/8x[2048:8192*4]" --shape "32/8x[1024*8]" > "$OUT/deal_clocks.log" 2>&1
+    --shape "32/8x[2048:8192*4]" --shape "32/8x[1024*8]" --shape "32/8x[2048*4]" \
+    > "$OUT/deal_clocks.log" 2>&1
   step "clocks: exit $?"; grep -E "task clocks" "$OUT/deal_clocks.log" | cut -c1-230
   ;;
 gap)
@@ -114,7 +117,7 @@ clocks)
   v=(--variants-file lab/h200/variants/clocks_s32.txt --variant llama3)
   timeout 280 $E python3 scripts/kernel_lab.py "${v[@]}" --no-fa3 "${FULL[@]}" \
     --shape 4x32/8x2048:k8192 --shape "32/8x[2048:8192*4]" --shape "32/8x[1024*8]" \
-    > "$OUT/clocks_varlen.log" 2>&1
+    --shape 4x32/8x2048 --shape "32/8x[2048*4]" > "$OUT/clocks_varlen.log" 2>&1
   step "varlen library: exit $?"
   timeout 200 $E python3 scripts/kernel_lab.py "${v[@]}" --no-fa3 "${FULL[@]}" \
     --shape 4x32/8x2048:k8192:p128 > "$OUT/clocks_paged.log" 2>&1
