@@ -99,7 +99,9 @@ def test_compare_unknown_study_exit_2(tmp_path: Path) -> None:
     r = runner.invoke(app, ["compare", "--study", "nope", "--storage",
                             f"sqlite:///{tmp_path / 'x'}.db"])
     assert r.exit_code == 2
-    assert "unknown study 'nope'" in _one_error_line(r.output)
+    # The named database does not exist: said so, and the file is not created.
+    assert "no fa-tune study database at" in _one_error_line(r.output)
+    assert not (tmp_path / "x.db").exists()
 
 
 @pytest.mark.parametrize(

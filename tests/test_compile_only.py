@@ -29,6 +29,7 @@ SPACE = {"block_n": [64, 96, 128], "k_stages": [2, 3]}
 
 def test_compiled_trials_go_to_the_gpu_workers_first(tmp_path: Path, plan) -> None:  # noqa: F811
     plan({})
+    (tmp_path / "store").mkdir()
     c = make(tmp_path, SPACE, trials=3, sampler="random", artifacts=str(tmp_path / "store"))
     summ = c.run_compile_only()
     assert summ.trials_run == 3 and summ.stopped_by == "finished"

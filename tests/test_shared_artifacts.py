@@ -68,6 +68,7 @@ def test_two_hosts_compile_once_and_verify_what_they_fetch(
     url = f"sqlite:///{tmp_path / 's.db'}"
     optuna.create_study(study_name="s", storage=url)
     store = str(tmp_path / "store")
+    Path(store).mkdir()  # a store is a folder every host mounts: it exists
     ctx = mp.get_context("spawn")
     with ctx.Pool(1) as pool:
         a = pool.apply(_host, (url, store, str(tmp_path / "host_a")))
@@ -116,6 +117,7 @@ def test_a_search_shares_through_the_store_it_is_given(tmp_path: Path, monkeypat
         seen.append(shared_cache.active())
         return fake(cfg)
 
+    (tmp_path / "store").mkdir()
     s = make(tmp_path, {"block_n": [128]}, trials=1, study="v", builder=builder,
              artifacts=str(tmp_path / "store"))
     s.run()

@@ -22,7 +22,8 @@ non-causal; ``1x64/8x8192:d256:full``; ``1x32/8x8192:qkv`` has q, k, v as views 
 projection. ``str()`` gives the canonical form: the parts that differ from MHA / S_k = S_q / D 128
 / causal / dense BSHD only, in that order (``:k``, ``:d``, ``:full``, then the layout), so every
 problem the tool knew before keeps its name (and the study attributes and result files that use
-it).
+it). Each option may be given once; numbers are ASCII digits within what the kernel's C ABI holds
+(int32; a window of at most 2^30 keys), and the cap a plain decimal (``:cap50``, ``:cap0.5``).
 
 The models' masks (issue 36), each optional: ``:wW`` a sliding window of W keys (query i sees
 its diagonal key and the W-1 before it: transformers' ``sliding_window``, FlashAttention's
@@ -80,19 +81,31 @@ from tuner.problem_text import (  # noqa: F401 - the grammar's names, as importe
     DEFAULT_HEAD_DIM,
     DEFAULT_LAYOUT,
     HEAD_DIMS,
+    INT32_MAX,
+    INT32_WHY,
     LAYOUTS,
     MAX_SEQS,
+    MAX_SOFTCAP,
+    MAX_WINDOW,
+    MIN_SOFTCAP,
     NO_WINDOW,
     SHAPE_RE,
+    SOFTCAP_RANGE,
     SYNTAX,
     VARLEN_RE,
+    check_chars,
+    decimal_text,
     lengths_text,
+    num_text,
+    parse_count,
     parse_lengths,
     parse_options,
     parse_pairs,
 )
 
-# Offsets into Q/K/V/O are 32-bit in the kernel and the oracle: B*S*H*D must stay below 2^31.
+# The kernel's rule (the oracle and the torch op's checks keep it too): Q, K, V and O each below
+# 2^31 elements. The kernel itself indexes them with 64-bit offsets (size_t, int64 strides, TMA);
+# its row counts (total_q, seqlen, cu_seqlens) are int32, which this rule keeps in range too.
 _MAX_ELEMS = 2**31 - 1
 
 
@@ -185,8 +198,9 @@ class Problem:
         lens = tuple(seqlens)
         lens_k = lens if seqlens_k is None else tuple(seqlens_k)
         for x in lens + lens_k:
-            if not _is_count(x) or x < 0:
-                raise ShapeError(f"varlen sequence lengths must be integers >= 0 (got {x!r})")
+            if not _is_count(x) or not 0 <= x <= INT32_MAX:
+                raise ShapeError(f"varlen sequence lengths must be integers from 0 to {INT32_MAX} "
+                                 f"({INT32_WHY}); got {num_text(x)}")
         if not lens or sum(lens) < 1:
             raise ShapeError("a varlen batch needs at least one sequence and one token of queries")
         if len(lens) > MAX_SEQS:
@@ -200,14 +214,13 @@ class Problem:
                    sinks=sinks, page_size=page_size)
 
     def __post_init__(self) -> None:
-        for name in ("B", "Hq", "S", "D"):
+        for name in ("B", "Hq", "S", "D", "Hkv", "Sk"):
             v = getattr(self, name)
-            if not _is_count(v) or v < 1:
-                raise ShapeError(f"problem {name} must be a positive integer (got {v!r})")
-        for name in ("Hkv", "Sk"):
-            v = getattr(self, name)
-            if not _is_count(v) or v < 0:
-                raise ShapeError(f"problem {name} must be a positive integer (got {v!r})")
+            if not _is_count(v) or v < (0 if name in ("Hkv", "Sk") else 1):  # 0: normalised
+                raise ShapeError(f"problem {name} must be a positive integer (got {num_text(v)})")
+            if v > INT32_MAX:  # ctypes would wrap it silently
+                raise ShapeError(f"problem {name}={num_text(v)} is out of range: at most "
+                                 f"{INT32_MAX} ({INT32_WHY})")
         if self.Hkv == 0:
             object.__setattr__(self, "Hkv", self.Hq)
         for name in ("seqlens", "seqlens_k"):
@@ -273,13 +286,15 @@ class Problem:
                                  "sequence with queries at least one key")
 
     def _check_masks(self) -> None:
-        if not _is_count(self.window) or self.window < 0:
-            raise ShapeError(f"problem window must be a number of keys >= 1, or {NO_WINDOW} for "
-                             f"none (got {self.window!r})")
-        if isinstance(self.softcap, bool) or not isinstance(self.softcap, (int, float)) \
-                or not (self.softcap == 0 or self.softcap > 0) or self.softcap == float("inf"):
-            raise ShapeError(f"problem softcap must be a finite number > 0, or 0 for none "
-                             f"(got {self.softcap!r})")
+        if not _is_count(self.window) or not 0 <= self.window <= MAX_WINDOW:
+            raise ShapeError(f"problem window must be a number of keys from 1 to 2^30 (the "
+                             f"kernel's widest), or {NO_WINDOW} for none "
+                             f"(got {num_text(self.window)})")
+        cap = self.softcap  # compared before float(): float() of a huge int raises
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) \
+                or not (cap == 0 or MIN_SOFTCAP <= cap <= MAX_SOFTCAP):
+            raise ShapeError(f"problem softcap must be a number {SOFTCAP_RANGE}, or 0 for none "
+                             f"(got {num_text(cap)})")
         object.__setattr__(self, "softcap", float(self.softcap))
         if not isinstance(self.sinks, bool):
             raise ShapeError(f"problem sinks must be true or false (got {self.sinks!r})")
@@ -290,7 +305,7 @@ class Problem:
                              f"{', '.join(LAYOUTS)} (the default, bshd, is dense tensors)")
         if not _is_count(self.page_size) or self.page_size < 0:
             raise ShapeError(f"problem page_size must be a number of rows, or 0 for no pages "
-                             f"(got {self.page_size!r})")
+                             f"(got {num_text(self.page_size)})")
         if self.page_size and (why := page_size_problem(self.page_size)):
             raise ShapeError(f"problem {self}: {why}")
         if self.page_size and self.layout != DEFAULT_LAYOUT:
@@ -448,17 +463,23 @@ class Problem:
 
     @classmethod
     def parse(cls, text: str) -> Problem:
-        m = SHAPE_RE.fullmatch(str(text))
-        v = None if m else VARLEN_RE.fullmatch(str(text))
+        # Printable ASCII only (a control character would break the error's one line; int()
+        # takes full-width and other Unicode digits, which the options never did).
+        text = str(text).strip()
+        check_chars(text, text)
+        m = SHAPE_RE.fullmatch(text)
+        v = None if m else VARLEN_RE.fullmatch(text)
         if not m and not v:
             raise ShapeError(f"malformed problem '{text}': {SYNTAX}")
         if v:
-            hq, hkv, lens, opts = v.groups()
+            hq_t, hkv_t, lens, opts = v.groups()
         else:
-            b, hq, hkv, s, opts = m.groups()  # type: ignore[union-attr]
-        if hkv is not None and int(hkv) < 1:  # '/0' is not MHA (Hkv=0 only means it in code)
-            raise ShapeError(f"problem '{text}': Hkv must be a positive integer (got {hkv})")
-        o = parse_options(opts, str(text))
+            b_t, hq_t, hkv_t, s_t, opts = m.groups()  # type: ignore[union-attr]
+        hq = parse_count(hq_t, "Hq ", text)
+        hkv = 0 if hkv_t is None else parse_count(hkv_t, "Hkv ", text)
+        if hkv_t is not None and hkv < 1:  # '/0' is not MHA (Hkv=0 only means it in code)
+            raise ShapeError(f"problem '{text}': Hkv must be a positive integer (got {hkv_t})")
+        o = parse_options(opts, text)
         d, causal, sk, layout = o.d, o.causal, o.sk, o.layout
         masks = {"window": o.window, "softcap": o.softcap, "sinks": o.sinks,
                  "page_size": o.page_size}
@@ -469,11 +490,11 @@ class Problem:
             if layout != DEFAULT_LAYOUT:
                 raise ShapeError(f"malformed problem '{text}': :{layout} is for fixed-length "
                                  "problems; a packed varlen batch is dense [total, H, D] tensors")
-            qs, ks = parse_pairs(lens, str(text))
-            return cls.varlen(qs, int(hq), Hkv=int(hkv) if hkv else 0, D=d, causal=causal,
-                              seqlens_k=ks, **masks)  # type: ignore[arg-type]
-        return cls(int(b), int(hq), int(s), Hkv=int(hkv) if hkv else 0, D=d, causal=causal,
-                   Sk=sk, layout=layout, **masks)  # type: ignore[arg-type]
+            qs, ks = parse_pairs(lens, text)
+            return cls.varlen(qs, hq, Hkv=hkv, D=d, causal=causal, seqlens_k=ks,
+                              **masks)  # type: ignore[arg-type]
+        return cls(parse_count(b_t, "B ", text), hq, parse_count(s_t, "S ", text), Hkv=hkv, D=d,
+                   causal=causal, Sk=sk, layout=layout, **masks)  # type: ignore[arg-type]
 
     def __str__(self) -> str:
         heads = f"{self.Hq}" if self.Hkv == self.Hq else f"{self.Hq}/{self.Hkv}"
@@ -492,10 +513,12 @@ class Problem:
 
     @property
     def masks_text(self) -> str:
-        """The models' masks in the text form: ':w4096:cap50:sinks' (those set, in that order)."""
+        """The models' masks in the text form: ':w4096:cap50:sinks' (those set, in that order).
+        The cap in plain decimal that parses back to this very float (decimal_text): studies
+        are named by this text and resumed by parsing it."""
         text = f":w{self.window}" if self.window > 0 else ""
         if self.softcap > 0:
-            text += f":cap{self.softcap:g}"
+            text += f":cap{decimal_text(self.softcap)}"
         return text + (":sinks" if self.sinks else "")
 
     # -- cost
@@ -603,7 +626,7 @@ def as_problem(obj: object) -> Problem:
     if isinstance(obj, dict):
         try:
             return Problem.from_dict(obj)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # int(inf) overflows
             raise ShapeError(f"malformed problem {obj!r}: needs B, Hq (or H) and S") from None
     if isinstance(obj, (list, tuple)) and len(obj) == 3:
         return Problem(*(int(v) for v in obj))

@@ -7,22 +7,37 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from decimal import Decimal
 
 from tuner.errors import ShapeError
+from tuner.paging import MAX_PAGE_SIZE, MIN_PAGE_SIZE
 
 HEAD_DIMS: tuple[int, ...] = (64, 128, 256)
 DEFAULT_HEAD_DIM = 128
 NO_WINDOW = 0  # Problem.window: no sliding window (every key the mask leaves)
 
+# The options are anything between colons: parse_options says what is wrong with one (a cap in
+# exponent form, a duplicate) rather than the whole text failing to match. re.ASCII: \d is 0-9
+# only (Python's int() would take full-width and other Unicode digits).
 SHAPE_RE = re.compile(
-    r"\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+)\s*)?x\s*(\d+)\s*((?::\s*[A-Za-z0-9.]+\s*)*)",
-    re.IGNORECASE,  # the BxHxS parser before problems took '4X32X8192', so this one does too
+    r"\s*(\d+)\s*x\s*(\d+)\s*(?:/\s*(\d+)\s*)?x\s*(\d+)\s*((?::[^:]*)*)",
+    re.IGNORECASE | re.ASCII,  # the BxHxS parser before problems took '4X32X8192', so this does
 )
 VARLEN_RE = re.compile(
-    r"\s*(\d+)\s*(?:/\s*(\d+)\s*)?x\s*\[([^\]]*)\]\s*((?::\s*[A-Za-z0-9.]+\s*)*)",
-    re.IGNORECASE,
+    r"\s*(\d+)\s*(?:/\s*(\d+)\s*)?x\s*\[([^\]]*)\]\s*((?::[^:]*)*)",
+    re.IGNORECASE | re.ASCII,
 )
 MAX_SEQS = 65535  # sequences in one varlen batch (the device-side schedule's bound)
+# What the kernel's C ABI (cuda_src/fa_tune/fa_tune.h) holds: its sizes are int32, and its
+# window at most 2^30 keys (the launcher's check; params.cuh's kNoWindow).
+INT32_MAX = 2**31 - 1
+MAX_WINDOW = 2**30
+# The ABI's softcap is float32, and the launcher takes cap * log2(e) and scale / cap in float32:
+# within these bounds all three stay finite, normal numbers.
+MIN_SOFTCAP = 1e-30
+MAX_SOFTCAP = 1e30
+INT32_WHY = "2^31 - 1: the kernel's C ABI holds it as int32"
+SOFTCAP_RANGE = "from 10^-30 to 10^30 (the kernel takes it as float32)"
 SYNTAX = ("write BxHq[/Hkv]xS[:dD][:full] (:kSK for S queries over SK keys; :wW for a sliding "
            "window of W keys (a query's own and the W-1 before it), :capC for logit softcapping "
            "at C, :sinks for attention sinks; :qkv or :bhsd for q, k, v laid out as one fused "
@@ -42,23 +57,71 @@ LAYOUTS: dict[str, str] = {
 }
 
 
+def check_chars(text: str, where: str) -> None:
+    """Printable ASCII only: other digits (full-width '１') would read as numbers in some places
+    and not others, and a control character would break the one-line error."""
+    bad = next((c for c in text if not (c.isascii() and c.isprintable())), None)
+    if bad is not None:
+        raise ShapeError(f"malformed problem {where!r}: {bad!r} (U+{ord(bad):04X}) is not a plain "
+                         "ASCII character; write the problem in ASCII digits and letters, "
+                         "e.g. 4x32x8192:d64")
+
+
+def num_text(v: object) -> str:
+    """A value for an error line, short even for a huge int (str() refuses past 4300 digits)."""
+    if isinstance(v, int) and v.bit_length() > 256:
+        return f"a {v.bit_length()}-bit number"
+    return repr(v)
+
+
+def parse_count(digits: str, prefix: str, where: str, limit: int = INT32_MAX,
+                why: str = INT32_WHY) -> int:
+    """ASCII digits -> an int of at most ``limit``; else one line, ``prefix`` + the digits
+    ('S 99999999999', 'the window :w99999999999') and the limit. Checked on the text first:
+    int() of thousands of digits is slow, and refused past 4300."""
+    shown = digits if len(digits) <= 24 else f"{digits[:12]}... ({len(digits)} digits)"
+    if not (digits.isascii() and digits.isdigit()):
+        raise ShapeError(f"malformed problem '{where}': {prefix}{shown} is not a whole number "
+                         "in ASCII digits")
+    sig = digits.lstrip("0")
+    if len(sig) > len(str(limit)) or (sig and int(sig) > limit):
+        raise ShapeError(f"malformed problem '{where}': {prefix}{shown} is out of range: at most "
+                         f"{limit} ({why})")
+    return int(digits)
+
+
+def decimal_text(x: float) -> str:
+    """A float in plain decimal that reads back as exactly x: the shortest repr's digits, never
+    an exponent (the parser takes none), no trailing zeros: 50.0 -> '50', 1e-10 ->
+    '0.0000000001', 1234567.0 -> '1234567'. Values '%g' printed exactly print the same."""
+    text = format(Decimal(repr(float(x))), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def parse_pairs(text: str, where: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """'2048:8192,512:4096*2,1024' -> ((2048, 512, 512, 1024), (8192, 4096, 4096, 1024)): each
     entry a query length, optionally ':' its key length (else the same), optionally '*count'."""
+    check_chars(text, where)
     qs: list[int] = []
     ks: list[int] = []
     for part in (x.strip() for x in text.split(",")):
-        m = re.fullmatch(r"(\d+)\s*(?::\s*(\d+)\s*)?(?:\*\s*(\d+))?", part)
+        m = re.fullmatch(r"(\d+)\s*(?::\s*(\d+)\s*)?(?:\*\s*(\d+))?", part, re.ASCII)
         if not m:
             raise ShapeError(f"malformed problem '{where}': '{part}' is not a length, q:k or "
                              "length*count (e.g. [8192,4096*2] or [2048:8192,512:4096*2])")
-        count = int(m.group(3) or 1)
-        if count < 1 or count > MAX_SEQS:
+        count = parse_count(m.group(3) or "1", f"'{part}': the count ", where, MAX_SEQS,
+                            "sequences in one varlen batch")
+        if count < 1:
             raise ShapeError(f"malformed problem '{where}': count {count} in '{part}' must be "
                              f"1..{MAX_SEQS}")
-        q = int(m.group(1))
+        # Checked as the list grows: '[1*65535,1*65535,...]' must not build millions of entries.
+        if len(qs) + count > MAX_SEQS:
+            raise ShapeError(f"malformed problem '{where}': a varlen batch holds at most "
+                             f"{MAX_SEQS} sequences (got more by '{part}'); split it")
+        q = parse_count(m.group(1), "the sequence length ", where)
+        k = q if m.group(2) is None else parse_count(m.group(2), "the key length ", where)
         qs.extend([q] * count)
-        ks.extend([int(m.group(2)) if m.group(2) is not None else q] * count)
+        ks.extend([k] * count)
     return tuple(qs), tuple(ks)
 
 
@@ -100,49 +163,90 @@ class Options:
     page_size: int = 0
 
 
+# What each option sets, for the line when one is given twice.
+_SETTING_NAMES = {"d": "the head dim (:d)", "causal": "the mask (:full / :causal)",
+                  "sk": "the key length (:k)", "layout": "the layout (:qkv / :bhsd)",
+                  "window": "the window (:w)", "softcap": "the softcap (:cap)",
+                  "sinks": ":sinks", "page_size": "the page size (:p)"}
+_UNKNOWN = ("use :dD for the head dim, e.g. :d64, :full for a non-causal mask, :kSK for the key "
+            "length, e.g. :k8192, :wW for a sliding window, e.g. :w4096, :capC for logit "
+            "softcapping, e.g. :cap50, :sinks for attention sinks, :pP for a paged KV cache of "
+            "P-row pages, e.g. :p64, and :qkv or :bhsd for the memory layout")
+
+
+def _positive(opt: str, what: str, text: str, at_least: str, limit: int = INT32_MAX,
+              why: str = INT32_WHY) -> int:
+    """The number after an option's letter: ASCII digits, 1 .. limit."""
+    v = parse_count(opt[1:], f"{what} :{opt[0]}", text, limit, why)
+    if v < 1:
+        raise ShapeError(f"malformed problem '{text}': {what} :{opt} must be >= {at_least}")
+    return v
+
+
+def _softcap(opt: str, text: str) -> float:
+    digits = opt[3:]
+    if not re.fullmatch(r"\d+(\.\d*)?", digits, re.ASCII):
+        raise ShapeError(f"malformed problem '{text}': the softcap :{opt} must be a plain decimal "
+                         "number, e.g. :cap50 or :cap0.5 (no sign, no exponent)")
+    cap = float(digits)  # a decimal of any length reads as the nearest float: never an error
+    if not cap > 0:
+        raise ShapeError(f"malformed problem '{text}': the softcap :{opt} must be > 0 "
+                         "(leave :cap out for no softcapping)")
+    if not MIN_SOFTCAP <= cap <= MAX_SOFTCAP:
+        raise ShapeError(f"malformed problem '{text}': the softcap :{opt} is out of range: "
+                         f"{SOFTCAP_RANGE}; models use tens, e.g. :cap50")
+    return cap
+
+
+def _option(opt: str, text: str) -> tuple[str, object]:
+    """One ':...' option (lower case) -> (the Options field it sets, its value)."""
+    if opt in LAYOUTS:
+        return "layout", opt
+    if opt in ("full", "noncausal", "non-causal", "causal"):
+        return "causal", opt == "causal"
+    if opt == "sinks":
+        return "sinks", True
+    if opt.startswith("cap"):
+        return "softcap", _softcap(opt, text)
+    if re.fullmatch(r"[dkwp]\d+", opt, re.ASCII):
+        letter = opt[0]
+        if letter == "d":  # HEAD_DIMS is checked by Problem, with the choices in its line
+            return "d", _positive(opt, "the head dim", text, "1 (e.g. :d64)")
+        if letter == "k":
+            return "sk", _positive(opt, "the key length", text,
+                                   "1 (leave :k out for as many keys as queries)")
+        if letter == "w":
+            return "window", _positive(opt, "the window", text,
+                                       "1 key (leave :w out for no window)", MAX_WINDOW,
+                                       "2^30 keys, the kernel's widest window")
+        # The power of two is checked by Problem (tuner.paging), with the range in its line.
+        return "page_size", _positive(
+            opt, "the page size", text, "1 row (leave :p out for K and V without pages)",
+            MAX_PAGE_SIZE,
+            f"a power of two from {MIN_PAGE_SIZE} to {MAX_PAGE_SIZE} rows")
+    raise ShapeError(f"malformed problem '{text}': unknown option ':{opt}' ({_UNKNOWN})")
+
+
 def parse_options(opts: str, text: str) -> Options:
-    d, causal, sk, layout = DEFAULT_HEAD_DIM, True, 0, DEFAULT_LAYOUT
-    window, softcap, sinks, page_size = NO_WINDOW, 0.0, False, 0
-    for opt in (o.strip().lower() for o in opts.split(":") if o.strip()):
-        if opt in LAYOUTS:
-            if layout != DEFAULT_LAYOUT and opt != layout:
-                raise ShapeError(f"malformed problem '{text}': give one layout (:{layout} and "
+    """':d64:full:w128' -> Options. Each setting at most once: a repeat would silently take the
+    last one (':d64:d128'), so it is refused, as two masks or two layouts are."""
+    check_chars(opts, text)
+    given: dict[str, str] = {}  # Options field -> the option that set it
+    values: dict[str, object] = {}
+    for raw in opts.split(":")[1:]:  # opts is '' or starts with ':'
+        opt = raw.strip().lower()
+        if not opt:
+            raise ShapeError(f"malformed problem '{text}': an empty option (a ':' with nothing "
+                             "after it); drop the extra ':'")
+        name, value = _option(opt, text)
+        if name in given:
+            prev = given[name]
+            if name in ("causal", "layout") and prev != opt:
+                what = "mask" if name == "causal" else "layout"
+                raise ShapeError(f"malformed problem '{text}': give one {what} (:{prev} and "
                                  f":{opt})")
-            layout = opt
-        elif opt in ("full", "noncausal", "non-causal"):
-            causal = False
-        elif opt == "causal":
-            causal = True
-        elif opt == "sinks":
-            sinks = True
-        elif re.fullmatch(r"d\d+", opt):
-            d = int(opt[1:])
-        elif re.fullmatch(r"k\d+", opt):
-            sk = int(opt[1:])
-            if sk < 1:
-                raise ShapeError(f"malformed problem '{text}': the key length :k{sk} must be "
-                                 ">= 1 (leave :k out for as many keys as queries)")
-        elif re.fullmatch(r"w\d+", opt):
-            window = int(opt[1:])
-            if window < 1:
-                raise ShapeError(f"malformed problem '{text}': the window :w{window} must be "
-                                 ">= 1 key (leave :w out for no window)")
-        elif re.fullmatch(r"p\d+", opt):
-            page_size = int(opt[1:])
-            if page_size < 1:
-                raise ShapeError(f"malformed problem '{text}': the page size :p{page_size} must "
-                                 "be >= 1 row (leave :p out for K and V without pages)")
-        elif re.fullmatch(r"cap\d+(\.\d*)?", opt):
-            softcap = float(opt[3:])
-            if not softcap > 0:
-                raise ShapeError(f"malformed problem '{text}': the softcap :{opt} must be > 0 "
-                                 "(leave :cap out for no softcapping)")
-        else:
-            raise ShapeError(
-                f"malformed problem '{text}': unknown option ':{opt}' (use :dD for the head "
-                "dim, e.g. :d64, :full for a non-causal mask, :kSK for the key length, e.g. "
-                ":k8192, :wW for a sliding window, e.g. :w4096, :capC for logit softcapping, "
-                "e.g. :cap50, :sinks for attention sinks, :pP for a paged KV cache of P-row "
-                "pages, e.g. :p64, and :qkv or :bhsd for the memory layout)"
-            )
-    return Options(d, causal, sk, layout, window, softcap, sinks, page_size)
+            raise ShapeError(f"malformed problem '{text}': {_SETTING_NAMES[name]} is given twice "
+                             f"(:{prev} and :{opt}); give each option once")
+        given[name] = opt
+        values[name] = value
+    return Options(**values)  # type: ignore[arg-type]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -83,6 +84,12 @@ def user_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except FaTuneError as e:
             fail(str(e), e.exit_code)
+        except OSError as e:  # a path the user gave (or set in the environment) that won't do
+            where = f"{e.filename}: " if e.filename else ""
+            home = os.environ.get("FA_TUNE_STUDIES")
+            if home and str(e.filename or "").startswith(str(Path(home).expanduser())):
+                where = f"FA_TUNE_STUDIES={home}: {where}"  # the user may not know it is set
+            fail(f"{where}{e.strerror or e}; check the path and its permissions", 2)
 
     return wrapper  # type: ignore[return-value]
 
@@ -146,7 +153,8 @@ TimeoutOpt = Annotated[
 ]
 SamplerOpt = Annotated[str, typer.Option("--sampler", help="tpe | random | grid | cmaes.")]
 SeedOpt = Annotated[int | None, typer.Option(
-    "--seed", help="Sampler seed (with --gpus, GPU i's worker samples with seed + i).")]
+    "--seed", min=0, max=2**32 - 1,
+    help="Sampler seed (with --gpus, GPU i's worker samples with seed + i).")]
 JobsOpt = Annotated[int | None, typer.Option(
     "--jobs", "-j", min=1, help="Parallel nvcc (default: cores; with --gpus, split evenly).")]
 DeviceOpt = Annotated[int | None, typer.Option(min=0, help="CUDA device index (default 0).")]

@@ -31,7 +31,7 @@ from tuner.cli.common import (
 from tuner.errors import BundleError, ConfigError
 from tuner.kernel import build as build_mod
 from tuner.kernel.config import list_presets, load_config, load_preset, smem_bytes
-from tuner.kernel.support import check_problems
+from tuner.kernel.support import check_class, check_problems
 from tuner.measure import runner, timing
 from tuner.problem import DEFAULT_HEAD_DIM, HEAD_DIMS, ProblemClass, parse_problems
 
@@ -63,6 +63,7 @@ def build(
         pclass = check_problems(cfg, parse_problems([shape]))
     else:
         pclass = ProblemClass(head_dim or DEFAULT_HEAD_DIM, not full)
+        check_class(cfg, pclass)
     head_dim = pclass.head_dim
     [outcome] = build_mod.build_many([cfg], jobs=jobs, pclass=pclass)
     if outcome.error is not None:
@@ -221,6 +222,25 @@ def _pip(args: list[str], what: str) -> None:
         raise BundleError(f"{what} failed: {lines[0].strip() if lines else p.returncode}")
 
 
+# What the wheel is built from (pyproject.toml, setup.py and the data folders setup.py copies).
+WHEEL_SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "tuner", "templates",
+                 "cuda_src", "search_spaces", "workloads")
+
+
+def _wheel_sources(dest: Path) -> Path:
+    """A copy of the checkout's wheel sources in ``dest`` (no caches, no build leftovers)."""
+    root = _paths.data_root()
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "*.so")
+    dest.mkdir(parents=True)
+    for name in WHEEL_SOURCES:
+        p = root / name
+        if p.is_dir():
+            shutil.copytree(p, dest / name, ignore=skip)
+        elif p.is_file():
+            shutil.copy2(p, dest / name)
+    return dest
+
+
 # Extras a wheelhouse may carry (pyproject's optional dependencies that GPU hosts run with).
 BUNDLE_EXTRAS = ("postgres", "peers", "torch", "hf")
 
@@ -246,12 +266,27 @@ def bundle(
         raise BundleError(f"{out} exists and is not an empty folder; choose a new --out")
     if not _paths.is_source_checkout() or not (_paths.data_root() / "pyproject.toml").is_file():
         raise BundleError("bundle builds fa-tune's wheel and needs a source checkout of fa-tune")
-    out.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    if not out.exists():
+        from tuner.ship.export import out_problem
+
+        why = out_problem(out)
+        if why is not None:
+            raise BundleError(f"{why}; choose another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BundleError(f"cannot create {out}: {e.strerror or e}; choose another --out"
+                          ) from None
+    with tempfile.TemporaryDirectory(prefix="fa-tune-bundle-") as tmp:
         console.print("building the fa-tune wheel ...")
-        _pip(["wheel", str(_paths.data_root()), "--no-deps", "-w", tmp], "pip wheel")
-        [whl] = list(Path(tmp).glob("fa_tune-*.whl"))
-        shutil.copy2(whl, out / whl.name)
+        # From a copy: a build in the checkout would leave build/ and fa_tune.egg-info there.
+        src = _wheel_sources(Path(tmp) / "src")
+        _pip(["wheel", str(src), "--no-deps", "-w", str(Path(tmp) / "wheel")], "pip wheel")
+        [whl] = list((Path(tmp) / "wheel").glob("fa_tune-*.whl"))
+        try:
+            shutil.copy2(whl, out / whl.name)
+        except OSError as e:
+            raise BundleError(f"cannot write {out / whl.name}: {e.strerror or e}") from None
     console.print(f"downloading dependencies for CPython {python} manylinux x86_64 ...")
     plat = [a for p in BUNDLE_PLATFORMS for a in ("--platform", p)]
     req = str(out / whl.name) + (f"[{','.join(extras)}]" if extras else "")

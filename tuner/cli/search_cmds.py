@@ -188,6 +188,19 @@ def _run_compile_only(*, study: str, space: Any, shapes: list[Problem], storage:
         raise typer.Exit(130)
 
 
+def _check_options(trials: int | None, timeout: str | None, sampler: str, device: int | None,
+                   gpus: str | None) -> tuple[float | None, list[int]]:
+    """The budget and the devices, or the first bad option's one line (before any study)."""
+    budget = parse_duration(timeout)
+    if trials is None and budget is None:
+        raise SearchError("give --trials N and/or --timeout DURATION")
+    if sampler not in SAMPLERS:
+        raise SearchError(f"unknown sampler '{sampler}'; choose one of {', '.join(SAMPLERS)}")
+    if gpus is not None and device is not None:
+        raise SearchError("give --device or --gpus, not both")
+    return budget, fleet.parse_gpus(gpus) if gpus is not None else [device or 0]
+
+
 def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str | None,
                 trials: int | None, timeout: str | None, sampler: str, seed: int | None,
                 jobs: int | None, device: int | None, gpus: str | None,
@@ -196,14 +209,7 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
                 problem_class: ProblemClass | None = None,
                 artifacts: str | None = None) -> None:
     """One worker in this process (one GPU), or a fleet of them (--gpus with several)."""
-    budget = parse_duration(timeout)
-    if trials is None and budget is None:
-        raise SearchError("give --trials N and/or --timeout DURATION")
-    if sampler not in SAMPLERS:
-        raise SearchError(f"unknown sampler '{sampler}'; choose one of {', '.join(SAMPLERS)}")
-    if gpus is not None and device is not None:
-        raise SearchError("give --device or --gpus, not both")
-    devices = fleet.parse_gpus(gpus) if gpus is not None else [device or 0]
+    budget, devices = _check_options(trials, timeout, sampler, device, gpus)
     kwargs: dict[str, Any] = dict(
         study=study, space=space, shapes=shapes, storage=storage, n_trials=trials,
         timeout_s=budget, sampler=sampler, seed=seed, jobs=jobs,
@@ -376,7 +382,7 @@ def tune(
     """Search every bucket of a workload, one study each (<workload>-<bucket>), in turn; the
     same command resumes them. Then export the workload's library from those studies."""
 
-    parse_duration(timeout)  # a bad budget is one line before any bucket starts
+    _check_options(trials, timeout, sampler, device, gpus)  # one line before any bucket starts
     w = workload_mod.load_workload(workload)
     plans = w.plan(max_problems)
     names = [p.bucket.name for p in plans]

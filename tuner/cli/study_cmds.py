@@ -61,7 +61,9 @@ def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> 
         rows, verdict = best_rows(trials, shape, top), None
     if not rows:
         raise SearchError(f"study '{study}' has no completed trial"
-                          + (f" measured on {shape}" if shape else ""))
+                          + (f" measured on {shape}" if shape else "")
+                          + f"; `fa-tune show trials --study {study}` says why, `fa-tune search "
+                          f"--study {study}` measures more")
     shapes = list(rows[0]["shapes"])
     t = Table(title=f"study {study}: best {len(rows)}" + (f" on {shape}" if shape else ""))
     for col in ("trial", "config", "geomean TFLOPS", "confirmed", *shapes, *ERR_COLUMNS,
@@ -104,6 +106,8 @@ def show(
     top: Annotated[int, typer.Option("--top", min=1, help="How many configs.")] = 5,
 ) -> None:
     """Read a study: best configs, all trials, knob importances (fANOVA), PNG plots."""
+    if shape is not None and what != "best":
+        raise SearchError(f"--shape ranks `show best`; `show {what}` takes none")
     if what == "best":
         _show_best(study, storage, shape, top)
         _print_profiles(study_trials(study, storage)[1])
@@ -147,6 +151,8 @@ def show(
             return
         if paths:
             console.print(f"plots: {paths[0].parent} ({len(paths)} PNG files)", soft_wrap=True)
+        elif what == "plots":
+            console.print(f"no plots: study {study} has no completed trial yet", markup=False)
 
 
 @user_errors

@@ -26,6 +26,7 @@ from tuner.errors import ConfigError
 from tuner.kernel import knobs
 from tuner.kernel.knobs import Knob, knob
 from tuner.problem import DEFAULT_HEAD_DIM, HEAD_DIMS, ProblemClass
+from tuner.yaml_file import load_yaml, parse_yaml
 
 HEAD_DIM = DEFAULT_HEAD_DIM  # the head dim studies meant before the kernel family
 ELEM_BYTES = 2  # BF16
@@ -290,24 +291,12 @@ class KernelConfig:
 
     @classmethod
     def from_yaml_text(cls, text: str, source: str = "<config>") -> KernelConfig:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            line = f" line {mark.line + 1}:" if mark is not None else ""
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise ConfigError(f"{source}: cannot parse YAML:{line} {problem}") from None
-        return cls.from_dict(data, source=source)
+        return cls.from_dict(parse_yaml(text, source, ConfigError), source=source)
 
     @classmethod
     def load(cls, path: str | Path) -> KernelConfig:
         """Load a config file (YAML, which includes JSON)."""
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except OSError as e:
-            raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from None
-        return cls.from_yaml_text(text, source=str(p))
+        return cls.from_dict(load_yaml(path, "config file", ConfigError), source=str(path))
 
     # ---- the template contract -----------------------------------------------------------
     def cpp_constants(self) -> dict[str, str]:

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import yaml
+
 from tuner.errors import ConfigError
 
 KNOB_METADATA = "knob"  # the dataclasses.field metadata key knob() writes
@@ -61,11 +63,30 @@ class Knob:
         else:
             ok = isinstance(value, str) and value in self.choices
         if not ok:
+            # '128' and 128 print alike: say when the type is what is wrong (YAML quotes).
+            want = {"bool": "bool", "int": "int"}.get(self.kind, "str")
+            kind = type(value).__name__
+            got = fmt(value)
+            if kind != want:
+                got += f", {'an' if kind[0] in 'aeiou' else 'a'} {kind}"
+                if kind == "str" and self._unquoted_ok(value):
+                    got += ": write it without quotes"
             raise ConfigError(
                 f"knob '{self.name}' must be {'one of ' if not self.range_text else ''}"
-                f"{self.allowed_text()} (got {fmt(value)})"
+                f"{self.allowed_text()} (got {got})"
             )
         return value
+
+    def _unquoted_ok(self, text: str) -> bool:
+        """Whether ``text`` without its YAML quotes would be an allowed value."""
+        try:
+            value = yaml.safe_load(text)
+            if isinstance(value, str):
+                return False  # still a string: quotes are not what is wrong
+            self.check(value)
+        except (ConfigError, yaml.YAMLError):
+            return False
+        return True
 
     # ---- the template contract -----------------------------------------------------------
     def cpp_decl_type(self) -> str:

@@ -113,6 +113,34 @@ def check_runnable(problems: Iterable[Problem]) -> ProblemClass:
     return class_of(problems)
 
 
+def _fits(cfg: KernelConfig, head_dim: int, causal: bool) -> bool:
+    try:
+        validate(cfg, head_dim, causal)
+    except ConfigError:
+        return False
+    return True
+
+
+def check_class(cfg: KernelConfig, pclass: ProblemClass) -> None:
+    """validate(cfg) for the class's head dim and mask; its ConfigError names that head dim's
+    default preset and, at the default head dim, another head dim cfg fits (`--preset d64` on
+    the default problems is the usual cause)."""
+    try:
+        validate(cfg, pclass.head_dim, pclass.causal)
+    except ConfigError as e:
+        d = pclass.head_dim
+        # At the default head dim the user may not have named one: the config may be made for
+        # another. At another, they chose it: its default preset is the hint.
+        fits = [o for o in DEFAULT_PRESETS if d == HEAD_DIM and o != d
+                and _fits(cfg, o, pclass.causal)]
+        other = (f"; this config fits head dim {fits[0]}: give --head-dim {fits[0]} or "
+                 f":d{fits[0]} problems") if fits else ""
+        if d != HEAD_DIM or fits:
+            raise ConfigError(f"{e} (for head dim {d} problems; preset "
+                              f"'{DEFAULT_PRESETS[d]}' is the default there{other})") from None
+        raise
+
+
 def check_problems(cfg: KernelConfig, problems: Iterable[Problem]) -> ProblemClass:
     """check_problem for each (the first one the kernel cannot run raises), one problem class
     (head dim and mask) for all of them (a kernel library serves one: class_of), and cfg valid
@@ -121,14 +149,7 @@ def check_problems(cfg: KernelConfig, problems: Iterable[Problem]) -> ProblemCla
     for p in problems:
         check_problem(cfg, p)
     pclass = class_of(problems)
-    try:
-        validate(cfg, pclass.head_dim, pclass.causal)
-    except ConfigError as e:
-        d = pclass.head_dim
-        if d != HEAD_DIM:
-            raise ConfigError(f"{e} (for head dim {d} problems; preset "
-                              f"'{DEFAULT_PRESETS[d]}' is the default there)") from None
-        raise
+    check_class(cfg, pclass)
     if pclass.varlen:  # its own hint: the default preset may be the config it refuses
         check_varlen(cfg, pclass.head_dim)
     return pclass

@@ -1,7 +1,7 @@
 """Compiled kernels shared between the hosts of one study through Optuna's artifact store
 (issue 38): ``fa-tune search`` / ``fa-tune worker --artifacts URL`` (a folder every host mounts,
-``file:///path`` or a plain path; or ``s3://bucket`` for S3-compatible object storage, with
-boto3 installed and its usual credentials).
+``file:///path`` or a plain path, which must exist; or ``s3://bucket`` for S3-compatible object
+storage, with boto3 installed and its usual credentials).
 
 A build cache miss (tuner.kernel.build) asks ``StudyArtifacts.fetch`` for the entry before
 compiling; a compile is offered to ``publish``. Each artifact is one tar of a cache entry
@@ -14,6 +14,7 @@ it cannot verify. Anything that goes wrong with the store costs a compile, never
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import threading
 from collections.abc import Callable
@@ -26,24 +27,43 @@ from tuner.kernel.shared_cache import ShareError, pack, sha256_bytes, unpack
 PREFIX = "fa-tune-kernel-"
 
 
+STORE_FORMS = "a folder every host mounts (a path or file:///path) or s3://bucket"
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
 def open_store(url: str) -> Any:
-    """The artifact store a URL names: ``s3://bucket`` (Boto3ArtifactStore), else a folder
-    (``file:///path`` or a path; made if missing)."""
+    """The artifact store a URL names: ``s3://bucket`` (Boto3ArtifactStore), else an existing
+    folder (``file:///path`` or a path). Any other scheme is refused, and so is a folder that
+    does not exist: every host mounts the share, so a missing one is a typo or an unmounted
+    share, and making it would keep this host's kernels to itself."""
     import optuna.artifacts as oa
 
-    if url.startswith("s3://"):
+    m = _SCHEME.match(url)
+    scheme = m.group(1).lower() if m else None
+    if scheme == "s3":
         bucket = url[len("s3://"):].strip("/")
-        if not bucket:
-            raise SearchError("--artifacts s3:// needs a bucket, e.g. s3://my-kernels")
+        if not bucket or "/" in bucket:
+            raise SearchError(f"--artifacts {url}: give s3://BUCKET (a bucket name alone, e.g. "
+                              "s3://my-kernels)")
         try:
             return oa.Boto3ArtifactStore(bucket)
         except Exception as e:  # noqa: BLE001 - boto3 missing or unconfigured
             raise SearchError(f"cannot open the artifact store {url}: {e}") from None
-    path = Path(url[len("file://"):] if url.startswith("file://") else url).expanduser()
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise SearchError(f"cannot use {path} as the artifact store: {e.strerror or e}") from None
+    if scheme not in (None, "file"):
+        raise SearchError(f"--artifacts {url}: the {scheme}:// scheme is not supported; give "
+                          f"{STORE_FORMS}")
+    text = url[len("file://"):] if scheme == "file" else url
+    if scheme == "file" and not text.startswith("/"):
+        raise SearchError(f"--artifacts {url}: a file URL names an absolute path, e.g. "
+                          "file:///mnt/kernels")
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        what = "is not a folder" if path.exists() else "does not exist"
+        raise SearchError(f"--artifacts {path} {what}: the store is a folder every host of the "
+                          "study mounts; create it (or mount the share) and run again")
+    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        raise SearchError(f"--artifacts {path} is not readable and writable here; fix its "
+                          "permissions or give another folder")
     return oa.FileSystemArtifactStore(str(path))
 
 

@@ -177,7 +177,7 @@ class Fleet:
     def worker_kwargs(self, i: int) -> dict[str, Any]:
         kw = dict(self.kwargs)
         kw.update(device_index=self.devices[i], jobs=self.jobs[i], n_trials=self.trials[i],
-                  seed=None if self.seed is None else int(self.seed) + i)
+                  seed=None if self.seed is None else (int(self.seed) + i) % 2**32)
         return kw
 
     def prepare(self) -> str:

@@ -200,6 +200,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
 
         self.allow_mixed_gpus = allow_mixed_gpus
         self.grace_s = grace_s or GRACE_S
+        store = open_store(artifacts) if artifacts else None  # refused before any database
         self.storage = open_storage(self.url, heartbeat_s=heartbeat_s, grace_s=grace_s,
                                     notify=self._storage_note)
         samp = make_sampler(sampler, seed, space, accept=self._acceptable)
@@ -212,8 +213,8 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             raise SearchError(f"cannot create study '{study}': {e}") from None
         self._check_study_attrs()
         # Kernels shared with the study's other hosts (tuner.search.artifacts), if named.
-        self.artifacts = None if not artifacts else StudyArtifacts(
-            self.study, open_store(artifacts), lambda text: self.progress.event(text))
+        self.artifacts = None if store is None else StudyArtifacts(
+            self.study, store, lambda text: self.progress.event(text))
         self.worker = GpuWorker(worker_entry, device_index, tick=self._tick_measuring,
                                 background=self._ask_while_gpu_works)
         self.stops = StopSignals(self._emit)

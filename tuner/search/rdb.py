@@ -14,6 +14,8 @@ on top, for workers that run for hours against one database:
   was committed is lost: a failed call rolled back, and a state change whose commit may have
   reached the server before the connection died is recognised on retry (the trial is already
   in that state). Only a storage that opened once retries: a wrong URL is one line at once.
+  An SQLite error that is not about reaching the file (no such table or column, not a
+  database, read-only, malformed) is no outage either: one SearchError line at once.
 * **Heartbeat.** ``TrialHeartbeat`` records a heartbeat for every trial its process holds open
   (Optuna's RDB heartbeat, the one ``study.optimize`` uses) and, each beat, fails the study's
   stale trials, whose worker stopped beating for ``grace_period`` seconds (kill -9, host lost),
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sqlite3
 import sys
 import threading
 import time
@@ -53,21 +56,72 @@ def notify_stderr(text: str) -> None:
     sys.stderr.flush()
 
 
+# SQLite errors worth waiting out: another process holds the lock past the busy timeout, or
+# the file (which opened before: only a ready storage retries) is briefly out of reach.
+SQLITE_TRANSIENT = ("database is locked", "database table is locked", "database is busy",
+                    "unable to open database file", "disk i/o error", "locking protocol")
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return (lines[0] if lines else type(e).__name__)[:200]
+
+
+def error_chain(e: BaseException | None) -> list[BaseException]:
+    """e and the exceptions it chains from, outermost first."""
+    out: list[BaseException] = []
+    while e is not None and all(e is not x for x in out):
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
 def connection_lost(e: BaseException | None) -> str | None:
     """The first line of why the database could not be reached, if that is what ``e`` (or an
-    exception it chains from) says; None for any other error."""
+    exception it chains from) says; None for any other error. An SQLite error counts only if
+    it is one of SQLITE_TRANSIENT: "no such table" on a wrong file would never heal."""
     from sqlalchemy import exc as sa
 
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, (sa.OperationalError, sa.InterfaceError, sa.DisconnectionError)) or (
-                isinstance(e, sa.DBAPIError) and e.connection_invalidated):
-            orig = getattr(e, "orig", None) or e
-            lines = [ln.strip() for ln in str(orig).splitlines() if ln.strip()]
-            return (lines[0] if lines else type(orig).__name__)[:200]
-        e = e.__cause__ or e.__context__
+    for x in error_chain(e):
+        if isinstance(x, (sa.OperationalError, sa.InterfaceError, sa.DisconnectionError)) or (
+                isinstance(x, sa.DBAPIError) and x.connection_invalidated):
+            orig = getattr(x, "orig", None) or x
+            why = _first_line(orig)
+            if isinstance(orig, sqlite3.Error) and \
+                    not any(t in why.lower() for t in SQLITE_TRANSIENT):
+                return None
+            return why
     return None
+
+
+def sqlite_unusable(e: BaseException | None) -> str | None:
+    """The first line of an SQLite error that says the file is no study database fa-tune can
+    use (wrong schema, not a database, read-only, corrupt), if ``e`` is, or wraps, one; None
+    for any other error. Optuna's own exceptions (a duplicated study: an IntegrityError
+    underneath) and the transient ones are not."""
+    import optuna.exceptions
+    from sqlalchemy import exc as sa
+
+    if not isinstance(e, (sa.SQLAlchemyError, optuna.exceptions.StorageInternalError)):
+        return None
+    for x in error_chain(e):
+        orig = getattr(x, "orig", None)
+        if isinstance(x, sa.DBAPIError) and isinstance(orig, sqlite3.DatabaseError) \
+                and not isinstance(orig, sqlite3.IntegrityError):
+            why = _first_line(orig)
+            return None if any(t in why.lower() for t in SQLITE_TRANSIENT) else why
+    return None
+
+
+def unusable_hint(why: str) -> str:
+    """What to do about a sqlite_unusable error."""
+    low = why.lower()
+    if "readonly" in low or "read-only" in low:
+        return "fa-tune must write to it: check the file's and its folder's permissions"
+    if "not a database" in low or "malformed" in low:
+        return "it is not an SQLite study database: give the URL of a study fa-tune created"
+    return ("it is not an Optuna study database fa-tune created: give the URL of one, or a new "
+            "file such as sqlite:////abs/path/study.db")
 
 
 def _retrying(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -90,6 +144,10 @@ def _retrying(fn: Callable[..., Any]) -> Callable[..., Any]:
             except Exception as e:
                 lost = connection_lost(e)
                 if lost is None:
+                    bad = sqlite_unusable(e)
+                    if bad is not None:
+                        raise SearchError(f"storage {self.display_url} cannot be used ({bad}); "
+                                          f"{unusable_hint(bad)}") from None
                     raise
                 why = lost
                 now = time.monotonic()
@@ -138,7 +196,7 @@ class ResilientRDBStorage(RDBStorage):
         return SearchError(
             f"storage {self.display_url} unreachable ({why})"
             + (f" for {waited_s:.0f} s" if waited_s else "")
-            + "; every trial told before is stored; start the worker again when it is back"
+            + "; every trial told before is stored; run the command again when it is back"
         )
 
     def _back(self, t0: float) -> None:

@@ -56,13 +56,18 @@ class SharedStudy:
         shapes = [str(s) for s in self.shapes]
         space = self.space.to_dict()
         if "shapes" in attrs and _canonical(attrs["shapes"]) != shapes:
+            # The first problem is the screen's: the order is part of the study.
+            same = sorted(_canonical(attrs["shapes"])) == sorted(shapes)
             raise SearchError(
                 f"study '{self.study_name}' searches shapes {', '.join(attrs['shapes'])}; give "
-                f"the same --shape options or a new --study name"
+                + ("them in that order" if same else "the same --shape options")
+                + " or a new --study name"
             )
         if "space" in attrs and not _same_space(attrs["space"], _jsonable(space)):
+            was = attrs.get("space_source")
             raise SearchError(
-                f"study '{self.study_name}' was created with another search space; give the "
+                f"study '{self.study_name}' was created with another search space"
+                + (f" ({was})" if was else "") + f", not {self.space.source}; give the "
                 f"same --space or a new --study name"
             )
         if "shapes" not in attrs:

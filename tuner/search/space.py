@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tuner import _paths
 from tuner.errors import ConfigError
 from tuner.kernel.config import KNOBS, KernelConfig
 from tuner.problem_class import ProblemClass
+from tuner.yaml_file import load_yaml
 
 
 @dataclass(frozen=True)
@@ -182,14 +181,5 @@ def load_space(name_or_path: str | Path = "default") -> SearchSpace:
     p = Path(name_or_path)
     if not p.suffix and not p.exists():
         p = _paths.search_spaces_dir() / f"{name_or_path}.yaml"
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError(f"cannot read search space {p}: {e.strerror or e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" line {mark.line + 1}:" if mark is not None else ""
-        raise ConfigError(f"{p}: cannot parse YAML:{line} {getattr(e, 'problem', e)}") from None
+    data = load_yaml(p, "search space", ConfigError)
     return space_from_dict(data, source=str(p))

@@ -10,11 +10,20 @@ SQLAlchemy URL Optuna's RDBStorage takes works (PostgreSQL for several hosts; ``
 uses the installed driver). Every storage opened here retries its calls while the database is
 unreachable, and a search's also heartbeats its trials (tuner/search/rdb.py). "Best" always means
 the highest ``confirmed`` number (the full protocol, tuner/search/policy.py) over COMPLETE trials.
+
+A storage URL is checked before Optuna sees it (check_storage_url): a bare path, an in-memory
+SQLite database (a study there is lost at exit) and URL arguments pysqlite would ignore are one
+line. Commands that only read a study (load_existing_study) never write to the database they
+are pointed at: an SQLite file is read first, read-only, and one that is missing, empty, no
+SQLite database or without Optuna's tables is one line naming the file, left as it was.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,6 +67,15 @@ def quiet_optuna() -> None:
     # notes and its advice to use study.optimize would print on every ask and every beat.
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+    # RDBStorage logs any error of its batched trial read (with the SQL, several lines) before
+    # its slower fallback, which raises the same error again if it is real: one line is ours.
+    rdb_log = logging.getLogger("optuna.storages._rdb.storage")
+    if _drop_fallback_note not in rdb_log.filters:
+        rdb_log.addFilter(_drop_fallback_note)
+
+
+def _drop_fallback_note(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Caught an error from sqlalchemy")
 
 
 def driver_url(url: str) -> str:
@@ -76,25 +94,186 @@ def driver_url(url: str) -> str:
                       "pip install 'fa-tune[postgres]'")
 
 
+# ---- checking a storage URL before Optuna opens it --------------------------------------------
+URL_FORMS = ("sqlite:////abs/path/study.db (SQLite: four slashes before an absolute path) or "
+             "postgresql://user:password@host/db")
+# Query arguments pysqlite itself takes; any other is ignored (with a SAWarning) unless uri=true.
+_PYSQLITE_ARGS = {"timeout", "isolation_level", "detect_types", "check_same_thread",
+                  "cached_statements", "uri"}
+# Tables an Optuna storage has once RDBStorage set it up (create_all, then its version
+# records): with all three, opening it writes nothing.
+_OPTUNA_TABLES = {"studies", "version_info", "alembic_version"}
+
+
+def check_storage_url(url: str) -> Any:
+    """The parsed SQLAlchemy URL, else one SearchError line: not a URL (a bare path), an
+    in-memory SQLite database, or SQLite URL arguments pysqlite would ignore."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        u = make_url(url) if "://" in url else None
+    except Exception:  # noqa: BLE001 - sqlalchemy's ArgumentError and friends
+        u = None
+    if u is None:
+        hint = (f"for the SQLite file {os.path.abspath(url)} give "
+                f"sqlite:///{os.path.abspath(url)}" if url and "://" not in url else
+                f"give {URL_FORMS}")
+        raise SearchError(f"storage '{redact(url)}' is not a database URL: {hint}")
+    if u.get_backend_name() != "sqlite":
+        return u
+    uri = str(u.query.get("uri", "")).lower() in ("1", "true")
+    db = u.database or ""
+    if db in ("", ":memory:") or (uri and (db.startswith("file::memory:") or
+                                          u.query.get("mode") == "memory")):
+        raise SearchError(f"storage {url} is an in-memory SQLite database: a study there is lost "
+                          "when fa-tune exits; give a file, e.g. sqlite:////abs/path/study.db")
+    ignored = sorted(set(u.query) - _PYSQLITE_ARGS)
+    if ignored and not uri:
+        raise SearchError(
+            f"storage {url}: SQLite URL argument(s) {', '.join(ignored)} would be ignored "
+            f"without uri=true; give sqlite:///{os.path.abspath(db)} (commands that only read "
+            "a study never write to it), or the SQLite URI form sqlite:///file:/abs/path.db"
+            "?mode=ro&uri=true")
+    return u
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file an SQLite storage URL names, as given (relative to the current folder when
+    the URL has three slashes); None for any other database."""
+    from urllib.parse import unquote, urlsplit
+
+    u = check_storage_url(url)
+    if u.get_backend_name() != "sqlite":
+        return None
+    db = u.database or ""
+    if db.startswith("file:") and str(u.query.get("uri", "")).lower() in ("1", "true"):
+        db = unquote(urlsplit(db).path)
+    return Path(db)
+
+
+def _where(path: Path) -> str:
+    """The file's absolute path, and how a relative one came about."""
+    if path.is_absolute():
+        return str(path)
+    return (f"{os.path.abspath(path)} (sqlite:/// then a relative path is relative to the "
+            f"current folder; four slashes for an absolute path: sqlite:////abs/path.db)")
+
+
+def _sqlite_tables(path: Path) -> dict[str, set[str]]:
+    """The tables of an SQLite file and their column names, read without writing anything
+    (not even the -wal/-shm files a WAL-mode file gets from a plain reader); SearchError if
+    the file is no SQLite database or cannot be read."""
+    from urllib.parse import quote
+
+    try:
+        with path.open("rb") as f:
+            head = f.read(100)
+    except OSError as e:
+        raise SearchError(f"cannot read {_where(path)}: {e.strerror or e}") from None
+    if not head.startswith(b"SQLite format 3\x00"):
+        raise SearchError(f"{_where(path)} is not an SQLite database; give the URL of a study "
+                          "database (sqlite:////abs/path/study.db)")
+    # A WAL-mode file without a -wal file has no open connection and all its data in the file
+    # itself: read it as immutable (a mode=ro reader would create -wal and -shm next to it).
+    idle_wal = len(head) > 18 and head[18] == 2 and not Path(f"{path}-wal").exists()
+    uri = f"file:{quote(str(path.resolve()))}?mode=ro" + ("&immutable=1" if idle_wal else "")
+    try:
+        con = sqlite3.connect(uri, uri=True, timeout=10)
+        try:
+            names = [str(r[0]) for r in con.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")]
+            return {n: {str(c[1]) for c in con.execute("SELECT * FROM pragma_table_info(?)",
+                                                       (n,))} for n in names}
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        raise SearchError(f"cannot read the SQLite database {_where(path)} ({e}); give the URL "
+                          "of a study database fa-tune created") from None
+
+
+def _not_optunas(tables: dict[str, set[str]]) -> list[str]:
+    """Tables named as Optuna's but without the key columns Optuna's have always had (another
+    application's ``studies``, say)."""
+    from optuna.storages._rdb import models
+
+    keys = {name: {c.name for c in t.primary_key.columns}
+            for name, t in models.BaseModel.metadata.tables.items()}
+    keys["alembic_version"] = {"version_num"}
+    return sorted(n for n, cols in tables.items() if n in keys and not keys[n] <= cols)
+
+
+def check_study_file(url: str, study: str | None = None) -> None:
+    """For an SQLite URL, that its file holds an Optuna storage: it exists, is an SQLite
+    database and has Optuna's tables; else one SearchError line naming the file. Read-only:
+    the file is left exactly as it was. Other databases are not checked here."""
+    path = sqlite_path(url)
+    if path is None:
+        return
+    make = (f"run `fa-tune search --study {study} --storage {url}` first" if study else
+            "create a study there with `fa-tune search --storage URL` first")
+    if not path.exists():
+        raise SearchError(f"no fa-tune study database at {_where(path)}; {make}")
+    if path.is_dir():
+        raise SearchError(f"{_where(path)} is a folder; give the URL of a study database file "
+                          "(sqlite:////abs/path/study.db)")
+    if path.stat().st_size == 0:
+        raise SearchError(f"{_where(path)} is empty, no fa-tune study database; {make}")
+    tables = _sqlite_tables(path)
+    missing = sorted(_OPTUNA_TABLES - set(tables))
+    if missing:
+        why = f"it has no {' or '.join(missing)} table"
+    elif wrong := _not_optunas(tables):
+        why = f"its {', '.join(wrong)} table is not Optuna's"
+    else:
+        return
+    raise SearchError(f"{_where(path)} is not an Optuna study database ({why}); give the URL "
+                      "of a study database fa-tune created")
+
+
+def _check_new_sqlite_file(path: Path) -> None:
+    """A study may be created in an SQLite file that is new, empty, or an Optuna storage
+    already; another application's database is refused, so its file is never changed."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    from optuna.storages._rdb import models
+
+    # Any table but Optuna's: a storage Optuna is still setting up (its tables come one by
+    # one, another worker of the fleet may be at it) is not refused.
+    tables = _sqlite_tables(path)
+    foreign = sorted(t for t in set(tables) - set(models.BaseModel.metadata.tables)
+                     if t != "alembic_version" and not t.startswith("sqlite_"))
+    foreign += _not_optunas(tables)
+    if foreign:
+        raise SearchError(f"{_where(path)} is another application's SQLite database (tables "
+                          f"{', '.join(foreign[:5])}); give a new file for the study, e.g. "
+                          "sqlite:////abs/path/study.db")
+
+
+# ---- opening a storage ------------------------------------------------------------------------
 def open_storage(url: str, *, create_dirs: bool = True, heartbeat_s: int | None = None,
                  grace_s: int | None = None, notify: Callable[[str], None] | None = None) -> Any:
     """An Optuna RDBStorage for url (tuner/search/rdb.py: calls retried while the database is
     unreachable); an unreachable or malformed URL is one SearchError line. With
     ``heartbeat_s``, trials of workers that stop beating for ``grace_s`` fail and are
-    re-enqueued (rdb.TrialHeartbeat, rdb.RequeueStaleTrial)."""
+    re-enqueued (rdb.TrialHeartbeat, rdb.RequeueStaleTrial).
+
+    ``create_dirs=False`` opens a storage that must exist: no folder, file or table is created
+    (an SQLite file is checked read-only first, check_study_file)."""
     from tuner.search import rdb
 
     quiet_optuna()
-    if url.startswith("sqlite:///") and create_dirs:
-        path = url[len("sqlite:///"):]
-        if path and path != ":memory:":
-            try:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                raise SearchError(
-                    f"cannot open study storage {url}: cannot create {Path(path).parent}: "
-                    f"{e.strerror or e}"
-                ) from None
+    path = sqlite_path(url)
+    if path is not None and create_dirs:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SearchError(
+                f"cannot open study storage {url}: cannot create {path.parent}: "
+                f"{e.strerror or e}"
+            ) from None
+        _check_new_sqlite_file(path)
+    elif path is not None:
+        check_study_file(url)
     beat: dict[str, Any] = {}
     if heartbeat_s:
         beat = {"heartbeat_interval": int(heartbeat_s),
@@ -103,15 +282,46 @@ def open_storage(url: str, *, create_dirs: bool = True, heartbeat_s: int | None 
     try:
         storage = rdb.ResilientRDBStorage(driver_url(url), display_url=redact(url),
                                           notify=notify, engine_kwargs=_engine_kwargs(url),
-                                          **beat)
+                                          skip_table_creation=not create_dirs, **beat)
     except SearchError:
         raise
     except Exception as e:  # noqa: BLE001 - sqlalchemy / driver errors of every kind
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        raise SearchError(f"cannot open study storage {redact(url)}: {first}") from None
-    if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+        raise SearchError(f"cannot open study storage {redact(url)}: "
+                          f"{_open_failure(e, url, path, create_dirs)}") from None
+    if path is not None:
         _sqlite_wal(storage.engine)
     return storage
+
+
+def _open_failure(e: BaseException, url: str, path: Path | None, create: bool) -> str:
+    """Why RDBStorage could not open url, and what to do, in one line."""
+    from sqlalchemy import exc as sa
+
+    from tuner.search.rdb import error_chain
+
+    chain = error_chain(e)
+    if any(isinstance(x, (ImportError, sa.NoSuchModuleError)) for x in chain):
+        scheme = url.partition("://")[0]
+        what = ("unknown database kind" if any(isinstance(x, sa.NoSuchModuleError)
+                                               for x in chain) else "no driver installed for")
+        return (f"{what} '{scheme}'; fa-tune supports SQLite "
+                "(sqlite:////abs/path/study.db, nothing to install) and PostgreSQL "
+                "(postgresql://user:password@host/db: pip install 'fa-tune[postgres]'); another "
+                "database Optuna supports needs its driver, e.g. mysql+pymysql:// with "
+                "pip install pymysql")
+    # The database's own words (Optuna wraps them in a StorageInternalError about commits).
+    db_err = next((x for x in chain if isinstance(x, sa.DBAPIError)), None)
+    orig = getattr(db_err, "orig", None) or db_err or e
+    why = (str(orig).strip().splitlines() or [type(orig).__name__])[0][:200]
+    low = why.lower()
+    if path is not None and "unable to open database file" in low:
+        return f"cannot open the SQLite file {_where(path)} ({why})"
+    if path is not None and "not a database" in low:
+        return f"{_where(path)} is not an SQLite database ({why})"
+    if not create and ("no such table" in low or ("relation" in low and "does not exist" in low)):
+        return (f"{why}: no fa-tune study there; run `fa-tune search --study NAME --storage "
+                "URL` first")
+    return why
 
 
 def _sqlite_wal(engine: Any) -> None:
@@ -162,11 +372,12 @@ def _engine_kwargs(url: str) -> dict[str, Any]:
 
 
 def load_existing_study(study: str, storage: str | None) -> Any:
-    """An existing study (for show/export/profile); unknown study -> one SearchError line."""
+    """An existing study (for show/export/profile/compare/worker --join); unknown study, or a
+    storage that holds no Optuna study database, -> one SearchError line, nothing written."""
     import optuna
 
     url = storage_url(study, storage)
-    if url.startswith("sqlite:///") and not storage:
+    if not storage:
         path = Path(url[len("sqlite:///"):])
         if not path.is_file():
             known = sorted(p.stem for p in _paths.studies_root().glob("*.db"))
@@ -174,6 +385,7 @@ def load_existing_study(study: str, storage: str | None) -> Any:
                 f"unknown study '{study}' (no {path}); known studies: "
                 f"{', '.join(known) or 'none'}"
             )
+    check_study_file(url, study)  # before RDBStorage, which would set up tables in any file
     st = open_storage(url, create_dirs=False)
     try:
         return optuna.load_study(study_name=study, storage=st)

@@ -245,7 +245,9 @@ def pick_trial(study: str, storage: str | None, trial: int | None) -> tuple[Any,
         return st, t
     rows, _ = with_final(st, trials, best_rows(trials, None, len(trials)))
     if not rows:
-        raise SearchError(f"study '{study}' has no completed trial yet")
+        raise SearchError(f"study '{study}' has no completed trial yet; `fa-tune show trials "
+                          f"--study {study}` says why its trials did not complete, `fa-tune "
+                          f"search --study {study}` measures more")
     return st, next(t for t in trials if t.number == rows[0]["trial"])
 
 

@@ -38,7 +38,8 @@ from tuner.errors import FaTuneError
 from tuner.kernel.config import KernelConfig, validate
 from tuner.kernel.runtime import abi
 from tuner.problem import Problem, ProblemClass
-from tuner.ship.workload import Workload
+from tuner.problem_text import HEAD_DIMS
+from tuner.ship.workload import Workload, is_bucket_name, is_safe_name
 from tuner.ship.workload import range_text as _range_text
 
 # ProblemClass's flags beyond D and the mask: the models' masks, a paged KV cache.
@@ -129,27 +130,42 @@ class DispatchEntry:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "entry") -> DispatchEntry:
+        """An entry as dispatch.json holds it; every field's type and range checked (a table is
+        user input: its names become files, its values generated code), one line naming it."""
         if not isinstance(d, Mapping):
             raise DispatchError(f"{where}: must be a mapping")
+        if "bucket" not in d:
+            raise DispatchError(f"{where}: missing 'bucket'")
+        if not is_bucket_name(d["bucket"]):
+            raise DispatchError(f"{where}: bucket must be letters, digits, '_' or '-' (it names "
+                                f"the bucket's files; got {d['bucket']!r})")
+        where = f"{where} (bucket {d['bucket']})"
         try:
+            if not isinstance(d["config"], Mapping):
+                raise DispatchError(f"{where}: config must be a mapping of knob: value (got "
+                                    f"{d['config']!r})")
             s_max, k_min, k_max = d["s_max"], d.get("k_min"), d.get("k_max")
             entry = cls(
-                bucket=str(d["bucket"]), Hq=_int(d["Hq"]), Hkv=_int(d["Hkv"]),
-                head_dim=_int(d["head_dim"]), causal=_bool(d["causal"]), s_min=_int(d["s_min"]),
-                s_max=None if s_max is None else _int(s_max),
-                config=KernelConfig.from_dict(d["config"], source=where),
-                source=dict(d.get("source") or {}),
-                problems=tuple(str(p) for p in d.get("problems") or ()),
-                measured=d.get("measured"),
-                k_min=None if k_min is None else _int(k_min),
-                k_max=None if k_max is None else _int(k_max),
+                bucket=d["bucket"], Hq=_int(d["Hq"], "Hq"), Hkv=_int(d["Hkv"], "Hkv"),
+                head_dim=_int(d["head_dim"], "head_dim"), causal=_bool(d["causal"], "causal"),
+                s_min=_int(d["s_min"], "s_min"),
+                s_max=None if s_max is None else _int(s_max, "s_max"),
+                config=KernelConfig.from_dict(d["config"], source=f"{where}: config"),
+                source=_source(d.get("source")),
+                problems=_problems(d.get("problems")),
+                measured=_measured_field(d.get("measured")),
+                k_min=None if k_min is None else _int(k_min, "k_min"),
+                k_max=None if k_max is None else _int(k_max, "k_max"),
                 masks=_masks(d.get("masks") or ()),
-                window=None if d.get("window") is None else _int(d["window"]),
+                window=None if d.get("window") is None else _int(d["window"], "window"),
             )
         except KeyError as e:
             raise DispatchError(f"{where}: missing {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
             raise DispatchError(f"{where}: {e}") from None
+        except FaTuneError as e:  # a config's knob, a problem's text
+            raise DispatchError(str(e) if where in str(e) else f"{where}: {e}") from None
+        entry._check(where)
         if entry.k_max is not None and entry.k_min is None:
             raise DispatchError(f"{where}: k_max without k_min (a key range needs both ends; "
                                 "k_max null: no upper bound)")
@@ -159,17 +175,98 @@ class DispatchEntry:
                                 f"({entry.config.config_id()}); the file was edited by hand?")
         return entry
 
+    def _check(self, where: str) -> None:
+        """The ranges the rest of fa-tune holds a problem and a bucket to."""
+        for name in ("Hq", "Hkv", "s_min", "k_min", "k_max", "s_max"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise DispatchError(f"{where}: {name} must be a positive integer (got {v})")
+        if self.head_dim not in HEAD_DIMS:
+            raise DispatchError(f"{where}: head_dim {self.head_dim} is not one the kernel "
+                                f"builds; choose from {', '.join(map(str, HEAD_DIMS))}")
+        if self.window is not None and self.window < 0:
+            raise DispatchError(f"{where}: window must be 0 (none) or a positive number of keys "
+                                f"(got {self.window})")
+        if self.window and "window" not in self.masks:
+            raise DispatchError(f"{where}: window {self.window} needs 'window' in masks (the "
+                                "library's kernel carries the window)")
+        if self.Hq % self.Hkv:
+            raise DispatchError(f"{where}: Hq {self.Hq} must be a multiple of Hkv {self.Hkv} "
+                                "(each K/V head serves the same number of query heads)")
+        try:  # the problem's own rules (any beyond those above)
+            Problem(1, self.Hq, 1, Hkv=self.Hkv, D=self.head_dim, causal=self.causal)
+        except FaTuneError as e:
+            raise DispatchError(f"{where}: {e}") from None
+        try:
+            check_entry_config(self.bucket, self.config, self.problem_class)
+        except DispatchError as e:
+            raise DispatchError(f"{where}: {str(e).removeprefix(f'bucket {self.bucket}: ')}"
+                                ) from None
 
-def _int(v: Any) -> int:
+
+def _int(v: Any, field: str = "value") -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise TypeError(f"expected an integer, got {v!r}")
+        raise TypeError(f"{field}: expected an integer, got {v!r}")
     return v
 
 
-def _bool(v: Any) -> bool:
+def _bool(v: Any, field: str = "value") -> bool:
     if not isinstance(v, bool):
-        raise TypeError(f"expected true or false, got {v!r}")
+        raise TypeError(f"{field}: expected true or false, got {v!r}")
     return v
+
+
+SOURCE_KINDS = ("study", "preset", "file")
+
+
+def _source(v: Any) -> dict[str, Any]:
+    """Where a bucket's config came from: {"kind": study|preset|file, ...} of plain values."""
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping) or not all(
+            isinstance(k, str) and (x is None or isinstance(x, (str, int, float, bool)))
+            for k, x in v.items()):
+        raise ValueError(f"source must be a mapping of names to plain values (got {v!r})")
+    if v and v.get("kind") not in SOURCE_KINDS:
+        raise ValueError(f"source kind must be one of {', '.join(SOURCE_KINDS)} "
+                         f"(got {v.get('kind')!r})")
+    return dict(v)
+
+
+def _problems(v: Any) -> tuple[str, ...]:
+    """The problems a bucket was tuned on, each a problem text the normal parser takes."""
+    if v is None:
+        return ()
+    if not isinstance(v, list):
+        raise ValueError(f"problems must be a list of problem texts (got {v!r})")
+    for i, text in enumerate(v):
+        if not isinstance(text, str):
+            raise ValueError(f"problems[{i}] must be a problem text (got {text!r})")
+        try:
+            Problem.parse(text)
+        except FaTuneError as e:
+            raise ValueError(f"problems[{i}]: {e}") from None
+    return tuple(v)
+
+
+def _measured_field(v: Any) -> dict[str, Any] | None:
+    """{"protocol": text, PROBLEM: {median_ms, tflops, ...: number}} or null (the README
+    formats the numbers)."""
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise ValueError(f"measured must be a mapping or null (got {v!r})")
+    for k, x in v.items():
+        if not isinstance(k, str):
+            raise ValueError(f"measured: key {k!r} must be text")
+        if k == "protocol" and isinstance(x, str):
+            continue
+        if not isinstance(x, Mapping) or not all(
+                isinstance(n, str) and isinstance(y, (int, float)) and not isinstance(y, bool)
+                for n, y in x.items()):
+            raise ValueError(f"measured[{k!r}] must map median_ms, tflops, ... to numbers "
+                             f"(got {x!r})")
+    return dict(v)
 
 
 @dataclass(frozen=True)
@@ -181,8 +278,16 @@ class DispatchTable:
     workload: dict[str, Any] | None = None  # the workload it was made for (Workload.to_dict())
 
     def __post_init__(self) -> None:
+        # Names become folders and files of an export: checked however the table was made.
+        if not is_safe_name(self.name):
+            raise DispatchError(f"dispatch table name must be letters, digits, '_', '-' or '.' "
+                                f"(not '..'; got {self.name!r})")
         if not self.entries:
             raise DispatchError(f"dispatch table '{self.name}' has no entries")
+        bad = next((e.bucket for e in self.entries if not is_bucket_name(e.bucket)), None)
+        if bad is not None:
+            raise DispatchError(f"dispatch table '{self.name}': bucket name {bad!r} must be "
+                                "letters, digits, '_' or '-'")
         classes = {e.problem_class for e in self.entries}
         if len(classes) > 1:
             raise DispatchError(
@@ -264,13 +369,27 @@ class DispatchTable:
         if not isinstance(entries, list):
             raise DispatchError(f"{source}: 'entries' must be a list")
         name = d.get("name")
-        if not isinstance(name, str) or not name:
-            raise DispatchError(f"{source}: 'name' must be a non-empty string")
+        if not is_safe_name(name):
+            raise DispatchError(f"{source}: 'name' must be letters, digits, '_', '-' or '.' "
+                                f"(not '..'; it names the library; got {name!r})")
+        # An older table's library is built for this ABI all the same; a newer one's may need
+        # what this fa-tune lacks. Schema 1 tables may have none.
+        abi_v = d.get("abi_version", ABI_VERSION)
+        if isinstance(abi_v, bool) or not isinstance(abi_v, int) or not 1 <= abi_v <= ABI_VERSION:
+            raise DispatchError(f"{source}: abi_version {abi_v!r}: this fa-tune reads tables of "
+                                f"ABI 1..{ABI_VERSION}; export it with the fa-tune that wrote "
+                                "it, or export its workload again (--workload)")
+        workload = d.get("workload")
+        if workload is not None and not isinstance(workload, Mapping):
+            raise DispatchError(f"{source}: 'workload' must be a mapping or null")
         try:
             table = cls(name, tuple(DispatchEntry.from_dict(e, f"{source}: entries[{i}]")
-                                    for i, e in enumerate(entries)), d.get("workload"))
+                                    for i, e in enumerate(entries)),
+                        None if workload is None else dict(workload))
         except DispatchError as e:
             raise DispatchError(f"{source}: {e}" if source not in str(e) else str(e)) from None
+        if "problem_class" in d:
+            _check_class(d["problem_class"], table.problem_class, source)
         return table
 
     @classmethod
@@ -283,6 +402,22 @@ class DispatchTable:
         except ValueError as e:
             raise DispatchError(f"{p}: not valid JSON: {e}") from None
         return cls.from_dict(data, str(p))
+
+
+_CLASS_KEYS = ("head_dim", "causal", "varlen", *MASKS)
+
+
+def _check_class(v: Any, pc: ProblemClass, source: str) -> None:
+    """The table's problem_class must be a class and its entries' (varlen is each bucket's)."""
+    if not isinstance(v, Mapping) or any(k not in _CLASS_KEYS for k in v) or not all(
+            isinstance(x, bool) for k, x in v.items() if k != "head_dim"):
+        raise DispatchError(f"{source}: problem_class must be a mapping of head_dim and the "
+                            f"flags {', '.join(_CLASS_KEYS[1:])} (true/false); got {v!r}")
+    want = {k: x for k, x in pc.to_dict().items() if k != "varlen"}
+    got = {k: x for k, x in v.items() if k != "varlen" and (k in ("head_dim", "causal") or x)}
+    if got != want:
+        raise DispatchError(f"{source}: problem_class {dict(v)} is not its entries' "
+                            f"({want}); the file was edited by hand?")
 
 
 def _span_overlap(a_lo: int, a_hi: int | None, b_lo: int, b_hi: int | None) -> bool:

@@ -21,12 +21,15 @@ toolkit.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import os
 import shlex
 import shutil
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +44,76 @@ LIB_NAME = "libfa_tune_fwd.so"
 
 class ExportError(FaTuneError):
     """The export cannot be written (output folder exists, artifact missing, ...)."""
+
+
+def os_error_text(e: OSError) -> str:
+    """An OSError as 'reason: path' (its strerror and the file it names), for one line."""
+    why = e.strerror or str(e)
+    return f"{why}: {e.filename}" if e.filename else why
+
+
+def out_problem(out: Path) -> str | None:
+    """Why a new output folder cannot be made there (None: it can): it exists, or the nearest
+    folder above it that exists is not a folder or is not writable. Asked before compiling."""
+    if os.path.lexists(out):
+        return f"{out} already exists"
+    above = next((a for a in (out.parent, *out.parent.parents) if os.path.lexists(a)), Path("."))
+    if not above.is_dir():
+        return f"cannot create {out}: {above} is not a folder"
+    if not os.access(above, os.W_OK | os.X_OK):
+        return f"cannot create {out}: {above} is not writable"
+    return None
+
+
+def check_out(out: Path) -> None:
+    why = out_problem(out)
+    if why is not None:
+        raise ExportError(f"{why}; choose a new --out folder")
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A fresh staging folder beside ``out`` (a new unique name, never an existing path: a
+    user's folder of that name is left alone), renamed to ``out`` when the body succeeds and
+    removed (with the parents it made) when anything fails. An OSError while writing is one
+    ExportError line naming the path."""
+    check_out(out)
+    made = [a for a in (out.parent, *out.parent.parents) if not os.path.lexists(a)]
+    mode = 0o777 & ~_umask()  # mkdtemp makes 0700; the export gets a plain folder's mode
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    except OSError as e:
+        _remove_empty(made)
+        raise ExportError(f"cannot create {out}: {e.strerror or e} (in {out.parent}); choose "
+                          "another --out folder") from None
+    done = False
+    try:
+        yield tmp
+        tmp.chmod(mode)
+        if os.path.lexists(out):  # made by someone else while this export ran
+            raise ExportError(f"{out} appeared while exporting; choose a new --out folder")
+        tmp.rename(out)
+        done = True
+    except OSError as e:
+        raise ExportError(f"cannot write the export {out}: {os_error_text(e)}") from None
+    finally:
+        if not done:
+            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_empty(made)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the parents an export made (deepest first) if they are still empty."""
+    for a in folders:
+        with contextlib.suppress(OSError):
+            a.rmdir()
 
 
 def nvcc_flags() -> list[str]:
@@ -364,8 +437,7 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
     from tuner.search.trials import pick_trial
 
     out = Path(out)
-    if out.exists():
-        raise ExportError(f"{out} already exists; choose a new --out folder")
+    check_out(out)
     _, trial = pick_trial(study_name, storage, trial_number)
     cfg_d = trial.user_attrs.get("config")
     if not isinstance(cfg_d, dict):
@@ -374,19 +446,17 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
     from tuner.search.study import trial_class
 
     pclass = trial_class(trial)
-    # The measured config with the varlen kernel too (the search built it without), unless
-    # the config cannot serve varlen (the README says why).
-    [why_not] = varlen_why_not([cfg], pclass)
-    pclass = dataclasses.replace(pclass, varlen=why_not is None)
-    built = build_mod.build_config(cfg, pclass=pclass)
-    so = Path(built.so_path)
-    if not so.is_file():
-        raise ExportError(f"the artifact {so} is missing; rebuild with `fa-tune build`")
-    payload = exported_results(trial, cfg, built)
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
+    # The folder is made before the compile: an --out that cannot be written fails at once.
+    with staged(out) as tmp:
+        # The measured config with the varlen kernel too (the search built it without), unless
+        # the config cannot serve varlen (the README says why).
+        [why_not] = varlen_why_not([cfg], pclass)
+        pclass = dataclasses.replace(pclass, varlen=why_not is None)
+        built = build_mod.build_config(cfg, pclass=pclass)
+        so = Path(built.so_path)
+        if not so.is_file():
+            raise ExportError(f"the artifact {so} is missing; rebuild with `fa-tune build`")
+        payload = exported_results(trial, cfg, built)
         (tmp / "kernel.cu").write_text(build_mod.render(cfg, pclass=pclass))
         shutil.copytree(_paths.cuda_src_dir() / "fa_tune", tmp / "fa_tune",
                         ignore=shutil.ignore_patterns("__pycache__"))
@@ -410,12 +480,4 @@ def export_trial(study_name: str, storage: str | None, trial_number: int | None,
             else "search protocol (not confirmed)",
         }
         (tmp / "README.md").write_text(readme(cfg, info))
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {"out": out, "trial": trial.number, "config_id": cfg.config_id(), "so": so}
-
-
-
-

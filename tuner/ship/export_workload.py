@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import shlex
 import shutil
 import sys
 import time
@@ -19,8 +21,10 @@ from tuner.ship.export import (
     LIB_NAME,
     ExportError,
     abi_section,
+    check_out,
     exported_results,
     nvcc_flags,
+    staged,
     varlen_why_not,
 )
 
@@ -51,9 +55,12 @@ def workload_build_script(table: Any) -> str:
     from tuner.ship import dispatch as dispatch_mod
 
     flags = " \\\n    ".join(f for f in nvcc_flags() if f != "-shared")
-    specs = " ".join(f'"{e.bucket} {dispatch_mod.symbol_prefix(i)}"'
+    # Bucket names are checked when a table is made; quoted here all the same, so no value
+    # can become shell code.
+    specs = " ".join(sh_word(f"{e.bucket} {dispatch_mod.symbol_prefix(i)}")
                      for i, e in enumerate(table.entries))
-    objs = " ".join(f'"$OBJ/{e.bucket}.o"' for e in table.entries)
+    objs = " ".join(sh_word(f"{e.bucket}.o", "$OBJ/") for e in table.entries)
+    arch = shlex.quote(build_mod.ARCH_FLAG)
     return f"""#!/usr/bin/env bash
 # Builds build/{LIB_NAME} for sm_90a: each bucket's kernel (buckets/<name>/kernel.cu) with the
 # flags fa-tune used (each kernel.cu defines FA_TUNE_VARLEN 1) and its C ABI renamed
@@ -92,9 +99,9 @@ for spec in {specs}; do
 done
 for pid in ${{pids[@]+"${{pids[@]}}"}}; do wait "$pid" || status=1; done
 [ "$status" -eq 0 ] || exit 1
-"$NVCC" -std=c++17 -O2 {build_mod.ARCH_FLAG} -Xcompiler -fPIC -Xcompiler -fvisibility=hidden \\
+"$NVCC" -std=c++17 -O2 {arch} -Xcompiler -fPIC -Xcompiler -fvisibility=hidden \\
     -I"$HERE/include" -c -o "$OBJ/dispatch.o" "$HERE/dispatch.cu"
-"$NVCC" -shared {build_mod.ARCH_FLAG} -Xcompiler -fPIC -o "$HERE/build/{LIB_NAME}" \\
+"$NVCC" -shared {arch} -Xcompiler -fPIC -o "$HERE/build/{LIB_NAME}" \\
     "$OBJ/dispatch.o" {objs}
 echo "built $HERE/build/{LIB_NAME}"
 # The PyTorch op's C++ launch path (fa_tune_ops/native.py) for $PYTHON's torch, when it has
@@ -106,6 +113,18 @@ if "$PYTHON" -c "import torch" > /dev/null 2>&1; then
     || echo "build.sh: the op's C++ launch path did not build; fa_tune_ops runs in Python" >&2
 fi
 """
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9_ .,:=+/-]*")
+
+
+def sh_word(text: str, var_prefix: str = "") -> str:
+    """One shell word of ``text`` after ``var_prefix`` (a "$VAR/" to expand): double-quoted
+    when it holds nothing the shell expands there (as the scripts have always read), else
+    shlex.quote'd."""
+    if _PLAIN.fullmatch(text):
+        return f'"{var_prefix}{text}"'
+    return (f'"{var_prefix}"' if var_prefix else "") + shlex.quote(text)
 
 
 def _md_cell(text: Any) -> str:
@@ -338,20 +357,17 @@ def export_workload(table: Any, out: Path, *, resolved: Any = None,
     from tuner.ship import dispatch as dispatch_mod
 
     out = Path(out)
-    if out.exists():
-        raise ExportError(f"{out} already exists; choose a new --out folder")
+    check_out(out)
     pclass = table.problem_class
     for e in table.entries:
         dispatch_mod.check_entry_config(e.bucket, e.config, pclass)
-    # Each bucket with its varlen kernel where its config serves it (compiled to be sure, when
-    # this export builds; the build.sh compiles the same kernels after).
-    why = dict(zip([e.bucket for e in table.entries],
-                   varlen_why_not([e.config for e in table.entries], pclass, compile=build,
-                                  jobs=jobs), strict=True))
-    tmp = out.with_name(f".{out.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        tmp.mkdir(parents=True)
+    # The folder is made before the compiles: an --out that cannot be written fails at once.
+    with staged(out) as tmp:
+        # Each bucket with its varlen kernel where its config serves it (compiled to be sure,
+        # when this export builds; the build.sh compiles the same kernels after).
+        why = dict(zip([e.bucket for e in table.entries],
+                       varlen_why_not([e.config for e in table.entries], pclass, compile=build,
+                                      jobs=jobs), strict=True))
         shutil.copytree(_paths.cuda_src_dir() / "fa_tune", tmp / "fa_tune",
                         ignore=shutil.ignore_patterns("__pycache__"))
         for e in table.entries:
@@ -385,8 +401,4 @@ def export_workload(table: Any, out: Path, *, resolved: Any = None,
                 shutil.move(str(ext), tmp / "lib" / ext.name)
             shutil.rmtree(tmp / "build", ignore_errors=True)
             so = out / "lib" / LIB_NAME
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {"out": out, "buckets": [e.bucket for e in table.entries], "so": so}

@@ -57,17 +57,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tuner import _paths
 from tuner.errors import FaTuneError
 from tuner.problem import Problem, ProblemClass, ShapeError, lengths_text, parse_pairs
+from tuner.yaml_file import load_yaml
 
 DEFAULT_MAX_PROBLEMS = 3
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # Bucket names become file names, study-name suffixes and C identifiers' comments.
 _BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 _TOP_KEYS = {"name", "description", "attention", "buckets", "traffic", "tuning", "layers"}
+
+
+def is_safe_name(text: object) -> bool:
+    """A workload's (and its library's) name: it names files and folders, so no '/' or '..'."""
+    return isinstance(text, str) and bool(_NAME_RE.fullmatch(text)) and ".." not in text
+
+
+def is_bucket_name(text: object) -> bool:
+    """A bucket's name: a folder, a file stem and a study-name suffix in an export."""
+    return isinstance(text, str) and bool(_BUCKET_RE.fullmatch(text))
 
 
 class WorkloadError(FaTuneError):
@@ -580,8 +589,8 @@ def workload_from_dict(data: Any, source: str = "<workload>") -> Workload:
             raise WorkloadError(f"{src}: missing '{k}' (a workload names name, attention, "
                                 "buckets and traffic)")
     name = d["name"]
-    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
-        raise WorkloadError(f"{src}: name must be letters, digits, '_', '-' or '.' "
+    if not is_safe_name(name):
+        raise WorkloadError(f"{src}: name must be letters, digits, '_', '-' or '.' (not '..') "
                             f"(got {name!r})")
     desc = d.get("description", "")
     if not isinstance(desc, str):
@@ -633,15 +642,7 @@ def workload_path(name_or_path: str | Path) -> Path:
 
 def load_workload(name_or_path: str | Path) -> Workload:
     path = workload_path(name_or_path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise WorkloadError(f"cannot read workload {path}: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        raise WorkloadError(f"{path}: not valid YAML{where}: "
-                            f"{getattr(e, 'problem', None) or e}") from None
+    data = load_yaml(path, "workload", WorkloadError)
     return workload_from_dict(data, str(path))
 
 
