@@ -39,6 +39,7 @@ cores)
   fi
   # (b) the same, with 12 more cores as a compile-only host (own cache, shared store)
   url="sqlite:///$W/pair.db"
+  mkdir -p "$W/store"  # an artifact store is a folder every host mounts: it must exist
   FA_TUNE_STUDIES=$W/hostB $E python3 -m tuner.cli search --study pair --storage "$url" \
     --shape $SHAPE --create-only > "$OUT/cores_create.log" 2>&1 || { cat "$OUT/cores_create.log"; exit 1; }
   FA_TUNE_STUDIES=$W/hostC taskset -c 4-15 timeout 270 $E python3 -m tuner.cli worker \

@@ -34,6 +34,7 @@ from tuner.kernel.config import list_presets, load_config, load_preset, smem_byt
 from tuner.kernel.support import check_class, check_problems
 from tuner.measure import runner, timing
 from tuner.problem import DEFAULT_HEAD_DIM, HEAD_DIMS, ProblemClass, parse_problems
+from tuner.ship.export import out_problem
 
 
 @user_errors
@@ -267,8 +268,6 @@ def bundle(
     if not _paths.is_source_checkout() or not (_paths.data_root() / "pyproject.toml").is_file():
         raise BundleError("bundle builds fa-tune's wheel and needs a source checkout of fa-tune")
     if not out.exists():
-        from tuner.ship.export import out_problem
-
         why = out_problem(out)
         if why is not None:
             raise BundleError(f"{why}; choose another --out")
