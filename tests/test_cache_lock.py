@@ -97,3 +97,34 @@ def test_lock_is_free_again_after_a_builder_dies(fake_nvcc: Path, tmp_path: Path
     monkeypatch.setenv("FAKE_NVCC_DELAY_S", "0")
     key, hit = _build_in_process(SOURCE, str(root))
     assert key != "error" and hit is False
+
+
+def test_a_compile_killed_by_a_signal_is_no_verdict(fake_nvcc: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C reaches nvcc through the process group: its death is not the config's failure
+    (the search measures that trial again), and nothing is recorded against the key."""
+    import threading
+    import time
+
+    from tuner.search.session import _is_transient_build
+
+    pidfile = tmp_path / "nvcc.pid"
+    monkeypatch.setenv("FAKE_NVCC_PIDFILE", str(pidfile))
+    monkeypatch.setenv("FAKE_NVCC_DELAY_S", "5")
+
+    def kill_when_started() -> None:
+        for _ in range(200):
+            if pidfile.is_file() and pidfile.read_text():
+                os.kill(int(pidfile.read_text()), signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_when_started)
+    killer.start()
+    with pytest.raises(BuildError) as ei:
+        build.build_source(SOURCE, name="k", cache_root=tmp_path / "cache")
+    killer.join()
+    assert "was killed by SIGTERM" in str(ei.value) and _is_transient_build(ei.value)
+    monkeypatch.setenv("FAKE_NVCC_DELAY_S", "0")
+    monkeypatch.delenv("FAKE_NVCC_PIDFILE")
+    assert not build.build_source(SOURCE, name="k", cache_root=tmp_path / "cache").cache_hit

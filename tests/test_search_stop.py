@@ -62,3 +62,46 @@ def test_stop_signals_record_once_and_raise_when_asked_twice() -> None:
         stops.restore()
         signal.signal(signal.SIGINT, old_int)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_stop_sent_to_the_whole_process_group_is_no_verdict(tmp_path: Path, plan) -> None:  # noqa: F811
+    """systemd and Slurm send SIGTERM to every process of the group: the GPU worker ignores it
+    (its parent decides), so the trial it measures fails as "interrupted", not as a config
+    that killed its worker."""
+    import subprocess
+    import sys
+
+    import optuna
+
+    fix = Path(__file__).resolve().parent / "fixtures"
+    plan({"block_n=96": "hang"})
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    p = subprocess.Popen([sys.executable, str(fix / "run_fake_worker.py"), url, "g",
+                          str(tmp_path / "art"), "--timeout", "60", "--seed", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True,
+                         env={**os.environ, "PYTHONPATH": str(fix.parents[1])})
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                ts = optuna.load_study(study_name="g", storage=url).get_trials()
+            except KeyError:
+                ts = []
+            if [t for t in ts if t.state == TrialState.RUNNING
+                    and t.params.get("block_n") == 96 and "build" in t.user_attrs]:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the search never reached the hanging config")
+        time.sleep(0.5)  # inside the measurement
+        os.killpg(p.pid, signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert "SUMMARY interrupted (SIGTERM)" in out, out[-1000:] + err[-2000:]
+    ts = optuna.load_study(study_name="g", storage=url).get_trials()
+    failed = [t for t in ts if t.state == TrialState.FAIL]
+    assert [t.user_attrs.get("fail_reason") for t in failed] == ["interrupted"]
+    assert not [t for t in ts if t.state == TrialState.RUNNING]

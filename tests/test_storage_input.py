@@ -261,3 +261,22 @@ def test_a_ready_storage_raises_a_schema_error_at_once(tmp_path: Path) -> None:
     with pytest.raises(SearchError, match="cannot be used .no such table: trial_values"):
         optuna.load_study(study_name="s1", storage=st).get_trials()
     assert time.monotonic() - t0 < 10
+
+
+def test_a_file_this_process_holds_open_is_never_read_beside_its_connection(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """POSIX drops every lock a process holds on a file when any of its descriptors of that
+    file closes: the file check's open() beside a live connection let a second worker corrupt
+    the study. The check runs once, before this process's first connection."""
+    from tuner.search import study as study_mod
+
+    url = f"sqlite:///{tmp_path / 'held.db'}"
+    optuna.create_study(study_name="s", storage=open_storage(url))
+    load_existing_study("s", url)  # as `fa-tune worker` does before its search opens it again
+
+    def refuse(path: Path) -> None:
+        raise AssertionError(f"{path} read beside this process's live connection")
+
+    monkeypatch.setattr(study_mod, "_sqlite_tables", refuse)
+    open_storage(url)
+    assert load_existing_study("s", url).study_name == "s"

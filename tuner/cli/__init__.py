@@ -9,6 +9,7 @@ wrapped by ``common.user_errors``: a FaTuneError becomes ONE line on stderr and 
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
@@ -52,10 +53,21 @@ def app_commands(command: object) -> set[str]:
     return set(getattr(command, "commands", {}))
 
 
+class Terminated(BaseException):
+    """SIGTERM outside a search (which takes it as a stop of its own, search.session)."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point. click's own errors (an unknown option, a missing argument, a
-    bad value) are ONE line too, with the command to ask for help, and exit 2; no usage dump."""
+    bad value) are ONE line too, with the command to ask for help, and exit 2; no usage dump.
+    SIGTERM unwinds like Ctrl-C, so a command's cleanup runs (an export's staging folder goes)
+    and it says one line."""
     command = typer.main.get_command(app)
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         rv = command.main(args=argv, prog_name="fa-tune", standalone_mode=False)
     except NO_ARGS_IS_HELP as e:  # a bare `fa-tune`: typer has printed the help
@@ -76,4 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     except (KeyboardInterrupt, ABORT):
         sys.stderr.write("fa-tune: interrupted\n")
         sys.exit(130)
+    except Terminated:
+        sys.stderr.write("fa-tune: stopped (SIGTERM)\n")
+        sys.exit(128 + signal.SIGTERM)
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -24,6 +24,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -73,6 +74,10 @@ KERNEL_FLAGS: tuple[str, ...] = (
 ORACLE_FLAGS: tuple[str, ...] = COMMON_FLAGS
 
 NVCC_TIMEOUT_S = float(os.environ.get("FA_TUNE_NVCC_TIMEOUT", "1800"))
+
+
+# A build whose nvcc was killed by a signal says this (session._is_transient_build reads it).
+KILLED = "killed by"
 
 
 # ---- hashing ------------------------------------------------------------------------------
@@ -464,6 +469,13 @@ def _compile(text: str, flags: Sequence[str], extra_inc: Sequence[Path], nvcc: P
             )
             log = f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
             ok = proc.returncode == 0 and so.is_file()
+            if proc.returncode < 0:
+                # Killed (Ctrl-C reaches the process group, an OOM killer): not the config's
+                # fault, so no failure is recorded and the next build compiles it again.
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise BuildError(f"nvcc for {name} was {KILLED} "
+                                 f"{signal.Signals(-proc.returncode).name}; it is compiled again "
+                                 "next time")
         except subprocess.TimeoutExpired as e:
             log = f"$ {' '.join(cmd)}\n{e.stdout or ''}{e.stderr or ''}\nerror: nvcc timed out"
             ok = False

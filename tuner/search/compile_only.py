@@ -100,12 +100,13 @@ class CompileOnly:
         except _Stop as e:
             stopped_by = e.why
         finally:
-            self.stops.restore()
+            self.stops.settling = True
             pool.shutdown(wait=False, cancel_futures=True)
             shared_cache.set_share(None)
             if self.heartbeat is not None:
                 self.heartbeat.stop()
             not_run = self._settle_open(stopped_by)
+            self.stops.restore()
             summary = self._summary(stopped_by, not_run)
             self._record_session(summary)
         self.progress.event(f"compile-only: {handed} trials compiled and handed over")

@@ -41,6 +41,7 @@ another candidate's gate inputs or nothing yet).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -88,16 +89,24 @@ def exit_with_parent(parent: int, poll_s: float = PARENT_POLL_S) -> None:
 
 
 def bootstrap(entry: str, conn: Any, device_index: int, parent: int | None = None) -> None:
-    """Subprocess target: ignore Ctrl-C (the parent decides), leave with the parent, then run
-    the named worker. ``parent``: the starting process's pid (default: the parent now)."""
+    """Subprocess target: ignore Ctrl-C and SIGTERM (the parent decides: a stop sent to the
+    whole process group, as systemd and Slurm send it, must not kill the measurement the parent
+    then fails as the config's verdict), leave with the parent, then run the named worker.
+    ``parent``: the starting process's pid (default: the parent now). A parent gone mid-request
+    ends the worker quietly (its pipe closed: nothing to answer)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     exit_with_parent(os.getppid() if parent is None else parent)
     try:
         fn = resolve_entry(entry)
     except Exception as e:  # noqa: BLE001 - report, do not traceback into the terminal
-        conn.send({"status": "init_failed", "reason": f"cannot load worker {entry}: {e}"})
+        with contextlib.suppress(OSError, EOFError):
+            conn.send({"status": "init_failed", "reason": f"cannot load worker {entry}: {e}"})
         return
-    fn(conn, device_index)
+    try:
+        fn(conn, device_index)
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        return
 
 
 def main(conn: Any, device_index: int) -> None:

@@ -392,6 +392,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             stopped_by = f"error ({type(e).__name__})"
             raise
         finally:
+            self.stops.settling = True
             self._asking = False
             self.pool.shutdown(wait=False, cancel_futures=True)
             shared_cache.set_share(None)
@@ -466,17 +467,17 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         taking the queue strictly in order let one slow compile hold the GPU idle while faster
         ones behind it were ready; the queue then refilled in waves (H200 search, 2026-11-29:
         GPU busy 28%). Known-good points are asked first, so they still go first when their
-        compiles finish first. Returns None when the search should stop before any is ready,
+        compiles finish first. Returns None when the search should stop (even with one ready),
         or when nothing is left in the pipeline (trials that waited for another worker's
         verdict got it).
         """
         while True:
+            if self._should_stop():  # first: a compile a Ctrl-C killed is no verdict
+                return None
             for cand in self.queue:
                 if cand.future.done():
                     self.queue.remove(cand)
                     return cand
-            if self._should_stop():
-                return None
             if self._fill(max_asks=1):
                 continue  # a free slot got a candidate (or a reject): look again
             if self.waiting:

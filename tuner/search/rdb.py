@@ -113,12 +113,30 @@ def sqlite_unusable(e: BaseException | None) -> str | None:
     return None
 
 
+def db_refused(e: BaseException) -> str | None:
+    """The database's own first line when it refused a statement (Optuna wraps it in a
+    StorageInternalError about "invalid data in the commit"); None for other errors."""
+    import optuna.exceptions
+    from sqlalchemy import exc as sa
+
+    if not isinstance(e, (sa.SQLAlchemyError, optuna.exceptions.StorageInternalError)):
+        return None
+    db = next((x for x in error_chain(e) if isinstance(x, sa.DBAPIError)), None)
+    return None if db is None else _first_line(getattr(db, "orig", None) or db)
+
+
 def unusable_hint(why: str) -> str:
     """What to do about a sqlite_unusable error."""
     low = why.lower()
     if "readonly" in low or "read-only" in low:
         return "fa-tune must write to it: check the file's and its folder's permissions"
-    if "not a database" in low or "malformed" in low:
+    if "full" in low:
+        return ("the disk is full: free space and run the command again (what was told before "
+                "is stored)")
+    if "malformed" in low:
+        return ("the database file is damaged: restore it from a copy, or start a new study in "
+                "a new file")
+    if "not a database" in low:
         return "it is not an SQLite study database: give the URL of a study fa-tune created"
     return ("it is not an Optuna study database fa-tune created: give the URL of one, or a new "
             "file such as sqlite:////abs/path/study.db")
@@ -148,6 +166,12 @@ def _retrying(fn: Callable[..., Any]) -> Callable[..., Any]:
                     if bad is not None:
                         raise SearchError(f"storage {self.display_url} cannot be used ({bad}); "
                                           f"{unusable_hint(bad)}") from None
+                    refused = db_refused(e)
+                    if refused is not None:  # e.g. a database switched to read-only
+                        raise SearchError(
+                            f"storage {self.display_url} refused the call ({refused}); what "
+                            "was told before is stored: run the command again when the "
+                            "database takes it") from None
                     raise
                 why = lost
                 now = time.monotonic()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.errors import FaTuneError, SearchError, ShapeError
+from tuner.kernel.build import KILLED
 from tuner.kernel.config import KNOBS, KernelConfig, load_preset
 from tuner.measure.accuracy import accuracy_record
 from tuner.measure.timing import geomean  # noqa: F401 - outcomes' and tests' name for it
@@ -166,12 +167,15 @@ class StopSignals:
     owns or a storage session that failed the next call (CI, 2026-12-06). The search polls
     ``why`` between steps and ``check()`` in its waits (GPU reply, compiles), so a stop lands
     within a quarter second. A second signal raises at once, for a search stuck where nothing
-    polls. Ctrl-C is taken over only where Python's default handler has it (a fleet's worker
-    ignores it: its parent sends SIGTERM)."""
+    polls, except while the search settles its trials. Ctrl-C is taken over only where Python's
+    default handler has it (a fleet's worker ignores it: its parent sends SIGTERM)."""
 
     def __init__(self, notify: Callable[[str], None]) -> None:
         self.why: str | None = None
         self.notify = notify
+        # Set once the search settles its trials: a further signal must not cut that short
+        # (it left a RUNNING trial, or a traceback from the GPU worker's join).
+        self.settling = False
         self._old: dict[int, Any] = {}
 
     def install(self) -> None:
@@ -192,6 +196,9 @@ class StopSignals:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         why = "interrupted (Ctrl-C)" if signum == signal.SIGINT else "interrupted (SIGTERM)"
+        if self.settling:
+            self.notify(f"{why}: already settling this worker's trials (a few seconds)")
+            return
         if self.why is not None:
             raise _Stop(why)  # asked twice: now
         self.why = why
@@ -262,9 +269,10 @@ def _model_text(m: dict[str, Any]) -> str:
 
 
 def _is_transient_build(e: FaTuneError) -> bool:
-    """nvcc missing or timed out: not a property of the config, so never deduplicated."""
+    """nvcc missing, timed out or killed: not a property of the config, so never
+    deduplicated (the trial is measured again)."""
     text = str(e)
-    return "nvcc not found" in text or "timed out" in text
+    return "nvcc not found" in text or "timed out" in text or f"was {KILLED} " in text
 
 
 def _pid_alive(pid: int) -> bool:

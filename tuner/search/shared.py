@@ -96,7 +96,9 @@ class SharedStudy:
             elif not owner:
                 start = t.datetime_start
                 if start is not None and start.tzinfo is None:
-                    start = start.replace(tzinfo=timezone.utc)
+                    # Optuna stores datetime.now(): local time without a zone (astimezone
+                    # reads a naive time as local).
+                    start = start.astimezone(timezone.utc)
                 stale = start is None or start < self.started_utc - timedelta(
                     seconds=OWNERLESS_GRACE_S)
             # Another host's trials are the heartbeat's (rdb.TrialHeartbeat): no pid to check.

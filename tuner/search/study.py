@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -159,12 +161,25 @@ def _where(path: Path) -> str:
             f"current folder; four slashes for an absolute path: sqlite:////abs/path.db)")
 
 
+# SQLite files this process has checked and opened. A file is read (its header, with open())
+# only before this process holds a connection to it: POSIX drops all of a process's locks on a
+# file when any of its descriptors of that file closes, so reading it beside a live connection
+# let another process's writer corrupt the database (two workers on one study, 2026-12-06).
+_OPENED: set[str] = set()
+
+
+def _opened(path: Path) -> bool:
+    return str(path.resolve()) in _OPENED
+
+
 def _sqlite_tables(path: Path) -> dict[str, set[str]]:
     """The tables of an SQLite file and their column names, read without writing anything
     (not even the -wal/-shm files a WAL-mode file gets from a plain reader); SearchError if
-    the file is no SQLite database or cannot be read."""
+    the file is no SQLite database or cannot be read. Never for a file this process holds
+    open (_OPENED)."""
     from urllib.parse import quote
 
+    assert not _opened(path), path
     try:
         with path.open("rb") as f:
             head = f.read(100)
@@ -207,7 +222,7 @@ def check_study_file(url: str, study: str | None = None) -> None:
     database and has Optuna's tables; else one SearchError line naming the file. Read-only:
     the file is left exactly as it was. Other databases are not checked here."""
     path = sqlite_path(url)
-    if path is None:
+    if path is None or _opened(path):
         return
     make = (f"run `fa-tune search --study {study} --storage {url}` first" if study else
             "create a study there with `fa-tune search --storage URL` first")
@@ -233,7 +248,7 @@ def check_study_file(url: str, study: str | None = None) -> None:
 def _check_new_sqlite_file(path: Path) -> None:
     """A study may be created in an SQLite file that is new, empty, or an Optuna storage
     already; another application's database is refused, so its file is never changed."""
-    if not path.is_file() or path.stat().st_size == 0:
+    if _opened(path) or not path.is_file() or path.stat().st_size == 0:
         return
     from optuna.storages._rdb import models
 
@@ -279,18 +294,36 @@ def open_storage(url: str, *, create_dirs: bool = True, heartbeat_s: int | None 
         beat = {"heartbeat_interval": int(heartbeat_s),
                 "grace_period": int(grace_s or 6 * heartbeat_s),
                 "heartbeat_stale_trial_callback": rdb.RequeueStaleTrial(max_retry=rdb.MAX_RETRY)}
-    try:
-        storage = rdb.ResilientRDBStorage(driver_url(url), display_url=redact(url),
-                                          notify=notify, engine_kwargs=_engine_kwargs(url),
-                                          skip_table_creation=not create_dirs, **beat)
-    except SearchError:
-        raise
-    except Exception as e:  # noqa: BLE001 - sqlalchemy / driver errors of every kind
-        raise SearchError(f"cannot open study storage {redact(url)}: "
-                          f"{_open_failure(e, url, path, create_dirs)}") from None
+    for attempt in range(CREATE_TRIES):
+        try:
+            storage = rdb.ResilientRDBStorage(driver_url(url), display_url=redact(url),
+                                              notify=notify, engine_kwargs=_engine_kwargs(url),
+                                              skip_table_creation=not create_dirs, **beat)
+            break
+        except SearchError:
+            raise
+        except Exception as e:  # noqa: BLE001 - sqlalchemy / driver errors of every kind
+            # Workers started together on a new database race to create its tables: the
+            # loser's CREATE or version row fails; a moment later the tables are there.
+            if create_dirs and attempt + 1 < CREATE_TRIES and _creation_race(e):
+                time.sleep(random.uniform(0.2, 1.0))
+                continue
+            raise SearchError(f"cannot open study storage {redact(url)}: "
+                              f"{_open_failure(e, url, path, create_dirs)}") from None
     if path is not None:
         _sqlite_wal(storage.engine)
+        _OPENED.add(str(path.resolve()))
     return storage
+
+
+CREATE_TRIES = 5
+_RACE_WORDS = ("already exists", "unique constraint failed", "duplicate key value")
+
+
+def _creation_race(e: BaseException) -> bool:
+    from tuner.search.rdb import error_chain
+
+    return any(w in str(x).lower() for x in error_chain(e) for w in _RACE_WORDS)
 
 
 def _open_failure(e: BaseException, url: str, path: Path | None, create: bool) -> str:
