@@ -105,3 +105,17 @@ def test_a_stop_sent_to_the_whole_process_group_is_no_verdict(tmp_path: Path, pl
     failed = [t for t in ts if t.state == TrialState.FAIL]
     assert [t.user_attrs.get("fail_reason") for t in failed] == ["interrupted"]
     assert not [t for t in ts if t.state == TrialState.RUNNING]
+
+
+def test_a_closed_terminal_is_a_stop_too() -> None:
+    stops = session.StopSignals(lambda _text: None)
+    before = signal.getsignal(signal.SIGHUP)
+    try:
+        stops.install()
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert stops.why == "interrupted (SIGHUP)"
+        stops.settling = True
+        os.kill(os.getpid(), signal.SIGHUP)  # while settling: noted, not raised
+    finally:
+        stops.restore()
+    assert signal.getsignal(signal.SIGHUP) is before

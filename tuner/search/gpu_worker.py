@@ -89,13 +89,14 @@ def exit_with_parent(parent: int, poll_s: float = PARENT_POLL_S) -> None:
 
 
 def bootstrap(entry: str, conn: Any, device_index: int, parent: int | None = None) -> None:
-    """Subprocess target: ignore Ctrl-C and SIGTERM (the parent decides: a stop sent to the
+    """Subprocess target: ignore Ctrl-C, SIGTERM and SIGHUP (the parent decides: a stop sent to the
     whole process group, as systemd and Slurm send it, must not kill the measurement the parent
     then fails as the config's verdict), leave with the parent, then run the named worker.
     ``parent``: the starting process's pid (default: the parent now). A parent gone mid-request
     ends the worker quietly (its pipe closed: nothing to answer)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a closed terminal: the same
     exit_with_parent(os.getppid() if parent is None else parent)
     try:
         fn = resolve_entry(entry)

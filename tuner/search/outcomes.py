@@ -330,7 +330,9 @@ class TrialOutcomes:
         try:
             conf["results_dir"] = str(self._write_results(trial, cfg, built, timings, gates))
         except (OSError, FaTuneError) as e:
-            conf["results_error"] = str(e)
+            conf["results_error"] = str(e)  # the number is stored with the trial all the same
+            self.progress.event(f"trial {trial.number}: results folder not written ({e}); its "
+                                "confirmed number is in the study"[:160])
         trial.set_user_attr("confirmed", conf)
         return float(conf["geomean_tflops"])
 

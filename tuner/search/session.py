@@ -159,7 +159,8 @@ class _Stop(Exception):
 
 
 class StopSignals:
-    """SIGTERM and Ctrl-C as a stop request that the search polls at safe points.
+    """SIGTERM, Ctrl-C and SIGHUP (a closed terminal) as a stop request that the search polls
+    at safe points.
 
     The handler only records the request. An exception raised from a signal handler lands
     wherever the main thread happens to be, inside a storage commit or between Optuna's
@@ -184,6 +185,8 @@ class StopSignals:
         self._old[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             self._old[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
+        if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # the terminal closed
+            self._old[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_signal)
 
     def restore(self) -> None:
         for signum, old in self._old.items():
@@ -195,7 +198,8 @@ class StopSignals:
             raise _Stop(self.why)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        why = "interrupted (Ctrl-C)" if signum == signal.SIGINT else "interrupted (SIGTERM)"
+        why = {signal.SIGINT: "interrupted (Ctrl-C)", signal.SIGHUP: "interrupted (SIGHUP)"}.get(
+            signal.Signals(signum), "interrupted (SIGTERM)")
         if self.settling:
             self.notify(f"{why}: already settling this worker's trials (a few seconds)")
             return
