@@ -134,7 +134,7 @@ w128hc)
   step "w128hc: exit $?"; grep -E "^1x64|FAIL" "$OUT/w128hc.log" | cut -c1-140
   ;;
 dealtests)
-  FIRST_CALL="s32.sh deal with .whl"
+  FIRST_CALL="s32.sh dealtests with .whl"
   source "$LAB/session_calls.sh"
   apply_patch "${2:-varlen-tail-deal}"
   timeout 200 $E python3 lab/h200/prebuild.py paged > "$OUT/prebuild_paged.log" 2>&1

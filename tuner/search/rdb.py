@@ -62,7 +62,7 @@ SQLITE_TRANSIENT = ("database is locked", "database table is locked", "database 
                     "unable to open database file", "disk i/o error", "locking protocol")
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return (lines[0] if lines else type(e).__name__)[:200]
 
@@ -86,7 +86,7 @@ def connection_lost(e: BaseException | None) -> str | None:
         if isinstance(x, (sa.OperationalError, sa.InterfaceError, sa.DisconnectionError)) or (
                 isinstance(x, sa.DBAPIError) and x.connection_invalidated):
             orig = getattr(x, "orig", None) or x
-            why = _first_line(orig)
+            why = first_line(orig)
             if isinstance(orig, sqlite3.Error) and \
                     not any(t in why.lower() for t in SQLITE_TRANSIENT):
                 return None
@@ -108,7 +108,7 @@ def sqlite_unusable(e: BaseException | None) -> str | None:
         orig = getattr(x, "orig", None)
         if isinstance(x, sa.DBAPIError) and isinstance(orig, sqlite3.DatabaseError) \
                 and not isinstance(orig, sqlite3.IntegrityError):
-            why = _first_line(orig)
+            why = first_line(orig)
             return None if any(t in why.lower() for t in SQLITE_TRANSIENT) else why
     return None
 
@@ -122,7 +122,7 @@ def db_refused(e: BaseException) -> str | None:
     if not isinstance(e, (sa.SQLAlchemyError, optuna.exceptions.StorageInternalError)):
         return None
     db = next((x for x in error_chain(e) if isinstance(x, sa.DBAPIError)), None)
-    return None if db is None else _first_line(getattr(db, "orig", None) or db)
+    return None if db is None else first_line(getattr(db, "orig", None) or db)
 
 
 def unusable_hint(why: str) -> str:

@@ -330,7 +330,7 @@ def _open_failure(e: BaseException, url: str, path: Path | None, create: bool) -
     """Why RDBStorage could not open url, and what to do, in one line."""
     from sqlalchemy import exc as sa
 
-    from tuner.search.rdb import error_chain
+    from tuner.search.rdb import db_refused, error_chain, first_line
 
     chain = error_chain(e)
     if any(isinstance(x, (ImportError, sa.NoSuchModuleError)) for x in chain):
@@ -342,10 +342,7 @@ def _open_failure(e: BaseException, url: str, path: Path | None, create: bool) -
                 "(postgresql://user:password@host/db: pip install 'fa-tune[postgres]'); another "
                 "database Optuna supports needs its driver, e.g. mysql+pymysql:// with "
                 "pip install pymysql")
-    # The database's own words (Optuna wraps them in a StorageInternalError about commits).
-    db_err = next((x for x in chain if isinstance(x, sa.DBAPIError)), None)
-    orig = getattr(db_err, "orig", None) or db_err or e
-    why = (str(orig).strip().splitlines() or [type(orig).__name__])[0][:200]
+    why = db_refused(e) or first_line(e)  # the database's own words where it gave some
     low = why.lower()
     if path is not None and "unable to open database file" in low:
         return f"cannot open the SQLite file {_where(path)} ({why})"
