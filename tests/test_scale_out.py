@@ -23,6 +23,7 @@ import pg_server
 import pytest
 from cli_helpers import one_error_line
 from optuna.trial import TrialState
+from study_poll import study_exists
 from typer.testing import CliRunner
 
 from tuner.cli import app
@@ -211,11 +212,7 @@ def test_worker_killed_mid_trial_is_failed_by_heartbeat_and_remeasured(
 
 
 def _exists(url: str, study: str) -> bool:
-    try:
-        trials(url, study)
-    except KeyError:
-        return False
-    return True
+    return study_exists(url, study)  # read-only: never races the worker creating it
 
 
 @needs_pg

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import optuna
 import pytest
 from optuna.trial import TrialState
+from study_poll import trials_if_created
 
 from tuner.errors import SearchError, ShapeError
 from tuner.measure import timing
@@ -315,11 +316,7 @@ def test_resume_after_sigterm_and_sigkill(tmp_path: Path, plan) -> None:
                              env=env)
         deadline = time.time() + 60
         while time.time() < deadline:
-            try:
-                ts = optuna.load_study(study_name="r", storage=url).get_trials()
-            except KeyError:  # not created yet
-                time.sleep(0.2)
-                continue
+            ts = trials_if_created(url, "r")  # never races the search creating it
             running = [t for t in ts if t.state == TrialState.RUNNING
                        and t.params.get("block_n") == 96 and "build" in t.user_attrs]
             if running:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
+from study_poll import trials_if_created
 from test_search import make, plan, trials_of  # noqa: F401 - plan is a fixture
 
 from tuner.search import session
@@ -84,10 +85,7 @@ def test_a_stop_sent_to_the_whole_process_group_is_no_verdict(tmp_path: Path, pl
     try:
         deadline = time.time() + 60
         while time.time() < deadline:
-            try:
-                ts = optuna.load_study(study_name="g", storage=url).get_trials()
-            except KeyError:
-                ts = []
+            ts = trials_if_created(url, "g")
             if [t for t in ts if t.state == TrialState.RUNNING
                     and t.params.get("block_n") == 96 and "build" in t.user_attrs]:
                 break
