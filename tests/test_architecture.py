@@ -157,7 +157,7 @@ LAYERS = [
     {"tuner.measure"},
     {"tuner.search"},
     {"tuner.ship", "tuner.analysis", "tuner.doctor"},
-    {"tuner.cli"},
+    {"tuner.cli", "tuner.entry"},
 ]
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -190,6 +192,23 @@ def test_console_script_one_line() -> None:
     )
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "malformed problem '4x32'" in r.stderr
+
+
+@pytest.mark.parametrize("after_s", [0.05, 0.15, 0.3])
+def test_ctrl_c_while_the_cli_loads_is_one_line(after_s: float) -> None:
+    """The console script's entry (tuner.entry) imports the CLI itself: a Ctrl-C during those
+    imports (about half a second) is the same line and exit as one during a command."""
+    p = subprocess.Popen([sys.executable, "-c", "from tuner.entry import main; main()", "presets"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(after_s)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert "Traceback" not in err, err
+    # Before Python's own handler is in place SIGINT ends the process silently; after the
+    # command finished there is nothing to interrupt.
+    assert p.returncode in (130, -signal.SIGINT, 0), (p.returncode, err)
+    if p.returncode == 130:
+        assert err == "fa-tune: interrupted\n", err
 
 
 @pytest.mark.slow

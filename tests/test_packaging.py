@@ -39,7 +39,7 @@ def test_wheel_contains_data(wheel: Path) -> None:
         assert src and all(f"tuner/_data/{s}" in names for s in src), d
     assert "tuner/cli/__init__.py" in names
     meta = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "fa-tune = tuner.cli:main" in zipfile.ZipFile(wheel).read(meta).decode()
+    assert "fa-tune = tuner.entry:main" in zipfile.ZipFile(wheel).read(meta).decode()
 
 
 def test_installed_copy_finds_its_data(wheel: Path, tmp_path: Path) -> None:

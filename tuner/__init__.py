@@ -1,4 +1,4 @@
-"""fa-tune: autotuner for a causal FlashAttention forward kernel on Hopper (sm_90a)."""
+"""fa-tune: autotuner for FlashAttention prefill forward kernels on Hopper (sm_90a)."""
 
 from __future__ import annotations
 
