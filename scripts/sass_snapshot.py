@@ -138,7 +138,7 @@ def snapshot(out: Path, cache: Path | None, names: list[str], fixed: bool = Fals
         return name, {"class": str(pclass), "so_path": str(res.so_path),
                       "shape": shape or f"{SHAPE_HEADS[d]}x8192{suffix}", **sass_entry(sass)}
 
-    with ThreadPoolExecutor(max_workers=build.usable_cpus()) as ex:
+    with ThreadPoolExecutor(max_workers=toolchain.usable_cpus()) as ex:
         index = dict(ex.map(one, names or C.list_presets()))
     for name, e in index.items():
         print(f"{name:16s} {e['class']:32s} " + " ".join(map(str, e["instructions"].values())))

@@ -36,6 +36,18 @@ def test_a_seed_outside_the_samplers_range_is_one_line(tmp_path: Path, seed: str
     assert not (tmp_path / "s.db").exists()
 
 
+@pytest.mark.parametrize("cmd", [["search", "--study", "s", "--trials", "1"],
+                                 ["build", "--preset", "baseline"]])
+def test_a_jobs_count_no_host_can_run_is_one_line(tmp_path: Path, cmd: list[str]) -> None:
+    """A mistyped --jobs would start thousands of nvcc (1-2 GB each): refused before any."""
+    if cmd[0] == "search":
+        cmd += ["--storage", f"sqlite:///{tmp_path / 's.db'}"]
+    p = fa_tune(*cmd, "--jobs", "100000")
+    assert p.returncode == 2
+    assert "--jobs 100000 is outside 1.." in one_error_line(p.stderr)
+    assert not (tmp_path / "s.db").exists()
+
+
 @pytest.mark.parametrize(("data", "needle"), [
     (b"\xff\xfe\x00b", "is not UTF-8 text (byte 0: 0xff); save it as UTF-8"),
     ("block_n: 128  # caf\u00e9\n".encode("latin-1"), "is not UTF-8 text"),

@@ -40,11 +40,7 @@ from tuner.errors import BuildError, ConfigError, FaTuneError
 from tuner.kernel import shared_cache
 from tuner.kernel.config import KernelConfig, check_varlen, validate
 from tuner.kernel.sass import parse_ptxas, sass_report
-from tuner.kernel.toolchain import (
-    find_nvcc,
-    nvcc_version,
-    usable_cpus,
-)
+from tuner.kernel.toolchain import compile_jobs, find_nvcc, nvcc_version
 from tuner.problem import DEFAULT_CLASS, ProblemClass
 
 ARCH_FLAG = "-gencode=arch=compute_90a,code=sm_90a"  # -arch=sm_90a has failed with nvcc 13.0
@@ -635,7 +631,7 @@ def build_many(
             outcomes[c] = BuildOutcome(c, None, e)
             continue
         todo.append(c)
-    jobs = max(1, jobs or usable_cpus())
+    jobs = compile_jobs(jobs)
     if todo:
         find_nvcc()  # fail once, in the parent, with the clear message
         define_flags(defines)  # a bad define fails here, once, not in every worker

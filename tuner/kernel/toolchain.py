@@ -53,6 +53,24 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+# Parallel compiles beyond this many per usable CPU only queue in the scheduler, and each nvcc
+# holds about 1-2 GB of memory: a mistyped --jobs would start thousands of them.
+JOBS_PER_CPU_MAX = 4
+
+
+def compile_jobs(jobs: int | None) -> int:
+    """How many nvcc run at once: ``jobs`` as given (BuildError beyond JOBS_PER_CPU_MAX per
+    usable CPU), or every usable CPU by default."""
+    cpus = usable_cpus()
+    if jobs is None or jobs == 0:
+        return cpus
+    if jobs < 1 or jobs > JOBS_PER_CPU_MAX * cpus:
+        raise BuildError(f"--jobs {jobs} is outside 1..{JOBS_PER_CPU_MAX * cpus} ({cpus} usable "
+                         f"CPUs here, each nvcc takes one and 1-2 GB): give at most "
+                         f"{JOBS_PER_CPU_MAX * cpus}, or leave --jobs out for {cpus}")
+    return jobs
+
+
 def find_nvcc() -> Path:
     """nvcc from CUDA_HOME/bin, then PATH, then the nvidia-cuda-nvcc wheel; else BuildError."""
     for d in _candidate_bin_dirs():

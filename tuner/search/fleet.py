@@ -161,9 +161,9 @@ class Fleet:
         self.kwargs = dict(search_kwargs)
         self.progress_cb = progress_cb or (lambda _p: None)
         n = len(devices)
-        from tuner.kernel.build import usable_cpus
+        from tuner.kernel.toolchain import compile_jobs
 
-        self.jobs = share(int(self.kwargs.pop("jobs", None) or usable_cpus()), n)
+        self.jobs = share(compile_jobs(self.kwargs.pop("jobs", None)), n)
         trials = self.kwargs.pop("n_trials", None)
         # --trials is the fleet's budget: N near-equal shares (at least one trial per GPU).
         self.trials: list[int | None] = [None] * n if trials is None else \

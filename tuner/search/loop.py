@@ -176,7 +176,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         self.url = storage_url(study, storage)
         self.n_trials = n_trials
         self.timeout_s = timeout_s
-        self.jobs = max(1, jobs or toolchain.usable_cpus())
+        self.jobs = toolchain.compile_jobs(jobs)
         self.lookahead = max(2, self.jobs)
         if builder is None:
             from tuner.kernel.build import build_config
