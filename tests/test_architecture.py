@@ -152,7 +152,7 @@ def test_shipped_package_does_not_import_tuner() -> None:
 # Layers, lowest first: a module may import its own layer and those below, never above.
 LAYERS = [
     {"tuner", "tuner._paths", "tuner.errors", "tuner.problem", "tuner.problem_text",
-     "tuner.problem_class", "tuner.paging", "tuner.yaml_file"},
+     "tuner.problem_class", "tuner.paging", "tuner.yaml_file", "tuner.child_process"},
     {"tuner.kernel"},
     {"tuner.measure"},
     {"tuner.search"},

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 
-try:
-    __version__ = importlib.metadata.version("fa-tune")
-except importlib.metadata.PackageNotFoundError:  # running from a checkout that is not installed
-    __version__ = "0.1.0"
+def __getattr__(name: str) -> str:
+    # Read on first use: importlib.metadata costs ~30 ms that every `fa-tune` start would pay
+    # before the console script can take Ctrl-C (tuner.entry).
+    if name != "__version__":
+        raise AttributeError(f"module 'tuner' has no attribute {name!r}")
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("fa-tune")
+    except importlib.metadata.PackageNotFoundError:  # a checkout that is not installed
+        return "0.1.0"

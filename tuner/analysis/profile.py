@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tuner import _paths
+from tuner import _paths, child_process
 from tuner.analysis.ncu_report import (
     KernelReport,
     M,
@@ -194,7 +194,7 @@ def run_ncu(subjects: Sequence[Subject], shape: Problem, name: str,
     if rep.exists():
         rep.unlink()  # a report left by an earlier run must not pass for this one's
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=NCU_TIMEOUT_S, env=env)
+        p = child_process.run(cmd, timeout=NCU_TIMEOUT_S, env=env)  # the profiled process too
     except subprocess.TimeoutExpired:
         raise ProfileError(f"ncu did not finish within {NCU_TIMEOUT_S} s") from None
     out = p.stdout + p.stderr

@@ -15,7 +15,7 @@ import sys
 import typer
 
 from tuner.cli import compare_cmd, kernel_cmds, search_cmds, study_cmds
-from tuner.cli.common import Command, app
+from tuner.cli.common import Command, app, interrupted
 from tuner.errors import FaTuneError
 
 try:  # typer >= 0.20 vendors click as typer._click; its errors are that module's
@@ -54,21 +54,28 @@ def app_commands(command: object) -> set[str]:
 
 
 class Terminated(BaseException):
-    """SIGTERM outside a search (which takes it as a stop of its own, search.session)."""
+    """SIGTERM or SIGHUP outside a search (which takes them as a stop of its own,
+    search.session)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _terminated(signum: int, frame: object) -> None:
-    raise Terminated()
+    raise Terminated(signum)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point. click's own errors (an unknown option, a missing argument, a
     bad value) are ONE line too, with the command to ask for help, and exit 2; no usage dump.
-    SIGTERM unwinds like Ctrl-C, so a command's cleanup runs (an export's staging folder goes)
-    and it says one line."""
-    command = typer.main.get_command(app)
+    SIGTERM and SIGHUP unwind like Ctrl-C, so a command's cleanup runs (an export's staging
+    folder goes) and it says one line."""
     signal.signal(signal.SIGTERM, _terminated)
+    if hasattr(signal, "SIGHUP"):  # a closed terminal: the same unwinding
+        signal.signal(signal.SIGHUP, _terminated)
     try:
+        command = typer.main.get_command(app)
         rv = command.main(args=argv, prog_name="fa-tune", standalone_mode=False)
     except NO_ARGS_IS_HELP as e:  # a bare `fa-tune`: typer has printed the help
         sys.exit(e.exit_code)
@@ -86,9 +93,8 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.write(f"fa-tune: error: {e}\n")
         sys.exit(e.exit_code)
     except (KeyboardInterrupt, ABORT):
-        sys.stderr.write("fa-tune: interrupted\n")
-        sys.exit(130)
-    except Terminated:
-        sys.stderr.write("fa-tune: stopped (SIGTERM)\n")
-        sys.exit(128 + signal.SIGTERM)
+        sys.exit(interrupted().exit_code)
+    except Terminated as e:
+        sys.stderr.write(f"fa-tune: stopped ({signal.Signals(e.signum).name})\n")
+        sys.exit(128 + e.signum)
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -53,8 +53,25 @@ class Command(_Metavars, TyperCommand):
     pass
 
 
+def interrupted() -> typer.Exit:
+    """Ctrl-C outside a command that takes it itself (search settles its trials first): one
+    line and exit 130, where typer would exit 130 without a word."""
+    sys.stderr.write("fa-tune: interrupted\n")
+    return typer.Exit(130)
+
+
 class Group(_Metavars, TyperGroup):
-    pass
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise interrupted() from None
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise interrupted() from None
 
 
 app = typer.Typer(
@@ -95,7 +112,7 @@ def user_errors(fn: F) -> F:
 
 
 # The problem syntax as typer's rich help shows it: "[/Hkv]" unescaped would be a closing tag.
-PROBLEM_SYNTAX = r"BxHq\[/Hkv]xS\[:kSK]\[:dD]\[:full]\[:wW]\[:capC]\[:sinks]\[:qkv|:bhsd]"
+PROBLEM_SYNTAX = r"BxHq\[/Hkv]xS\[:kSK]\[:dD]\[:full]\[:wW]\[:capC]\[:sinks]\[:pP]\[:qkv|:bhsd]"
 PROBLEM_HELP = (f"Problem {PROBLEM_SYNTAX}, e.g. 4x32x8192, 1x32/8x8192 (GQA), "
                 "4x32x8192:d64, 4x32x8192:full (non-causal); :kSK: S queries over SK keys, e.g. "
                 "1x32/8x2048:k8192; :wW a sliding window of W keys, :capC logit softcapping, "

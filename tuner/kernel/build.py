@@ -35,7 +35,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from tuner import _paths
+from tuner import _paths, child_process
 from tuner.errors import BuildError, ConfigError, FaTuneError
 from tuner.kernel import shared_cache
 from tuner.kernel.config import KernelConfig, check_varlen, validate
@@ -460,9 +460,7 @@ def _compile(text: str, flags: Sequence[str], extra_inc: Sequence[Path], nvcc: P
                "-o", str(so), str(src)]
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(
-                cmd, capture_output=True, text=True, cwd=tmp, timeout=NVCC_TIMEOUT_S
-            )
+            proc = child_process.run(cmd, cwd=tmp, timeout=NVCC_TIMEOUT_S)
             log = f"$ {' '.join(cmd)}\n{proc.stdout}{proc.stderr}"
             ok = proc.returncode == 0 and so.is_file()
             if proc.returncode < 0:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tuner import _paths
+from tuner import _paths, child_process
 from tuner.kernel import build as build_mod
 from tuner.kernel import toolchain
 from tuner.ship import dispatcher_cpp
@@ -333,8 +333,8 @@ def _run_build(folder: Path, jobs: int | None) -> Path:
     log = folder / "build" / "build.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     try:
-        p = subprocess.run(["bash", str(folder / "build.sh")], capture_output=True, text=True,
-                           env=env, cwd=folder, timeout=WORKLOAD_BUILD_TIMEOUT_S)
+        p = child_process.run(["bash", str(folder / "build.sh")], env=env, cwd=folder,
+                              timeout=WORKLOAD_BUILD_TIMEOUT_S)
         text, rc = p.stdout + p.stderr, p.returncode
     except subprocess.TimeoutExpired:
         text, rc = f"build.sh ran past {WORKLOAD_BUILD_TIMEOUT_S:.0f} s", -1
