@@ -38,6 +38,11 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Path:
                             "short=preset:default", "--bucket", "long=preset:multicast",
                             "--out", str(out)])
     assert r.exit_code == 0, r.output
+    # The minutes of compiling are announced before they start, not after.
+    lines = r.output.splitlines()
+    assert lines[0].startswith("compiling 2 bucket kernel(s) for packed batches on "), r.output
+    assert lines[1].startswith("building the library with the export's build.sh: 2 bucket(s)")
+    assert lines[-1].startswith("exported workload "), r.output
     return out
 
 

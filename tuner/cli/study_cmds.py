@@ -210,8 +210,9 @@ def export(
         w = workload_mod.load_workload(wfile)
         resolved = dispatch_mod.bucket_sources(w, bucket, study_prefix, default, storage)
         t = dispatch_mod.table_for_workload(w, resolved)
-    r = export_workload.export_workload(t, out, resolved=resolved, workload_file=wfile,
-                                   build=not no_build, jobs=jobs)
+    r = export_workload.export_workload(
+        t, out, resolved=resolved, workload_file=wfile, build=not no_build, jobs=jobs,
+        say=lambda line: console.print(line, markup=False, soft_wrap=True))
     for e in t.entries:
         console.print(f"  {e.bucket}: S {e.range_text()}, {e.config.config_id()} "
                       f"({e.source_text()})", markup=False, soft_wrap=True)

@@ -10,6 +10,7 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -351,9 +352,11 @@ def _run_build(folder: Path, jobs: int | None) -> Path:
 
 def export_workload(table: Any, out: Path, *, resolved: Any = None,
                     workload_file: Path | None = None, build: bool = True,
-                    jobs: int | None = None) -> dict[str, Any]:
+                    jobs: int | None = None,
+                    say: Callable[[str], None] = lambda _line: None) -> dict[str, Any]:
     """Write a workload export (layout above) for a dispatch table; with ``build``, run its
-    build.sh and ship the library in lib/ (without: sources only, no nvcc)."""
+    build.sh and ship the library in lib/ (without: sources only, no nvcc). ``say`` hears a
+    line before each step that takes minutes."""
     from tuner.ship import dispatch as dispatch_mod
 
     out = Path(out)
@@ -365,6 +368,11 @@ def export_workload(table: Any, out: Path, *, resolved: Any = None,
     with staged(out) as tmp:
         # Each bucket with its varlen kernel where its config serves it (compiled to be sure,
         # when this export builds; the build.sh compiles the same kernels after).
+        n = len(table.entries)
+        if build:
+            say(f"compiling {n} bucket kernel(s) for packed batches on "
+                f"{toolchain.compile_jobs(jobs)} core(s), to see which configs serve them "
+                "(cached ones are instant)")
         why = dict(zip([e.bucket for e in table.entries],
                        varlen_why_not([e.config for e in table.entries], pclass, compile=build,
                                       jobs=jobs), strict=True))
@@ -393,6 +401,8 @@ def export_workload(table: Any, out: Path, *, resolved: Any = None,
         (tmp / "README.md").write_text(workload_readme(table, why))
         so = None
         if build:
+            say(f"building the library with the export's build.sh: {n} bucket(s), "
+                f"{toolchain.compile_jobs(jobs)} compile(s) at once, typically a few minutes")
             built = _run_build(tmp, jobs)
             _check_built_library(built, table)
             (tmp / "lib").mkdir()
