@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import re
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -28,13 +24,13 @@ from tuner.cli.common import (
     user_errors,
     yes_no,
 )
-from tuner.errors import BundleError, ConfigError
+from tuner.errors import ConfigError
 from tuner.kernel import build as build_mod
 from tuner.kernel.config import list_presets, load_config, load_preset, smem_bytes
 from tuner.kernel.support import check_class, check_problems
 from tuner.measure import runner, timing
 from tuner.problem import DEFAULT_HEAD_DIM, HEAD_DIMS, ProblemClass, parse_problems
-from tuner.ship.export import out_problem
+from tuner.ship.bundle import write_bundle
 
 
 @user_errors
@@ -201,51 +197,6 @@ def presets() -> None:
     console.print(t)
 
 
-# Wheels for a GPU host without network: manylinux x86_64, glibc 2.17 .. 2.34.
-BUNDLE_PLATFORMS = (
-    "manylinux_2_34_x86_64",
-    "manylinux_2_28_x86_64",
-    "manylinux_2_27_x86_64",
-    "manylinux_2_24_x86_64",
-    "manylinux_2_17_x86_64",
-    "manylinux2014_x86_64",
-    "manylinux1_x86_64",
-)
-
-
-def _pip(args: list[str], what: str) -> None:
-    cmd = [sys.executable, "-m", "pip", *args]
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        lines = [ln for ln in (p.stderr + p.stdout).splitlines() if "ERROR" in ln] or [
-            ln for ln in p.stderr.splitlines() if ln.strip()
-        ]
-        raise BundleError(f"{what} failed: {lines[0].strip() if lines else p.returncode}")
-
-
-# What the wheel is built from (pyproject.toml, setup.py and the data folders setup.py copies).
-WHEEL_SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "tuner", "templates",
-                 "cuda_src", "search_spaces", "workloads")
-
-
-def _wheel_sources(dest: Path) -> Path:
-    """A copy of the checkout's wheel sources in ``dest`` (no caches, no build leftovers)."""
-    root = _paths.data_root()
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build", "*.so")
-    dest.mkdir(parents=True)
-    for name in WHEEL_SOURCES:
-        p = root / name
-        if p.is_dir():
-            shutil.copytree(p, dest / name, ignore=skip)
-        elif p.is_file():
-            shutil.copy2(p, dest / name)
-    return dest
-
-
-# Extras a wheelhouse may carry (pyproject's optional dependencies that GPU hosts run with).
-BUNDLE_EXTRAS = ("postgres", "peers", "torch", "hf")
-
-
 @user_errors
 def bundle(
     out: Annotated[Path, typer.Option("--out", "-o", help="Wheelhouse folder (new or empty).")],
@@ -257,44 +208,8 @@ def bundle(
         "on a PostgreSQL study).")] = None,
 ) -> None:
     """Write a wheelhouse so `pip install --no-index --find-links DIR fa-tune` works offline."""
-    if not re.fullmatch(r"3\.\d{1,2}", python):
-        raise BundleError(f"--python must look like 3.12 (got '{python}')")
-    extras = sorted(set(extra or []))
-    for e in extras:
-        if e not in BUNDLE_EXTRAS:
-            raise BundleError(f"unknown --extra '{e}'; choose from {', '.join(BUNDLE_EXTRAS)}")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise BundleError(f"{out} exists and is not an empty folder; choose a new --out")
-    if not _paths.is_source_checkout() or not (_paths.data_root() / "pyproject.toml").is_file():
-        raise BundleError("bundle builds fa-tune's wheel and needs a source checkout of fa-tune")
-    if not out.exists():
-        why = out_problem(out)
-        if why is not None:
-            raise BundleError(f"{why}; choose another --out")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BundleError(f"cannot create {out}: {e.strerror or e}; choose another --out"
-                          ) from None
-    with tempfile.TemporaryDirectory(prefix="fa-tune-bundle-") as tmp:
-        console.print("building the fa-tune wheel ...")
-        # From a copy: a build in the checkout would leave build/ and fa_tune.egg-info there.
-        src = _wheel_sources(Path(tmp) / "src")
-        _pip(["wheel", str(src), "--no-deps", "-w", str(Path(tmp) / "wheel")], "pip wheel")
-        [whl] = list((Path(tmp) / "wheel").glob("fa_tune-*.whl"))
-        try:
-            shutil.copy2(whl, out / whl.name)
-        except OSError as e:
-            raise BundleError(f"cannot write {out / whl.name}: {e.strerror or e}") from None
-    console.print(f"downloading dependencies for CPython {python} manylinux x86_64 ...")
-    plat = [a for p in BUNDLE_PLATFORMS for a in ("--platform", p)]
-    req = str(out / whl.name) + (f"[{','.join(extras)}]" if extras else "")
-    _pip(
-        ["download", req, "-d", str(out), "--only-binary=:all:",
-         "--python-version", python, "--implementation", "cp", *plat],
-        "pip download",
-    )
-    n = len(list(out.glob("*.whl")))
-    what = "fa-tune" + (f"[{','.join(extras)}]" if extras else "")
+    n, what = write_bundle(out, python, extra or [],
+                           say=lambda line: console.print(line, markup=False))
     console.print(f"{n} wheels in {out}; on the GPU host: "
-                  f"pip install --no-index --find-links {out} '{what}'")
+                  f"pip install --no-index --find-links {out} '{what}'", markup=False,
+                  soft_wrap=True)
