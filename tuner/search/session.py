@@ -50,8 +50,6 @@ def parse_duration(text: str | None) -> float | None:
     return v
 
 
-
-
 def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
