@@ -73,6 +73,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TypedDict
 
 from tuner.errors import ShapeError
 from tuner.paging import PageLayout, page_layout, page_size_problem
@@ -563,10 +564,13 @@ class Problem:
     @classmethod
     def from_dict(cls, d: dict) -> Problem:
         hq = d.get("Hq", d.get("H"))
-        kw = {"Hkv": int(d.get("Hkv") or 0), "D": int(d.get("D", DEFAULT_HEAD_DIM)),
-              "causal": bool(d.get("causal", True)),
-              "window": int(d.get("window", NO_WINDOW)), "softcap": float(d.get("softcap", 0.0)),
-              "sinks": bool(d.get("sinks", False)), "page_size": int(d.get("page_size", 0))}
+        if hq is None:  # the TypeError int(None) raised; as_problem says what is missing
+            raise TypeError("a problem dict needs Hq (or H)")
+        kw: _ProblemKw = {
+            "Hkv": int(d.get("Hkv") or 0), "D": int(d.get("D", DEFAULT_HEAD_DIM)),
+            "causal": bool(d.get("causal", True)),
+            "window": int(d.get("window", NO_WINDOW)), "softcap": float(d.get("softcap", 0.0)),
+            "sinks": bool(d.get("sinks", False)), "page_size": int(d.get("page_size", 0))}
         if d.get("seqlens"):
             ks = d.get("seqlens_k")
             return cls.varlen([int(x) for x in d["seqlens"]], int(hq), **kw,
@@ -575,6 +579,16 @@ class Problem:
                    layout=str(d.get("layout") or DEFAULT_LAYOUT), **kw)
 
 
+class _ProblemKw(TypedDict):
+    """The keyword arguments Problem.from_dict passes both constructors."""
+
+    Hkv: int
+    D: int
+    causal: bool
+    window: int
+    softcap: float
+    sinks: bool
+    page_size: int
 
 
 def class_of(problems: Iterable[object]) -> ProblemClass:
@@ -629,7 +643,8 @@ def as_problem(obj: object) -> Problem:
         except (KeyError, TypeError, ValueError, OverflowError):  # int(inf) overflows
             raise ShapeError(f"malformed problem {obj!r}: needs B, Hq (or H) and S") from None
     if isinstance(obj, (list, tuple)) and len(obj) == 3:
-        return Problem(*(int(v) for v in obj))
+        b, h, s = (int(v) for v in obj)
+        return Problem(b, h, s)
     raise ShapeError(f"malformed problem {obj!r}: give a Problem, "
                      "'BxHq[/Hkv]xS[:kSK][:dD][:full][:qkv|:bhsd]' or a dict")
 

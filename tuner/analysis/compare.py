@@ -413,7 +413,7 @@ def _drift(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
     ends = {r["position"]: r for r in runs if r.get("position")}
     if "before" not in ends:
         return None
-    before, after = ends.get("before"), ends.get("after")
+    before, after = ends["before"], ends.get("after")
     out: dict[str, Any] = {"backend": before["backend"]}
     for key, r in (("before", before), ("after", after)):
         out[f"{key}_ms"] = r["timing"]["median_ms"] if r and r.get("timing") else None

@@ -11,6 +11,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from tuner.errors import FaTuneError
 
@@ -204,7 +205,17 @@ TENSOR_PIPE_PATTERNS = (
     r"re:^sm__pipe_tensor.*cycles_active\.avg\.pct_of_peak_sustained_active$",
     r"re:^sm__inst_executed_pipe_tensor.*\.avg\.pct_of_peak_sustained_active$",
 )
-_PCT = {"unit": "%", "fmt": "{:.1f}", "floor": 1.0}
+
+
+class _PctFields(TypedDict):
+    """The keyword arguments the percentage rows share (``**_PCT``)."""
+
+    unit: str
+    fmt: str
+    floor: float
+
+
+_PCT: _PctFields = {"unit": "%", "fmt": "{:.1f}", "floor": 1.0}
 M = Metric
 METRICS: tuple[Metric, ...] = (
     M("duration_ms", "duration", "ms", "time", ("gpu__time_duration.sum",),
@@ -411,7 +422,7 @@ def build_table(columns: Sequence[dict[str, float | None]],
         partial = partial or any(v is None for v in vals) and any(v is not None for v in vals)
         row = TableRow(_unit_label(m), [m.format(v) for v in vals])
         if len(vals) == 2 and vals[0] is not None and vals[1] is not None:
-            a, b = vals
+            a, b = vals[0], vals[1]
             row.ratio = f"{b / a:.2f}x" if a else ("=" if b == 0 else "-")
             big = max(abs(a), abs(b))
             if big >= max(m.floor, 1e-12):

@@ -402,7 +402,7 @@ SHOW_KEYS = ("duration_ms", "sm_clock_ghz", "tensor_pipe_pct", "xu_pipe_pct", "i
 
 def record_line(rec: dict[str, Any], keys: Sequence[str] = SHOW_KEYS) -> str:
     """"duration 2.987 ms, SM clock 1.688 GHz, ..." from a stored record's metrics."""
-    metrics = rec.get("metrics") if isinstance(rec.get("metrics"), dict) else {}
+    metrics = got if isinstance(got := rec.get("metrics"), dict) else {}
     parts = []
     for key in keys:
         m, v = metric_for(key), metrics.get(key)

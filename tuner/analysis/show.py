@@ -121,9 +121,9 @@ def write_plots(study: str, trials: list[Any], out: Path | None = None) -> list[
         cur = t.value if cur is None else max(cur, t.value)
         xs.append(t.number)
         best.append(cur)
-        if confirmed_value(t):
+        if conf := confirmed_value(t):
             cx.append(t.number)
-            cy.append(confirmed_value(t))
+            cy.append(conf)
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.scatter([t.number for t in done], [t.value for t in done], s=10, alpha=0.5,
                label="trial (search protocol)")

@@ -21,13 +21,13 @@ from tuner.errors import FaTuneError
 try:  # typer >= 0.20 vendors click as typer._click; its errors are that module's
     from typer._click import exceptions as click_errors
 except ImportError:  # older typer runs on click itself
-    from click import exceptions as click_errors
+    from click import exceptions as click_errors  # type: ignore[no-redef]  # typer < 0.20
 
 NO_ARGS_IS_HELP = getattr(click_errors, "NoArgsIsHelpError", ())  # click >= 8.2
 try:  # Ctrl-C at a prompt: click's Abort, which typer >= 0.20 keeps in typer.exceptions
     from typer.exceptions import Abort as ABORT
 except ImportError:
-    ABORT = click_errors.Abort
+    ABORT = click_errors.Abort  # type: ignore[misc,attr-defined]  # typer < 0.20: click's
 
 for _name, _fn in (
     ("build", kernel_cmds.build),

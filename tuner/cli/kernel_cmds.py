@@ -133,7 +133,8 @@ def run(
     for s in p["shapes"]:
         g = s.get("gate") or {}
         tm = s.get("timing") or {}
-        gate = {True: "[green]pass[/]", False: "[red]FAIL[/]"}.get(g.get("passed"), "[red]error[/]")
+        verdicts: dict[object, str] = {True: "[green]pass[/]", False: "[red]FAIL[/]"}
+        gate = verdicts.get(g.get("passed"), "[red]error[/]")
         err = g.get("max_abs_err")
         t.add_row(
             s["shape"],

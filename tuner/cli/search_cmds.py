@@ -157,6 +157,7 @@ def worker_cmd(
     space, shapes = fleet.study_spec(study, storage)
     check_search_problems(shapes)
     if compile_only:
+        assert artifacts is not None  # --compile-only needs it (checked above)
         _run_compile_only(study=study, space=space, shapes=shapes, storage=storage,
                           trials=trials, timeout=timeout, sampler=sampler, seed=seed, jobs=jobs,
                           artifacts=artifacts)

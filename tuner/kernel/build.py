@@ -33,7 +33,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from string import Template
-from typing import Any
+from typing import Any, cast
 
 from tuner import _paths, child_process
 from tuner.errors import BuildError, ConfigError, FaTuneError
@@ -470,8 +470,9 @@ def _compile(text: str, flags: Sequence[str], extra_inc: Sequence[Path], nvcc: P
                 raise BuildError(f"nvcc for {name} was {KILLED} "
                                  f"{signal.Signals(-proc.returncode).name}; it is compiled again "
                                  "next time")
-        except subprocess.TimeoutExpired as e:
-            log = f"$ {' '.join(cmd)}\n{e.stdout or ''}{e.stderr or ''}\nerror: nvcc timed out"
+        except subprocess.TimeoutExpired as e:  # child_process.run's carries text, not bytes
+            out, err = cast("str | None", e.stdout), cast("str | None", e.stderr)
+            log = f"$ {' '.join(cmd)}\n{out or ''}{err or ''}\nerror: nvcc timed out"
             ok = False
         seconds = time.monotonic() - t0
         (tmp / "build.log").write_text(log)

@@ -79,9 +79,12 @@ class ShapeLike(Protocol):
     """A problem as the measurement path reads it (tuner.problem.Problem; duck-typed: an object
     with only B, H, S is MHA, D 128, causal, as many keys as queries)."""
 
-    B: int
-    H: int
-    S: int
+    @property
+    def B(self) -> int: ...
+    @property
+    def H(self) -> int: ...
+    @property
+    def S(self) -> int: ...
 
 
 def problem_dims(shape: Any) -> tuple[int, int, int, int, int, int, bool]:

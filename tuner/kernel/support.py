@@ -77,7 +77,7 @@ def unsupported(problem: Any, cfg: KernelConfig | None = None, *,
         if why is None:
             _, hq, hkv, *_ = problem_dims(problem)
             why = head_cluster_reason(int(library.config.get("head_cluster", 1)), hq // hkv)
-        if why is None and getattr(problem, "seqlens", ()) and not library.has_varlen:
+        if why is None and bool(getattr(problem, "seqlens", ())) and not library.has_varlen:
             why = ("this kernel library has no varlen kernel (built for fixed-length problems, "
                    "for example); build it for a varlen problem class")
         if why is None and isinstance(problem, Problem):  # the models' masks

@@ -136,7 +136,7 @@ def accuracy_record(gate: dict[str, Any] | None) -> dict[str, Any]:
     {fa_ratio, fa_rule_ok, err_vs_default, rms_vs_default, lse_ratio} (None where not
     recorded)."""
     g = gate or {}
-    det = g.get("details") if isinstance(g.get("details"), dict) else {}
+    det = got if isinstance(got := g.get("details"), dict) else {}
     out = {}
     for k in ("fa_ratio", "fa_rule_ok", "err_vs_default", "rms_vs_default", "lse_ratio"):
         out[k] = g.get(k, det.get(k))

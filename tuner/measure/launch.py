@@ -181,10 +181,11 @@ def peer_pages(bufs: AttnBuffers) -> PeerPages:
     AttnBuffers zeroes them at allocation)."""
     problem = as_problem(bufs.shape)
     layout = problem.pages
-    if getattr(bufs, "block_table", None) is None or getattr(bufs, "seqused_k", None) is None:
+    table, used = getattr(bufs, "block_table", None), getattr(bufs, "seqused_k", None)
+    if table is None or used is None:
         raise ValueError(f"buffers of {problem} hold no block table")
-    return PeerPages(layout.page_size, _i32(bufs.block_table, tuple(layout.block_table.shape)),
-                     _i32(bufs.seqused_k, (problem.B,)), problem.S_k)
+    return PeerPages(layout.page_size, _i32(table, tuple(layout.block_table.shape)),
+                     _i32(used, (problem.B,)), problem.S_k)
 
 
 class PeerLaunch:
@@ -192,12 +193,13 @@ class PeerLaunch:
     timing)."""
 
     role = "peer"
+    _ext_handle: int  # the stream _ext wraps (set with it)
 
     def __init__(self, peer: Any) -> None:
         self.peer = peer
         self.name = peer.name
         self.label = peer.label
-        self._bound: tuple[int, ...] | None = None  # buffers' pointers and shape, stream
+        self._bound: tuple[object, ...] | None = None  # buffers' pointers, problem, stream
         self._views: tuple[Any, ...] | None = None
         self._ext: Any = None
         self._out: Any = None

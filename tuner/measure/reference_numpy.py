@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -236,7 +237,10 @@ def _sequences(p: object) -> list[tuple[int, int]]:
     return [(q, k) for q, k in zip(prob.seqlens, prob.seqlens_k, strict=True) if q > 0]
 
 
-def _cap(sc: np.ndarray, softcap: float) -> np.ndarray:
+_Scores = TypeVar("_Scores", np.ndarray, np.float64)  # an array of scores or one score
+
+
+def _cap(sc: _Scores, softcap: float) -> _Scores:
     """Logit softcapping: C tanh(s / C) (softcap 0: the scores as they are)."""
     return softcap * np.tanh(sc / softcap) if softcap > 0 else sc
 

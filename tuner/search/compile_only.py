@@ -21,12 +21,13 @@ from concurrent.futures import wait as wait_futures
 
 from tuner.errors import FaTuneError
 from tuner.kernel import shared_cache
+from tuner.search.host import SearchHost
 from tuner.search.session import SearchSummary, _Candidate, _is_transient_build, _Stop
 
 PRECOMPILED = "precompiled"
 
 
-class CompileOnly:
+class CompileOnly(SearchHost):
     """Methods of ``Search`` (tuner/search/loop.py) for a compile-only worker."""
 
     def _backlog(self) -> int:

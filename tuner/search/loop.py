@@ -71,7 +71,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tuner.errors import ConfigError, SearchError, ShapeError
 from tuner.kernel import shared_cache, toolchain
@@ -84,7 +84,13 @@ from tuner.search.compile_only import CompileOnly
 from tuner.search.gpu_worker import DEFAULT_ENTRY
 from tuner.search.outcomes import TrialOutcomes
 from tuner.search.policy import SearchPolicy
-from tuner.search.sampler import make_sampler, static_check, suggest_config, valid_config
+from tuner.search.sampler import (
+    FeasibleSampler,
+    make_sampler,
+    static_check,
+    suggest_config,
+    valid_config,
+)
 from tuner.search.session import (
     REQUEUE_REASONS,
     Progress,
@@ -437,9 +443,10 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             cand = self._ask(self.pool)
             if cand is None:
                 self._idle += 1
-                if getattr(self.study.sampler, "starved", False):
+                if getattr(self.study.sampler, "starved", False):  # a FeasibleSampler
+                    tries = cast(FeasibleSampler, self.study.sampler).random_tries
                     self._exhausted = ("no valid config that is not yet measured turned up in "
-                                       f"{self.study.sampler.random_tries} random draws "
+                                       f"{tries} random draws "
                                        "(space exhausted?)")
                 elif self._idle >= MAX_IDLE_ASKS:
                     self._exhausted = (f"the sampler proposed {self._idle} invalid or already "

@@ -17,6 +17,7 @@ from tuner.measure import accuracy
 from tuner.measure.timing import Protocol
 from tuner.problem import Problem
 from tuner.search import final
+from tuner.search.host import SearchHost
 from tuner.search.session import (
     REQUEUE_REASONS,
     SearchSummary,
@@ -40,7 +41,7 @@ from tuner.search.trials import (
 from tuner.search.worker_client import WorkerFailure
 
 
-class TrialOutcomes:
+class TrialOutcomes(SearchHost):
     """Methods of ``Search`` (tuner/search/loop.py); not used on its own."""
 
     def _tell_duplicate(self, trial: Any, prev: Any) -> None:
@@ -268,6 +269,7 @@ class TrialOutcomes:
                 self._tell(trial, TrialState.PRUNED)
                 self.progress.pruned += 1
                 self.progress.done += 1
+                assert self.incumbent is not None  # a prune reason needs one (prune_reason)
                 self.progress.event(f"trial {trial.number} pruned (screen slower than trial "
                                     f"{self.incumbent.number})")
                 return

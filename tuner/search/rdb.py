@@ -230,6 +230,8 @@ class ResilientRDBStorage(RDBStorage):
     def _state_is(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         trial_id = args[0] if args else kwargs.get("trial_id")
         state = args[1] if len(args) > 1 else kwargs.get("state")
+        if trial_id is None:  # get_trial(None) raises: not known
+            return False
         try:
             return RDBStorage.get_trial(self, trial_id).state == state
         except Exception:  # noqa: BLE001 - unknown: report the original error

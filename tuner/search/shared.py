@@ -15,6 +15,7 @@ from tuner.errors import FaTuneError, SearchError
 from tuner.kernel import toolchain
 from tuner.kernel.config import KernelConfig
 from tuner.search import rdb
+from tuner.search.host import SearchHost
 from tuner.search.session import (
     OWNERLESS_GRACE_S,
     _Candidate,
@@ -31,7 +32,7 @@ from tuner.search.session import (
 from tuner.search.trials import best_confirmed, confirm_ratios, screen_ratios
 
 
-class SharedStudy:
+class SharedStudy(SearchHost):
     """Methods of ``Search`` (tuner/search/loop.py); not used on its own."""
 
     def _open_ids(self) -> list[int]:

@@ -55,7 +55,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from tuner import _paths
 from tuner.errors import FaTuneError
@@ -69,12 +69,12 @@ _BUCKET_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 _TOP_KEYS = {"name", "description", "attention", "buckets", "traffic", "tuning", "layers"}
 
 
-def is_safe_name(text: object) -> bool:
+def is_safe_name(text: object) -> TypeGuard[str]:
     """A workload's (and its library's) name: it names files and folders, so no '/' or '..'."""
     return isinstance(text, str) and bool(_NAME_RE.fullmatch(text)) and ".." not in text
 
 
-def is_bucket_name(text: object) -> bool:
+def is_bucket_name(text: object) -> TypeGuard[str]:
     """A bucket's name: a folder, a file stem and a study-name suffix in an export."""
     return isinstance(text, str) and bool(_BUCKET_RE.fullmatch(text))
 
@@ -289,8 +289,9 @@ class Workload:
             for k in kinds for t in self.traffic)
         plans = []
         for b in self.buckets:
-            att, kind_share = self.attention_of(b), share[b.window if not plain else
-                                                          self.attention.window]
+            window = b.window if not plain else self.attention.window
+            assert window is not None  # with kinds, every bucket is a kind's (_per_kind)
+            att, kind_share = self.attention_of(b), share[window]
             pts = [t for t in self.traffic if self.bucket_for(t.S, t.S_k, b.window) is b]
             calls = sum(t.weight for t in pts) * kind_share
             if not pts:  # no traffic here: tune on the bucket's upper edge, B=1
@@ -570,11 +571,11 @@ def _traffic(d: Any, src: str) -> list[_Raw]:
         item = _mapping(item, what, src, {"lengths", "weight"})
         if "lengths" not in item:
             raise WorkloadError(f"{src}: {what} needs lengths (e.g. '4096,2048*2,512*8')")
-        lengths, lengths_k = _packed_lengths(item["lengths"], f"{what}.lengths", src)
-        sk = max(lengths_k) if lengths_k else 0
-        pts.append(_Raw(len(lengths), max(lengths),
-                        _weight(item.get("weight", 1), f"{what}.weight", src), what, lengths,
-                        lengths_k, Sk=0 if sk in (0, max(lengths)) else sk))
+        seqs, seqs_k = _packed_lengths(item["lengths"], f"{what}.lengths", src)
+        sk = max(seqs_k) if seqs_k else 0
+        pts.append(_Raw(len(seqs), max(seqs),
+                        _weight(item.get("weight", 1), f"{what}.weight", src), what, seqs,
+                        seqs_k, Sk=0 if sk in (0, max(seqs)) else sk))
     if not pts:
         raise WorkloadError(f"{src}: traffic names no shapes: give traffic.lengths (and batch), "
                             "traffic.shapes or traffic.packed")

@@ -135,9 +135,9 @@ def problem_reason(problem: Any, *, gqa: bool = True, head_dims: tuple[int, ...]
     lens_differ = sq != sk or tuple(getattr(problem, "seqlens_k", ()) or ()) != tuple(
         getattr(problem, "seqlens", ()) or ())
     why = []
-    if not varlen and getattr(problem, "seqlens", ()):
+    if not varlen and bool(getattr(problem, "seqlens", ())):
         why.append("a packed varlen batch (fixed-length batches only)")
-    if not paged and getattr(problem, "page_size", 0):
+    if not paged and bool(getattr(problem, "page_size", 0)):
         why.append("a paged KV cache (it reads K and V as tensors, not pages through a block "
                    "table)")
     if lens_differ and (kv_len == "equal" or (kv_len == "noncausal" and causal)):

@@ -65,7 +65,9 @@ def paged_kv_args(table: Sequence[Sequence[int]], used: Sequence[int],
     """FlashInfer's (paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len) of a block
     table (one row of page ids per sequence, entries past its pages ignored) and each sequence's
     key count: sequence b's pages are the first ceil(used[b] / page_size) entries of its row."""
-    indptr, indices, last = [0], [], []
+    indptr: list[int] = [0]
+    indices: list[int] = []
+    last: list[int] = []
     for row, keys in zip(table, used, strict=True):
         n = -(-int(keys) // page_size)
         if n > len(row):
