@@ -86,3 +86,21 @@ def test_plain_subprocess_run_would_leave_them(tmp_path: Path) -> None:
         assert _alive(pid)
     finally:
         os.kill(pid, signal.SIGKILL)
+
+
+def test_kill_running_ends_the_tools_other_threads_wait_for(tmp_path: Path) -> None:
+    """What a stopping search calls: every tree run() waits on, in any thread, is killed and
+    that run() returns the signal's negative status."""
+    import threading
+
+    pid_file = tmp_path / "pid"
+    got: list[subprocess.CompletedProcess[str]] = []
+    t = threading.Thread(target=lambda: got.append(child_process.run(_tree_cmd(pid_file))))
+    t.start()
+    grandchild = _grandchild(pid_file)
+    assert child_process.kill_running() == 1
+    t.join(timeout=10)
+    assert not t.is_alive()
+    assert got[0].returncode == -signal.SIGKILL
+    assert _gone(grandchild)
+    assert child_process.kill_running() == 0  # none left to kill

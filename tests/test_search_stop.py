@@ -117,3 +117,63 @@ def test_a_closed_terminal_is_a_stop_too() -> None:
     finally:
         stops.restore()
     assert signal.getsignal(signal.SIGHUP) is before
+
+
+def test_compiles_still_running_at_a_stop_are_killed_not_waited_for(
+        tmp_path: Path, plan) -> None:  # noqa: F811
+    """SIGTERM while a compile runs: the search kills that compile's whole tree
+    (tuner.child_process.kill_running) instead of leaving it to the process's exit, which
+    waits for the compile pool's threads. A killed compile is no verdict: its trial waits."""
+    import sys
+    import threading
+
+    from tuner import child_process
+    from tuner.errors import BuildError
+    from tuner.kernel.build import KILLED
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "fixtures"))
+    from fake_builder import FakeBuilder
+
+    pid_file = tmp_path / "grandchild.pid"
+
+    class SlowFor112(FakeBuilder):
+        def __call__(self, cfg):  # type: ignore[no-untyped-def]
+            if cfg.block_n == 112:  # a "compile" as nvcc runs one: a tree of processes
+                r = child_process.run(
+                    ["bash", "-c", f"sleep 120 & echo $! > {pid_file}; wait"])
+                if r.returncode < 0:
+                    raise BuildError(f"nvcc for test was {KILLED} signal {-r.returncode}")
+            return super().__call__(cfg)
+
+    def stop_once_it_compiles() -> None:
+        deadline = time.time() + 60
+        while not (pid_file.exists() and pid_file.read_text().strip()) \
+                and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    s = make(tmp_path, {"block_n": [112, 128]}, trials=20, sampler="random",
+             builder=SlowFor112(tmp_path / "art"))
+    threading.Thread(target=stop_once_it_compiles, daemon=True).start()
+    t0 = time.monotonic()
+    summ = s.run()
+    assert time.monotonic() - t0 < 60
+    assert summ.stopped_by == "interrupted (SIGTERM)", summ.stopped_by
+    pid = int(pid_file.read_text())
+    deadline = time.time() + 5
+    while _alive(pid) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), "the compile's grandchild outlived the search"
+    assert not child_process._RUNNING
+    slow = [t for t in trials_of(tmp_path) if t.params.get("block_n") == 112]
+    assert slow and all(t.state == TrialState.WAITING for t in slow), [
+        (t.state, t.user_attrs) for t in slow]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]  # a zombie is dead

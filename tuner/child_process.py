@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -60,12 +61,30 @@ def kill_tree(proc: subprocess.Popen[Any]) -> None:
     proc.kill()
 
 
+# The tools running now, from any thread (the search compiles on a pool of them).
+_RUNNING: set[subprocess.Popen[str]] = set()
+_LOCK = threading.Lock()
+
+
+def kill_running() -> int:
+    """Kill every tool ``run`` is waiting for, in any thread (their ``run`` returns with the
+    signal's negative status); returns how many. A search that stops calls it: the compiles
+    it no longer needs would otherwise hold the process's exit until they finish."""
+    with _LOCK:
+        procs = list(_RUNNING)
+    for proc in procs:
+        kill_tree(proc)
+    return len(procs)
+
+
 def run(cmd: Sequence[str], *, timeout: float | None = None,
         **kwargs: Any) -> subprocess.CompletedProcess[str]:
     """``subprocess.run(cmd, capture_output=True, text=True, timeout=...)``, except that a
     timeout or an exception in the caller kills the tool's whole tree before it propagates."""
     with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           **kwargs) as proc:
+        with _LOCK:
+            _RUNNING.add(proc)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -78,4 +97,7 @@ def run(cmd: Sequence[str], *, timeout: float | None = None,
         except BaseException:
             kill_tree(proc)
             raise
+        finally:
+            with _LOCK:
+                _RUNNING.discard(proc)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

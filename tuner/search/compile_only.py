@@ -19,6 +19,7 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
+from tuner import child_process
 from tuner.errors import FaTuneError
 from tuner.kernel import shared_cache
 from tuner.search.host import SearchHost
@@ -103,6 +104,7 @@ class CompileOnly(SearchHost):
         finally:
             self.stops.settling = True
             pool.shutdown(wait=False, cancel_futures=True)
+            child_process.kill_running()  # as Search.run: no compile holds the exit
             shared_cache.set_share(None)
             if self.heartbeat is not None:
                 self.heartbeat.stop()

@@ -73,6 +73,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, cast
 
+from tuner import child_process
 from tuner.errors import ConfigError, SearchError, ShapeError
 from tuner.kernel import shared_cache, toolchain
 from tuner.kernel.config import KernelConfig, default_preset, load_preset
@@ -401,6 +402,9 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             self.stops.settling = True
             self._asking = False
             self.pool.shutdown(wait=False, cancel_futures=True)
+            # Compiles still running are no longer wanted (their trials go back to WAITING):
+            # killed, not waited for at the process's exit. A killed nvcc is no verdict.
+            child_process.kill_running()
             shared_cache.set_share(None)
             not_run = self._settle_open(stopped_by)
             if self.heartbeat is not None:
