@@ -99,11 +99,12 @@ def test_gpu_takes_whichever_compile_finishes_first(tmp_path: Path, plan) -> Non
 
 def test_asks_overlap_gpu_work_and_busy_is_the_workers_time(
         tmp_path: Path, plan, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every request keeps the fake GPU busy for 0.3 s. The next trials must be asked while it
+    # Every request keeps the fake GPU busy for 0.5 s. The next trials must be asked while it
     # is (not between requests, when the GPU would idle), and GPU-busy time is what the worker
-    # reports, cooling waits included and counted apart.
+    # reports, cooling waits included and counted apart. (0.3 s let a heavily loaded 2-core
+    # host, three test runs at once, ask two of five in the spans.)
     log = plan({})
-    monkeypatch.setenv("FAKE_GPU_WORKER_DELAY_S", "0.3")
+    monkeypatch.setenv("FAKE_GPU_WORKER_DELAY_S", "0.5")
     monkeypatch.setenv("FAKE_GPU_WORKER_TEMP_WAIT_S", "0.05")
     # block_m 64 with pingpong is a static reject: asks that give no candidate.
     s = make(tmp_path, {"block_m": [64, 128], "block_n": [64, 96, 128], "k_stages": [2, 3]},
