@@ -128,3 +128,59 @@ def test_a_compile_killed_by_a_signal_is_no_verdict(fake_nvcc: Path, tmp_path: P
     monkeypatch.setenv("FAKE_NVCC_DELAY_S", "0")
     monkeypatch.delenv("FAKE_NVCC_PIDFILE")
     assert not build.build_source(SOURCE, name="k", cache_root=tmp_path / "cache").cache_hit
+
+
+def _fake_compiles_under(folder: Path) -> list[int]:
+    """The fixture nvcc's processes compiling into ``folder``."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "fake_nvcc.py" in cmd and str(folder) in cmd:
+                found.append(int(d.name))
+    return found
+
+
+def test_an_interrupted_parallel_build_ends_its_compiles_at_once(
+        fake_nvcc: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C or SIGTERM unwinding `build_many` with jobs > 1 (an export's varlen check, `fa-tune
+    build --jobs`): the process pool's exit waited for every compile in flight; now its
+    processes and their compiler trees are killed and the interruption goes on at once."""
+    import threading
+    import time
+
+    from tuner.kernel.config import KernelConfig
+
+    class Stop(Exception):
+        pass
+
+    def raise_stop(signum: int, frame: object) -> None:
+        raise Stop()
+
+    monkeypatch.setenv("FAKE_NVCC_DELAY_S", "120")
+    cache = tmp_path / "cache"
+    main = threading.get_ident()
+
+    def interrupt_when_both_compile() -> None:
+        deadline = time.time() + 60
+        while len(_fake_compiles_under(cache)) < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        signal.pthread_kill(main, signal.SIGUSR1)
+
+    old = signal.signal(signal.SIGUSR1, raise_stop)
+    threading.Thread(target=interrupt_when_both_compile, daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(Stop):
+            build.build_many([KernelConfig(), KernelConfig(block_n=112)], jobs=2,
+                             cache_root=cache, check=False)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert time.monotonic() - t0 < 60
+    deadline = time.time() + 5
+    while _fake_compiles_under(cache) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not _fake_compiles_under(cache)

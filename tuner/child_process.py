@@ -44,21 +44,28 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def kill_tree(proc: subprocess.Popen[Any]) -> None:
-    """SIGKILL ``proc`` and everything below it. It is stopped first, so that it starts no
-    new child between the listing and the kill."""
-    if proc.poll() is not None:
-        return
+def kill_pid_tree(pid: int) -> None:
+    """SIGKILL process ``pid`` and everything below it. It is stopped first, so that it
+    starts no new child between the listing and the kill."""
     try:
-        os.kill(proc.pid, signal.SIGSTOP)
+        os.kill(pid, signal.SIGSTOP)
     except ProcessLookupError:
         return
-    for pid in reversed(_descendants(proc.pid)):
+    for child in reversed(_descendants(pid)):
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    proc.kill()
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def kill_tree(proc: subprocess.Popen[Any]) -> None:
+    """``kill_pid_tree`` for a process we started, unless it has ended (and been reaped)."""
+    if proc.poll() is None:
+        kill_pid_tree(proc.pid)
 
 
 # The tools running now, from any thread (the search compiles on a pool of them).

@@ -640,10 +640,19 @@ def build_many(
         if jobs == 1 or len(todo) == 1:
             raw = [_worker(c.to_dict(), tpl, root, defs, pclass, check) for c in todo]
         else:
-            with ProcessPoolExecutor(max_workers=min(jobs, len(todo))) as ex:
+            ex = ProcessPoolExecutor(max_workers=min(jobs, len(todo)))
+            try:
                 raw = list(ex.map(_worker, [c.to_dict() for c in todo],
                                   [tpl] * len(todo), [root] * len(todo), [defs] * len(todo),
                                   [pclass] * len(todo), [check] * len(todo)))
+            except BaseException:
+                # Interrupted (Ctrl-C, SIGTERM unwinding): the pool's exit would wait for
+                # every compile in flight; its processes and their nvcc trees go now.
+                for pid in list(getattr(ex, "_processes", None) or {}):
+                    child_process.kill_pid_tree(pid)
+                ex.shutdown(wait=False, cancel_futures=True)
+                raise
+            ex.shutdown()
         for c, (kind, payload, log) in zip(todo, raw, strict=True):
             if kind == "ok":
                 outcomes[c] = BuildOutcome(c, payload, None)
