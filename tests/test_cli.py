@@ -215,6 +215,34 @@ def test_a_stop_signal_during_a_build_is_one_line_and_leaves_no_compiler(
     assert not _compilers_under(tmp_path)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_during_a_compile_only_worker_settles_and_exits_by_the_signal(
+        tmp_path: Path, sig: signal.Signals) -> None:
+    """A search or worker takes SIGTERM and SIGHUP as its own stop (settles its trials, prints
+    its summary), not the CLI's plain unwinding; it exits 128 + the signal."""
+    env = {**os.environ, "FA_TUNE_STUDIES": str(tmp_path)}
+    url = f"sqlite:///{tmp_path / 'h.db'}"
+    cli = [sys.executable, "-c", "from tuner.entry import main; main()"]
+    made = subprocess.run([*cli, "search", "--study", "h", "--storage", url, "--create-only"],
+                          capture_output=True, text=True, env=env)
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "art").mkdir()
+    p = subprocess.Popen([*cli, "worker", "--study", "h", "--storage", url, "--compile-only",
+                          "--timeout", "5m", "--artifacts", str(tmp_path / "art")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 120
+    while not _compilers_under(tmp_path) and time.time() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    assert _compilers_under(tmp_path), "no compile started"
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 128 + sig, (p.returncode, out[-2000:], err[-2000:])
+    assert f"stopped: interrupted ({sig.name})" in out, out[-2000:]
+    assert "Traceback" not in err, err
+    time.sleep(0.5)
+    assert not _compilers_under(tmp_path)
+
+
 def _compilers_under(folder: Path) -> list[int]:
     """Processes whose command line names `folder` (nvcc and the tools it runs build there)."""
     found = []

@@ -15,6 +15,7 @@ from cli_helpers import one_error_line
 from typer.testing import CliRunner
 
 from tuner.cli import app
+from tuner.doctor import has_sm90_gpu
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +26,27 @@ def fa_tune(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     return subprocess.run([sys.executable, "-c", "from tuner.cli import main; main()", *args],
                           capture_output=True, text=True, timeout=120, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def test_create_only_refuses_the_workers_options(tmp_path: Path) -> None:
+    """--create-only ignored a bad --timeout ('5x') and exited 0: run options are the workers'."""
+    p = fa_tune("search", "--study", "s", "--storage", f"sqlite:///{tmp_path / 's.db'}",
+                "--create-only", "--timeout", "5x", "--trials", "3")
+    assert p.returncode == 2
+    line = one_error_line(p.stderr)
+    assert "--trials, --timeout belong to the workers that join it" in line, line
+    assert not (tmp_path / "s.db").exists()
+
+
+@pytest.mark.skipif(has_sm90_gpu(), reason="a first search that stops at the missing GPU")
+def test_a_study_never_asked_anything_takes_new_problems(tmp_path: Path) -> None:
+    """A first search on a host without a driver created the study and stopped at the GPU
+    worker: the study, with no trial, used to refuse every later --shape but its first."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    for shape in ("1x32x8192", "1x32/8x8192"):
+        p = fa_tune("search", "--study", "s", "--storage", url, "--shape", shape, "--trials", "1")
+        assert p.returncode == 2
+        assert "the GPU worker did not start" in one_error_line(p.stderr), p.stderr
 
 
 @pytest.mark.parametrize("seed", ["-1", str(2**32)])

@@ -3,6 +3,7 @@ buckets) with its live view."""
 
 from __future__ import annotations
 
+import signal
 import time
 from typing import Annotated, Any
 
@@ -81,6 +82,14 @@ def _live_table(p: Any) -> Any:
     return t
 
 
+def _exit_if_stopped(stopped_by: str) -> None:
+    """A search stopped by a signal exits as the signal says (the shell's 128 + N): Ctrl-C 130,
+    SIGTERM 143, SIGHUP 129, after its summary."""
+    if stopped_by.startswith("interrupted"):
+        code = {"(SIGTERM)": 128 + signal.SIGTERM, "(SIGHUP)": 128 + signal.SIGHUP}
+        raise typer.Exit(next((c for k, c in code.items() if stopped_by.endswith(k)), 130))
+
+
 @user_errors
 def search(
     study: StudyOpt = "default",
@@ -115,6 +124,15 @@ def search(
     sp = space_mod.load_space(space or space_mod.default_space_name(pclass.head_dim)).for_class(
         pclass)
     if create_only:
+        given = [name for name, v in (
+            ("--trials", trials), ("--timeout", timeout), ("--seed", seed), ("--jobs", jobs),
+            ("--device", device), ("--gpus", gpus), ("--worker", worker),
+            ("--artifacts", artifacts), ("--max-error-ratio", max_error_ratio),
+            ("--allow-mixed-gpus", allow_mixed_gpus or None),
+            ("--sampler", None if sampler == "tpe" else sampler)) if v is not None]
+        if given:
+            raise SearchError(f"--create-only makes the study and exits; {', '.join(given)} "
+                              "belong to the workers that join it (fa-tune worker)")
         s = search_mod.Search(study=study, space=sp, shapes=shapes, storage=storage,
                               heartbeat_s=None)
         s.prepare()
@@ -185,8 +203,7 @@ def _run_compile_only(*, study: str, space: Any, shapes: list[Problem], storage:
                   f"to the GPU workers in {summary.wall_s:.0f} s ({shared} kernels published; "
                   f"{_counts(summary, timed=False)}); stopped: {summary.stopped_by}",
                   soft_wrap=True)
-    if summary.stopped_by.startswith("interrupted"):
-        raise typer.Exit(130)
+    _exit_if_stopped(summary.stopped_by)
 
 
 def _check_options(trials: int | None, timeout: str | None, sampler: str, device: int | None,
@@ -271,8 +288,7 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
     if summary.final:
         console.print(f"final: {summary.final}", soft_wrap=True)
     console.print(f"storage: {summary.storage}", soft_wrap=True)
-    if summary.stopped_by.startswith("interrupted"):
-        raise typer.Exit(130)
+    _exit_if_stopped(summary.stopped_by)
 
 
 def _end_live() -> None:
@@ -354,8 +370,7 @@ def _run_fleet(devices: list[int], kwargs: dict[str, Any]) -> None:
                       f"{c.get('geomean_tflops', 0):.1f} TFLOPS geomean, confirmed ({per})"
                       + (f" on GPU {where}" if where is not None else ""), soft_wrap=True)
     console.print(f"storage: {summary.storage}", soft_wrap=True)
-    if summary.stopped_by.startswith("interrupted"):
-        raise typer.Exit(130)
+    _exit_if_stopped(summary.stopped_by)
     if any(w.error for w in summary.workers):
         raise typer.Exit(1)
 

@@ -183,7 +183,7 @@ class StopSignals:
         self._old[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             self._old[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_signal)
-        if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:  # the terminal closed
+        if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # a closed terminal (not nohup)
             self._old[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_signal)
 
     def restore(self) -> None:

@@ -54,6 +54,10 @@ class SharedStudy(SearchHost):
     # -- study metadata
     def _check_study_attrs(self) -> None:
         attrs = self.study.user_attrs
+        if "shapes" in attrs and not self.study.get_trials(deepcopy=False):
+            # Nothing was ever asked of it (a first run that stopped before its GPU worker
+            # started, e.g. on a host without a driver): it takes these problems and space.
+            attrs = {}
         shapes = [str(s) for s in self.shapes]
         space = self.space.to_dict()
         if "shapes" in attrs and _canonical(attrs["shapes"]) != shapes:
@@ -71,7 +75,7 @@ class SharedStudy(SearchHost):
                 + (f" ({was})" if was else "") + f", not {self.space.source}; give the "
                 f"same --space or a new --study name"
             )
-        if "shapes" not in attrs:
+        if "shapes" not in attrs:  # a new study, or one never asked anything
             self.study.set_user_attr("shapes", shapes)
             self.study.set_user_attr("space", _jsonable(space))
             self.study.set_user_attr("space_source", self.space.source)
