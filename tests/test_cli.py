@@ -203,12 +203,7 @@ def test_a_stop_signal_during_a_build_is_one_line_and_leaves_no_compiler(
     p = subprocess.Popen([sys.executable, "-c", "from tuner.entry import main; main()", "build",
                           "--preset", "baseline"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, env={**os.environ, "FA_TUNE_STUDIES": str(tmp_path)})
-    deadline = time.time() + 60
-    while not _compilers_under(tmp_path) and time.time() < deadline and p.poll() is None:
-        time.sleep(0.05)
-    assert _compilers_under(tmp_path), "nvcc never started"
-    p.send_signal(sig)
-    out, err = p.communicate(timeout=60)
+    out, err = _signal_once_compiling(p, tmp_path, sig)
     assert err == f"fa-tune: stopped ({sig.name})\n", err
     assert p.returncode == 128 + sig
     time.sleep(0.5)
@@ -230,17 +225,23 @@ def test_a_stop_signal_during_a_compile_only_worker_settles_and_exits_by_the_sig
     p = subprocess.Popen([*cli, "worker", "--study", "h", "--storage", url, "--compile-only",
                           "--timeout", "5m", "--artifacts", str(tmp_path / "art")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.time() + 120
-    while not _compilers_under(tmp_path) and time.time() < deadline and p.poll() is None:
-        time.sleep(0.05)
-    assert _compilers_under(tmp_path), "no compile started"
-    p.send_signal(sig)
-    out, err = p.communicate(timeout=120)
+    out, err = _signal_once_compiling(p, tmp_path, sig)
     assert p.returncode == 128 + sig, (p.returncode, out[-2000:], err[-2000:])
     assert f"stopped: interrupted ({sig.name})" in out, out[-2000:]
     assert "Traceback" not in err, err
     time.sleep(0.5)
     assert not _compilers_under(tmp_path)
+
+
+def _signal_once_compiling(p: subprocess.Popen, folder: Path,
+                           sig: signal.Signals) -> tuple[str, str]:
+    """Send ``sig`` once a compiler runs under ``folder``; the command's (stdout, stderr)."""
+    deadline = time.time() + 120
+    while not _compilers_under(folder) and time.time() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    assert _compilers_under(folder), "no compile started"
+    p.send_signal(sig)
+    return p.communicate(timeout=120)
 
 
 def _compilers_under(folder: Path) -> list[int]:
