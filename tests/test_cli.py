@@ -37,6 +37,11 @@ def test_presets_lists() -> None:
     ("4x32/5x8192", "Hq=32 must be a multiple of Hkv=5"),
     ("4x32x8192:d96", "head dim D=96 is not supported"),
     ("4x32x8192:window", "unknown option ':window'"),
+    ("1x8x256:d64:d128", "the head dim (:d) is given twice (:d64 and :d128)"),
+    ("1x8x256:full:causal", "give one mask (:full and :causal)"),
+    ("１x8x256", "is not a plain ASCII character"),
+    ("1x8x256:w99999999999999999999999", "at most 1073741824"),
+    ("1x8x256:cap1.23457e+06", "must be a plain decimal number"),
 ])
 def test_bad_shape_exit_2(shape: str, needle: str) -> None:
     r = runner.invoke(app, ["run", "--preset", "baseline", "--shape", shape])

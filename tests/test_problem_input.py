@@ -13,11 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_helpers import one_error_line
-from typer.testing import CliRunner
 
 from tuner import _paths
-from tuner.cli import app
 from tuner.errors import ShapeError
 from tuner.problem import Problem, as_problem
 from tuner.problem_text import (
@@ -345,22 +342,6 @@ def test_limits_are_the_kernels() -> None:
 
 
 # ---- the CLI ---------------------------------------------------------------------------------
-runner = CliRunner()
-
-
-@pytest.mark.parametrize(("shape", "needle"), [
-    ("1x8x256:d64:d128", "the head dim (:d) is given twice (:d64 and :d128)"),
-    ("1x8x256:full:causal", "give one mask (:full and :causal)"),
-    ("１x8x256", "is not a plain ASCII character"),
-    ("1x8x256:w99999999999999999999999", "at most 1073741824"),
-    ("1x8x256:cap1.23457e+06", "must be a plain decimal number"),
-])
-def test_cli_bad_shape_exit_2_one_line(shape: str, needle: str) -> None:
-    r = runner.invoke(app, ["run", "--preset", "baseline", "--shape", shape])
-    assert r.exit_code == 2, r.output
-    assert needle in one_error_line(r.output)
-
-
 def test_console_script_duplicate_suffix_one_line(tmp_path: Path) -> None:
     """The installed entry point: a repeated suffix is one stderr line, exit 2, before the
     search opens (or creates) its study."""
