@@ -8,19 +8,18 @@ only read until the study's row is there; by then its creator has finished the s
 from __future__ import annotations
 
 import sqlite3
-from pathlib import Path
 
 import optuna
 import sqlalchemy
 
-from tuner.search.study import driver_url
+from tuner.search.study import driver_url, sqlite_path
 
 
 def study_exists(url: str, study: str) -> bool:
     """True once `study` has its row, read without creating a file, a table or a row."""
     query = "SELECT 1 FROM studies WHERE study_name = :name"
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
+    path = sqlite_path(url)  # the product's reading of the URL
+    if path is not None:
         if not path.exists():
             return False
         try:
