@@ -284,6 +284,10 @@ def test_duplicates_reuse_verdict_and_exhaustion_stops(tmp_path: Path, plan,
     assert len(set(b.calls)) == len(b.calls) == 2  # each distinct config compiled once
     dups = [t for t in ts if "duplicate_of" in t.user_attrs]
     assert dups and all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in dups)
+    # A re-run finds the space exhausted before its first ask: the study gains no trial.
+    again = make(tmp_path, {"block_n": [112, 128]}, trials=20, sampler="random", builder=b)
+    assert "exhausted" in again.run().stopped_by
+    assert len(trials_of(tmp_path)) == len(ts) and len(b.calls) == 2
 
 
 

@@ -350,6 +350,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         shared_cache.set_share(self.artifacts)
         self._enqueue_start_points()
         self._load_known()
+        self._check_room()
         stopped_by = "finished"
         self.pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="fa-tune-nvcc")
         self.stops.install()
@@ -437,6 +438,23 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             self._idle = 0
         return True
 
+    def _check_room(self) -> None:
+        """An exhausted space found before the first ask, so that a re-run adds no trial. A
+        study with WAITING trials (seeds, retries) has asks to make whatever the space holds."""
+        from optuna.trial import TrialState
+
+        room = getattr(self.study.sampler, "has_room", None)
+        if not callable(room) or self.study.get_trials(deepcopy=False,
+                                                       states=(TrialState.WAITING,)):
+            return
+        if not room():
+            self._exhausted = self._starved_text()
+
+    def _starved_text(self) -> str:
+        tries = cast(FeasibleSampler, self.study.sampler).random_tries
+        return (f"no valid config that is not yet measured turned up in {tries} random draws "
+                "(space exhausted?)")
+
     def _fill(self, max_asks: int | None = None) -> int:
         """Ask until ``lookahead`` trials are in the pipeline (or ``max_asks`` asks); returns
         how many asks were made. A static reject or a duplicate is told at once."""
@@ -448,10 +466,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             if cand is None:
                 self._idle += 1
                 if getattr(self.study.sampler, "starved", False):  # a FeasibleSampler
-                    tries = cast(FeasibleSampler, self.study.sampler).random_tries
-                    self._exhausted = ("no valid config that is not yet measured turned up in "
-                                       f"{tries} random draws "
-                                       "(space exhausted?)")
+                    self._exhausted = self._starved_text()
                 elif self._idle >= MAX_IDLE_ASKS:
                     self._exhausted = (f"the sampler proposed {self._idle} invalid or already "
                                        "measured configs in a row (space exhausted?)")

@@ -170,6 +170,15 @@ class FeasibleSampler(BaseSampler):
                 raise TypeError(f"unsupported distribution for {name}: {dist!r}")
         return out
 
+    def has_room(self) -> bool:
+        """Whether a config ``accept`` takes turns up in ``random_tries`` uniform draws, asked
+        before any trial is created: a re-run of an exhausted study then adds no trial (an ask
+        that finds nothing still creates one, told as a duplicate)."""
+        for _ in range(self.random_tries):
+            if self.accept(self._draw(self.dists)):
+                return True
+        return False
+
     def _random(self, space: dict[str, BaseDistribution]) -> dict[str, Any]:
         params: dict[str, Any] = {}
         for _ in range(self.random_tries):
