@@ -3,20 +3,20 @@
 # The first call picks its work by the card that came:
 #   call 1, carry [".whl", ".fi", ".base/head"]:  bash lab/h200/s35.sh start [GROUPS]
 #     H200: FlashInfer installed and its D 128 prefill module built (issue 37), the GPU suite's
-#           GROUPS (default "kernel": suite.sh's groups) meanwhile in the background (logs in
+#           GROUPS (default "kernel": suite.sh's groups; "none") meanwhile in the background (logs in
 #           .device/bgsuite); the call ends with them
 #     H100: issue 37's pair swaps (s32.sh deal varlen-pair-swaps: gated, A B B A, task clocks)
 # H200, then:
 #   call 2, carry [".fa3/part1"]: bash lab/h200/fa3_stage1.sh
-#   call 3, carry [".fa3/part2"]: bash lab/h200/s35.sh peers 1     (issue 37's table, quiet card:
-#                                 FA3 installed, pages of 64 (FlashInfer's paged JIT) and 128)
-#   call 4:                       bash lab/h200/s35.sh peers 2     (pages of 256, unpaged, mixed)
+#   call 3, carry [".fa3/part2"]: bash lab/h200/s35.sh peers   (issue 37's table on a quiet card:
+#                                 FA3 installed; pages of 64, 128, 256, unpaged, the mixed batch;
+#                                 again in a call of its own for the rows the first left)
 #   then suite.sh bugs, oracle, varlen, ops, peers; issue 35's A/B: s30.sh start (carry .whl, .base/main, .base/operands)
 # H100, then: bash lab/h200/s32.sh dealtests varlen-pair-swaps; s32.sh clocks.
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DEV=${FA_TUNE_DEVICE_DIR:-$(cd "$LAB/../.." && pwd)/.device}
-case "${1:?start | peers 1|2 | suitewait}" in
+case "${1:?start | peers | suitewait}" in
 start)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "card: $card"
@@ -27,7 +27,7 @@ start)
   # The suite's groups in $2 (default: kernel, about as long as FlashInfer's install) in the
   # background, one after another so their prebuilds don't fight; this call waits for them, so
   # the peers' timing that follows has a quiet card.
-  groups=${2:-kernel}
+  groups=${2:-kernel}; [ "$groups" = none ] && groups=""
   setsid nohup bash -c "for g in $groups; do
       OUT='$DEV/bgsuite' bash '$LAB/suite.sh' \$g > '$DEV/bgsuite/call_'\$g.txt 2>&1
     done; echo done > '$DEV/bgsuite.rc'" < /dev/null > /dev/null 2>&1 &
@@ -41,20 +41,23 @@ peers)
   source "$LAB/session_calls.sh"
   fa3_once
   export PYTHONPATH=$DEV/fisite:${PYTHONPATH:-} FLASHINFER_WORKSPACE_BASE=$DEV
-  cmp() {  # LOG SHAPE: llama3 beside FA3 and FlashInfer, in what the call has left
+  cmp() {  # LOG SHAPE: llama3 beside FA3 and FlashInfer, in what the call has left; a row
+    # that an earlier call finished is not run again (its log is kept in .device/peers)
+    if [ -f "$DEV/peers/$1.ok" ]; then step "$2: done before"; return; fi
     local left=$((575 - (SECONDS - t0)))
-    [ $left -gt 40 ] || { step "$2: no time left"; return; }
+    [ $left -gt 60 ] || { step "$2: no time left"; return; }
     timeout $left $E python3 -m tuner.cli compare --rounds 2 --settle-s 1 --results-dir \
-      "$DEV/cmp" --preset llama3 --shape "$2" --backends fa3,flashinfer > "$OUT/$1" 2>&1
-    step "$2 exit $?"; grep -E "x FA3|x FlashInfer|TFLOPS|rror" "$OUT/$1" | tail -6
+      "$DEV/cmp" --preset llama3 --shape "$2" --backends fa3,flashinfer > "$DEV/peers/$1" 2>&1
+    local rc=$?; step "$2 exit $rc"; cp "$DEV/peers/$1" "$OUT/"
+    [ $rc = 0 ] && touch "$DEV/peers/$1.ok"
+    grep -E "TFLOPS|rror" "$OUT/$1" | tail -6 | cut -c1-160
   }
+  mkdir -p "$DEV/peers"
   FIXED=4x32/8x2048:k8192
   MIXED="32/8x[512,1024:5120,2048:10240,4096:6144,8192,768:6912,3072:4096,6144:14336]"
-  case "${2:?1 or 2}" in
-  1) cmp cmp_p64.log "$FIXED:p64"; cmp cmp_p128.log "$FIXED:p128" ;;
-  2) cmp cmp_p256.log "$FIXED:p256"; cmp cmp_unpaged.log "$FIXED"
-     cmp cmp_mixed_p64.log "$MIXED:p64" ;;
-  esac
+  # The first paged FlashInfer call JIT-builds its paged module (step 57: over 150 s).
+  cmp cmp_p64.log "$FIXED:p64"; cmp cmp_p128.log "$FIXED:p128"; cmp cmp_p256.log "$FIXED:p256"
+  cmp cmp_unpaged.log "$FIXED"; cmp cmp_mixed_p64.log "$MIXED:p64"
   ;;
 suitewait)
   for _ in $(seq "${2:-570}"); do [ -f "$DEV/bgsuite.rc" ] && break; sleep 1; done
