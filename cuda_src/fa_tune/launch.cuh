@@ -503,7 +503,9 @@ struct Launcher {
     if (k_rows(a) < 1)
       return fail(cudaErrorInvalidValue, "k and v have no rows (total_k " + str(a.total_k) + ")");
     *plan = plan_of(a);
-    if (plan->bound > 0x7fffffffLL)
+    plan->static_deal = T::kClustered;  // VarlenStaticScheduler: the list is dealt to clusters
+    plan->fixed_cost = Cfg::fixed_cost;
+    if (plan->slots() > 0x7fffffffLL)
       return fail(cudaErrorInvalidValue, "too many query tiles for one launch");
     if (plan->prep_smem_bytes() > 200 * 1024)
       return fail(cudaErrorInvalidValue,
@@ -567,9 +569,19 @@ struct Launcher {
       }
       int* counter = static_cast<int*>(workspace);
       auto* tasks = reinterpret_cast<VarlenTask*>(static_cast<char*>(workspace) + 16);
-      int dev = 0;
+      int dev = 0, ctas = 0;
       if ((e = cudaGetDevice(&dev)) != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
       if ((e = section_keys(dev, &plan.section_keys)) != cudaSuccess) return e;
+      if ((e = persistent_ctas<true>(dev, &ctas)) != cudaSuccess) return e;
+      if (plan.static_deal) {  // the grid's clusters (VarlenTiles::grid), where the deal is evened
+        const long long g = std::min<long long>(ctas / T::kClusterSize, plan.bound);
+        // Lists of too few rounds keep the snake and the schedule kernel exactly as they were;
+        // the slots' costs must fit the schedule kernel's shared memory.
+        const bool even = g <= kMaxSwapClusters && (plan.bound + g - 1) / g >= kSwapMinRounds &&
+                          plan.bound + g <= kSwapMaxSlots;
+        plan.clusters = even ? int(g) : 0;
+        if (plan.prep_smem_bytes() > 200 * 1024) plan.clusters = 0;
+      }
 
       const int qb = a.cu_seqlens_q ? 1 : a.batch, kb = a.cu_seqlens_k ? 1 : a.batch;
       VarlenMeta meta;
@@ -605,7 +617,7 @@ struct Launcher {
       KernelParams<VarlenSched> p{};
       p.shape = ShapeInfo{a.batch, a.heads_q, q_rows(a), k_rows(a), 0, a.heads_kv,
                           a.heads_q / a.heads_kv};
-      p.sched = typename VarlenSched::Params{tasks, counter, int(plan.bound)};
+      p.sched = typename VarlenSched::Params{tasks, counter, int(plan.read_slots())};
       p.store.lse = a.lse;
       p.store.o = a.o;
       set_scores(p, a);
@@ -616,8 +628,6 @@ struct Launcher {
                             a.num_pages};
       }
       if ((e = encode_maps(p, a, qb, q_rows(a), kb, k_rows(a))) != cudaSuccess) return e;
-      int ctas = 0;
-      if ((e = persistent_ctas<true>(dev, &ctas)) != cudaSuccess) return e;
       return launch<true>(p, VarlenSched::grid(ctas, T::kClusterSize, plan.bound), stream);
     }
     return cudaSuccess;

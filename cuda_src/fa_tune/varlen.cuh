@@ -35,6 +35,24 @@ namespace fa_tune {
 
 constexpr int kVarlenPrepThreads = 1024;
 
+// A static deal (clustered configs: VarlenStaticScheduler reads round r's task of cluster c at
+// r * clusters + (r odd ? clusters - 1 - c : c)) leaves its CTAs ending over about a task
+// (docs/PERF.md step 66: 3.8 % idle at 32/8x[2048:8192*4], the host's static lists 0.4 %). So
+// after the snake the schedule kernel evens it: kSwapPasses times, the clusters sorted by load,
+// the i-th heaviest paired with the i-th lightest, and in each pair up to kSwapsPerPair swaps of
+// tasks, each the one that leaves the two closest among tasks at most kSwapRounds rounds apart
+// (so the L2 sections' timing holds; an empty last-round slot is a task of cost 0, swapped only
+// within its round). lab/varlen_deal_model.py: 3.8 % -> 0.06 % there, and 29 % -> 0.6 % at eight
+// packed sequences of 1024 (there the list's per-sequence sawtooth has the snake's period);
+// measured (step 67, H100): tail idle 3.8 -> 0.6 %, that row 1.1 % and the eight 13 % faster.
+// A pass takes a block-wide sort and a warp a pair (within noise at a 63 us paged row), so only
+// lists of kSwapMinRounds rounds whose heaviest cluster holds kSwapMinGain more than the mean
+// (task_list.h's units, ~0.8 us each: step 66's task clocks) pay for it, and the costs of up to
+// kSwapMaxSlots list slots wait in shared memory.
+constexpr int kSwapPasses = 4, kSwapsPerPair = 4, kSwapRounds = 2;
+constexpr int kSwapMinRounds = 4, kSwapMinGain = 16, kSwapMaxSlots = 16384;
+constexpr int kMaxSwapClusters = 512;  // bounds the workspace's slots past the list
+
 // What the schedule kernel reads and checks (fa_tune.h, device metadata), and where it writes
 // NaN when the metadata is bad.
 struct VarlenMeta {
@@ -64,6 +82,11 @@ struct VarlenPlan {
   // An L2 section's budget: key rows x K/V heads whose K and V fit in ~60% of L2 (set by the
   // launcher per device; the maximum: one section per sequence).
   int section_keys = INT_MAX;
+  // A static deal (VarlenStaticScheduler; else a counter reads the list in order): the cost a
+  // task adds beside its KV tiles (Cfg::fixed_cost, task_list.h's units), and the attention
+  // grid's clusters where the launch evens its deal (0: the snake as it is).
+  bool static_deal = false;
+  int fixed_cost = 0, clusters = 0;
 
   // packed_q: q is packed by cu_seqlens_q over total_q rows (else max_q rows per sequence).
   static VarlenPlan make(int num_seqs, int heads, int group, bool packed_q, int total_q,
@@ -85,12 +108,26 @@ struct VarlenPlan {
     v.bound = (long long)heads * (by_total < by_max ? by_total : by_max);
     return v;
   }
-  size_t workspace_bytes() const { return 16 + size_t(bound) * sizeof(VarlenTask); }
+  // Task slots of the workspace: an evened deal moves tasks into its last round's empty slots,
+  // up to a round past the list's bound. The host's size needs no device, so it counts the
+  // most clusters that deal takes.
+  __host__ __device__ long long slots() const {
+    return static_deal ? bound + kMaxSwapClusters : bound;
+  }
+  // The slots this launch reads: as before without an evened deal.
+  __host__ __device__ long long read_slots() const {
+    return clusters > 0 ? bound + clusters : bound;
+  }
+  size_t workspace_bytes() const { return 16 + size_t(slots()) * sizeof(VarlenTask); }
   // Shared memory of the schedule kernel: the tile starts (num_seqs + 1), the cost histogram
-  // (max_cost + 1), the scan's warp sums (32), the error flags (2) and each sequence's first
-  // task (num_seqs).
+  // (max_cost + 1), the scan's warp sums (32), the flags (2) and each sequence's first task
+  // (num_seqs); an evened deal adds each cluster's load and rank (8-byte keys) and each slot's
+  // cost (2 bytes).
   size_t prep_smem_bytes() const {
-    return (size_t(num_seqs) * 2 + 1 + size_t(max_cost) + 1 + 32 + 2) * sizeof(int);
+    const size_t ints = size_t(num_seqs) * 2 + 1 + size_t(max_cost) + 1 + 32 + 2;
+    if (clusters == 0) return ints * sizeof(int);
+    return ints * sizeof(int) + size_t(clusters) * (sizeof(long long) + sizeof(int)) +
+           size_t(read_slots()) * sizeof(unsigned short) + 2 * sizeof(long long);  // + total, max
   }
   // K/V heads (task heads: plan.group of them per K/V head) per L2 section of a sequence with
   // k_len keys, out of kv_heads.
@@ -223,6 +260,67 @@ __device__ __forceinline__ void prefix_sum(int* a, int n, int* warp_sums) {
   __syncthreads();
 }
 
+// The evened deal (kSwapPasses, above): load[c] holds cluster c's work, slot_cost[pos] each
+// slot's cost (0: empty; empty slots lie in the last round only and stay there); swaps move the
+// tasks themselves. A pass: the clusters sorted by load (keys distinct: the cluster's index in
+// the low bits), then a warp per pair of the i-th lightest and the i-th heaviest.
+__device__ __forceinline__ void even_deal(VarlenTask* tasks, long long* load, int* by_load,
+                                          unsigned short* slot_cost, int G, int R) {
+  constexpr int kSpan = 2 * kSwapRounds + 1;  // candidate rounds of the light cluster per task
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid % 32;
+  const int warp = tid / 32, n_warps = nt / 32;
+  auto pos_of = [G](int c, int r) { return r * G + ((r & 1) ? G - 1 - c : c); };
+  for (int pass = 0; pass < kSwapPasses; ++pass) {
+    for (int c = tid; c < G; c += nt) {
+      const long long k = load[c] << 10 | c;
+      int r = 0;
+      for (int d = 0; d < G; ++d) r += (load[d] << 10 | d) < k;
+      by_load[r] = c;
+    }
+    __syncthreads();
+    for (int i = warp; i < G / 2; i += n_warps) {
+      const int lo = by_load[i], hi = by_load[G - 1 - i];
+      long long l_lo = load[lo], l_hi = load[hi];
+      for (int s = 0; s < kSwapsPerPair; ++s) {
+        const long long gap = l_hi - l_lo;
+        unsigned best = UINT_MAX;
+        for (int j = lane; j < R * kSpan; j += 32) {
+          const int rh = j / kSpan, rl = rh + j % kSpan - kSwapRounds;
+          if (rl < 0 || rl >= R) continue;
+          const int a = slot_cost[pos_of(hi, rh)], b = slot_cost[pos_of(lo, rl)];
+          const int d = a - b;
+          if (a == 0 || (b == 0 && rh != rl) || d <= 0) continue;
+          const long long score = llabs(gap - 2LL * d);
+          if (score < gap)
+            best = min(best, unsigned(min(score, (1LL << 20) - 1)) << 12 | unsigned(j));
+        }
+        best = __reduce_min_sync(~0u, best);
+        if (best == UINT_MAX) break;
+        const int j = int(best & 0xfffu), rh = j / kSpan, rl = rh + j % kSpan - kSwapRounds;
+        const int ph = pos_of(hi, rh), pl = pos_of(lo, rl);
+        const int d = int(slot_cost[ph]) - int(slot_cost[pl]);
+        __syncwarp();  // every lane has read the costs before lane 0 swaps them
+        if (lane == 0) {
+          const VarlenTask th = tasks[ph], tl = tasks[pl];
+          tasks[ph] = tl;
+          tasks[pl] = th;
+          const unsigned short ch = slot_cost[ph];
+          slot_cost[ph] = slot_cost[pl];
+          slot_cost[pl] = ch;
+        }
+        __syncwarp();
+        l_hi -= d;
+        l_lo += d;
+      }
+      if (lane == 0) {
+        load[hi] = l_hi;
+        load[lo] = l_lo;
+      }
+    }
+    __syncthreads();
+  }
+}
+
 }  // namespace varlen_detail
 
 // One CTA of kVarlenPrepThreads. A template, so only a build with the varlen kernel compiles
@@ -233,16 +331,20 @@ template <int kThreads = kVarlenPrepThreads>
 __global__ void __launch_bounds__(kThreads, 1)
     varlen_prepare_kernel(VarlenMeta meta, VarlenPlan plan, VarlenTask* tasks, int* counter) {
   using namespace varlen_detail;
-  extern __shared__ int prep_smem[];
+  extern __shared__ long long prep_smem[];  // 8-byte aligned: an evened deal's loads first
   // The attention kernel may launch now (PDL): its prologue overlaps this kernel, and it waits
   // (griddepcontrol.wait) for all of this kernel's writes before reading them.
   asm volatile("griddepcontrol.launch_dependents;");
-  const int B = plan.num_seqs, H = plan.heads, C = plan.max_cost;
-  int* tstart = prep_smem;        // [B + 1]: each sequence's first tile, then the total
+  const int B = plan.num_seqs, H = plan.heads, C = plan.max_cost, G = plan.clusters;
+  long long* load = prep_smem;    // [G + 2]: an evened deal's work per cluster, total, most
+  // [B + 1]: each sequence's first tile, then the total
+  int* tstart = reinterpret_cast<int*>(load + (G > 0 ? G + 2 : 0));
   int* at_cost = tstart + B + 1;  // [C + 1]: tiles per cost, then each cost's next position
   int* warp_sums = at_cost + C + 1;  // [32]
   int* flags = warp_sums + 32;    // [2]: FA_TUNE_BAD_* bits, the first bad sequence
   int* seq_base = flags + 2;      // [B]: each sequence's first task
+  int* by_load = seq_base + B;    // [G]: clusters, least work first
+  auto* slot_cost = reinterpret_cast<unsigned short*>(by_load + G);  // [read_slots]: 0 empty
   const int tid = threadIdx.x, nt = blockDim.x;
 
   if (tid == 0) {
@@ -251,6 +353,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     flags[1] = INT_MAX;
   }
   for (int i = tid; i <= C; i += nt) at_cost[i] = 0;
+  for (int i = tid; G > 0 && i <= G + 1; i += nt) load[i] = 0;
   __syncthreads();
   // 1. Check every sequence; count its query tiles.
   for (int b = tid; b < B; b += nt) {
@@ -279,7 +382,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (meta.status[0] == 0) meta.status[1] = flags[1];
       meta.status[0] |= flags[0];
     }
-    for (long long t = tid; t < plan.bound; t += nt) tasks[t] = VarlenTask{-1, 0, 0, 0, 0, 0, 0, 0};
+    for (long long t = tid; t < plan.read_slots(); t += nt)
+      tasks[t] = VarlenTask{-1, 0, 0, 0, 0, 0, 0, 0};
     const uint4 nan8 = make_uint4(0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u);
     for (long long i = tid; i < meta.o_elems / 8; i += nt) static_cast<uint4*>(meta.o)[i] = nan8;
     if (meta.lse != nullptr)
@@ -326,15 +430,38 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int tiles = tstart[b + 1] - tstart[b], rank = tiles - 1 - m;
     const int per = plan.section_kv_heads(s.k_len, kv_heads) * plan.group;  // heads per section
     const int end = tile_end(plan, s, m);  // = params.cuh's num_kv_blocks for the task
+    // An evened deal's cost: task_list.h's units (each KV tile once per consumer warpgroup).
+    const int cost = G > 0 ? 2 * tile_cost(plan, s, m) + plan.fixed_cost : 0;
     for (int h = 0; h < H; ++h) {
       const int h0 = h / per * per, hn = min(H - h0, per);
       const long long pos = seq_base[b] + (long long)h0 * tiles + (long long)rank * hn + (h - h0);
       tasks[pos] = VarlenTask{m, h | (h / plan.group) << 16, s.q_start, s.q_len,
                               s.k_start, s.k_len, s.q_batch | s.kv_batch << 16, end};
+      if (G > 0) {  // its cluster: the snake's column of round pos / G
+        const int r = int(pos / G), j = int(pos % G);
+        slot_cost[pos] = (unsigned short)min(cost, 0xffff);
+        atomicAdd(reinterpret_cast<unsigned long long*>(&load[(r & 1) ? G - 1 - j : j]),
+                  (unsigned long long)cost);
+      }
     }
+    if (G > 0)
+      atomicAdd(reinterpret_cast<unsigned long long*>(&load[G]), (unsigned long long)cost * H);
   }
-  for (long long t = (long long)num_tiles * H + tid; t < plan.bound; t += nt)
+  const long long N = (long long)num_tiles * H;
+  for (long long t = N + tid; t < plan.read_slots(); t += nt) {
     tasks[t] = VarlenTask{-1, 0, 0, 0, 0, 0, 0, 0};
+    if (G > 0) slot_cost[t] = 0;
+  }
+  if (G == 0) return;
+  __syncthreads();
+  // 4. An evened deal (kSwapPasses: varlen_detail::even_deal), where it pays.
+  for (int c = tid; c < G; c += nt)
+    atomicMax(reinterpret_cast<unsigned long long*>(&load[G + 1]), (unsigned long long)load[c]);
+  __syncthreads();
+  const long long R = (N + G - 1) / G;
+  if (R >= kSwapMinRounds && load[G + 1] - load[G] / G >= kSwapMinGain &&
+      R * (2 * kSwapRounds + 1) <= 4096)
+    even_deal(tasks, load, by_load, slot_cost, G, int(R));
 }
 
 }  // namespace fa_tune

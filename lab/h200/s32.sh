@@ -61,7 +61,8 @@ deal)
   FIRST_CALL="s32.sh deal with .whl"
   source "$LAB/session_calls.sh"
   # Applied in the device's copy only: varlen-tail-deal (measured, not merged: docs/PERF.md
-  # step 66) or, named as $2, varlen-pair-swaps (not yet run).
+  # step 66) or, named as $2, varlen-pair-swaps (landed in step 67; the patch as it was:
+  # git show b99b919:lab/patches/varlen-pair-swaps.patch).
   apply_patch "${2:-varlen-tail-deal}"
   snap() {  # TREE NAME SHAPE: llama3's library for SHAPE's class, from TREE
     (cd "$1" && PYTHONPATH="$DEV/site:$PWD" timeout 240 python3 scripts/sass_snapshot.py \

@@ -5,14 +5,16 @@
 #     H200: FlashInfer installed and its D 128 prefill module built (issue 37), the GPU suite's
 #           GROUPS (default "kernel": suite.sh's groups; "none") meanwhile in the background (logs in
 #           .device/bgsuite); the call ends with them
-#     H100: issue 37's pair swaps (s32.sh deal varlen-pair-swaps: gated, A B B A, task clocks)
+#     H100: issue 37's pair swaps (s32.sh deal varlen-pair-swaps: gated, A B B A, task clocks;
+#           that ran in step 67 and the patch landed, so now s32.sh clocks: the deal's task clocks)
 # H200, then:
 #   call 2, carry [".fa3/part1"]: bash lab/h200/fa3_stage1.sh
 #   call 3, carry [".fa3/part2"]: bash lab/h200/s35.sh peers   (issue 37's table on a quiet card:
 #                                 FA3 installed; pages of 64, 128, 256, unpaged, the mixed batch;
 #                                 again in a call of its own for the rows the first left)
 #   then suite.sh bugs, oracle, varlen, ops, peers; issue 35's A/B: s30.sh start (carry .whl, .base/main, .base/operands)
-# H100, then: bash lab/h200/s32.sh dealtests varlen-pair-swaps; s32.sh clocks.
+# H100 (step 67), then: s32.sh dealtests varlen-pair-swaps; fa3_stage1.sh; the paged rows
+# beside FA3 (fa-tune compare, one inline call); s32.sh w128hc; suite.sh bugs, ops.
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 DEV=${FA_TUNE_DEVICE_DIR:-$(cd "$LAB/../.." && pwd)/.device}
@@ -20,7 +22,7 @@ case "${1:?start | peers | suitewait}" in
 start)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "card: $card"
-  if [[ "$card" != *H200* ]]; then exec bash "$LAB/s32.sh" deal varlen-pair-swaps; fi
+  if [[ "$card" != *H200* ]]; then exec bash "$LAB/s32.sh" clocks; fi
   FIRST_CALL="s35.sh start with .whl"
   source "$LAB/session_calls.sh"
   mkdir -p "$DEV/bgsuite"; rm -f "$DEV/bgsuite.rc"
