@@ -59,6 +59,19 @@ def test_a_compile_only_worker_stays_a_bounded_backlog_ahead(tmp_path: Path, pla
     assert not [t for t in st.get_trials() if t.state == TrialState.RUNNING]
 
 
+def test_a_compile_only_worker_stops_on_an_exhausted_space(tmp_path: Path, plan) -> None:  # noqa: F811
+    """Every config measured: the worker says the space is exhausted and adds no trial, rather
+    than asking (and recording a duplicate) until its timeout."""
+    plan({})
+    space = {"block_n": [112, 128]}
+    make(tmp_path, space, trials=2, sampler="random").run()
+    before = len(optuna.load_study(study_name="t", storage=url_for(tmp_path)).get_trials())
+    c = make(tmp_path, space, trials=None, sampler="random", timeout_s=20.0)
+    summ = c.run_compile_only()
+    assert "exhausted" in summ.stopped_by
+    assert len(optuna.load_study(study_name="t", storage=url_for(tmp_path)).get_trials()) == before
+
+
 def test_compile_only_needs_a_store(tmp_path: Path) -> None:
     from cli_helpers import one_error_line
     from typer.testing import CliRunner

@@ -69,6 +69,8 @@ class CompileOnly(SearchHost):
         self.progress.current = "compile-only: asking the sampler"
         self._emit()
         shared_cache.set_share(self.artifacts)  # every compile is published for the GPU hosts
+        self._sync()  # the study's verdicts, so an exhausted space shows before the first ask
+        self._check_room(fresh=True)
         self.stops.install()
         if self.heartbeat is not None:
             self.heartbeat.start()
@@ -79,12 +81,17 @@ class CompileOnly(SearchHost):
                            and not self.queue):
                     stopped_by = why or stopped_by
                     break
+                if self._exhausted and not self.queue:
+                    stopped_by = self._exhausted
+                    break
                 if (len(self.queue) < self.jobs and self._may_ask(self._asked)
                         and self._backlog() + len(self.queue) < limit):
                     cand = self._ask(pool, fresh=True)
                     self._asked += 1
                     if cand is not None:
                         self.queue.append(cand)
+                    elif getattr(self.study.sampler, "starved", False):  # a FeasibleSampler
+                        self._exhausted = self._starved_text()
                     continue
                 done = [c for c in self.queue if c.future.done()]
                 if not done and self.queue:

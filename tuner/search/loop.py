@@ -438,14 +438,15 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             self._idle = 0
         return True
 
-    def _check_room(self) -> None:
+    def _check_room(self, fresh: bool = False) -> None:
         """An exhausted space found before the first ask, so that a re-run adds no trial. A
-        study with WAITING trials (seeds, retries) has asks to make whatever the space holds."""
+        study with WAITING trials (seeds, retries) has asks to make whatever the space holds,
+        unless the asks are ``fresh`` (a compile-only worker's: never a WAITING trial)."""
         from optuna.trial import TrialState
 
         room = getattr(self.study.sampler, "has_room", None)
-        if not callable(room) or self.study.get_trials(deepcopy=False,
-                                                       states=(TrialState.WAITING,)):
+        if not callable(room) or (not fresh and self.study.get_trials(
+                deepcopy=False, states=(TrialState.WAITING,))):
             return
         if not room():
             self._exhausted = self._starved_text()
