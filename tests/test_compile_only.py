@@ -67,9 +67,24 @@ def test_a_compile_only_worker_stops_on_an_exhausted_space(tmp_path: Path, plan)
     make(tmp_path, space, trials=2, sampler="random").run()
     before = len(optuna.load_study(study_name="t", storage=url_for(tmp_path)).get_trials())
     c = make(tmp_path, space, trials=None, sampler="random", timeout_s=20.0)
+    c._avg_compile_s = 0.01  # the fixture's compiles: asks fit the 20 s (60 s assumed at first)
     summ = c.run_compile_only()
     assert "exhausted" in summ.stopped_by
     assert len(optuna.load_study(study_name="t", storage=url_for(tmp_path)).get_trials()) == before
+
+
+def test_a_compile_only_worker_compiles_each_config_once(tmp_path: Path, plan) -> None:  # noqa: F811
+    """The configs it handed over wait in the study: it does not propose them again, and once
+    every config waits or is measured it stops (space exhausted) instead of idling to its
+    timeout."""
+    plan({})
+    c = make(tmp_path, {"block_n": [112, 128]}, trials=None, sampler="random", timeout_s=20.0)
+    c._avg_compile_s = 0.01
+    summ = c.run_compile_only()
+    assert "exhausted" in summ.stopped_by
+    ts = optuna.load_study(study_name="t", storage=url_for(tmp_path)).get_trials()
+    waiting = [t for t in ts if t.state == TrialState.WAITING]
+    assert len(waiting) == 2 == len({t.user_attrs["config_id"] for t in waiting})
 
 
 def test_compile_only_needs_a_store(tmp_path: Path) -> None:

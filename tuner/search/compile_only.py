@@ -70,7 +70,6 @@ class CompileOnly(SearchHost):
         self._emit()
         shared_cache.set_share(self.artifacts)  # every compile is published for the GPU hosts
         self._sync()  # the study's verdicts, so an exhausted space shows before the first ask
-        self._check_room(fresh=True)
         self.stops.install()
         if self.heartbeat is not None:
             self.heartbeat.start()
@@ -84,8 +83,8 @@ class CompileOnly(SearchHost):
                 if self._exhausted and not self.queue:
                     stopped_by = self._exhausted
                     break
-                if (len(self.queue) < self.jobs and self._may_ask(self._asked)
-                        and self._backlog() + len(self.queue) < limit):
+                if (len(self.queue) < self.jobs and self._backlog() + len(self.queue) < limit
+                        and self._may_ask(self._asked, fresh=True)):
                     cand = self._ask(pool, fresh=True)
                     self._asked += 1
                     if cand is not None:

@@ -238,6 +238,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         # Other workers: config_ids they are measuring now (the sampler skips them), and our
         # trials waiting for one of theirs (number -> (trial, config, their trial number)).
         self.foreign: set[str] = set()
+        self.queued: set[str] = set()  # configs of WAITING trials: someone's ask will take them
         self.waiting: dict[int, tuple[Any, KernelConfig, int]] = {}
         self._last_sync = 0.0
         self._study_waiting = False  # the study holds WAITING trials (as of the last _sync)
@@ -261,13 +262,14 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         self._final_text: str | None = None  # the final's verdict line (outcomes._final)
 
     def _acceptable(self, params: dict[str, Any]) -> bool:
-        """The sampler's filter: a config the static check takes and no trial has measured or
-        is measuring (a duplicate would only repeat a verdict)."""
+        """The sampler's filter: a config the static check takes and no trial has measured, is
+        measuring or waits to measure (a duplicate would only repeat a verdict)."""
         cfg = valid_config(params, self.space, self.shapes)
         if cfg is None:
             return False
         cid = cfg.config_id()
-        return cid not in self.known and cid not in self.pending and cid not in self.foreign
+        return cid not in self.known and cid not in self.pending and cid not in self.foreign \
+            and cid not in self.queued
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -350,7 +352,6 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         shared_cache.set_share(self.artifacts)
         self._enqueue_start_points()
         self._load_known()
-        self._check_room()
         stopped_by = "finished"
         self.pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="fa-tune-nvcc")
         self.stops.install()
@@ -438,18 +439,20 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             self._idle = 0
         return True
 
-    def _check_room(self, fresh: bool = False) -> None:
-        """An exhausted space found before the first ask, so that a re-run adds no trial. A
-        study with WAITING trials (seeds, retries) has asks to make whatever the space holds,
-        unless the asks are ``fresh`` (a compile-only worker's: never a WAITING trial)."""
+    def _has_room(self, fresh: bool = False) -> bool:
+        """Whether an ask can find a config: checked before the trial is created, because an
+        ask that finds none still creates one (recorded as a duplicate, or put back as WAITING by
+        a compile-only worker). WAITING trials (seeds, retries) are asks to make whatever the
+        space holds, unless the asks are ``fresh`` (a compile-only worker's: never those)."""
         from optuna.trial import TrialState
 
         room = getattr(self.study.sampler, "has_room", None)
-        if not callable(room) or (not fresh and self.study.get_trials(
-                deepcopy=False, states=(TrialState.WAITING,))):
-            return
-        if not room():
-            self._exhausted = self._starved_text()
+        if not callable(room) or room():
+            return True
+        if not fresh and self.study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+            return True
+        self._exhausted = self._starved_text()
+        return False
 
     def _starved_text(self) -> str:
         tries = cast(FeasibleSampler, self.study.sampler).random_tries
@@ -525,7 +528,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             return "timeout"
         return None
 
-    def _may_ask(self, asked: int) -> bool:
+    def _may_ask(self, asked: int, fresh: bool = False) -> bool:
         if self._exhausted:
             return False
         exhausted = getattr(self.study.sampler, "is_exhausted", None)
@@ -543,7 +546,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
                 return False
             if self._avg_eval_s and len(self.queue) * self._avg_eval_s >= left:
                 return False
-        return True
+        return self._has_room(fresh)
 
     def _sync_queue(self) -> None:
         self.progress.compile_queue = sum(1 for c in self.queue if not c.future.done())

@@ -172,6 +172,7 @@ class SharedStudy(SearchHost):
         self._last_sync = now
         trials = self.study.get_trials(deepcopy=False)
         foreign: set[str] = set()
+        queued: set[str] = set()
         by_number: dict[int, Any] = {}
         self._study_waiting = False
         for t in trials:
@@ -183,9 +184,12 @@ class SharedStudy(SearchHost):
                 continue
             if t.state == TrialState.RUNNING:
                 foreign.add(cid)
+            elif t.state == TrialState.WAITING:
+                queued.add(cid)  # put back or precompiled: an ask pops it
             elif _is_verdict(t):
                 self.known.setdefault(cid, t)
         self.foreign = foreign
+        self.queued = queued
         if foreign:
             self._foreign_seen = now
         self._calibrate(trials)
