@@ -64,10 +64,12 @@ deal)
   # step 66) or, named as $2, varlen-pair-swaps (landed in step 67; the patch as it was:
   # git show b99b919:lab/patches/varlen-pair-swaps.patch).
   apply_patch "${2:-varlen-tail-deal}"
-  snap() {  # TREE NAME SHAPE: llama3's library for SHAPE's class, from TREE
+  snap() {  # TREE NAME SHAPE: llama3's library for SHAPE's class, from TREE (its log in
+    # $DEV/builds, printed on failure: $OUT returns at most 8 files, step 67 lost the A/B's)
+    mkdir -p "$DEV/builds"
     (cd "$1" && PYTHONPATH="$DEV/site:$PWD" timeout 240 python3 scripts/sass_snapshot.py \
-       --shape "$3" --out "$DEV/ab-$2" --cache "$DEV/abcache-$2" llama3 > "$OUT/build_$2.log" 2>&1 \
-       || echo "$2: build exit $?")
+       --shape "$3" --out "$DEV/ab-$2" --cache "$DEV/abcache-$2" llama3 > "$DEV/builds/$2.log" 2>&1 \
+       || { echo "$2: build exit $?"; tail -5 "$DEV/builds/$2.log"; })
   }
   shapes=("4x32/8x2048:k8192:p128" "32/8x[2048:8192*4]" "4x32/8x256:k2048:p128"
           "32/8x[512,1024:5120,2048:10240,4096:6144,8192,768:6912,3072:4096,6144:14336]:p64"
