@@ -117,6 +117,9 @@ class FeasibleSampler(BaseSampler):
         self.model_accepted = 0
         self.random_draws = 0
         self.starved = False  # the last ask found no acceptable config in random_tries draws
+        # The config has_room found: the next uniform draw starts from it, and the next check
+        # is free while it stays acceptable (the search checks before every ask).
+        self._spare: dict[str, Any] | None = None
 
     # -- BaseSampler
     def infer_relative_search_space(self, study: Any, trial: Any) -> dict[str, BaseDistribution]:
@@ -174,12 +177,22 @@ class FeasibleSampler(BaseSampler):
         """Whether a config ``accept`` takes turns up in ``random_tries`` uniform draws, asked
         before any trial is created: a re-run of an exhausted study then adds no trial (an ask
         that finds nothing still creates one, told as a duplicate)."""
+        if self._spare is not None and self.accept(self._spare):
+            return True
+        self._spare = None
         for _ in range(self.random_tries):
-            if self.accept(self._draw(self.dists)):
+            params = self._draw(self.dists)
+            self.random_draws += 1
+            if self.accept(params):
+                self._spare = params
                 return True
         return False
 
     def _random(self, space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        spare, self._spare = self._spare, None
+        if spare is not None and spare.keys() == space.keys() and self.accept(spare):
+            self.starved = False
+            return spare
         params: dict[str, Any] = {}
         for _ in range(self.random_tries):
             params = self._draw(space)
