@@ -5,8 +5,8 @@
 #     H200: FlashInfer installed and its D 128 prefill module built (issue 37), the GPU suite's
 #           GROUPS (default "kernel": suite.sh's groups; "none") meanwhile in the background (logs in
 #           .device/bgsuite); the call ends with them
-#     H100: issue 37's pair swaps (s32.sh deal varlen-pair-swaps: gated, A B B A, task clocks;
-#           that ran in step 67 and the patch landed, so now s32.sh clocks: the deal's task clocks)
+#     H100: suite.sh ops (step 67 ran the pair swaps here; session 36 checks the ops group's
+#           two re-written timing tests)
 # H200, then:
 #   call 2, carry [".fa3/part1"]: bash lab/h200/fa3_stage1.sh
 #   call 3, carry [".fa3/part2"]: bash lab/h200/s35.sh peers   (issue 37's table on a quiet card:
@@ -22,7 +22,8 @@ case "${1:?start | peers | suitewait}" in
 start)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "card: $card"
-  if [[ "$card" != *H200* ]]; then exec bash "$LAB/s32.sh" clocks; fi
+  # On an H100 (session 36): the ops group, whose two timing tests now interleave their calls.
+  if [[ "$card" != *H200* ]]; then exec bash "$LAB/suite.sh" ops; fi
   FIRST_CALL="s35.sh start with .whl"
   source "$LAB/session_calls.sh"
   mkdir -p "$DEV/bgsuite"; rm -f "$DEV/bgsuite.rc"
