@@ -9,8 +9,13 @@ import sys
 from typing import NoReturn
 
 
-def _interrupted() -> NoReturn:
+def say_interrupted() -> None:
+    """The one line a Ctrl-C prints, here and from the commands (tuner.cli.common)."""
     sys.stderr.write("fa-tune: interrupted\n")
+
+
+def _interrupted() -> NoReturn:
+    say_interrupted()
     sys.exit(130)
 
 

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
+from tuner.entry import say_interrupted
 from tuner.errors import FaTuneError
 from tuner.kernel.support import check_runnable
 from tuner.problem import Problem
@@ -56,7 +57,7 @@ class Command(_Metavars, TyperCommand):
 def interrupted() -> typer.Exit:
     """Ctrl-C outside a command that takes it itself (search settles its trials first): one
     line and exit 130, where typer would exit 130 without a word."""
-    sys.stderr.write("fa-tune: interrupted\n")
+    say_interrupted()
     return typer.Exit(130)
 
 
