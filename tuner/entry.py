@@ -8,10 +8,7 @@ import signal
 import sys
 from typing import NoReturn
 
-
-def say_interrupted() -> None:
-    """The one line a Ctrl-C prints, here and from the commands (tuner.cli.common)."""
-    sys.stderr.write("fa-tune: interrupted\n")
+from tuner.errors import say_interrupted
 
 
 def _interrupted() -> NoReturn:

@@ -7,6 +7,13 @@ and exits 2; anything else escaping is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import sys
+
+
+def say_interrupted() -> None:
+    """The one line a Ctrl-C prints, while the CLI loads (tuner.entry) or in a command."""
+    sys.stderr.write("fa-tune: interrupted\n")
+
 
 class FaTuneError(Exception):
     """Base class: a one-line, user-facing message."""

@@ -14,8 +14,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
-from tuner.entry import say_interrupted
-from tuner.errors import FaTuneError
+from tuner.errors import FaTuneError, say_interrupted
 from tuner.kernel.support import check_runnable
 from tuner.problem import Problem
 
