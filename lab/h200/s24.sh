@@ -60,10 +60,11 @@ ab)
   # presets whose PV wait moved (multicast, d64-sumpv) and default, fixed-length kernels,
   # built in parallel, then gated and timed A B B A in one process (scripts/ab_libs.py).
   shift; presets=${*:-multicast d64-sumpv default}
+  mkdir -p "$DEV/builds"  # build logs stay on the machine: 8 files come back from $OUT
   for tree in main operands; do
     (cd .base/$tree && PYTHONPATH="$DEV/site:$PWD" timeout 200 python3 scripts/sass_snapshot.py \
        --fixed --out "$DEV/ab-$tree" --cache "$DEV/abcache-$tree" $presets \
-       > "$OUT/build_$tree.log" 2>&1; echo "$tree built: exit $?") &
+       > "$DEV/builds/build_$tree.log" 2>&1; echo "$tree built: exit $?") &
   done
   wait; step built
   $E python3 scripts/sass_snapshot.py --compare "$DEV/ab-main" "$DEV/ab-operands" | tail -4
