@@ -5,8 +5,8 @@
 #     H200: FlashInfer installed and its D 128 prefill module built (issue 37), the GPU suite's
 #           GROUPS (default "kernel": suite.sh's groups; "none") meanwhile in the background (logs in
 #           .device/bgsuite); the call ends with them
-#     H100: suite.sh ops (step 67 ran the pair swaps here; session 36 checks the ops group's
-#           two re-written timing tests)
+#     H100: s25.sh twin 1 (issue 38's first 8-minute twin search; TWIN_SEED=2 the second;
+#           its study comes back in $OUT for s25.sh pair)
 # H200, then:
 #   call 2, carry [".fa3/part1"]: bash lab/h200/fa3_stage1.sh
 #   call 3, carry [".fa3/part2"]: bash lab/h200/s35.sh peers   (issue 37's table on a quiet card:
@@ -22,8 +22,8 @@ case "${1:?start | peers | suitewait}" in
 start)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "card: $card"
-  # On an H100 (session 36): the ops group, whose two timing tests now interleave their calls.
-  if [[ "$card" != *H200* ]]; then exec bash "$LAB/suite.sh" ops; fi
+  # On an H100: issue 38's first twin search (s25.sh twin 1; step 68 ran the suite here).
+  if [[ "$card" != *H200* ]]; then exec bash "$LAB/s25.sh" twin "${TWIN_SEED:-1}"; fi
   FIRST_CALL="s35.sh start with .whl"
   source "$LAB/session_calls.sh"
   mkdir -p "$DEV/bgsuite"; rm -f "$DEV/bgsuite.rc"
