@@ -141,3 +141,30 @@ def test_no_final_for_one_finalist_or_when_turned_off(tmp_path: Path, plan) -> N
     assert s.run().final is None
     st = optuna.load_study(study_name="t", storage=url_for(tmp_path))
     assert final.ATTR not in st.user_attrs
+
+
+def test_the_confirmed_best_that_lost_its_final_is_not_shipped(tmp_path: Path,
+                                                               plan) -> None:  # noqa: F811
+    """The case the final exists for (docs/PERF.md step 69: twin 1's confirmed best lost its
+    final by 4.7 %, and export still shipped it): the picks follow the final whenever the best
+    confirmed trial was a finalist; a final that never timed it (a later search confirmed a
+    faster config) is stale and ignored."""
+    plan({})
+    s = make(tmp_path, {"block_n": [64, 96, 128]}, trials=3,
+             policy=ConfirmAll(final_turns=2, prune_slower_fraction=10.0))
+    s.run()
+    st = optuna.load_study(study_name="t", storage=url_for(tmp_path))
+    v = final.Verdict.from_dict(st.user_attrs[final.ATTR])
+    assert v is not None and v.winner is not None and len(v.turns) >= 2
+    best = v.winner
+    other = next(n for n in v.turns if n != best)
+    # The same finalists, but the final found the confirmed best slower than the other.
+    lost = {n: [100.0, 101.0] for n in v.turns}
+    lost[other] = [120.0, 121.0]
+    st.set_user_attr(final.ATTR, final.decide(lost, {}, {}).to_dict())
+    assert pick_trial("t", url_for(tmp_path), None)[1].number == other
+    # A final that never timed the confirmed best speaks for nothing now.
+    stale = {n: x for n, x in lost.items() if n != best}
+    stale[10_000] = [1.0, 1.0]
+    st.set_user_attr(final.ATTR, final.decide(stale, {}, {}).to_dict())
+    assert pick_trial("t", url_for(tmp_path), None)[1].number == best

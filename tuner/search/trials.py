@@ -209,12 +209,13 @@ def why_not_complete(t: Any) -> str:
 
 def final_verdict(st: Any, rows: list[dict[str, Any]]) -> Verdict | None:
     """The study's final, when it still speaks for the best rows (``best_rows``, all problems):
-    the best confirmed trial is one it declared the winner or found tied. A later search that
-    confirmed a faster config leaves it stale (None)."""
+    the best confirmed trial was one of its finalists, whether the final found it the winner,
+    tied or slower (the case the final exists for: its number was confirmed minutes apart from
+    the others'). A later search that confirmed a faster config leaves it stale (None)."""
     v = Verdict.from_dict(st.user_attrs.get(FINAL_ATTR))
     if v is None or not rows or not rows[0]["confirmed"]:
         return None
-    if rows[0]["trial"] not in (v.tied if v.winner is None else (v.winner,)):
+    if rows[0]["trial"] not in v.turns:
         return None
     return v if any(r["trial"] == v.pick for r in rows) else None
 
