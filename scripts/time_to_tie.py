@@ -44,6 +44,50 @@ def candidates(trials: Sequence[Any], pick: Any, within: float, most: int) -> li
     return final.one_per_config(near, most, skip=[pick.user_attrs.get("config_id", "")])
 
 
+class Judge:
+    """The trials' configs (``trials``: any key -> trial) built for the problems' class, gated
+    on every problem, and timed as the search's final times (``measure(so_path, problem)`` ->
+    TFLOPS); ``so_paths`` by the same keys. A context manager that releases the problems'
+    buffers and the bench."""
+
+    def __init__(self, trials: dict[int, Any], problems: Sequence[Any]) -> None:
+        from tuner.kernel import build
+        from tuner.kernel.config import KernelConfig
+        from tuner.measure.bench import Bench
+        from tuner.measure.launch import KernelLaunch
+        from tuner.problem import class_of
+
+        pclass = class_of(problems)
+        built = {n: build.build_config(KernelConfig.from_dict(t.user_attrs["config"]),
+                                              pclass=pclass) for n, t in trials.items()}
+        for r in built.values():
+            r.require_timeable()
+        self.problems = list(problems)
+        self.so_paths = {n: r.so_path for n, r in built.items()}
+        self.bench = Bench(0)
+        self._launch = {r.so_path: KernelLaunch(r.so_path) for r in built.values()}
+        for n, so in self.so_paths.items():
+            for p in problems:
+                g = self.bench.gate(self._launch[so], p)
+                if not g.passed:
+                    self.close()
+                    raise FaTuneError(f"trial {n} fails the gate on {p}: {g.summary()}")
+
+    def measure(self, so: str, p: Any) -> float:
+        return float(p.tflops(self.bench.time(self._launch[so], p, final.PROTOCOL).median_ms))
+
+    def close(self) -> None:
+        for p in self.problems:
+            self.bench.release(p)
+        self.bench.close()
+
+    def __enter__(self) -> Judge:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--study", required=True)
@@ -69,18 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(a: argparse.Namespace) -> int:
-    from tuner.kernel import build
-    from tuner.kernel.config import KernelConfig
-    from tuner.measure.bench import Bench
-    from tuner.measure.launch import KernelLaunch
-    from tuner.problem import class_of
     from tuner.search.trials import pick_trial, study_trials, trial_problems
 
     _, trials = study_trials(a.study, a.storage)
     _, pick = pick_trial(a.study, a.storage, None)
     start = min(t.datetime_start for t in trials if t.datetime_start is not None)
     problems = trial_problems(pick)
-    pclass = class_of(problems)
     cands = candidates(trials, pick, a.within, a.max)
     if not cands:
         print(f"no confirmed trial before the pick within {100 * a.within:.0f} % of it: the "
@@ -93,29 +131,13 @@ def run(a: argparse.Namespace) -> int:
                   f"{confirmed_value(t):.1f} TFLOPS (the pick, trial {pick.number}: "
                   f"{confirmed_value(pick):.1f})")
         return 0
-    sos = {t.number: build.build_config(KernelConfig.from_dict(t.user_attrs["config"]),
-                                        pclass=pclass) for t in [pick, *cands]}
-    for r in sos.values():
-        r.require_timeable()
-    bench = Bench(0)
-    launches = {n: KernelLaunch(r.so_path) for n, r in sos.items()}
-    by_path = {sos[n].so_path: launch for n, launch in launches.items()}
-    try:
-        for n, launch in launches.items():
-            for p in problems:
-                g = bench.gate(launch, p)
-                if not g.passed:
-                    raise FaTuneError(f"trial {n} fails the gate on {p}: {g.summary()}")
-
-        def measure(so: str, p: Any) -> float:
-            return p.tflops(bench.time(by_path[so], p, final.PROTOCOL).median_ms)
-
+    with Judge({t.number: t for t in [pick, *cands]}, problems) as judge:
         answer = None
         print(f"pick: trial {pick.number} ({seconds_after(pick, start):.0f} s, confirmed "
               f"{confirmed_value(pick):.1f} TFLOPS); {', '.join(map(str, problems))}")
         for t in cands:
-            turns = final.play(measure, {pick.number: sos[pick.number].so_path,
-                                         t.number: sos[t.number].so_path}, problems, a.turns)
+            pair = {n: judge.so_paths[n] for n in (pick.number, t.number)}
+            turns = final.play(judge.measure, pair, problems, a.turns)
             v = final.decide(turns, {}, {})
             ratio = v.tflops[t.number] / v.tflops[pick.number]
             ties = v.winner in (None, t.number)
@@ -130,10 +152,6 @@ def run(a: argparse.Namespace) -> int:
         else:
             print(f"first tie with the pick: trial {answer.number}, "
                   f"{seconds_after(answer, start):.0f} s after the start")
-    finally:
-        for p in problems:
-            bench.release(p)
-        bench.close()
     return 0
 
 

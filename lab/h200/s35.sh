@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # Session 35's GPU calls (docs/PERF.md step 67), back-to-back on one warm machine (30 s idle).
 # The first call picks its work by the card that came:
-#   call 1, carry [".whl", ".fi", "studies/twin1.db"]:  bash lab/h200/s35.sh start [GROUPS]
+#   call 1, carry [".whl", ".fi", "studies/twin1.db", "studies/twin2.db"]:
+#           bash lab/h200/s35.sh start [GROUPS]
 #     H200: FlashInfer installed and its D 128 prefill module built (issue 37), the GPU suite's
 #           GROUPS (default "kernel": suite.sh's groups; "none") meanwhile in the background (logs in
 #           .device/bgsuite); the call ends with them
-#     H100: s25.sh twin 2 (issue 38's second 8-minute twin search: twin 1 ran in step 68, its
-#           study carried as studies/twin1.db from that step's tarball; TWIN_SEED=1 runs the
-#           first again); then fa3_stage1.sh (carry .fa3/part1) and s25.sh pair (carry
-#           .fa3/part2): the two picks in one process beside FA3
+#     H100: s37.sh band (issue 38's final with 16 turns on both twins' finalists; the twins
+#           and their pair ran in steps 68-69)
 # H200, then:
 #   call 2, carry [".fa3/part1"]: bash lab/h200/fa3_stage1.sh
 #   call 3, carry [".fa3/part2"]: bash lab/h200/s35.sh peers   (issue 37's table on a quiet card:
@@ -24,8 +23,9 @@ case "${1:?start | peers | suitewait}" in
 start)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "card: $card"
-  # On an H100: issue 38's second twin search (step 68 ran the suite and the first here).
-  if [[ "$card" != *H200* ]]; then exec bash "$LAB/s25.sh" twin "${TWIN_SEED:-2}"; fi
+  # On an H100: issue 38's final with more turns (steps 68-69 ran both twins and their pair
+  # here); it needs the twins' studies carried too.
+  if [[ "$card" != *H200* ]]; then exec bash "$LAB/s37.sh" band; fi
   FIRST_CALL="s35.sh start with .whl"
   source "$LAB/session_calls.sh"
   mkdir -p "$DEV/bgsuite"; rm -f "$DEV/bgsuite.rc"

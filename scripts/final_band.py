@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""How the search's final decides with more turns: the finalists of one or more studies' finals
+(one trial per config), built, gated and played against each other in one process as the final
+plays them (tuner.search.final), for --turns turns. Prints, for the first 4, 8, ... turns, each
+config's median TFLOPS, the final's verdict and noise band, and the paired band (the relative
+range of the per-turn ratio to the fastest, which leaves out what the turns share: the clock).
+Issue 38: are two searches' picks within 1 % in one process, and how many turns does a final
+need to tell 1 % apart?
+
+    python3 scripts/final_band.py --study twin1 --study twin2 [--turns 16] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from time_to_tie import Judge  # noqa: E402
+
+from tuner.errors import FaTuneError  # noqa: E402
+from tuner.search import final  # noqa: E402
+
+
+def paired_band(turns: dict[int, list[float]], ref: int, n: int) -> float:
+    """The relative range of the per-turn ratio of ``n`` to ``ref``."""
+    r = sorted(a / b for a, b in zip(turns[n], turns[ref], strict=True))
+    mid = r[len(r) // 2] if len(r) % 2 else 0.5 * (r[len(r) // 2 - 1] + r[len(r) // 2])
+    return (r[-1] - r[0]) / mid
+
+
+def report(turns: dict[int, list[float]], labels: dict[int, str], steps: Sequence[int]
+           ) -> list[dict[str, Any]]:
+    rows = []
+    for k in steps:
+        head = {n: v[:k] for n, v in turns.items()}
+        v = final.decide(head, {}, {})
+        ref = v.ranked[0]
+        rows.append({"turns": k, "verdict": v.text(), "band": v.band,
+                     "median": {labels[n]: v.tflops[n] for n in v.ranked},
+                     "paired_band": {labels[n]: paired_band(head, ref, n)
+                                     for n in v.ranked[1:]}})
+        print(f"-- first {k} turns: {v.text()}")
+        for n in v.ranked:
+            pb = "" if n == ref else f", paired band {100 * paired_band(head, ref, n):.1f} %"
+            print(f"   {labels[n]:28s} {v.tflops[n]:7.1f} TFLOPS "
+                  f"({v.tflops[n] / v.tflops[ref]:.3f}x){pb}")
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--study", action="append", required=True)
+    ap.add_argument("--storage")
+    ap.add_argument("--turns", type=int, default=16)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args(argv)
+    if a.turns < 2:
+        print(f"final_band: --turns must be at least 2 (got {a.turns})", file=sys.stderr)
+        return 2
+    from tuner.search.trials import study_trials, trial_problems
+
+    try:
+        chosen: dict[str, Any] = {}      # config_id -> trial
+        labels: dict[str, str] = {}
+        for s in a.study:
+            st, trials = study_trials(s, a.storage)
+            v = final.Verdict.from_dict(st.user_attrs.get(final.ATTR))
+            if v is None:
+                raise FaTuneError(f"study '{s}' has no final")
+            by_number = {t.number: t for t in trials}
+            for n in v.turns:
+                cid = by_number[n].user_attrs["config_id"]
+                tag = f"{s}:{n}" + (" (pick)" if n == v.pick else "")
+                labels[cid] = f"{labels[cid]} = {tag}" if cid in labels else f"{cid[:6]} {tag}"
+                chosen.setdefault(cid, by_number[n])
+        picked = list(chosen.values())
+        problems = trial_problems(picked[0])
+        # Trial numbers repeat across studies: the play is keyed by position.
+        with Judge(dict(enumerate(picked)), problems) as judge:
+            turns = final.play(judge.measure, judge.so_paths, problems, a.turns)
+    except FaTuneError as e:
+        print(f"final_band: {e}", file=sys.stderr)
+        return 2
+    names = {i: labels[t.user_attrs["config_id"]] for i, t in enumerate(picked)}
+    steps = sorted({k for k in (4, 8, 12, 16, a.turns) if 2 <= k <= a.turns})
+    rows = report(turns, names, steps)
+    if a.json:
+        a.json.write_text(json.dumps({"turns": {names[i]: v for i, v in turns.items()},
+                                      "by_turns": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
