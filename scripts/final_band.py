@@ -8,11 +8,13 @@ Issue 38: are two searches' picks within 1 % in one process, and how many turns 
 need to tell 1 % apart?
 
     python3 scripts/final_band.py --study twin1 --study twin2 [--turns 16] [--json F]
+        [--repeat N] [--settle-s S]   (the final's protocol by default)
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -60,9 +62,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--storage")
     ap.add_argument("--turns", type=int, default=16)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--repeat", type=int, default=final.PROTOCOL.repeat,
+                    help=f"timed launches per measurement ({final.PROTOCOL.repeat})")
+    ap.add_argument("--settle-s", type=float, default=final.PROTOCOL.settle_s,
+                    help=f"settle before each measurement ({final.PROTOCOL.settle_s:g} s)")
     a = ap.parse_args(argv)
-    if a.turns < 2:
-        print(f"final_band: --turns must be at least 2 (got {a.turns})", file=sys.stderr)
+    if a.turns < 2 or a.repeat < 1 or a.settle_s < 0:
+        print(f"final_band: --turns must be at least 2, --repeat at least 1 and --settle-s at "
+              f"least 0 (got {a.turns}, {a.repeat}, {a.settle_s})", file=sys.stderr)
         return 2
     from tuner.search.trials import study_trials, trial_problems
 
@@ -83,7 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         picked = list(chosen.values())
         problems = trial_problems(picked[0])
         # Trial numbers repeat across studies: the play is keyed by position.
-        with Judge(dict(enumerate(picked)), problems) as judge:
+        proto = dataclasses.replace(final.PROTOCOL, repeat=a.repeat, settle_s=a.settle_s)
+        print(f"protocol: {proto}; {a.turns} turns")
+        with Judge(dict(enumerate(picked)), problems, proto) as judge:
             turns = final.play(judge.measure, judge.so_paths, problems, a.turns)
     except FaTuneError as e:
         print(f"final_band: {e}", file=sys.stderr)

@@ -44,13 +44,17 @@ def candidates(trials: Sequence[Any], pick: Any, within: float, most: int) -> li
     return final.one_per_config(near, most, skip=[pick.user_attrs.get("config_id", "")])
 
 
+WAIT_TOTAL_S = 120.0
+
+
 class Judge:
     """The trials' configs (``trials``: any key -> trial) built for the problems' class, gated
     on every problem, and timed as the search's final times (``measure(so_path, problem)`` ->
     TFLOPS); ``so_paths`` by the same keys. A context manager that releases the problems'
     buffers and the bench."""
 
-    def __init__(self, trials: dict[int, Any], problems: Sequence[Any]) -> None:
+    def __init__(self, trials: dict[int, Any], problems: Sequence[Any],
+                 protocol: Any = final.PROTOCOL) -> None:
         from tuner.kernel import build
         from tuner.kernel.config import KernelConfig
         from tuner.measure.bench import Bench
@@ -63,8 +67,11 @@ class Judge:
         for r in built.values():
             r.require_timeable()
         self.problems = list(problems)
+        self.protocol = protocol
         self.so_paths = {n: r.so_path for n, r in built.items()}
-        self.bench = Bench(0)
+        # The whole play's temperature waits are capped (a card that idles hot would wait up
+        # to the protocol's bound before every measurement), as compare caps its suite's.
+        self.bench = Bench(0, temp_wait_total_s=WAIT_TOTAL_S)
         self._launch = {r.so_path: KernelLaunch(r.so_path) for r in built.values()}
         for n, so in self.so_paths.items():
             for p in problems:
@@ -74,7 +81,7 @@ class Judge:
                     raise FaTuneError(f"trial {n} fails the gate on {p}: {g.summary()}")
 
     def measure(self, so: str, p: Any) -> float:
-        return float(p.tflops(self.bench.time(self._launch[so], p, final.PROTOCOL).median_ms))
+        return float(p.tflops(self.bench.time(self._launch[so], p, self.protocol).median_ms))
 
     def close(self) -> None:
         for p in self.problems:
