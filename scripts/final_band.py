@@ -2,8 +2,8 @@
 """How the search's final decides with more turns: the finalists of one or more studies' finals
 (one trial per config), built, gated and played against each other in one process as the final
 plays them (tuner.search.final), for --turns turns. Prints, for the first 4, 8, ... turns, each
-config's median TFLOPS, the final's verdict and noise band, and the paired band (the relative
-range of the per-turn ratio to the fastest, which leaves out what the turns share: the clock).
+config's median TFLOPS and spread (the relative range of its turns), the final's verdict, and
+the fastest one's lead over each other config with the pair's noise band (final.paired).
 Issue 38: are two searches' picks within 1 % in one process, and how many turns does a final
 need to tell 1 % apart?
 
@@ -30,13 +30,6 @@ from tuner.errors import FaTuneError  # noqa: E402
 from tuner.search import final  # noqa: E402
 
 
-def paired_band(turns: dict[int, list[float]], ref: int, n: int) -> float:
-    """The relative range of the per-turn ratio of ``n`` to ``ref``."""
-    r = sorted(a / b for a, b in zip(turns[n], turns[ref], strict=True))
-    mid = r[len(r) // 2] if len(r) % 2 else 0.5 * (r[len(r) // 2 - 1] + r[len(r) // 2])
-    return (r[-1] - r[0]) / mid
-
-
 def report(turns: dict[int, list[float]], labels: dict[int, str], steps: Sequence[int]
            ) -> list[dict[str, Any]]:
     rows = []
@@ -44,15 +37,18 @@ def report(turns: dict[int, list[float]], labels: dict[int, str], steps: Sequenc
         head = {n: v[:k] for n, v in turns.items()}
         v = final.decide(head, {}, {})
         ref = v.ranked[0]
+        pair = {n: final.paired(head[ref], head[n]) for n in v.ranked[1:]}
+        spread = {n: (max(x) - min(x)) / v.tflops[n] for n, x in head.items()}
         rows.append({"turns": k, "verdict": v.text(), "band": v.band,
                      "median": {labels[n]: v.tflops[n] for n in v.ranked},
-                     "paired_band": {labels[n]: paired_band(head, ref, n)
-                                     for n in v.ranked[1:]}})
+                     "spread": {labels[n]: spread[n] for n in v.ranked},
+                     "lead_band": {labels[n]: pair[n] for n in v.ranked[1:]}})
         print(f"-- first {k} turns: {v.text()}")
         for n in v.ranked:
-            pb = "" if n == ref else f", paired band {100 * paired_band(head, ref, n):.1f} %"
+            pb = "" if n == ref else (f", the fastest leads by {100 * pair[n][0]:.1f} % "
+                                      f"(band {100 * pair[n][1]:.1f} %)")
             print(f"   {labels[n]:28s} {v.tflops[n]:7.1f} TFLOPS "
-                  f"({v.tflops[n] / v.tflops[ref]:.3f}x){pb}")
+                  f"({v.tflops[n] / v.tflops[ref]:.3f}x, spread {100 * spread[n]:.1f} %){pb}")
     return rows
 
 

@@ -32,8 +32,34 @@ def test_a_winner_only_beyond_the_noise_band() -> None:
     turns = {3: [500.0, 505.0, 502.0, 503.0], 7: [480.0, 482.0, 479.0, 481.0]}
     v = final.decide(turns, {3: 4, 7: 0}, {3: 1.0, 7: 1.0})
     assert v.winner == 3 and v.pick == 3 and v.tied == (3,)
-    assert v.band == pytest.approx(5.0 / 502.5)  # trial 3's spread is the widest
-    assert "beats trial 7 by 4.6 % in the final (noise band 1.0 %)" in v.text()
+    lead, band = final.paired(turns[3], turns[7])
+    assert v.band == band == pytest.approx(final.MIN_BAND)  # steady ratios: the 1 % floor
+    assert f"beats trial 7 by {100 * lead:.1f} % in the final (noise band 1.0 %)" in v.text()
+    assert lead == pytest.approx(0.0452, abs=1e-3)
+    # Under 1 %, however steady: a tie.
+    turns[7] = [x / 1.008 for x in turns[3]]
+    assert final.decide(turns, {3: 4, 7: 0}, {3: 1.0, 7: 1.0}).winner is None
+
+
+def test_the_band_is_the_paired_turns_and_narrows_with_more_turns() -> None:
+    # Turns that swing together (the clock) do not widen the band: a steady 3 % lead wins
+    # although each config's own turns spread 10 %.
+    a = [600.0, 660.0, 620.0, 640.0]
+    turns = {1: a, 2: [x / 1.03 for x in a]}
+    v = final.decide(turns, {1: 5, 2: 0}, {})
+    assert v.winner == 1 and v.band == pytest.approx(final.MIN_BAND)
+    # The twins' final on an H100 (docs/PERF.md step 69, twin 1): trial 8 beats 140 beyond the
+    # band, and ties 261 (a 2.2 % lead inside a 3.1 % band).
+    twin1 = {140: [635.99, 624.61, 623.76, 640.80], 8: [652.21, 661.25, 670.56, 659.13],
+             261: [641.00, 634.48, 672.93, 639.60]}
+    v = final.decide(twin1, {140: 12, 8: 8, 261: 11}, {})
+    assert v.winner is None and v.tied == (8, 261) and v.pick == 8
+    assert final.paired(twin1[8], twin1[140])[0] > final.paired(twin1[8], twin1[140])[1]
+    assert v.band == pytest.approx(final.paired(twin1[8], twin1[261])[1])
+    assert 0.029 < v.band < 0.032
+    # The same ratios over four times the turns: the band halves (1 / sqrt(n), and a smaller t).
+    four = {n: x * 4 for n, x in twin1.items()}
+    assert final.paired(four[8], four[261])[1] < 0.5 * v.band
 
 
 def test_a_tie_goes_to_the_config_closest_to_the_default() -> None:
@@ -51,18 +77,18 @@ def test_a_tie_goes_to_the_config_closest_to_the_default() -> None:
 
 def test_a_noisy_finalist_does_not_tie_the_others() -> None:
     # The band is each pair's own: a third finalist's wide turns (583-627 TFLOPS in a D 256
-    # softcap search on the H100, docs/PERF.md step 62) no longer widen the band between the
+    # softcap search on the H100, docs/PERF.md step 62) do not widen the band between the
     # fastest and a runner-up whose turns are tight.
     turns = {1: [674.0, 675.0, 673.0, 674.0], 2: [666.0, 666.5, 665.0, 666.0],
              3: [560.0, 600.0, 590.0, 570.0]}
     v = final.decide(turns, {1: 9, 2: 1, 3: 0}, {1: None, 2: None, 3: None})
     assert v.winner == 1 and v.pick == 1
-    assert v.band == pytest.approx(2.0 / 674.0)  # trial 1's spread, the wider of 1 and 2
+    assert v.band == pytest.approx(final.MIN_BAND)  # the pair 1, 2: steady, the floor
     # A noisy config close enough to the fastest still ties with it (its band is its own).
     turns[3] = [630.0, 690.0, 650.0, 680.0]
     v = final.decide(turns, {1: 9, 2: 1, 3: 0}, {1: None, 2: None, 3: None})
     assert v.winner is None and v.tied == (1, 3) and v.pick == 3
-    assert v.band == pytest.approx(60.0 / 665.0)
+    assert v.band == pytest.approx(final.paired(turns[1], turns[3])[1]) and v.band > 0.05
 
 
 def test_play_interleaves_and_reverses_the_order() -> None:

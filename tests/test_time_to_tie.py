@@ -66,16 +66,17 @@ BAND = ROOT / "scripts" / "final_band.py"
 def test_final_band_reports_each_prefix_of_the_turns(capsys: pytest.CaptureFixture[str]) -> None:
     band = load_script(BAND)
     # Two configs whose turns share the clock's swings: their ratio is steady (1.02 every
-    # turn), so the paired band is 0 while each config's own spread is 10 %.
+    # turn), so the pair's band is the 1 % floor while each config's own spread is 10 %.
     a = [600.0, 660.0, 630.0, 610.0, 650.0, 620.0, 640.0, 600.0]
     b = [x / 1.02 for x in a]
-    assert band.paired_band({0: a, 1: b}, 0, 1) == pytest.approx(0.0, abs=1e-12)
     rows = band.report({0: a, 1: b}, {0: "fast", 1: "slow"}, [4, 8])
     assert [r["turns"] for r in rows] == [4, 8]
     assert rows[1]["median"]["fast"] / rows[1]["median"]["slow"] == pytest.approx(1.02)
-    assert rows[1]["band"] == pytest.approx(60.0 / 625.0)  # the final's band: the spread
+    assert rows[1]["spread"]["fast"] == pytest.approx(60.0 / 625.0)
+    assert rows[1]["lead_band"]["slow"] == pytest.approx((0.02, 0.01))
     out = capsys.readouterr().out
-    assert "-- first 4 turns: trials 0, 1 tie" in out and "paired band 0.0 %" in out
+    assert "-- first 4 turns: trial 0 beats trial 1 by 2.0 %" in out
+    assert "the fastest leads by 2.0 % (band 1.0 %)" in out
 
 
 def test_final_band_without_a_study_is_one_line(tmp_path: Path) -> None:

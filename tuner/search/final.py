@@ -5,14 +5,16 @@ temperatures, and near-tied configs flip between runs (FlashInfer's autotuner RF
 choices differed between two identical tunes). So before a search reports its best, its top
 configs (by confirmed TFLOPS, one trial per config) are timed again against each other in one
 process, interleaved (A B C, then C B A, ...) on every problem of the study. A turn gives each
-config the geometric mean of its TFLOPS over the problems, and a config's spread is the relative
-range of its turns ((max - min) / median). The fastest (by median) beats another config when
-its median exceeds the other's by more than the noise band of the two: the wider of their two
-spreads. It is declared the best only when it beats every other finalist. Otherwise it ties with
-those it does not beat, and the pick among them is the one closest to the default config (fewest
-knobs changed), then the most accurate (least err_vs_default), then the fastest. (The band was
-once the widest spread of any finalist: one noisy finalist then tied all three, docs/PERF.md
-step 62.)
+config the geometric mean of its TFLOPS over the problems. The fastest (by median turn) beats
+another config when its lead over it exceeds the pair's noise band. Both come from the turns
+paired: the per-turn ratio of the two (measured seconds apart, so the clock's drift cancels);
+the lead is their geometric mean, the band the 95 % half-width of that mean (Student's t over
+the turns), and never under 1 % (a margin under 1 % is a tie). More turns narrow it. It is
+declared the best only when it beats every other finalist. Otherwise it ties with those it does
+not beat, and the pick among them is the one closest to the default config (fewest knobs
+changed), then the most accurate (least err_vs_default), then the fastest. (The band was once
+the widest spread of any finalist, then the wider spread of each pair: a range that grows with
+the turns, and five or six per cent on H100 twins, docs/PERF.md steps 62 and 69.)
 
 The verdict is the study's user attribute ``final`` (``Verdict.to_dict``); ``show best`` prints
 it and tuner.search.trials' picks (export, profile, ``study:`` buckets) take its pick.
@@ -36,6 +38,25 @@ TURNS = 4  # interleaved turns per config and problem (A B C, C B A, A B C, C B 
 # card's power-capped steady state.
 PROTOCOL = Protocol(warmup=20, repeat=100, rounds=1, settle_s=1.0)
 ATTR = "final"
+MIN_BAND = 0.01  # a margin under 1 % is a tie, however steady the turns
+# Student's t, two-sided 95 %, by degrees of freedom (1..20; beyond, 2.0).
+_T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14,
+        2.13, 2.12, 2.11, 2.10, 2.09, 2.09)
+
+
+def paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """The lead of ``a`` over ``b`` (turn by turn: the geometric mean of a_i / b_i, less 1) and
+    the pair's noise band (the 95 % half-width of that mean, at least MIN_BAND)."""
+    n = min(len(a), len(b))
+    if n < 1:
+        raise ValueError("a pair needs turns")
+    d = [math.log(x / y) for x, y in zip(a[:n], b[:n], strict=True)]
+    mean = sum(d) / n
+    if n < 2:
+        return math.exp(mean) - 1.0, math.inf
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    t = _T95[n - 2] if n - 1 <= len(_T95) else 2.0
+    return math.exp(mean) - 1.0, max(MIN_BAND, t * sd / math.sqrt(n))
 
 
 @dataclass(frozen=True)
@@ -59,7 +80,7 @@ class Verdict:
         """One line: who won by how much beyond the band, or who tied and which was picked."""
         r = self.ranked
         if self.winner is not None:
-            lead = self.tflops[r[0]] / self.tflops[r[1]] - 1.0
+            lead = paired(self.turns[r[0]], self.turns[r[1]])[0]
             return (f"trial {self.winner} beats trial {r[1]} by {100 * lead:.1f} % in the final "
                     f"(noise band {100 * self.band:.1f} %)")
         others = ", ".join(str(n) for n in self.tied if n != self.pick)
@@ -98,14 +119,14 @@ def decide(turns: dict[int, list[float]], distance: dict[int, int],
     if len(turns) < 2 or any(not v for v in turns.values()):
         raise ValueError("a final needs two or more trials, each with turns")
     med = {n: _median(v) for n, v in turns.items()}
-    spread = {n: (max(v) - min(v)) / med[n] for n, v in turns.items()}
     ranked = sorted(med, key=lambda n: -med[n])
     best = ranked[0]
+    pair = {n: paired(turns[best], turns[n]) for n in ranked[1:]}  # (lead, band)
 
     def band_with(n: int) -> float:  # the pair's noise band
-        return max(spread[best], spread[n])
+        return pair[n][1]
 
-    tied = (best,) + tuple(n for n in ranked[1:] if med[best] <= med[n] * (1.0 + band_with(n)))
+    tied = (best,) + tuple(n for n in ranked[1:] if pair[n][0] <= pair[n][1])
     if len(tied) == 1:
         return Verdict(turns, med, band_with(ranked[1]), best, (best,), best,
                        "beyond the noise band")
