@@ -35,8 +35,10 @@ TOP = 3    # configs in the final
 TURNS = 4  # interleaved turns per config and problem (A B C, C B A, A B C, C B A)
 # Shorter than the confirmation's protocol (FULL): the interleaving, not the length of one
 # measurement, is what evens out the clock; a settle phase before each still starts it at the
-# card's power-capped steady state.
-PROTOCOL = Protocol(warmup=20, repeat=100, rounds=1, settle_s=1.0)
+# card's power-capped steady state. The cooling wait is the screens' 10 s, not the
+# confirmation's 60: a card that idles above 65 C would otherwise hold each of the final's
+# measurements a minute after --timeout, and the turns even out the temperature too.
+PROTOCOL = Protocol(warmup=20, repeat=100, rounds=1, settle_s=1.0, temp_wait_s=10.0)
 ATTR = "final"
 MIN_BAND = 0.01  # a margin under 1 % is a tie, however steady the turns
 # Student's t, two-sided 95 %, by degrees of freedom (1..20; beyond, 2.0).
