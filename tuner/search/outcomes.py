@@ -303,7 +303,9 @@ class TrialOutcomes(SearchHost):
         ft = self._tell(trial, TrialState.COMPLETE, value)
         self.progress.complete += 1
         self.progress.done += 1
-        self.progress.event(f"trial {trial.number}: {value:.1f} TFLOPS (geomean)")
+        # The survey's number (no settle: it reads high on a cool card), named as such so it
+        # is not taken for the confirmed best's.
+        self.progress.event(f"trial {trial.number}: {value:.1f} TFLOPS (survey, geomean)")
         if pol.is_new_best(ft, self.incumbent):
             self.incumbent = ft
             self._show_best(ft)
