@@ -107,16 +107,25 @@ def test_a_stop_sent_to_the_whole_process_group_is_no_verdict(tmp_path: Path, pl
 
 def test_a_closed_terminal_is_a_stop_too() -> None:
     stops = session.StopSignals(lambda _text: None)
-    before = signal.getsignal(signal.SIGHUP)
+    # As from a terminal, whatever started the tests (under nohup SIGHUP arrives ignored).
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
         stops.install()
         os.kill(os.getpid(), signal.SIGHUP)
         assert stops.why == "interrupted (SIGHUP)"
         stops.settling = True
         os.kill(os.getpid(), signal.SIGHUP)  # while settling: noted, not raised
+        stops.restore()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+        # Started under nohup: a closed terminal stays ignored, as nohup asked.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        stops = session.StopSignals(lambda _text: None)
+        stops.install()
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert stops.why is None
     finally:
         stops.restore()
-    assert signal.getsignal(signal.SIGHUP) is before
+        signal.signal(signal.SIGHUP, before)
 
 
 def test_compiles_still_running_at_a_stop_are_killed_not_waited_for(
