@@ -75,6 +75,11 @@ def test_a_tie_goes_to_the_config_closest_to_the_default() -> None:
     assert final.Verdict.from_dict({"turns": 1}) is None
 
 
+def test_the_turns_give_each_config_about_sixteen_measurements() -> None:
+    assert [final.turns_for(n) for n in (1, 2, 3, 4, 5, 8)] == [16, 8, 6, 4, 4, 4]
+    assert final.TURNS == 16 and SearchPolicy().final_turns is None
+
+
 def test_a_noisy_finalist_does_not_tie_the_others() -> None:
     # The band is each pair's own: a third finalist's wide turns (583-627 TFLOPS in a D 256
     # softcap search on the H100, docs/PERF.md step 62) do not widen the band between the

@@ -32,7 +32,21 @@ from tuner.measure.timing import Protocol, geomean
 from tuner.problem import Problem
 
 TOP = 3    # configs in the final
-TURNS = 4  # interleaved turns per config and problem (A B C, C B A, A B C, C B A)
+# Interleaved turns (A B C, C B A, ...): enough that each config is measured about MEASUREMENTS
+# times in all, at least MIN_TURNS. On H100 twins (docs/PERF.md step 69) 16 one-problem turns
+# told a 2.2 % lead from its 1.6 % band; 4 and 8 could not (bands of 4.6-5.8 %: one slow turn
+# of a config weighs a quarter or an eighth of the mean). A turn's geometric mean over the
+# problems averages them, so more problems need fewer turns.
+MEASUREMENTS = 16
+MIN_TURNS = 4
+
+
+def turns_for(n_problems: int) -> int:
+    """The final's turns for a study of ``n_problems`` problems."""
+    return max(MIN_TURNS, -(-MEASUREMENTS // max(1, n_problems)))
+
+
+TURNS = turns_for(1)
 # Shorter than the confirmation's protocol (FULL): the interleaving, not the length of one
 # measurement, is what evens out the clock; a settle phase before each still starts it at the
 # card's power-capped steady state. The cooling wait is the screens' 10 s, not the

@@ -388,7 +388,8 @@ class TrialOutcomes(SearchHost):
                     raise SearchError(str(reply.get("reason") or reply.get("status")))
                 return float(reply["timing"]["tflops"])
 
-            turns = final.play(measure, so, self.shapes, self.policy.final_turns)
+            n_turns = self.policy.final_turns or final.turns_for(len(self.shapes))
+            turns = final.play(measure, so, self.shapes, n_turns)
             verdict = final.decide(
                 turns, {t.number: final.knobs_changed(t.user_attrs["config"], self.default_cfg)
                         for t in top},

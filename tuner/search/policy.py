@@ -38,7 +38,7 @@ class SearchPolicy:
     # The final (tuner.search.final): this many top configs timed against each other when the
     # search ends, interleaved; 0 or 1: none.
     final_top: int = final.TOP
-    final_turns: int = final.TURNS
+    final_turns: int | None = None  # None: final.turns_for(the study's problems)
     final_protocol: Protocol = field(default=final.PROTOCOL)
     # Confirming: a calibrated survey value within this fraction of the best confirmed one
     # (a margin under 1 % is a tie; the final times the top ones against each other), once
