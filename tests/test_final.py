@@ -57,6 +57,8 @@ def test_the_band_is_the_paired_turns_and_narrows_with_more_turns() -> None:
     assert final.paired(twin1[8], twin1[140])[0] > final.paired(twin1[8], twin1[140])[1]
     assert v.band == pytest.approx(final.paired(twin1[8], twin1[261])[1])
     assert 0.029 < v.band < 0.032
+    assert v.standings() == ("4 turns, median TFLOPS: trial 8 660.2; trial 261 640.3 (lead over it "
+                             "2.2 %, band 3.1 %); trial 140 630.3 (lead over it 4.7 %, band 3.6 %)")
     # The same ratios over four times the turns: the band halves (1 / sqrt(n), and a smaller t).
     four = {n: x * 4 for n, x in twin1.items()}
     assert final.paired(four[8], four[261])[1] < 0.5 * v.band
@@ -163,6 +165,8 @@ def test_the_search_ends_with_a_final(tmp_path: Path, plan, space: dict,  # noqa
                            env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert f"final: {v.text()}" in " ".join(r.output.split())
+    assert v.standings() in " ".join(r.output.split())
+    assert v.standings().startswith(f"2 turns, median TFLOPS: trial {v.ranked[0]} ")
     assert f"# best: trial {v.pick} " in r.output
 
 

@@ -79,7 +79,8 @@ def _show_best(study: str, storage: str | None, shape: str | None, top: int) -> 
                   diff or "-")
     console.print(t)
     if verdict is not None:
-        console.print(f"final: {verdict.text()}", soft_wrap=True, markup=False)
+        console.print(f"final: {verdict.text()}\n       {verdict.standings()}", soft_wrap=True,
+                      markup=False)
     # The winner's every knob as YAML, outside the table: rich shrinks and cuts table cells to
     # the terminal (80 columns when piped), the config must survive whole and be usable as is.
     best = rows[0]

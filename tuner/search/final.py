@@ -104,6 +104,18 @@ class Verdict:
                 f"band of {100 * self.band:.1f} %); picked trial {self.pick} ({self.why}; "
                 f"tied: {others})")
 
+    def standings(self) -> str:
+        """One line: each finalist's median turn, fastest first, with the fastest one's lead
+        over it and their band (what the verdict was read from)."""
+        r = self.ranked
+        n_turns = min(len(v) for v in self.turns.values())
+        parts = [f"trial {r[0]} {self.tflops[r[0]]:.1f}"]
+        for n in r[1:]:
+            lead, band = paired(self.turns[r[0]], self.turns[n])
+            parts.append(f"trial {n} {self.tflops[n]:.1f} (lead over it {100 * lead:.1f} %, band "
+                         f"{100 * band:.1f} %)")
+        return f"{n_turns} turns, median TFLOPS: " + "; ".join(parts)
+
     def to_dict(self) -> dict[str, Any]:
         return {"turns": {str(n): v for n, v in self.turns.items()},
                 "tflops": {str(n): v for n, v in self.tflops.items()}, "band": self.band,
