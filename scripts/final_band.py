@@ -63,6 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--settle-s", type=float, default=final.PROTOCOL.settle_s,
                     help=f"settle before each measurement ({final.PROTOCOL.settle_s:g} s)")
     a = ap.parse_args(argv)
+    if a.json and not a.json.parent.is_dir():
+        print(f"final_band: --json {a.json}: no folder {a.json.parent}; give a path in an "
+              "existing folder", file=sys.stderr)
+        return 2
     if a.turns < 2 or a.repeat < 1 or a.settle_s < 0:
         print(f"final_band: --turns must be at least 2, --repeat at least 1 and --settle-s at "
               f"least 0 (got {a.turns}, {a.repeat}, {a.settle_s})", file=sys.stderr)
@@ -97,8 +101,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     steps = sorted({k for k in (4, 8, 12, 16, a.turns) if 2 <= k <= a.turns})
     rows = report(turns, names, steps)
     if a.json:
-        a.json.write_text(json.dumps({"turns": {names[i]: v for i, v in turns.items()},
-                                      "by_turns": rows}, indent=1))
+        try:
+            a.json.write_text(json.dumps({"turns": {names[i]: v for i, v in turns.items()},
+                                          "by_turns": rows}, indent=1))
+        except OSError as e:  # the table above is printed: only the file is lost
+            print(f"final_band: could not write {a.json}: {e.strerror or e}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -63,7 +63,7 @@ class Judge:
 
         pclass = class_of(problems)
         built = {n: build.build_config(KernelConfig.from_dict(t.user_attrs["config"]),
-                                              pclass=pclass) for n, t in trials.items()}
+                                       pclass=pclass) for n, t in trials.items()}
         for r in built.values():
             r.require_timeable()
         self.problems = list(problems)

@@ -75,6 +75,12 @@ def test_a_tie_goes_to_the_config_closest_to_the_default() -> None:
     assert v.pick == 3 and "more accurate" in v.why
     assert final.Verdict.from_dict(v.to_dict()) == v
     assert final.Verdict.from_dict({"turns": 1}) is None
+    # A stored verdict that show best could not print (no turns, a non-positive turn, medians
+    # of other trials) is not read.
+    good = v.to_dict()
+    for bad in ({"turns": {"3": [], "7": [1.0]}}, {"turns": {"3": [0.0], "7": [1.0]}},
+                {"tflops": {"3": 1.0, "8": 1.0}}):
+        assert final.Verdict.from_dict({**good, **bad}) is None
 
 
 def test_the_turns_give_each_config_about_sixteen_measurements() -> None:

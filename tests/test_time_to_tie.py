@@ -85,3 +85,9 @@ def test_final_band_without_a_study_is_one_line(tmp_path: Path) -> None:
                        cwd=ROOT)
     assert r.returncode == 2 and r.stderr.startswith("final_band: "), r.stderr
     assert r.stderr.count("\n") == 1, r.stderr
+
+
+def test_final_band_json_in_a_missing_folder_is_one_line(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, str(BAND), "--study", "s", "--json",
+                        str(tmp_path / "no" / "x.json")], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--json" in r.stderr, r.stderr

@@ -124,14 +124,19 @@ class Verdict:
 
     @classmethod
     def from_dict(cls, d: Any) -> Verdict | None:
-        """The stored verdict, or None when there is none or it cannot be read."""
+        """The stored verdict, or None when there is none or it cannot be read (its turns must
+        be positive numbers, at least one per finalist, and its medians name the same trials:
+        ``text`` and ``standings`` read them)."""
         try:
-            return cls({int(k): [float(x) for x in v] for k, v in d["turns"].items()},
-                       {int(k): float(v) for k, v in d["tflops"].items()}, float(d["band"]),
-                       None if d["winner"] is None else int(d["winner"]),
-                       tuple(int(n) for n in d["tied"]), int(d["pick"]), str(d["why"]))
+            v = cls({int(k): [float(x) for x in v] for k, v in d["turns"].items()},
+                    {int(k): float(v) for k, v in d["tflops"].items()}, float(d["band"]),
+                    None if d["winner"] is None else int(d["winner"]),
+                    tuple(int(n) for n in d["tied"]), int(d["pick"]), str(d["why"]))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
+        ok = (len(v.turns) >= 2 and v.turns.keys() == v.tflops.keys()
+              and all(x and min(x) > 0 for x in v.turns.values()))
+        return v if ok else None
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -150,15 +155,11 @@ def decide(turns: dict[int, list[float]], distance: dict[int, int],
     ranked = sorted(med, key=lambda n: -med[n])
     best = ranked[0]
     pair = {n: paired(turns[best], turns[n]) for n in ranked[1:]}  # (lead, band)
-
-    def band_with(n: int) -> float:  # the pair's noise band
-        return pair[n][1]
-
     tied = (best,) + tuple(n for n in ranked[1:] if pair[n][0] <= pair[n][1])
     if len(tied) == 1:
-        return Verdict(turns, med, band_with(ranked[1]), best, (best,), best,
+        return Verdict(turns, med, pair[ranked[1]][1], best, (best,), best,
                        "beyond the noise band")
-    band = max(band_with(n) for n in tied[1:])
+    band = max(pair[n][1] for n in tied[1:])
 
     def key(n: int) -> tuple[int, float, float]:
         err = error.get(n)
