@@ -106,9 +106,11 @@ def test_asks_overlap_gpu_work_and_busy_is_the_workers_time(
     log = plan({})
     monkeypatch.setenv("FAKE_GPU_WORKER_DELAY_S", "0.5")
     monkeypatch.setenv("FAKE_GPU_WORKER_TEMP_WAIT_S", "0.05")
-    # block_m 64 with pingpong is a static reject: asks that give no candidate.
+    # block_m 64 with pingpong is a static reject: asks that give no candidate. Compiles of
+    # 0.3 s keep the asks coming as slots free up (with instant ones every ask would come
+    # before the first request: the open trials' cap is above 6).
     s = make(tmp_path, {"block_m": [64, 128], "block_n": [64, 96, 128], "k_stages": [2, 3]},
-             trials=6)
+             trials=6, builder=FakeBuilder(tmp_path / "art", delay_s=0.3))
     summ = s.run()
     spans = []
     for ln in log.read_text().splitlines():
@@ -124,6 +126,33 @@ def test_asks_overlap_gpu_work_and_busy_is_the_workers_time(
     assert summ.temp_wait_s == pytest.approx(0.05 * len(spans))
     st = optuna.load_study(study_name="t", storage=url_for(tmp_path))
     assert st.user_attrs["sessions"][-1]["temp_wait_s"] == pytest.approx(summ.temp_wait_s, abs=0.01)
+
+
+def test_compiled_trials_waiting_for_the_gpu_leave_the_compile_slots_busy(
+        tmp_path: Path, plan, monkeypatch: pytest.MonkeyPatch) -> None:
+    # While the GPU measures, compiles go on at --jobs a time even when compiled trials already
+    # wait for it. With the open trials capped at --jobs they held the slots: a compile-bound
+    # search kept 7-12 of 16 cores busy (docs/PERF.md step 69). Here jobs = 2 and each request
+    # keeps the fake GPU 0.6 s, so the old cap let one compile finish during the first request.
+    log = plan({})
+    monkeypatch.setenv("FAKE_GPU_WORKER_DELAY_S", "0.6")
+    built: list[float] = []
+
+    class Timed(FakeBuilder):
+        def __call__(self, cfg):  # type: ignore[no-untyped-def]
+            r = super().__call__(cfg)
+            built.append(time.time())
+            return r
+
+    s = make(tmp_path, {"block_n": [64, 96, 112, 128], "k_stages": [2, 3],
+                        "v_stages": [2, 3]}, trials=5, builder=Timed(tmp_path / "art",
+                                                                     delay_s=0.1),
+             policy=policy.SearchPolicy(final_top=0))
+    s.run()
+    t0, t1 = (float(x) for x in log.read_text().splitlines()[0].split()[-2:])
+    during = [b for b in built if t0 < b < t1]
+    assert len(during) >= 3, (len(built), len(during))
+    assert s.lookahead == s.jobs + search.READY_AHEAD
 
 
 def test_search_seeds_first_confirms_best(tmp_path: Path, plan) -> None:

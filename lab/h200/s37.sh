@@ -13,15 +13,16 @@
 set -uo pipefail
 FIRST_CALL="s37.sh band with .whl"
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
-for s in twin1 twin2; do
-  [ -f "studies/$s.db" ] || { echo "studies/$s.db missing: carry it"; exit 2; }
-done
+# The twins carried (twin2.db lives only where step 69 ran; twin1.db is in step 68's tarball).
+studies=()
+for s in twin1 twin2; do [ -f "studies/$s.db" ] && studies+=(--study "$s"); done
+[ ${#studies[@]} -gt 0 ] || { echo "no studies/twin1.db or twin2.db: carry one"; exit 2; }
 case "${1:?band | band-r500}" in
 band) log=final_band; extra=() ;;
 band-r500) log=final_band_r500; extra=(--repeat 500 --settle-s 0) ;;
 *) echo "s37.sh: unknown call '$1': band or band-r500" >&2; exit 2 ;;
 esac
-timeout 560 $E python3 scripts/final_band.py --study twin1 --study twin2 --turns 16 "${extra[@]}" \
+timeout 560 $E python3 scripts/final_band.py "${studies[@]}" --turns 16 "${extra[@]}" \
   --json "$OUT/$log.json" > "$OUT/$log.log" 2>&1
 step "$log exit $?"; grep -A6 "first 16 turns" "$OUT/$log.log" | cut -c1-160
 step done

@@ -119,6 +119,10 @@ GRACE_S = 60
 # A worker with nothing left to ask waits this long after the others' last trial ended, for
 # the retries of a dead worker's trials to be enqueued (rdb.RequeueStaleTrial).
 LINGER_TAIL_S = 3.0
+# Trials open beyond the compiles in flight: compiled ones waiting for the GPU (a confirmation
+# holds it for seconds), duplicates of a pending one. With the open count capped at --jobs, they
+# held compile slots: a compile-bound search kept 7-12 of 16 cores busy (docs/PERF.md step 69).
+READY_AHEAD = 4
 
 Builder = Callable[[KernelConfig], Any]  # -> an object with so_path, local_memory, ...
 
@@ -184,7 +188,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         self.n_trials = n_trials
         self.timeout_s = timeout_s
         self.jobs = toolchain.compile_jobs(jobs)
-        self.lookahead = max(2, self.jobs)
+        self.lookahead = self.jobs + READY_AHEAD
         if builder is None:
             from tuner.kernel.build import build_config
 
@@ -460,11 +464,13 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
                 "(space exhausted?)")
 
     def _fill(self, max_asks: int | None = None) -> int:
-        """Ask until ``lookahead`` trials are in the pipeline (or ``max_asks`` asks); returns
-        how many asks were made. A static reject or a duplicate is told at once."""
+        """Ask while a compile slot is free and fewer than ``lookahead`` trials are open (or
+        ``max_asks`` asks); returns how many asks were made. A static reject or a duplicate is
+        told at once."""
         n = 0
         while (max_asks is None or n < max_asks) and self.pool is not None \
-                and len(self.open) < self.lookahead and self._may_ask(self._asked):
+                and len(self.open) < self.lookahead and self._compiling() < self.jobs \
+                and self._may_ask(self._asked):
             n += 1
             cand = self._ask(self.pool)
             if cand is None:
@@ -480,6 +486,10 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             self.queue.append(cand)
             self._sync_queue()
         return n
+
+    def _compiling(self) -> int:
+        """Compiles started or queued in the pool (the candidates not yet built)."""
+        return sum(1 for c in self.queue if not c.future.done())
 
     def _ask_while_gpu_works(self) -> bool:
         """The GPU worker's background job: one ask, so that the sampler's and the storage's
@@ -535,6 +545,9 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         if callable(exhausted) and exhausted(self.study):
             self._exhausted = "every point of the grid has been asked"
             return False
+        started = getattr(self.study.sampler, "all_started", None)
+        if callable(started) and started(self.study):
+            return False  # the last grid points are in flight: their verdicts end the grid
         if self.n_trials is not None and asked >= self.n_trials:
             return False
         if self.progress.deadline is not None:
@@ -549,7 +562,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         return self._has_room(fresh)
 
     def _sync_queue(self) -> None:
-        self.progress.compile_queue = sum(1 for c in self.queue if not c.future.done())
+        self.progress.compile_queue = self._compiling()
         self.progress.compiling = sum(1 for c in self.queue if c.future.running())
 
     def _ask(self, pool: ThreadPoolExecutor, fresh: bool = False) -> _Candidate | None:

@@ -243,3 +243,14 @@ class AskTellGridSampler(optuna.samplers.GridSampler):
 
     def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
         return None
+
+    def all_started(self, study: Any) -> bool:
+        """Whether every grid point has a trial running or finished. GridSampler then hands
+        out the running points again, so an ask would only make a duplicate of a trial in
+        flight: the search waits for verdicts instead (is_exhausted follows)."""
+        from optuna.trial import TrialState
+
+        states = (TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        started = {t.system_attrs.get("grid_id")
+                   for t in study.get_trials(deepcopy=False, states=states)}
+        return set(range(self._n_min_trials)) <= started  # the base class's grid size
