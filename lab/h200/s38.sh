@@ -3,16 +3,17 @@
 # comes, one call. `2x32/1x8192` from an empty study and compile cache, 16 cores, 480 s, with
 # the open trials at jobs + 4 and compiles capped at jobs (step 70): GPU busy, trials per hour,
 # and when the first config within 1 % of the best confirmed one came.
-#   carry [".whl"]: bash lab/h200/s38.sh search [STUDY]     (about 9.5 minutes)
+#   carry [".whl"]: bash lab/h200/s38.sh search [STUDY] [SECONDS]
+#                   (SECONDS of search, default 480: about 9.5 minutes in all)
 set -uo pipefail
 FIRST_CALL="s38.sh search with .whl"
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
-case "${1:?search [STUDY]}" in
+case "${1:?search [STUDY] [SECONDS]}" in
 search)
-  study=${2:-i38}
+  study=${2:-i38} secs=${3:-480}
   rm -f "studies/$study.db"
-  timeout 585 $E python3 -m tuner.cli search --study "$study" --shape 2x32/1x8192 \
-    --timeout 480s > "$OUT/search_$study.log" 2>&1
+  timeout $((secs + 105)) $E python3 -m tuner.cli search --study "$study" --shape 2x32/1x8192 \
+    --timeout "${secs}s" > "$OUT/search_$study.log" 2>&1
   step "search exit $?"
   cp "studies/$study.db" "$OUT/" 2>/dev/null
   grep -E "^study |^best|^final|trials|GPU busy|within" "$OUT/search_$study.log" | tail -12 | cut -c1-200
