@@ -106,11 +106,9 @@ def test_asks_overlap_gpu_work_and_busy_is_the_workers_time(
     log = plan({})
     monkeypatch.setenv("FAKE_GPU_WORKER_DELAY_S", "0.5")
     monkeypatch.setenv("FAKE_GPU_WORKER_TEMP_WAIT_S", "0.05")
-    # block_m 64 with pingpong is a static reject: asks that give no candidate. Compiles of
-    # 0.3 s keep the asks coming as slots free up (with instant ones every ask would come
-    # before the first request: the open trials' cap is above 6).
+    # block_m 64 with pingpong is a static reject: asks that give no candidate.
     s = make(tmp_path, {"block_m": [64, 128], "block_n": [64, 96, 128], "k_stages": [2, 3]},
-             trials=6, builder=FakeBuilder(tmp_path / "art", delay_s=0.3))
+             trials=6)
     summ = s.run()
     spans = []
     for ln in log.read_text().splitlines():
@@ -126,33 +124,6 @@ def test_asks_overlap_gpu_work_and_busy_is_the_workers_time(
     assert summ.temp_wait_s == pytest.approx(0.05 * len(spans))
     st = optuna.load_study(study_name="t", storage=url_for(tmp_path))
     assert st.user_attrs["sessions"][-1]["temp_wait_s"] == pytest.approx(summ.temp_wait_s, abs=0.01)
-
-
-def test_compiled_trials_waiting_for_the_gpu_leave_the_compile_slots_busy(
-        tmp_path: Path, plan, monkeypatch: pytest.MonkeyPatch) -> None:
-    # While the GPU measures, compiles go on at --jobs a time even when compiled trials already
-    # wait for it. With the open trials capped at --jobs they held the slots: a compile-bound
-    # search kept 7-12 of 16 cores busy (docs/PERF.md step 69). Here jobs = 2 and each request
-    # keeps the fake GPU 0.6 s, so the old cap let one compile finish during the first request.
-    log = plan({})
-    monkeypatch.setenv("FAKE_GPU_WORKER_DELAY_S", "0.6")
-    built: list[float] = []
-
-    class Timed(FakeBuilder):
-        def __call__(self, cfg):  # type: ignore[no-untyped-def]
-            r = super().__call__(cfg)
-            built.append(time.time())
-            return r
-
-    s = make(tmp_path, {"block_n": [64, 96, 112, 128], "k_stages": [2, 3],
-                        "v_stages": [2, 3]}, trials=5, builder=Timed(tmp_path / "art",
-                                                                     delay_s=0.1),
-             policy=policy.SearchPolicy(final_top=0))
-    s.run()
-    t0, t1 = (float(x) for x in log.read_text().splitlines()[0].split()[-2:])
-    during = [b for b in built if t0 < b < t1]
-    assert len(during) >= 3, (len(built), len(during))
-    assert s.lookahead == s.jobs + search.READY_AHEAD
 
 
 def test_search_seeds_first_confirms_best(tmp_path: Path, plan) -> None:
@@ -230,6 +201,24 @@ def test_pruning_against_incumbent(tmp_path: Path, plan) -> None:
     assert by[(128, 3)].state == TrialState.COMPLETE
     assert "shapes" in by[(128, 3)].user_attrs
     assert 0 < policy.PRUNE_SLOWER_FRACTION < 0.5
+
+
+def test_grid_waits_for_its_last_points_instead_of_asking_them_again(tmp_path: Path,
+                                                                      plan) -> None:
+    # GridSampler hands out a running point again once every point has started: with more
+    # trials open than the grid has points, each such ask became a duplicate trial of one in
+    # flight (or, after a failure, of a failed one). The search waits for the verdicts.
+    b = FakeBuilder(tmp_path / "art", delay_s=0.3)
+    s = search.Search(
+        study="t", space=space_from_dict({"block_n": [96, 112, 128]}, "test-space"),
+        shapes=SHAPES, storage=url_for(tmp_path), n_trials=None, sampler="grid", seed=0,
+        jobs=6, builder=b, worker_entry=WORKER, results_root=tmp_path / "results",
+        policy=policy.SearchPolicy(final_top=0))
+    summ = s.run()
+    ts = trials_of(tmp_path)
+    # The default config (block_n 128) is seeded first; the grid's 128 is its duplicate.
+    assert sorted(t.system_attrs.get("grid_id", -1) for t in ts) == [-1, 0, 1, 2]
+    assert summ.duplicates == 1 and summ.stopped_by == "every point of the grid has been asked"
 
 
 def test_failures_are_isolated(tmp_path: Path, plan, monkeypatch: pytest.MonkeyPatch) -> None:

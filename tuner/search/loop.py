@@ -119,10 +119,6 @@ GRACE_S = 60
 # A worker with nothing left to ask waits this long after the others' last trial ended, for
 # the retries of a dead worker's trials to be enqueued (rdb.RequeueStaleTrial).
 LINGER_TAIL_S = 3.0
-# Trials open beyond the compiles in flight: compiled ones waiting for the GPU (a confirmation
-# holds it for seconds), duplicates of a pending one. With the open count capped at --jobs, they
-# held compile slots: a compile-bound search kept 7-12 of 16 cores busy (docs/PERF.md step 69).
-READY_AHEAD = 4
 
 Builder = Callable[[KernelConfig], Any]  # -> an object with so_path, local_memory, ...
 
@@ -188,7 +184,10 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         self.n_trials = n_trials
         self.timeout_s = timeout_s
         self.jobs = toolchain.compile_jobs(jobs)
-        self.lookahead = self.jobs + READY_AHEAD
+        # Open trials (compiling, compiled and waiting, on the GPU): more than --jobs only
+        # deepens the pile of compiled trials when the GPU and this loop are the bottleneck,
+        # and every storage read re-reads the open trials (docs/PERF.md step 70).
+        self.lookahead = max(2, self.jobs)
         if builder is None:
             from tuner.kernel.build import build_config
 
@@ -464,13 +463,11 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
                 "(space exhausted?)")
 
     def _fill(self, max_asks: int | None = None) -> int:
-        """Ask while a compile slot is free and fewer than ``lookahead`` trials are open (or
-        ``max_asks`` asks); returns how many asks were made. A static reject or a duplicate is
-        told at once."""
+        """Ask until ``lookahead`` trials are open (or ``max_asks`` asks); returns how many
+        asks were made. A static reject or a duplicate is told at once."""
         n = 0
         while (max_asks is None or n < max_asks) and self.pool is not None \
-                and len(self.open) < self.lookahead and self._compiling() < self.jobs \
-                and self._may_ask(self._asked):
+                and len(self.open) < self.lookahead and self._may_ask(self._asked):
             n += 1
             cand = self._ask(self.pool)
             if cand is None:
