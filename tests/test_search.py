@@ -540,6 +540,15 @@ def test_sampler_choices(tmp_path: Path) -> None:
         sampler.make_sampler("grid", 0, load_space("default"))
 
 
+def test_a_timeout_too_short_for_one_compile_says_so(tmp_path: Path, plan) -> None:
+    # No compile starts with less than half of one left (60 s is the first guess), so a 10 s
+    # search asks nothing; it said "finished" with 0 trials, now why and what to do.
+    s = make(tmp_path, {"block_n": [96, 128]}, trials=None, timeout_s=10.0)
+    summ = s.run()
+    assert summ.trials_run == 0
+    assert "--timeout" in summ.stopped_by and "longer" in summ.stopped_by, summ.stopped_by
+
+
 def test_deadline_leaves_unrun_trials_waiting_and_resume_runs_them_first(
         tmp_path: Path, plan, monkeypatch: pytest.MonkeyPatch) -> None:
     # Each request keeps the fake GPU busy 0.5 s, so the deadline comes while candidates asked

@@ -553,6 +553,11 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             # go back to WAITING unmeasured.
             left = self.progress.deadline - time.monotonic()
             if left < 0.5 * self._avg_compile_s:
+                if asked == 0 and not self.queue:  # the run would end with nothing to show
+                    self._exhausted = (
+                        f"--timeout left {left:.0f} s, under half of a candidate's compile "
+                        f"(about {self._avg_compile_s:.0f} s expected before the first): give a "
+                        "longer --timeout")
                 return False
             if self._avg_eval_s and len(self.queue) * self._avg_eval_s >= left:
                 return False
