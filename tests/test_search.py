@@ -547,6 +547,15 @@ def test_a_timeout_too_short_for_one_compile_says_so(tmp_path: Path, plan) -> No
     summ = s.run()
     assert summ.trials_run == 0
     assert "--timeout" in summ.stopped_by and "longer" in summ.stopped_by, summ.stopped_by
+    # The CLI prints the summary with that reason and exits 2, as for other bad input.
+    import typer
+
+    from tuner.cli.search_cmds import _exit_if_stopped
+
+    with pytest.raises(typer.Exit) as e:
+        _exit_if_stopped(summ.stopped_by)
+    assert e.value.exit_code == 2
+    _exit_if_stopped("timeout")  # a search that ran out its --timeout exits 0
 
 
 def test_deadline_leaves_unrun_trials_waiting_and_resume_runs_them_first(

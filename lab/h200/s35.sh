@@ -6,8 +6,8 @@
 #     H200: FlashInfer installed and its D 128 prefill module built (issue 37), the GPU suite's
 #           GROUPS (default "kernel": suite.sh's groups; "none") meanwhile in the background (logs in
 #           .device/bgsuite); the call ends with them
-#     H100: s37.sh band-r500 (issue 38's final, 16 turns without the settle, on both twins'
-#           finalists; the twins, their pair and the band ran in steps 68-69)
+#     H100: s37.sh band-r500 (issue 38's final, 16 turns without the settle, on the carried
+#           twins' finalists; the twins, their pair and the band ran in steps 68-69)
 # H200, then:
 #   call 2, carry [".fa3/part1"]: bash lab/h200/fa3_stage1.sh
 #   call 3, carry [".fa3/part2"]: bash lab/h200/s35.sh peers   (issue 37's table on a quiet card:

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Session 38's GPU call (docs/PERF.md step 70): issue 38's benchmark search on the card that
-# comes, one call. `2x32/1x8192` from an empty study and compile cache, 16 cores, 480 s, with
-# the open trials at jobs + 4 and compiles capped at jobs (step 70): GPU busy, trials per hour,
-# and when the first config within 1 % of the best confirmed one came.
+# comes, one call. `2x32/1x8192` from an empty study and compile cache, 16 cores, 480 s: GPU
+# busy, trials per hour, and when the first config within 1 % of the best confirmed one came.
 #   carry [".whl"]: bash lab/h200/s38.sh search [STUDY] [SECONDS]
 #                   (SECONDS of search, default 480: about 9.5 minutes in all)
 set -uo pipefail

@@ -37,7 +37,7 @@ from tuner.search import loop as search_mod
 from tuner.search import space as space_mod
 from tuner.search.gpu_worker import DEFAULT_ENTRY
 from tuner.search.sampler import SAMPLERS
-from tuner.search.session import parse_duration
+from tuner.search.session import TIMEOUT_TOO_SHORT, parse_duration
 from tuner.search.study import redact
 from tuner.ship import workload as workload_mod
 
@@ -84,7 +84,10 @@ def _live_table(p: Any) -> Any:
 
 def _exit_if_stopped(stopped_by: str) -> None:
     """A search stopped by a signal exits as the signal says (the shell's 128 + N): Ctrl-C 130,
-    SIGTERM 143, SIGHUP 129, after its summary."""
+    SIGTERM 143, SIGHUP 129, after its summary; one whose --timeout was too short for a
+    compile exits 2, as other bad input does."""
+    if stopped_by.startswith(TIMEOUT_TOO_SHORT):
+        raise typer.Exit(2)
     if stopped_by.startswith("interrupted"):
         code = {"(SIGTERM)": 128 + signal.SIGTERM, "(SIGHUP)": 128 + signal.SIGHUP}
         raise typer.Exit(next((c for k, c in code.items() if stopped_by.endswith(k)), 130))

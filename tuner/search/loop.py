@@ -94,6 +94,7 @@ from tuner.search.sampler import (
 )
 from tuner.search.session import (
     REQUEUE_REASONS,
+    TIMEOUT_TOO_SHORT,
     Progress,
     SearchSummary,
     StopSignals,
@@ -555,7 +556,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
             if left < 0.5 * self._avg_compile_s:
                 if asked == 0 and not self.queue:  # the run would end with nothing to show
                     self._exhausted = (
-                        f"--timeout left {left:.0f} s, under half of a candidate's compile "
+                        f"{TIMEOUT_TOO_SHORT} {left:.0f} s, under half of a candidate's compile "
                         f"(about {self._avg_compile_s:.0f} s expected before the first): give a "
                         "longer --timeout")
                 return False

@@ -28,6 +28,9 @@ from tuner.search.space import SearchSpace
 # FAIL reasons of trials whose measurement was cut, not judged: re-enqueued on resume.
 # "not run: search stopped" is what earlier versions told trials they never started.
 REQUEUE_REASONS = ("interrupted", "not run: search stopped")
+# The stop reason of a search whose --timeout leaves no time for one compile (a user's error:
+# the CLI exits 2 on it).
+TIMEOUT_TOO_SHORT = "--timeout left"
 # A RUNNING trial without an owner (versions before owners) counts as killed only when it
 # started this long before us: a trial another worker asked a moment ago has no owner yet.
 OWNERLESS_GRACE_S = 120.0
