@@ -8,7 +8,11 @@ parent's own work and the pipeline's rule. Prints trials per hour, the fake GPU'
 the compiles in flight, sampled every 0.5 s, and the parent's time per ask and per tell.
 
     python3 lab/pipeline_model.py [--lookahead N] [--seconds 180] [--jobs 16] [--compile-s 5.7]
-        [--gpu-s 0.2]
+        [--gpu-s 0.2] [--storage sqlite|pg]
+
+--storage pg: the study on a PostgreSQL 15 server started in a temporary folder
+(tests/pg_server.py), where every storage read is a round trip (step 71 timed
+lab/patches/trials-read-once.patch on it).
 
 --lookahead: open trials at most (the search's: --jobs). docs/PERF.md step 70 ran it with the
 rule of commit 64014b9 too (jobs + 4 open, compiles capped at jobs; reverted).
@@ -22,16 +26,14 @@ import statistics
 import sys
 import tempfile
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 from fake_builder import FakeBuilder  # noqa: E402
+from search_timed import spent, timed  # noqa: E402  (lab/search_timed.py)
 
 from tuner.kernel import toolchain  # noqa: E402
 from tuner.problem import as_problem  # noqa: E402
@@ -48,6 +50,7 @@ def main() -> int:
     ap.add_argument("--compile-s", type=float, default=5.7)
     ap.add_argument("--gpu-s", type=float, default=0.2)
     ap.add_argument("--shape", default="1x32/8x8192")
+    ap.add_argument("--storage", choices=("sqlite", "pg"), default="sqlite")
     a = ap.parse_args()
     # The model's compiles are sleeps: --jobs is the modelled host's, not this machine's cores.
     toolchain.compile_jobs = lambda jobs: jobs  # type: ignore[assignment]
@@ -55,27 +58,23 @@ def main() -> int:
     log = tmp / "worker.log"
     os.environ["FAKE_GPU_WORKER_LOG"] = str(log)
     os.environ["FAKE_GPU_WORKER_DELAY_S"] = str(a.gpu_s)
+    pg = None
+    storage = f"sqlite:///{tmp / 'model.db'}"
+    if a.storage == "pg":
+        sys.path.insert(0, str(ROOT / "tests"))
+        from pg_server import PgServer
+        pg = PgServer().start()
+        storage = pg.create_database("model")
     s = loop.Search(
         study="model", space=load_space("default"), shapes=[as_problem(a.shape)],
-        storage=f"sqlite:///{tmp / 'model.db'}", n_trials=None, timeout_s=a.seconds,
+        storage=storage, n_trials=None, timeout_s=a.seconds,
         sampler="tpe", seed=0, jobs=a.jobs, builder=FakeBuilder(tmp / "art", delay_s=a.compile_s),
         worker_entry=f"{ROOT / 'tests' / 'fixtures' / 'fake_gpu_worker.py'}:main",
         results_root=tmp / "results", policy=SearchPolicy(final_top=0))
     if a.lookahead:
         s.lookahead = a.lookahead
-    spent: dict[str, list[float]] = {"_ask": [], "_tell": []}
-
-    def timer(f: Callable[..., Any], times: list[float]) -> Callable[..., Any]:
-        def timed(*args: Any, **kw: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return f(*args, **kw)
-            finally:
-                times.append(time.perf_counter() - t0)
-        return timed
-
     for name, times in spent.items():  # the parent's own time per ask and per tell
-        setattr(s, name, timer(getattr(s, name), times))
+        setattr(s, name, timed(getattr(s, name), times))
     samples: list[tuple[int, int]] = []
     done = threading.Event()
 
@@ -87,8 +86,12 @@ def main() -> int:
                 pass
 
     threading.Thread(target=sample, daemon=True).start()
-    summ = s.run()
-    done.set()
+    try:
+        summ = s.run()
+    finally:
+        done.set()
+        if pg is not None:
+            pg.cleanup()
     spans = [tuple(float(x) for x in ln.split()[-2:]) for ln in log.read_text().splitlines()]
     busy = sum(t1 - t0 for t0, t1 in spans)
     steady = samples[len(samples) // 6:]  # past the first sixth (the seeds' start)
@@ -99,7 +102,7 @@ def main() -> int:
           f"{statistics.mean(c for c, _ in steady):.1f} (max {max(c for c, _ in steady)}), "
           f"open mean {statistics.mean(o for _, o in steady):.1f}; an ask {ms['_ask']:.0f} ms, "
           f"a tell {ms['_tell']:.0f} ms; jobs {a.jobs}, compile "
-          f"{a.compile_s} s, GPU {a.gpu_s} s a request")
+          f"{a.compile_s} s, GPU {a.gpu_s} s a request, {a.storage}")
     return 0
 
 

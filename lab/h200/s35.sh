@@ -6,8 +6,8 @@
 #     H200: FlashInfer installed and its D 128 prefill module built (issue 37), the GPU suite's
 #           GROUPS (default "kernel": suite.sh's groups; "none") meanwhile in the background (logs in
 #           .device/bgsuite); the call ends with them
-#     H100: s37.sh band-r500 (issue 38's final, 16 turns without the settle, on the carried
-#           twins' finalists; the twins, their pair and the band ran in steps 68-69)
+#     H100: s38.sh jobs 16 240 (issue 38: where the GPU's other 35 % goes at 1x32/8x8192, the
+#           study kept; steps 68-71 ran the twins, their pair, both bands and the jobs A/B)
 # H200, then:
 #   call 2, carry [".fa3/part1"]: bash lab/h200/fa3_stage1.sh
 #   call 3, carry [".fa3/part2"]: bash lab/h200/s35.sh peers   (issue 37's table on a quiet card:
@@ -23,9 +23,9 @@ case "${1:?start | peers | suitewait}" in
 start)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "card: $card"
-  # On an H100: issue 38's final without the settle (steps 68-69 ran both twins, their pair
-  # and the final's band here); it needs the twins' studies carried too.
-  if [[ "$card" != *H200* ]]; then exec bash "$LAB/s37.sh" band-r500; fi
+  # On an H100: issue 38's search with its study kept (steps 68-71 ran both twins, their pair,
+  # the final's bands and the jobs A/B here).
+  if [[ "$card" != *H200* ]]; then exec bash "$LAB/s38.sh" jobs 16 240; fi
   FIRST_CALL="s35.sh start with .whl"
   source "$LAB/session_calls.sh"
   mkdir -p "$DEV/bgsuite"; rm -f "$DEV/bgsuite.rc"
