@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 from fake_builder import FakeBuilder  # noqa: E402
-from search_timed import spent, timed  # noqa: E402  (lab/search_timed.py)
+from search_timed import idle_split, record_timeline, spent, timed  # noqa: E402
 
 from tuner.kernel import toolchain  # noqa: E402
 from tuner.problem import as_problem  # noqa: E402
@@ -53,7 +53,7 @@ def main() -> int:
     ap.add_argument("--storage", choices=("sqlite", "pg"), default="sqlite")
     a = ap.parse_args()
     # The model's compiles are sleeps: --jobs is the modelled host's, not this machine's cores.
-    toolchain.compile_jobs = lambda jobs: jobs  # type: ignore[assignment]
+    toolchain.compile_jobs = lambda jobs: jobs or a.jobs  # type: ignore[assignment]
     tmp = Path(tempfile.mkdtemp(prefix="pipeline_model."))
     log = tmp / "worker.log"
     os.environ["FAKE_GPU_WORKER_LOG"] = str(log)
@@ -73,6 +73,7 @@ def main() -> int:
         results_root=tmp / "results", policy=SearchPolicy(final_top=0))
     if a.lookahead:
         s.lookahead = a.lookahead
+    record_timeline()
     for name, times in spent.items():  # the parent's own time per ask and per tell
         setattr(s, name, timed(getattr(s, name), times))
     samples: list[tuple[int, int]] = []
@@ -103,6 +104,8 @@ def main() -> int:
           f"open mean {statistics.mean(o for _, o in steady):.1f}; an ask {ms['_ask']:.0f} ms, "
           f"a tell {ms['_tell']:.0f} ms; jobs {a.jobs}, compile "
           f"{a.compile_s} s, GPU {a.gpu_s} s a request, {a.storage}")
+    print("the fake GPU's time to its last request: " + ", ".join(
+        f"{k} {v:.1f} s" for k, v in idle_split().items()))
     return 0
 
 

@@ -7,7 +7,8 @@
 #   carry [".whl"]: bash lab/h200/s38.sh jobs "16 14" [SECONDS]   (docs/PERF.md step 71)
 #                   `1x32/8x8192` searched once per --jobs value (default 200 s each), each from
 #                   its own empty study and compile cache, through lab/search_timed.py: trials
-#                   per hour, GPU busy, and the loop's own time per ask and per tell
+#                   per hour, GPU busy, the loop's own time per ask and per tell, and where the
+#                   GPU worker's idle time went (step 72)
 set -uo pipefail
 FIRST_CALL="s38.sh search with .whl"
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
@@ -30,7 +31,7 @@ jobs)
       > "$OUT/search_jobs$j.log" 2>&1
     step "jobs $j: exit $?"
     cp "$home/j$j.db" "$OUT/" 2>/dev/null  # the trials' build and GPU records
-    grep -E "trials|GPU busy|loop time" "$OUT/search_jobs$j.log" | tail -4 | cut -c1-220
+    grep -E "trials|GPU busy|loop time|time to its last" "$OUT/search_jobs$j.log" | tail -5 | cut -c1-260
   done
   ;;
 *) echo "s38.sh: unknown call '$1': search, jobs" >&2; exit 2 ;;
