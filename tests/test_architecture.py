@@ -1,5 +1,6 @@
-"""The package's shape (issue 35): no import cycles among tuner's modules, no module over 700
-lines, and the CLI imports its modules at the top (lazy only for heavy optional dependencies).
+"""The package's shape (issue 35): no import cycles among tuner's modules, no module (nor CUDA
+source) over 700 lines, and the CLI imports its modules at the top (lazy only for heavy optional
+dependencies).
 
 CPU only: the package is parsed with ``ast``, nothing is imported.
 """
@@ -137,6 +138,21 @@ def test_layer_packages_import_nothing() -> None:
 
 def test_no_module_over_700_lines() -> None:
     long = {m: n for m, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"over {MAX_LINES} lines: {long}"
+
+
+CUDA_SRC = PKG.parent / "cuda_src"
+# Generated, one function per wgmma shape (scripts/gen_wgmma_atoms.py; tests/test_device_pass.py)
+GENERATED = {CUDA_SRC / "fa_tune" / "wgmma_atoms.cuh"}
+
+
+def test_no_cuda_source_over_700_lines() -> None:
+    """The kernel's and the oracle's sources too: one piece per file (the oracle's in
+    cuda_src/oracle/), the generated wgmma table aside."""
+    files = [p for p in sorted(CUDA_SRC.rglob("*")) if p.suffix in (".cu", ".cuh", ".h")]
+    assert files
+    long = {str(p.relative_to(CUDA_SRC)): n for p in files if p not in GENERATED
+            and (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"over {MAX_LINES} lines: {long}"
 
 
