@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 35's GPU calls (docs/PERF.md step 67), back-to-back on one warm machine (30 s idle).
 # The first call picks its work by the card that came:
-#   call 1, carry [".whl", ".fi", "studies/twin1.db"] (twin1.db: from step 68's tarball):
+#   call 1, carry [".whl", ".fi"]:
 #           bash lab/h200/s35.sh start [GROUPS]
 #     H200: FlashInfer installed and its D 128 prefill module built (issue 37), the GPU suite's
 #           GROUPS (default "kernel": suite.sh's groups; "none") meanwhile in the background (logs in
