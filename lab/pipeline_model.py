@@ -5,7 +5,8 @@ and the GPU (tests/fixtures/fake_builder.py sleeps --compile-s per config, as on
 16-core host takes; tests/fixtures/fake_gpu_worker.py sleeps --gpu-s per request). Sleeps use no
 core, so a 2-core machine models a 16-core host's --jobs compiles; what it measures is the
 parent's own work and the pipeline's rule. Prints trials per hour, the fake GPU's busy share and
-the compiles in flight, sampled every 0.5 s, and the parent's time per ask and per tell.
+the compiles in flight, sampled every 0.5 s, the parent's time per ask and per tell, and where
+the fake GPU's idle time went (lab/search_timed.py's split, docs/PERF.md step 72).
 
     python3 lab/pipeline_model.py [--lookahead N] [--seconds 180] [--jobs 16] [--compile-s 5.7]
         [--gpu-s 0.2] [--storage sqlite|pg]
