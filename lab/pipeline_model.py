@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "fixtures"))
 
 from fake_builder import FakeBuilder  # noqa: E402
-from search_timed import idle_split, record_timeline, spent, timed  # noqa: E402
+from search_timed import idle_split, loop_times, record_timeline  # noqa: E402
 
 from tuner.kernel import toolchain  # noqa: E402
 from tuner.problem import as_problem  # noqa: E402
@@ -63,7 +63,11 @@ def main() -> int:
     storage = f"sqlite:///{tmp / 'model.db'}"
     if a.storage == "pg":
         sys.path.insert(0, str(ROOT / "tests"))
-        from pg_server import PgServer
+        from pg_server import PgServer, missing
+
+        if why := missing():
+            print(f"pipeline_model.py: --storage pg: {why}", file=sys.stderr)
+            return 2
         pg = PgServer().start()
         storage = pg.create_database("model")
     s = loop.Search(
@@ -75,8 +79,6 @@ def main() -> int:
     if a.lookahead:
         s.lookahead = a.lookahead
     record_timeline()
-    for name, times in spent.items():  # the parent's own time per ask and per tell
-        setattr(s, name, timed(getattr(s, name), times))
     samples: list[tuple[int, int]] = []
     done = threading.Event()
 
@@ -97,13 +99,13 @@ def main() -> int:
     spans = [tuple(float(x) for x in ln.split()[-2:]) for ln in log.read_text().splitlines()]
     busy = sum(t1 - t0 for t0, t1 in spans)
     steady = samples[len(samples) // 6:]  # past the first sixth (the seeds' start)
-    ms = {k: 1e3 * statistics.mean(v) for k, v in spent.items() if v}
+    ms = {k: 1e3 * statistics.mean(v) for k, v in loop_times().items() if v}
     print(f"lookahead {s.lookahead}: {summ.trials_run} trials in {summ.wall_s:.0f} s "
           f"({summ.trials_per_hour:.0f}/h), {len(spans)} GPU requests, fake GPU busy "
           f"{100 * busy / summ.wall_s:.0f} %, compiles in flight mean "
           f"{statistics.mean(c for c, _ in steady):.1f} (max {max(c for c, _ in steady)}), "
-          f"open mean {statistics.mean(o for _, o in steady):.1f}; an ask {ms['_ask']:.0f} ms, "
-          f"a tell {ms['_tell']:.0f} ms; jobs {a.jobs}, compile "
+          f"open mean {statistics.mean(o for _, o in steady):.1f}; an ask {ms['ask']:.0f} ms, "
+          f"a tell {ms['tell']:.0f} ms; jobs {a.jobs}, compile "
           f"{a.compile_s} s, GPU {a.gpu_s} s a request, {a.storage}")
     print("the fake GPU's time to its last request: " + ", ".join(
         f"{k} {v:.1f} s" for k, v in idle_split().items()))

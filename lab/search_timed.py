@@ -26,30 +26,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tuner.search import loop, worker_client  # noqa: E402
 
-spent: dict[str, list[float]] = {"_ask": [], "_tell": []}
-# (sent, reply read, worker seconds) per GPU request; (start, end) per ask; (start, end, a
-# candidate was ready on entry) per _next_ready.
+# (sent, reply read, worker seconds) per GPU request; (start, end) per ask and per tell;
+# (start, end, a candidate was ready on entry) per _next_ready.
 requests: list[tuple[float, float, float]] = []
 asks: list[tuple[float, float]] = []
+tells: list[tuple[float, float]] = []
 waits: list[tuple[float, float, bool]] = []
 started = [0.0]  # when record_timeline() ran
 
 
-def timed(f: Callable[..., Any], times: list[float]) -> Callable[..., Any]:
+def _spans(f: Callable[..., Any], out: list[tuple[float, float]]) -> Callable[..., Any]:
     def wrapper(*args: Any, **kw: Any) -> Any:
         t0 = time.perf_counter()
         try:
             return f(*args, **kw)
         finally:
-            times.append(time.perf_counter() - t0)
+            out.append((t0, time.perf_counter()))
     return wrapper
 
 
 def record_timeline() -> None:
-    """Patch the GPU worker's request, the ask and _next_ready to log their spans."""
+    """Patch the GPU worker's request, the ask, the tell and _next_ready to log their spans."""
     started[0] = time.perf_counter()
-    request, ask, next_ready = (worker_client.GpuWorker.request, loop.Search._ask,
-                                loop.Search._next_ready)
+    request, next_ready = worker_client.GpuWorker.request, loop.Search._next_ready
 
     def timed_request(self: Any, msg: dict[str, Any], *args: Any, **kw: Any) -> Any:
         t0 = time.perf_counter()
@@ -57,13 +56,6 @@ def record_timeline() -> None:
         own = reply.get("worker_s") if isinstance(reply, dict) else None
         requests.append((t0, time.perf_counter(), float(own or 0.0)))
         return reply
-
-    def timed_ask(self: Any, *args: Any, **kw: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return ask(self, *args, **kw)
-        finally:
-            asks.append((t0, time.perf_counter()))
 
     def timed_next_ready(self: Any) -> Any:
         t0 = time.perf_counter()
@@ -74,8 +66,14 @@ def record_timeline() -> None:
             waits.append((t0, time.perf_counter(), ready))
 
     worker_client.GpuWorker.request = timed_request  # type: ignore[method-assign]
-    loop.Search._ask = timed_ask  # type: ignore[method-assign]
     loop.Search._next_ready = timed_next_ready  # type: ignore[method-assign]
+    loop.Search._ask = _spans(loop.Search._ask, asks)  # type: ignore[method-assign]
+    loop.Search._tell = _spans(loop.Search._tell, tells)  # type: ignore[method-assign]
+
+
+def loop_times() -> dict[str, list[float]]:
+    """The parent's seconds per ask (sampler, storage reads) and per tell (storage writes)."""
+    return {"ask": [e - s for s, e in asks], "tell": [e - s for s, e in tells]}
 
 
 def _overlap(a0: float, a1: float, spans: list[tuple[float, float]]) -> float:
@@ -106,9 +104,9 @@ def idle_split() -> dict[str, float]:
 
 
 def report() -> None:
-    parts = [f"{name[1:]} {len(v)} x {1e3 * statistics.mean(v):.0f} ms "
+    parts = [f"{name} {len(v)} x {1e3 * statistics.mean(v):.0f} ms "
              f"(median {1e3 * statistics.median(v):.0f}, sum {sum(v):.1f} s)"
-             for name, v in spent.items() if v]
+             for name, v in loop_times().items() if v]
     print("loop time: " + "; ".join(parts), file=sys.stderr)
     split = idle_split()
     if split:
@@ -117,8 +115,6 @@ def report() -> None:
 
 
 if __name__ == "__main__":  # the GPU worker is spawned: it re-imports this file as a module
-    for name, times in spent.items():
-        setattr(loop.Search, name, timed(getattr(loop.Search, name), times))
     record_timeline()
     atexit.register(report)
     from tuner.cli import main
