@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Session 35's GPU calls (docs/PERF.md step 67), back-to-back on one warm machine (30 s idle).
 # The first call picks its work by the card that came:
-#   call 1, carry [".whl", ".fi"]:
+#   call 1, carry [".whl", ".fi", "studies/twin1.db"]:
 #           bash lab/h200/s35.sh start [GROUPS]
 #     H200: FlashInfer installed and its D 128 prefill module built (issue 37), the GPU suite's
 #           GROUPS (default "kernel": suite.sh's groups; "none") meanwhile in the background (logs in
 #           .device/bgsuite); the call ends with them
-#     H100: s38.sh jobs 16 240 (issue 38: where the GPU's other 35 % goes at 1x32/8x8192, the
-#           study kept; steps 68-71 ran the twins, their pair, both bands and the jobs A/B)
+#     H100: s37.sh ab (issue 38: the final's two protocols on one card; steps 68-73 ran the
+#           twins, their pair, both bands on two cards, the jobs A/B and the idle split)
 # H200, then:
 #   call 2, carry [".fa3/part1"]: bash lab/h200/fa3_stage1.sh
 #   call 3, carry [".fa3/part2"]: bash lab/h200/s35.sh peers   (issue 37's table on a quiet card:
@@ -23,9 +23,9 @@ case "${1:?start | peers | suitewait}" in
 start)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "card: $card"
-  # On an H100: issue 38's search with its study kept (steps 68-71 ran both twins, their pair,
-  # the final's bands and the jobs A/B here).
-  if [[ "$card" != *H200* ]]; then exec bash "$LAB/s38.sh" jobs 16 240; fi
+  # On an H100: issue 38's final, both protocols on one card (steps 68-73 ran both twins,
+  # their pair, the final's bands on two cards, the jobs A/B and the idle split here).
+  if [[ "$card" != *H200* ]]; then exec bash "$LAB/s37.sh" ab; fi
   FIRST_CALL="s35.sh start with .whl"
   source "$LAB/session_calls.sh"
   mkdir -p "$DEV/bgsuite"; rm -f "$DEV/bgsuite.rc"

@@ -10,6 +10,9 @@
 #                                      measurement; step 69 ran it: about 3.5 minutes)
 #     bash lab/h200/s37.sh band-r500   no settle and 500 launches a measurement (0.45 s a turn
 #                                      instead of 1.1 s): is a longer measurement as steady?
+#     bash lab/h200/s37.sh ab          both on one card, band-r500 first (step 71 ran them on
+#                                      two H100s; the final keeps its settle until one card
+#                                      has run both): about 5 minutes
 set -uo pipefail
 FIRST_CALL="s37.sh band with .whl"
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
@@ -17,12 +20,17 @@ source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
 studies=()
 for s in twin1 twin2; do [ -f "studies/$s.db" ] && studies+=(--study "$s"); done
 [ ${#studies[@]} -gt 0 ] || { echo "no studies/twin1.db or twin2.db: carry one"; exit 2; }
-case "${1:?band | band-r500}" in
-band) log=final_band; extra=() ;;
-band-r500) log=final_band_r500; extra=(--repeat 500 --settle-s 0) ;;
-*) echo "s37.sh: unknown call '$1': band or band-r500" >&2; exit 2 ;;
+play() {  # LOG [ARGS]: the finalists' 16 turns under one protocol, in what the call has left
+  local log=$1 left=$((575 - (SECONDS - t0))); shift
+  [ $left -gt 60 ] || { step "$log: no time left"; return; }
+  timeout $left $E python3 scripts/final_band.py "${studies[@]}" --turns 16 "$@" \
+    --json "$OUT/$log.json" > "$OUT/$log.log" 2>&1
+  step "$log exit $?"; grep -A6 "first 16 turns" "$OUT/$log.log" | cut -c1-160
+}
+case "${1:?band | band-r500 | ab}" in
+band) play final_band ;;
+band-r500) play final_band_r500 --repeat 500 --settle-s 0 ;;
+ab) play final_band_r500 --repeat 500 --settle-s 0; play final_band ;;
+*) echo "s37.sh: unknown call '$1': band, band-r500 or ab" >&2; exit 2 ;;
 esac
-timeout 560 $E python3 scripts/final_band.py "${studies[@]}" --turns 16 "${extra[@]}" \
-  --json "$OUT/$log.json" > "$OUT/$log.log" 2>&1
-step "$log exit $?"; grep -A6 "first 16 turns" "$OUT/$log.log" | cut -c1-160
 step done
