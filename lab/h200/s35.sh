@@ -13,6 +13,8 @@
 #   call 3, carry [".fa3/part2"]: bash lab/h200/s35.sh peers   (issue 37's table on a quiet card:
 #                                 FA3 installed; pages of 64, 128, 256, unpaged, the mixed batch;
 #                                 again in a call of its own for the rows the first left)
+#   call 4, carry [".whl"]: bash lab/h200/s35.sh rows34   (issue 34's rows beside FA3: chunked
+#                                 prefill 2048:k8192, 512:k16384, 4x 1024:k4096; fused QKV views)
 #   then suite.sh bugs, oracle, varlen, ops, peers; issue 35's A/B: s30.sh start (carry .whl, .base/main, .base/operands)
 # H100 (step 67), then: s32.sh dealtests varlen-pair-swaps; fa3_stage1.sh; the paged rows
 # beside FA3 (fa-tune compare, one inline call); s32.sh w128hc; suite.sh bugs, ops.
@@ -41,23 +43,29 @@ start)
   step "flashinfer stage exit $?"; tail -4 "$OUT/fi_stage.log"
   bash "$LAB/s35.sh" suitewait $((560 - (SECONDS - t0)))
   ;;
-peers)
+peers | rows34)
   FIRST_CALL="s35.sh start with .whl"
   source "$LAB/session_calls.sh"
   fa3_once
   export PYTHONPATH=$DEV/fisite:${PYTHONPATH:-} FLASHINFER_WORKSPACE_BASE=$DEV
-  cmp() {  # LOG SHAPE: llama3 beside FA3 and FlashInfer, in what the call has left; a row
-    # that an earlier call finished is not run again (its log is kept in .device/peers)
+  cmp() {  # LOG SHAPE [BACKENDS]: llama3 beside FA3 and FlashInfer, in what the call has left;
+    # a row that an earlier call finished is not run again (its log is kept in .device/peers)
     if [ -f "$DEV/peers/$1.ok" ]; then step "$2: done before"; return; fi
     local left=$((575 - (SECONDS - t0)))
     [ $left -gt 60 ] || { step "$2: no time left"; return; }
     timeout $left $E python3 -m tuner.cli compare --rounds 2 --settle-s 1 --results-dir \
-      "$DEV/cmp" --preset llama3 --shape "$2" --backends fa3,flashinfer > "$DEV/peers/$1" 2>&1
+      "$DEV/cmp" --preset llama3 --shape "$2" --backends "${3:-fa3,flashinfer}" \
+      > "$DEV/peers/$1" 2>&1
     local rc=$?; step "$2 exit $rc"; cp "$DEV/peers/$1" "$OUT/"
     [ $rc = 0 ] && touch "$DEV/peers/$1.ok"
     grep -E "TFLOPS|rror" "$OUT/$1" | tail -6 | cut -c1-160
   }
   mkdir -p "$DEV/peers"
+  if [ "$1" = rows34 ]; then  # issue 34's rows: chunked prefill and the fused QKV views
+    cmp i34_chunk.log 1x32/8x2048:k8192 fa3; cmp i34_long.log 1x32/8x512:k16384 fa3
+    cmp i34_batch.log 4x32/8x1024:k4096 fa3; cmp i34_qkv.log 1x32/8x8192:qkv fa3
+    exit 0
+  fi
   FIXED=4x32/8x2048:k8192
   MIXED="32/8x[512,1024:5120,2048:10240,4096:6144,8192,768:6912,3072:4096,6144:14336]"
   # The first paged FlashInfer call JIT-builds its paged module (step 57: over 150 s).
@@ -73,5 +81,5 @@ suitewait)
   tar -cJf "${OUT:-$DEV/out}/bgsuite.tar.xz" -C "$DEV" bgsuite 2>/dev/null
   ;;
 *)
-  echo "s35.sh: unknown call '$1': start, peers or suitewait" >&2; exit 2 ;;
+  echo "s35.sh: unknown call '$1': start, peers, rows34 or suitewait" >&2; exit 2 ;;
 esac
