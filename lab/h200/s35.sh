@@ -13,7 +13,9 @@
 #   call 3, carry [".fa3/part2"]: bash lab/h200/s35.sh peers   (issue 37's table on a quiet card:
 #                                 FA3 installed; pages of 64, 128, 256, unpaged, the mixed batch;
 #                                 again in a call of its own for the rows the first left)
-#   call 4, carry [".whl"]: bash lab/h200/s35.sh rows34   (issue 34's rows beside FA3: chunked
+# A short session (under 15 device minutes): s35.sh start34 (carry .whl, .fa3/part1,
+#   studies/twin1.db; on an H100 s37.sh ab), then rows34 (carry .fa3/part2).
+#   call 4, carry [".fa3/part2"]: bash lab/h200/s35.sh rows34   (issue 34's rows beside FA3: chunked
 #                                 prefill 2048:k8192, 512:k16384, 4x 1024:k4096; fused QKV views)
 #   then suite.sh bugs, oracle, varlen, ops, peers; issue 35's A/B: s30.sh start (carry .whl, .base/main, .base/operands)
 # H100 (step 67), then: s32.sh dealtests varlen-pair-swaps; fa3_stage1.sh; the paged rows
@@ -42,6 +44,18 @@ start)
   FI_SMOKE=1 timeout 400 bash "$LAB/flashinfer_stage.sh" > "$OUT/fi_stage.log" 2>&1
   step "flashinfer stage exit $?"; tail -4 "$OUT/fi_stage.log"
   bash "$LAB/s35.sh" suitewait $((560 - (SECONDS - t0)))
+  ;;
+start34)  # carry [".whl", ".fa3/part1", "studies/twin1.db"]: a short session's first call
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  echo "card: $card"
+  if [[ "$card" != *H200* ]]; then exec bash "$LAB/s37.sh" ab; fi
+  FIRST_CALL="s35.sh start34 with .whl"
+  source "$LAB/session_calls.sh"   # wheels installed, FA3's first half parked
+  # Issue 34's malformed-metadata tests (cu_seqlens, cache_seqlens, block tables), each
+  # followed by a call on the same CUDA context; then s35.sh rows34 with carry .fa3/part2.
+  gpu_tests i34_malformed.log 300 tests/gpu/test_inference_op_gpu.py \
+    tests/gpu/test_varlen_op_gpu.py tests/gpu/test_paged_gpu.py \
+    -k "malformed or bad_metadata or bad_block_table"
   ;;
 peers | rows34)
   FIRST_CALL="s35.sh start with .whl"
@@ -81,5 +95,5 @@ suitewait)
   tar -cJf "${OUT:-$DEV/out}/bgsuite.tar.xz" -C "$DEV" bgsuite 2>/dev/null
   ;;
 *)
-  echo "s35.sh: unknown call '$1': start, peers, rows34 or suitewait" >&2; exit 2 ;;
+  echo "s35.sh: unknown call '$1': start, start34, peers, rows34 or suitewait" >&2; exit 2 ;;
 esac
