@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Session 40's GPU call (docs/PERF.md step 74): host code at -O1 (lab/patches/host-o1.patch).
+#   carry [".whl"]:  bash lab/h200/s40.sh hostopt [SHAPE...]
+# The presets built from this tree and from a copy with the patch, at each SHAPE's class (one
+# nvcc per core, as a search builds: the wall of each set is the compile's A/B on this host),
+# their SASS compared (it must be the same), then both libraries timed A B B A in one process
+# (scripts/ab_libs.py) at the short shapes, where a slower launch would show first: a kernel of
+# tens of microseconds is fed by launches of a few.
+set -uo pipefail
+FIRST_CALL="s40.sh hostopt with .whl"
+source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
+case "${1:?hostopt}" in
+hostopt)
+  shift
+  shapes=("$@"); [ ${#shapes[@]} -gt 0 ] || shapes=(1x32/8x512 1x64/8x512:d64)
+  after=$DEV/host_o1
+  rm -rf "$after"; mkdir -p "$after"
+  cp -a tuner cuda_src scripts templates search_spaces workloads pyproject.toml "$after"/
+  (cd "$after" && patch -p1 -s < "$OLDPWD/lab/patches/host-o1.patch") || { echo "patch failed"; exit 1; }
+  for s in "${shapes[@]}"; do
+    tag=$(echo "$s" | tr '/:' '__')
+    presets="llama3 default"; [[ "$s" == *:d64* ]] && presets="d64 d64-window3"
+    for side in before after; do
+      root=$PWD; [ $side = after ] && root=$after
+      start=$SECONDS
+      $E bash -c 'PYTHONPATH=$0:$PYTHONPATH python3 "$0/scripts/sass_snapshot.py" --out "$1" \
+        --cache "$2" --shape "$3" $4' "$root" "$DEV/snap_${side}_$tag" \
+        "$DEV/cache_${side}_$tag" "$s" "$presets" > "$OUT/snap_${side}_$tag.log" 2>&1
+      step "$s $side: snapshot exit $? in $((SECONDS - start)) s"
+    done
+    $E python3 scripts/sass_snapshot.py --compare "$DEV/snap_before_$tag" "$DEV/snap_after_$tag" \
+      2>&1 | tee "$OUT/sass_$tag.txt" | tail -5
+    timeout $((560 - (SECONDS - t0))) $E python3 scripts/ab_libs.py "$DEV/snap_before_$tag" \
+      "$DEV/snap_after_$tag" --pairs 2 --json "$OUT/ab_$tag.json" > "$OUT/ab_$tag.log" 2>&1
+    step "$s: ab exit $?"; tail -8 "$OUT/ab_$tag.log" | cut -c1-160
+  done
+  ;;
+*)
+  echo "s40.sh: unknown call '$1': hostopt" >&2; exit 2 ;;
+esac
