@@ -14,7 +14,7 @@
 #                                 FA3 installed; pages of 64, 128, 256, unpaged, the mixed batch;
 #                                 again in a call of its own for the rows the first left)
 # A short session (under 15 device minutes): s35.sh start34 (carry .whl, .fa3/part1,
-#   studies/twin1.db; on an H100 s37.sh ab), then rows34 (carry .fa3/part2).
+#   studies/twin1.db; on an H100 s40.sh hostopt), then rows34 (carry .fa3/part2).
 #   call 4, carry [".fa3/part2"]: bash lab/h200/s35.sh rows34   (issue 34's rows beside FA3: chunked
 #                                 prefill 2048:k8192, 512:k16384, 4x 1024:k4096; fused QKV views)
 #   then suite.sh bugs, oracle, varlen, ops, peers; issue 35's A/B: s30.sh start (carry .whl, .base/main, .base/operands)
@@ -48,7 +48,7 @@ start)
 start34)  # carry [".whl", ".fa3/part1", "studies/twin1.db"]: a short session's first call
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "card: $card"
-  if [[ "$card" != *H200* ]]; then exec bash "$LAB/s37.sh" ab; fi
+  if [[ "$card" != *H200* ]]; then exec bash "$LAB/s40.sh" hostopt; fi
   FIRST_CALL="s35.sh start34 with .whl"
   source "$LAB/session_calls.sh"   # wheels installed, FA3's first half parked
   # Issue 34's malformed-metadata tests (cu_seqlens, cache_seqlens, block tables), each
