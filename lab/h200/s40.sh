@@ -16,7 +16,10 @@ hostopt)
   after=$DEV/host_o1
   rm -rf "$after"; mkdir -p "$after"
   cp -a tuner cuda_src scripts templates search_spaces workloads pyproject.toml "$after"/
-  (cd "$after" && patch -p1 -s < "$OLDPWD/lab/patches/host-o1.patch") || { echo "patch failed"; exit 1; }
+  pf=$PWD/lab/patches/host-o1.patch
+  (cd "$after" && { patch -p1 -s < "$pf" 2>/dev/null || git apply "$pf"; }) \
+    || { echo "host-o1.patch did not apply"; exit 1; }
+  grep -q '"-O1"' "$after/tuner/kernel/build.py" || { echo "host-o1.patch not applied"; exit 1; }
   for s in "${shapes[@]}"; do
     tag=$(echo "$s" | tr '/:' '__')
     presets="llama3 default"; [[ "$s" == *:d64* ]] && presets="d64 d64-window3"
