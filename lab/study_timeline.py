@@ -29,24 +29,27 @@ class Trial:
 
 
 def load(path: str) -> list[Trial]:
-    con = sqlite3.connect(path)
-    rows = con.execute(
-        "select t.number, t.state, t.datetime_start, t.datetime_complete, a.value_json "
-        "from trials t join trial_user_attributes a on a.trial_id = t.trial_id "
-        "and a.key = 'build' order by t.number").fetchall()
-    con.close()
+    """The study's compiled trials; SystemExit with one line where the file is not a study."""
+    try:  # read-only: a wrong path is an error, not a new empty file
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        rows = con.execute(
+            "select t.number, t.state, t.datetime_start, t.datetime_complete, a.value_json "
+            "from trials t join trial_user_attributes a on a.trial_id = t.trial_id "
+            "and a.key = 'build' where t.datetime_start is not null order by t.number").fetchall()
+        con.close()
+    except sqlite3.Error as e:
+        raise SystemExit(f"study_timeline: {path} is not a readable study file ({e})") from None
+    if not rows:
+        raise SystemExit(f"study_timeline: {path} has no compiled trial to place on a timeline")
 
-    def ts(s: str | None) -> float | None:
-        return dt.datetime.fromisoformat(s).timestamp() if s else None
+    def ts(s: str) -> float:
+        return dt.datetime.fromisoformat(s).timestamp()
 
-    t0 = min(ts(r[2]) or 0.0 for r in rows)
-    out = []
-    for number, state, start, end, build in rows:
-        asked = (ts(start) or t0) - t0
-        done = ts(end)
-        out.append(Trial(number, state, asked, asked + json.loads(build)["compile_seconds"],
-                         None if done is None else done - t0))
-    return out
+    t0 = min(ts(r[2]) for r in rows)
+    return [Trial(number, state, ts(start) - t0,
+                  ts(start) - t0 + json.loads(build)["compile_seconds"],
+                  None if end is None else ts(end) - t0)
+            for number, state, start, end, build in rows]
 
 
 def main() -> None:
@@ -55,6 +58,12 @@ def main() -> None:
     ap.add_argument("--step", type=float, default=10.0)
     ap.add_argument("--phases", default="0,60,220", help="phase bounds in seconds")
     a = ap.parse_args()
+    if a.step <= 0:
+        ap.error("--step must be a positive number of seconds")
+    try:
+        bounds = [float(b) for b in a.phases.split(",")]
+    except ValueError:
+        ap.error(f"--phases takes seconds separated by commas, e.g. 0,60,220; not {a.phases!r}")
     trials = load(a.db)
     end = max(t.done or t.compiled for t in trials)
     print("t (s)  open  compiling  compiled, waiting for the GPU")
@@ -64,7 +73,7 @@ def main() -> None:
         compiling = sum(1 for x in open_ if x.compiled > t)
         print(f"{t:5.0f}  {len(open_):4d}  {compiling:9d}  {len(open_) - compiling:8d}")
         t += a.step
-    bounds = [float(b) for b in a.phases.split(",")] + [end + 1]
+    bounds.append(end + 1)
     print("phase        trials done  a second  complete  compile median (s)")
     for lo, hi in zip(bounds, bounds[1:], strict=False):
         done = [x for x in trials if x.done is not None and lo <= x.done < hi]

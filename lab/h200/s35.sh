@@ -13,9 +13,10 @@
 #   call 3, carry [".fa3/part2"]: bash lab/h200/s35.sh peers   (issue 37's table on a quiet card:
 #                                 FA3 installed; pages of 64, 128, 256, unpaged, the mixed batch;
 #                                 again in a call of its own for the rows the first left)
-# A short session (under 15 device minutes): s35.sh start34 (carry .whl, .fa3/part1,
-#   studies/twin1.db; on an H100 s40.sh hostopt), then rows34 (carry .fa3/part2).
-#   call 4, carry [".fa3/part2"]: bash lab/h200/s35.sh rows34   (issue 34's rows beside FA3: chunked
+# A short window (under 15 device minutes), issue 34:
+#   call 1, carry [".whl", ".fa3/part1", "studies/twin1.db"]: bash lab/h200/s35.sh start34
+#           (the malformed-metadata GPU tests; on an H100 s40.sh hostopt instead)
+#   call 2, carry [".fa3/part2"]: bash lab/h200/s35.sh rows34   (the rows beside FA3: chunked
 #                                 prefill 2048:k8192, 512:k16384, 4x 1024:k4096; fused QKV views)
 #   then suite.sh bugs, oracle, varlen, ops, peers; issue 35's A/B: s30.sh start (carry .whl, .base/main, .base/operands)
 # H100 (step 67), then: s32.sh dealtests varlen-pair-swaps; fa3_stage1.sh; the paged rows
