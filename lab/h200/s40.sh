@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 40's GPU call (docs/PERF.md step 74): host code at -O1 (lab/patches/host-o1.patch).
 #   carry [".whl"]:  bash lab/h200/s40.sh hostopt [SHAPE...]
+#   carry [".whl"]:  bash lab/h200/s40.sh wslope   (step 75: a window task's cost, split)
 # The presets built from this tree and from a copy with the patch, at each SHAPE's class (one
 # nvcc per core, as a search builds: the wall of each set is the compile's A/B on this host),
 # their SASS compared (it must be the same), then both libraries timed A B B A in one process
@@ -9,7 +10,7 @@
 set -uo pipefail
 FIRST_CALL="s40.sh hostopt with .whl"
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
-case "${1:?hostopt}" in
+case "${1:?hostopt | wslope}" in
 hostopt)
   shift
   shapes=("$@"); [ ${#shapes[@]} -gt 0 ] || shapes=(1x32/8x512 1x64/8x512:d64)
@@ -38,6 +39,18 @@ hostopt)
     step "$s: ab exit $?"; tail -8 "$OUT/ab_$tag.log" | cut -c1-160
   done
   ;;
+wslope)
+  # Step 75: d64-window3 at windows of 64 to 384 keys (2 to 7 KV tiles a 64-row task, the
+  # task count fixed): the slope is a tile's cost, the intercept a task's own (Q, the
+  # epilogue, the schedule). Their ratio says how much a task of fewer key columns (step 75's
+  # queries of a GQA group packed into one tile) can gain. No FA3: only the kernel's times.
+  shapes=(); for w in 64 128 192 256 384; do shapes+=(--shape "1x64/8x8192:d64:w$w"); done
+  printf 'd64-window3\nd64-window\n' > "$DEV/wslope.txt"
+  OUT=$OUT timeout 500 $E python3 scripts/kernel_lab.py --variants-file "$DEV/wslope.txt" \
+    --no-fa3 "${shapes[@]}" --warmup 50 --repeat 200 --rounds 3 --settle-s 1 \
+    > "$OUT/wslope.log" 2>&1
+  step "wslope: exit $?"; grep -v '^  [0-9a-f]\{12\}: {' "$OUT/wslope.log" | tail -n 20
+  ;;
 *)
-  echo "s40.sh: unknown call '$1': hostopt" >&2; exit 2 ;;
+  echo "s40.sh: unknown call '$1': hostopt | wslope" >&2; exit 2 ;;
 esac

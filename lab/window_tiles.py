@@ -1,0 +1,65 @@
+"""Score columns a sliding window's tiles compute against those its mask keeps (docs/PERF.md
+step 75). Counting only, no GPU: how much of the 128-key window's tensor-core and exp2 work a
+tile layout wastes.
+
+- today: a 64-row warpgroup tile holds 64 consecutive queries of one head; key tiles are
+  block_n wide and aligned to block_n, so a task computes every tile its band touches;
+- packed: a tile holds 64 / G consecutive positions x the G query heads of one K/V head (a GQA
+  group, gpt-oss's 8), so the band is 64 / G + window keys wide; key tiles start at the task's
+  first key (TMA takes any coordinate), block_n a multiple of 16 (PV's k-step).
+
+    python3 lab/window_tiles.py [--window 128] [--seq 8192] [--groups 8 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+ROWS = 64  # one consumer warpgroup's wgmma M
+
+
+def kept_keys(q: int, window: int) -> int:
+    """Keys query q sees: its window to the left, itself, none past the sequence's start."""
+    return min(q, window) + 1
+
+
+def today(window: int, block_n: int, seq: int) -> tuple[int, int]:
+    computed = kept = 0
+    for q0 in range(0, seq, ROWS):
+        lo, hi = max(0, q0 - window), q0 + ROWS  # keys [lo, hi)
+        tiles = -(-hi // block_n) - lo // block_n
+        computed += tiles * block_n * ROWS
+        kept += sum(kept_keys(q, window) for q in range(q0, q0 + ROWS))
+    return computed, kept
+
+
+def packed(window: int, group: int, block_n: int, seq: int) -> tuple[int, int]:
+    positions = ROWS // group
+    computed = kept = 0
+    for s0 in range(0, seq, positions):
+        lo, hi = max(0, s0 - window), s0 + positions
+        computed += -(-(hi - lo) // block_n) * block_n * ROWS
+        kept += group * sum(kept_keys(q, window) for q in range(s0, s0 + positions))
+    return computed, kept
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--window", type=int, default=128)
+    ap.add_argument("--seq", type=int, default=8192)
+    ap.add_argument("--groups", type=int, nargs="+", default=[8, 4])
+    a = ap.parse_args()
+    base_c, base_k = today(a.window, 64, a.seq)
+    print(f"window {a.window}, {a.seq} queries, per (query, key) pair the mask keeps:")
+    print(f"  today, 64 x 64 tiles:            {base_c / base_k:.3f} computed")
+    for g in a.groups:
+        for bn in (48, 64, 80, 144):
+            c, k = packed(a.window, g, bn, a.seq)
+            print(
+                f"  packed G {g} ({ROWS // g} positions), block_n {bn:3d}: {c / k:.3f} computed"
+                f" ({c / k / (base_c / base_k):.3f} of today's)"
+            )
+
+
+if __name__ == "__main__":
+    main()
