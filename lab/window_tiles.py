@@ -6,7 +6,8 @@ tile layout wastes.
   block_n wide and aligned to block_n, so a task computes every tile its band touches;
 - packed: a tile holds 64 / G consecutive positions x the G query heads of one K/V head (a GQA
   group, gpt-oss's 8), so the band is 64 / G + window keys wide; key tiles start at the task's
-  first key (TMA takes any coordinate), block_n a multiple of 16 (PV's k-step).
+  first key (TMA takes any coordinate), block_n a multiple of 16 (PV's k-step); aligned tiles
+  for comparison.
 
     python3 lab/window_tiles.py [--window 128] [--seq 8192] [--groups 8 4]
 """
@@ -33,12 +34,16 @@ def today(window: int, block_n: int, seq: int) -> tuple[int, int]:
     return computed, kept
 
 
-def packed(window: int, group: int, block_n: int, seq: int) -> tuple[int, int]:
+def packed(
+    window: int, group: int, block_n: int, seq: int, aligned: bool = False
+) -> tuple[int, int]:
+    """aligned: key tiles on multiples of block_n, as today's kernel places them."""
     positions = ROWS // group
     computed = kept = 0
     for s0 in range(0, seq, positions):
         lo, hi = max(0, s0 - window), s0 + positions
-        computed += -(-(hi - lo) // block_n) * block_n * ROWS
+        tiles = -(-hi // block_n) - lo // block_n if aligned else -(-(hi - lo) // block_n)
+        computed += tiles * block_n * ROWS
         kept += group * sum(kept_keys(q, window) for q in range(s0, s0 + positions))
     return computed, kept
 
@@ -59,6 +64,8 @@ def main() -> None:
                 f"  packed G {g} ({ROWS // g} positions), block_n {bn:3d}: {c / k:.3f} computed"
                 f" ({c / k / (base_c / base_k):.3f} of today's)"
             )
+        c, k = packed(a.window, g, 48, a.seq, aligned=True)
+        print(f"  the same at block_n 48, tiles aligned to 48: {c / k:.3f} computed")
 
 
 if __name__ == "__main__":
