@@ -24,20 +24,11 @@ def kept_keys(q: int, window: int) -> int:
     return min(q, window) + 1
 
 
-def today(window: int, block_n: int, seq: int) -> tuple[int, int]:
-    computed = kept = 0
-    for q0 in range(0, seq, ROWS):
-        lo, hi = max(0, q0 - window), q0 + ROWS  # keys [lo, hi)
-        tiles = -(-hi // block_n) - lo // block_n
-        computed += tiles * block_n * ROWS
-        kept += sum(kept_keys(q, window) for q in range(q0, q0 + ROWS))
-    return computed, kept
-
-
 def packed(
     window: int, group: int, block_n: int, seq: int, aligned: bool = False
 ) -> tuple[int, int]:
-    """aligned: key tiles on multiples of block_n, as today's kernel places them."""
+    """(computed, kept) score columns. aligned: key tiles on multiples of block_n, as today's
+    kernel places them; today's tiles are group 1, aligned."""
     positions = ROWS // group
     computed = kept = 0
     for s0 in range(0, seq, positions):
@@ -54,7 +45,11 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=8192)
     ap.add_argument("--groups", type=int, nargs="+", default=[8, 4])
     a = ap.parse_args()
-    base_c, base_k = today(a.window, 64, a.seq)
+    if a.window < 0 or a.seq < ROWS:
+        ap.error(f"--window must be >= 0 and --seq >= {ROWS}")
+    if any(g < 1 or ROWS % g for g in a.groups):
+        ap.error(f"each --groups value must divide {ROWS} (a GQA group of 1, 2, 4, 8, ...)")
+    base_c, base_k = packed(a.window, 1, 64, a.seq, aligned=True)
     print(f"window {a.window}, {a.seq} queries, per (query, key) pair the mask keeps:")
     print(f"  today, 64 x 64 tiles:            {base_c / base_k:.3f} computed")
     for g in a.groups:

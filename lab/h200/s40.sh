@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 40's GPU call (docs/PERF.md step 74): host code at -O1 (lab/patches/host-o1.patch).
+# GPU calls of docs/PERF.md steps 74 (host code at -O1, lab/patches/host-o1.patch) and 75.
 #   carry [".whl"]:  bash lab/h200/s40.sh hostopt [SHAPE...]
 #   carry [".whl"]:  bash lab/h200/s40.sh wslope   (step 75: a window task's cost, split)
 # The presets built from this tree and from a copy with the patch, at each SHAPE's class (one
