@@ -41,12 +41,19 @@ from tuner.kernel.config import (
 # compiled for their class by the test file named here.
 CLASS_BOUND: dict[str, str] = {"softcap_tanh": "tests/test_kernel_build.py"}
 
+# Knobs whose other values only some problems exercise (pack_gqa: a GQA group of an even size),
+# pinned at their default in the sample; the test file named here compiles the other values
+# (and tests/gpu/test_pack_gqa_gpu.py gates them).
+BUILT_ELSEWHERE: dict[str, tuple[tuple[object, ...], str]] = {
+    "pack_gqa": ((True,), "tests/test_kernel_build.py"),
+}
+
 # Host-only knobs (see the module docstring): one value compiled, the rest covered on the host;
-# and the class-bound ones at their default.
+# and the class-bound and elsewhere-built ones at their default.
 PINNED: dict[str, object] = {
     "fixed_cost": KernelConfig().fixed_cost,
     "persistent_ctas": KernelConfig().persistent_ctas,
-    **{name: KNOBS[name].default for name in CLASS_BOUND},
+    **{name: KNOBS[name].default for name in (*CLASS_BOUND, *BUILT_ELSEWHERE)},
 }
 TODO_NOT_COVERED: dict[str, tuple[object, ...]] = {
     "fixed_cost": tuple(v for v in KNOBS["fixed_cost"].choices if v != PINNED["fixed_cost"]),
@@ -81,13 +88,18 @@ def other_class_values(name: str) -> tuple[object, ...]:
     return tuple(v for v in KNOBS[name].choices if v != KNOBS[name].default)
 
 
+def built_elsewhere_values(name: str) -> tuple[object, ...]:
+    """The values of knob ``name`` another test file compiles (BUILT_ELSEWHERE), if any."""
+    return BUILT_ELSEWHERE[name][0] if name in BUILT_ELSEWHERE else ()
+
+
 def pairs_to_cover() -> set[Pair]:
     """Every (knob, value) the sample must touch: all of KNOBS minus TODO_NOT_COVERED,
-    OTHER_HEAD_DIM and CLASS_BOUND's other values."""
+    OTHER_HEAD_DIM, CLASS_BOUND's other values and BUILT_ELSEWHERE."""
     out: set[Pair] = set()
     for name, knob in KNOBS.items():
         skip = (set(TODO_NOT_COVERED.get(name, ())) | set(other_head_dim_values(name))
-                | set(other_class_values(name)))
+                | set(other_class_values(name)) | set(built_elsewhere_values(name)))
         out |= {(name, v) for v in knob.choices if v not in skip}
     return out
 

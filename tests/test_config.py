@@ -26,6 +26,7 @@ ARCH_DEFAULTS = {
     "kv_multicast": False,
     "wg_skip": False,
     "head_cluster": 1,
+    "pack_gqa": False,
     "tile_order": "longest_first", "scheduler": "grid", "fixed_cost": 4, "persistent_ctas": 0,
     "ctas_per_sm": 1,
     "softcap_tanh": "exact",
@@ -174,6 +175,13 @@ def test_unparseable_yaml(tmp_path: Path) -> None:
           "block_n": 64, "v_stages": 1}, "skip 3 KV tiles, which needs at least 2 V stages"),
         ({"scheduler": "static", "kv_multicast": True, "q_release": "after_last_qk",
           "block_n": 80, "v_stages": 1}, "raise v_stages or block_n"),
+        # pack_gqa fills one CTA's rows with a group's heads; the clusters split them otherwise.
+        ({"scheduler": "static", "head_cluster": 2, "pack_gqa": True},
+         "set those off or pack_gqa false"),
+        ({"scheduler": "static", "block_m": 192, "consumer_regs": 160, "kv_multicast": True,
+          "pack_gqa": True}, "pack_gqa packs a GQA group's heads"),
+        ({"block_m": 192, "consumer_regs": 160, "wg_skip": True, "pack_gqa": True},
+         "pack_gqa packs a GQA group's heads"),
         # 8 CTAs at D 128: each of the two 64-column boxes in 4 row slices of 20 rows.
         ({"scheduler": "static", "kv_multicast": True, "head_cluster": 4, "block_n": 80},
          "does not split into slices of a multiple of 8 rows; use a block_n divisible by 32"),
@@ -418,6 +426,13 @@ def test_head_cluster_is_left_out_of_the_id_at_its_neutral_value() -> None:
     gqa = load_preset("gqa-cluster")
     assert '"head_cluster":2' in gqa.canonical_json()
     assert gqa.config_id() == "d62ee59f79f1"  # the config the H200 lab measured (PERF step 37)
+
+
+def test_pack_gqa_is_left_out_of_the_id_at_its_neutral_value() -> None:
+    assert "pack_gqa" not in KernelConfig().canonical_json()
+    packed = load_preset("d64-window").replace(pack_gqa=True)
+    assert '"pack_gqa":true' in packed.canonical_json()
+    assert packed.config_id() != load_preset("d64-window").config_id()
 
 
 def test_head_cluster_row_slices_per_head_dim() -> None:

@@ -408,3 +408,35 @@ def test_export_leaves_out_a_varlen_kernel_ptxas_spills() -> None:
     assert spilled is not None and "its varlen kernel compiles with local memory" in spilled
     assert fits is None
     assert varlen_why_not(cfgs, SOFTCAP_VARLEN, compile=False) == [None, None]
+
+
+# pack_gqa (docs/PERF.md step 76): a GQA group's query heads in one tile's rows, Q and O
+# through a 5-D TMA view; the window class with sinks and the varlen kernel (which runs
+# unpacked) at D 64, two CTAs an SM at block_n 80.
+PACKED = Artifact(
+    dataclasses.replace(load_preset("d64-window"), block_n=80, k_stages=2, v_stages=2,
+                        pack_gqa=True),
+    ProblemClass(64, True, True, window=True, sinks=True))
+
+
+@pytest.mark.builds(PACKED, Artifact(load_preset("d64-window"), PACKED.pclass))
+def test_pack_gqa_loads_q_and_stores_o_through_a_5d_view() -> None:
+    import subprocess
+
+    cuobjdump = toolchain.find_tool("cuobjdump", toolchain.find_nvcc())
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not installed")
+    r = build.build_config(PACKED.config, pclass=PACKED.pclass)
+    assert r.unfit is None, r.unfit  # no local memory, wgmma not serialized
+    assert r.sass["has_hgmma"]
+
+    def sass(so: str) -> str:
+        return subprocess.run([str(cuobjdump), "--dump-sass", so], capture_output=True,
+                              text=True, check=True).stdout
+
+    packed = sass(r.so_path)
+    plain = sass(build.build_config(load_preset("d64-window"), pclass=PACKED.pclass).so_path)
+    # The fixed-length kernel's Q loads and O stores are 5-D; the varlen kernel's stay 4-D.
+    assert "UTMALDG.5D" in packed and "UTMASTG.5D" in packed
+    assert "UTMALDG.4D" in packed  # K and V, and the varlen kernel's Q
+    assert "UTMALDG.5D" not in plain and "UTMASTG.5D" not in plain

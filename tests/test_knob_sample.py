@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 from knob_sample import (
+    BUILT_ELSEWHERE,
     CLASS_BOUND,
     OTHER_HEAD_DIM,
     PINNED,
     TODO_NOT_COVERED,
+    built_elsewhere_values,
     knob_sample,
     knob_sample_extras,
     other_class_values,
@@ -53,12 +55,15 @@ def test_sample_covers_every_knob_value() -> None:
     for name, knob in KNOBS.items():
         for v in knob.choices:
             assert ((name, v) in covered or v in TODO_NOT_COVERED.get(name, ())
-                    or v in other_head_dim_values(name) or v in other_class_values(name)), (
+                    or v in other_head_dim_values(name) or v in other_class_values(name)
+                    or v in built_elsewhere_values(name)), (
                 name, v)
     assert set(TODO_NOT_COVERED) <= set(PINNED)
     # The class-bound knobs are those the knob table binds to classes, and each one's test
     # file builds it for its class.
     assert set(CLASS_BOUND) == {k for k, knob in KNOBS.items() if knob.classes}
+    for name, (_, test_file) in BUILT_ELSEWHERE.items():
+        assert name in (Path(__file__).parent.parent / test_file).read_text(), (name, test_file)
     for name, test_file in CLASS_BOUND.items():
         assert name in (Path(__file__).parent.parent / test_file).read_text(), (name, test_file)
     # A value left to another head dim is one D 128 refuses and that head dim's preset uses.

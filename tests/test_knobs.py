@@ -46,7 +46,7 @@ def test_preset_ids_unchanged() -> None:
             (("wg_skip", True), ("head_cluster", 2), ("sum_in_pv", True))] == [
         "11b7ddaf3b91", "ffb042daa165", "c2266ef450c2"]
     assert set(NEUTRAL_LATER_KNOBS) == {"sum_in_pv", "wg_skip", "head_cluster", "ctas_per_sm",
-                                       "softcap_tanh"}
+                                       "softcap_tanh", "pack_gqa"}
 
 
 def test_knobs_are_the_dataclass_fields() -> None:

@@ -124,6 +124,14 @@ struct Derived {
   // wg_skip does it within one CTA's block_m rows.
   static constexpr bool kWgSkip = kMulticast || (Cfg::wg_skip && kConsumerWGs >= 2);
   static_assert(!kWgSkip || !kEarlyNextQk, "wg_skip needs early_next_qk false");
+  // pack_gqa: a fixed-length launch's 64-row warpgroup tile holds P query heads of one K/V
+  // group at 64 / P positions (row = position x P + head; P, the largest power of two dividing
+  // Hq / Hkv up to 8, chosen at launch: params.cuh, PackParams). A causal or windowed row band
+  // then spans 64 / P + window keys instead of 64 + window, and the task's key tiles start at
+  // its first key. The library's varlen kernel runs unpacked.
+  static constexpr bool kPackGqa = Cfg::pack_gqa;
+  static_assert(!kPackGqa || (!kMulticast && kHeadCtas == 1 && !kWgSkip),
+                "pack_gqa needs kv_multicast false, head_cluster 1 and wg_skip false");
   // The lowest warpgroup skips up to kMaxSkip KV tiles and frees their V stages only after
   // its first QK, whose K the producer sends after kMaxSkip - 1 of those V tiles
   // (producer.cuh): fewer V stages deadlock (H200 2026-12-02; config.warpgroup_max_skip).

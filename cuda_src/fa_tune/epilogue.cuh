@@ -15,6 +15,8 @@ template <class Cfg, class Sched>
 struct Epilogue {
   using T = Traits<Cfg>;
   using Element = typename T::Element;
+  // pack_gqa's fixed-length kernel: rows interleave query heads (params.cuh, PackParams).
+  static constexpr bool kPack = T::kPackGqa && !Sched::kPacked;
 
   // Varlen: rows [first_row, S) of a tile that ends past its sequence (S rows), 16 bytes per
   // thread-step from the staged tile. TMA would clip only at the end of the whole pack and so
@@ -68,8 +70,8 @@ struct Epilogue {
   // step 65); drain() covers the last one. first_row: the warpgroup's first query row
   // (params.cuh, wg_first_row); row0: this thread's first row.
   template <class Softmax>
-  __device__ static void run(const Params& p, SharedStorage<T>& ss, typename T::FragO& o,
-                             const Softmax& sm,
+  __device__ static void run(const KernelParams<Sched>& p, SharedStorage<T>& ss,
+                             typename T::FragO& o, const Softmax& sm,
                              const float (&inv_sum)[2],
                              const TileCoord& t, int first_row, int row0, int wg, int tid) {
     if constexpr (Hooks::adjust_normalize) {
@@ -101,7 +103,16 @@ struct Epilogue {
       }
     }
     if (!stored && tid % kWarpgroupThreads == 0) {
-      if (first_row < S) {
+      if constexpr (kPack) {
+        // The warpgroup's 64 rows: P heads x 64 / P positions of the 5-D view.
+        const int shift = p.pack.shift;
+        if ((first_row >> shift) < S) {
+          for (int c = 0; c < T::kDBoxes; ++c)
+            tma_store_5d<Cfg::hint_o>(&p.store.tma_o,
+                                      o_smem + (c * T::kBlockM + wg * 64) * kBoxCols,
+                                      c * kBoxCols, 0, first_row >> shift, t.head, t.batch);
+        }
+      } else if (first_row < S) {
         for (int c = 0; c < T::kDBoxes; ++c)  // 64-column boxes; rows past S are clipped by TMA
           tma_store_4d<Cfg::hint_o>(&p.store.tma_o, o_smem + (c * T::kBlockM + wg * 64) * kBoxCols,
                                     c * kBoxCols, start + first_row, t.head, t.batch);
@@ -113,11 +124,25 @@ struct Epilogue {
     if constexpr (Cfg::write_lse) {
       // [B, H, Sq]; packed [H, total tokens] (batch 0, Sq the pack's tokens, rows from start).
       if (p.store.lse != nullptr && (threadIdx.x % 4) == 0) {
-        float* lse = p.store.lse + (size_t(t.batch) * p.shape.H + t.head) * p.shape.Sq + start;
-        const float scale_log2 = p.scale_log2;
-        for (int r = 0; r < 2; ++r) {
-          const int row = row0 + 8 * r;
-          if (row < S) lse[row] = sm.lse(r, scale_log2);
+        if constexpr (kPack) {
+          // Row r: query head (virtual head << shift) + r's low bits, position r >> shift.
+          const int shift = p.pack.shift;
+          const size_t head = ((size_t(t.batch) * p.shape.H + t.head) << shift) +
+                              (row0 & ((1 << shift) - 1));
+          float* lse = p.store.lse + head * p.shape.Sq;
+          const float scale_log2 = p.scale_log2;
+          for (int r = 0; r < 2; ++r) {
+            const int pos = (row0 + 8 * r) >> shift;
+            if (pos < S) lse[pos] = sm.lse(r, scale_log2);
+          }
+        } else {
+          float* lse =
+              p.store.lse + (size_t(t.batch) * p.shape.H + t.head) * p.shape.Sq + start;
+          const float scale_log2 = p.scale_log2;
+          for (int r = 0; r < 2; ++r) {
+            const int row = row0 + 8 * r;
+            if (row < S) lse[row] = sm.lse(r, scale_log2);
+          }
         }
       }
     }

@@ -76,6 +76,9 @@ struct Consumer {
     const int rank = row_rank<T>();  // kv_multicast: this CTA's rows of the pair
     constexpr bool kEarlyQ = Cfg::q_release == QRelease::AfterLastQk;
     constexpr bool kEarlyNext = T::kEarlyNextQk;
+    // pack_gqa: a row's position is row >> shift (fixed-length launches only).
+    constexpr bool kPack = T::kPackGqa && !Sched::kPacked;
+    const int shift = kPack ? p.pack.shift : 0;
     // Wait for the Q at cursor q; with q_in_regs copy it to registers (its shared memory is
     // then read for the last time, so after_last_qk may hand it back at once).
     auto take_q = [&](const PipeState& q, bool release_now) {
@@ -112,11 +115,10 @@ struct Consumer {
       const int S = Sched::seq_len(p, t);   // the tile's sequence (varlen: one of the pack)
       const int Sk = Sched::key_len(p, t);  // its keys; the causal diagonal is shifted by off
       const int off = Sk - S;
-      const int n_task = num_kv_blocks<T>(Sk, off, t.m_block);
-      // A sliding window: the task's first tile, where the producer loads from (each warpgroup
-      // computes from its own, n_lo_wg below, and masks its own rows' window edge).
-      const int n_lo =
-          first_kv_block<T>(off, t.m_block * T::kRowsPerTask, p.mask.window, n_task);
+      // The task's tiles; a sliding window's first is where the producer loads from (each
+      // warpgroup computes from its own, n_lo_wg below, and masks its own rows' window edge).
+      const TaskKeys keys = task_keys<T, kPack>(Sk, off, t.m_block, p.mask.window, shift);
+      const int n_task = keys.n, n_lo = keys.lo;
       // kWgSkip: a warpgroup with no row in the sequence (the last task of one whose length
       // no task divides) skips all but its last KV tile (its epilogue stores nothing), so the
       // busy ones get the tensor cores to themselves; it releases the skipped V stages eagerly.
@@ -158,17 +160,20 @@ struct Consumer {
       };
       typename ML::Softmax sm;
       float inv_sum[2];
-      // The causal mask compares keys with row0 + off (the row's diagonal key).
+      // The causal mask compares keys with the row's position + off (its diagonal key); both
+      // of a thread's rows have one query head (pack_gqa: P divides their distance, 8).
       float sink_log2 = -INFINITY;
       if constexpr (T::kSinks) {
-        if (p.mask.sinks != nullptr) sink_log2 = p.mask.sinks[t.head] * Hooks::sink_log2e;
+        const int head = kPack ? (t.head << shift) + (row0 & ((1 << shift) - 1)) : t.head;
+        if (p.mask.sinks != nullptr) sink_log2 = p.mask.sinks[head] * Hooks::sink_log2e;
       }
-      const typename ML::TileArgs args{n_blocks,
-                                       num_unmasked_kv_blocks<T>(first_row, n_blocks, Sk, off),
-                                       n_skip_v, row0 + off, Sk, p.scale_log2, wg, !next.valid,
-                                       n_lo_wg, n_lo_wg - n_lo,
-                                       first_unmasked_kv_block<T>(first_row, off, p.mask.window),
-                                       p.mask.window, p.mask.softcap_pre, sink_log2};
+      const int first_pos = first_row >> shift, last_pos = (first_row + 63) >> shift;
+      const typename ML::TileArgs args{
+          n_blocks, num_unmasked_kv_blocks<T>(first_pos, n_blocks, Sk, off, keys.base), n_skip_v,
+          (row0 >> shift) + off, 8 >> shift, keys.base, Sk, p.scale_log2, wg, !next.valid,
+          n_lo_wg, n_lo_wg - n_lo,
+          first_unmasked_kv_block<T>(last_pos, off, p.mask.window, keys.base), p.mask.window,
+          p.mask.softcap_pre, sink_log2};
       ML::run(st, ss, sm, args, release_q, issue_next, inv_sum);
       Epilogue<Cfg, Sched>::run(p, ss, o, sm, inv_sum, t, first_row, row0, wg, tid);
       if constexpr (Cfg::q_release == QRelease::AtEnd) ss.q_ring.release(qst);

@@ -233,9 +233,20 @@ struct Launcher {
                     " (use a config with head_cluster 1 for this problem)");
   }
 
-  // The four TMA maps of a call: q, k, v as the caller laid them out, o dense.
+  // pack_gqa's fixed-length launch: log2 P, P the largest power of two up to 8 dividing
+  // Hq / Hkv (params.cuh, PackParams); 0 for every other launch.
+  static int pack_shift(const fa_tune_args& a) {
+    if (!T::kPackGqa) return 0;
+    const int group = a.heads_q / a.heads_kv;
+    int shift = 0;
+    while (shift < 3 && (group >> shift) % 2 == 0) ++shift;
+    return shift;
+  }
+
+  // The four TMA maps of a call: q, k, v as the caller laid them out, o dense; pack >= 0:
+  // q and o through pack_gqa's 5-D view of 2^pack heads a row group (tma_map.cuh).
   static cudaError_t encode_maps(Params& p, const fa_tune_args& a, int qb, int q_rows, int kb,
-                                 int k_rows) {
+                                 int k_rows, int pack = -1) {
     LoadParams& l = p.load;
     constexpr int D = T::kHeadDim;
     const int H = a.heads_q, Hkv = a.heads_kv;
@@ -252,10 +263,17 @@ struct Launcher {
     const TensorView v{a.v, kb, k_rows, Hkv, {a.v_stride[0], a.v_stride[1], a.v_stride[2]}};
     const TensorView o{a.o, qb, q_rows, H, {q_rows * o_row, o_row, D}};
     cudaError_t e;
-    if ((e = encode_view(&l.tma_q, q, D, T::kQBoxRows)) != cudaSuccess ||
-        (e = encode_view(&l.tma_k, k, D, kv_box)) != cudaSuccess ||
-        (e = encode_view(&l.tma_v, v, D, kv_box)) != cudaSuccess ||
-        (e = encode_view(&p.store.tma_o, o, D, 64)) != cudaSuccess)
+    if (pack >= 0) {
+      const int P = 1 << pack;
+      e = encode_packed_map(&l.tma_q, q.ptr, qb, q_rows, H, P, D, T::kBlockM, q.stride);
+      if (e == cudaSuccess)
+        e = encode_packed_map(&p.store.tma_o, o.ptr, qb, q_rows, H, P, D, 64, o.stride);
+    } else {
+      e = encode_view(&l.tma_q, q, D, T::kQBoxRows);
+      if (e == cudaSuccess) e = encode_view(&p.store.tma_o, o, D, 64);
+    }
+    if (e != cudaSuccess || (e = encode_view(&l.tma_k, k, D, kv_box)) != cudaSuccess ||
+        (e = encode_view(&l.tma_v, v, D, kv_box)) != cudaSuccess)
       return fail(e, "cuTensorMapEncodeTiled refused these tensors (q rows " + str(q_rows) +
                          ", k rows " + str(k_rows) + ")");
     return cudaSuccess;
@@ -268,7 +286,7 @@ struct Launcher {
     int num_ctas = 0;
     double host_ms = 0.0;
   };
-  using Key = std::tuple<int, int, int, int, int, int>;  // device, B, H, Sq, Sk, window
+  using Key = std::tuple<int, int, int, int, int, int, int>;  // device, B, H, Sq, Sk, window, pack
   static std::map<Key, Prepared>& cache() {
     static std::map<Key, Prepared> c;
     return c;
@@ -278,29 +296,31 @@ struct Launcher {
     return m;
   }
 
-  static cudaError_t prepare(int B, int H, int Sq, int Sk, int window, const Prepared** out,
-                             double* host_ms) {
+  static cudaError_t prepare(int B, int H, int Sq, int Sk, int window, int pack,
+                             const Prepared** out, double* host_ms) {
     const auto t0 = std::chrono::steady_clock::now();
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) return fail_cuda(e, "cudaGetDevice");
     std::lock_guard<std::mutex> lock(cache_mutex());
-    auto it = cache().find(Key{dev, B, H, Sq, Sk, window});
+    const Key key{dev, B, H, Sq, Sk, window, pack};
+    auto it = cache().find(key);
     if (it != cache().end()) {
       *out = &it->second;
       if (host_ms) *host_ms = 0.0;
       return cudaSuccess;
     }
     Prepared prep;
-    const long long num_tiles = (long long)((Sq + T::kBlockM - 1) / T::kBlockM) * H * B;
+    const long long num_tiles =
+        (((long long)Sq << pack) + T::kBlockM - 1) / T::kBlockM * (H >> pack) * B;
     if (num_tiles > 0x7fffffffLL) return fail(cudaErrorInvalidValue, "too many query tiles for one launch");
     if ((e = persistent_ctas<false>(dev, &prep.num_ctas)) != cudaSuccess) return e;
-    if ((e = Sched::prepare(FixedShape{B, H, Sq, Sk, dev, prep.num_ctas, window}, prep.sched,
-                            prep.num_ctas)) != cudaSuccess)
+    if ((e = Sched::prepare(FixedShape{B, H, Sq, Sk, dev, prep.num_ctas, window, pack},
+                            prep.sched, prep.num_ctas)) != cudaSuccess)
       return e;
     prep.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (host_ms) *host_ms = prep.host_ms;
-    *out = &cache().emplace(Key{dev, B, H, Sq, Sk, window}, prep).first->second;
+    *out = &cache().emplace(key, prep).first->second;
     return cudaSuccess;
   }
 
@@ -313,8 +333,8 @@ struct Launcher {
     if (device_scheduled(*a)) return cudaSuccess;
     if (cudaError_t e = check_fixed(*a); e != cudaSuccess) return e;
     const Prepared* prep = nullptr;
-    return prepare(a->batch, a->heads_q, a->seqlen_q, a->seqlen_k, window_of(*a), &prep,
-                   host_ms);
+    return prepare(a->batch, a->heads_q, a->seqlen_q, a->seqlen_k, window_of(*a),
+                   pack_shift(*a), &prep, host_ms);
   }
 
   // CTAs of a persistent launch on device `dev`: persistent_ctas (0: ctas_per_sm per SM); in
@@ -406,6 +426,13 @@ struct Launcher {
     if (a.seqlen_q < 1 || a.seqlen_k < 1)
       return fail(cudaErrorInvalidValue, "seqlen_q and seqlen_k must be positive, got " +
                                              str(a.seqlen_q) + " and " + str(a.seqlen_k));
+    // pack_gqa counts rows of P heads a position, and keys in rows in the static cost model.
+    if (T::kPackGqa &&
+        ((long long)std::max(a.seqlen_q, a.seqlen_k) << pack_shift(a)) > (1LL << 30))
+      return fail(cudaErrorInvalidValue,
+                  "seqlen_q " + str(a.seqlen_q) + " and seqlen_k " + str(a.seqlen_k) + " x " +
+                      str(1 << pack_shift(a)) + " packed query heads must stay within 2^30 "
+                      "rows; use a config with pack_gqa false");
     return cudaSuccess;
   }
 
@@ -416,17 +443,21 @@ struct Launcher {
     if (device_scheduled(a)) return forward_scheduled(a, stream);
     if (cudaError_t e = check_fixed(a); e != cudaSuccess) return e;
     const int B = a.batch, H = a.heads_q, Sq = a.seqlen_q, Sk = a.seqlen_k;
+    const int pack = pack_shift(a);
     const Prepared* prep = nullptr;
-    if (cudaError_t e = prepare(B, H, Sq, Sk, window_of(a), &prep, nullptr); e != cudaSuccess)
+    if (cudaError_t e = prepare(B, H, Sq, Sk, window_of(a), pack, &prep, nullptr);
+        e != cudaSuccess)
       return e;
     KernelParams<Sched> p{};
-    p.shape = ShapeInfo{B, H, Sq, Sk, (Sq + T::kBlockM - 1) / T::kBlockM, a.heads_kv,
-                        H / a.heads_kv};
+    // pack_gqa: the tiles' rows and heads are virtual (params.cuh, PackParams).
+    p.shape = ShapeInfo{B, H >> pack, Sq, Sk, ((Sq << pack) + T::kBlockM - 1) / T::kBlockM,
+                        a.heads_kv, (H / a.heads_kv) >> pack};
+    p.pack.shift = pack;
     p.sched = prep->sched;
     p.store.lse = a.lse;
     set_scores(p, a);
     cudaError_t e;
-    if ((e = encode_maps(p, a, B, Sq, B, Sk)) != cudaSuccess) return e;
+    if ((e = encode_maps(p, a, B, Sq, B, Sk, T::kPackGqa ? pack : -1)) != cudaSuccess) return e;
     if ((e = Sched::before_launch(p.sched, stream)) != cudaSuccess) return e;
     return launch<false>(p, Sched::grid(p.shape, prep->num_ctas), stream);
   }

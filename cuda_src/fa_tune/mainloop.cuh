@@ -30,8 +30,9 @@ struct Mainloop {
   // do not: a 64-row band sees 64 + window keys, the task's 128 or 192 rows more. With
   // intra_wg_overlap (the serial loop's last PV turn ends the task) and without early_next_qk
   // (its next QK reads the K cursor the skipped tiles still hold).
-  static constexpr bool kSkipBottom =
-      T::kWindow && T::kOverlap && !T::kEarlyNextQk && !Hooks::window_task_start;
+  // Not with pack_gqa, whose tasks' tiles start at their first key already.
+  static constexpr bool kSkipBottom = T::kWindow && T::kOverlap && !T::kEarlyNextQk &&
+                                      !T::kPackGqa && !Hooks::window_task_start;
 
   // Per-warpgroup state that lives across tiles: the GEMMs' operands (operands.cuh) and the
   // ring cursors.
@@ -97,8 +98,10 @@ struct Mainloop {
     int n_unmasked;    // how many of them (from key 0) need no mask
     int n_skip;        // kWgSkip: the V stages of the task's skipped KV tiles that skip_top left
                        // to skip_top_v (overlap: here, once the first softmax is done)
-    int diag0;         // the last key this thread's first row sees: its query row plus the
-                       // bottom-right offset (the causal mask)
+    int diag0;         // the last key this thread's first row sees: its query position plus
+                       // the bottom-right offset (the causal mask)
+    int row_step;      // how many more its second row sees (8; pack_gqa: 8 / P)
+    int key_base;      // tile n's first key is key_base + n x block_n (TaskKeys::base)
     int key_end;       // the sequence's keys (the non-causal mask)
     float scale_log2;  // log2(e) x softmax scale
     int wg;            // the warpgroup (its pingpong turns)
@@ -115,10 +118,13 @@ struct Mainloop {
   // The mask of a masked tile n: the class's, and with a window its left edge too.
   template <class Frag>
   __device__ __forceinline__ static void mask_tile(Frag& s, const TileArgs& a, int n) {
+    // Without pack_gqa both are constants (8 and 0), folded into the compares.
+    const int row_step = T::kPackGqa ? a.row_step : 8;
+    const int col0 = (T::kPackGqa ? a.key_base : 0) + n * T::kBlockN;
     if constexpr (T::kWindow) {
-      apply_window_mask<T::kCausal>(s, a.diag0, n * T::kBlockN, a.key_end, a.window);
+      apply_window_mask<T::kCausal>(s, a.diag0, row_step, col0, a.key_end, a.window);
     } else {
-      apply_mask<T::kCausal>(s, a.diag0, n * T::kBlockN, a.key_end);
+      apply_mask<T::kCausal>(s, a.diag0, row_step, col0, a.key_end);
     }
   }
 

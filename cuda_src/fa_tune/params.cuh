@@ -98,6 +98,14 @@ struct PageRow {
   }
 };
 
+// pack_gqa (config.cuh, kPackGqa): log2 of P, the query heads a tile's rows interleave (0:
+// none), read only by a packing kernel's fixed-length launch. There ShapeInfo counts virtual
+// heads (H: Hq / P, group: (Hq / Hkv) / P) and rows (num_m_blocks: of Sq x P rows); row r of
+// virtual head vh is query head vh x P + (r & (P - 1)) at position r >> shift.
+struct PackParams {
+  int shift;
+};
+
 // A window library called without a window: wide enough that no key falls left of it, small
 // enough that row + off - kNoWindow cannot overflow.
 constexpr int kNoWindow = 1 << 30;
@@ -110,13 +118,14 @@ struct Params {
 };
 
 // The kernel's parameters: the above, its scheduler's own (scheduler.cuh: Sched::Params), and
-// the models' masks and the pages last, so a kernel without them reads every other parameter
+// the models' masks, the pages and pack_gqa's rows last, so a kernel without them reads every other parameter
 // where it did before them (and compiles to the same SASS).
 template <class Sched>
 struct KernelParams : Params {
   typename Sched::Params sched;
   MaskParams mask;
   PageParams page;
+  PackParams pack;
 };
 
 // The key tiles of a query tile. Causal masks are aligned bottom-right (FlashAttention's rule):
@@ -149,13 +158,40 @@ __host__ __device__ __forceinline__ int first_kv_block(int off, int row_begin, i
   return key > 0 ? min(key / T::kBlockN, end - 1) : 0;
 }
 
-// KV tiles [this, n) of those a warpgroup visits have keys no row of it (rows first_row ..
-// first_row + 63) finds left of its window: below it they need the window's mask.
+// The key tiles one task visits: [lo, n), tile i's first key base + i x block_n.
+struct TaskKeys {
+  int base;  // pack_gqa: the task's first key (its first row's window edge); else 0
+  int lo;    // a sliding window's first tile (unpacked; packed tiles start at base)
+  int n;
+};
+
+// kPack (pack_gqa's fixed-length kernel): the task's rows are the positions
+// [m_block x block_m, (m_block + 1) x block_m) >> shift, its tiles start at the first key its
+// first position sees, so a band of block_m / P + window keys takes as few tiles as it can
+// (a tile boundary on a multiple of block_n would add one for most tasks: docs/PERF.md step
+// 75). Otherwise tiles sit on multiples of block_n from the window's first.
+template <class T, bool kPack>
+__host__ __device__ __forceinline__ TaskKeys task_keys(int Sk, int off, int m_block, int window,
+                                                       int shift) {
+  if constexpr (kPack) {
+    const int p0 = (m_block * T::kBlockM) >> shift, p1 = ((m_block + 1) * T::kBlockM) >> shift;
+    const int last = T::kCausal ? min(p1 - 1 + off, Sk - 1) : Sk - 1;
+    const int first = T::kWindow ? max(0, min(p0 + off - window, last)) : 0;
+    return {first, 0, max(last - first, 0) / T::kBlockN + 1};
+  } else {
+    const int n = num_kv_blocks<T>(Sk, off, m_block);
+    return {0, first_kv_block<T>(off, m_block * T::kRowsPerTask, window, n), n};
+  }
+}
+
+// KV tiles [this, n) of those a warpgroup visits have keys no row of it (positions up to
+// last_pos: first_row + 63 unpacked) finds left of its window: below it they need the
+// window's mask. base: TaskKeys::base.
 template <class T>
-__host__ __device__ __forceinline__ int first_unmasked_kv_block(int first_row, int off,
-                                                                int window) {
+__host__ __device__ __forceinline__ int first_unmasked_kv_block(int last_pos, int off,
+                                                                int window, int base) {
   if constexpr (!T::kWindow) return 0;
-  const int key = first_row + 63 + off - window;
+  const int key = last_pos + off - window - base;
   return key > 0 ? (key + T::kBlockN - 1) / T::kBlockN : 0;
 }
 
@@ -189,12 +225,13 @@ __host__ __device__ __forceinline__ int wg_first_row(int m_block, int wg, int ra
 }
 
 // KV tiles [0, this) of the n a warpgroup visits need no mask: causal, those entirely at or
-// below its first query row's diagonal; otherwise those entirely below the key end Sk.
+// below its first query position's diagonal (first_pos: its first row unpacked); otherwise
+// those entirely below the key end Sk. base: TaskKeys::base.
 template <class T>
-__host__ __device__ __forceinline__ int num_unmasked_kv_blocks(int first_row, int n, int Sk,
-                                                               int off) {
-  if constexpr (!T::kCausal) return min(n, Sk / T::kBlockN);
-  return max(0, min(n, (first_row + off + 1) / T::kBlockN));
+__host__ __device__ __forceinline__ int num_unmasked_kv_blocks(int first_pos, int n, int Sk,
+                                                               int off, int base) {
+  if constexpr (!T::kCausal) return min(n, (Sk - base) / T::kBlockN);
+  return max(0, min(n, (first_pos + off + 1 - base) / T::kBlockN));
 }
 
 }  // namespace fa_tune

@@ -12,6 +12,8 @@ struct Producer {
   using T = Traits<Cfg>;
   // A paged class's device-scheduled kernel reads K and V through the block table.
   static constexpr bool kPaged = T::kPaged && Sched::kPacked;
+  // pack_gqa's fixed-length kernel: Q through the 5-D view, tiles from the task's first key.
+  static constexpr bool kPack = T::kPackGqa && !Sched::kPacked;
 
   // Runs on the whole producer warp: the loop, the ring waits and the scheduler run on every
   // lane, so its state is warp-uniform (uniform registers: the persistent loop fits in few
@@ -27,7 +29,15 @@ struct Producer {
       // Q: D / 64 column boxes of block_m rows, or with kv_multicast one pair of boxes per
       // warpgroup (its 64 rows sit apart in the pair: params.cuh, wg_first_row).
       uint64_t* bar = ss.q_ring.acquire(qst, T::kQBytes, leader);
-      if (leader) {
+      if constexpr (kPack) {
+        // block_m rows: P heads x block_m / P positions (params.cuh, PackParams).
+        if (leader) {
+          for (int c = 0; c < T::kDBoxes; ++c)
+            tma_load_5d<Cfg::hint_q>(&p.load.tma_q, bar, ss.q + c * T::kBlockM * kBoxCols,
+                                     c * kBoxCols, 0, (t.m_block * T::kBlockM) >> p.pack.shift,
+                                     h, b);
+        }
+      } else if (leader) {
         constexpr int kQBoxes = T::kBlockM / T::kQBoxRows;
         for (int r = 0; r < kQBoxes; ++r) {
           const int row = wg_first_row<T>(t.m_block, r, rows_rank);  // no multicast: r = 0, the tile's first row
@@ -99,20 +109,28 @@ struct Producer {
     const int h = Sched::kv_head(p, t), b = Sched::kv_batch(t);
     // Varlen: a tile past its sequence's keys also holds the next sequence's first keys; the
     // causal mask hides them from the sequence's rows (the non-causal mask ends at its keys).
-    int n_blocks;
-    if constexpr (Sched::kPacked) {
-      n_blocks = t.kv_tiles;  // the device-side schedule's count (varlen.cuh, tile_end)
-    } else {
+    // The task's tiles [n_lo, n_blocks), from key `base` (params.cuh, task_keys).
+    int n_blocks, n_lo = 0, base = 0;
+    if constexpr (kPack) {
       const int Sk = Sched::key_len(p, t);
-      n_blocks = num_kv_blocks<T>(Sk, Sk - Sched::seq_len(p, t), t.m_block);
+      const TaskKeys keys = task_keys<T, true>(Sk, Sk - Sched::seq_len(p, t), t.m_block,
+                                               p.mask.window, p.pack.shift);
+      n_blocks = keys.n;
+      base = keys.base;
+    } else {
+      if constexpr (Sched::kPacked) {
+        n_blocks = t.kv_tiles;  // the device-side schedule's count (varlen.cuh, tile_end)
+      } else {
+        const int Sk = Sched::key_len(p, t);
+        n_blocks = num_kv_blocks<T>(Sk, Sk - Sched::seq_len(p, t), t.m_block);
+      }
+      // A sliding window's first tile (its class only: without one the loops below run to 0).
+      if constexpr (T::kWindow) {
+        const int S = Sched::seq_len(p, t), Sk = Sched::key_len(p, t);
+        n_lo = first_kv_block<T>(Sk - S, t.m_block * T::kRowsPerTask, p.mask.window, n_blocks);
+      }
     }
-    // A sliding window's first tile (its class only: without one the loops below run to 0).
-    int n_lo = 0;
-    if constexpr (T::kWindow) {
-      const int S = Sched::seq_len(p, t), Sk = Sched::key_len(p, t);
-      n_lo = first_kv_block<T>(Sk - S, t.m_block * T::kRowsPerTask, p.mask.window, n_blocks);
-    }
-    const int start = Sched::key_start(t);
+    const int start = Sched::key_start(t) + base;
     // A paged cache: the task's sequence's table row (the batch coordinate is its index);
     // unused otherwise, and compiled out.
     PageRow pages{};

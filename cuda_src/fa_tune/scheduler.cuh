@@ -35,6 +35,11 @@ struct FixedShape {
   int device;
   int persistent_ctas;
   int window = kNoWindow;  // a window class's call: its window (the cost model counts it)
+  int pack_shift = 0;      // pack_gqa: log2 P (params.cuh, PackParams): tasks are over
+                           // Sq x P rows of Hq / P virtual heads
+
+  int rows() const { return Sq << pack_shift; }
+  int heads() const { return H >> pack_shift; }
 };
 
 // Fixed length: every tile's sequence is its batch entry's Sq query rows over Sk keys, from
@@ -111,21 +116,29 @@ struct StaticScheduler : FixedTiles {
 
   // The lists, dealt on the host by the cost model (task_list.h) and uploaded once.
   static cudaError_t prepare(const FixedShape& s, Params& out, int& ctas) {
-    const int num_m = (s.Sq + T::kBlockM - 1) / T::kBlockM;
+    const int rows = s.rows();
+    const int num_m = (rows + T::kBlockM - 1) / T::kBlockM;
     TaskLists lists;
     // Per cluster: kv_multicast pairs query tiles, head_cluster runs of heads.
     const int num_tasks_m = (num_m + T::kRowCtas - 1) / T::kRowCtas;
     // The last task's 64-row chunks in the sequence (at most kRowsPerTask / 64); its busiest
     // CTA holds ceil(/ kRowCtas) of them, so at most kConsumerWGs (wg_first_row deals a pair's
     // chunks evenly). With kWgSkip the others idle.
-    const int last_chunks = (s.Sq - (num_tasks_m - 1) * T::kRowsPerTask + 63) / 64;
+    const int last_chunks = (rows - (num_tasks_m - 1) * T::kRowsPerTask + 63) / 64;
     const int last_busy = T::kWgSkip ? (last_chunks + T::kRowCtas - 1) / T::kRowCtas
                                      : T::kConsumerWGs;
-    const std::string why = build_task_lists(s.B, s.H / T::kHeadCtas, num_tasks_m,
+    // pack_gqa: the cost model's keys are rows, P to a key, so the diagonal's offset and the
+    // window scale by P (a task's tiles keep their ratios; the fixed cost weighs P times less).
+    const int shift = s.pack_shift;
+    const int window = s.window >= kNoWindow
+                           ? kNoWindow
+                           : int(std::min<long long>((long long)s.window << shift, kNoWindow - 1));
+    const std::string why = build_task_lists(s.B, s.heads() / T::kHeadCtas, num_tasks_m,
                                              ctas / T::kClusterSize, Cfg::fixed_cost, lists,
                                              T::kRowCtas, T::kCausal, last_busy,
-                                             T::kConsumerWGs, kv_shift<T>(s.Sq, s.Sk),
-                                             window_tiles<T>(s.window));
+                                             T::kConsumerWGs,
+                                             kv_shift<T>(rows, rows + ((s.Sk - s.Sq) << shift)),
+                                             window_tiles<T>(window));
     if (!why.empty()) return fail(cudaErrorInvalidValue, why);
     uint32_t* d_tasks = nullptr;
     int* d_offsets = nullptr;
@@ -194,7 +207,8 @@ struct DynamicScheduler : FixedTiles {
   // The counter, the tile count and the L2 sections: as many (batch, head) pairs as keep
   // their K and V within ~60% of L2 (the rest holds Q, O and other traffic).
   static cudaError_t prepare(const FixedShape& s, Params& out, int& ctas) {
-    const long long num_tiles = (long long)((s.Sq + T::kBlockM - 1) / T::kBlockM) * s.H * s.B;
+    const long long num_tiles =
+        (long long)((s.rows() + T::kBlockM - 1) / T::kBlockM) * s.heads() * s.B;
     cudaError_t e;
     if ((e = cudaMalloc(&out.tile_counter, sizeof(int))) != cudaSuccess)
       return fail_cuda(e, "allocating the tile counter");
@@ -206,7 +220,7 @@ struct DynamicScheduler : FixedTiles {
     out.num_tiles = int(num_tiles);
     out.section_heads =
         int(std::clamp<double>(std::floor(kL2SectionShare * l2_bytes / kv_bytes), 1.0,
-                               double(s.B) * s.H));
+                               double(s.B) * s.heads()));
     return cudaSuccess;
   }
   static dim3 grid(const ShapeInfo&, int ctas) { return dim3(ctas); }

@@ -42,16 +42,17 @@ struct NoAtMax {
 };
 
 // Set scores with key > the row's diagonal to -inf. diag0: the last key this thread's i1 = 0
-// row sees (its query index plus the bottom-right offset, params.cuh); col0: key index of this
-// tile's first column.
+// row sees (its query index plus the bottom-right offset, params.cuh); row_step: how much
+// further the i1 = 1 row, 8 rows down, sees (8; pack_gqa: 8 / P positions); col0: key index of
+// this tile's first column.
 template <class Frag>
-__device__ __forceinline__ void apply_causal_mask(Frag& s, int diag0, int col0) {
+__device__ __forceinline__ void apply_causal_mask(Frag& s, int diag0, int row_step, int col0) {
   constexpr int N = Frag::kSize;
   const int lane_col = col0 + 2 * (threadIdx.x % 4);
   FA_UNROLL
   for (int e = 0; e < N; ++e) {
     const int i0 = e % 2, i1 = (e / 2) % 2, i2 = e / 4;
-    if (lane_col + 8 * i2 + i0 > diag0 + 8 * i1 + Hooks::mask_slack) s(e) = -INFINITY;
+    if (lane_col + 8 * i2 + i0 > diag0 + row_step * i1 + Hooks::mask_slack) s(e) = -INFINITY;
   }
 }
 
@@ -70,9 +71,10 @@ __device__ __forceinline__ void apply_key_end_mask(Frag& s, int col0, int key_en
 
 // The mask of the problem class: causal (key > the row's diagonal) or the key end only.
 template <bool kCausal, class Frag>
-__device__ __forceinline__ void apply_mask(Frag& s, int diag0, int col0, int key_end) {
+__device__ __forceinline__ void apply_mask(Frag& s, int diag0, int row_step, int col0,
+                                           int key_end) {
   if constexpr (kCausal) {
-    apply_causal_mask(s, diag0, col0);
+    apply_causal_mask(s, diag0, row_step, col0);
   } else {
     apply_key_end_mask(s, col0, key_end);
   }
@@ -82,16 +84,16 @@ __device__ __forceinline__ void apply_mask(Frag& s, int diag0, int col0, int key
 // `window`) to -inf, on top of the class's mask. The window's edge tiles and the diagonal ones
 // take this; the others none.
 template <bool kCausal, class Frag>
-__device__ __forceinline__ void apply_window_mask(Frag& s, int diag0, int col0, int key_end,
-                                                  int window) {
-  apply_mask<kCausal>(s, diag0, col0, key_end);
+__device__ __forceinline__ void apply_window_mask(Frag& s, int diag0, int row_step, int col0,
+                                                  int key_end, int window) {
+  apply_mask<kCausal>(s, diag0, row_step, col0, key_end);
   constexpr int N = Frag::kSize;
   const int lane_col = col0 + 2 * (threadIdx.x % 4);
   const int left0 = diag0 - window - Hooks::window_slack;  // the i1 = 0 row's first key
   FA_UNROLL
   for (int e = 0; e < N; ++e) {
     const int i0 = e % 2, i1 = (e / 2) % 2, i2 = e / 4;
-    if (lane_col + 8 * i2 + i0 < left0 + 8 * i1) s(e) = -INFINITY;
+    if (lane_col + 8 * i2 + i0 < left0 + row_step * i1) s(e) = -INFINITY;
   }
 }
 

@@ -94,6 +94,50 @@ __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, const void*
   }
 }
 
+// pack_gqa's Q and O (params.cuh, PackParams): one box at (d, g, s, vh, b) of the 5-D view
+// whose rows are the P query heads g of virtual head vh at each position s.
+template <CacheHint H>
+__device__ __forceinline__ void tma_load_5d(const CUtensorMap* map, uint64_t* mbar, void* dst,
+                                            int d, int g, int s, int h, int b) {
+  if constexpr (H == CacheHint::None) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];"
+        :
+        : "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(mbar)), "r"(d), "r"(g), "r"(s), "r"(h),
+          "r"(b)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+        " [%0], [%1, {%3, %4, %5, %6, %7}], [%2], %8;"
+        :
+        : "r"(smem_u32(dst)), "l"(map), "r"(smem_u32(mbar)), "r"(d), "r"(g), "r"(s), "r"(h),
+          "r"(b), "l"(cache_policy<H>())
+        : "memory");
+  }
+}
+
+template <CacheHint H>
+__device__ __forceinline__ void tma_store_5d(const CUtensorMap* map, const void* src, int d,
+                                             int g, int s, int h, int b) {
+  if constexpr (H == CacheHint::None) {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];"
+        :
+        : "l"(map), "r"(smem_u32(src)), "r"(d), "r"(g), "r"(s), "r"(h), "r"(b)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.5d.global.shared::cta.bulk_group.L2::cache_hint"
+        " [%0, {%2, %3, %4, %5, %6}], [%1], %7;"
+        :
+        : "l"(map), "r"(smem_u32(src)), "r"(d), "r"(g), "r"(s), "r"(h), "r"(b),
+          "l"(cache_policy<H>())
+        : "memory");
+  }
+}
+
 __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;"); }
 // Waits until the stores have finished READING shared memory (enough to reuse or exit).
 __device__ __forceinline__ void tma_store_wait_read() {

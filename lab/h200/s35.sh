@@ -6,8 +6,7 @@
 #     H200: FlashInfer installed and its D 128 prefill module built (issue 37), the GPU suite's
 #           GROUPS (default "kernel": suite.sh's groups; "none") meanwhile in the background (logs in
 #           .device/bgsuite); the call ends with them
-#     H100: s37.sh ab (issue 38: the final's two protocols on one card; steps 68-73 ran the
-#           twins, their pair, both bands on two cards, the jobs A/B and the idle split)
+#     H100: s42.sh pack (step 76's packed GQA tile, gated and timed beside d64-window3)
 # H200, then:
 #   call 2, carry [".fa3/part1"]: bash lab/h200/fa3_stage1.sh
 #   call 3, carry [".fa3/part2"]: bash lab/h200/s35.sh peers   (issue 37's table on a quiet card:
@@ -28,9 +27,9 @@ case "${1:?start | peers | suitewait}" in
 start)
   card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   echo "card: $card"
-  # On an H100: issue 38's final, both protocols on one card (steps 68-73 ran both twins,
-  # their pair, the final's bands on two cards, the jobs A/B and the idle split here).
-  if [[ "$card" != *H200* ]]; then exec bash "$LAB/s37.sh" ab; fi
+  # On an H100: step 76's packed GQA tile gated and timed (s42.sh pack; before it, issue 38's
+  # final under both protocols, s37.sh ab, ran here).
+  if [[ "$card" != *H200* ]]; then exec bash "$LAB/s42.sh" pack; fi
   FIRST_CALL="s35.sh start with .whl"
   source "$LAB/session_calls.sh"
   mkdir -p "$DEV/bgsuite"; rm -f "$DEV/bgsuite.rc"

@@ -183,6 +183,11 @@ class KernelConfig:
         "GQA: that many query heads of one K/V group run one query tile side by side in a "
         "cluster and share each K/V tile by TMA multicast; static or grid scheduler; Hq/Hkv "
         "must be a multiple."))
+    pack_gqa: bool = knob(False, id_neutral=True, doc=(
+        "GQA, fixed-length calls: a warpgroup's 64 rows hold P query heads of one K/V head at "
+        "64 / P positions (P the largest power of two up to 8 dividing Hq/Hkv), so a sliding "
+        "window's band is 64 / P + window keys, its tiles from the task's first key; not with "
+        "kv_multicast, head_cluster or wg_skip (docs/PERF.md step 76)."))
     tile_order: str = knob("longest_first", ("longest_first", "natural"), cpp_type="TileOrder",
                            doc="Grid scheduler: the order of a head's query tiles in the launch.")
     scheduler: str = knob("grid", ("grid", "static", "dynamic"), cpp_type="Scheduler", doc=(
@@ -497,6 +502,10 @@ def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM, causal: bool = True) -
             f"V stages with intra_wg_overlap (it deadlocks with fewer); got v_stages "
             f"{cfg.v_stages}: raise v_stages or block_n"
         )
+    if cfg.pack_gqa and (cfg.kv_multicast or cfg.head_cluster > 1 or cfg.wg_skip):
+        raise ConfigError(
+            "pack_gqa packs a GQA group's heads into one CTA's rows, which kv_multicast, "
+            "head_cluster and wg_skip split differently; set those off or pack_gqa false")
     if cfg.head_cluster > 1:
         if cfg.scheduler == "dynamic":
             raise ConfigError(
