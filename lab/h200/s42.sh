@@ -13,7 +13,9 @@ case "${1:?pack}" in
 pack)
   V=lab/h200/variants/pack_s42.txt
   lab() {  # LOG TIMEOUT ARGS...: kernel_lab, its table last
-    local log=$1 limit=$2; shift 2
+    local log=$1 limit=$2 left=$((560 - (SECONDS - t0))); shift 2
+    [ "$left" -lt "$limit" ] && limit=$left
+    [ "$limit" -lt 20 ] && { step "$log: no time left in this call"; return; }
     OUT=$OUT timeout "$limit" $E python3 scripts/kernel_lab.py --no-fa3 --unchecked "$@" \
       > "$OUT/$log" 2>&1
     step "$log: exit $?"; grep -v '^  [0-9a-f]\{12\}: {' "$OUT/$log" | tail -n 14 | cut -c1-200
