@@ -435,6 +435,20 @@ def test_pack_gqa_is_left_out_of_the_id_at_its_neutral_value() -> None:
     assert packed.config_id() != load_preset("d64-window").config_id()
 
 
+def test_pack_gqa_fits_three_ctas_at_block_n_80_only_where_ptxas_did() -> None:
+    # docs/PERF.md step 76: the packed causal kernel built clean at 136 registers; the same
+    # config unpacked, non-causal, or in the (unpacked) varlen kernel put 8-16 B on the stack.
+    from tuner.kernel.config import varlen_reason
+
+    packed = load_preset("d64-window3").replace(block_n=80, k_stages=2, v_stages=2,
+                                                pack_gqa=True)
+    assert validate(packed, 64) is packed
+    for cfg, causal in ((packed, False), (packed.replace(pack_gqa=False), True)):
+        with pytest.raises(ConfigError, match="need about 140 registers"):
+            validate(cfg, 64, causal)
+    assert "need about 140" in (varlen_reason(packed, 64) or "")
+
+
 def test_head_cluster_row_slices_per_head_dim() -> None:
     from tuner.kernel.config import cluster_size
 

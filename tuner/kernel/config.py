@@ -93,6 +93,12 @@ CONSUMER_REG_OVERHEAD_PAIR2 = 4
 # in divergent path") at 232 and 240 registers alike, so this is no register budget; 128 and
 # 144 compiled clean (nvcc 13.0, 2026-12-01, docs/PERF.md step 36; a search trial had hit it).
 EARLY_NEXT_QK_MAX_BLOCK_N = 144
+# pack_gqa's causal fixed-length kernel at D 64 fit block_n 80 at 136 registers (three CTAs an
+# SM, Q in registers: the window, window + sinks and plain causal classes, with and without
+# tree_reduce, all clean; nvcc 13.0, 2026-12-07, docs/PERF.md step 76) where the estimate says
+# 140; its unpacked twin and the non-causal class put 8-16 B on the stack, so only this case
+# moves (block_n 96 spilled packed; with lazy_rescale 80 did too, which the build refuses).
+PACK_GQA_CAUSAL_REG_OVERHEAD_D64 = -4
 PERSISTENT_PRODUCER_REGS = 24
 PERSISTENT_PRODUCER_REGS_BLOCK_M64 = 56
 # The varlen producer without intra_wg_overlap (both rings' cursors live beside the 32-byte
@@ -406,19 +412,21 @@ def check_varlen(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> None:
             f"{VARLEN_FIT_HINT.get(head_dim, 'a config whose consumers fit')}")
 
 
-def consumer_reg_parts(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> dict[str, int]:
+def consumer_reg_parts(cfg: KernelConfig, head_dim: int = HEAD_DIM,
+                       packed_causal: bool = False) -> dict[str, int]:
     """Per-thread registers a consumer warpgroup needs, by part: S, P, O, (Q), overhead.
 
     S tile 64 x block_n fp32 over 128 threads = block_n/2; a P tile in BF16 = block_n/4 (with
     overlap the previous tile's, held while the next QK runs); O tile 64 x D fp32 = D/2 (64 at
     D 128, 128 at D 256), + 4 with sum_in_pv (the row sums' 8 columns); Q held in registers
-    (q_in_regs) 64 x D BF16 = D/4.
+    (q_in_regs) 64 x D BF16 = D/4. packed_causal: the causal fixed-length kernel of a
+    pack_gqa config (the varlen kernel runs unpacked).
     """
     parts = {"S": cfg.block_n // 2, "P": cfg.block_n // 4,
              "O": head_dim // 2 + (4 if cfg.sum_in_pv else 0)}
     if cfg.q_in_regs:
         parts["Q"] = Q_IN_REGS * head_dim // HEAD_DIM
-    parts["overhead"] = consumer_reg_overhead(cfg, head_dim)
+    parts["overhead"] = consumer_reg_overhead(cfg, head_dim, packed_causal)
     return parts
 
 
@@ -426,8 +434,11 @@ def consumer_reg_estimate(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> int:
     return sum(consumer_reg_parts(cfg, head_dim).values())
 
 
-def consumer_reg_overhead(cfg: KernelConfig, head_dim: int = HEAD_DIM) -> int:
+def consumer_reg_overhead(cfg: KernelConfig, head_dim: int = HEAD_DIM,
+                          packed_causal: bool = False) -> int:
     fix = CONSUMER_REG_OVERHEAD_D.get((head_dim, cfg.intra_wg_overlap), 0)
+    if packed_causal and cfg.pack_gqa and head_dim == 64:
+        fix += PACK_GQA_CAUSAL_REG_OVERHEAD_D64
     if cfg.kv_multicast and cfg.consumer_warpgroups == 2:
         fix += CONSUMER_REG_OVERHEAD_PAIR2
     base = CONSUMER_REG_OVERHEAD if cfg.intra_wg_overlap else CONSUMER_REG_OVERHEAD_SERIAL
@@ -595,7 +606,7 @@ def validate(cfg: KernelConfig, head_dim: int = HEAD_DIM, causal: bool = True) -
             f"(got {cfg.producer_regs}; "
             "fewer spill it to local memory); raise producer_regs and lower consumer_regs to fit"
         )
-    parts = consumer_reg_parts(cfg, head_dim)
+    parts = consumer_reg_parts(cfg, head_dim, packed_causal=causal)
     est = sum(parts.values())
     if est > cfg.consumer_regs:
         text = " + ".join(
