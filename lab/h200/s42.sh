@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU calls of docs/PERF.md step 76 (pack_gqa: a GQA group's query heads in one tile's rows).
-#   carry [".whl"]:  bash lab/h200/s42.sh pack    (any card, about 6 minutes, no FA3)
-#   carry [".whl"]:  bash lab/h200/s40.sh wslope  (step 75's split, run after it on the same card)
+#   carry [".whl"]:  bash lab/h200/s42.sh pack    (any card, 59 s on the H200 with its builds, no FA3)
+#   carry [".whl"]:  bash lab/h200/s42.sh clocks  (task clocks of the window kernels: where a
+#                    task's own 0.032 ms goes; scripts/task_clocks.py reads them)
 # pack: each variant of variants/pack_s42.txt gated (the FP32 oracle, every input set) on
 # uneven problems of the window class (GQA groups 8, 4, 6 and 16, MHA, queries over a longer
 # cache, windows of 1 to 1000 keys), then of the sinks class, then of D 128 causal and non-causal
@@ -9,7 +10,7 @@
 set -uo pipefail
 FIRST_CALL="s42.sh pack with .whl"
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
-case "${1:?pack}" in
+case "${1:?pack | clocks}" in
 pack)
   V=lab/h200/variants/pack_s42.txt
   lab() {  # LOG TIMEOUT ARGS...: kernel_lab, its table last
@@ -39,6 +40,12 @@ pack)
   lab pack_gate_full.log 100 --variants-file "$DEV/pack_d128.txt" --shape 1x32/8x1000:full \
     --shape 2x12/3x333:k500:full --warmup 2 --repeat 5 --rounds 1 --settle-s 0
   ;;
+clocks)  # a window task's timeline: task clocks at 2, 3 and 7 tiles a task (no FA3)
+  for w in 64 128 384; do
+    lab clocks_w$w.log 150 --variants-file lab/h200/variants/clocks_s42.txt \
+      --shape 1x64/8x8192:d64:w$w --warmup 50 --repeat 200 --rounds 2 --settle-s 1
+  done
+  ;;
 *)
-  echo "s42.sh: unknown call '$1': pack" >&2; exit 2 ;;
+  echo "s42.sh: unknown call '$1': pack | clocks" >&2; exit 2 ;;
 esac
