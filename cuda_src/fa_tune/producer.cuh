@@ -118,6 +118,8 @@ struct Producer {
       n_blocks = keys.n;
       base = keys.base;
     } else {
+      // task_keys' unpacked arm, written out: through task_keys ptxas scheduled the grid
+      // presets' kernels differently (docs/PERF.md step 76), and varlen reads the schedule's.
       if constexpr (Sched::kPacked) {
         n_blocks = t.kv_tiles;  // the device-side schedule's count (varlen.cuh, tile_end)
       } else {
