@@ -87,7 +87,7 @@ def main() -> int:
         Sq = rng.randint(1, 300)
         case = dict(Sq=Sq, Sk=Sq + rng.choice([0, 0, rng.randint(0, 300)]),
                     G=rng.choice([1, 2, 3, 4, 6, 8, 16]), BM=rng.choice([64, 128, 192]),
-                    BN=rng.choice(range(64, 193, 16)),
+                    BN=rng.choice(range(48, 193, 16)),
                     window=rng.choice([1, 2, 17, 64, 128, 200, 1000]),
                     causal=rng.random() < 0.8, has_window=rng.random() < 0.7)
         why = check(**case)  # type: ignore[arg-type]

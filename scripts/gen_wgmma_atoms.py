@@ -5,7 +5,7 @@ issues, one inline-asm function per shape, from the PTX ISA's `wgmma.mma_async` 
     python scripts/gen_wgmma_atoms.py            # rewrite the header
     python scripts/gen_wgmma_atoms.py --check    # exit 1 if the committed header differs
 
-Only the shapes the kernel can ask for: QK^T is 64 x block_n (64..192 in steps of 16) with A
+Only the shapes the kernel can ask for: QK^T is 64 x block_n (48..192 in steps of 16) with A
 from shared memory (SS) or registers (RS, q_in_regs), B K-major; PV is 64 x head dim (64, 128,
 256) with A (P) in registers and B (V) MN-major; sum_in_pv's PV is 64 x 72. Each takes its
 accumulator as an array, so a shape's N / 2 registers are spelled out here once instead of
@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "cuda_src" / "fa_tune" / "wgmma_atoms.cuh"
 
-QK_N = tuple(range(64, 193, 16))
+QK_N = tuple(range(48, 193, 16))
 PV_N = (64, 128, 256)
 
 

@@ -41,19 +41,23 @@ from tuner.kernel.config import (
 # compiled for their class by the test file named here.
 CLASS_BOUND: dict[str, str] = {"softcap_tanh": "tests/test_kernel_build.py"}
 
-# Knobs whose other values only some problems exercise (pack_gqa: a GQA group of an even size),
-# pinned at their default in the sample; the test file named here compiles the other values
-# (and tests/gpu/test_pack_gqa_gpu.py gates them).
+# Values only some problems exercise (pack_gqa: a GQA group of an even size; block_n 48: a packed
+# short window's band), never drawn for the sample; the test file named here compiles them (and
+# tests/gpu/test_pack_gqa_gpu.py gates them). A knob with no other value left stays at its
+# default without a draw, so the sample is the one from before these values.
 BUILT_ELSEWHERE: dict[str, tuple[tuple[object, ...], str]] = {
     "pack_gqa": ((True,), "tests/test_kernel_build.py"),
+    "block_n": ((48,), "tests/test_kernel_build.py"),
 }
 
 # Host-only knobs (see the module docstring): one value compiled, the rest covered on the host;
-# and the class-bound and elsewhere-built ones at their default.
+# the class-bound ones and those whose other values are all built elsewhere at their default.
 PINNED: dict[str, object] = {
     "fixed_cost": KernelConfig().fixed_cost,
     "persistent_ctas": KernelConfig().persistent_ctas,
-    **{name: KNOBS[name].default for name in (*CLASS_BOUND, *BUILT_ELSEWHERE)},
+    **{name: KNOBS[name].default for name in CLASS_BOUND},
+    **{name: KNOBS[name].default for name, (values, _) in BUILT_ELSEWHERE.items()
+       if set(KNOBS[name].choices) - {KNOBS[name].default} <= set(values)},
 }
 TODO_NOT_COVERED: dict[str, tuple[object, ...]] = {
     "fixed_cost": tuple(v for v in KNOBS["fixed_cost"].choices if v != PINNED["fixed_cost"]),
@@ -124,7 +128,8 @@ def _random_config(rng: random.Random) -> KernelConfig | None:
     values = {
         name: PINNED[name] if name in PINNED else
         rng.choice([v for v in knob.choices if v not in other_head_dim_values(name)
-                    and v not in TODO_NOT_COVERED.get(name, ())])
+                    and v not in TODO_NOT_COVERED.get(name, ())
+                    and v not in built_elsewhere_values(name)])
         for name, knob in KNOBS.items()
     }
     cfg = KernelConfig(**values)  # every value is one of its knob's choices

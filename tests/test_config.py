@@ -78,7 +78,7 @@ def test_unknown_knob_names_it() -> None:
     ("data", "needle"),
     [
         ({"block_m": 100}, "knob 'block_m' must be one of 64, 128, 192 (got 100)"),
-        ({"block_n": 72}, "knob 'block_n' must be 64..192 in steps of 16 (got 72)"),
+        ({"block_n": 72}, "knob 'block_n' must be 48..192 in steps of 16 (got 72)"),
         ({"pingpong": "yes"},
          "knob 'pingpong' must be one of false, true (got yes, a str: write it without quotes)"),
         ({"block_m": True}, "knob 'block_m'"),

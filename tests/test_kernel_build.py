@@ -419,7 +419,12 @@ PACKED = Artifact(
     ProblemClass(64, True, True, window=True, sinks=True))
 
 
-@pytest.mark.builds(PACKED, Artifact(load_preset("d64-window"), PACKED.pclass))
+# block_n 48: the packed 128-key window's 8 + 127 keys in three 48-key tiles, three CTAs an SM.
+PACKED48 = Artifact(
+    dataclasses.replace(load_preset("d64-window3"), block_n=48, pack_gqa=True), PACKED.pclass)
+
+
+@pytest.mark.builds(PACKED, PACKED48, Artifact(load_preset("d64-window"), PACKED.pclass))
 def test_pack_gqa_loads_q_and_stores_o_through_a_5d_view() -> None:
     import subprocess
 
@@ -440,3 +445,7 @@ def test_pack_gqa_loads_q_and_stores_o_through_a_5d_view() -> None:
     assert "UTMALDG.5D" in packed and "UTMASTG.5D" in packed
     assert "UTMALDG.4D" in packed  # K and V, and the varlen kernel's Q
     assert "UTMALDG.5D" not in plain and "UTMASTG.5D" not in plain
+    # block_n 48 issues the 64 x 48 QK atom.
+    r48 = build.build_config(PACKED48.config, pclass=PACKED48.pclass)
+    assert r48.unfit is None, r48.unfit
+    assert "HGMMA.64x48x16.F32.BF16" in sass(r48.so_path)

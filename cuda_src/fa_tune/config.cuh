@@ -158,7 +158,7 @@ struct Derived {
   static constexpr int kOElems = kSeparateO ? kBlockM * kHeadDim : 1;
 
   static_assert(kBlockM == 64 || kBlockM == 128 || kBlockM == 192, "block_m must be 64, 128 or 192");
-  static_assert(kBlockN % 16 == 0 && kBlockN >= 64 && kBlockN <= 192, "block_n: 64..192, step 16");
+  static_assert(kBlockN % 16 == 0 && kBlockN >= 48 && kBlockN <= 192, "block_n: 48..192, step 16");
   // Without the extended atoms there is no QK atom for this block_n (traits.cuh).
   static_assert(kKStages >= 1 && kKStages <= 3 && kVStages >= 1 && kVStages <= 3, "stages: 1..3");
   static_assert(Cfg::k_release != KRelease::AfterMax || kOverlap,

@@ -7,6 +7,48 @@
 
 namespace fa_tune {
 
+// 64 x 48 x 16, A by descriptor, B K-major.
+__device__ __forceinline__ void wgmma_ss_n48(uint64_t a, uint64_t b,
+    float (&d)[24], int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23"
+      "}, %24, %25, p, 1, 1, 0, 0;\n"
+      "}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+      : "l"(a), "l"(b), "r"(scale_d));
+}
+
+// 64 x 48 x 16, A in registers, B K-major.
+__device__ __forceinline__ void wgmma_rs_n48(const uint32_t* a, uint64_t b,
+    float (&d)[24], int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %29, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, "
+      "%8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23"
+      "}, {%24, %25, %26, %27}, %28, p, 1, 1, 0;\n"
+      "}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
 // 64 x 64 x 16, A by descriptor, B K-major.
 __device__ __forceinline__ void wgmma_ss_n64(uint64_t a, uint64_t b,
     float (&d)[32], int scale_d) {
@@ -737,6 +779,20 @@ __device__ __forceinline__ void wgmma_rs_n72_tb(const uint32_t* a, uint64_t b,
 
 template <int N, bool kARegs, bool kTransB>
 struct Wgmma;
+
+template <>
+struct Wgmma<48, false, false> {
+  __device__ __forceinline__ static void fma(uint64_t a, uint64_t b, float (&d)[24], int s) {
+    wgmma_ss_n48(a, b, d, s);
+  }
+};
+
+template <>
+struct Wgmma<48, true, false> {
+  __device__ __forceinline__ static void fma(const uint32_t* a, uint64_t b, float (&d)[24], int s) {
+    wgmma_rs_n48(a, b, d, s);
+  }
+};
 
 template <>
 struct Wgmma<64, false, false> {

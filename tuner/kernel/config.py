@@ -131,8 +131,9 @@ class KernelConfig:
 
     block_m: int = knob(128, (64, 128, 192), doc=(
         "Query rows per CTA tile; consumer warpgroups = block_m / 64."))
-    block_n: int = knob(128, range(64, 193, 16), range_text="64..192 in steps of 16", doc=(
-        "Key/value rows per KV tile, the main loop's step."))
+    block_n: int = knob(128, range(48, 193, 16), range_text="48..192 in steps of 16", doc=(
+        "Key/value rows per KV tile, the main loop's step (48: a packed short window's band in "
+        "tiles that start at the task's first key; docs/PERF.md step 76)."))
     k_stages: int = knob(2, (1, 2, 3), doc="Shared-memory stages of the K ring.")
     v_stages: int = knob(2, (1, 2, 3), doc="Shared-memory stages of the V ring.")
     k_release: str = knob("after_qk", ("after_qk", "after_max", "after_softmax"),
