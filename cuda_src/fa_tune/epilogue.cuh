@@ -16,7 +16,7 @@ struct Epilogue {
   using T = Traits<Cfg>;
   using Element = typename T::Element;
   // pack_gqa's fixed-length kernel: rows interleave query heads (params.cuh, PackParams).
-  static constexpr bool kPack = T::kPackGqa && !Sched::kPacked;
+  static constexpr bool kPack = kPackRows<T, Sched>;
 
   // Varlen: rows [first_row, S) of a tile that ends past its sequence (S rows), 16 bytes per
   // thread-step from the staged tile. TMA would clip only at the end of the whole pack and so
@@ -125,10 +125,10 @@ struct Epilogue {
       // [B, H, Sq]; packed [H, total tokens] (batch 0, Sq the pack's tokens, rows from start).
       if (p.store.lse != nullptr && (threadIdx.x % 4) == 0) {
         if constexpr (kPack) {
-          // Row r: query head (virtual head << shift) + r's low bits, position r >> shift.
+          // A thread's rows: one query head, positions row >> shift.
           const int shift = p.pack.shift;
-          const size_t head = ((size_t(t.batch) * p.shape.H + t.head) << shift) +
-                              (row0 & ((1 << shift) - 1));
+          const size_t head =
+              packed_head(size_t(t.batch) * p.shape.H + t.head, row0, shift);
           float* lse = p.store.lse + head * p.shape.Sq;
           const float scale_log2 = p.scale_log2;
           for (int r = 0; r < 2; ++r) {

@@ -77,7 +77,7 @@ struct Consumer {
     constexpr bool kEarlyQ = Cfg::q_release == QRelease::AfterLastQk;
     constexpr bool kEarlyNext = T::kEarlyNextQk;
     // pack_gqa: a row's position is row >> shift (fixed-length launches only).
-    constexpr bool kPack = T::kPackGqa && !Sched::kPacked;
+    constexpr bool kPack = kPackRows<T, Sched>;
     const int shift = kPack ? p.pack.shift : 0;
     // Wait for the Q at cursor q; with q_in_regs copy it to registers (its shared memory is
     // then read for the last time, so after_last_qk may hand it back at once).
@@ -164,7 +164,7 @@ struct Consumer {
       // of a thread's rows have one query head (pack_gqa: P divides their distance, 8).
       float sink_log2 = -INFINITY;
       if constexpr (T::kSinks) {
-        const int head = kPack ? (t.head << shift) + (row0 & ((1 << shift) - 1)) : t.head;
+        const int head = kPack ? packed_head(t.head, row0, shift) : t.head;
         if (p.mask.sinks != nullptr) sink_log2 = p.mask.sinks[head] * Hooks::sink_log2e;
       }
       const int first_pos = first_row >> shift, last_pos = (first_row + 63) >> shift;

@@ -311,12 +311,13 @@ struct Launcher {
       return cudaSuccess;
     }
     Prepared prep;
+    FixedShape shape{B, H, Sq, Sk, dev, 0, window, pack};
     const long long num_tiles =
-        (((long long)Sq << pack) + T::kBlockM - 1) / T::kBlockM * (H >> pack) * B;
+        ((long long)shape.rows() + T::kBlockM - 1) / T::kBlockM * shape.heads() * B;
     if (num_tiles > 0x7fffffffLL) return fail(cudaErrorInvalidValue, "too many query tiles for one launch");
     if ((e = persistent_ctas<false>(dev, &prep.num_ctas)) != cudaSuccess) return e;
-    if ((e = Sched::prepare(FixedShape{B, H, Sq, Sk, dev, prep.num_ctas, window, pack},
-                            prep.sched, prep.num_ctas)) != cudaSuccess)
+    shape.persistent_ctas = prep.num_ctas;
+    if ((e = Sched::prepare(shape, prep.sched, prep.num_ctas)) != cudaSuccess)
       return e;
     prep.host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (host_ms) *host_ms = prep.host_ms;
@@ -450,7 +451,8 @@ struct Launcher {
       return e;
     KernelParams<Sched> p{};
     // pack_gqa: the tiles' rows and heads are virtual (params.cuh, PackParams).
-    p.shape = ShapeInfo{B, H >> pack, Sq, Sk, ((Sq << pack) + T::kBlockM - 1) / T::kBlockM,
+    const FixedShape fs{B, H, Sq, Sk, 0, 0, window_of(a), pack};
+    p.shape = ShapeInfo{B, fs.heads(), Sq, Sk, (fs.rows() + T::kBlockM - 1) / T::kBlockM,
                         a.heads_kv, (H / a.heads_kv) >> pack};
     p.pack.shift = pack;
     p.sched = prep->sched;

@@ -106,6 +106,18 @@ struct PackParams {
   int shift;
 };
 
+// Whether a kernel packs its rows: pack_gqa's fixed-length kernel (Sched::kPacked: the
+// device-scheduled one, which runs unpacked).
+template <class T, class Sched>
+constexpr bool kPackRows = T::kPackGqa && !Sched::kPacked;
+
+// The query head of row `row` of virtual head `head` (PackParams); with head = batch x H +
+// virtual head, its [B, Hq] index.
+template <class I>
+__host__ __device__ __forceinline__ I packed_head(I head, int row, int shift) {
+  return (head << shift) + I(row & ((1 << shift) - 1));
+}
+
 // A window library called without a window: wide enough that no key falls left of it, small
 // enough that row + off - kNoWindow cannot overflow.
 constexpr int kNoWindow = 1 << 30;

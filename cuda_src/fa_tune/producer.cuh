@@ -13,7 +13,7 @@ struct Producer {
   // A paged class's device-scheduled kernel reads K and V through the block table.
   static constexpr bool kPaged = T::kPaged && Sched::kPacked;
   // pack_gqa's fixed-length kernel: Q through the 5-D view, tiles from the task's first key.
-  static constexpr bool kPack = T::kPackGqa && !Sched::kPacked;
+  static constexpr bool kPack = kPackRows<T, Sched>;
 
   // Runs on the whole producer warp: the loop, the ring waits and the scheduler run on every
   // lane, so its state is warp-uniform (uniform registers: the persistent loop fits in few
