@@ -103,7 +103,8 @@ struct Epilogue {
       }
     }
     if (!stored && tid % kWarpgroupThreads == 0) {
-      if constexpr (kPack) {
+      if constexpr (Hooks::skip_o_store) {
+      } else if constexpr (kPack) {
         // The warpgroup's 64 rows: P heads x 64 / P positions of the 5-D view.
         const int shift = p.pack.shift;
         if ((first_row >> shift) < S) {

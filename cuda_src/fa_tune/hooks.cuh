@@ -15,7 +15,10 @@ struct Hooks {
   static constexpr int mask_slack = 0;              // causal mask: keys kept past the diagonal
   static constexpr int window_slack = 0;            // window mask: keys kept left of the window
   static constexpr bool window_task_start = false;  // window: every warpgroup from the task's start
+  static constexpr bool window_both_masks = false;  // window: every masked tile takes both masks
   static constexpr bool task_clocks = false;        // consumer: stamp each task's start (lab)
+  static constexpr bool q_load_once = false;        // producer: Q loaded for a CTA's first task only
+  static constexpr bool skip_o_store = false;       // epilogue: O staged but never stored
   __device__ static void task_begin(int, int, int, int) {}
   __device__ static void cta_end(int) {}
   static constexpr float sink_log2e = 1.4426950408889634f;  // a sink logit to base 2

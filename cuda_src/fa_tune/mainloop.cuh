@@ -115,14 +115,21 @@ struct Mainloop {
     float sink_log2;   // sinks: the row's sink logit x log2(e) (-inf: none)
   };
 
-  // The mask of a masked tile n: the class's, and with a window its left edge too.
+  // The mask of a masked tile n: the class's where the tile reaches the diagonal (or the key
+  // end), and with a window its left edge where the tile reaches that. A window task's tiles
+  // are mostly one or the other (gpt-oss's 128 keys in three 48-key tiles: the first at the
+  // edge, the last at the diagonal), so each compare runs only where it can cut; the tests are
+  // the same for the whole warpgroup.
   template <class Frag>
   __device__ __forceinline__ static void mask_tile(Frag& s, const TileArgs& a, int n) {
     // Without pack_gqa both are constants (8 and 0), folded into the compares.
     const int row_step = T::kPackGqa ? a.row_step : 8;
     const int col0 = (T::kPackGqa ? a.key_base : 0) + n * T::kBlockN;
     if constexpr (T::kWindow) {
-      apply_window_mask<T::kCausal>(s, a.diag0, row_step, col0, a.key_end, a.window);
+      constexpr bool kBoth = Hooks::window_both_masks;
+      if (kBoth || n >= a.n_unmasked)
+        apply_mask<T::kCausal>(s, a.diag0, row_step, col0, a.key_end);
+      if (kBoth || n < a.n_unmasked_lo) apply_window_edge(s, a.diag0, row_step, col0, a.window);
     } else {
       apply_mask<T::kCausal>(s, a.diag0, row_step, col0, a.key_end);
     }

@@ -24,12 +24,16 @@ struct Producer {
     const int rows_rank = row_rank<T>();  // kv_multicast: this CTA's rows of the pair
     PipeState qst, kst, vst;
     TileCoord t = Sched::first(p, ss.tile_slot);
+    [[maybe_unused]] bool first_task = true;  // a lab bound's Q loaded once (hooks.cuh)
     while (t.valid) {
       const int h = t.head, b = t.batch, start = Sched::seq_start(t);
       // Q: D / 64 column boxes of block_m rows, or with kv_multicast one pair of boxes per
       // warpgroup (its 64 rows sit apart in the pair: params.cuh, wg_first_row).
-      uint64_t* bar = ss.q_ring.acquire(qst, T::kQBytes, leader);
-      if constexpr (kPack) {
+      const bool load_q = !Hooks::q_load_once || first_task;
+      if constexpr (Hooks::q_load_once) first_task = false;
+      uint64_t* bar = ss.q_ring.acquire(qst, load_q ? T::kQBytes : 0, leader);
+      if (!load_q) {
+      } else if constexpr (kPack) {
         // block_m rows: P heads x block_m / P positions (params.cuh, PackParams).
         if (leader) {
           for (int c = 0; c < T::kDBoxes; ++c)

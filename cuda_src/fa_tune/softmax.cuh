@@ -80,13 +80,12 @@ __device__ __forceinline__ void apply_mask(Frag& s, int diag0, int row_step, int
   }
 }
 
-// Sliding window: also set scores of keys left of the row's window (key < its diagonal minus
-// `window`) to -inf, on top of the class's mask. The window's edge tiles and the diagonal ones
-// take this; the others none.
-template <bool kCausal, class Frag>
-__device__ __forceinline__ void apply_window_mask(Frag& s, int diag0, int row_step, int col0,
-                                                  int key_end, int window) {
-  apply_mask<kCausal>(s, diag0, row_step, col0, key_end);
+// Sliding window: set scores of keys left of the row's window (key < its diagonal minus
+// `window`) to -inf. The window's edge tiles take this; the diagonal ones the class's mask
+// (apply_mask), a tile holding both edges both.
+template <class Frag>
+__device__ __forceinline__ void apply_window_edge(Frag& s, int diag0, int row_step, int col0,
+                                                  int window) {
   constexpr int N = Frag::kSize;
   const int lane_col = col0 + 2 * (threadIdx.x % 4);
   const int left0 = diag0 - window - Hooks::window_slack;  // the i1 = 0 row's first key

@@ -33,6 +33,12 @@
 //                                  with MUFU.EX2 for its pipe
 //   FA_TUNE_LAB_WINDOW_TASK_START = 1  a window's warpgroups all start at the task's first KV
 //                                  tile (as before 2026-12-05), not each at its own rows' first
+//   FA_TUNE_LAB_WINDOW_BOTH_MASKS = 1  a window's masked tiles take the diagonal's and the edge's
+//                                  masks both (as before 2026-12-07), not each only where it cuts
+//   FA_TUNE_LAB_Q_LOAD_ONCE = 1    Q loaded for a CTA's first task only, its later tasks reuse
+//                                  the stale stage (results wrong): what Q's traffic costs
+//   FA_TUNE_LAB_NO_O_STORE = 1     O staged in shared memory but never stored (results wrong):
+//                                  what O's traffic costs
 //   FA_TUNE_LAB_TASK_CLOCKS = 1    each CTA's first consumer thread stamps %globaltimer as each
 //                                  task starts and as the CTA ends, with the task and the SM;
 //                                  fa_tune_lab_task_clocks() copies the last launch's stamps out
@@ -58,6 +64,15 @@
 #endif
 #ifndef FA_TUNE_LAB_WINDOW_TASK_START
 #define FA_TUNE_LAB_WINDOW_TASK_START 0
+#endif
+#ifndef FA_TUNE_LAB_WINDOW_BOTH_MASKS
+#define FA_TUNE_LAB_WINDOW_BOTH_MASKS 0
+#endif
+#ifndef FA_TUNE_LAB_Q_LOAD_ONCE
+#define FA_TUNE_LAB_Q_LOAD_ONCE 0
+#endif
+#ifndef FA_TUNE_LAB_NO_O_STORE
+#define FA_TUNE_LAB_NO_O_STORE 0
 #endif
 #ifndef FA_TUNE_LAB_TASK_CLOCKS
 #define FA_TUNE_LAB_TASK_CLOCKS 0
@@ -97,6 +112,9 @@ struct Hooks {
   static constexpr bool truncate_p = FA_TUNE_LAB_P_TRUNC != 0;
   static constexpr bool window_task_start = FA_TUNE_LAB_WINDOW_TASK_START != 0;
   static constexpr bool task_clocks = FA_TUNE_LAB_TASK_CLOCKS != 0;
+  static constexpr bool q_load_once = FA_TUNE_LAB_Q_LOAD_ONCE != 0;
+  static constexpr bool window_both_masks = FA_TUNE_LAB_WINDOW_BOTH_MASKS != 0;
+  static constexpr bool skip_o_store = FA_TUNE_LAB_NO_O_STORE != 0;
 #if FA_TUNE_LAB_TASK_CLOCKS
   __device__ static unsigned long long now() {
     unsigned long long t;

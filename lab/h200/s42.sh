@@ -13,14 +13,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
 case "${1:?pack | clocks}" in
 pack)
   V=lab/h200/variants/pack_s42.txt
-  lab() {  # LOG TIMEOUT ARGS...: kernel_lab, its table last
-    local log=$1 limit=$2 left=$((560 - (SECONDS - t0))); shift 2
-    [ "$left" -lt "$limit" ] && limit=$left
-    [ "$limit" -lt 20 ] && { step "$log: no time left in this call"; return; }
-    OUT=$OUT timeout "$limit" $E python3 scripts/kernel_lab.py --no-fa3 --unchecked "$@" \
-      > "$OUT/$log" 2>&1
-    step "$log: exit $?"; grep -v '^  [0-9a-f]\{12\}: {' "$OUT/$log" | tail -n 14 | cut -c1-200
-  }
   # The window class: the timed row first, then the gate's uneven problems (short: their time
   # is not the point, one round each).
   lab pack_w128.log 200 --variants-file $V --shape 1x64/8x8192:d64:w128 \

@@ -34,6 +34,14 @@ fa3_once() {  # FA3's second half installed on this machine (after fa3_stage1.sh
     || { tail -5 "$OUT/fa3_install.log"; echo "FA3 install failed (carry .fa3/part2)"; exit 1; }
   touch "$DEV/fa3.ok"; step "FA3 installed"
 }
+lab() {  # LOG TIMEOUT ARGS...: kernel_lab without FA3, its table last, inside a call's 560 s
+  local log=$1 limit=$2 left=$((560 - (SECONDS - t0))); shift 2
+  [ "$left" -lt "$limit" ] && limit=$left
+  [ "$limit" -lt 20 ] && { step "$log: no time left in this call"; return; }
+  OUT=$OUT timeout "$limit" $E python3 scripts/kernel_lab.py --no-fa3 --unchecked "$@" \
+    > "$OUT/$log" 2>&1
+  step "$log: exit $?"; grep -v '^  [0-9a-f]\{12\}: {' "$OUT/$log" | tail -n 14 | cut -c1-200
+}
 wait_search() {  # STUDY: wait for the search gpu_session.sh search-start began; keep its log
   local study=$1
   [ -f "$DEV/search.log" ] || { echo "no search running (search-start failed?)"; return 1; }

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.gpu
 
 W2_80 = load_preset("d64-window").replace(block_n=80, k_stages=2, v_stages=2, pack_gqa=True)
 W2_144 = load_preset("d64-window").replace(block_n=144, k_stages=2, v_stages=2, pack_gqa=True)
-W3_48 = load_preset("d64-window3").replace(block_n=48, pack_gqa=True)  # the 64 x 48 atom
+W3_48 = load_preset("d64-window-packed")  # d64-window3 packed at block_n 48 (the 64 x 48 atom)
 D128 = KernelConfig().replace(scheduler="static", producer_regs=24, q_release="after_last_qk",
                               q_in_regs=True, pack_gqa=True)
 
