@@ -298,23 +298,23 @@ def test_build_preset_prints_resources() -> None:
     assert "artifact:" in r.output
 
 
-# Gemma-2's local layer: D 256 with a window and a cap. The d256 preset's 80-key tiles spill
-# there (16 B of stack), 64-key tiles (its d256-window preset) do not (nvcc 13.0).
-_LOCAL = "1x16/8x8192:d256:w4096:cap50"
+# D 256 with a window, a cap and sinks: the d256-multicast preset spills there (8 B of stack),
+# d256-window does not (nvcc 13.0).
+_LOCAL = "1x16/8x8192:d256:w4096:cap50:sinks"
 
 
-def _local_build(block_n: int) -> Artifact:
-    return Artifact.of(load_preset("d256").replace(block_n=block_n),
-                       Problem.parse(_LOCAL).problem_class)
+def _local_build(preset: str) -> Artifact:
+    return Artifact.of(load_preset(preset), Problem.parse(_LOCAL).problem_class)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not _paths.kernel_template().is_file(), reason="kernel template not written")
-@pytest.mark.builds(lambda: [_local_build(80), _local_build(64)])
+@pytest.mark.builds(lambda: [_local_build("d256-multicast"), _local_build("d256-window")])
 def test_build_shape_builds_the_problems_class_and_says_when_it_spills() -> None:
     """--shape compiles the class the problem needs (its mask included), and a kernel with
     local memory is named not timeable, the reason search and run refuse it."""
-    r = runner.invoke(app, ["build", "-p", "d256", "--shape", _LOCAL], env={"COLUMNS": "200"})
+    r = runner.invoke(app, ["build", "-p", "d256-multicast", "--shape", _LOCAL],
+                      env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     assert "window" in r.output and "softcap" in r.output  # the class, in the title
     assert "not timeable: local memory" in r.output

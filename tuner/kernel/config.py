@@ -632,8 +632,10 @@ def list_presets() -> list[str]:
 # The default preset per head dim (for both masks): FA3's tile choice for that head dim.
 DEFAULT_PRESETS: dict[int, str] = {64: "d64", 128: "default", 256: "d256"}
 # Where a mask's registers make the head dim's default spill (nvcc 13.0), the class gets a
-# preset that fits, matched on (head dim, the class's flags that must all be set): D 256 spills
-# at d256's 80-key tiles with a window, and with a softcap in the varlen kernel; D 64 with a
+# preset that fits, matched on (head dim, the class's flags that must all be set): D 256 spilled
+# at d256's 80-key tiles with a window (no more since a masked tile takes only the masks that cut
+# it, docs/PERF.md step 77; d256-window stays until 80 is measured there), and spills with a
+# softcap in the varlen kernel; D 64 with a
 # softcap at d64's 192-row tiles. There d64-window3 (64 x 64 tiles, three CTAs an SM) passes the
 # gate on every D 64 class and ran 4 % faster than d64-window at 1x64/8x8192:d64:cap50 and 11 %
 # at :w128:cap50 (H100, 2026-12-06, docs/PERF.md step 64).
