@@ -35,7 +35,8 @@ four() {
 }
 # fa3rows (after a call that carried .fa3/part1, e.g. gates): FA3 installed, then the 128-key
 # window with and without sinks beside FA3 in kernel_lab (d64-window3, the new
-# d64-window-packed, step 76's block_n 80 kernel) and through fa-tune compare.
+# d64-window-packed, step 76's block_n 80 kernel), the D 256 and Mistral window rows, and the
+# 128-key window through fa-tune compare.
 fa3rows() {
   fa3_once
   OUT=$OUT timeout 240 $E python3 scripts/kernel_lab.py --unchecked \
@@ -43,6 +44,19 @@ fa3rows() {
     --shape 1x64/8x8192:d64:w128:sinks --warmup 50 --repeat 200 --rounds 3 --settle-s 1 \
     > "$OUT/fa3_w128.log" 2>&1
   step "fa3_w128.log: exit $?"; grep -v '^  [0-9a-f]\{12\}: {' "$OUT/fa3_w128.log" | tail -n 9
+  # The other window rows after the mask change: Gemma-2's local layers (d256's 80-key tiles fit
+  # a window class now) and Mistral's window, each beside FA3 in kernel_lab.
+  local row
+  for row in "d256_window_s43.txt 1x16/8x8192:d256:w4096:cap50" "w4096_s43.txt 1x32/8x16384:w4096"; do
+    set -- $row
+    local v=$1 log=fa3_${1%.txt}.log left=$((570 - (SECONDS - t0))); shift
+    [ $left -gt 60 ] || { step "$log: no time left"; continue; }
+    local shapes=(); for x in "$@"; do shapes+=(--shape "$x"); done
+    OUT=$OUT timeout $((left < 150 ? left : 150)) $E python3 scripts/kernel_lab.py \
+      --variants-file lab/h200/variants/$v "${shapes[@]}" --warmup 50 --repeat 200 --rounds 3 \
+      --settle-s 1 > "$OUT/$log" 2>&1
+    step "$log: exit $?"; grep -v '^  [0-9a-f]\{12\}: {' "$OUT/$log" | tail -n 8
+  done
   for s in 1x64/8x8192:d64:w128 1x64/8x8192:d64:w128:sinks; do
     local log=cmp_$(echo "$s" | tr ':/' '__').log
     timeout 150 $E python3 -m tuner.cli compare --rounds 3 --settle-s 1 --results-dir "$DEV/cmp" \
