@@ -102,9 +102,8 @@ struct Epilogue {
         stored = true;
       }
     }
-    if (!stored && tid % kWarpgroupThreads == 0) {
-      if constexpr (Hooks::skip_o_store) {
-      } else if constexpr (kPack) {
+    if (!stored && !Hooks::skip_o_store && tid % kWarpgroupThreads == 0) {
+      if constexpr (kPack) {
         // The warpgroup's 64 rows: P heads x 64 / P positions of the 5-D view.
         const int shift = p.pack.shift;
         if ((first_row >> shift) < S) {

@@ -32,16 +32,15 @@ struct Producer {
       const bool load_q = !Hooks::q_load_once || first_task;
       if constexpr (Hooks::q_load_once) first_task = false;
       uint64_t* bar = ss.q_ring.acquire(qst, load_q ? T::kQBytes : 0, leader);
-      if (!load_q) {
-      } else if constexpr (kPack) {
+      if constexpr (kPack) {
         // block_m rows: P heads x block_m / P positions (params.cuh, PackParams).
-        if (leader) {
+        if (leader && load_q) {
           for (int c = 0; c < T::kDBoxes; ++c)
             tma_load_5d<Cfg::hint_q>(&p.load.tma_q, bar, ss.q + c * T::kBlockM * kBoxCols,
                                      c * kBoxCols, 0, (t.m_block * T::kBlockM) >> p.pack.shift,
                                      h, b);
         }
-      } else if (leader) {
+      } else if (leader && load_q) {
         constexpr int kQBoxes = T::kBlockM / T::kQBoxRows;
         for (int r = 0; r < kQBoxes; ++r) {
           const int row = wg_first_row<T>(t.m_block, r, rows_rank);  // no multicast: r = 0, the tile's first row
