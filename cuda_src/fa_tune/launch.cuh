@@ -312,9 +312,8 @@ struct Launcher {
     }
     Prepared prep;
     FixedShape shape{B, H, Sq, Sk, dev, 0, window, pack};
-    const long long num_tiles =
-        ((long long)shape.rows() + T::kBlockM - 1) / T::kBlockM * shape.heads() * B;
-    if (num_tiles > 0x7fffffffLL) return fail(cudaErrorInvalidValue, "too many query tiles for one launch");
+    if (shape.num_tiles(T::kBlockM) > 0x7fffffffLL)
+      return fail(cudaErrorInvalidValue, "too many query tiles for one launch");
     if ((e = persistent_ctas<false>(dev, &prep.num_ctas)) != cudaSuccess) return e;
     shape.persistent_ctas = prep.num_ctas;
     if ((e = Sched::prepare(shape, prep.sched, prep.num_ctas)) != cudaSuccess)
@@ -452,7 +451,7 @@ struct Launcher {
     KernelParams<Sched> p{};
     // pack_gqa: the tiles' rows and heads are virtual (params.cuh, PackParams).
     const FixedShape fs{B, H, Sq, Sk, 0, 0, window_of(a), pack};
-    p.shape = ShapeInfo{B, fs.heads(), Sq, Sk, (fs.rows() + T::kBlockM - 1) / T::kBlockM,
+    p.shape = ShapeInfo{B, fs.heads(), Sq, Sk, fs.m_blocks(T::kBlockM),
                         a.heads_kv, (H / a.heads_kv) >> pack};
     p.pack.shift = pack;
     p.sched = prep->sched;

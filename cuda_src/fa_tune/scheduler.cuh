@@ -40,6 +40,9 @@ struct FixedShape {
 
   int rows() const { return Sq << pack_shift; }
   int heads() const { return H >> pack_shift; }
+  // Query tiles of block_m rows per (batch, head), and in the whole launch.
+  int m_blocks(int block_m) const { return int(((long long)rows() + block_m - 1) / block_m); }
+  long long num_tiles(int block_m) const { return (long long)m_blocks(block_m) * heads() * B; }
 };
 
 // Fixed length: every tile's sequence is its batch entry's Sq query rows over Sk keys, from
@@ -117,7 +120,7 @@ struct StaticScheduler : FixedTiles {
   // The lists, dealt on the host by the cost model (task_list.h) and uploaded once.
   static cudaError_t prepare(const FixedShape& s, Params& out, int& ctas) {
     const int rows = s.rows();
-    const int num_m = (rows + T::kBlockM - 1) / T::kBlockM;
+    const int num_m = s.m_blocks(T::kBlockM);
     TaskLists lists;
     // Per cluster: kv_multicast pairs query tiles, head_cluster runs of heads.
     const int num_tasks_m = (num_m + T::kRowCtas - 1) / T::kRowCtas;
@@ -207,8 +210,7 @@ struct DynamicScheduler : FixedTiles {
   // The counter, the tile count and the L2 sections: as many (batch, head) pairs as keep
   // their K and V within ~60% of L2 (the rest holds Q, O and other traffic).
   static cudaError_t prepare(const FixedShape& s, Params& out, int& ctas) {
-    const long long num_tiles =
-        (long long)((s.rows() + T::kBlockM - 1) / T::kBlockM) * s.heads() * s.B;
+    const long long num_tiles = s.num_tiles(T::kBlockM);
     cudaError_t e;
     if ((e = cudaMalloc(&out.tile_counter, sizeof(int))) != cudaSuccess)
       return fail_cuda(e, "allocating the tile counter");
