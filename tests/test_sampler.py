@@ -114,3 +114,46 @@ def test_softcap_seeds_seed_softcap_studies_only(space_name: str, plain: str,
     assert len(capped_seeds) == len(sources) + len(approx)
     for s in approx:
         assert capped_seeds[s] is not None and capped_seeds[s]["softcap_tanh"] == "approx"
+
+
+@pytest.mark.parametrize("shape, first", [
+    ("1x64/8x2048:d64:w128:sinks", ["preset:d64-window-packed", "preset:d64-window3",
+                                    "preset:d64-window"]),
+    ("1x16/8x8192:d256:w4096:cap50", ["preset:d256-window",
+                                      "preset:d256-multicast+softcap_tanh=approx"]),
+    ("1x32/8x16384:w4096", ["preset:llama3+lazy"]),
+])
+def test_a_new_study_measures_its_classs_seeds_first(tmp_path: Path, shape: str,
+                                                      first: list[str]) -> None:
+    # A 60 s bucket of gpt-oss-20b's windowed layers ran 11 trials and never reached the window
+    # seeds while they came last (docs/PERF.md step 78): `first_for` puts them ahead, and the
+    # study `search --create-only` makes enqueues them in that order.
+    from typer.testing import CliRunner
+
+    from tuner.cli import app
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    r = CliRunner().invoke(app, ["search", "--study", "w", "--storage", url, "--create-only",
+                                 "--shape", shape])
+    assert r.exit_code == 0, r.output
+    study = optuna.load_study(study_name="w", storage=url)
+    sources = [t.user_attrs.get("source") for t in study.trials]
+    assert sources[:len(first)] == first
+    assert all(t.state == TrialState.WAITING for t in study.trials)
+
+
+def test_seeds_keep_file_order_outside_their_class() -> None:
+    from tuner.problem import Problem
+
+    space = load_space("d64")
+    plain = Problem.parse("1x64/8x8192:d64:sinks").problem_class
+    order = [s for s, _ in seed_params(space.for_class(plain), 64, plain)]
+    assert order == [s for s, _ in seed_params(space.for_class(plain), 64)]
+    assert order[:2] == ["preset:d64", "preset:d64+k3v3"]
+
+
+@pytest.mark.parametrize("bad", ["gqa", ["window", "causal"], 3])
+def test_first_for_names_class_flags_only(bad: Any) -> None:
+    with pytest.raises(ConfigError, match="first_for lists problem class flags"):
+        space_from_dict({"block_n": [64, 128], "seeds": [{"preset": "default", "first_for": bad}]},
+                        "s.yaml")

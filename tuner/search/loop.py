@@ -322,7 +322,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
                 self.study.enqueue_trial(dict(t.params), user_attrs={"requeued_from": t.number})
                 waiting.add(t.user_attrs.get("config_id"))
         sources = {t.user_attrs.get("source") for t in trials}
-        for source, params in seed_params(self.space, self.pclass.head_dim):
+        for source, params in seed_params(self.space, self.pclass.head_dim, self.pclass):
             if source in sources:
                 continue
             if params is None:

@@ -22,6 +22,7 @@ from tuner.kernel.config import KNOBS, KernelConfig, load_preset
 from tuner.measure.accuracy import accuracy_record
 from tuner.measure.timing import geomean  # noqa: F401 - outcomes' and tests' name for it
 from tuner.problem import Problem
+from tuner.problem_class import ProblemClass
 from tuner.search import rdb
 from tuner.search.space import SearchSpace
 
@@ -57,14 +58,17 @@ def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def seed_params(space: SearchSpace, head_dim: int = 128
+def seed_params(space: SearchSpace, head_dim: int = 128, pclass: ProblemClass | None = None
                 ) -> list[tuple[str, dict[str, Any] | None]]:
     """(source, params) of every known-good point (the space file's ``seeds``; a file without
     them gets those of its head dim's default space); params None when it lies outside space.
+    With ``pclass``, the seeds made for that class (``first_for``) come first, in file order.
     A study that lacks one (an older study) gets it on resume."""
     from tuner.search.space import default_space_name, load_space
 
     seeds = space.seeds or load_space(default_space_name(head_dim)).seeds
+    if pclass is not None:
+        seeds = tuple(sorted(seeds, key=lambda s: not s.leads(pclass)))  # stable
     return [(s.source, params_for(load_preset(s.preset).replace(**dict(s.changes)), space))
             for s in seeds if not _for_other_classes(s, space)]
 

@@ -10,7 +10,9 @@ ConfigError naming the file and the knob.
 
 The reserved key ``seeds`` lists the known-good points a new study measures first, each a preset
 plus optional knob changes (``- {preset: default, k_stages: 3}``; its source is named
-``preset:default+k_stages=3`` unless ``name:`` says otherwise). Each head dim has its own space
+``preset:default+k_stages=3`` unless ``name:`` says otherwise). ``first_for: [window]`` (problem
+class flags) puts a seed ahead of the others in studies of such a class: a short search then
+measures the seeds made for its problems before its budget ends. Each head dim has its own space
 file (``default`` for D 128, ``d64``, ``d256``: DEFAULT_SPACES), since tiles, stages and the
 register split that fit differ per head dim.
 """
@@ -50,6 +52,15 @@ class Seed:
     source: str
     preset: str
     changes: tuple[tuple[str, Any], ...] = ()
+    first_for: tuple[str, ...] = ()  # ProblemClass flags: measured first in such a class
+
+    def leads(self, pclass: ProblemClass) -> bool:
+        """Whether this seed goes first in a study of ``pclass`` (all its flags set there)."""
+        return bool(self.first_for) and all(getattr(pclass, f) for f in self.first_for)
+
+
+# The problem class flags a seed's ``first_for`` may name.
+SEED_CLASS_FLAGS = ("window", "softcap", "sinks", "paged", "varlen")
 
 
 @dataclass(frozen=True)
@@ -140,7 +151,12 @@ def _seeds(source: str, spec: Any) -> tuple[Seed, ...]:
     for item in spec:
         if not isinstance(item, Mapping) or not isinstance(item.get("preset"), str):
             raise ConfigError(f"{where}: each seed needs 'preset: NAME' (got {item!r})")
-        changes = {k: v for k, v in item.items() if k not in ("preset", "name")}
+        changes = {k: v for k, v in item.items() if k not in ("preset", "name", "first_for")}
+        first = item.get("first_for", [])
+        first = [first] if isinstance(first, str) else first
+        if not isinstance(first, list) or any(f not in SEED_CLASS_FLAGS for f in first):
+            raise ConfigError(f"{where}: first_for lists problem class flags, some of "
+                              f"{', '.join(SEED_CLASS_FLAGS)} (got {item.get('first_for')!r})")
         for k, v in changes.items():
             if k not in KNOBS:
                 raise ConfigError(f"{where}: unknown knob '{k}' in a seed")
@@ -150,7 +166,7 @@ def _seeds(source: str, spec: Any) -> tuple[Seed, ...]:
                 raise ConfigError(f"{where}: {e}") from None
         name = item.get("name") or "preset:" + item["preset"] + "".join(
             f"+{k}={v}" for k, v in changes.items())
-        out.append(Seed(str(name), item["preset"], tuple(changes.items())))
+        out.append(Seed(str(name), item["preset"], tuple(changes.items()), tuple(first)))
     return tuple(out)
 
 
