@@ -15,6 +15,7 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
+from tuner.analysis import show
 from tuner.cli import app
 from tuner.measure import accuracy as A
 from tuner.measure import gate_rule as GR
@@ -22,6 +23,7 @@ from tuner.measure import reference_numpy as RN
 from tuner.problem import Problem
 from tuner.search import loop as search
 from tuner.search.space import space_from_dict
+from tuner.search.trials import GATE_CONSTRAINT, is_gate_refused
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_compare import fixture_payload  # noqa: E402
@@ -260,7 +262,9 @@ def test_search_stores_ratios_and_max_error_ratio_rejects(tmp_path: Path, fake_w
     summ = s.run()
     ts = _trials(tmp_path)
     bad = ts[144]
-    assert bad.state.name == "FAIL"
+    # Refused by --max-error-ratio: a failure to the user, infeasible for TPE (as the gate's).
+    assert bad.state.name == "PRUNED" and bad.constraints == {GATE_CONSTRAINT: 1.0}
+    assert show.trial_rows([bad])[0]["state"] == "FAIL"
     assert bad.user_attrs["fail_reason"].startswith("error ratio: max|err| is 1.50x the default")
     assert "--max-error-ratio 1.2" in bad.user_attrs["fail_reason"]
     assert ts[128].state.name == "COMPLETE"
@@ -291,6 +295,7 @@ def test_search_without_the_option_records_but_never_rejects(tmp_path: Path,
     _search(tmp_path).run()
     ts = _trials(tmp_path)
     assert ts[144].state.name in ("COMPLETE", "PRUNED")  # pruned by speed, never by error
+    assert not is_gate_refused(ts[144])
     assert ts[144].user_attrs["accuracy"]["1x2x256"]["err_vs_default"] == pytest.approx(3.0)
 
 

@@ -21,6 +21,7 @@ import pytest
 from optuna.trial import TrialState
 from study_poll import trials_if_created
 
+from tuner.analysis import show
 from tuner.errors import SearchError, ShapeError
 from tuner.measure import timing
 from tuner.problem import Problem, as_problem
@@ -28,7 +29,7 @@ from tuner.search import loop as search
 from tuner.search import policy, sampler, session, worker_client
 from tuner.search.space import space_from_dict
 from tuner.search.study import load_existing_study, open_storage, storage_url
-from tuner.search.trials import SPILL_CONSTRAINT
+from tuner.search.trials import GATE_CONSTRAINT, SPILL_CONSTRAINT
 
 FIX = Path(__file__).resolve().parent / "fixtures"
 sys.path.insert(0, str(FIX))
@@ -236,8 +237,13 @@ def test_failures_are_isolated(tmp_path: Path, plan, monkeypatch: pytest.MonkeyP
     assert "watchdog" in reason[64]
     assert "died" in reason[80] and "exit code 7" in reason[80]
     assert "cudaErrorIllegalAddress" in reason[96]
-    assert "gate failed" in reason[112]
     assert reason[192].startswith("build:")
+    # The gate's refusal is the config's own: a failure to the user (its reason, counted in
+    # summ.failed, `show`'s "failed"), told PRUNED with a violated constraint so TPE learns it.
+    refused = next(t for t in ts if t.params["block_n"] == 112)
+    assert refused.state == TrialState.PRUNED and refused.constraints == {GATE_CONSTRAINT: 1.0}
+    assert "gate failed" in refused.user_attrs["fail_reason"]
+    assert show.state_counts(ts)["failed"] == 5
     # A kernel with local memory is not a failure: pruned, infeasible for the sampler.
     spill = next(t for t in ts if t.params["block_n"] == 144)
     assert spill.state == TrialState.PRUNED and "local memory" in spill.user_attrs["prune_reason"]
@@ -248,34 +254,64 @@ def test_failures_are_isolated(tmp_path: Path, plan, monkeypatch: pytest.MonkeyP
     assert s.worker.restarts >= 3  # hang, crash and fault each cost a worker
 
 
+def tpe_worst(tmp: Path) -> list[int]:
+    """block_n of the trials TPE puts alone in its "above" (worst) group of the study "t"."""
+    from optuna.samplers._tpe.sampler import _split_trials
+
+    st = optuna.load_study(study_name="t", storage=url_for(tmp))
+    done = st.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    _, above = _split_trials(st, done, n_below=len(done) - 1)
+    return [t.params["block_n"] for t in above]
+
+
+def ask_again(tmp: Path, block_n: int) -> None:
+    optuna.load_study(study_name="t", storage=url_for(tmp)).enqueue_trial(
+        {"block_n": block_n, "intra_wg_overlap": False})
+
+
 def test_spilled_kernels_teach_tpe_to_avoid_them(tmp_path: Path, plan) -> None:
     # TPE models COMPLETE and PRUNED trials only: a spill told FAIL (as before) left its region
     # as likely as ever (39 of 137 trials of a D 256 softcap search spilled, docs/PERF.md step
     # 62). Told PRUNED with a violated constraint, TPE ranks it with the worst.
-    from optuna.samplers._tpe.sampler import _split_trials
-
     b = FakeBuilder(tmp_path / "art", local_memory_block_n=144)
     s = make(tmp_path, {"block_n": [64, 80, 96, 112, 128, 144], "intra_wg_overlap": [False]},
              trials=6, sampler="grid", builder=b)
     summ = s.run()
     assert summ.spilled == 1 and summ.failed == 0
-    st = optuna.load_study(study_name="t", storage=url_for(tmp_path))
-    done = st.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
-    below, above = _split_trials(st, done, n_below=len(done) - 1)
-    assert [t.params["block_n"] for t in above] == [144]
+    assert tpe_worst(tmp_path) == [144]
     # A second ask of the same config is told like the first (a duplicate, still infeasible).
-    st.enqueue_trial({"block_n": 144, "intra_wg_overlap": False})
+    ask_again(tmp_path, 144)
     s2 = make(tmp_path, {"block_n": [64, 80, 96, 112, 128, 144], "intra_wg_overlap": [False]},
               trials=1, sampler="random", builder=b)
     assert s2.run().spilled == 1
     again = [t for t in trials_of(tmp_path) if t.params["block_n"] == 144]
     assert len(again) == 2 and all(t.constraints == {SPILL_CONSTRAINT: 1.0} for t in again)
     # `fa-tune show` counts them apart from the pruned and the failed.
-    from tuner.analysis import show
-
     counts = show.state_counts(trials_of(tmp_path))
     assert counts["spilled"] == 2 and "failed" not in counts
     assert {r["state"] for r in show.trial_rows(again)} == {"SPILLED"}
+
+
+def test_gate_refusals_teach_tpe_and_stay_failures(tmp_path: Path, plan) -> None:
+    # A config the gate refuses on the study's problems is as infeasible as a spill: told FAIL,
+    # TPE never saw it and kept proposing the refused knobs (docs/PERF.md step 78: 10 of 82
+    # trials of a window bucket). Told PRUNED with GATE_CONSTRAINT, TPE ranks it with the worst;
+    # to the user it is still a failure, with its reason.
+    plan({"block_n=96": "gate_fail"})
+    space = {"block_n": [64, 80, 96, 112, 128], "intra_wg_overlap": [False]}
+    summ = make(tmp_path, space, trials=5, sampler="grid").run()
+    assert summ.failed == 1 and summ.spilled == 0
+    assert tpe_worst(tmp_path) == [96]
+    # Asked again, the same config is a duplicate of the refusal: still infeasible, a failure.
+    ask_again(tmp_path, 96)
+    assert make(tmp_path, space, trials=1, sampler="random").run().failed == 1
+    again = [t for t in trials_of(tmp_path) if t.params["block_n"] == 96]
+    assert len(again) == 2 and all(t.constraints == {GATE_CONSTRAINT: 1.0} for t in again)
+    assert all("gate failed" in t.user_attrs["fail_reason"] for t in again)
+    rows = show.trial_rows(again)
+    assert {r["state"] for r in rows} == {"FAIL"}
+    assert all("gate failed" in r["reason"] for r in rows)
+    assert show.state_counts(trials_of(tmp_path))["failed"] == 2
 
 
 def test_planned_worker_recycles_are_not_counted_as_restarts(

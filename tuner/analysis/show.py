@@ -16,6 +16,7 @@ from tuner.errors import SearchError
 from tuner.search.trials import (
     complete_trials,
     confirmed_value,
+    is_gate_refused,
     is_spilled,
     trial_accuracy,
     why_not_complete,
@@ -30,8 +31,9 @@ STATE_LABELS = {"COMPLETE": "complete", "PRUNED": "pruned", "SPILLED": "spilled"
 
 def state_counts(trials: list[Any]) -> dict[str, int]:
     """Trials per state in this order: complete, pruned, spilled, failed, waiting, running
-    (zeros left out). Only FAIL counts as failed: a trial asked but never measured is WAITING,
-    one whose kernel has local memory is spilled (told PRUNED)."""
+    (zeros left out). Failed: FAIL, and a config the gate refused (told PRUNED so TPE learns
+    from it); a trial asked but never measured is WAITING, one whose kernel has local memory
+    is spilled (told PRUNED)."""
     out: dict[str, int] = {}
     for state, label in STATE_LABELS.items():
         n = sum(1 for t in trials if _state(t) == state)
@@ -41,6 +43,8 @@ def state_counts(trials: list[Any]) -> dict[str, int]:
 
 
 def _state(t: Any) -> str:
+    if is_gate_refused(t):  # told PRUNED so TPE learns from it; to the user a failure
+        return "FAIL"
     return "SPILLED" if is_spilled(t) else t.state.name
 
 

@@ -31,9 +31,11 @@ from tuner.search.session import (
 )
 from tuner.search.study import redact
 from tuner.search.trials import (
+    GATE_CONSTRAINT,
     SPILL_CONSTRAINT,
     confirmed_value,
     first_near_best,
+    is_gate_refused,
     is_spilled,
     screen_ratio,
     trial_accuracy,
@@ -61,6 +63,8 @@ class TrialOutcomes(SearchHost):
             self._tell(trial, TrialState.PRUNED)
             if is_spilled(prev):
                 self.progress.spilled += 1
+            elif is_gate_refused(prev):
+                self.progress.failed += 1
             else:
                 self.progress.pruned += 1
         else:
@@ -126,6 +130,21 @@ class TrialOutcomes(SearchHost):
         self.progress.done += 1
         self.progress.event(f"trial {trial.number} not timed: {why}"[:160])
 
+    def _gate_refused(self, trial: Any, reason: str) -> None:
+        """A config the gate (or --max-error-ratio) refused on this study's problems: a failure
+        to the user (fail_reason, counted as failed), but told PRUNED with a violated
+        constraint so TPE learns the region, as it does from spills; told FAIL it went on
+        proposing the same refused knobs (6 and 10 of 61 and 82 trials of gpt-oss-20b's window
+        buckets were sum_in_pv configs the gate refused, docs/PERF.md step 78)."""
+        from optuna.trial import TrialState
+
+        trial.set_user_attr("fail_reason", " ".join(str(reason).split())[:2000])
+        trial.set_constraint(GATE_CONSTRAINT, 1.0)
+        self._tell(trial, TrialState.PRUNED)
+        self.progress.failed += 1
+        self.progress.done += 1
+        self.progress.event(f"trial {trial.number} failed: {reason}"[:160])
+
     def _fail(self, trial: Any, reason: str, *, counted: bool = True,
               transient: bool = False) -> None:
         from optuna.trial import TrialState
@@ -138,6 +157,13 @@ class TrialOutcomes(SearchHost):
             self.progress.failed += 1
             self.progress.done += 1
             self.progress.event(f"trial {trial.number} failed: {reason}"[:160])
+
+    def _refused_or_failed(self, trial: Any, reply: dict[str, Any]) -> None:
+        """A measurement that did not come back ok: the gate's refusal, or a failure."""
+        if reply.get("status") == "gate_failed":
+            self._gate_refused(trial, str(reply.get("reason")))
+        else:
+            self._fail(trial, str(reply.get("reason")))
 
     def _settle_open(self, stopped_by: str) -> int:
         """Settle every trial this process asked and did not tell; returns how many went back
@@ -253,12 +279,12 @@ class TrialOutcomes(SearchHost):
         try:
             r = self._measure(so, self.screen_shape, pol.screen, True)
             if r.get("status") != "ok":
-                self._fail(trial, str(r.get("reason")))
+                self._refused_or_failed(trial, r)
                 return
             gates[str(self.screen_shape)] = r.get("gate")
             why = self._accuracy_reason(trial, self.screen_shape, r.get("gate"))
             if why:
-                self._fail(trial, why)
+                self._gate_refused(trial, why)
                 return
             scr = {"shape": str(self.screen_shape), **_row(r)}
             trial.set_user_attr("screen", scr)
@@ -279,13 +305,13 @@ class TrialOutcomes(SearchHost):
                 gate = shape != self.screen_shape
                 r = self._measure(so, shape, pol.survey, gate)
                 if r.get("status") != "ok":
-                    self._fail(trial, str(r.get("reason")))
+                    self._refused_or_failed(trial, r)
                     return
                 if gate:
                     gates[str(shape)] = r.get("gate")
                     why = self._accuracy_reason(trial, shape, r.get("gate"))
                     if why:
-                        self._fail(trial, why)
+                        self._gate_refused(trial, why)
                         return
                 rows[str(shape)] = _row(r, gates.get(str(shape)))
             trial.set_user_attr("shapes", rows)

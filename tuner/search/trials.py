@@ -197,6 +197,17 @@ def is_spilled(t: Any) -> bool:
     return t.state.name == "PRUNED" and SPILL_CONSTRAINT in (t.constraints or {})
 
 
+# The constraint of a trial the gate refused on the study's problems (or --max-error-ratio did):
+# the config's own numerics, so as infeasible for TPE as a spill. Such a trial is told PRUNED
+# with it (TPE reads no FAIL trial) and is shown and counted as failed, with its fail_reason.
+GATE_CONSTRAINT = "gate"
+
+
+def is_gate_refused(t: Any) -> bool:
+    """A trial whose config failed the gate (told PRUNED with GATE_CONSTRAINT; a failure)."""
+    return t.state.name == "PRUNED" and GATE_CONSTRAINT in (t.constraints or {})
+
+
 def why_not_complete(t: Any) -> str:
     """Why a trial did not complete, in a few words ("" when it says nothing)."""
     from tuner.search.rdb import stale_failed  # lazy: rdb imports optuna (slow) at the top
