@@ -22,12 +22,13 @@ def test_protocol_defaults_and_validation() -> None:
                dict(rounds=True), dict(repeat=10**7)):
         with pytest.raises(FaTuneError):
             T.Protocol(**kw)  # type: ignore[arg-type]
-    for kw in (dict(settle_s=-1.0), dict(settle_s=61.0), dict(temp_wait_s=-1.0)):
+    for kw in (dict(settle_s=-1.0), dict(settle_s=61.0), dict(temp_wait_s=-1.0),
+               dict(max_round_s=-1.0), dict(max_round_s=601.0)):
         with pytest.raises(FaTuneError):
             T.Protocol(**kw)  # type: ignore[arg-type]
     d = T.Protocol(1, 2, 3).to_dict()
     assert d == {"warmup": 1, "repeat": 2, "rounds": 3, "settle_s": 2.0, "temp_limit_c": 65,
-                 "temp_wait_s": 60.0}
+                 "temp_wait_s": 60.0, "max_round_s": 0.0}
     assert T.Protocol.from_dict(d) == T.Protocol(1, 2, 3)
     assert T.Protocol.from_dict({"warmup": 7}) == T.Protocol(warmup=7)
 
@@ -254,12 +255,16 @@ class FakeNvml:
                           throttle_mask=0, throttle_reasons=[])
 
 
-def test_time_kernel_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Any, Any]:
+    """(device, problem, buffers) for time_kernel on fake CUDA events."""
     monkeypatch.setattr(T, "Event", FakeEvent)
-    stream = FakeStream()
-    dev = SimpleNamespace(make_current=lambda: None)
     shape = SimpleNamespace(B=1, H=2, S=256)
-    bufs = SimpleNamespace(shape=shape)
+    return SimpleNamespace(make_current=lambda: None), shape, SimpleNamespace(shape=shape)
+
+
+def test_time_kernel_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    dev, shape, bufs = fake_gpu(monkeypatch)
+    stream = FakeStream()
     kern = FakeKernel([1.0, 2.0, 3.0, 4.0, 5.0])
     nv = FakeNvml()
     proto = T.Protocol(warmup=3, repeat=5, rounds=2, settle_s=0.0)
@@ -276,6 +281,35 @@ def test_time_kernel_loop(monkeypatch: pytest.MonkeyPatch) -> None:
     assert r.state_before.sm_clock_mhz == 1980
     assert not stream.destroyed  # a caller's stream is left alone
     assert stream.synced >= 3
+
+
+def test_protocol_capped_cuts_only_long_kernels() -> None:
+    # Every reported number (FULL) keeps its counts; the search's rankings stop near 2 s a round.
+    assert T.FULL.max_round_s == 0.0 and T.FULL.capped(70.0) == (50, 200)
+    assert T.SURVEY.capped(1.0) == (20, 100) and T.SURVEY.capped(16.0) == (20, 100)
+    # A 32k-token causal layer at 70 ms a launch: 120 launches (8.4 s) become 28 (2 s).
+    w, r = T.SURVEY.capped(70.0)
+    assert (w, r) == (4, 23) and (w + r) * 70.0 <= 2000.0
+    # Never under MIN_CAPPED_REPEAT timed launches, and one warm-up at least.
+    assert T.SURVEY.capped(10_000.0) == (1, T.MIN_CAPPED_REPEAT)
+    assert T.SCREEN.capped(0.0) == (10, 30)  # an unmeasurable probe: no cut
+
+
+def test_time_kernel_caps_a_long_kernels_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    dev, shape, bufs = fake_gpu(monkeypatch)
+    stream = FakeStream()
+    proto = T.Protocol(warmup=20, repeat=100, rounds=2, settle_s=0.0, max_round_s=2.0)
+    long_kernel = FakeKernel([50.0])  # ms a launch: 120 x 50 = 6 s a round uncapped
+    r = T.time_kernel(dev, long_kernel, shape, bufs, proto, stream=stream,  # type: ignore[arg-type]
+                      nvml=FakeNvml())  # type: ignore[arg-type]
+    # One probe launch, then per round 6 warm-up and 33 timed (a third of each).
+    assert long_kernel.calls == 1 + 2 * (6 + 33)
+    assert all(len(x.samples_ms) == 33 for x in r.rounds) and r.median_ms == 50.0
+    assert (r.protocol.warmup, r.protocol.repeat, r.protocol.max_round_s) == (6, 33, 2.0)
+    short = FakeKernel([0.5])
+    r = T.time_kernel(dev, short, shape, bufs, proto, stream=FakeStream(),  # type: ignore[arg-type]
+                      nvml=FakeNvml())  # type: ignore[arg-type]
+    assert short.calls == 1 + 2 * 120 and r.protocol == proto  # under the cap: as asked
 
 
 def test_time_kernel_rejects_mismatched_buffers(monkeypatch: pytest.MonkeyPatch) -> None:

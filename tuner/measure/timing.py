@@ -18,7 +18,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tuner.errors import FaTuneError
@@ -34,6 +34,7 @@ from tuner.kernel.runtime import (
 
 DEFAULT_TEMP_LIMIT_C = 65
 DEFAULT_TEMP_WAIT_S = 60.0
+MIN_CAPPED_REPEAT = 10  # timed launches a capped round keeps at least (Protocol.capped)
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,8 @@ class Protocol:
     power-capped steady state (the H200's board power takes about a second of load to reach
     its 700 W cap, and the clock falls with it: docs/PERF.md, step 18); ``warmup`` launches;
     then ``repeat`` launches, each between its own pair of CUDA events. ``rounds`` rounds;
-    the headline is the median of the round medians.
+    the headline is the median of the round medians. ``max_round_s`` (0: none) caps the
+    launches of a round of a long kernel (``capped``).
     """
 
     warmup: int = 50
@@ -54,6 +56,7 @@ class Protocol:
     settle_s: float = 2.0
     temp_limit_c: int = DEFAULT_TEMP_LIMIT_C
     temp_wait_s: float = DEFAULT_TEMP_WAIT_S
+    max_round_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name, lo in (("warmup", 0), ("repeat", 1), ("rounds", 1)):
@@ -68,6 +71,22 @@ class Protocol:
             raise FaTuneError(f"--settle-s must be between 0 and 60 seconds (got {self.settle_s})")
         if not 0.0 <= float(self.temp_wait_s) <= 3600.0:
             raise FaTuneError(f"temperature wait must be 0..3600 s (got {self.temp_wait_s})")
+        if not 0.0 <= float(self.max_round_s) <= 600.0:
+            raise FaTuneError(f"a round's cap must be 0..600 s (got {self.max_round_s})")
+
+    def capped(self, launch_ms: float) -> tuple[int, int]:
+        """(warmup, repeat) of a round for a kernel of ``launch_ms`` a launch: the protocol's,
+        or where they would run past ``max_round_s``, both cut in proportion (at least
+        MIN_CAPPED_REPEAT timed launches). A search ranks a 32k-token causal layer (tens of
+        milliseconds a launch) in seconds then, not minutes; one such launch already averages
+        over thousands of tiles, so fewer of them lose little (docs/PERF.md step 78)."""
+        n = self.warmup + self.repeat
+        if self.max_round_s <= 0 or not launch_ms > 0 or n * launch_ms <= self.max_round_s * 1e3:
+            return self.warmup, self.repeat
+        share = self.max_round_s * 1e3 / (n * launch_ms)
+        repeat = min(self.repeat, max(MIN_CAPPED_REPEAT, int(self.repeat * share)))
+        warmup = min(self.warmup, max(1, int(self.warmup * share)))
+        return warmup, repeat
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,8 +104,12 @@ class Protocol:
 # candidates are compared with each other under the same short protocol, never reported as the
 # kernel's speed).
 FULL = Protocol()
-SURVEY = Protocol(warmup=20, repeat=100, rounds=1, settle_s=0.0, temp_wait_s=10.0)
-SCREEN = Protocol(warmup=10, repeat=30, rounds=1, settle_s=0.0, temp_wait_s=10.0)
+# The rankings' rounds stop at about 2 s (1 s for a screen): only kernels over 16 ms a launch
+# (25 ms for a screen) get fewer launches.
+SURVEY = Protocol(warmup=20, repeat=100, rounds=1, settle_s=0.0, temp_wait_s=10.0,
+                  max_round_s=2.0)
+SCREEN = Protocol(warmup=10, repeat=30, rounds=1, settle_s=0.0, temp_wait_s=10.0,
+                  max_round_s=1.0)
 
 
 def flops(problem: ShapeLike) -> float:
@@ -469,6 +492,13 @@ def time_kernel(
     try:
         prep_ms = kernel.prepare(shape, st)
         st.synchronize()
+        if proto.max_round_s > 0:  # one launch timed first: how many a round can afford
+            starts[0].record(st)
+            kernel.forward(bufs, st)
+            ends[0].record(st)
+            st.synchronize()
+            warmup, repeat = proto.capped(Event.elapsed_ms(starts[0], ends[0]))
+            proto = replace(proto, warmup=warmup, repeat=repeat)  # what the result records
         for r in range(proto.rounds):
             bound = proto.temp_wait_s
             if wait_bound_s is not None:
