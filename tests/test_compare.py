@@ -655,3 +655,19 @@ def test_a_peers_jit_build_is_announced_once_per_class() -> None:
     sd = compare.Backend("cudnn", "cuDNN", "peer", SimpleNamespace(peer=SdpaPeer("cudnn")),
                          available=True)
     assert compare._slow_first_call(sd, paged, warned) is None
+
+
+def test_uneven_launches_are_named_with_the_ratio_by_fastest_launches() -> None:
+    # FA3 at 0.08-0.2 ms can be launch-bound in one process: its median 0.199 ms against a
+    # fastest 0.151 (docs/PERF.md step 78) made a 1.86x row read 2.92x. compare says so.
+    p = fixture_payload()
+    assert compare_report.uneven_lines(p) == []  # the fixture's launches are even
+    fa3 = next(r for r in p["summary"] if r["backend"] == "fa3" and r["S"] == 4096)
+    fa3["median_ms"], fa3["min_ms"] = 1.5, 1.0  # a median 1.5x its fastest launch
+    lines = compare_report.uneven_lines(p)
+    assert lines[0].startswith("Uneven launches") and len(lines) == 2
+    assert lines[1].startswith("FlashAttention-3 on 4x32x4096: median 1.500 ms, fastest launch")
+    tune = next(r for r in p["summary"] if r["backend"] == "fa-tune" and r["S"] == 4096)
+    assert f"fa-tune {1.0 / tune['min_ms']:.2f}x" in lines[1]
+    md = compare_report.summary_markdown(p)
+    assert "Uneven launches" in md and "- FlashAttention-3 on 4x32x4096" in md

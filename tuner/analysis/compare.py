@@ -48,6 +48,7 @@ from tuner.analysis.compare_report import (
     format_table,
     new_result_dir,
     rich_table,
+    uneven_lines,
     write_outputs,
 )
 from tuner.errors import ConfigError, FaTuneError, GpuError
@@ -554,6 +555,9 @@ def compare_command(
         confirmed=confirmed,
     )
     lines = confirmed_lines(payload)
+    uneven = uneven_lines(payload)
+    if uneven:
+        lines += [uneven[0], *(f"  {x}" for x in uneven[1:])]
     if console is not None:
         console.print(rich_table(payload))
         for line in lines:

@@ -213,6 +213,9 @@ def summary_markdown(payload: dict[str, Any]) -> str:
     conf = confirmed_lines(payload)
     if conf:
         lines += [conf[0], "", *(f"- {x.strip()}" for x in conf[1:]), ""]
+    uneven = uneven_lines(payload)
+    if uneven:
+        lines += [uneven[0], "", *(f"- {x}" for x in uneven[1:]), ""]
     hot = [
         f"{r['backend']} on {s['shape']}"
         for s in payload.get("shapes", [])
@@ -241,6 +244,39 @@ def summary_markdown(payload: dict[str, Any]) -> str:
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f} ms"
+
+
+# A backend whose median launch is this far over its fastest one is not timing its kernel alone:
+# a short problem whose host-side launch sets the pace (FA3 at 0.08-0.2 ms, docs/PERF.md step
+# 78: ranges 2-3x its minimum), or a card busy with something else.
+UNEVEN = 1.25
+
+
+def uneven_lines(payload: dict[str, Any]) -> list[str]:
+    """A title and one line per backend and problem whose launches were uneven (median over
+    UNEVEN x its fastest launch), each other backend's ratio to FA3 by the fastest launches
+    beside it; [] when every row ran even."""
+    ok = [r for r in payload.get("summary", [])
+          if r.get("status") == "ok" and r.get("median_ms") and r.get("min_ms")]
+    ref = payload.get("reference_peer")
+    out = []
+    for r in ok:
+        if r["median_ms"] < UNEVEN * r["min_ms"]:
+            continue
+        line = (f"{r['label']} on {r['shape']}: median {r['median_ms']:.3f} ms, fastest launch "
+                f"{r['min_ms']:.3f} ms")
+        fa3 = next((x for x in ok if x["shape"] == r["shape"] and x["backend"] == ref), None)
+        if fa3 is not None:
+            by_min = [f"{x['label']} {fa3['min_ms'] / x['min_ms']:.2f}x" for x in ok
+                      if x["shape"] == r["shape"] and x["backend"] != ref]
+            if by_min:
+                line += "; by fastest launches: " + ", ".join(by_min) + " FA3"
+        out.append(line)
+    if not out:
+        return []
+    return [f"Uneven launches (median over {UNEVEN:g}x the fastest: a launch-bound short "
+            "problem or a busy card; its ratio says more about the launch than the kernel):",
+            *out]
 
 
 def _cell(r: dict[str, Any] | None, fmt: Callable[[dict[str, Any]], str],
