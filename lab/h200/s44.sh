@@ -9,6 +9,9 @@
 #                    non-causal and S_q < S_k problems, then A B B A in one process)
 #   bash lab/h200/s44.sh tests   (after ab, same machine: the masks' and the packed kernels'
 #                    GPU tests, their kernels prebuilt on every core)
+#   carry [".whl"]:  bash lab/h200/s44.sh share   (variants/share_s44.txt: two warpgroups sharing
+#                    each K/V tile at the 128-key window, gated on uneven problems, then timed
+#                    beside d64-window-packed with and without sinks; no FA3)
 set -uo pipefail
 FIRST_CALL="s44.sh prof with .whl"
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
@@ -18,7 +21,7 @@ snap() {  # TREE NAME SHAPE PRESETS...: one snapshot (libraries + SASS) per tree
      --fixed --shape "$shape" --out "$DEV/ab-$name" --cache "$DEV/abcache-$name" "$@" \
      > "$OUT/build_$name.log" 2>&1; echo "$name built: exit $?")
 }
-case "${1:?prof | ab | tests}" in
+case "${1:?prof | ab | tests | share}" in
 prof)
   OUT=$OUT timeout 400 $E python3 lab/h200/sass_profile.py lab/h200/variants/prof_s44.txt \
     1x64/8x8192:d64:w128 0 > "$OUT/sass_prof.log" 2>&1
@@ -53,5 +56,13 @@ tests)
   step "prebuild masks: exit $?"; tail -2 "$OUT/prebuild_masks.log"
   gpu_tests masks_gpu.log $((400 - (SECONDS - t0))) tests/gpu/test_masks_gpu.py
   gpu_tests pack_gqa_gpu.log $((575 - (SECONDS - t0))) tests/gpu/test_pack_gqa_gpu.py ;;
-*) echo "s44.sh: unknown call '$1': prof, ab or tests" >&2; exit 2 ;;
+share)
+  V=lab/h200/variants/share_s44.txt
+  lab share_gate.log 200 --variants-file $V --shape 2x32/4x1000:d64:w100 \
+    --shape 1x12/3x777:k1500:d64:w300 --shape 3x6/1x513:d64:w17 --shape 1x16/16x300:d64:w64 \
+    --shape 1x16/1x1000:d64:w1 --shape 1x8/1x200:d64:w1000 --shape 2x12/3x333:k400:d64:w50:sinks \
+    --warmup 2 --repeat 5 --rounds 1 --settle-s 0
+  lab share_w128.log 250 --variants-file $V --shape 1x64/8x8192:d64:w128 \
+    --shape 1x64/8x8192:d64:w128:sinks --warmup 50 --repeat 200 --rounds 3 --settle-s 1 ;;
+*) echo "s44.sh: unknown call '$1': prof, ab, tests or share" >&2; exit 2 ;;
 esac
