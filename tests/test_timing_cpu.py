@@ -299,17 +299,18 @@ def test_time_kernel_caps_a_long_kernels_rounds(monkeypatch: pytest.MonkeyPatch)
     dev, shape, bufs = fake_gpu(monkeypatch)
     stream = FakeStream()
     proto = T.Protocol(warmup=20, repeat=100, rounds=2, settle_s=0.0, max_round_s=2.0)
-    long_kernel = FakeKernel([50.0])  # ms a launch: 120 x 50 = 6 s a round uncapped
+    # ms a launch: 120 x 50 = 6 s a round uncapped; the first launch 400 ms (a module loading)
+    long_kernel = FakeKernel([400.0] + [50.0] * 200)
     r = T.time_kernel(dev, long_kernel, shape, bufs, proto, stream=stream,  # type: ignore[arg-type]
                       nvml=FakeNvml())  # type: ignore[arg-type]
-    # One probe launch, then per round 6 warm-up and 33 timed (a third of each).
-    assert long_kernel.calls == 1 + 2 * (6 + 33)
+    # Two probe launches (the faster counts), then per round 6 warm-up and 33 timed (a third).
+    assert long_kernel.calls == 2 + 2 * (6 + 33)
     assert all(len(x.samples_ms) == 33 for x in r.rounds) and r.median_ms == 50.0
     assert (r.protocol.warmup, r.protocol.repeat, r.protocol.max_round_s) == (6, 33, 2.0)
-    short = FakeKernel([0.5])
+    short = FakeKernel([30.0] + [0.5] * 300)  # a slow first launch does not cut a short kernel
     r = T.time_kernel(dev, short, shape, bufs, proto, stream=FakeStream(),  # type: ignore[arg-type]
                       nvml=FakeNvml())  # type: ignore[arg-type]
-    assert short.calls == 1 + 2 * 120 and r.protocol == proto  # under the cap: as asked
+    assert short.calls == 2 + 2 * 120 and r.protocol == proto  # under the cap: as asked
 
 
 def test_time_kernel_rejects_mismatched_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
