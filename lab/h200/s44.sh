@@ -11,7 +11,8 @@
 #                    GPU tests, their kernels prebuilt on every core)
 #   carry [".whl"]:  bash lab/h200/s44.sh share   (variants/share_s44.txt: two warpgroups sharing
 #                    each K/V tile at the 128-key window, gated on uneven problems, then timed
-#                    beside d64-window-packed with and without sinks; no FA3)
+#                    beside d64-window-packed with and without sinks; no FA3; run from a copy of
+#                    the tree with lab/patches/regs104.patch)
 set -uo pipefail
 FIRST_CALL="s44.sh prof with .whl"
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
@@ -57,7 +58,14 @@ tests)
   gpu_tests masks_gpu.log $((400 - (SECONDS - t0))) tests/gpu/test_masks_gpu.py
   gpu_tests pack_gqa_gpu.log $((575 - (SECONDS - t0))) tests/gpu/test_pack_gqa_gpu.py ;;
 share)
-  V=lab/h200/variants/share_s44.txt
+  # consumer_regs 104 is outside the knob's range (every value of a knob must be one validate()
+  # admits somewhere: tests/knob_sample.py), so the variants run from a copy of the tree with
+  # lab/patches/regs104.patch, which widens it.
+  tree=$DEV/regs104
+  bash "$LAB/snapshot.sh" "$tree"
+  (cd "$tree" && patch -p1 -s < "$LAB/../patches/regs104.patch") || { echo "regs104.patch did not apply"; exit 1; }
+  V=$PWD/lab/h200/variants/share_s44.txt
+  cd "$tree"
   lab share_gate.log 200 --variants-file $V --shape 2x32/4x1000:d64:w100 \
     --shape 1x12/3x777:k1500:d64:w300 --shape 3x6/1x513:d64:w17 --shape 1x16/16x300:d64:w64 \
     --shape 1x16/1x1000:d64:w1 --shape 1x8/1x200:d64:w1000 --shape 2x12/3x333:k400:d64:w50:sinks \
