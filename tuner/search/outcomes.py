@@ -121,14 +121,19 @@ class TrialOutcomes(SearchHost):
         PRUNED with a violated constraint, as a static reject: TPE's model never sees a FAIL
         trial, so told FAIL (as before) it went on proposing the same spilling region (39 of
         137 trials of a D 256 softcap search, docs/PERF.md step 62)."""
+        trial.set_user_attr("prune_reason", f"artifact unfit to time: {why}"[:2000])
+        self._tell_infeasible(trial, SPILL_CONSTRAINT)
+        self.progress.spilled += 1
+        self.progress.event(f"trial {trial.number} not timed: {why}"[:160])
+
+    def _tell_infeasible(self, trial: Any, constraint: str) -> None:
+        """Told PRUNED with ``constraint`` violated: TPE models PRUNED trials, not FAIL ones,
+        and ranks an infeasible one with the worst (a spill, a gate refusal)."""
         from optuna.trial import TrialState
 
-        trial.set_user_attr("prune_reason", f"artifact unfit to time: {why}"[:2000])
-        trial.set_constraint(SPILL_CONSTRAINT, 1.0)
+        trial.set_constraint(constraint, 1.0)
         self._tell(trial, TrialState.PRUNED)
-        self.progress.spilled += 1
         self.progress.done += 1
-        self.progress.event(f"trial {trial.number} not timed: {why}"[:160])
 
     def _gate_refused(self, trial: Any, reason: str) -> None:
         """A config the gate (or --max-error-ratio) refused on this study's problems: a failure
@@ -136,13 +141,9 @@ class TrialOutcomes(SearchHost):
         constraint so TPE learns the region, as it does from spills; told FAIL it went on
         proposing the same refused knobs (6 and 10 of 61 and 82 trials of gpt-oss-20b's window
         buckets were sum_in_pv configs the gate refused, docs/PERF.md step 78)."""
-        from optuna.trial import TrialState
-
         trial.set_user_attr("fail_reason", " ".join(str(reason).split())[:2000])
-        trial.set_constraint(GATE_CONSTRAINT, 1.0)
-        self._tell(trial, TrialState.PRUNED)
+        self._tell_infeasible(trial, GATE_CONSTRAINT)
         self.progress.failed += 1
-        self.progress.done += 1
         self.progress.event(f"trial {trial.number} failed: {reason}"[:160])
 
     def _fail(self, trial: Any, reason: str, *, counted: bool = True,
