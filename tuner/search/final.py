@@ -53,7 +53,8 @@ TURNS = turns_for(1)
 # confirmation's 60: a card that idles above 65 C would otherwise hold each of the final's
 # measurements a minute after --timeout, and the turns even out the temperature too.
 # Its rounds stop near 2 s, as the survey's: three finalists of a 32k-token causal bucket
-# (tens of milliseconds a launch) took about 5 minutes of the final at 120 launches each.
+# (tens of milliseconds a launch, estimated from its FLOPs) would take about 5 minutes at 120
+# launches each.
 PROTOCOL = Protocol(warmup=20, repeat=100, rounds=1, settle_s=1.0, temp_wait_s=10.0,
                     max_round_s=2.0)
 ATTR = "final"
