@@ -192,9 +192,14 @@ def _stored_name(per: dict[str, Any], problem: str) -> str | None:
 SPILL_CONSTRAINT = "local_memory"
 
 
+def _pruned_with(t: Any, constraint: str) -> bool:
+    """Told PRUNED with ``constraint`` violated (``_tell_infeasible``)."""
+    return t.state.name == "PRUNED" and constraint in (t.constraints or {})
+
+
 def is_spilled(t: Any) -> bool:
     """A trial never timed because its kernel has local memory (told PRUNED, infeasible)."""
-    return t.state.name == "PRUNED" and SPILL_CONSTRAINT in (t.constraints or {})
+    return _pruned_with(t, SPILL_CONSTRAINT)
 
 
 # The constraint of a trial the gate refused on the study's problems (or --max-error-ratio did):
@@ -205,7 +210,7 @@ GATE_CONSTRAINT = "gate"
 
 def is_gate_refused(t: Any) -> bool:
     """A trial whose config failed the gate (told PRUNED with GATE_CONSTRAINT; a failure)."""
-    return t.state.name == "PRUNED" and GATE_CONSTRAINT in (t.constraints or {})
+    return _pruned_with(t, GATE_CONSTRAINT)
 
 
 def why_not_complete(t: Any) -> str:
