@@ -293,6 +293,12 @@ def test_protocol_capped_cuts_only_long_kernels() -> None:
     # Never under MIN_CAPPED_REPEAT timed launches, and one warm-up at least.
     assert T.SURVEY.capped(10_000.0) == (1, T.MIN_CAPPED_REPEAT)
     assert T.SCREEN.capped(0.0) == (10, 30)  # an unmeasurable probe: no cut
+    # The search's confirmation: FULL's launches up to 16 ms a launch; a 32k-token layer's
+    # 84 ms launch (docs/PERF.md step 80) 9 + 38 a round, under 4 s.
+    assert T.CONFIRM.capped(16.0) == (50, 200)
+    w, r = T.CONFIRM.capped(84.0)
+    assert (w, r) == (9, 38) and (w + r) * 84.0 <= 4000.0
+    assert (T.CONFIRM.settle_s, T.CONFIRM.rounds) == (T.FULL.settle_s, T.FULL.rounds)
 
 
 def test_time_kernel_caps_a_long_kernels_rounds(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -438,7 +438,8 @@ def check_confirmed(payload: dict[str, Any], confirmed: dict[str, Any],
                     kernel: str = "fa-tune") -> dict[str, Any]:
     """Per shape: the TFLOPS the search confirmed for the study's best, compare's TFLOPS for the
     same kernel now, and their ratio (compare / confirmed). Both use the protocol stored with
-    them; the search confirms with FULL, compare's default, so they should agree within noise."""
+    them; the search confirms with FULL, compare's default (fewer launches a round past 16 ms a
+    launch), so they should agree within noise."""
     conf_shapes = confirmed.get("shapes") or {}
     rows = []
     for r in payload.get("summary", []):

@@ -98,11 +98,11 @@ class Protocol:
         return cls(**known)
 
 
-# The named protocols. FULL is what every reported number uses: `fa-tune run`, `compare`, the
-# search's confirmation of a new best and the export timing, so the best the search shows is the
-# number a user measures. SCREEN and SURVEY are the search's cheap rankings (no settle phase:
-# candidates are compared with each other under the same short protocol, never reported as the
-# kernel's speed).
+# The named protocols. FULL is what every reported number uses: `fa-tune run`, `compare` and
+# the export timing; the search's confirmation of a new best is FULL too (CONFIRM), so the best
+# the search shows is the number a user measures. SCREEN and SURVEY are the search's cheap
+# rankings (no settle phase: candidates are compared with each other under the same short
+# protocol, never reported as the kernel's speed).
 FULL = Protocol()
 # The rankings' rounds stop at about 2 s (1 s for a screen): only kernels over 16 ms a launch
 # (25 ms for a screen) get fewer launches.
@@ -110,6 +110,10 @@ SURVEY = Protocol(warmup=20, repeat=100, rounds=1, settle_s=0.0, temp_wait_s=10.
                   max_round_s=2.0)
 SCREEN = Protocol(warmup=10, repeat=30, rounds=1, settle_s=0.0, temp_wait_s=10.0,
                   max_round_s=1.0)
+# FULL with its rounds stopped near 4 s: the same launches up to 16 ms a launch; a 32k-token
+# layer's 84 ms launch gets 38 a round, not 200 (uncapped, one confirmation took about 2 of a
+# 75 s bucket's 3 minutes, and the bucket measured one trial: docs/PERF.md step 80).
+CONFIRM = Protocol(max_round_s=4.0)
 
 
 def flops(problem: ShapeLike) -> float:

@@ -169,6 +169,10 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         # a mix of head dims or masks: one library serves one class) is refused here, once, not
         # as a static reject of every trial. A caller's own builder must build for the class.
         self.pclass = check_runnable(shapes)  # the head dim and mask every candidate is built for
+        # The seeds made for a class lead when the problems themselves are of it: a full-attention
+        # bucket of a library with windowed layers is built with the window class but measures
+        # the full seeds first (window presets ran it at 0.77x FA3, docs/PERF.md step 80).
+        self.problems_class = self.pclass
         if problem_class is not None:  # a workload's library class (kinds of layers share one)
             why = next((f"{p}: {w}" for p in shapes
                         if (w := problem_class.serves(p, varlen=False))), None)
@@ -322,7 +326,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
                 self.study.enqueue_trial(dict(t.params), user_attrs={"requeued_from": t.number})
                 waiting.add(t.user_attrs.get("config_id"))
         sources = {t.user_attrs.get("source") for t in trials}
-        for source, params in seed_params(self.space, self.pclass.head_dim, self.pclass):
+        for source, params in seed_params(self.space, self.pclass.head_dim, self.problems_class):
             if source in sources:
                 continue
             if params is None:

@@ -341,8 +341,9 @@ class TrialOutcomes(SearchHost):
 
     def _confirm(self, trial: Any, cfg: KernelConfig, built: Any, so: str,
                  gates: dict[str, Any]) -> float:
-        """Noise guard: the policy's confirm protocol (FULL, as `fa-tune run` and `compare`
-        time) on every shape; stored as ``confirmed``. Returns its geometric-mean TFLOPS."""
+        """Noise guard: the policy's confirm protocol (CONFIRM: FULL, as `fa-tune run` and
+        `compare` time, with long kernels' rounds capped) on every shape; stored as
+        ``confirmed``. Returns its geometric-mean TFLOPS."""
         proto = self.policy.confirm
         timings: dict[str, dict[str, Any]] = {}
         for shape in self.shapes:

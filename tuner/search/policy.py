@@ -6,8 +6,9 @@ at two points of every trial:
   candidate is too slow next to the incumbent's screen to be worth timing on every shape;
 * after the survey (SURVEY on every shape; value = geometric-mean TFLOPS):
   ``needs_confirming`` says whether the value could be a new best, which is then re-measured
-  with ``confirm`` (FULL: the protocol of ``fa-tune run`` and ``fa-tune compare``, settle phase
-  included) and stored as the trial's ``confirmed`` number, the only "best" ever shown.
+  with ``confirm`` (CONFIRM: the protocol of ``fa-tune run`` and ``fa-tune compare``, settle
+  phase included, rounds stopped near 4 s for kernels over 16 ms a launch) and stored as the
+  trial's ``confirmed`` number, the only "best" ever shown.
 
 The protocols are tuner.measure.timing's named ones; SCREEN and SURVEY only rank candidates
 against each other, FULL is what a user measures.
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.measure.timing import FULL, SCREEN, SURVEY, Protocol
+from tuner.measure.timing import CONFIRM, SCREEN, SURVEY, Protocol
 from tuner.search import final
 from tuner.search.trials import confirmed_ms, confirmed_value
 
@@ -34,7 +35,7 @@ class SearchPolicy:
     prune_slower_fraction: float = PRUNE_SLOWER_FRACTION
     screen: Protocol = field(default=SCREEN)
     survey: Protocol = field(default=SURVEY)
-    confirm: Protocol = field(default=FULL)
+    confirm: Protocol = field(default=CONFIRM)
     # The final (tuner.search.final): this many top configs timed against each other when the
     # search ends, interleaved; 0 or 1: none.
     final_top: int = final.TOP
