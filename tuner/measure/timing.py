@@ -111,8 +111,8 @@ SURVEY = Protocol(warmup=20, repeat=100, rounds=1, settle_s=0.0, temp_wait_s=10.
 SCREEN = Protocol(warmup=10, repeat=30, rounds=1, settle_s=0.0, temp_wait_s=10.0,
                   max_round_s=1.0)
 # FULL with its rounds stopped near 4 s: the same launches up to 16 ms a launch; a 32k-token
-# layer's 84 ms launch gets 38 a round, not 200 (uncapped, one confirmation took about 2 of a
-# 75 s bucket's 3 minutes, and the bucket measured one trial: docs/PERF.md step 80).
+# layer's 84 ms launch gets 38 a round, not 200 (uncapped, a trial at 32k tokens took 176 s and
+# a 75 s bucket measured one; capped, 103 s: docs/PERF.md step 80).
 CONFIRM = Protocol(max_round_s=4.0)
 
 
