@@ -6,6 +6,7 @@ buckets that record the argument struct: no kernel, a few seconds), and `fa-tune
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import subprocess
 from pathlib import Path
@@ -512,6 +513,44 @@ def test_dispatcher_comments_cannot_swallow_code() -> None:
     src = dispatcher_cpp.dispatcher_source(t)
     rows = [ln for ln in src.splitlines() if ln.lstrip().startswith('{"s')]
     assert len(rows) == 4 and all("fa_tune_b" in r for r in rows)
+
+
+def test_a_kinds_library_exports_from_its_studies_each_bucket_for_its_kind(
+        studies: Path) -> None:
+    """gpt-oss-20b tuned by `tune`: each full bucket's trials ran on full problems, and the
+    export refused them against the library's window class. Each bucket's kernel is now built
+    for its kind's class: the full ones without the window they never use (it cost them 1.2 %,
+    docs/PERF.md step 81), while the library still serves both kinds."""
+    from tuner.ship.workload import load_workload
+
+    ms = {"median_ms": 1.0, "tflops": 500.0, "gate": "pass"}
+    _study_with_trial("gpt-oss-20b-full-s2k", load_preset("d64"), {"1x64/8x2048:d64:sinks": ms})
+    _study_with_trial("gpt-oss-20b-window-s2k", load_preset("d64-window-packed"),
+                      {"1x64/8x2048:d64:w128:sinks": ms})
+    w = load_workload("gpt-oss-20b")
+    full, win = w.bucket("full-s2k"), w.bucket("window-s2k")
+    assert not w.bucket_class(full).window and w.bucket_class(win).window
+    assert w.bucket_class(full).sinks and w.problem_class.window
+    srcs = dispatch.bucket_sources(w, study_prefix="gpt-oss-20b-", default="preset:d64")
+    assert srcs["full-s2k"].source["kind"] == srcs["window-s2k"].source["kind"] == "study"
+    t = dispatch.table_for_workload(w, srcs)
+    masks = {e.bucket: e.masks for e in t.entries}
+    assert masks["full-s32k"] == ("sinks",) and masks["window-s32k"] == ("window", "sinks")
+    assert t.problem_class == w.problem_class
+    assert DispatchTable.from_dict(json.loads(t.dumps())) == t
+    out = studies / "lib"
+    r = runner.invoke(app, ["export", "--workload", "gpt-oss-20b", "--study-prefix",
+                            "gpt-oss-20b-", "--default", "preset:d64", "--no-build",
+                            "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    for e in t.entries:
+        src = (out / "buckets" / e.bucket / "kernel.cu").read_text()
+        assert ("static constexpr bool window = true;" in src) == bool(e.window), e.bucket
+    # A bucket that may be handed a windowed call must carry the window.
+    bad = [dataclasses.replace(e, window=None) if e.bucket == "full-s2k" else e
+           for e in t.entries]
+    with pytest.raises(DispatchError, match="bucket full-s2k has no window in its masks"):
+        DispatchTable("x", tuple(bad))
 
 
 def test_a_masked_workload_carries_its_class_into_the_table(tmp_path: Path) -> None:

@@ -244,6 +244,21 @@ def test_tune_runs_a_packed_bucket_as_varlen(monkeypatch: pytest.MonkeyPatch,
     assert c["shapes"][0].is_varlen
 
 
+def test_tune_builds_each_kinds_buckets_for_that_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpt-oss-20b: the windowed kind's buckets are built with the window, the full kind's
+    without it (as the export builds them; the window cost a full layer 1.2 %, PERF step 81)."""
+    from tuner.cli import search_cmds
+
+    calls: list[dict] = []
+    monkeypatch.setattr(search_cmds, "_run_search", lambda **kw: calls.append(kw))
+    r = runner.invoke(app, ["tune", "--workload", "gpt-oss-20b", "--bucket", "window-s2k",
+                            "--bucket", "full-s2k", "--trials", "1"])
+    assert r.exit_code == 0, r.output
+    got = {c["study"]: c["problem_class"] for c in calls}
+    assert got["gpt-oss-20b-window-s2k"].window and got["gpt-oss-20b-window-s2k"].sinks
+    assert not got["gpt-oss-20b-full-s2k"].window and got["gpt-oss-20b-full-s2k"].sinks
+
+
 def test_workload_command_quotes_packed_shapes(tmp_path: Path) -> None:
     f = tmp_path / "w.yaml"
     f.write_text(yaml.safe_dump({**GOOD, "traffic": {"packed": [{"lengths": "3000,1000*4"}]}}))

@@ -417,18 +417,17 @@ def tune(
         problems = [x.problem for x in p.problems]
         check_search_problems(problems)
         # The knobs that change the bucket's own problems (a kind without a softcap keeps
-        # softcap_tanh exact), though its kernel is built for the workload's class (below).
+        # softcap_tanh exact).
         bucket_space = sp.for_class(class_of(problems))
         study = f"{w.name}-{p.bucket.name}"
         console.print(f"[bold]bucket {i}/{len(plans)}: {p.bucket.name} "
                       f"(S {p.bucket.range_text()}), study {study}: "
                       f"{', '.join(map(str, problems))}[/]", soft_wrap=True)
-        # The library's class (a window where some kind of layer has one): each bucket's
-        # candidates are built as the export builds them.
+        # The bucket's kind's class: its candidates are built as the export builds them.
         _run_search(study=study, space=bucket_space, shapes=problems, storage=storage,
                     trials=trials, timeout=timeout, sampler=sampler, seed=seed, jobs=jobs,
                     device=device, gpus=gpus, allow_mixed_gpus=allow_mixed_gpus, worker=worker,
-                    problem_class=w.problem_class)
+                    problem_class=w.bucket_class(p.bucket))
     console.print(f"export the library: fa-tune export --workload {workload} --study-prefix "
                   f"{w.name}- --out {w.name}-lib"
                   + (f" --storage {redact(storage)}" if storage else ""), markup=False,

@@ -169,11 +169,11 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         # a mix of head dims or masks: one library serves one class) is refused here, once, not
         # as a static reject of every trial. A caller's own builder must build for the class.
         self.pclass = check_runnable(shapes)  # the head dim and mask every candidate is built for
-        # The seeds made for a class lead when the problems themselves are of it: a full-attention
-        # bucket of a library with windowed layers is built with the window class but measures
-        # the full seeds first (window presets ran it at 0.77x FA3, docs/PERF.md step 80).
+        # The seeds made for a class lead when the problems themselves are of it, where a
+        # caller builds for a wider class than the problems' (window presets led a full bucket
+        # at 0.77x FA3, docs/PERF.md step 80).
         self.problems_class = self.pclass
-        if problem_class is not None:  # a workload's library class (kinds of layers share one)
+        if problem_class is not None:  # the class a workload's bucket is built for
             why = next((f"{p}: {w}" for p in shapes
                         if (w := problem_class.serves(p, varlen=False))), None)
             if why:

@@ -27,6 +27,7 @@ says why, and the library's problem_class says ``"varlen": true`` when some buck
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -288,13 +289,21 @@ class DispatchTable:
         if bad is not None:
             raise DispatchError(f"dispatch table '{self.name}': bucket name {bad!r} must be "
                                 "letters, digits, '_' or '-'")
-        classes = {e.problem_class for e in self.entries}
+        # One head dim and mask a library. Its kernels differ only where a kind of layers
+        # has no window: those buckets (window 0) are built without one.
+        classes = {dataclasses.replace(e.problem_class, window=False) for e in self.entries}
         if len(classes) > 1:
             raise DispatchError(
                 f"dispatch table '{self.name}' mixes problem classes "
                 f"({'; '.join(sorted(map(str, classes)))}): one library serves one head dim "
                 "and mask"
             )
+        lone = next((e for e in self.entries if e.window != 0 and "window" not in e.masks), None)
+        if lone is not None and any("window" in e.masks for e in self.entries):
+            raise DispatchError(
+                f"dispatch table '{self.name}': bucket {lone.bucket} has no window in its "
+                "masks but may be handed a windowed call; only a kind's bucket of window 0 "
+                "leaves the library's window out")
         names = [e.bucket for e in self.entries]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
@@ -320,7 +329,9 @@ class DispatchTable:
 
     @property
     def problem_class(self) -> ProblemClass:
-        return self.entries[0].problem_class
+        """The class the library serves: its buckets', with a window where one has it."""
+        pc = self.entries[0].problem_class
+        return dataclasses.replace(pc, window=any("window" in e.masks for e in self.entries))
 
     def index_for(self, Hq: int, Hkv: int, S: int, Sk: int | None = None,
                   window: int = 0) -> int:
@@ -459,7 +470,7 @@ def _measured(trial: Any) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
 
 
 def resolve_source(text: str, pclass: ProblemClass, storage: str | None = None) -> Resolved:
-    """A bucket's config from SOURCE (``SOURCE_HELP``), checked against the library's class."""
+    """A bucket's config from SOURCE (``SOURCE_HELP``), checked against the bucket's class."""
     text = str(text).strip()
     if text.startswith("study:"):
         from tuner.search.study import redact, trial_class
@@ -476,7 +487,7 @@ def resolve_source(text: str, pclass: ProblemClass, storage: str | None = None) 
         tclass = trial_class(trial)
         if tclass != pclass:
             raise DispatchError(f"study {name}, trial {trial.number} was measured on {tclass} "
-                                f"problems; this library serves {pclass}")
+                                f"problems; this bucket serves {pclass}")
         measured, problems = _measured(trial)
         src = {"kind": "study", "study": name, "trial": trial.number,
                "storage": redact(storage) if storage else None}
@@ -535,8 +546,8 @@ def bucket_sources(workload: Workload, assignments: list[str] | None = None,
             f"{', '.join(missing)} of workload '{workload.name}': tune {'them' if many else 'it'} "
             f"(fa-tune tune --workload {workload.name} --bucket {missing[0]}), or give --default "
             f"SOURCE or --bucket NAME=SOURCE, SOURCE one of {SOURCE_HELP}")
-    pclass = workload.problem_class
-    return {name: resolve_source(src, pclass, storage) for name, src in texts.items()}
+    return {name: resolve_source(src, workload.bucket_class(workload.bucket(name)), storage)
+            for name, src in texts.items()}
 
 
 def _class_masks(pc: ProblemClass) -> tuple[str, ...]:
@@ -573,11 +584,11 @@ def table_for_workload(workload: Workload, sources: Mapping[str, Resolved]) -> D
         raise DispatchError(f"no config for bucket{'s' if len(missing) > 1 else ''} "
                             f"{', '.join(missing)} of workload '{workload.name}': give "
                             f"--bucket NAME={SOURCE_HELP.split(' (')[0]}... or --study-prefix")
-    att, pclass = workload.attention, workload.problem_class
+    att = workload.attention
     plans = {p.bucket.name: p for p in workload.plan()}
     entries = []
     for b in workload.dispatch_order():  # key-range buckets first: the first that serves wins
-        r = sources[b.name]
+        r, pclass = sources[b.name], workload.bucket_class(b)
         check_entry_config(b.name, r.config, pclass)
         entries.append(DispatchEntry(
             bucket=b.name, Hq=att.Hq, Hkv=att.Hkv, head_dim=att.head_dim, causal=att.causal,

@@ -361,9 +361,8 @@ def export_workload(table: Any, out: Path, *, resolved: Any = None,
 
     out = Path(out)
     check_out(out)
-    pclass = table.problem_class
     for e in table.entries:
-        dispatch_mod.check_entry_config(e.bucket, e.config, pclass)
+        dispatch_mod.check_entry_config(e.bucket, e.config, e.problem_class)
     # The folder is made before the compiles: an --out that cannot be written fails at once.
     with staged(out) as tmp:
         # Each bucket with its varlen kernel where its config serves it (compiled to be sure,
@@ -373,16 +372,19 @@ def export_workload(table: Any, out: Path, *, resolved: Any = None,
             say(f"compiling {n} bucket kernel(s) for packed batches on "
                 f"{toolchain.compile_jobs(jobs)} core(s), to see which configs serve them "
                 "(cached ones are instant)")
-        why = dict(zip([e.bucket for e in table.entries],
-                       varlen_why_not([e.config for e in table.entries], pclass, compile=build,
-                                      jobs=jobs), strict=True))
+        why: dict[str, str | None] = {}
+        for pclass in dict.fromkeys(e.problem_class for e in table.entries):  # a kind's class
+            es = [e for e in table.entries if e.problem_class == pclass]
+            why.update(zip([e.bucket for e in es],
+                           varlen_why_not([e.config for e in es], pclass, compile=build,
+                                          jobs=jobs), strict=True))
         shutil.copytree(_paths.cuda_src_dir() / "fa_tune", tmp / "fa_tune",
                         ignore=shutil.ignore_patterns("__pycache__"))
         for e in table.entries:
             (tmp / "buckets" / e.bucket).mkdir(parents=True)
             (tmp / "buckets" / e.bucket / "kernel.cu").write_text(
                 build_mod.render(e.config, pclass=dataclasses.replace(
-                    pclass, varlen=why[e.bucket] is None)))
+                    e.problem_class, varlen=why[e.bucket] is None)))
             (tmp / "configs").mkdir(exist_ok=True)
             (tmp / "configs" / f"{e.bucket}.yaml").write_text(e.config.to_yaml())
         (tmp / "include").mkdir()  # the C ABI's one header, as the kernels include it

@@ -244,10 +244,16 @@ class Workload:
 
     @property
     def problem_class(self) -> ProblemClass:
-        """The one class the library is built for: the attention's, with a window where some
-        kind of layer has one."""
+        """The class the library serves: the attention's, with a window where some kind of
+        layer has one (each bucket's kernel is built for its own, ``bucket_class``)."""
         pc = self.attention.problem_class
         return dataclasses.replace(pc, window=pc.window or any(k.window for k in self.kinds))
+
+    def bucket_class(self, b: Bucket) -> ProblemClass:
+        """The class a bucket's kernel is built and tuned for: its kind's. A full-attention
+        kind's buckets carry no window (the window class cost such a layer 1.2 %,
+        docs/PERF.md step 81); the dispatcher never hands them a windowed call."""
+        return self.attention_of(b).problem_class
 
     def attention_of(self, b: Bucket) -> Attention:
         """The attention a bucket is tuned on: its kind's window, if it is a kind's."""
