@@ -66,23 +66,39 @@ TODO_NOT_COVERED: dict[str, tuple[object, ...]] = {
     ),
 }
 
-# Values validate() admits only at another head dim than the sample's (D 128), with a config
-# of that head dim that uses them: compiled by tests/test_kernel_build.py (its presets, each
-# at its head dim, and test_sum_in_pv_...) and gated by tests/gpu/test_family_gpu.py.
-# Three CTAs per SM leave 80 registers a thread at launch, a 24 + 136 producer / consumer pair,
-# which fits D 64's O and not D 128's.
-OTHER_HEAD_DIM: dict[str, tuple[tuple[object, ...], int, str]] = {
-    "sum_in_pv": ((True,), 64, "d64-sumpv"),
-    "ctas_per_sm": ((3,), 64, "d64-window3"),
-    "consumer_regs": ((136,), 64, "d64-window3"),
+# Values validate() admits only at another head dim than the sample's (D 128), each with a
+# config of that head dim that uses it (a preset, or ``preset+knob=value...``): compiled by
+# tests/test_kernel_build.py (its presets, each at its head dim, test_sum_in_pv_... and
+# test_few_consumer_registers_...) and gated by tests/gpu/test_family_gpu.py. Three CTAs per
+# SM leave 80 registers a thread at launch, a 24 + 136 producer / consumer pair or less, which
+# fits D 64's O and not D 128's; two CTAs of two consumer warpgroups leave 24 + 2 x 104.
+OTHER_HEAD_DIM: dict[str, tuple[int, dict[object, str]]] = {
+    "sum_in_pv": (64, {True: "d64-sumpv"}),
+    "ctas_per_sm": (64, {3: "d64-window3"}),
+    "consumer_regs": (64, {
+        104: "d64-window-shared",
+        112: "d64-window3+block_n=48+q_in_regs=False+consumer_regs=112",
+        120: "d64-window-packed+consumer_regs=120",
+        128: "d64-window-packed+consumer_regs=128",
+        136: "d64-window3",
+    }),
 }
+
+
+def config_of(spec: str) -> KernelConfig:
+    """``preset[+knob=value...]`` (OTHER_HEAD_DIM's spelling) as a config."""
+    import yaml
+
+    name, *changes = spec.split("+")
+    return load_preset(name).replace(**{k: yaml.safe_load(v) for k, v in
+                                        (c.split("=", 1) for c in changes)})
 
 Pair = tuple[str, object]
 
 
 def other_head_dim_values(name: str) -> tuple[object, ...]:
     """The values of knob ``name`` left to another head dim (OTHER_HEAD_DIM), if any."""
-    return OTHER_HEAD_DIM[name][0] if name in OTHER_HEAD_DIM else ()
+    return tuple(OTHER_HEAD_DIM[name][1]) if name in OTHER_HEAD_DIM else ()
 
 
 def other_class_values(name: str) -> tuple[object, ...]:

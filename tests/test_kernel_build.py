@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from knob_sample import OTHER_HEAD_DIM, config_of
 from prebuild import Artifact
 
 from tuner import _paths
@@ -294,6 +295,20 @@ def test_two_ctas_per_sm_launch_with_half_the_registers() -> None:
     assert 2 * (r.smem_dynamic + 1024) <= 233472  # two fit one SM's shared memory
     assert "static constexpr int ctas_per_sm = 2;" in build.render(TWO_PER_SM.config,
                                                                     pclass=TWO_PER_SM.pclass)
+
+
+# consumer_regs below 136 (D 64, two or three CTAs an SM): the values no preset uses, each
+# with a config tests/knob_sample.py names for it (its OTHER_HEAD_DIM).
+FEW_REGS = [Artifact(config_of(spec), ProblemClass(64, True, window=True))
+            for spec in OTHER_HEAD_DIM["consumer_regs"][1].values() if "+" in spec]
+
+
+@pytest.mark.builds(*FEW_REGS)
+def test_few_consumer_registers_compile_clean() -> None:
+    for art in FEW_REGS:
+        r = build.build_config(art.config, pclass=art.pclass)
+        assert r.unfit is None, (art.config.consumer_regs, r.unfit)  # no local memory
+        assert r.sass["has_hgmma"]
 
 
 _AFTER_MAX = [p for p in list_presets() if load_preset(p).k_release == "after_max"]

@@ -21,6 +21,7 @@ from knob_sample import (
     PINNED,
     TODO_NOT_COVERED,
     built_elsewhere_values,
+    config_of,
     knob_sample,
     knob_sample_extras,
     other_class_values,
@@ -67,11 +68,11 @@ def test_sample_covers_every_knob_value() -> None:
     for name, test_file in CLASS_BOUND.items():
         assert name in (Path(__file__).parent.parent / test_file).read_text(), (name, test_file)
     # A value left to another head dim is one D 128 refuses and that head dim's preset uses.
-    for name, (values, d, preset) in OTHER_HEAD_DIM.items():
-        for v in values:
+    for name, (d, specs) in OTHER_HEAD_DIM.items():
+        for v, spec in specs.items():
             with pytest.raises(ConfigError):
                 validate(KernelConfig().replace(**{name: v}))
-            cfg = load_preset(preset)
+            cfg = config_of(spec)
             assert getattr(cfg, name) == v and validate(cfg, d) is cfg
     assert 6 <= len(extras) <= 16, len(extras)  # the compiles the sample adds to the presets'
     assert knob_sample() == sample  # deterministic

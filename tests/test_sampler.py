@@ -117,8 +117,8 @@ def test_softcap_seeds_seed_softcap_studies_only(space_name: str, plain: str,
 
 
 @pytest.mark.parametrize("shape, first", [
-    ("1x64/8x2048:d64:w128:sinks", ["preset:d64-window-packed", "preset:d64-window3",
-                                    "preset:d64-window"]),
+    ("1x64/8x2048:d64:w128:sinks", ["preset:d64-window-shared", "preset:d64-window-packed",
+                                    "preset:d64-window3", "preset:d64-window"]),
     ("1x16/8x8192:d256:w4096:cap50", ["preset:d256-window",
                                       "preset:d256-multicast+softcap_tanh=approx"]),
     ("1x32/8x16384:w4096", ["preset:llama3+lazy"]),

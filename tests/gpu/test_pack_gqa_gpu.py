@@ -25,6 +25,7 @@ pytestmark = pytest.mark.gpu
 W2_80 = load_preset("d64-window").replace(block_n=80, k_stages=2, v_stages=2, pack_gqa=True)
 W2_144 = load_preset("d64-window").replace(block_n=144, k_stages=2, v_stages=2, pack_gqa=True)
 W3_48 = load_preset("d64-window-packed")  # d64-window3 packed at block_n 48 (the 64 x 48 atom)
+SHARED = load_preset("d64-window-shared")  # two warpgroups a packed tile, two CTAs an SM
 D128 = KernelConfig().replace(scheduler="static", producer_regs=24, q_release="after_last_qk",
                               q_in_regs=True, pack_gqa=True)
 
@@ -34,7 +35,7 @@ WINDOW = ["2x32/4x1000:d64:w100", "1x12/3x777:k1500:d64:w300", "3x6/1x513:d64:w1
           "16/2x[300:1000,128,1:513]:d64:w128"]
 PLAIN = ["1x32/8x1000", "2x12/4x777:k2000", "1x6/1x300", "1x32/8x1000:full",
          "2x12/3x333:k500:full"]
-CASES = ([(c, Problem.parse(t)) for c in (W2_80, W2_144, W3_48) for t in WINDOW]
+CASES = ([(c, Problem.parse(t)) for c in (W2_80, W2_144, W3_48, SHARED) for t in WINDOW]
          + [(D128, Problem.parse(t)) for t in PLAIN])
 
 

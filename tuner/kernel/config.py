@@ -155,9 +155,10 @@ class KernelConfig:
     hint_o: str = knob("none", _HINTS, cpp_type="CacheHint", doc=_HINT_DOC.format("O", "stores"))
     producer_regs: int = knob(24, (24, 32, 40, 56), doc=(
         "Registers per thread of the producer warpgroup (setmaxnreg)."))
-    consumer_regs: int = knob(240, range(136, 241, 8), range_text="136..240 in steps of 8", doc=(
+    consumer_regs: int = knob(240, range(104, 241, 8), range_text="104..240 in steps of 8", doc=(
         "Registers per thread of each consumer warpgroup (setmaxnreg); below 160 only at D 64: "
-        "three warpgroups beside a persistent producer, or three CTAs an SM (136)."))
+        "three warpgroups beside a persistent producer, three CTAs an SM (136 and below), or "
+        "two CTAs of two warpgroups (104)."))
     intra_wg_overlap: bool = knob(True, doc=(
         "A warpgroup issues the next KV tile's QK before this tile's softmax and PV."))
     pingpong: bool = knob(True, doc=(
