@@ -31,3 +31,8 @@ def main() -> None:
         cli_main()  # a command's own Ctrl-C is handled inside; this catches its set-up's too
     except KeyboardInterrupt:
         _interrupted()
+    finally:
+        # Only the interpreter's exit is left (threading's shutdown joins threads): a Ctrl-C
+        # there ends the process as SIGINT does, not with an "Exception ignored" trace.
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
