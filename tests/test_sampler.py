@@ -149,7 +149,7 @@ def test_seeds_keep_file_order_outside_their_class() -> None:
     plain = Problem.parse("1x64/8x8192:d64:sinks").problem_class
     order = [s for s, _ in seed_params(space.for_class(plain), 64, plain)]
     assert order == [s for s, _ in seed_params(space.for_class(plain), 64)]
-    assert order[:2] == ["preset:d64", "preset:d64+k3v3"]
+    assert order[:2] == ["preset:d64-wgskip", "preset:d64+static128+sumpv+lazy"]
 
 
 @pytest.mark.parametrize("bad", ["gqa", ["window", "causal"], 3])

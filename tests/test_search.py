@@ -748,7 +748,7 @@ def test_a_workloads_class_builds_its_candidates(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("shape,first", [
-    ("1x64/8x2048:d64:sinks", ["preset:d64", "preset:d64+k3v3"]),
+    ("1x64/8x2048:d64:sinks", ["preset:d64-wgskip", "preset:d64+static128+sumpv+lazy"]),
     ("1x64/8x2048:d64:w128:sinks", ["preset:d64-window-shared", "preset:d64-window-packed"]),
 ])
 def test_a_workloads_buckets_lead_with_their_own_problems_seeds(tmp_path: Path, shape: str,

@@ -10,11 +10,14 @@
 #       FA3 installed; `fa-tune compare` at the 128-key window (with and without sinks):
 #       d64-window-shared, d64-window-packed and FA3 in one process, twice (1 s settle,
 #       50 + 3 x 200 launches)
+#   bash lab/h200/s47.sh long   (after rows) the first D 64 seed, d64-wgskip, and d64 beside FA3
+#       at gpt-oss's 32k full layer, 1x64/8x32768:d64:sinks (5 + 3 x 20 launches), twice:
+#       step 81's bucket measured only d64 there (0.96x)
 #   then `bash lab/h200/workload.sh start gemma-2-9b 60s` and its `after` / `cmp` calls.
 set -uo pipefail
 FIRST_CALL="s47.sh gates with .whl"
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
-case "${1:?gates | rows}" in
+case "${1:?gates | rows | long}" in
 gates)
   gpu_tests pack_gqa_gpu.log 260 tests/gpu/test_pack_gqa_gpu.py
   gpu_tests hf_masks_gpu.log $((420 - (SECONDS - t0))) tests/gpu/test_hf_masks_gpu.py
@@ -33,6 +36,16 @@ rows)
       done
     done
   done ;;
-*) echo "s47.sh: unknown call '$1': gates or rows" >&2; exit 2 ;;
+long)
+  fa3_once
+  for i in 1 2; do
+    for pre in d64-wgskip d64; do
+      log=$OUT/long_${pre}_$i.log
+      timeout 120 $E python3 -m tuner.cli compare --preset "$pre" --shape 1x64/8x32768:d64:sinks \
+        --backends fa3 --warmup 5 --repeat 20 --rounds 3 --settle-s 1 > "$log" 2>&1
+      step "$pre run $i: exit $?"; grep -A1 "^│ fa-tune" "$log" | head -2 | cut -c1-120
+    done
+  done ;;
+*) echo "s47.sh: unknown call '$1': gates, rows or long" >&2; exit 2 ;;
 esac
 step done
