@@ -13,11 +13,14 @@
 #   bash lab/h200/s47.sh long   (after rows) the first D 64 seed, d64-wgskip, and d64 beside FA3
 #       at gpt-oss's 32k full layer, 1x64/8x32768:d64:sinks (5 + 3 x 20 launches), twice:
 #       step 81's bucket measured only d64 there (0.96x)
+#   bash lab/h200/s47.sh variants   (any call after gates) variants/shared_s47.txt: more
+#       warpgroups sharing a packed window tile, gated on uneven window and sinks problems,
+#       then timed at the 128-key window beside the two presets (kernel_lab, no FA3)
 #   then `bash lab/h200/workload.sh start gemma-2-9b 60s` and its `after` / `cmp` calls.
 set -uo pipefail
 FIRST_CALL="s47.sh gates with .whl"
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
-case "${1:?gates | rows | long}" in
+case "${1:?gates | rows | long | variants}" in
 gates)
   gpu_tests pack_gqa_gpu.log 260 tests/gpu/test_pack_gqa_gpu.py
   gpu_tests hf_masks_gpu.log $((420 - (SECONDS - t0))) tests/gpu/test_hf_masks_gpu.py
@@ -46,6 +49,14 @@ long)
       step "$pre run $i: exit $?"; grep -A1 "^│ fa-tune" "$log" | head -2 | cut -c1-120
     done
   done ;;
-*) echo "s47.sh: unknown call '$1': gates, rows or long" >&2; exit 2 ;;
+variants)
+  V=lab/h200/variants/shared_s47.txt
+  lab shared_gate.log 200 --variants-file $V --shape 2x32/4x1000:d64:w100 \
+    --shape 1x12/3x777:k1500:d64:w300 --shape 3x6/1x513:d64:w17 --shape 1x16/16x300:d64:w64 \
+    --shape 1x16/1x1000:d64:w1 --shape 1x8/1x200:d64:w1000 --shape 2x12/3x333:k400:d64:w50:sinks \
+    --warmup 2 --repeat 5 --rounds 1 --settle-s 0
+  lab shared_w128.log 300 --variants-file $V --shape 1x64/8x8192:d64:w128 \
+    --shape 1x64/8x8192:d64:w128:sinks --warmup 50 --repeat 200 --rounds 3 --settle-s 1 ;;
+*) echo "s47.sh: unknown call '$1': gates, rows, long or variants" >&2; exit 2 ;;
 esac
 step done
