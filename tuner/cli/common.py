@@ -166,7 +166,9 @@ StudyOpt = Annotated[str, typer.Option("--study", help="Study name.")]
 TrialsOpt = Annotated[int | None, typer.Option(
     "--trials", "-n", help="Trials to run (compiled ones); with --gpus, for all GPUs together.")]
 TimeoutOpt = Annotated[
-    str | None, typer.Option("--timeout", help="Wall-time budget, e.g. 90s, 10m, 1h.")
+    str | None, typer.Option("--timeout", help=(
+        "Wall-time budget for the trials, e.g. 90s, 10m, 1h; the final (the top configs timed "
+        "against each other, about a minute) follows it."))
 ]
 SamplerOpt = Annotated[str, typer.Option("--sampler", help="tpe | random | grid | cmaes.")]
 SeedOpt = Annotated[int | None, typer.Option(

@@ -384,7 +384,8 @@ def tune(
         "--workload", help="A workload file, or a name from workloads/ (e.g. llama3-8b).")],
     trials: TrialsOpt = None,
     timeout: Annotated[str | None, typer.Option(
-        "--timeout", help="Wall-time budget PER BUCKET, e.g. 30m.")] = None,
+        "--timeout", help=("Wall-time budget PER BUCKET, e.g. 30m; each bucket's final (about "
+                           "a minute) follows it."))] = None,
     bucket: Annotated[list[str] | None, typer.Option(
         "--bucket", help="Only these buckets (default: all of the workload's).")] = None,
     max_problems: Annotated[int | None, typer.Option(
