@@ -4,7 +4,8 @@
 # gated and played in one process, 16 interleaved turns (scripts/final_band.py): each config's
 # median and spread, and the fastest one's lead and paired band after 4, 8, 12 and 16 turns.
 # twin2.db is in step 69's tarball as a CSV only and did not outlive that checkout; twin1.db is
-# in step 68's (docs/measurements/2026-12-06-s36.tar.xz): the call plays the studies it finds.
+# in step 68's (2026-12-06-s36/s36/twin1.db in
+# docs/measurements/2026-12-04-s18_2026-12-07-s47.tar.xz): the call plays the studies it finds.
 #   carry [".whl", "studies/twin1.db"] (and "studies/twin2.db" where one exists):
 #     bash lab/h200/s37.sh band        the final's protocol (1 s settle, 20 + 100 launches a
 #                                      measurement; step 69 ran it: about 3.5 minutes)
