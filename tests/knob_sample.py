@@ -25,6 +25,8 @@ import functools
 import random
 from collections.abc import Iterable
 
+import yaml
+
 from tuner.errors import ConfigError
 from tuner.kernel.config import (
     HEAD_DIM,
@@ -87,8 +89,6 @@ OTHER_HEAD_DIM: dict[str, tuple[int, dict[object, str]]] = {
 
 def config_of(spec: str) -> KernelConfig:
     """``preset[+knob=value...]`` (OTHER_HEAD_DIM's spelling) as a config."""
-    import yaml
-
     name, *changes = spec.split("+")
     return load_preset(name).replace(**{k: yaml.safe_load(v) for k, v in
                                         (c.split("=", 1) for c in changes)})

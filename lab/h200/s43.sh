@@ -26,10 +26,7 @@ four() {
   local V=lab/h200/variants/four_s43.txt
   lab four_w128.log 200 --variants-file $V --shape 1x64/8x8192:d64:w128 \
     --shape 1x64/8x8192:d64:w128:sinks --warmup 50 --repeat 200 --rounds 3 --settle-s 1
-  lab four_gate.log 150 --variants-file $V --shape 2x32/4x1000:d64:w100 \
-    --shape 1x12/3x777:k1500:d64:w300 --shape 3x6/1x513:d64:w17 --shape 1x16/16x300:d64:w64 \
-    --shape 1x16/1x1000:d64:w1 --shape 1x8/1x200:d64:w1000 --shape 2x12/3x333:k400:d64:w50:sinks \
-    --warmup 2 --repeat 5 --rounds 1 --settle-s 0
+  window_gate four_gate.log 150 $V
   lab four_wslope.log 150 --variants-file $V --shape 1x64/8x8192:d64:w64 \
     --shape 1x64/8x8192:d64:w384 --warmup 50 --repeat 200 --rounds 2 --settle-s 1
 }

@@ -66,10 +66,7 @@ share)
   (cd "$tree" && patch -p1 -s < "$LAB/../patches/regs104.patch") || { echo "regs104.patch did not apply"; exit 1; }
   V=$PWD/lab/h200/variants/share_s44.txt
   cd "$tree"
-  lab share_gate.log 200 --variants-file $V --shape 2x32/4x1000:d64:w100 \
-    --shape 1x12/3x777:k1500:d64:w300 --shape 3x6/1x513:d64:w17 --shape 1x16/16x300:d64:w64 \
-    --shape 1x16/1x1000:d64:w1 --shape 1x8/1x200:d64:w1000 --shape 2x12/3x333:k400:d64:w50:sinks \
-    --warmup 2 --repeat 5 --rounds 1 --settle-s 0
+  window_gate share_gate.log 200 $V
   lab share_w128.log 250 --variants-file $V --shape 1x64/8x8192:d64:w128 \
     --shape 1x64/8x8192:d64:w128:sinks --warmup 50 --repeat 200 --rounds 3 --settle-s 1 ;;
 *) echo "s44.sh: unknown call '$1': prof, ab, tests or share" >&2; exit 2 ;;

@@ -51,10 +51,7 @@ long)
   done ;;
 variants)
   V=lab/h200/variants/shared_s47.txt
-  lab shared_gate.log 200 --variants-file $V --shape 2x32/4x1000:d64:w100 \
-    --shape 1x12/3x777:k1500:d64:w300 --shape 3x6/1x513:d64:w17 --shape 1x16/16x300:d64:w64 \
-    --shape 1x16/1x1000:d64:w1 --shape 1x8/1x200:d64:w1000 --shape 2x12/3x333:k400:d64:w50:sinks \
-    --warmup 2 --repeat 5 --rounds 1 --settle-s 0
+  window_gate shared_gate.log 200 $V
   lab shared_w128.log 300 --variants-file $V --shape 1x64/8x8192:d64:w128 \
     --shape 1x64/8x8192:d64:w128:sinks --warmup 50 --repeat 200 --rounds 3 --settle-s 1 ;;
 *) echo "s47.sh: unknown call '$1': gates, rows, long or variants" >&2; exit 2 ;;

@@ -42,6 +42,15 @@ lab() {  # LOG TIMEOUT ARGS...: kernel_lab without FA3, its table last, inside a
     > "$OUT/$log" 2>&1
   step "$log: exit $?"; grep -v '^  [0-9a-f]\{12\}: {' "$OUT/$log" | tail -n 14 | cut -c1-200
 }
+window_gate() {  # LOG TIMEOUT VARIANTS_FILE: the uneven window and sinks problems a window
+  # variant passes before it is timed (the group sizes 8, 4, 6, 1 and MHA, S_q < S_k, windows
+  # of 1 to 1000 keys), each at a few launches
+  local log=$1 limit=$2 v=$3
+  lab "$log" "$limit" --variants-file "$v" --shape 2x32/4x1000:d64:w100 \
+    --shape 1x12/3x777:k1500:d64:w300 --shape 3x6/1x513:d64:w17 --shape 1x16/16x300:d64:w64 \
+    --shape 1x16/1x1000:d64:w1 --shape 1x8/1x200:d64:w1000 --shape 2x12/3x333:k400:d64:w50:sinks \
+    --warmup 2 --repeat 5 --rounds 1 --settle-s 0
+}
 wait_search() {  # STUDY: wait for the search gpu_session.sh search-start began; keep its log
   local study=$1
   [ -f "$DEV/search.log" ] || { echo "no search running (search-start failed?)"; return 1; }
