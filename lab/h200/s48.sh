@@ -1,48 +1,58 @@
 #!/usr/bin/env bash
-# Session 48's kernel experiment (docs/PERF.md step 82's next steps, issue 37): the paged
-# producer's page lookups, one per lane at once (lab/patches/page-lookup.patch), against main.
-# Two calls on one warm machine:
-#   carry [".whl"]  bash lab/h200/s48.sh pages
-#       main's tree and a copy with the patch (.device/page-lookup), the paged class of llama3
-#       built from each at pages of 16, 32, 64 and 128 (`4x32/8x2048:k8192:pP`), gated and timed
-#       A B A B (scripts/ab_libs.py, 3 pairs, 0.5 s settle); its table last per page size
-#   bash lab/h200/s48.sh pagetests   the paged GPU tests on the patched copy (page sizes 8 to
-#       256, fixed and packed, multicast and head clusters, masks over pages, bad tables)
-# Logs land in $OUT.
+# Session 48's kernel experiments (docs/PERF.md step 82's next steps), each a patch in
+# lab/patches/ timed against main in one process. Calls on one warm machine, the first
+# carrying [".whl"]:
+#   bash lab/h200/s48.sh pages       page-lookup.patch (the paged producer's page numbers
+#       looked up by every lane at once; issue 37): the paged class of llama3 at pages of 16, 32,
+#       64 and 128 (`4x32/8x2048:k8192:pP`)
+#   bash lab/h200/s48.sh qpf         q-prefetch.patch (the next task's Q prefetched into L2 while
+#       its buffer is busy; issue 36): d64-window-shared and d64-window-packed at the 128-key
+#       window, `static` at the short packed batch, llama3 at `1x32/8x8192` (a control: long
+#       tasks, nothing to gain)
+#   bash lab/h200/s48.sh tests PATCH FILES...   GPU tests on a patched copy, e.g.
+#       `tests page-lookup tests/gpu/test_paged_gpu.py tests/gpu/test_paged_op_gpu.py`,
+#       `tests q-prefetch tests/gpu/test_pack_gqa_gpu.py tests/gpu/test_varlen_gpu.py`
+# Each A/B: main's tree and a patched copy (.device/patched-PATCH) build the named presets for
+# a problem's class (scripts/sass_snapshot.py), then scripts/ab_libs.py gates both and times
+# them A B A B (3 pairs, 0.5 s settle); its table last. Logs land in $OUT.
 set -uo pipefail
-FIRST_CALL="s48.sh pages with .whl"
+FIRST_CALL="s48.sh pages or qpf with .whl"
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
-COPY=$DEV/page-lookup
-stage() {  # the patched copy of this tree, once
-  [ -f "$COPY/.patched" ] && return 0
-  rm -rf "$COPY" && mkdir -p "$COPY"
+stage() {  # PATCH: a copy of this tree with lab/patches/PATCH.patch applied, once
+  local copy=$DEV/patched-$1
+  [ -f "$copy/.patched" ] && return 0
+  rm -rf "$copy" && mkdir -p "$copy"
   cp -r cuda_src tuner scripts tests templates search_spaces workloads pyproject.toml setup.py \
-    "$COPY/" && (cd "$COPY" && patch -p1 -s < "$LAB/../patches/page-lookup.patch") \
-    && touch "$COPY/.patched" || { echo "staging the patched copy failed"; exit 1; }
+    "$copy/" && (cd "$copy" && patch -p1 -s < "$LAB/../patches/$1.patch") \
+    && touch "$copy/.patched" || { echo "staging $1 failed"; exit 1; }
 }
-case "${1:?pages | pagetests}" in
-pages)
-  stage
-  for tree in main page; do
-    dir=$PWD; [ $tree = page ] && dir=$COPY
-    (cd "$dir" && for pg in 16 32 64 128; do
-       PYTHONPATH="$DEV/site:$dir" timeout 240 python3 scripts/sass_snapshot.py \
-         --shape "4x32/8x2048:k8192:p$pg" --out "$DEV/abl-$tree-$pg" --cache "$DEV/ablcache-$tree" \
-         llama3 > "$OUT/build_${tree}_$pg.log" 2>&1 || echo "$tree p$pg build failed"
-     done; echo "$tree built") &
+ab() {  # PATCH SHAPE PRESET...: main against the patch on SHAPE's class, A B A B
+  local patch=$1 shape=$2 tag=${2//[:\/\[\],*]/_}; shift 2
+  stage "$patch"
+  for tree in main "$patch"; do
+    local dir=$PWD; [ "$tree" = main ] || dir=$DEV/patched-$patch
+    (cd "$dir" && PYTHONPATH="$DEV/site:$dir" timeout 240 python3 scripts/sass_snapshot.py \
+       --shape "$shape" --out "$DEV/ab-$tree-$tag" --cache "$DEV/abcache-$tree" "$@" \
+       > "$OUT/build_${tree}_$tag.log" 2>&1 || echo "$tree $shape: build failed") &
   done
-  wait; step built
-  for pg in 16 32 64 128; do
-    timeout 120 $E python3 scripts/ab_libs.py "$DEV/abl-main-$pg" "$DEV/abl-page-$pg" --pairs 3 \
-      --settle-s 0.5 --json "$OUT/ab_p$pg.json" > "$OUT/ab_p$pg.log" 2>&1
-    step "p$pg exit $?"; tail -3 "$OUT/ab_p$pg.log" | cut -c1-160
-  done ;;
-pagetests)
-  stage
-  (cd "$COPY" && PYTHONPATH="$DEV/site:$COPY" timeout 540 python3 -m pytest -q -s -m gpu \
-    -p no:cacheprovider --durations=5 tests/gpu/test_paged_gpu.py tests/gpu/test_paged_op_gpu.py \
-    > "$OUT/paged_tests.log" 2>&1)
-  step "paged GPU tests exit $?"; grep -E "passed|failed|FAILED|Error" "$OUT/paged_tests.log" | tail -8 ;;
-*) echo "s48.sh: unknown call '$1': pages or pagetests" >&2; exit 2 ;;
+  wait
+  timeout 150 $E python3 scripts/ab_libs.py "$DEV/ab-main-$tag" "$DEV/ab-$patch-$tag" --pairs 3 \
+    --settle-s 0.5 --json "$OUT/ab_${patch}_$tag.json" > "$OUT/ab_${patch}_$tag.log" 2>&1
+  step "$patch at $shape: exit $?"; tail -n $(($# + 2)) "$OUT/ab_${patch}_$tag.log" | cut -c1-160
+}
+case "${1:?pages | qpf | tests PATCH FILES...}" in
+pages)
+  for pg in 16 32 64 128; do ab page-lookup "4x32/8x2048:k8192:p$pg" llama3; done ;;
+qpf)
+  ab q-prefetch 1x64/8x8192:d64:w128 d64-window-shared d64-window-packed
+  ab q-prefetch "32/8x[1024*8,512*16,256*32,128*64]" static
+  ab q-prefetch 1x32/8x8192 llama3 ;;
+tests)
+  patch=${2:?patch}; shift 2
+  stage "$patch"
+  (cd "$DEV/patched-$patch" && PYTHONPATH="$DEV/site:$PWD" timeout 540 python3 -m pytest -q -s \
+    -m gpu -p no:cacheprovider --durations=5 "$@" > "$OUT/tests_$patch.log" 2>&1)
+  step "$patch GPU tests exit $?"; grep -E "passed|failed|FAILED|Error" "$OUT/tests_$patch.log" | tail -8 ;;
+*) echo "s48.sh: unknown call '$1': pages, qpf or tests" >&2; exit 2 ;;
 esac
 step done
