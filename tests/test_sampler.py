@@ -122,6 +122,7 @@ def test_softcap_seeds_seed_softcap_studies_only(space_name: str, plain: str,
     ("1x16/8x8192:d256:w4096:cap50", ["preset:d256-window",
                                       "preset:d256-multicast+softcap_tanh=approx"]),
     ("1x32/8x16384:w4096", ["preset:llama3+lazy"]),
+    ("4x32/8x2048:k8192:p128", ["preset:llama3"]),
 ])
 def test_a_new_study_measures_its_classs_seeds_first(tmp_path: Path, shape: str,
                                                       first: list[str]) -> None:
