@@ -158,3 +158,15 @@ def test_first_for_names_class_flags_only(bad: Any) -> None:
     with pytest.raises(ConfigError, match="first_for lists problem class flags"):
         space_from_dict({"block_n": [64, 128], "seeds": [{"preset": "default", "first_for": bad}]},
                         "s.yaml")
+
+
+def test_the_chunks_searched_pick_is_a_seed_inside_the_default_space() -> None:
+    # s28-chunk's pick (docs/PERF.md step 62): a D 128 GQA study measures it among its seeds,
+    # which needs every knob it sets inside the default space (params None would drop it).
+    from tuner.problem import Problem
+
+    pclass = Problem.parse("1x32/8x2048:k8192").problem_class
+    seeds = dict(seed_params(load_space("default").for_class(pclass), 128, pclass))
+    params = seeds["preset:llama3+chunk"]
+    assert params is not None
+    assert (params["v_stages"], params["q_in_regs"], params["fixed_cost"]) == (3, False, 14)
