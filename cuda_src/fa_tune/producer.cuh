@@ -76,26 +76,42 @@ struct Producer {
     const bool load = Hooks::kv_load_every == 1 || n % Hooks::kv_load_every == 0;
     uint64_t* bar = ring.acquire(st, load ? T::kKVTileBytes : 0, leader);
     auto* dst = base + st.index * T::kBlockN * T::kHeadDim;
-    if (load && leader) {
-      constexpr int kSlices = T::kKVRowSlices, kMine = T::kDBoxes * kSlices / T::kClusterSize;
+    constexpr int kSlices = T::kKVRowSlices, kMine = T::kDBoxes * kSlices / T::kClusterSize;
+    if constexpr (kPaged) {
+      // Boxes of page_box_rows rows (a power of two dividing the slice and the page), each from
+      // its page. Every lane looks up one box's page at once (pages hold 8+ rows, so a tile has
+      // at most 32 boxes) and the leader takes them by shuffle. Looked up by the leader box
+      // after box, each TMA copy waited on its own table load: 16 a K tile at pages of 16,
+      // D 128, where this is 9 % faster (docs/PERF.md step 85).
+      static_assert(T::kBlockN / 8 <= 32, "a lane per box of 8 rows");
+      if (!load) {
+        st.template advance<Ring::kStages>();
+        return;
+      }
+      const int lane = int(lane_id()), box_shift = __ffs(page_box_rows) - 1;
+      const int mine = pages.page_of(row + (lane << box_shift));  // lanes past the tile: unused
       for (int i = rank * kMine; i < (rank + 1) * kMine; ++i) {
         const int c = i / kSlices, r = (i % kSlices) * T::kKVBoxRows;
         auto* to = dst + (c * T::kBlockN + r) * kBoxCols;
-        if constexpr (kPaged) {
-          // Boxes of page_box_rows rows (a power of two dividing the slice and the page), each
-          // from its page: the key's page in the table, its row within the page.
-          for (int s = 0; s < T::kKVBoxRows; s += page_box_rows) {
-            const int key = row + r + s;
-            const int page = pages.page_of(key), in_page = key & ((1 << pages.shift) - 1);
-            if constexpr (T::kClustered) {
-              tma_load_4d_multicast<kHint>(map, bar, to + s * kBoxCols,
-                                           uint16_t((1u << T::kClusterSize) - 1u), c * kBoxCols,
-                                           in_page, h, page);
-            } else {
-              tma_load_4d<kHint>(map, bar, to + s * kBoxCols, c * kBoxCols, in_page, h, page);
-            }
+        for (int s = 0; s < T::kKVBoxRows; s += page_box_rows) {
+          const int key = row + r + s;
+          const int page = __shfl_sync(0xffffffffu, mine, (r + s) >> box_shift);
+          const int in_page = key & ((1 << pages.shift) - 1);
+          if (!leader) continue;
+          if constexpr (T::kClustered) {
+            tma_load_4d_multicast<kHint>(map, bar, to + s * kBoxCols,
+                                         uint16_t((1u << T::kClusterSize) - 1u), c * kBoxCols,
+                                         in_page, h, page);
+          } else {
+            tma_load_4d<kHint>(map, bar, to + s * kBoxCols, c * kBoxCols, in_page, h, page);
           }
-        } else if constexpr (T::kClustered) {
+        }
+      }
+    } else if (load && leader) {
+      for (int i = rank * kMine; i < (rank + 1) * kMine; ++i) {
+        const int c = i / kSlices, r = (i % kSlices) * T::kKVBoxRows;
+        auto* to = dst + (c * T::kBlockN + r) * kBoxCols;
+        if constexpr (T::kClustered) {
           tma_load_4d_multicast<kHint>(map, bar, to, uint16_t((1u << T::kClusterSize) - 1u),
                                        c * kBoxCols, row + r, h, b);
         } else {

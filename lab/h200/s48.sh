@@ -2,21 +2,18 @@
 # Session 48's kernel experiments (docs/PERF.md step 82's next steps), each a patch in
 # lab/patches/ timed against main in one process. Calls on one warm machine, the first
 # carrying [".whl"]:
-#   bash lab/h200/s48.sh pages       page-lookup.patch (the paged producer's page numbers
-#       looked up by every lane at once; issue 37): the paged class of llama3 at pages of 16, 32,
-#       64 and 128 (`4x32/8x2048:k8192:pP`)
+#   (`pages`, page-lookup.patch against main at pages of 16-128, landed in step 85)
 #   bash lab/h200/s48.sh qpf         q-prefetch.patch (the next task's Q prefetched into L2 while
 #       its buffer is busy; issue 36): d64-window-shared and d64-window-packed at the 128-key
 #       window, `static` at the short packed batch, llama3 at `1x32/8x8192` (a control: long
 #       tasks, nothing to gain)
 #   bash lab/h200/s48.sh tests PATCH FILES...   GPU tests on a patched copy, e.g.
-#       `tests page-lookup tests/gpu/test_paged_gpu.py tests/gpu/test_paged_op_gpu.py`,
 #       `tests q-prefetch tests/gpu/test_pack_gqa_gpu.py tests/gpu/test_varlen_gpu.py`
 # Each A/B: main's tree and a patched copy (.device/patched-PATCH) build the named presets for
 # a problem's class (scripts/sass_snapshot.py), then scripts/ab_libs.py gates both and times
 # them A B A B (3 pairs, 0.5 s settle); its table last. Logs land in $OUT.
 set -uo pipefail
-FIRST_CALL="s48.sh pages or qpf with .whl"
+FIRST_CALL="s48.sh qpf with .whl"
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"
 stage() {  # PATCH: a copy of this tree with lab/patches/PATCH.patch applied, once
   local copy=$DEV/patched-$1
@@ -40,9 +37,7 @@ ab() {  # PATCH SHAPE PRESET...: main against the patch on SHAPE's class, A B A 
     --settle-s 0.5 --json "$OUT/ab_${patch}_$tag.json" > "$OUT/ab_${patch}_$tag.log" 2>&1
   step "$patch at $shape: exit $?"; tail -n $(($# + 2)) "$OUT/ab_${patch}_$tag.log" | cut -c1-160
 }
-case "${1:?pages | qpf | tests PATCH FILES...}" in
-pages)
-  for pg in 16 32 64 128; do ab page-lookup "4x32/8x2048:k8192:p$pg" llama3; done ;;
+case "${1:?qpf | tests PATCH FILES...}" in
 qpf)
   ab q-prefetch 1x64/8x8192:d64:w128 d64-window-shared d64-window-packed
   ab q-prefetch "32/8x[1024*8,512*16,256*32,128*64]" static
@@ -53,6 +48,6 @@ tests)
   (cd "$DEV/patched-$patch" && PYTHONPATH="$DEV/site:$PWD" timeout 540 python3 -m pytest -q -s \
     -m gpu -p no:cacheprovider --durations=5 "$@" > "$OUT/tests_$patch.log" 2>&1)
   step "$patch GPU tests exit $?"; grep -E "passed|failed|FAILED|Error" "$OUT/tests_$patch.log" | tail -8 ;;
-*) echo "s48.sh: unknown call '$1': pages, qpf or tests" >&2; exit 2 ;;
+*) echo "s48.sh: unknown call '$1': qpf or tests" >&2; exit 2 ;;
 esac
 step done

@@ -7,8 +7,9 @@
 #       H200: the p128 search starts (gpu_session.sh search-start h-p128 300s); next call
 #             `s28.sh next h-p128 4x32/8x2048:k8192:p64 4x32/8x2048:k8192:p256 -- h-chunk 300s
 #             1x32/8x2048:k8192` with carry [".fa3/part2"]
-#       else: `s48.sh pages` (main against page-lookup.patch); next `s48.sh qpf`, then `s48.sh
-#             tests PATCH FILES...` for a patch that gained
+#       else: gemma-2-9b's four longer buckets start tuning (workload.sh start, 60 s a bucket;
+#             its two 2k buckets were measured on an H100 in step 85); next `workload.sh after
+#             gemma-2-9b` with carry [".fa3/part2"], then `workload.sh cmp gemma-2-9b`
 # Logs land in $OUT.
 set -uo pipefail
 LAB=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -20,8 +21,8 @@ first)
     bash "$LAB/gpu_session.sh" search-start h-p128 300s --shape 4x32/8x2048:k8192:p128
     echo "next: s28.sh next h-p128 ... with carry [.fa3/part2]"
   else
-    bash "$LAB/s48.sh" pages
-    echo "next: s48.sh qpf (FA3's first half is parked; carry .fa3/part2 when FA3 is wanted)"
+    bash "$LAB/workload.sh" start gemma-2-9b 60s local-s4k local-s8k global-s4k global-s8k
+    echo "next: workload.sh after gemma-2-9b with carry [.fa3/part2], then workload.sh cmp gemma-2-9b"
   fi ;;
 *) echo "s49.sh: unknown call '$1': first" >&2; exit 2 ;;
 esac
