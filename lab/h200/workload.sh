@@ -39,6 +39,7 @@ after)
   [ -f "$DEV/tune.log" ] || { echo "no tune running (start failed?)"; exit 1; }
   for _ in $(seq 500); do [ -f "$DEV/tune.rc" ] && break; sleep 1; done
   cp "$DEV/tune.log" "$OUT/tune_$wl.log"
+  cp studies/"$wl"-*.db "$OUT/" 2>/dev/null  # each trial's timings: where a bucket's time went
   step "tune exit $(cat "$DEV/tune.rc" 2>/dev/null || echo 'still running: call after again')"
   grep -E "^study |^best|^final|trials|tie|export|library" "$OUT/tune_$wl.log" | tail -24 | cut -c1-200
   ;;

@@ -82,6 +82,29 @@ def _live_table(p: Any) -> Any:
     return t
 
 
+class _EventLines:
+    """Piped (a log file, nohup), rich draws the live view once, at the end: there each event
+    is also printed as a line when it comes, with the search's seconds, so a log shows where a
+    long search's time went. Nothing on a terminal, where the view shows the newest, and
+    nothing before the search is ready (Progress.ready): a refusal is its one line alone."""
+
+    def __init__(self) -> None:
+        self.on = not console.is_terminal
+        self.printed: dict[int, int] = {}  # per worker (device): the events printed so far
+
+    def show(self, events: list[tuple[float, str]], n_events: int, ready: bool, key: int = -1,
+             prefix: str = "") -> None:
+        new = n_events - self.printed.get(key, 0)
+        if not self.on or not ready or new <= 0:
+            return
+        self.printed[key] = n_events
+        if new > len(events):
+            console.print(f"{prefix}({new - len(events)} events not kept)", highlight=False)
+        for t, text in events[-min(new, len(events)):]:
+            console.print(f"[{t:5.0f} s] {prefix}{text}", markup=False, highlight=False,
+                          soft_wrap=True)
+
+
 def _exit_if_stopped(stopped_by: str) -> None:
     """A search stopped by a signal exits as the signal says (the shell's 128 + N): Ctrl-C 130,
     SIGTERM 143, SIGHUP 129, after its summary; one whose --timeout was too short for a
@@ -251,11 +274,13 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
     except Exception:  # noqa: BLE001 - NVML is optional
         nvml = None
     live = Live(console=console, refresh_per_second=4, transient=False)
+    lines = _EventLines()
 
     def on_progress(p: Any) -> None:
         if nvml is not None and getattr(nvml, "available", False):
             st = nvml.state()
             p.gpu_state = f"{st.temperature_c} C, SM clock {st.sm_clock_mhz} MHz"
+        lines.show(p.events, p.n_events, p.ready)
         live.update(_live_table(p))
 
     s = search_mod.Search(**kwargs, device_index=devices[0], progress_cb=on_progress)
@@ -329,7 +354,7 @@ def _fleet_table(fp: Any) -> Any:
         per = ", ".join(f"{s} {v:.1f}" for s, v in best.best_shapes.items())
         t.add_row("best", "", "", "", "", "", f"trial {best.best_trial} (confirmed): "
                   f"{best.best_value:.1f} TFLOPS ({per})")
-    for e in fp.events[-4:]:
+    for _, e in fp.events[-4:]:
         t.add_row("", "", "", "", "", "", f"[dim]{e[:60]}[/]")
     return t
 
@@ -338,7 +363,16 @@ def _run_fleet(devices: list[int], kwargs: dict[str, Any]) -> None:
 
 
     live = Live(console=console, refresh_per_second=4, transient=False)
-    f = fleet.Fleet(devices, kwargs, progress_cb=lambda fp: live.update(_fleet_table(fp)))
+    lines = _EventLines()
+
+    def on_progress(fp: Any) -> None:
+        workers = [(dev, w.progress) for dev, w in fp.workers.items() if w.progress is not None]
+        lines.show(fp.events, fp.n_events, any(p.ready for _, p in workers))
+        for dev, p in workers:
+            lines.show(p.events, p.n_events, p.ready, dev, f"GPU {dev}: ")
+        live.update(_fleet_table(fp))
+
+    f = fleet.Fleet(devices, kwargs, progress_cb=on_progress)
     live.start()
     try:
         summary = f.run()

@@ -117,10 +117,12 @@ class FleetProgress:
     workers: dict[int, WorkerState]
     deadline: float | None
     started: float = field(default_factory=time.monotonic)
-    events: list[str] = field(default_factory=list)
+    events: list[tuple[float, str]] = field(default_factory=list)  # as Progress.events
+    n_events: int = 0
 
     def event(self, text: str) -> None:
-        self.events = (self.events + [text])[-8:]
+        self.events = (self.events + [(time.monotonic() - self.started, text)])[-64:]
+        self.n_events += 1
 
 
 @dataclass

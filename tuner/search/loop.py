@@ -357,6 +357,7 @@ class Search(SharedStudy, TrialOutcomes, CompileOnly):
         except BaseException:
             self.worker.stop()
             raise
+        self.progress.ready = True
         shared_cache.set_share(self.artifacts)
         self._enqueue_start_points()
         self._load_known()

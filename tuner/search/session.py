@@ -113,13 +113,22 @@ class Progress:
     worker_restarts: int = 0  # after a worker died, hung or faulted
     worker_recycles: int = 0  # planned, after worker_client.WORKER_MAX_KERNELS libraries
     gpu_state: str = ""  # filled by the CLI from NVML (temperature, SM clock)
-    last_events: list[str] = field(default_factory=list)
+    # (seconds since started, text), the newest 64; n_events counts all, so a log that prints
+    # each once (the CLI, piped) knows which it has not printed.
+    events: list[tuple[float, str]] = field(default_factory=list)
+    n_events: int = 0
+    ready: bool = False  # past the refusals (the GPU worker up, its GPU model accepted)
     device: int = 0  # the CUDA device this worker measures on
     gpu_name: str = ""  # as its GPU worker reports it
     waiting: int = 0  # trials waiting for another worker's verdict on their config
 
     def event(self, text: str) -> None:
-        self.last_events = (self.last_events + [text])[-6:]
+        self.events = (self.events + [(time.monotonic() - self.started, text)])[-64:]
+        self.n_events += 1
+
+    @property
+    def last_events(self) -> list[str]:
+        return [text for _, text in self.events[-6:]]
 
 
 @dataclass
