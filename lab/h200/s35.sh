@@ -10,7 +10,8 @@
 # H200, then:
 #   call 2, carry [".fa3/part1"]: bash lab/h200/fa3_stage1.sh
 #   call 3, carry [".fa3/part2"]: bash lab/h200/s35.sh peers   (issue 37's table on a quiet card:
-#                                 FA3 installed; pages of 64, 128, 256, unpaged, the mixed batch;
+#                                 FA3 installed; pages of 64, 128, 256, unpaged, the mixed batch,
+#                                 pages of 16;
 #                                 again in a call of its own for the rows the first left)
 # A short window (under 15 device minutes), issue 34:
 #   call 1, carry [".whl", ".fa3/part1", "studies/twin1.db"]: bash lab/h200/s35.sh start34
@@ -85,6 +86,7 @@ peers | rows34)
   # The first paged FlashInfer call JIT-builds its paged module (step 57: over 150 s).
   cmp cmp_p64.log "$FIXED:p64"; cmp cmp_p128.log "$FIXED:p128"; cmp cmp_p256.log "$FIXED:p256"
   cmp cmp_unpaged.log "$FIXED"; cmp cmp_mixed_p64.log "$MIXED:p64"
+  cmp cmp_p16.log "$FIXED:p16"  # vLLM's default page size, after step 85's page lookup
   ;;
 suitewait)
   for _ in $(seq "${2:-570}"); do [ -f "$DEV/bgsuite.rc" ] && break; sleep 1; done
