@@ -7,6 +7,7 @@
 #       its buffer is busy; issue 36): d64-window-shared and d64-window-packed at the 128-key
 #       window, `static` at the short packed batch, llama3 at `1x32/8x8192` (a control: long
 #       tasks, nothing to gain)
+#   bash lab/h200/s48.sh qpfw        the window row alone, 8 pairs (step 85: 0.974 over 3)
 #   bash lab/h200/s48.sh tests PATCH FILES...   GPU tests on a patched copy, e.g.
 #       `tests q-prefetch tests/gpu/test_pack_gqa_gpu.py tests/gpu/test_varlen_gpu.py`
 # Each A/B: main's tree and a patched copy (.device/patched-PATCH) build the named presets for
@@ -33,11 +34,14 @@ ab() {  # PATCH SHAPE PRESET...: main against the patch on SHAPE's class, A B A 
        > "$OUT/build_${tree}_$tag.log" 2>&1 || echo "$tree $shape: build failed") &
   done
   wait
-  timeout 150 $E python3 scripts/ab_libs.py "$DEV/ab-main-$tag" "$DEV/ab-$patch-$tag" --pairs 3 \
+  timeout 150 $E python3 scripts/ab_libs.py "$DEV/ab-main-$tag" "$DEV/ab-$patch-$tag" --pairs "$PAIRS" \
     --settle-s 0.5 --json "$OUT/ab_${patch}_$tag.json" > "$OUT/ab_${patch}_$tag.log" 2>&1
   step "$patch at $shape: exit $?"; tail -n $(($# + 2)) "$OUT/ab_${patch}_$tag.log" | cut -c1-160
 }
-case "${1:?qpf | tests PATCH FILES...}" in
+PAIRS=3
+case "${1:?qpf | qpfw | tests PATCH FILES...}" in
+qpfw)  # the window row alone, 8 pairs (step 85's 0.974 over 3 pairs, to settle)
+  PAIRS=8 ab q-prefetch 1x64/8x8192:d64:w128 d64-window-shared d64-window-packed ;;
 qpf)
   ab q-prefetch 1x64/8x8192:d64:w128 d64-window-shared d64-window-packed
   ab q-prefetch "32/8x[1024*8,512*16,256*32,128*64]" static
@@ -48,6 +52,6 @@ tests)
   (cd "$DEV/patched-$patch" && PYTHONPATH="$DEV/site:$PWD" timeout 540 python3 -m pytest -q -s \
     -m gpu -p no:cacheprovider --durations=5 "$@" > "$OUT/tests_$patch.log" 2>&1)
   step "$patch GPU tests exit $?"; grep -E "passed|failed|FAILED|Error" "$OUT/tests_$patch.log" | tail -8 ;;
-*) echo "s48.sh: unknown call '$1': qpf or tests" >&2; exit 2 ;;
+*) echo "s48.sh: unknown call '$1': qpf, qpfw or tests" >&2; exit 2 ;;
 esac
 step done
