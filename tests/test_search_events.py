@@ -18,16 +18,16 @@ def test_each_event_is_printed_once_with_its_seconds_when_piped() -> None:
     with console.capture() as cap:
         p.event("trial 0: 388.0 TFLOPS (survey, geomean)")
         p.event("new best: trial 0, 373.7 TFLOPS confirmed")
-        lines.show(p.events, p.n_events, True)
-        lines.show(p.events, p.n_events, True)  # nothing new: nothing printed
+        lines.show(p.events, True)
+        lines.show(p.events, True)  # nothing new: nothing printed
         p.event("trial 1 pruned (screen slower than trial 0)")
-        lines.show(p.events, p.n_events, True)
+        lines.show(p.events, True)
     out = cap.get().splitlines()
     assert len(out) == 3, out
     assert all(re.fullmatch(r"\[\s*\d+ s\] .+", ln) for ln in out), out
     assert out[0].endswith("trial 0: 388.0 TFLOPS (survey, geomean)")
     assert out[2].endswith("trial 1 pruned (screen slower than trial 0)")
-    assert p.last_events[-1] == "trial 1 pruned (screen slower than trial 0)"  # the live view's
+    assert p.events.items[-1][1] == "trial 1 pruned (screen slower than trial 0)"  # the view's
 
 
 def test_a_burst_past_what_progress_keeps_says_how_many_were_dropped() -> None:
@@ -37,11 +37,11 @@ def test_a_burst_past_what_progress_keeps_says_how_many_were_dropped() -> None:
     for i in range(70):
         p.event(f"trial {i} pruned")
     with console.capture() as cap:
-        lines.show(p.events, p.n_events, True)
+        lines.show(p.events, True)
     out = cap.get().splitlines()
     assert out[0] == "(6 events not kept)" and len(out) == 65
     assert out[1].endswith("trial 6 pruned") and out[-1].endswith("trial 69 pruned")
-    assert len(p.last_events) == 6
+    assert len(p.events.items) == 64 and p.events.count == 70
 
 
 def test_a_fleet_prints_each_workers_events_under_its_gpu() -> None:
@@ -54,10 +54,10 @@ def test_a_fleet_prints_each_workers_events_under_its_gpu() -> None:
         fp.event("timeout: the workers settle their trials")
         w0.event("trial 3: 500.1 TFLOPS (survey, geomean)")
         w1.event("trial 4: 499.0 TFLOPS (survey, geomean)")
-        lines.show(fp.events, fp.n_events, True)
-        lines.show(w0.events, w0.n_events, True, 0, "GPU 0: ")
-        lines.show(w1.events, w1.n_events, True, 1, "GPU 1: ")
-        lines.show(w1.events, w1.n_events, True, 1, "GPU 1: ")
+        lines.show(fp.events, True)
+        lines.show(w0.events, True, 0, "GPU 0: ")
+        lines.show(w1.events, True, 1, "GPU 1: ")
+        lines.show(w1.events, True, 1, "GPU 1: ")
     out = cap.get().splitlines()
     assert len(out) == 3 and "GPU 0: trial 3" in out[1] and "GPU 1: trial 4" in out[2], out
 
@@ -68,7 +68,7 @@ def test_nothing_is_printed_on_a_terminal() -> None:
     lines.on = False  # as on a terminal, where the live view shows the newest events
     p.event("trial 0: 388.0 TFLOPS (survey, geomean)")
     with console.capture() as cap:
-        lines.show(p.events, p.n_events, True)
+        lines.show(p.events, True)
     assert cap.get() == ""
 
 
@@ -79,9 +79,9 @@ def test_nothing_is_printed_before_the_search_is_ready_then_all_of_it() -> None:
     lines.on = True
     p.event("stale RUNNING trials: failed none, back to waiting none")
     with console.capture() as cap:
-        lines.show(p.events, p.n_events, p.ready)
+        lines.show(p.events, p.ready)
     assert cap.get() == ""
     p.ready = True
     with console.capture() as cap:
-        lines.show(p.events, p.n_events, p.ready)
+        lines.show(p.events, p.ready)
     assert cap.get().rstrip().endswith("stale RUNNING trials: failed none, back to waiting none")

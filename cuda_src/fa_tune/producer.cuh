@@ -84,26 +84,24 @@ struct Producer {
       // after box, each TMA copy waited on its own table load: 16 a K tile at pages of 16,
       // D 128, where this is 9 % faster (docs/PERF.md step 85).
       static_assert(T::kBlockN / 8 <= 32, "a lane per box of 8 rows");
-      if (!load) {
-        st.template advance<Ring::kStages>();
-        return;
-      }
-      const int lane = int(lane_id()), box_shift = __ffs(page_box_rows) - 1;
-      const int mine = pages.page_of(row + (lane << box_shift));  // lanes past the tile: unused
-      for (int i = rank * kMine; i < (rank + 1) * kMine; ++i) {
-        const int c = i / kSlices, r = (i % kSlices) * T::kKVBoxRows;
-        auto* to = dst + (c * T::kBlockN + r) * kBoxCols;
-        for (int s = 0; s < T::kKVBoxRows; s += page_box_rows) {
-          const int key = row + r + s;
-          const int page = __shfl_sync(0xffffffffu, mine, (r + s) >> box_shift);
-          const int in_page = key & ((1 << pages.shift) - 1);
-          if (!leader) continue;
-          if constexpr (T::kClustered) {
-            tma_load_4d_multicast<kHint>(map, bar, to + s * kBoxCols,
-                                         uint16_t((1u << T::kClusterSize) - 1u), c * kBoxCols,
-                                         in_page, h, page);
-          } else {
-            tma_load_4d<kHint>(map, bar, to + s * kBoxCols, c * kBoxCols, in_page, h, page);
+      if (load) {  // the same for every lane: the whole warp shuffles
+        const int lane = int(lane_id()), box_shift = __ffs(page_box_rows) - 1;
+        const int mine = pages.page_of(row + (lane << box_shift));  // past the tile: unused
+        for (int i = rank * kMine; i < (rank + 1) * kMine; ++i) {
+          const int c = i / kSlices, r = (i % kSlices) * T::kKVBoxRows;
+          auto* to = dst + (c * T::kBlockN + r) * kBoxCols;
+          for (int s = 0; s < T::kKVBoxRows; s += page_box_rows) {
+            const int key = row + r + s;
+            const int page = __shfl_sync(0xffffffffu, mine, (r + s) >> box_shift);
+            const int in_page = key & ((1 << pages.shift) - 1);
+            if (!leader) continue;
+            if constexpr (T::kClustered) {
+              tma_load_4d_multicast<kHint>(map, bar, to + s * kBoxCols,
+                                           uint16_t((1u << T::kClusterSize) - 1u), c * kBoxCols,
+                                           in_page, h, page);
+            } else {
+              tma_load_4d<kHint>(map, bar, to + s * kBoxCols, c * kBoxCols, in_page, h, page);
+            }
           }
         }
       }

@@ -12,7 +12,7 @@
 #       `tests q-prefetch tests/gpu/test_pack_gqa_gpu.py tests/gpu/test_varlen_gpu.py`
 # Each A/B: main's tree and a patched copy (.device/patched-PATCH) build the named presets for
 # a problem's class (scripts/sass_snapshot.py), then scripts/ab_libs.py gates both and times
-# them A B A B (3 pairs, 0.5 s settle); its table last. Logs land in $OUT.
+# them A B A B (3 pairs, 8 for qpfw; 0.5 s settle); its table last. Logs land in $OUT.
 set -uo pipefail
 FIRST_CALL="s48.sh qpf with .whl"
 source "$(dirname "${BASH_SOURCE[0]}")/session_calls.sh"

@@ -37,7 +37,7 @@ from tuner.search import loop as search_mod
 from tuner.search import space as space_mod
 from tuner.search.gpu_worker import DEFAULT_ENTRY
 from tuner.search.sampler import SAMPLERS
-from tuner.search.session import TIMEOUT_TOO_SHORT, parse_duration
+from tuner.search.session import TIMEOUT_TOO_SHORT, EventLog, parse_duration
 from tuner.search.study import redact
 from tuner.ship import workload as workload_mod
 
@@ -77,7 +77,7 @@ def _live_table(p: Any) -> Any:
     else:
         t.add_row("best (confirmed)", "-")
     t.add_row("now", p.current or "-")
-    for e in p.last_events[-4:]:
+    for _, e in p.events.items[-4:]:
         t.add_row("", f"[dim]{e}[/]")
     return t
 
@@ -92,15 +92,14 @@ class _EventLines:
         self.on = not console.is_terminal
         self.printed: dict[int, int] = {}  # per worker (device): the events printed so far
 
-    def show(self, events: list[tuple[float, str]], n_events: int, ready: bool, key: int = -1,
-             prefix: str = "") -> None:
-        new = n_events - self.printed.get(key, 0)
+    def show(self, log: EventLog, ready: bool, key: int = -1, prefix: str = "") -> None:
+        new = log.count - self.printed.get(key, 0)
         if not self.on or not ready or new <= 0:
             return
-        self.printed[key] = n_events
-        if new > len(events):
-            console.print(f"{prefix}({new - len(events)} events not kept)", highlight=False)
-        for t, text in events[-min(new, len(events)):]:
+        self.printed[key] = log.count
+        if new > len(log.items):
+            console.print(f"{prefix}({new - len(log.items)} events not kept)", highlight=False)
+        for t, text in log.items[-new:]:
             console.print(f"[{t:5.0f} s] {prefix}{text}", markup=False, highlight=False,
                           soft_wrap=True)
 
@@ -280,7 +279,7 @@ def _run_search(*, study: str, space: Any, shapes: list[Problem], storage: str |
         if nvml is not None and getattr(nvml, "available", False):
             st = nvml.state()
             p.gpu_state = f"{st.temperature_c} C, SM clock {st.sm_clock_mhz} MHz"
-        lines.show(p.events, p.n_events, p.ready)
+        lines.show(p.events, p.ready)
         live.update(_live_table(p))
 
     s = search_mod.Search(**kwargs, device_index=devices[0], progress_cb=on_progress)
@@ -354,7 +353,7 @@ def _fleet_table(fp: Any) -> Any:
         per = ", ".join(f"{s} {v:.1f}" for s, v in best.best_shapes.items())
         t.add_row("best", "", "", "", "", "", f"trial {best.best_trial} (confirmed): "
                   f"{best.best_value:.1f} TFLOPS ({per})")
-    for _, e in fp.events[-4:]:
+    for _, e in fp.events.items[-4:]:
         t.add_row("", "", "", "", "", "", f"[dim]{e[:60]}[/]")
     return t
 
@@ -367,9 +366,9 @@ def _run_fleet(devices: list[int], kwargs: dict[str, Any]) -> None:
 
     def on_progress(fp: Any) -> None:
         workers = [(dev, w.progress) for dev, w in fp.workers.items() if w.progress is not None]
-        lines.show(fp.events, fp.n_events, any(p.ready for _, p in workers))
+        lines.show(fp.events, any(p.ready for _, p in workers))
         for dev, p in workers:
-            lines.show(p.events, p.n_events, p.ready, dev, f"GPU {dev}: ")
+            lines.show(p.events, p.ready, dev, f"GPU {dev}: ")
         live.update(_fleet_table(fp))
 
     f = fleet.Fleet(devices, kwargs, progress_cb=on_progress)

@@ -47,7 +47,7 @@ from tuner.errors import FaTuneError, SearchError
 from tuner.kernel.gpus import probe_gpus
 from tuner.problem import Problem
 from tuner.search.loop import Search
-from tuner.search.session import Progress, SearchSummary
+from tuner.search.session import EventLog, Progress, SearchSummary
 from tuner.search.space import SearchSpace
 from tuner.search.study import load_existing_study, redact
 from tuner.search.trials import best_summary
@@ -117,12 +117,10 @@ class FleetProgress:
     workers: dict[int, WorkerState]
     deadline: float | None
     started: float = field(default_factory=time.monotonic)
-    events: list[tuple[float, str]] = field(default_factory=list)  # as Progress.events
-    n_events: int = 0
+    events: EventLog = field(default_factory=EventLog)
 
     def event(self, text: str) -> None:
-        self.events = (self.events + [(time.monotonic() - self.started, text)])[-64:]
-        self.n_events += 1
+        self.events.add(time.monotonic() - self.started, text)
 
 
 @dataclass

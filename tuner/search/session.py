@@ -88,6 +88,19 @@ def params_for(cfg: KernelConfig, space: SearchSpace) -> dict[str, Any] | None:
 
 
 @dataclass
+class EventLog:
+    """A search's events as (seconds since it started, text), the newest 64, and how many
+    there were in all, so a log that prints each once (the CLI, piped) knows which are new."""
+
+    items: list[tuple[float, str]] = field(default_factory=list)
+    count: int = 0
+
+    def add(self, since_start: float, text: str) -> None:
+        self.items = (self.items + [(since_start, text)])[-64:]
+        self.count += 1
+
+
+@dataclass
 class Progress:
     """What the live view shows; the search updates it, the CLI renders it."""
 
@@ -113,22 +126,14 @@ class Progress:
     worker_restarts: int = 0  # after a worker died, hung or faulted
     worker_recycles: int = 0  # planned, after worker_client.WORKER_MAX_KERNELS libraries
     gpu_state: str = ""  # filled by the CLI from NVML (temperature, SM clock)
-    # (seconds since started, text), the newest 64; n_events counts all, so a log that prints
-    # each once (the CLI, piped) knows which it has not printed.
-    events: list[tuple[float, str]] = field(default_factory=list)
-    n_events: int = 0
+    events: EventLog = field(default_factory=EventLog)
     ready: bool = False  # past the refusals (the GPU worker up, its GPU model accepted)
     device: int = 0  # the CUDA device this worker measures on
     gpu_name: str = ""  # as its GPU worker reports it
     waiting: int = 0  # trials waiting for another worker's verdict on their config
 
     def event(self, text: str) -> None:
-        self.events = (self.events + [(time.monotonic() - self.started, text)])[-64:]
-        self.n_events += 1
-
-    @property
-    def last_events(self) -> list[str]:
-        return [text for _, text in self.events[-6:]]
+        self.events.add(time.monotonic() - self.started, text)
 
 
 @dataclass
