@@ -189,16 +189,18 @@ def balance(res: list) -> float:
 
 
 @pytest.mark.parametrize("B,H,num_m,bins,shift,fixed,paired,unpaired", [
-    (1, 32, 16, 132, 48, 4, 0.930, 0.974),   # 1x32/8x2048:k8192, block_m 128
-    (1, 16, 16, 66, 48, 9, 0.950, 0.974),    # the same, llama3's 2-head clusters
+    (1, 32, 16, 132, 48, 4, 0.930, 0.978),   # 1x32/8x2048:k8192, block_m 128
+    (1, 16, 16, 66, 48, 9, 0.950, 0.978),    # the same, llama3's 2-head clusters
     (4, 16, 8, 66, 24, 9, 0.959, 0.992),     # llama3 at 4x32/8x1024:k4096
+    (2, 16, 8, 66, 0, 9, 0.873, 0.983),      # llama3 at 2x32/8x1024, a short prefill
 ])
 def test_chunks_are_dealt_without_pairs(driver: Path, B: int, H: int, num_m: int, bins: int,
                                         shift: int, fixed: int, paired: float,
                                         unpaired: float) -> None:
     """Queries over a longer KV: every task costs about the same, and batch/head pairs dealt one
     after another left the heaviest bin up to a task above the mean (balance `paired`, what
-    these shapes got before). The lists are then dealt without pairs, longest first."""
+    these shapes got before). The lists are then dealt without pairs, longest first, and
+    exchanges with any bin lower the heaviest (0.974 and 0.970 with the lightest bin alone)."""
     res = lists(driver, B, H, num_m, bins, fixed=fixed, kv_shift=shift)
     assert isinstance(res, list)
     assert sorted(t for _, ts in res for t in ts) == sorted(

@@ -62,10 +62,11 @@ d64hc)
 chunks)
   FIRST_CALL="s29.sh chunks with .whl"
   source "$LAB/session_calls.sh"
+  BASE=${BASE:-.base/s29}  # another pair of trees: BASE=.base/lists (docs/PERF.md step 86)
   mkdir -p "$DEV/chunks"
   rows=(1x32/8x2048:k8192 4x32/8x1024:k4096 1x32/8x2048 2x32/8x1024 1x32/8x512:k16384)
   for tree in before after; do
-    (cd ".base/s29/$tree" && for i in "${!rows[@]}"; do
+    (cd "$BASE/$tree" && for i in "${!rows[@]}"; do
        PYTHONPATH="$DEV/site:$PWD" timeout 240 python3 scripts/sass_snapshot.py --fixed \
          --shape "${rows[$i]}" --out "$DEV/ch-$tree-$i" --cache "$DEV/chcache-$tree" llama3 static \
          > "$DEV/chunks/build_${tree}_$i.log" 2>&1 || echo "$tree ${rows[$i]}: build exit $?"
