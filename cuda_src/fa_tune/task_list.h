@@ -15,10 +15,10 @@
 //      bin gains K/V streams it did not already read);
 //   3. where the pairs leave the heaviest bin over 1 % above what plain LPT reaches, the tasks
 //      are dealt again without pairs: all of them by descending cost, each to the lightest bin,
-//      then moves and swaps between the heaviest and the lightest. Queries over a longer KV
-//      (chunks) make every task cost about the same, and pairs dealt one after another then
-//      end a bin up to a whole task above the mean (93 % balance at 2048 queries over 8192
-//      keys; 97 % without pairs; prefills keep their pairs at 99.9 %);
+//      then moves and swaps from the heaviest bin to the lightest or another. Queries over a
+//      longer KV (chunks) make every task cost about the same, and pairs dealt one after
+//      another then end a bin up to a whole task above the mean (93 % balance at 2048 queries
+//      over 8192 keys; 97.8 % without pairs; prefills keep their pairs at 99.9 %);
 //   4. each bin is stably ordered by batch/head, so a CTA's consecutive tasks share K/V in L2.
 // Tasks are packed into 32 bits (bm | head << m_bits | batch << (m_bits + h_bits)) with widths
 // sized to the shape; a shape that does not fit is refused, never truncated.
@@ -93,9 +93,9 @@ void move_task(std::vector<std::vector<Task>>& bins, std::vector<long long>& loa
   load[to] += cost(t.bm);
 }
 
-// Longest-processing-time first over every task (no pairs), then moves and swaps from the
-// heaviest bin to the lightest while one narrows their gap, then from the heaviest to any bin
-// while that lowers the pair's larger load (both bounded, so setup time stays flat).
+// Longest-processing-time first over every task (no pairs), then exchanges that lower the
+// heaviest bin: a move or swap with the lightest bin, else with any bin (bounded, so setup
+// time stays flat).
 template <class Cost>
 void deal_by_cost(int num_bh, int num_m, const Cost& cost, std::vector<std::vector<Task>>& bins,
                   std::vector<long long>& load) {
@@ -111,57 +111,40 @@ void deal_by_cost(int num_bh, int num_m, const Cost& cost, std::vector<std::vect
     bins[i].push_back(t);
     load[i] += cost(t.bm);
   }
-  for (int iter = 0; iter < 4 * num_bins; ++iter) {
-    const int hi = int(std::max_element(load.begin(), load.end()) - load.begin());
-    const int lo = int(std::min_element(load.begin(), load.end()) - load.begin());
-    const long long gap = load[hi] - load[lo];
-    // The best exchange moves d = cost(from hi) - cost(from lo) (0 for nothing from lo) with
-    // 0 < d < gap, nearest gap / 2: the pair's larger load then falls most.
-    int best_a = -1, best_b = -1;
-    long long best = gap;
+  // An exchange moves d = cost(task a of hi) - cost(task b of j) (0 for no b) from hi to j. The
+  // best makes the pair's larger load, max(load[hi] - d, load[j] + d), smallest, and it must fall
+  // below load[hi]. With 3-4 tasks a bin (a chunk's: every task about the same cost) the
+  // lightest bin often has none while another has (docs/PERF.md step 86: 0.974 -> 0.978 at
+  // 2048 queries over 8192 keys, 0.970 -> 0.997 at 2x32/8x1024). `checks` caps the pairs
+  // tried with bins other than the lightest.
+  long long checks = 0;
+  int hi = 0, to = -1, best_a = -1, best_b = -1;
+  long long best = 0;
+  auto try_bin = [&](int j) {
+    if (j == hi || load[j] >= load[hi]) return;
+    checks += (long long)bins[hi].size() * (bins[j].size() + 1);
     for (int a = 0; a < int(bins[hi].size()); ++a) {
       const long long ca = cost(bins[hi][a].bm);
-      for (int b = -1; b < int(bins[lo].size()); ++b) {
-        const long long d = ca - (b < 0 ? 0 : cost(bins[lo][b].bm));
-        if (d <= 0 || d >= gap) continue;
-        const long long after = std::llabs(gap - 2 * d);
-        if (after < best) {
-          best = after;
+      for (int b = -1; b < int(bins[j].size()); ++b) {
+        const long long d = ca - (b < 0 ? 0 : cost(bins[j][b].bm));
+        const long long larger = std::max(load[hi] - d, load[j] + d);
+        if (d > 0 && larger < best) {
+          best = larger;
+          to = j;
           best_a = a;
           best_b = b;
         }
       }
     }
-    if (best_a < 0) break;
-    // lo's task first: its index is still valid before hi's task lands at lo's end.
-    if (best_b >= 0) move_task(bins, load, lo, best_b, hi, cost);
-    move_task(bins, load, hi, best_a, lo, cost);
-  }
-  // With 3-4 tasks a bin (a chunk's: every task about the same cost), the lightest bin often
-  // has no exchange that helps while another does: 0.974 -> 0.978 at 2048 queries over 8192
-  // keys, 0.970 -> 0.983 at 1x32/8x1024 (docs/PERF.md step 86). The budget caps its pair checks.
-  long long checks = 0;
-  for (int iter = 0; iter < 8 * num_bins && checks < (1LL << 19); ++iter) {
-    const int hi = int(std::max_element(load.begin(), load.end()) - load.begin());
-    int to = -1, best_a = -1, best_b = -1;
-    long long best = load[hi];  // the pair's larger load after the exchange must fall below it
-    for (int j = 0; j < num_bins; ++j) {
-      if (j == hi || load[j] >= load[hi]) continue;
-      checks += (long long)bins[hi].size() * (bins[j].size() + 1);
-      for (int a = 0; a < int(bins[hi].size()); ++a) {
-        const long long ca = cost(bins[hi][a].bm);
-        for (int b = -1; b < int(bins[j].size()); ++b) {
-          const long long d = ca - (b < 0 ? 0 : cost(bins[j][b].bm));
-          if (d > 0 && std::max(load[hi] - d, load[j] + d) < best) {
-            best = std::max(load[hi] - d, load[j] + d);
-            to = j;
-            best_a = a;
-            best_b = b;
-          }
-        }
-      }
-    }
+  };
+  for (int iter = 0; iter < 8 * num_bins; ++iter) {
+    hi = int(std::max_element(load.begin(), load.end()) - load.begin());
+    to = -1;
+    best = load[hi];
+    try_bin(int(std::min_element(load.begin(), load.end()) - load.begin()));
+    for (int j = 0; to < 0 && checks < (1LL << 19) && j < num_bins; ++j) try_bin(j);
     if (to < 0) break;
+    // j's task first: its index is still valid before hi's task lands at j's end.
     if (best_b >= 0) move_task(bins, load, to, best_b, hi, cost);
     move_task(bins, load, hi, best_a, to, cost);
   }
