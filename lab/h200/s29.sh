@@ -13,6 +13,7 @@
 #   bash lab/h200/s29.sh window3 (carry [".whl"] on a fresh machine): the three-CTA d64-window
 #       gated on every D 64 class it serves
 #   any card, carry [".base/s29"] (and ".whl" on a fresh machine):  bash lab/h200/s29.sh chunks
+#       (BASE=.base/lists with carry [".base/lists"]: step 86's lists, before = 1e2177a)
 #       the static scheduler's task lists before and after chunks were dealt without pairs
 #       (.base/s29/before = git archive 6808ab2, .base/s29/after = a later commit with the same lists, docs left out):
 #       llama3 and static built from each tree, SASS compared (host code only changed), then
