@@ -114,9 +114,9 @@ void deal_by_cost(int num_bh, int num_m, const Cost& cost, std::vector<std::vect
   // An exchange moves d = cost(task a of hi) - cost(task b of j) (0 for no b) from hi to j. The
   // best makes the pair's larger load, max(load[hi] - d, load[j] + d), smallest, and it must fall
   // below load[hi]. With 3-4 tasks a bin (a chunk's: every task about the same cost) the
-  // lightest bin often has none while another has (docs/PERF.md step 86: 0.974 -> 0.978 at
-  // 2048 queries over 8192 keys, 0.970 -> 0.997 at 2x32/8x1024). `checks` caps the pairs
-  // tried with bins other than the lightest.
+  // lightest bin often has none while another has (balance by this cost model, not yet timed:
+  // 0.974 -> 0.978 at 2048 queries over 8192 keys, 0.970 -> 0.997 at 2x32/8x1024; docs/PERF.md
+  // step 86). `checks` caps the pairs tried with bins other than the lightest.
   long long checks = 0;
   int hi = 0, to = -1, best_a = -1, best_b = -1;
   long long best = 0;
