@@ -116,7 +116,8 @@ void deal_by_cost(int num_bh, int num_m, const Cost& cost, std::vector<std::vect
   // below load[hi]. With 3-4 tasks a bin (a chunk's: every task about the same cost) the
   // lightest bin often has none while another has (balance by this cost model, not yet timed:
   // 0.974 -> 0.978 at 2048 queries over 8192 keys, 0.970 -> 0.997 at 2x32/8x1024; docs/PERF.md
-  // step 86). `checks` caps the pairs tried with bins other than the lightest.
+  // step 86). `checks` counts the pairs tried: the lightest bin is always tried, other bins
+  // only while it is under 2^19.
   long long checks = 0;
   int hi = 0, to = -1, best_a = -1, best_b = -1;
   long long best = 0;
